@@ -1,0 +1,70 @@
+"""Options shared by the planning commands, and the one place specs are built from them."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from lynx.errors import SpecError
+from lynx.graph import LayerGraph
+from lynx.problem import PlanOptions, PlanProblem
+from lynx.spec import GiB, ParallelSpec, hardware_presets, load_hardware, load_model, model_presets
+
+console = Console()
+err_console = Console(stderr=True)
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help=f"Model preset ({', '.join(model_presets())}) or a YAML file.")]
+HardwareOpt = Annotated[str, typer.Option("--hardware", "-H", help=f"Hardware preset ({', '.join(hardware_presets())}) or a YAML file.")]
+TpOpt = Annotated[int, typer.Option("--tp", "--tensor-model-parallel-size", help="Tensor-parallel size.")]
+PpOpt = Annotated[int, typer.Option("--pp", "--pipeline-model-parallel-size", help="Pipeline-parallel size.")]
+DpOpt = Annotated[int, typer.Option("--dp", help="Data-parallel size.")]
+SpOpt = Annotated[bool, typer.Option("--sp/--no-sp", "--sequence-parallel", help="Megatron sequence parallelism.")]
+MbOpt = Annotated[int, typer.Option("--micro-batch", "--micro-batch-size", help="Micro-batch size per GPU.")]
+GbOpt = Annotated[int, typer.Option("--global-batch", "--global-batch-size", help="Global batch size.")]
+SeqOpt = Annotated[int, typer.Option("--seq-len", "--seq-length", help="Sequence length.")]
+NodesOpt = Annotated[int | None, typer.Option("--nodes", help="Nodes available (default: the preset's cluster).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+
+
+def parallel_spec(tp: int, pp: int, dp: int, sp: bool, mb: int, gb: int, seq: int) -> ParallelSpec:
+    return ParallelSpec(tp=tp, pp=pp, dp=dp, sequence_parallel=sp, micro_batch_size=mb, global_batch_size=gb,
+                        seq_length=seq)
+
+
+def parse_layers(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise SpecError(f"--layers-per-stage {text!r}: expected comma-separated integers, e.g. 7,8,8,9") from None
+
+
+def build_problem(
+    model: str, hardware: str, tp: int, pp: int, dp: int, sp: bool, mb: int, gb: int, seq: int,
+    nodes: int | None = None, layers_per_stage: str | None = None, budget_gb: float | None = None,
+    bytes_per_param: float = 16.0, recompute_num_layers: int | None = None, no_wgrad_overlap: bool = False,
+    graph: LayerGraph | None = None, time_limit_s: float = 30.0,
+) -> PlanProblem:
+    from lynx.api import make_problem
+
+    if budget_gb is not None and budget_gb <= 0:
+        raise SpecError(f"--budget-gb must be positive, got {budget_gb}")
+    opts = PlanOptions(
+        bytes_per_param=bytes_per_param,
+        budget_bytes=None if budget_gb is None else budget_gb * GiB,
+        subtract_wgrad=not no_wgrad_overlap,
+        recompute_num_layers=recompute_num_layers,
+        nodes=nodes,
+        layers_per_stage=parse_layers(layers_per_stage),
+        time_limit_s=time_limit_s,
+    )
+    return make_problem(load_model(model), load_hardware(hardware), parallel_spec(tp, pp, dp, sp, mb, gb, seq),
+                        opts, graph)
+
+
+def print_json(obj: Any) -> None:
+    typer.echo(json.dumps(obj, indent=2))

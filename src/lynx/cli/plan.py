@@ -1,0 +1,202 @@
+"""`lynx plan`, `lynx simulate`, `lynx graph`, `lynx presets`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from lynx.cli import app
+from lynx.cli.common import (
+    DpOpt, GbOpt, HardwareOpt, JsonOpt, MbOpt, ModelOpt, NodesOpt, PpOpt, SeqOpt, SpOpt, TpOpt,
+    build_problem, console, err_console, print_json,
+)
+from lynx.errors import SpecError
+
+
+def _load_profile_graph(profile: str, db: Path | None) -> Any:
+    try:
+        from lynx.profile.store import load_profile_graph
+    except ModuleNotFoundError:
+        raise SpecError("--profile needs the profiler (lynx.profile), which is not installed") from None
+    return load_profile_graph(profile, db)
+
+
+def _emit_plots(plan: Any, gantt: Path | None, memory_png: Path | None) -> None:
+    if gantt is None and memory_png is None:
+        return
+    from lynx.report.plots import gantt as draw_gantt
+    from lynx.report.plots import memory_plot
+
+    if gantt is not None:
+        draw_gantt(plan, gantt)
+        err_console.print(f"wrote {gantt}")
+    if memory_png is not None:
+        memory_plot(plan, memory_png)
+        err_console.print(f"wrote {memory_png}")
+
+
+@app.command("plan")
+def plan_cmd(
+    model: ModelOpt = "gpt-7b",
+    hardware: HardwareOpt = "a100-40g-nvlink",
+    tp: TpOpt = 4,
+    pp: PpOpt = 4,
+    dp: DpOpt = 1,
+    sp: SpOpt = False,
+    micro_batch: MbOpt = 8,
+    global_batch: GbOpt = 128,
+    seq_len: SeqOpt = 1024,
+    nodes: NodesOpt = None,
+    method: Annotated[str, typer.Option(help="Planning method: lynx (default when available), none, full, "
+                                        "selective, uniform, block, ... (see `lynx methods`).")] = "lynx",
+    compare: Annotated[bool, typer.Option("--compare", help="Evaluate every method side by side.")] = False,
+    layers_per_stage: Annotated[str | None, typer.Option(help="Explicit partition, e.g. 7,8,8,9.")] = None,
+    budget_gb: Annotated[float | None, typer.Option(help="Usable memory per GPU in GiB (default: capacity minus reserve).")] = None,
+    bytes_per_param: Annotated[float, typer.Option(help="Static bytes per parameter (16 = fp16 + Adam; 18 with fp32 grads).")] = 16.0,
+    recompute_num_layers: Annotated[int | None, typer.Option(help="Megatron --recompute-num-layers for uniform/block (default: auto).")] = None,
+    no_wgrad_overlap: Annotated[bool, typer.Option(help="Backward windows offer the whole collective (no Megatron wgrad overlap).")] = False,
+    profile: Annotated[str | None, typer.Option(help="Plan from a stored profile ID instead of the analytic model.")] = None,
+    db: Annotated[Path | None, typer.Option(help="Profile database (with --profile).")] = None,
+    time_limit: Annotated[float, typer.Option(help="Time limit per MILP solve, seconds.")] = 30.0,
+    as_json: JsonOpt = False,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the plan file (JSON).")] = None,
+    gantt: Annotated[Path | None, typer.Option(help="Write the pipeline Gantt chart (PNG).")] = None,
+    memory_png: Annotated[Path | None, typer.Option("--memory-png", help="Write memory per stage over time (PNG).")] = None,
+) -> None:
+    """Plan recomputation and partitioning for a model on a cluster, and predict its iteration."""
+    from lynx.api import compare as compare_methods
+    from lynx.api import plan as plan_one
+    from lynx.methods import available_methods
+    from lynx.report.tables import compare_table, policy_table, stage_table
+
+    graph = _load_profile_graph(profile, db) if profile else None
+    problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
+                            layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
+                            no_wgrad_overlap, graph, time_limit)
+    if method == "lynx" and "lynx" not in available_methods():
+        method = "full"
+    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp} PP {pp} DP {dp}"
+             f"{' SP' if sp else ''}, micro-batch {micro_batch}, global batch {global_batch}, seq {seq_len}, "
+             f"{problem.parallel.num_microbatches} micro-batches")
+    if compare:
+        with err_console.status("planning...") as status:
+            rows = compare_methods(problem, progress=lambda n: status.update(f"planning with {n}..."))
+        chosen = next((r.plan for r in rows if r.method == method and r.plan is not None), None)
+        if as_json:
+            print_json({"title": title, "methods": [
+                {"method": r.method, "error": r.error, **(r.plan.prediction() if r.plan else {}),
+                 "partition": list(r.plan.result.partition.layers_per_stage) if r.plan else None}
+                for r in rows]})
+        else:
+            console.print(compare_table(rows, title))
+        plan = chosen
+    else:
+        plan = plan_one(problem, method)
+        if as_json:
+            print_json(plan.to_dict() | {"graph": "(omitted; see --out)"})
+        else:
+            console.print(f"[bold]{title}[/bold]")
+            console.print(f"method [bold]{plan.result.method}[/bold], partition {plan.result.partition} "
+                          f"({plan.result.partition.method}), search {plan.result.search_time_s:.2f} s")
+            for note in plan.result.notes:
+                console.print(f"  note: {note}")
+            s = plan.sim
+            console.print(f"iteration {s.iteration_time_s:.3f} s, {s.samples_per_s:.2f} samples/s, "
+                          f"{s.model_tflops_per_gpu:.1f} model TFLOP/s per GPU (MFU {s.mfu:.1%}), "
+                          f"bubble {s.bubble_fraction:.1%}" + ("  [red]OOM[/red]" if s.oom else ""))
+            console.print(stage_table(plan))
+            console.print(policy_table(plan))
+    if plan is not None:
+        if out is not None:
+            plan.save(out)
+            err_console.print(f"wrote {out}")
+        _emit_plots(plan, gantt, memory_png)
+
+
+@app.command("simulate")
+def simulate_cmd(
+    plan_file: Annotated[Path, typer.Argument(help="A plan written by `lynx plan --out`.")],
+    as_json: JsonOpt = False,
+    gantt: Annotated[Path | None, typer.Option(help="Write the pipeline Gantt chart (PNG).")] = None,
+    memory_png: Annotated[Path | None, typer.Option("--memory-png", help="Write memory per stage (PNG).")] = None,
+) -> None:
+    """Re-evaluate a saved plan with the event simulator."""
+    from lynx.plan import Plan, load_plan
+    from lynx.report.tables import stage_table
+
+    problem, result = load_plan(plan_file)
+    plan = Plan.evaluate(problem, result)
+    if as_json:
+        print_json(plan.prediction())
+    else:
+        s = plan.sim
+        console.print(f"[bold]{plan_file}[/bold]: {result.method}, partition {result.partition}: iteration "
+                      f"{s.iteration_time_s:.3f} s, {s.samples_per_s:.2f} samples/s, MFU {s.mfu:.1%}"
+                      + ("  [red]OOM[/red]" if s.oom else ""))
+        console.print(stage_table(plan))
+    _emit_plots(plan, gantt, memory_png)
+
+
+@app.command("graph")
+def graph_cmd(
+    model: ModelOpt = "gpt-7b",
+    hardware: HardwareOpt = "a100-40g-nvlink",
+    tp: TpOpt = 1,
+    sp: SpOpt = False,
+    micro_batch: MbOpt = 1,
+    seq_len: SeqOpt = 1024,
+    as_json: JsonOpt = False,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the graph JSON to a file.")] = None,
+) -> None:
+    """Print the op graph of one transformer layer (the analytic cost model)."""
+    from lynx.costmodel import build_layer_graph
+    from lynx.report.tables import graph_table
+    from lynx.spec import ParallelSpec, load_hardware, load_model, validate_layout
+
+    m, hw = load_model(model), load_hardware(hardware)
+    par = ParallelSpec(tp=tp, sequence_parallel=sp, micro_batch_size=micro_batch, global_batch_size=micro_batch,
+                       seq_length=seq_len)
+    validate_layout(m, hw, par, nodes=max(1, -(-tp // hw.devices_per_node)))
+    g = build_layer_graph(m, hw, par)
+    if out is not None:
+        out.write_text(g.to_json())
+        err_console.print(f"wrote {out}")
+    if as_json:
+        print_json(g.to_dict())
+    elif out is None:
+        console.print(graph_table(g))
+
+
+@app.command("methods")
+def methods_cmd(as_json: JsonOpt = False) -> None:
+    """List the planning methods."""
+    from lynx.methods import available_methods, get_method
+
+    rows = [get_method(n) for n in available_methods()]
+    if as_json:
+        print_json([{"method": m.name, "description": m.description, "in_compare": m.in_compare} for m in rows])
+        return
+    for m in rows:
+        console.print(f"[bold]{m.name:12s}[/bold] {m.description}")
+
+
+@app.command("presets")
+def presets_cmd(as_json: JsonOpt = False) -> None:
+    """List the built-in model and hardware presets."""
+    from lynx.spec import hardware_presets, load_hardware, load_model, model_presets
+
+    models = {n: load_model(n) for n in model_presets()}
+    hws = {n: load_hardware(n) for n in hardware_presets()}
+    if as_json:
+        print_json({"models": {n: {"layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_attention_heads,
+                                   "params": m.total_params()} for n, m in models.items()},
+                    "hardware": {n: {"device": h.device.name, "devices_per_node": h.devices_per_node,
+                                     "max_nodes": h.max_nodes} for n, h in hws.items()}})
+        return
+    for n, m in models.items():
+        console.print(f"model    [bold]{n:10s}[/bold] {m.num_layers} layers, hidden {m.hidden_size}, "
+                      f"{m.num_attention_heads} heads, {m.total_params() / 1e9:.2f}B parameters")
+    for n, h in hws.items():
+        console.print(f"hardware [bold]{n:16s}[/bold] {h.max_nodes} nodes x {h.devices_per_node} {h.device.name}")

@@ -1,0 +1,219 @@
+"""The layer op graph: the contract between planner and runtime.
+
+One transformer layer is a short list of named ops (the *op vocabulary*, docs/design in shared/design.md).
+The planner decides per op whether its output is kept for backward or recomputed (and when); the runtime
+builds its layer from the same names, so a plan applies without translation.
+
+Memory semantics (per op ``i``):
+
+* ``out_bytes``  - the output tensor on one device.
+* ``mask_bytes`` - side state its backward needs besides tensors (dropout mask, 1 byte/element).
+* ``saved``      - the ops whose stored state the backward of ``i`` reads; ``"input"`` is the layer input.
+  A dropout-like op lists itself (its mask).
+
+Keeping op ``i`` (``S_i = 1``) costs ``keep_bytes(i) = out_bytes + mask_bytes``, except that the output of the
+layer's last op is the next layer's input and is accounted there. The layer input is always kept (it is
+the checkpoint every policy keeps).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from lynx.errors import PlanFormatError
+
+LAYER_INPUT = "input"
+GRAPH_SCHEMA_VERSION = 1
+
+OpKind = Literal["compute", "comm"]
+Block = Literal["attn", "mlp"]
+
+STANDARD_OPS: tuple[str, ...] = (
+    "ln1", "qkv", "attn_scores", "softmax", "attn_dropout", "attn_context", "attn_proj",
+    "attn_allreduce", "attn_residual", "ln2", "fc1", "gelu", "fc2", "mlp_allreduce", "mlp_residual",
+)
+"""The op vocabulary of a GPT layer with standard attention and no sequence parallelism."""
+
+SP_OPS: tuple[str, ...] = (
+    "ln1", "attn_allgather", "qkv", "attn_scores", "softmax", "attn_dropout", "attn_context",
+    "attn_proj", "attn_reducescatter", "attn_residual", "ln2", "mlp_allgather", "fc1", "gelu", "fc2",
+    "mlp_reducescatter", "mlp_residual",
+)
+"""With sequence parallelism each all-reduce becomes an all-gather before and a reduce-scatter after."""
+
+CORE_ATTENTION_OPS: frozenset[str] = frozenset({"attn_scores", "softmax", "attn_dropout", "attn_context"})
+"""What Megatron's selective recomputation calls core attention."""
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One op of a transformer layer. Times are seconds on one device; bytes are per device."""
+
+    name: str
+    kind: OpKind
+    block: Block
+    fwd_time: float
+    """Compute: forward kernel time. Comm: forward collective time (compute units idle meanwhile)."""
+    bwd_time: float
+    """Compute: input-gradient plus weight-gradient time. Comm: backward collective time."""
+    out_bytes: float
+    inputs: tuple[str, ...]
+    saved: tuple[str, ...] = ()
+    mask_bytes: float = 0.0
+    wgrad_time: float = 0.0
+    """Part of ``bwd_time`` that is weight-gradient work (compute ops with weights)."""
+    overlaps_wgrad_of: str | None = None
+    """Comm ops: the op whose weight-gradient GEMM Megatron runs while this backward collective is in flight."""
+    fwd_flops: float = 0.0
+
+    @property
+    def is_comm(self) -> bool:
+        return self.kind == "comm"
+
+
+@dataclass(frozen=True, slots=True)
+class GraphMeta:
+    """Where a graph came from and what it describes."""
+
+    source: str = "analytic"
+    """"analytic" (cost model) or "profile:<id>" (measured)."""
+    model: str = ""
+    hidden_size: int = 0
+    num_attention_heads: int = 0
+    ffn_hidden_size: int = 0
+    seq_length: int = 0
+    micro_batch_size: int = 0
+    tp: int = 1
+    sequence_parallel: bool = False
+    device: str = ""
+    dtype: str = "bf16"
+
+
+@dataclass(frozen=True, slots=True)
+class LayerGraph:
+    """The ops of ONE transformer layer in forward order, with the layer input's size."""
+
+    ops: tuple[Op, ...]
+    input_bytes: float
+    meta: GraphMeta = field(default_factory=GraphMeta)
+
+    def __post_init__(self) -> None:
+        seen: set[str] = {LAYER_INPUT}
+        for op in self.ops:
+            if op.name in seen:
+                raise PlanFormatError(f"graph: op name {op.name!r} repeats or shadows the layer input")
+            for dep in op.inputs:
+                if dep not in seen:
+                    raise PlanFormatError(f"graph: op {op.name!r} reads {dep!r}, which comes later or not at all")
+            seen.add(op.name)
+        names = {o.name for o in self.ops} | {LAYER_INPUT}
+        for op in self.ops:
+            bad = [s for s in op.saved if s not in names]
+            if bad:
+                raise PlanFormatError(f"graph: op {op.name!r} saves unknown op(s) {bad}")
+            if min(op.fwd_time, op.bwd_time, op.out_bytes, op.mask_bytes, op.wgrad_time) < 0:
+                raise PlanFormatError(f"graph: op {op.name!r} has a negative time or size")
+
+    # -- lookups -------------------------------------------------------------------------------------
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.ops)
+
+    def op(self, name: str) -> Op:
+        for o in self.ops:
+            if o.name == name:
+                return o
+        raise KeyError(name)
+
+    def index(self, name: str) -> int:
+        return self.names.index(name)
+
+    @property
+    def output_op(self) -> str:
+        return self.ops[-1].name
+
+    def needed(self) -> frozenset[str]:
+        """Ops whose stored state some backward reads (the layer input excluded)."""
+        return frozenset(s for o in self.ops for s in o.saved if s != LAYER_INPUT)
+
+    def keep_bytes(self, name: str) -> float:
+        """Bytes held for backward per micro-batch when op `name` is kept (S = 1)."""
+        op = self.op(name)
+        out = 0.0 if name == self.output_op else op.out_bytes
+        return out + op.mask_bytes
+
+    def retained_bytes(self, keep: Iterable[str]) -> float:
+        """Bytes one layer holds from its forward until its backward, keeping `keep` (plus the input)."""
+        return self.input_bytes + sum(self.keep_bytes(n) for n in set(keep))
+
+    def full_activation_bytes(self) -> float:
+        """Every op's output and mask of one layer: the working set while a layer runs or is recomputed."""
+        return self.input_bytes + sum(o.out_bytes + o.mask_bytes for o in self.ops[:-1]) + self.ops[-1].mask_bytes
+
+    def comm_ops(self, block: Block | None = None) -> tuple[Op, ...]:
+        return tuple(o for o in self.ops if o.is_comm and (block is None or o.block == block))
+
+    def fwd_time(self) -> float:
+        return sum(o.fwd_time for o in self.ops)
+
+    def bwd_time(self) -> float:
+        return sum(o.bwd_time for o in self.ops)
+
+    def fwd_window(self, block: Block) -> float:
+        """Idle compute time of the block's forward collectives (phases 1 and 2)."""
+        return sum(o.fwd_time for o in self.comm_ops(block))
+
+    def bwd_window(self, block: Block, subtract_wgrad: bool = True) -> float:
+        """Idle compute time of the block's backward collectives (phases 3 and 4).
+
+        Megatron already runs the weight-gradient GEMM of the column-parallel linear while the
+        input-gradient all-reduce is in flight, so only ``comm - wgrad`` is idle.
+        """
+        idle = 0.0
+        for o in self.comm_ops(block):
+            w = self.op(o.overlaps_wgrad_of).wgrad_time if (subtract_wgrad and o.overlaps_wgrad_of) else 0.0
+            idle += max(0.0, o.bwd_time - w)
+        return idle
+
+    def exposed_bwd_comm(self, subtract_wgrad: bool = True) -> float:
+        """Backward collective time the critical path sees (the wgrad overlap removed)."""
+        return self.bwd_window("attn", subtract_wgrad) + self.bwd_window("mlp", subtract_wgrad)
+
+    # -- JSON ----------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": GRAPH_SCHEMA_VERSION,
+            "meta": asdict(self.meta),
+            "input_bytes": self.input_bytes,
+            "ops": [asdict(o) for o in self.ops],
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> LayerGraph:
+        try:
+            if d.get("schema_version") != GRAPH_SCHEMA_VERSION:
+                raise PlanFormatError(
+                    f"graph: schema_version {d.get('schema_version')!r}, expected {GRAPH_SCHEMA_VERSION}"
+                )
+            ops = []
+            for od in d["ops"]:
+                od = dict(od)
+                od["inputs"] = tuple(od["inputs"])
+                od["saved"] = tuple(od.get("saved", ()))
+                ops.append(Op(**od))
+            return LayerGraph(tuple(ops), float(d["input_bytes"]), GraphMeta(**d.get("meta", {})))
+        except (KeyError, TypeError) as e:
+            raise PlanFormatError(f"graph: missing or malformed field ({e})") from None
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @staticmethod
+    def from_json(text: str) -> LayerGraph:
+        try:
+            return LayerGraph.from_dict(json.loads(text))
+        except json.JSONDecodeError as e:
+            raise PlanFormatError(f"graph: not JSON ({e.msg} at line {e.lineno})") from None

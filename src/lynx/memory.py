@@ -1,0 +1,145 @@
+"""Memory model: static memory per stage, and the activation memory a layer policy implies.
+
+The closed form here (``stage_peak_bytes``) is what solvers constrain; the event simulator
+(`lynx.simulate`) recomputes memory event by event and is the judge of whether a plan fits.
+See docs/costmodel.md for every term.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lynx.graph import LayerGraph
+from lynx.policy.base import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase, StageContext
+from lynx.spec import ModelSpec, ParallelSpec
+
+DEFAULT_BYTES_PER_PARAM = 16.0
+"""fp16 params (2) + fp16 grads (2) + fp32 master params, momentum, variance (4 + 4 + 4): the paper's
+16n, from ZeRO (Rajbhandari et al. 2020, sec. 3.1). Use 18 for bf16 params with fp32 gradients."""
+
+
+def layer_params_per_rank(model: ModelSpec, tp: int) -> float:
+    """One layer's parameters on one TP rank: column/row-parallel weights split, LayerNorms and the
+    row-parallel biases replicated (Megatron-LM's ColumnParallelLinear / RowParallelLinear)."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    split = 3 * h * h + 3 * h + h * h + h * f + f + f * h
+    replicated = h + h + 2 * 2 * h  # proj bias, fc2 bias, two LayerNorms (weight + bias)
+    return split / tp + replicated
+
+
+def embedding_params_per_rank(model: ModelSpec, tp: int) -> float:
+    """Vocab-parallel word embedding (split over TP) and replicated position embedding."""
+    return model.vocab_size * model.hidden_size / tp + model.max_position_embeddings * model.hidden_size
+
+
+def static_bytes(
+    model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int,
+    bytes_per_param: float = DEFAULT_BYTES_PER_PARAM,
+) -> float:
+    """Parameters, gradients and optimizer states of one stage on one device.
+
+    The first stage holds the embeddings; the last holds the final LayerNorm and, with tied weights, its
+    own copy of the word embedding for the LM head (Megatron keeps one on each end). PP = 1 holds one.
+    """
+    params = num_layers * layer_params_per_rank(model, par.tp)
+    if stage == 0:
+        params += embedding_params_per_rank(model, par.tp)
+    if stage == par.pp - 1:
+        params += 2 * model.hidden_size
+        if par.pp > 1:
+            params += model.vocab_size * model.hidden_size / par.tp
+    return params * bytes_per_param
+
+
+def extra_retained_bytes(model: ModelSpec, par: ParallelSpec, stage: int) -> float:
+    """Per micro-batch outside the layers: the embedding dropout mask on the first stage (Korthikanti
+    et al. 2022, sec. 4.3: sbhp/t with p the number of stages counted on stage 0)."""
+    if stage != 0 or not model.dropout:
+        return 0.0
+    sbh = par.seq_length * par.micro_batch_size * model.hidden_size
+    return sbh / (par.tp if par.sequence_parallel else 1)
+
+
+def extra_transient_bytes(model: ModelSpec, par: ParallelSpec, stage: int) -> float:
+    """Working memory outside the layers: on the last stage the logits in 16 bits plus their fp32 copy
+    for the cross-entropy, 4sbv/t in Korthikanti et al. 2022 sec. 4.3 (we count 2 + 4 bytes)."""
+    if stage != par.pp - 1:
+        return 0.0
+    return 6.0 * par.seq_length * par.micro_batch_size * model.vocab_size / par.tp
+
+
+def grad_workspace_bytes(graph: LayerGraph) -> float:
+    """Gradient buffers alive during one op's backward: the incoming and outgoing gradients of the largest
+    activation (an upper bound on what the autograd engine holds at once inside a layer)."""
+    return 2.0 * max((o.out_bytes for o in graph.ops), default=0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerMemory:
+    """The memory a layer policy implies, per micro-batch, in bytes."""
+
+    retained: float
+    """Held from the layer's forward until its backward (the input and every kept op)."""
+    fwd_window: float
+    """Recomputed in phases 1, 2 (a later forward) and held until this layer's backward."""
+    bwd_window: float
+    """Recomputed in phases 3, 4, during the backward of the layer above."""
+    on_demand: float
+    """Recomputed right before this layer's backward."""
+    dropped: float
+    """Produced in forward and freed at once (alive while the layer's forward runs)."""
+
+
+def layer_memory(graph: LayerGraph, lp: LayerPolicy) -> LayerMemory:
+    keep = set(lp.keep)
+
+    def sum_phase(phases: tuple[Phase, ...]) -> float:
+        return sum(graph.keep_bytes(n) for n in lp.recomputed(phases))
+
+    retained = graph.retained_bytes(keep) - (0.0 if lp.input_checkpoint else graph.input_bytes)
+    return LayerMemory(
+        retained=retained,
+        fwd_window=sum_phase(FWD_PHASES),
+        bwd_window=sum_phase(BWD_PHASES),
+        on_demand=sum_phase((Phase.ON_DEMAND,)),
+        dropped=graph.full_activation_bytes() - retained,
+    )
+
+
+def max_chunk_working_set(graph: LayerGraph, layers: tuple[LayerPolicy, ...]) -> float:
+    """Megatron ``uniform`` chunks (layers whose input is not checkpointed): the chunk's forward is rerun
+    with every activation stored, then its backward runs; the largest chunk's activations are alive at once."""
+    full = graph.retained_bytes(graph.needed())
+    best, run = 0.0, 0
+    for i, lp in enumerate(layers):
+        run = run + 1 if (i > 0 and not lp.input_checkpoint) else 1
+        if run > 1:
+            best = max(best, run * full)
+    return best
+
+
+def stage_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> float:
+    """Closed-form peak of a stage under 1F1B (an upper bound the simulator confirms):
+
+    static + extra + in_flight * (sum of retained) + (sum of forward-window held)
+           + max(forward working set, backward working set) + gradient workspace
+
+    forward working set  = max over layers of the outputs a layer produces and drops;
+    backward working set = max over layers l of on_demand(l) + bwd_window(l) + bwd_window(l - 1)
+    (layer l's backward runs with its own recomputed tensors while the windows of its collectives
+    recompute for the layer below). The top layer's phase-3/4 work runs on demand (no layer above).
+    """
+    mems = [layer_memory(graph, lp) for lp in layers]
+    held_fwd = sum(m.fwd_window for m in mems) if ctx.has_fwd_windows else 0.0
+    retained = sum(m.retained for m in mems)
+    work_f = max((m.dropped for m in mems), default=0.0)
+    work_b = 0.0
+    for i, m in enumerate(mems):
+        below = mems[i - 1].bwd_window if i > 0 else 0.0
+        own = m.on_demand + m.bwd_window + (0.0 if ctx.has_fwd_windows else m.fwd_window)
+        work_b = max(work_b, own + below)
+    work_b = max(work_b, max_chunk_working_set(graph, layers))
+    return (
+        ctx.static_bytes + ctx.extra_transient_bytes + ctx.grad_workspace_bytes
+        + ctx.in_flight * (retained + ctx.extra_retained_bytes) + held_fwd + max(work_f, work_b)
+    )

@@ -1,0 +1,41 @@
+"""The paper's ``dp`` partitioning: balance parameters per stage, as DeepSpeed's ``partition_method=
+"parameters"`` does. Embeddings weigh on the first stage and (tied LM head) the last."""
+
+from __future__ import annotations
+
+from lynx.memory import embedding_params_per_rank, layer_params_per_rank
+from lynx.partition.base import Partition
+from lynx.spec import ModelSpec, ParallelSpec
+
+
+def dp_partition(model: ModelSpec, par: ParallelSpec) -> Partition:
+    """Contiguous split minimizing the largest stage's parameter count (ties: the most even layer counts)."""
+    L, p = model.num_layers, par.pp
+    if p == 1:
+        return Partition((L,), method="dp")
+    lw = layer_params_per_rank(model, par.tp)
+    emb = embedding_params_per_rank(model, par.tp)
+
+    def weight(stage: int, n: int) -> float:
+        return n * lw + (emb if stage == 0 else 0.0) + (emb if stage == p - 1 else 0.0)
+
+    # best[s][k]: (max stage weight, sum of squared layer counts) splitting the first k layers over s stages.
+    inf = (float("inf"), float("inf"))
+    best = [[inf] * (L + 1) for _ in range(p + 1)]
+    arg = [[0] * (L + 1) for _ in range(p + 1)]
+    best[0][0] = (0.0, 0.0)
+    for s in range(1, p + 1):
+        for k in range(s, L - (p - s) + 1):
+            for n in range(1, k - (s - 1) + 1):
+                prev = best[s - 1][k - n]
+                if prev[0] == float("inf"):
+                    continue
+                cand = (max(prev[0], weight(s - 1, n)), prev[1] + n * n)
+                if cand < best[s][k]:
+                    best[s][k], arg[s][k] = cand, n
+    counts: list[int] = []
+    k = L
+    for s in range(p, 0, -1):
+        counts.append(arg[s][k])
+        k -= arg[s][k]
+    return Partition(tuple(reversed(counts)), method="dp")

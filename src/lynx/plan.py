@@ -1,0 +1,133 @@
+"""The plan file: model, hardware, layout, layer graph, partition, per-stage policy and prediction.
+
+JSON with a schema version (docs/plan-format.md). `lynx simulate plan.json` re-evaluates it; the runtime
+reads the per-op policy by op name.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from lynx.errors import PlanFormatError
+from lynx.graph import LayerGraph
+from lynx.partition.base import Partition
+from lynx.policy.base import RecomputePolicy
+from lynx.problem import PlanOptions, PlanProblem, PlanResult
+from lynx.simulate import SimResult, simulate
+from lynx.spec import (
+    hardware_from_dict,
+    hardware_to_dict,
+    model_from_dict,
+    model_to_dict,
+    parallel_from_dict,
+    parallel_to_dict,
+)
+
+PLAN_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    problem: PlanProblem
+    result: PlanResult
+    sim: SimResult
+
+    @staticmethod
+    def evaluate(problem: PlanProblem, result: PlanResult) -> Plan:
+        return Plan(problem, result, simulate(problem, result.partition, result.policies))
+
+    def prediction(self) -> dict[str, Any]:
+        s = self.sim
+        return {
+            "iteration_time_s": s.iteration_time_s,
+            "samples_per_s": s.samples_per_s,
+            "tokens_per_s": s.tokens_per_s,
+            "model_tflops_per_gpu": s.model_tflops_per_gpu,
+            "mfu": s.mfu,
+            "bubble_fraction": s.bubble_fraction,
+            "oom": s.oom,
+            "stages": [
+                {
+                    "stage": st.stage,
+                    "num_layers": st.num_layers,
+                    "peak_memory_bytes": st.peak_memory_bytes,
+                    "budget_bytes": st.budget_bytes,
+                    "static_bytes": st.static_bytes,
+                    "oom": st.oom,
+                    "recompute_critical_s": st.recompute_critical_s,
+                    "recompute_overlapped_s": st.recompute_overlapped_s,
+                    "fwd_time_s": st.fwd_time_s,
+                    "bwd_time_s": st.bwd_time_s,
+                }
+                for st in s.stages
+            ],
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        p, r = self.problem, self.result
+        opts = asdict(p.options)
+        if opts.get("layers_per_stage") is not None:
+            opts["layers_per_stage"] = list(opts["layers_per_stage"])
+        return {
+            "schema_version": PLAN_SCHEMA_VERSION,
+            "method": r.method,
+            "model": model_to_dict(p.model),
+            "hardware": hardware_to_dict(p.hardware),
+            "parallel": parallel_to_dict(p.parallel),
+            "options": opts,
+            "partition": {"method": r.partition.method, "layers_per_stage": list(r.partition.layers_per_stage)},
+            "stages": [pol.to_dict(p.graph) for pol in r.policies],
+            "notes": list(r.notes),
+            "search_time_s": r.search_time_s,
+            "prediction": self.prediction(),
+            "graph": p.graph.to_dict(),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+
+def plan_from_dict(d: Mapping[str, Any]) -> tuple[PlanProblem, PlanResult]:
+    """Read a plan back (the prediction is recomputed by whoever needs it, never trusted)."""
+    if d.get("schema_version") != PLAN_SCHEMA_VERSION:
+        raise PlanFormatError(
+            f"plan: schema_version {d.get('schema_version')!r}, this lynx reads {PLAN_SCHEMA_VERSION}"
+        )
+    try:
+        opts = dict(d.get("options", {}))
+        if opts.get("layers_per_stage") is not None:
+            opts["layers_per_stage"] = tuple(opts["layers_per_stage"])
+        problem = PlanProblem(
+            model=model_from_dict(d["model"]),
+            hardware=hardware_from_dict(d["hardware"]),
+            parallel=parallel_from_dict(d["parallel"]),
+            graph=LayerGraph.from_dict(d["graph"]),
+            options=PlanOptions(**opts),
+        )
+        part = Partition(tuple(d["partition"]["layers_per_stage"]), d["partition"].get("method", "explicit"))
+        pols = tuple(RecomputePolicy.from_dict(s) for s in d["stages"])
+        result = PlanResult(str(d["method"]), part, pols, tuple(d.get("notes", ())),
+                            float(d.get("search_time_s", 0.0)))
+    except (KeyError, TypeError) as e:
+        raise PlanFormatError(f"plan: missing or malformed field ({e})") from None
+    return problem, result
+
+
+def load_plan(path: str | Path) -> tuple[PlanProblem, PlanResult]:
+    p = Path(path)
+    if not p.is_file():
+        raise PlanFormatError(f"{path}: no such plan file")
+    try:
+        d = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PlanFormatError(f"{path}: not a JSON plan ({e})") from None
+    if not isinstance(d, dict):
+        raise PlanFormatError(f"{path}: not a JSON plan object")
+    return plan_from_dict(d)

@@ -1,0 +1,16 @@
+"""Recomputation policy algorithms: one module per algorithm, one result type (`RecomputePolicy`)."""
+
+from lynx.policy.base import (
+    LayerPolicy,
+    Phase,
+    RecomputePolicy,
+    SolveStats,
+    StageContext,
+    check_policy,
+    validate_layer_policy,
+)
+
+__all__ = [
+    "LayerPolicy", "Phase", "RecomputePolicy", "SolveStats", "StageContext", "check_policy",
+    "validate_layer_policy",
+]

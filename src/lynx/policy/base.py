@@ -1,0 +1,245 @@
+"""The one result type every recomputation algorithm returns, and the context it is solved in.
+
+Every policy algorithm is a function ``(StageContext, LayerGraph) -> RecomputePolicy``. The simulator
+(`lynx.simulate`) judges every policy, whoever produced it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+from lynx.errors import PlanFormatError
+from lynx.graph import LAYER_INPUT, LayerGraph
+
+
+class Phase(IntEnum):
+    """When a dropped output is recomputed (the paper's five phases, design.md made precise)."""
+
+    FWD_ATTN = 1
+    """Inside the attention block's forward collective of the *next* forward pass on this stage."""
+    FWD_MLP = 2
+    """Inside the MLP block's forward collective of the next forward pass."""
+    BWD_MLP = 3
+    """Inside the MLP block's backward collective of the layer above (it runs just before this one)."""
+    BWD_ATTN = 4
+    """Inside the attention block's backward collective of the layer above."""
+    ON_DEMAND = 5
+    """Right before the backward that needs it: on the critical path."""
+
+
+FWD_PHASES = (Phase.FWD_ATTN, Phase.FWD_MLP)
+BWD_PHASES = (Phase.BWD_MLP, Phase.BWD_ATTN)
+WINDOW_PHASES = FWD_PHASES + BWD_PHASES
+
+
+@dataclass(frozen=True, slots=True)
+class LayerPolicy:
+    """Per op of one layer: kept for backward, or recomputed in a phase. Ops in neither are freed after
+    forward and nobody needs them."""
+
+    keep: frozenset[str]
+    recompute: tuple[tuple[str, Phase], ...] = ()
+    input_checkpoint: bool = True
+    """False only inside a Megatron ``uniform`` chunk: the layer input is not stored; the chunk's bottom
+    layer input is, and the whole chunk is recomputed (every op on demand) before its backward."""
+
+    def phase_of(self, name: str) -> Phase | None:
+        for n, p in self.recompute:
+            if n == name:
+                return p
+        return None
+
+    def recomputed(self, phases: tuple[Phase, ...] | None = None) -> tuple[str, ...]:
+        return tuple(n for n, p in self.recompute if phases is None or p in phases)
+
+    def to_dict(self, graph: LayerGraph | None = None) -> dict[str, str]:
+        """``{op: "keep" | "recompute:<phase>" | "free"}`` in graph order when a graph is given."""
+        names = graph.names if graph is not None else tuple(sorted(self.keep | set(self.recomputed())))
+        out: dict[str, str] = {} if self.input_checkpoint else {"input": "free"}
+        for n in names:
+            p = self.phase_of(n)
+            out[n] = "keep" if n in self.keep else (f"recompute:{int(p)}" if p is not None else "free")
+        return out
+
+    @staticmethod
+    def from_dict(d: Mapping[str, str]) -> LayerPolicy:
+        keep: set[str] = set()
+        rec: list[tuple[str, Phase]] = []
+        for n, v in d.items():
+            if n == "input":
+                continue
+            if v == "keep":
+                keep.add(n)
+            elif v.startswith("recompute:"):
+                try:
+                    rec.append((n, Phase(int(v.split(":", 1)[1]))))
+                except ValueError:
+                    raise PlanFormatError(f"policy: op {n!r} has an unknown phase in {v!r}") from None
+            elif v != "free":
+                raise PlanFormatError(f"policy: op {n!r}: expected keep, recompute:<1-5> or free, got {v!r}")
+        return LayerPolicy(frozenset(keep), tuple(rec), input_checkpoint=d.get("input", "keep") != "free")
+
+
+@dataclass(frozen=True, slots=True)
+class SolveStats:
+    """What a solver reports, whichever solver it is (Checkmate's ScheduledResult spirit)."""
+
+    solver: str
+    status: str
+    """"optimal", "time_limit" (best found, see gap), "feasible", "rule" (no search)."""
+    objective: float = 0.0
+    solve_time_s: float = 0.0
+    num_variables: int = 0
+    num_constraints: int = 0
+    mip_gap: float = 0.0
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RecomputePolicy:
+    """The policy of one pipeline stage: one LayerPolicy per layer on it, bottom layer first."""
+
+    method: str
+    layers: tuple[LayerPolicy, ...]
+    cooldown_overlap: bool = False
+    """Hide the phase-1/2 recomputation of cool-down micro-batches (no later forward) in pipeline stalls."""
+    stats: SolveStats = field(default_factory=lambda: SolveStats(solver="rule", status="rule"))
+
+    def to_dict(self, graph: LayerGraph | None = None) -> dict[str, Any]:
+        # Runs of identical layers are stored once with a count, so a 96-layer plan stays readable.
+        groups: list[dict[str, Any]] = []
+        for lp in self.layers:
+            d = lp.to_dict(graph)
+            if groups and groups[-1]["ops"] == d:
+                groups[-1]["count"] += 1
+            else:
+                groups.append({"count": 1, "ops": d})
+        return {
+            "method": self.method,
+            "cooldown_overlap": self.cooldown_overlap,
+            "layers": groups,
+            "stats": {k: getattr(self.stats, k) for k in SolveStats.__slots__},
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> RecomputePolicy:
+        try:
+            layers: list[LayerPolicy] = []
+            for g in d["layers"]:
+                lp = LayerPolicy.from_dict(g["ops"])
+                layers.extend([lp] * int(g["count"]))
+            return RecomputePolicy(
+                method=str(d["method"]),
+                layers=tuple(layers),
+                cooldown_overlap=bool(d.get("cooldown_overlap", False)),
+                stats=SolveStats(**d.get("stats", {"solver": "rule", "status": "rule"})),
+            )
+        except (KeyError, TypeError) as e:
+            raise PlanFormatError(f"policy: missing or malformed field ({e})") from None
+
+
+@dataclass(frozen=True, slots=True)
+class StageContext:
+    """Everything a per-stage policy algorithm needs to know about its stage, besides the graph."""
+
+    stage: int
+    num_stages: int
+    num_layers: int
+    in_flight: int
+    """Micro-batches whose activations the stage holds at its peak under 1F1B: min(p - s, m)."""
+    num_microbatches: int
+    budget_bytes: float
+    """Usable device memory (capacity minus the documented reserve)."""
+    static_bytes: float
+    """Parameters, gradients and optimizer states of the stage."""
+    extra_retained_bytes: float = 0.0
+    """Per micro-batch, outside the layers (the first stage's embedding dropout mask)."""
+    extra_transient_bytes: float = 0.0
+    """Working memory outside the layers (the last stage's logits and loss)."""
+    grad_workspace_bytes: float = 0.0
+    """Gradient buffers alive during a layer's backward."""
+    subtract_wgrad: bool = True
+    """Backward windows offer only comm - wgrad (Megatron overlaps wgrad with the dgrad all-reduce)."""
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.num_stages - 1
+
+    @property
+    def has_fwd_windows(self) -> bool:
+        """Phases 1, 2 need a forward between F(j) and B(j): not on the last stage, nor with PP = 1."""
+        return not self.is_last and self.in_flight > 1
+
+    @property
+    def activation_budget_bytes(self) -> float:
+        """What is left for activations after static memory and the non-layer terms."""
+        return (
+            self.budget_bytes - self.static_bytes - self.extra_transient_bytes - self.grad_workspace_bytes
+            - self.in_flight * self.extra_retained_bytes
+        )
+
+
+def validate_layer_policy(graph: LayerGraph, lp: LayerPolicy, has_fwd_windows: bool = True) -> list[str]:
+    """Every rule a layer policy must satisfy; returns the violations (empty when valid).
+
+    - Every op whose state some backward reads is kept or recomputed, never both.
+    - A recomputed op's inputs are kept, or recomputed in the same or an earlier phase (same phase:
+      earlier in forward order). The layer input is always available.
+    - Comm ops are never recomputed inside a window (paper eq. 6): only on demand.
+    - Phases 1, 2 only where the stage has forward windows.
+    """
+    errors: list[str] = []
+    names = set(graph.names)
+    for n in lp.keep:
+        if n not in names:
+            errors.append(f"keeps unknown op {n!r}")
+    phases: dict[str, Phase] = {}
+    for n, p in lp.recompute:
+        if n not in names:
+            errors.append(f"recomputes unknown op {n!r}")
+            continue
+        if n in phases:
+            errors.append(f"recomputes {n!r} twice")
+        if n in lp.keep:
+            errors.append(f"{n!r} is both kept and recomputed")
+        phases[n] = p
+    for n in graph.needed():
+        if n not in lp.keep and n not in phases:
+            errors.append(f"{n!r} is needed by backward but neither kept nor recomputed")
+    order = {n: i for i, n in enumerate(graph.names)}
+    for n, p in phases.items():
+        op = graph.op(n)
+        if op.is_comm and p != Phase.ON_DEMAND:
+            errors.append(f"comm op {n!r} can only be recomputed on demand, not in phase {int(p)}")
+        if p in FWD_PHASES and not has_fwd_windows:
+            errors.append(f"{n!r} uses phase {int(p)} but this stage has no forward windows")
+        for dep in op.inputs:
+            if dep == LAYER_INPUT or dep in lp.keep:
+                continue
+            dp = phases.get(dep)
+            if dp is None:
+                errors.append(f"{n!r} is recomputed but its input {dep!r} is neither kept nor recomputed")
+            elif dp > p or (dp == p and order[dep] > order[n]):
+                errors.append(f"{n!r} (phase {int(p)}) needs {dep!r}, recomputed later (phase {int(dp)})")
+    return errors
+
+
+def check_policy(graph: LayerGraph, policy: RecomputePolicy, ctx: StageContext) -> None:
+    """Raise PlanFormatError if any layer of the stage policy is invalid."""
+    if len(policy.layers) != ctx.num_layers:
+        raise PlanFormatError(
+            f"stage {ctx.stage}: policy has {len(policy.layers)} layers, stage has {ctx.num_layers}"
+        )
+    for i, lp in enumerate(policy.layers):
+        errs = validate_layer_policy(graph, lp, ctx.has_fwd_windows)
+        if not lp.input_checkpoint:
+            below = policy.layers[i - 1] if i > 0 else None
+            if below is None or below.keep or any(p != Phase.ON_DEMAND for _, p in below.recompute):
+                errs.append("drops its input checkpoint, but the layer below is not fully recomputed on demand")
+            if lp.keep or any(p != Phase.ON_DEMAND for _, p in lp.recompute):
+                errs.append("drops its input checkpoint, so it must recompute everything on demand")
+        if errs:
+            raise PlanFormatError(f"stage {ctx.stage} layer {i} ({policy.method}): " + "; ".join(errs))

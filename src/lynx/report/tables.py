@@ -1,0 +1,99 @@
+"""rich tables for plans and comparisons."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.table import Table
+
+from lynx.api import CompareRow
+from lynx.graph import LayerGraph
+from lynx.plan import Plan
+
+GiB = float(1 << 30)
+
+
+def _gib(x: float) -> str:
+    return f"{x / GiB:.1f}"
+
+
+def compare_table(rows: Sequence[CompareRow], title: str) -> Table:
+    base = next((r.plan for r in rows if r.method == "full" and r.plan is not None), None)
+    t = Table(title=title, title_justify="left")
+    for col, just in [("method", "left"), ("partition", "left"), ("iter (s)", "right"), ("samples/s", "right"),
+                      ("vs full", "right"), ("MFU", "right"), ("recompute crit (s)", "right"),
+                      ("peak GiB per stage", "left"), ("fits", "left"), ("search (s)", "right")]:
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for r in rows:
+        if r.plan is None:
+            t.add_row(r.method, "", "", "", "", "", "", "", f"[red]{r.error}[/red]", f"{r.seconds:.2f}")
+            continue
+        s = r.plan.sim
+        speed = f"{s.samples_per_s / base.sim.samples_per_s:.2f}x" if base is not None else ""
+        peaks = " ".join(
+            f"[red]{_gib(st.peak_memory_bytes)}[/red]" if st.oom else _gib(st.peak_memory_bytes) for st in s.stages
+        )
+        t.add_row(
+            r.method, str(r.plan.result.partition), f"{s.iteration_time_s:.3f}", f"{s.samples_per_s:.2f}", speed,
+            f"{s.mfu:.1%}", f"{s.recompute_critical_s:.3f}", peaks,
+            "[red]OOM[/red]" if s.oom else "[green]yes[/green]", f"{r.plan.result.search_time_s:.2f}",
+        )
+    return t
+
+
+def stage_table(plan: Plan) -> Table:
+    t = Table(title=f"{plan.result.method}: per stage", title_justify="left")
+    for col in ("stage", "layers", "F (ms)", "B (ms)", "busy (s)", "static GiB", "peak GiB", "budget GiB",
+                "recompute crit (s)", "recompute hidden (s)", "OOM"):
+        t.add_column(col, justify="right")
+    for st in plan.sim.stages:
+        t.add_row(
+            str(st.stage), str(st.num_layers), f"{st.fwd_time_s * 1e3:.1f}", f"{st.bwd_time_s * 1e3:.1f}",
+            f"{st.busy_time_s:.3f}", _gib(st.static_bytes), _gib(st.peak_memory_bytes), _gib(st.budget_bytes),
+            f"{st.recompute_critical_s:.3f}", f"{st.recompute_overlapped_s:.3f}",
+            "[red]yes[/red]" if st.oom else "no",
+        )
+    return t
+
+
+def policy_table(plan: Plan) -> Table:
+    """Per stage, the distinct layer policies: which ops are recomputed and in which phase."""
+    g = plan.problem.graph
+    t = Table(title=f"{plan.result.method}: policy per stage (K keep, 1-5 recompute phase, . free)",
+              title_justify="left")
+    t.add_column("stage/layers")
+    for n in g.names:
+        t.add_column(n, justify="center")
+    for s, pol in enumerate(plan.result.policies):
+        groups = pol.to_dict(g)["layers"]
+        first = 0
+        for grp in groups:
+            label = f"{s}/{first}-{first + grp['count'] - 1}"
+            cells = []
+            for n in g.names:
+                v = grp["ops"][n]
+                cells.append("K" if v == "keep" else (v.split(":")[1] if v.startswith("recompute") else "."))
+            t.add_row(label, *cells)
+            first += grp["count"]
+    return t
+
+
+def graph_table(g: LayerGraph) -> Table:
+    m = g.meta
+    t = Table(title=(f"layer graph ({m.source}): {m.model} h={m.hidden_size} a={m.num_attention_heads} "
+                     f"s={m.seq_length} b={m.micro_batch_size} tp={m.tp} sp={m.sequence_parallel} on {m.device}"),
+              title_justify="left")
+    for col in ("op", "kind", "block", "fwd (ms)", "bwd (ms)", "wgrad (ms)", "out MiB", "mask MiB", "keep MiB",
+                "inputs", "backward reads"):
+        t.add_column(col, justify="left" if col in ("op", "kind", "block", "inputs", "backward reads") else "right")
+    needed = g.needed()
+    for o in g.ops:
+        t.add_row(
+            o.name, o.kind, o.block, f"{o.fwd_time * 1e3:.3f}", f"{o.bwd_time * 1e3:.3f}",
+            f"{o.wgrad_time * 1e3:.3f}", f"{o.out_bytes / 2**20:.1f}", f"{o.mask_bytes / 2**20:.1f}",
+            f"{g.keep_bytes(o.name) / 2**20:.1f}" if o.name in needed else "-",
+            ",".join(o.inputs), ",".join(o.saved),
+        )
+    t.caption = (f"layer input {g.input_bytes / 2**20:.1f} MiB; no-recompute retained "
+                 f"{g.retained_bytes(needed) / 2**20:.1f} MiB per micro-batch; forward {g.fwd_time() * 1e3:.2f} ms")
+    return t

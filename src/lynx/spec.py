@@ -1,0 +1,313 @@
+"""Model, hardware and parallel-layout specs: small frozen dataclasses validated on construction.
+
+Presets are YAML under ``lynx/presets``; a user may point at their own YAML file instead of a name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from lynx.errors import SpecError
+
+GB = 1e9
+GiB = float(1 << 30)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A GPT-style decoder: `num_layers` identical transformer layers plus embeddings and LM head."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int = 0
+    """MLP inner width; 0 means 4 * hidden_size (GPT)."""
+    vocab_size: int = 51200
+    """Megatron pads GPT-2's 50257 tokens to a multiple of 128 * TP; 51200 covers TP <= 8."""
+    max_position_embeddings: int = 2048
+    dropout: bool = True
+    """Dropout after attention probabilities and after each block (GPT-3 style); adds 1-byte masks."""
+
+    def __post_init__(self) -> None:
+        if self.ffn_hidden_size == 0:
+            object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
+        for f in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
+            if getattr(self, f) <= 0:
+                raise SpecError(f"model {self.name!r}: {f} must be positive")
+        if self.hidden_size % self.num_attention_heads:
+            raise SpecError(
+                f"model {self.name!r}: hidden_size {self.hidden_size} is not divisible by "
+                f"num_attention_heads {self.num_attention_heads}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def layer_params(self) -> int:
+        """Parameters of one transformer layer (weights and biases, two LayerNorms)."""
+        h, f = self.hidden_size, self.ffn_hidden_size
+        attn = 3 * h * h + 3 * h + h * h + h
+        mlp = h * f + f + f * h + h
+        norms = 2 * 2 * h
+        return attn + mlp + norms
+
+    def embedding_params(self) -> int:
+        """Word and position embeddings (the LM head is tied to the word embedding, as in GPT)."""
+        return self.vocab_size * self.hidden_size + self.max_position_embeddings * self.hidden_size
+
+    def total_params(self) -> int:
+        return self.num_layers * self.layer_params() + self.embedding_params() + 2 * self.hidden_size
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSpec:
+    """One kind of link, for an alpha-beta model: time = latency + bytes / (bandwidth * efficiency)."""
+
+    bandwidth_Bps: float
+    """Unidirectional bandwidth per device in bytes/s."""
+    latency_s: float
+    efficiency: float = 0.8
+    """Fraction of the link bandwidth a large NCCL collective reaches (bus bandwidth / link bandwidth)."""
+
+    def __post_init__(self) -> None:
+        if self.bandwidth_Bps <= 0 or self.latency_s < 0 or not 0 < self.efficiency <= 1:
+            raise SpecError("link: bandwidth must be > 0, latency >= 0, 0 < efficiency <= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSpec:
+    """One accelerator."""
+
+    name: str
+    memory_bytes: float
+    peak_flops: float
+    """Dense 16-bit tensor-core peak, FLOP/s."""
+    memory_bandwidth_Bps: float
+    matmul_efficiency: float = 0.75
+    """Fraction of peak that large GEMMs reach (documented in docs/costmodel.md)."""
+    memory_efficiency: float = 0.7
+    """Fraction of HBM bandwidth that elementwise / softmax / layernorm kernels reach."""
+    reserved_bytes: float = 2.0 * GiB
+    """Memory the budget leaves out: CUDA context, NCCL buffers, allocator fragmentation."""
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes <= self.reserved_bytes:
+            raise SpecError(f"device {self.name!r}: memory must exceed the reserve")
+        if self.peak_flops <= 0 or self.memory_bandwidth_Bps <= 0:
+            raise SpecError(f"device {self.name!r}: peak_flops and memory bandwidth must be positive")
+        if not (0 < self.matmul_efficiency <= 1 and 0 < self.memory_efficiency <= 1):
+            raise SpecError(f"device {self.name!r}: efficiencies must lie in (0, 1]")
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.memory_bytes - self.reserved_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """A node type and its links. The number of nodes follows from TP * PP * DP (capped by `max_nodes`)."""
+
+    name: str
+    device: DeviceSpec
+    devices_per_node: int
+    intra_node: LinkSpec
+    inter_node: LinkSpec
+    intra_group_size: int = 0
+    """Devices that share the fast intra-node link (e.g. a 4-NPU board); 0 means the whole node."""
+    inter_group: LinkSpec | None = None
+    """Link between such groups inside one node; None means `inter_node`."""
+    max_nodes: int = 4
+
+    def __post_init__(self) -> None:
+        if self.devices_per_node <= 0:
+            raise SpecError(f"hardware {self.name!r}: devices_per_node must be positive")
+        if self.intra_group_size == 0:
+            object.__setattr__(self, "intra_group_size", self.devices_per_node)
+        if self.devices_per_node % self.intra_group_size:
+            raise SpecError(f"hardware {self.name!r}: intra_group_size must divide devices_per_node")
+
+    def link_for_group(self, size: int, stride: int = 1) -> LinkSpec:
+        """The slowest link a group of `size` ranks, `stride` apart in rank order, has to cross."""
+        span = size * stride
+        if span <= self.intra_group_size and size > 1:
+            return self.intra_node
+        if span <= self.devices_per_node and size > 1:
+            return self.inter_group or self.inter_node
+        return self.inter_node
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelSpec:
+    """Parallel layout and batch shape, with Megatron's names."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    sequence_parallel: bool = False
+    micro_batch_size: int = 1
+    global_batch_size: int = 1
+    seq_length: int = 1024
+
+    def __post_init__(self) -> None:
+        for f in ("tp", "pp", "dp", "micro_batch_size", "global_batch_size", "seq_length"):
+            if getattr(self, f) <= 0:
+                raise SpecError(f"{f} must be a positive integer, got {getattr(self, f)}")
+        if self.global_batch_size % (self.micro_batch_size * self.dp):
+            raise SpecError(
+                f"global batch {self.global_batch_size} is not divisible by micro-batch "
+                f"{self.micro_batch_size} x DP {self.dp}"
+            )
+        if self.sequence_parallel and self.seq_length % self.tp:
+            raise SpecError(f"sequence parallelism needs seq_length {self.seq_length} divisible by TP {self.tp}")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+
+def validate_layout(model: ModelSpec, hw: Hardware, par: ParallelSpec, nodes: int | None = None) -> int:
+    """Check that `par` fits `model` and `hw`; return the number of nodes used."""
+    if model.num_attention_heads % par.tp:
+        raise SpecError(
+            f"{model.name}: {model.num_attention_heads} attention heads are not divisible by TP {par.tp}"
+        )
+    if model.hidden_size % par.tp or model.ffn_hidden_size % par.tp:
+        raise SpecError(f"{model.name}: hidden size {model.hidden_size} is not divisible by TP {par.tp}")
+    if model.num_layers < par.pp:
+        raise SpecError(f"{model.name}: {model.num_layers} layers cannot fill {par.pp} pipeline stages")
+    cap = hw.max_nodes if nodes is None else nodes
+    if cap <= 0:
+        raise SpecError(f"--nodes must be positive, got {cap}")
+    need = -(-par.world_size // hw.devices_per_node)
+    if need > cap:
+        raise SpecError(
+            f"TP {par.tp} x PP {par.pp} x DP {par.dp} = {par.world_size} devices needs {need} nodes of "
+            f"{hw.devices_per_node} x {hw.device.name}; only {cap} available (--nodes)"
+        )
+    if par.tp > hw.devices_per_node:
+        # Allowed, but TP collectives then cross the inter-node link; the cost model charges for it.
+        pass
+    return need
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading presets and user YAML
+# ---------------------------------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+def _build(cls: type[T], data: Mapping[str, Any], where: str) -> T:
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise SpecError(f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(fields)}")
+    try:
+        return cls(**data)
+    except TypeError as e:
+        raise SpecError(f"{where}: {e}") from None
+
+
+def _read_yaml(path: Path | str, text: str) -> Mapping[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        pos = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise SpecError(f"{path}: malformed YAML{pos}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping of fields at the top level")
+    return data
+
+
+def _preset_names(kind: str) -> list[str]:
+    root = resources.files("lynx") / "presets" / kind
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def _load(kind: str, name_or_path: str) -> tuple[str, Mapping[str, Any]]:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.is_file():
+            raise SpecError(f"{name_or_path}: no such {kind[:-1]} file")
+        return str(p), _read_yaml(p, p.read_text())
+    names = _preset_names(kind)
+    if name_or_path not in names:
+        raise SpecError(f"unknown {kind[:-1]} preset {name_or_path!r}; known: {', '.join(names)}")
+    res = resources.files("lynx") / "presets" / kind / f"{name_or_path}.yaml"
+    return f"preset {name_or_path}", _read_yaml(name_or_path, res.read_text())
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    where, data = _load("models", name_or_path)
+    data = dict(data)
+    data.setdefault("name", name_or_path)
+    return _build(ModelSpec, data, where)
+
+
+def load_hardware(name_or_path: str) -> Hardware:
+    where, data = _load("hardware", name_or_path)
+    data = dict(data)
+    data.setdefault("name", name_or_path)
+    try:
+        data["device"] = _build(DeviceSpec, data["device"], f"{where}: device")
+        data["intra_node"] = _build(LinkSpec, data["intra_node"], f"{where}: intra_node")
+        data["inter_node"] = _build(LinkSpec, data["inter_node"], f"{where}: inter_node")
+        if data.get("inter_group") is not None:
+            data["inter_group"] = _build(LinkSpec, data["inter_group"], f"{where}: inter_group")
+    except KeyError as e:
+        raise SpecError(f"{where}: missing field {e.args[0]}") from None
+    except (TypeError, AttributeError):
+        raise SpecError(f"{where}: device and links must be mappings of fields") from None
+    return _build(Hardware, data, where)
+
+
+def model_presets() -> list[str]:
+    return _preset_names("models")
+
+
+def hardware_presets() -> list[str]:
+    return _preset_names("hardware")
+
+
+def model_to_dict(m: ModelSpec) -> dict[str, Any]:
+    return dataclasses.asdict(m)
+
+
+def hardware_to_dict(h: Hardware) -> dict[str, Any]:
+    return dataclasses.asdict(h)
+
+
+def parallel_to_dict(p: ParallelSpec) -> dict[str, Any]:
+    return dataclasses.asdict(p)
+
+
+def model_from_dict(d: Mapping[str, Any]) -> ModelSpec:
+    return _build(ModelSpec, d, "plan: model")
+
+
+def hardware_from_dict(d: Mapping[str, Any]) -> Hardware:
+    d = dict(d)
+    d["device"] = _build(DeviceSpec, d["device"], "plan: hardware.device")
+    d["intra_node"] = _build(LinkSpec, d["intra_node"], "plan: hardware.intra_node")
+    d["inter_node"] = _build(LinkSpec, d["inter_node"], "plan: hardware.inter_node")
+    if d.get("inter_group") is not None:
+        d["inter_group"] = _build(LinkSpec, d["inter_group"], "plan: hardware.inter_group")
+    return _build(Hardware, d, "plan: hardware")
+
+
+def parallel_from_dict(d: Mapping[str, Any]) -> ParallelSpec:
+    return _build(ParallelSpec, d, "plan: parallel")
