@@ -122,7 +122,8 @@ def _block(problem: PlanProblem) -> PlanResult:
         n = max(part.layers_per_stage)
         for cand in range(0, n + 1):
             pols = [block_policy(c, problem.graph, cand) for c in ctxs]
-            if all(stage_peak_bytes(problem.graph, p.layers, c) <= c.budget_bytes for p, c in zip(pols, ctxs)):
+            peaks = [stage_peak_bytes(problem.graph, p.layers, c) for p, c in zip(pols, ctxs, strict=True)]
+            if all(pk <= c.budget_bytes for pk, c in zip(peaks, ctxs, strict=True)):
                 n = cand
                 break
     k = n

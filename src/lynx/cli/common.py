@@ -16,8 +16,12 @@ from lynx.spec import GiB, ParallelSpec, hardware_presets, load_hardware, load_m
 console = Console()
 err_console = Console(stderr=True)
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help=f"Model preset ({', '.join(model_presets())}) or a YAML file.")]
-HardwareOpt = Annotated[str, typer.Option("--hardware", "-H", help=f"Hardware preset ({', '.join(hardware_presets())}) or a YAML file.")]
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help=f"Model preset ({', '.join(model_presets())}) or a YAML file.")
+]
+HardwareOpt = Annotated[
+    str, typer.Option("--hardware", "-H", help=f"Hardware preset ({', '.join(hardware_presets())}) or a YAML file.")
+]
 TpOpt = Annotated[int, typer.Option("--tp", "--tensor-model-parallel-size", help="Tensor-parallel size.")]
 PpOpt = Annotated[int, typer.Option("--pp", "--pipeline-model-parallel-size", help="Pipeline-parallel size.")]
 DpOpt = Annotated[int, typer.Option("--dp", help="Data-parallel size.")]

@@ -9,15 +9,28 @@ import typer
 
 from lynx.cli import app
 from lynx.cli.common import (
-    DpOpt, GbOpt, HardwareOpt, JsonOpt, MbOpt, ModelOpt, NodesOpt, PpOpt, SeqOpt, SpOpt, TpOpt,
-    build_problem, console, err_console, print_json,
+    DpOpt,
+    GbOpt,
+    HardwareOpt,
+    JsonOpt,
+    MbOpt,
+    ModelOpt,
+    NodesOpt,
+    PpOpt,
+    SeqOpt,
+    SpOpt,
+    TpOpt,
+    build_problem,
+    console,
+    err_console,
+    print_json,
 )
 from lynx.errors import SpecError
 
 
 def _load_profile_graph(profile: str, db: Path | None) -> Any:
     try:
-        from lynx.profile.store import load_profile_graph
+        from lynx.profile.store import load_profile_graph  # type: ignore[import-not-found,unused-ignore]
     except ModuleNotFoundError:
         raise SpecError("--profile needs the profiler (lynx.profile), which is not installed") from None
     return load_profile_graph(profile, db)
@@ -53,17 +66,29 @@ def plan_cmd(
                                         "selective, uniform, block, ... (see `lynx methods`).")] = "lynx",
     compare: Annotated[bool, typer.Option("--compare", help="Evaluate every method side by side.")] = False,
     layers_per_stage: Annotated[str | None, typer.Option(help="Explicit partition, e.g. 7,8,8,9.")] = None,
-    budget_gb: Annotated[float | None, typer.Option(help="Usable memory per GPU in GiB (default: capacity minus reserve).")] = None,
-    bytes_per_param: Annotated[float, typer.Option(help="Static bytes per parameter (16 = fp16 + Adam; 18 with fp32 grads).")] = 16.0,
-    recompute_num_layers: Annotated[int | None, typer.Option(help="Megatron --recompute-num-layers for uniform/block (default: auto).")] = None,
-    no_wgrad_overlap: Annotated[bool, typer.Option(help="Backward windows offer the whole collective (no Megatron wgrad overlap).")] = False,
-    profile: Annotated[str | None, typer.Option(help="Plan from a stored profile ID instead of the analytic model.")] = None,
+    budget_gb: Annotated[
+        float | None, typer.Option(help="Usable memory per GPU in GiB (default: capacity minus reserve).")
+    ] = None,
+    bytes_per_param: Annotated[
+        float, typer.Option(help="Static bytes per parameter (16 = fp16 + Adam; 18 with fp32 grads).")
+    ] = 16.0,
+    recompute_num_layers: Annotated[
+        int | None, typer.Option(help="Megatron --recompute-num-layers for uniform/block (default: auto).")
+    ] = None,
+    no_wgrad_overlap: Annotated[
+        bool, typer.Option(help="Backward windows offer the whole collective (no Megatron wgrad overlap).")
+    ] = False,
+    profile: Annotated[
+        str | None, typer.Option(help="Plan from a stored profile ID instead of the analytic model.")
+    ] = None,
     db: Annotated[Path | None, typer.Option(help="Profile database (with --profile).")] = None,
     time_limit: Annotated[float, typer.Option(help="Time limit per MILP solve, seconds.")] = 30.0,
     as_json: JsonOpt = False,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the plan file (JSON).")] = None,
     gantt: Annotated[Path | None, typer.Option(help="Write the pipeline Gantt chart (PNG).")] = None,
-    memory_png: Annotated[Path | None, typer.Option("--memory-png", help="Write memory per stage over time (PNG).")] = None,
+    memory_png: Annotated[
+        Path | None, typer.Option("--memory-png", help="Write memory per stage over time (PNG).")
+    ] = None,
 ) -> None:
     """Plan recomputation and partitioning for a model on a cluster, and predict its iteration."""
     from lynx.api import compare as compare_methods

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from lynx.plan import Plan
 
@@ -11,7 +12,7 @@ _LABELS = {"F": "forward", "B": "backward", "recompute": "recompute (on demand)"
            "overlap": "recompute (overlapped)", "stall": "stall"}
 
 
-def _plt():  # type: ignore[no-untyped-def]
+def _plt() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
