@@ -195,9 +195,9 @@ def scale_graph(graph: LayerGraph, compute: float = 1.0, comm: float = 1.0) -> L
 
 
 def model_flops_per_iteration(model: ModelSpec, par: ParallelSpec) -> float:
-    """Model FLOPs of one iteration without recomputation (Narayanan et al. 2021, eq. 3, without the
-    factor 4/3... i.e. forward + backward = 3 x forward): 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) assumes
-    ffn = 4h; the general form below counts GEMMs directly."""
+    """Model FLOPs of one iteration, recomputation excluded (what MFU counts): forward + backward = 3 x the
+    forward GEMMs. With ffn = 4h this is Narayanan et al. 2021 eq. 3 less its recomputed forward:
+    72 B s l h^2 (1 + s/(6h)) + 6 B s h V. The general form below counts GEMMs directly."""
     s, h, f, L, V = par.seq_length, model.hidden_size, model.ffn_hidden_size, model.num_layers, model.vocab_size
     per_token_layer = 2 * (3 * h * h + h * h + 2 * h * f) + 2 * 2 * s * h  # GEMMs + attention matmuls
     per_token = L * per_token_layer + 2 * h * V  # + LM head

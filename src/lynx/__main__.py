@@ -1,0 +1,5 @@
+"""`python -m lynx` runs the CLI."""
+
+from lynx.cli import main
+
+main()

@@ -1,0 +1,103 @@
+"""The `lynx` command as a user runs it (subprocess, real exit codes and streams)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lynx.graph import LayerGraph
+
+README_ARGS = ["plan", "--model", "gpt-7b", "--hardware", "a100-40g-nvlink", "--tp", "4", "--pp", "4",
+               "--micro-batch", "8", "--global-batch", "128", "--seq-len", "1024"]
+
+
+def lynx(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lynx", *args], capture_output=True, text=True, timeout=120,
+                          cwd=cwd, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+
+
+def test_readme_compare_command() -> None:
+    r = lynx(*README_ARGS, "--compare")
+    assert r.returncode == 0, r.stderr
+    for m in ("none", "full", "selective", "uniform", "block"):
+        assert m in r.stdout
+
+
+def test_compare_json_orders_methods() -> None:
+    r = lynx(*README_ARGS, "--compare", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {row["method"]: row for row in json.loads(r.stdout)["methods"]}
+    t = {m: rows[m]["iteration_time_s"] for m in ("none", "selective", "full")}
+    assert t["full"] > t["selective"] > t["none"]
+    stages = rows["none"]["stages"]
+    act = [s["peak_memory_bytes"] - s["static_bytes"] for s in stages]
+    assert act[0] > act[-1]
+
+
+def test_oom_flag_in_json() -> None:
+    args = [a if a != "8" else "16" for a in README_ARGS]
+    r = lynx(*args, "--compare", "--json")
+    rows = {row["method"]: row for row in json.loads(r.stdout)["methods"]}
+    assert rows["none"]["oom"] is True and rows["full"]["oom"] is False
+
+
+def test_plan_file_simulate_and_plots(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    gantt, mem = tmp_path / "g.png", tmp_path / "m.png"
+    r = lynx(*README_ARGS, "--method", "selective", "--out", str(plan), "--gantt", str(gantt),
+             "--memory-png", str(mem))
+    assert r.returncode == 0, r.stderr
+    assert gantt.stat().st_size > 10_000 and mem.stat().st_size > 10_000
+    r2 = lynx("simulate", str(plan), "--json")
+    assert r2.returncode == 0, r2.stderr
+    assert json.loads(r2.stdout) == json.loads(plan.read_text())["prediction"]
+
+
+def test_graph_json_is_a_layer_graph(tmp_path: Path) -> None:
+    r = lynx("graph", "--model", "gpt-1.3b", "--tp", "2", "--micro-batch", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    g = LayerGraph.from_dict(json.loads(r.stdout))
+    assert g.meta.tp == 2 and g.meta.micro_batch_size == 4
+    r = lynx("graph", "--model", "gpt-1.3b")
+    assert "attn_allreduce" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["plan", "--tp", "3"], "not divisible by TP 3"),
+        (["plan", "--model", "gpt-8b"], "known: gpt-1.3b"),
+        (["plan", "--tp", "8", "--pp", "4"], "only 4 available"),
+        (["plan", "--tp", "4", "--pp", "4", "--nodes", "2"], "needs 4 nodes"),
+        (["plan", "--global-batch", "100"], "not divisible by micro-batch 8"),
+        (["plan", "--layers-per-stage", "1,2"], "needs 4 positive entries"),
+        (["plan", "--method", "magic"], "unknown method 'magic'"),
+        (["plan", "--pp", "64", "--tp", "1", "--nodes", "64"], "cannot fill 64 pipeline stages"),
+        (["simulate", "/nonexistent/plan.json"], "no such plan file"),
+        (["plan", "--budget-gb", "-1"], "--budget-gb must be positive"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args: list[str], message: str) -> None:
+    r = lynx(*args)
+    assert r.returncode == 2
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_malformed_yaml_names_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "model.yaml"
+    bad.write_text("num_layers: [\n")
+    r = lynx("plan", "--model", str(bad))
+    assert r.returncode == 2 and "model.yaml: malformed YAML" in r.stderr
+
+
+def test_help_reads_well() -> None:
+    r = lynx("--help")
+    assert r.returncode == 0 and "plan" in r.stdout and "simulate" in r.stdout
+    r = lynx("plan", "--help")
+    assert "--compare" in r.stdout and "--tensor-model-parallel-size" in r.stdout

@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import pytest
+
+from lynx.errors import PlanFormatError
+from lynx.graph import CORE_ATTENTION_OPS
+from lynx.memory import layer_params_per_rank, static_bytes
+from lynx.partition import dp_partition, even_partition, explicit_partition
+from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, check_policy, validate_layer_policy
+from lynx.policy.rules import block_policy, full_layer, keep_all, selective_layer, uniform_policy
+from lynx.problem import PlanProblem
+from lynx.spec import ParallelSpec, SpecError, load_model
+from tests.conftest import problem_for
+
+
+def test_static_memory_is_16_bytes_per_parameter() -> None:
+    m = load_model("gpt-7b")
+    par = ParallelSpec(tp=1, pp=1)
+    assert static_bytes(m, par, 0, m.num_layers) == pytest.approx(16 * m.total_params(), rel=1e-9)
+    assert static_bytes(m, par, 0, m.num_layers, bytes_per_param=18) == pytest.approx(18 * m.total_params())
+
+
+def test_embeddings_live_on_first_and_last_stage() -> None:
+    m = load_model("gpt-7b")
+    par = ParallelSpec(tp=4, pp=4)
+    mid = static_bytes(m, par, 1, 8)
+    assert static_bytes(m, par, 0, 8) > mid and static_bytes(m, par, 3, 8) > mid
+    assert mid == pytest.approx(16 * 8 * layer_params_per_rank(m, 4))
+
+
+def test_rule_policies_are_valid_and_what_megatron_does(gpt7b_problem: PlanProblem) -> None:
+    g = gpt7b_problem.graph
+    for lp in (keep_all(g), full_layer(g), selective_layer(g)):
+        assert validate_layer_policy(g, lp) == []
+    full = full_layer(g)
+    assert full.keep == frozenset()
+    assert set(full.recomputed()) == set(g.names)  # the whole layer, collectives included
+    assert all(p == Phase.ON_DEMAND for _, p in full.recompute)
+    sel = selective_layer(g)
+    assert set(sel.recomputed()) == CORE_ATTENTION_OPS - {"attn_context"}
+    assert {"qkv", "attn_context"} <= sel.keep
+
+
+def test_invalid_policies_are_explained(gpt7b_problem: PlanProblem) -> None:
+    g = gpt7b_problem.graph
+    missing = LayerPolicy(keep=keep_all(g).keep - {"gelu"})
+    assert any("'gelu' is needed" in e for e in validate_layer_policy(g, missing))
+    comm_in_window = LayerPolicy(keep=frozenset(), recompute=tuple((n, Phase.FWD_ATTN) for n in g.names))
+    errs = validate_layer_policy(g, comm_in_window)
+    assert any("comm op 'attn_allreduce' can only be recomputed on demand" in e for e in errs)
+    order = LayerPolicy(
+        keep=keep_all(g).keep - {"fc1", "gelu"},
+        recompute=(("fc1", Phase.ON_DEMAND), ("gelu", Phase.BWD_MLP)),
+    )
+    assert any("'gelu' (phase 3) needs 'fc1'" in e for e in validate_layer_policy(g, order))
+    last = LayerPolicy(keep=keep_all(g).keep - {"gelu"}, recompute=(("gelu", Phase.FWD_MLP),))
+    assert validate_layer_policy(g, last, has_fwd_windows=True) == []
+    assert any("no forward windows" in e for e in validate_layer_policy(g, last, has_fwd_windows=False))
+    ctx = gpt7b_problem.stage_context(3, 7)
+    with pytest.raises(PlanFormatError, match="stage 3 layer 0"):
+        check_policy(g, RecomputePolicy("x", (last,) * 7), ctx)
+
+
+def test_uniform_and_block(gpt7b_problem: PlanProblem) -> None:
+    g = gpt7b_problem.graph
+    ctx = gpt7b_problem.stage_context(1, 9)
+    u = uniform_policy(ctx, g, 3)
+    assert [lp.input_checkpoint for lp in u.layers] == [True, False, False] * 3
+    check_policy(g, u, ctx)
+    b = block_policy(ctx, g, 2)
+    assert [bool(lp.recompute) for lp in b.layers] == [True, True] + [False] * 7
+
+
+def test_policy_dict_roundtrip(gpt7b_problem: PlanProblem) -> None:
+    g = gpt7b_problem.graph
+    ctx = gpt7b_problem.stage_context(0, 7)
+    for pol in (uniform_policy(ctx, g, 2), block_policy(ctx, g, 3)):
+        assert RecomputePolicy.from_dict(pol.to_dict(g)) == pol
+
+
+def test_partitions() -> None:
+    m = load_model("gpt-7b")
+    assert dp_partition(m, ParallelSpec(tp=4, pp=4)).layers_per_stage == (7, 9, 9, 7)
+    assert dp_partition(m, ParallelSpec(pp=1)).layers_per_stage == (32,)
+    assert even_partition(50, 4).layers_per_stage == (12, 13, 13, 12)
+    assert explicit_partition("7,8,8,9", 32, 4).layers_per_stage == (7, 8, 8, 9)
+    with pytest.raises(SpecError, match="sums to 31"):
+        explicit_partition("7,8,8,8", 32, 4)
+    with pytest.raises(SpecError, match="4 entries for PP 2"):
+        explicit_partition("7,8,8,9", 32, 2)
+
+
+def test_block_auto_picks_the_smallest_fitting_n() -> None:
+    from lynx.methods import get_method
+    from lynx.simulate import simulate
+
+    prob = problem_for(mb=16)
+    res = get_method("block").fn(prob)
+    n = int(res.notes[0].split()[-1])
+    assert 0 < n < 9
+    assert not simulate(prob, res.partition, res.policies).oom
