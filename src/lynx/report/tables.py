@@ -19,24 +19,25 @@ def _gib(x: float) -> str:
 
 def compare_table(rows: Sequence[CompareRow], title: str) -> Table:
     base = next((r.plan for r in rows if r.method == "full" and r.plan is not None), None)
-    t = Table(title=title, title_justify="left")
-    for col, just in [("method", "left"), ("partition", "left"), ("iter (s)", "right"), ("samples/s", "right"),
-                      ("vs full", "right"), ("MFU", "right"), ("recompute crit (s)", "right"),
-                      ("peak GiB per stage", "left"), ("fits", "left"), ("search (s)", "right")]:
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    t = Table(title=title, title_justify="left", caption="peak: GiB per stage, first stage first; red = over budget",
+              caption_justify="left")
+    for col, just in [("method", "left"), ("layers/stage", "left"), ("iter s", "right"), ("samples/s", "right"),
+                      ("vs full", "right"), ("MFU", "right"), ("recomp s", "right"), ("peak GiB", "left"),
+                      ("fits", "left")]:
+        t.add_column(col, justify=just, no_wrap=col in ("peak GiB", "layers/stage"))  # type: ignore[arg-type]
     for r in rows:
         if r.plan is None:
-            t.add_row(r.method, "", "", "", "", "", "", "", f"[red]{r.error}[/red]", f"{r.seconds:.2f}")
+            t.add_row(r.method, "", "", "", "", "", "", "", f"[red]{r.error}[/red]")
             continue
         s = r.plan.sim
         speed = f"{s.samples_per_s / base.sim.samples_per_s:.2f}x" if base is not None else ""
-        peaks = " ".join(
-            f"[red]{_gib(st.peak_memory_bytes)}[/red]" if st.oom else _gib(st.peak_memory_bytes) for st in s.stages
+        peaks = "/".join(
+            f"[red]{st.peak_memory_bytes / GiB:.1f}[/red]" if st.oom else f"{st.peak_memory_bytes / GiB:.1f}"
+            for st in s.stages
         )
         t.add_row(
             r.method, str(r.plan.result.partition), f"{s.iteration_time_s:.3f}", f"{s.samples_per_s:.2f}", speed,
-            f"{s.mfu:.1%}", f"{s.recompute_critical_s:.3f}", peaks,
-            "[red]OOM[/red]" if s.oom else "[green]yes[/green]", f"{r.plan.result.search_time_s:.2f}",
+            f"{s.mfu:.1%}", f"{s.recompute_critical_s:.3f}", peaks, "[red]OOM[/red]" if s.oom else "[green]yes[/green]",
         )
     return t
 
