@@ -1,0 +1,114 @@
+"""Recomputation-aware partitioning (paper sec. 5): layer counts per stage chosen knowing that the
+recomputation policy, and so each stage's time, depends on how many layers (and how much memory) it has.
+
+Both searches work on a stage-cost oracle ``cost(stage, n_layers) -> seconds per micro-batch`` (infinite
+when no policy fits), which the caller builds from HEU (cached per distinct stage problem):
+
+* `greedy_partition` - the paper's loop, verbatim: from an even split, move one layer from the slowest
+  stage to the fastest; keep the move if it is valid (no OOM) and shortens the longest stage; stop when
+  nothing changes.
+* `exact_partition` - the exact min-max over layer counts. Stage costs are separable and non-decreasing
+  in the stage's layer count (more layers: more compute, and a smaller feasible policy set), so an
+  allocation ``n`` is optimal iff ``max_s cost(s, n_s) <= min_s cost(s, n_s + 1)``: otherwise moving one
+  layer from the argmax to the argmin lowers (or keeps, with fewer stages at) the maximum. Starting from
+  any split, exchanging one layer at a time reaches that certificate; it evaluates a few costs per move
+  instead of the C(L-1, p-1) compositions a blind enumeration would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from lynx.partition.base import Partition, even_partition
+
+StageCost = Callable[[int, int], float]
+
+
+@dataclass
+class CostTable:
+    """Memoizes the oracle per (stage, layers) and counts distinct evaluations."""
+
+    fn: StageCost
+    values: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def __call__(self, stage: int, n: int) -> float:
+        k = (stage, n)
+        if k not in self.values:
+            self.values[k] = self.fn(stage, n)
+        return self.values[k]
+
+
+def greedy_partition(start: tuple[int, ...], cost: StageCost, max_iters: int = 10_000) -> tuple[int, ...]:
+    """The paper's greedy loop (sec. 5, steps 1-5)."""
+    cur = list(start)
+    times = [cost(s, n) for s, n in enumerate(cur)]
+    for _ in range(max_iters):
+        slow = max(range(len(cur)), key=lambda s: times[s])
+        fast = min(range(len(cur)), key=lambda s: times[s])
+        if slow == fast or cur[slow] <= 1:
+            break
+        new = list(cur)
+        new[slow] -= 1
+        new[fast] += 1
+        new_times = list(times)
+        new_times[slow], new_times[fast] = cost(slow, new[slow]), cost(fast, new[fast])
+        valid = all(t < float("inf") for t in new_times)
+        if not (valid and max(new_times) < max(times)):
+            break
+        cur, times = new, new_times
+    return tuple(cur)
+
+
+def exact_partition(start: tuple[int, ...], cost: StageCost) -> tuple[int, ...] | None:
+    """The min-max optimal layer counts (see the module docstring); None when no split is feasible."""
+    cur = list(start)
+    p = len(cur)
+    # Potential (max, #stages at max, their layers) decreases lexicographically on every move: terminates.
+    for _ in range(sum(cur) * p + p):
+        vals = [cost(s, cur[s]) for s in range(p)]
+        top = max(vals)
+        a = max((s for s in range(p) if vals[s] == top), key=lambda s: cur[s])
+        if cur[a] <= 1:
+            break  # every split gives stage a >= 1 layer, so max >= cost(a, 1): optimal
+        nexts = [cost(s, cur[s] + 1) if s != a else float("inf") for s in range(p)]
+        b = min(range(p), key=lambda s: nexts[s])
+        if not nexts[b] < top:
+            break  # certificate: max_s cost(s, n_s) <= min_s cost(s, n_s + 1)
+        cur[a] -= 1
+        cur[b] += 1
+    if max(cost(s, cur[s]) for s in range(p)) == float("inf"):
+        return None
+    return tuple(cur)
+
+
+def minmax_cost(counts: tuple[int, ...], cost: StageCost) -> float:
+    return max(cost(s, n) for s, n in enumerate(counts))
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionSearch:
+    """Both searches' results on one oracle."""
+
+    greedy: Partition | None
+    exact: Partition | None
+    greedy_cost: float
+    exact_cost: float
+    evaluations: int
+
+
+def search_partitions(num_layers: int, num_stages: int, cost: StageCost,
+                      start: tuple[int, ...] | None = None) -> PartitionSearch:
+    """Run the paper's greedy loop from an even split (or `start`), then the exact search from the
+    greedy's result (a warm start; the result does not depend on it)."""
+    table = CostTable(cost)
+    init = start or even_partition(num_layers, num_stages).layers_per_stage
+    g = greedy_partition(init, table)
+    g_cost = minmax_cost(g, table)
+    e = exact_partition(g, table)
+    e_cost = minmax_cost(e, table) if e is not None else float("inf")
+    return PartitionSearch(
+        greedy=Partition(g, method="lynx-greedy") if g_cost < float("inf") else None,
+        exact=Partition(e, method="lynx-exact") if e is not None else None,
+        greedy_cost=g_cost, exact_cost=e_cost, evaluations=len(table.values),
+    )

@@ -1,0 +1,391 @@
+"""Lynx-HEU: the per-layer recomputation ILP of the paper (sec. 4.2, eqs. 2-9), solved with HiGHS.
+
+One policy for ONE transformer layer is chosen and applied to every layer of a stage. Notation follows
+the paper (docs/heu.md has every constraint and what is approximated):
+
+* ``S_i``      - op i's output (and mask) is kept from its forward until its backward (eq. 3's S).
+* ``R_{t,i}``  - op i is recomputed in phase t (1, 2 forward windows of a later forward; 3, 4 backward
+  windows of the layer above; 5 on demand). Written so that ``S_i + sum_t R_{t,i} = 1`` for ops some
+  backward reads: this linearizes the paper's ``(1 - S_i) * R_{t,i}`` products in eqs. (2), (5), (9).
+* ``F_i``      - op i is freed and never recomputed: only for ops no backward reads (an extension: the
+  paper recomputes every op; an unneeded one need not be).
+* ``C_i``      - op i's forward (= recompute) time; ``M_i`` its keep bytes; ``CTime_t`` the window idle time.
+
+The objective is the stage's on-critical-path recomputation per micro-batch (eq. 2 summed over the stage's
+layers), plus the top layer's phase 3/4 work, which has no layer above it to hide in and so runs on demand
+(the simulator charges it the same way).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from lynx.errors import InfeasibleError
+from lynx.graph import LAYER_INPUT, LayerGraph
+from lynx.memory import stage_peak_bytes
+from lynx.milp import Milp, MilpSolution
+from lynx.policy.base import (
+    BWD_PHASES,
+    FWD_PHASES,
+    LayerPolicy,
+    Phase,
+    RecomputePolicy,
+    SolveStats,
+    StageContext,
+    validate_layer_policy,
+)
+from lynx.schedule import warmup_count
+
+GiB = float(1 << 30)
+PHASES: tuple[Phase, ...] = tuple(Phase)
+
+
+@dataclass(frozen=True, slots=True)
+class HeuOptions:
+    """Knobs of Lynx-HEU."""
+
+    cooldown_overlap: bool = True
+    """Hide cool-down phase-1/2 work in pipeline stalls (paper sec. 4.2, second optimization). When off,
+    the cool-down micro-batches' phase-1/2 work is priced as on-demand in the objective."""
+    tie_break: float = 1e-3
+    """Weight of total recomputation time in the objective: among policies with equal critical time,
+    prefer recomputing less (less energy, less exposure to window-time misprediction)."""
+    time_limit_s: float = 10.0
+    backend: str = "auto"
+    method: str = "lynx-heu"
+
+
+@dataclass(frozen=True, slots=True)
+class LayerVars:
+    """Variable handles of one layer policy in a Milp: ``S[i]``, ``R[i][phase]``, ``F[i]``."""
+
+    S: dict[str, int]
+    R: dict[str, dict[Phase, int]]
+    F: dict[str, int]
+
+
+def recompute_time(graph: LayerGraph, lp: LayerPolicy, phases: tuple[Phase, ...]) -> float:
+    return sum(graph.op(n).fwd_time for n in lp.recomputed(phases))
+
+
+def cooldown_weight(ctx: StageContext, cooldown_overlap: bool) -> float:
+    """Share of micro-batches whose backward has no forward before it (cool-down) on this stage; their
+    phase-1/2 work is on demand unless hidden in a stall."""
+    if cooldown_overlap or not ctx.has_fwd_windows:
+        return 0.0
+    return warmup_count(ctx.stage, ctx.num_stages, ctx.num_microbatches) / max(1, ctx.num_microbatches)
+
+
+def critical_recompute(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext,
+                       cooldown_overlap: bool = True) -> float:
+    """On-critical-path recomputation per micro-batch of a stage policy, priced as the simulator prices it:
+    phase 5, window overflow, the top layer's phase 3/4, and (without cool-down overlap) the cool-down share
+    of phase 1/2. The HEU objective without its tie-break term."""
+    win_f = (graph.fwd_window("attn"), graph.fwd_window("mlp"))
+    win_b = (graph.bwd_window("mlp", ctx.subtract_wgrad), graph.bwd_window("attn", ctx.subtract_wgrad))
+    lam = cooldown_weight(ctx, cooldown_overlap)
+    total = 0.0
+    for i, lp in enumerate(layers):
+        total += recompute_time(graph, lp, (Phase.ON_DEMAND,))
+        for k, ph in enumerate(FWD_PHASES):
+            load = recompute_time(graph, lp, (ph,))
+            total += max(0.0, load - win_f[k]) + lam * min(load, win_f[k])
+        for k, ph in enumerate(BWD_PHASES):
+            load = recompute_time(graph, lp, (ph,))
+            total += load if i == len(layers) - 1 else max(0.0, load - win_b[k])
+    return total
+
+
+def allowed_phases(graph: LayerGraph, name: str, has_fwd_windows: bool) -> tuple[Phase, ...]:
+    # eq. (6): a comm op is never recomputed inside a window (no collective inside a collective's window);
+    # the last stage / PP = 1 variant has no forward windows (sec. 4.2, first optimization).
+    if graph.op(name).is_comm:
+        return (Phase.ON_DEMAND,)
+    return PHASES if has_fwd_windows else (Phase.BWD_MLP, Phase.BWD_ATTN, Phase.ON_DEMAND)
+
+
+def add_layer_vars(m: Milp, graph: LayerGraph, has_fwd_windows: bool, tag: str = "") -> LayerVars:
+    """Variables and the per-layer constraint groups (3), (4), (6) of one layer policy."""
+    needed = graph.needed()
+    S: dict[str, int] = {}
+    R: dict[str, dict[Phase, int]] = {}
+    F: dict[str, int] = {}
+    for op in graph.ops:
+        n = op.name
+        S[n] = m.binary(f"S{tag}[{n}]")
+        R[n] = {t: m.binary(f"R{tag}[{int(t)},{n}]") for t in allowed_phases(graph, n, has_fwd_windows)}
+        if n not in needed:
+            F[n] = m.binary(f"F{tag}[{n}]")
+        # (3) every op some backward reads is kept or recomputed exactly once:
+        #     S_i + sum_t R_{t,i} = 1            (+ F_i for ops no backward reads)
+        row = {S[n]: 1.0, **{v: 1.0 for v in R[n].values()}}
+        if n in F:
+            row[F[n]] = 1.0
+        m.eq(row, 1.0)
+    # (3b) an op no backward reads is kept only as a source for recomputing a consumer (otherwise the
+    #      bytes are wasted): S_i <= sum_{c reads i} sum_t R_{t,c}
+    for n in F:
+        consumers = [c.name for c in graph.ops if n in c.inputs]
+        m.le({S[n]: 1.0, **{v: -1.0 for c in consumers for v in R[c].values()}}, 0.0)
+    # (4) dependencies: R_{t,i} <= sum_{t' <= t} R_{t',j} + S_j  for every input j of i (the layer input
+    #     is always stored). Same phase is allowed: inputs precede i in forward order.
+    for op in graph.ops:
+        for j in op.inputs:
+            if j == LAYER_INPUT:
+                continue
+            for t, r in R[op.name].items():
+                row = {r: 1.0, S[j]: -1.0}
+                for t2, r2 in R[j].items():
+                    if t2 <= t:
+                        row[r2] = row.get(r2, 0.0) - 1.0
+                m.le(row, 0.0)
+    return LayerVars(S, R, F)
+
+
+def add_windows(m: Milp, graph: LayerGraph, lv: LayerVars, subtract_wgrad: bool) -> None:
+    # (5) window capacity: sum_i R_{t,i} C_i <= CTime_t for t in 1..4; CTime_3,4 is the idle part only
+    #     (comm - wgrad when Megatron already overlaps the weight-gradient GEMM, ctx.subtract_wgrad).
+    ctime = {Phase.FWD_ATTN: graph.fwd_window("attn"), Phase.FWD_MLP: graph.fwd_window("mlp"),
+             Phase.BWD_MLP: graph.bwd_window("mlp", subtract_wgrad),
+             Phase.BWD_ATTN: graph.bwd_window("attn", subtract_wgrad)}
+    for t, cap in ctime.items():
+        row = {r[t]: graph.op(n).fwd_time for n, r in lv.R.items() if t in r}
+        if row:
+            m.le(row, cap * (1 + 1e-9))
+
+
+def memory_terms(graph: LayerGraph, lv: LayerVars) -> dict[str, dict[int, float]]:
+    """Linear expressions (bytes per layer, per micro-batch) of the memory model's terms (memory.py)."""
+    keep = {lv.S[n]: graph.keep_bytes(n) for n in lv.S}
+
+    def phase_sum(phases: tuple[Phase, ...]) -> dict[int, float]:
+        return {r[t]: graph.keep_bytes(n) for n, r in lv.R.items() for t in phases if t in r}
+
+    return {"kept": keep, "fwd": phase_sum(FWD_PHASES), "bwd": phase_sum(BWD_PHASES),
+            "od": phase_sum((Phase.ON_DEMAND,))}
+
+
+Group = tuple[LayerVars, int]
+"""A run of identical layers: the policy's variables and how many layers use it (bottom run first)."""
+
+
+def memory_rows(graph: LayerGraph, groups: list[Group], ctx: StageContext) -> list[tuple[dict[int, float], float]]:
+    """(7)-(9) made exact for memory.stage_peak_bytes; each row reads ``expr + offset <= A`` with A the
+    stage's activation budget (budget minus static and non-layer terms):
+
+    N_batch * sum_l (M_in + sum_i S_i M_i)                                  (8), M_fwd
+      + sum_l sum_i (R_1i + R_2i) M_i                                       (9), M_fwd_comm of one batch
+      + max(forward working set, backward working set)                     (7)
+
+    The max becomes one row per term. Forward working set of a layer = what it produces and drops
+    (full - retained). Backward working set of layer l = its on-demand and phase-3/4 tensors plus the
+    phase-3/4 tensors of layer l - 1, which l's backward windows rebuild while l's backward runs.
+    """
+    terms = [memory_terms(graph, lv) for lv, _ in groups]
+    n_layers = sum(c for _, c in groups)
+    base: dict[int, float] = {}
+    for t, (_, c) in zip(terms, groups, strict=True):
+        _acc(base, {v: ctx.in_flight * c * x for v, x in t["kept"].items()})
+        _acc(base, {v: c * x for v, x in t["fwd"].items()})  # empty without forward windows
+    offset = ctx.in_flight * n_layers * graph.input_bytes
+    rows: list[tuple[dict[int, float], float]] = []
+    for g, t in enumerate(terms):
+        # forward working set of a layer of group g: full - M_in - sum_i S_i M_i
+        row = dict(base)
+        _acc(row, {v: -x for v, x in t["kept"].items()})
+        rows.append((row, offset + graph.full_activation_bytes() - graph.input_bytes))
+        # backward working set of group g's bottom layer (the layer below is group g-1's top, if any)
+        row = dict(base)
+        _acc(row, t["od"])
+        _acc(row, t["bwd"])
+        if g > 0:
+            _acc(row, terms[g - 1]["bwd"])
+        rows.append((row, offset))
+        if groups[g][1] >= 2:  # a layer of group g above another of group g
+            row = dict(base)
+            _acc(row, t["od"])
+            _acc(row, {v: 2.0 * x for v, x in t["bwd"].items()})
+            rows.append((row, offset))
+    return rows
+
+
+def _acc(row: dict[int, float], more: dict[int, float]) -> None:
+    for v, c in more.items():
+        row[v] = row.get(v, 0.0) + c
+
+
+def add_objective(m: Milp, graph: LayerGraph, groups: list[Group], lam: float, tie: float) -> None:
+    """(2) minimize sum_l sum_i R_{5,i} C_i over the stage's layers, plus the top layer's R_{3,i} + R_{4,i}
+    (no layer above it lends its backward windows), plus lam * phase-1/2 work (the cool-down share when
+    stalls may not hide it), plus the tie-break on all recomputation."""
+    for g, (lv, count) in enumerate(groups):
+        top = g == len(groups) - 1
+        for n, r in lv.R.items():
+            c = graph.op(n).fwd_time
+            for t, v in r.items():
+                w = tie * count
+                if t == Phase.ON_DEMAND:
+                    w += count
+                elif t in BWD_PHASES and top:
+                    w += 1.0
+                elif t in FWD_PHASES:
+                    w += lam * count
+                m.add_cost(v, w * c)
+
+
+def extract(graph: LayerGraph, sol: MilpSolution, lv: LayerVars) -> LayerPolicy:
+    keep = frozenset(n for n, v in lv.S.items() if sol.is_one(v))
+    rec = tuple((n, t) for n in graph.names for t, v in lv.R[n].items() if sol.is_one(v))
+    return LayerPolicy(keep=keep, recompute=rec)
+
+
+def build_model(graph: LayerGraph, ctx: StageContext, opts: HeuOptions, counts: tuple[int, ...] = (),
+                min_memory: bool = False) -> tuple[Milp, list[LayerVars], int]:
+    """The HEU model for runs of identical layers (`counts`, bottom first; default: one run of all the
+    stage's layers, the paper's HEU). With `min_memory`, the objective is the activation budget it needs
+    (returned handle z) instead of recomputation time."""
+    counts = counts or (ctx.num_layers,)
+    m = Milp()
+    lvs = [add_layer_vars(m, graph, ctx.has_fwd_windows, tag=f"{g}" if len(counts) > 1 else "")
+           for g in range(len(counts))]
+    for lv in lvs:
+        add_windows(m, graph, lv, ctx.subtract_wgrad)
+    groups = list(zip(lvs, counts, strict=True))
+    z = -1
+    if min_memory:
+        z = m.var("A", lb=-math.inf, cost=1.0)
+        for row, off in memory_rows(graph, groups, ctx):
+            m.le({**row, z: -1.0}, -off)
+    else:
+        for row, off in memory_rows(graph, groups, ctx):
+            m.le(row, ctx.activation_budget_bytes - off)
+        add_objective(m, graph, groups, cooldown_weight(ctx, opts.cooldown_overlap), opts.tie_break)
+    return m, lvs, z
+
+
+def min_budget_bytes(graph: LayerGraph, ctx: StageContext, opts: HeuOptions = HeuOptions()) -> float:
+    """The smallest budget for which some HEU policy fits this stage: the same ILP, minimizing the peak."""
+    m, _, z = build_model(graph, ctx, opts, min_memory=True)
+    sol = m.solve(opts.time_limit_s, backend=opts.backend)
+    if not sol.has_solution:
+        return math.inf
+    return ctx.budget_bytes - ctx.activation_budget_bytes + sol.value(z)
+
+
+def _stats(sol: MilpSolution, msg: str = "") -> SolveStats:
+    return SolveStats(solver=sol.backend, status=sol.status, objective=sol.objective,
+                      solve_time_s=sol.solve_time_s, num_variables=sol.num_variables,
+                      num_constraints=sol.num_constraints, mip_gap=sol.mip_gap, message=msg)
+
+
+def infeasible(graph: LayerGraph, ctxs: list[StageContext], opts: HeuOptions) -> InfeasibleError:
+    mins = tuple(min_budget_bytes(graph, c, opts) for c in ctxs)
+    parts = ", ".join(f"stage {c.stage} ({c.num_layers} layers) needs {b / GiB:.2f} GiB"
+                      for c, b in zip(ctxs, mins, strict=True))
+    budget = ctxs[0].budget_bytes / GiB if ctxs else 0.0
+    return InfeasibleError(f"no recomputation policy fits the budget of {budget:.2f} GiB: {parts}", mins)
+
+
+def solve_stage(ctx: StageContext, graph: LayerGraph, opts: HeuOptions, counts: tuple[int, ...] = (),
+                explain: bool = True) -> RecomputePolicy:
+    """Solve the HEU model for runs of identical layers (`counts`, bottom first; default one run).
+
+    Raises InfeasibleError when no policy fits; with `explain` it carries the smallest budget that would
+    (one more ILP), without it (inside partition search) it is cheap."""
+    counts = counts or (ctx.num_layers,)
+    m, lvs, _ = build_model(graph, ctx, opts, counts)
+    sol = m.solve(opts.time_limit_s, backend=opts.backend)
+    if not sol.has_solution:
+        if explain:
+            raise infeasible(graph, [ctx], opts)
+        raise InfeasibleError(f"stage {ctx.stage}: no policy fits ({sol.status})")
+    layers: tuple[LayerPolicy, ...] = ()
+    for lv, c in zip(lvs, counts, strict=True):
+        lp = extract(graph, sol, lv)
+        errs = validate_layer_policy(graph, lp, ctx.has_fwd_windows)
+        if errs:  # a modelling bug, never a user error
+            raise AssertionError(f"HEU produced an invalid policy: {errs}")
+        layers += (lp,) * c
+    peak = stage_peak_bytes(graph, layers, ctx)
+    if peak > ctx.budget_bytes * (1 + 1e-6):
+        raise AssertionError(f"HEU policy peaks at {peak / GiB:.3f} GiB, over the budget "
+                             f"{ctx.budget_bytes / GiB:.3f} GiB")
+    crit = critical_recompute(graph, layers, ctx, opts.cooldown_overlap)
+    return RecomputePolicy(opts.method, layers, cooldown_overlap=opts.cooldown_overlap,
+                           stats=_stats(sol, f"critical recompute {crit * 1e3:.3f} ms per micro-batch"))
+
+
+def heu_policy(ctx: StageContext, graph: LayerGraph, opts: HeuOptions = HeuOptions()) -> RecomputePolicy:
+    """Lynx-HEU for one stage: one layer policy for every layer. Raises InfeasibleError (with the
+    smallest budget that fits) when none fits."""
+    return solve_stage(ctx, graph, opts)
+
+
+def mixed_policy(ctx: StageContext, graph: LayerGraph, opts: HeuOptions = HeuOptions()) -> RecomputePolicy:
+    """Beyond the paper: two layer policies per stage, the bottom k layers with one and the rest with the
+    other, which uses the memory a single policy leaves over (its budget use is quantized by N_layer).
+    Tries every k (k = 0 is plain HEU) and keeps the lowest objective."""
+    best = solve_stage(ctx, graph, opts)
+    total_time = best.stats.solve_time_s
+    for k in range(1, ctx.num_layers):
+        try:
+            cand = solve_stage(ctx, graph, opts, (k, ctx.num_layers - k), explain=False)
+        except InfeasibleError:
+            continue
+        total_time += cand.stats.solve_time_s
+        if cand.stats.objective < best.stats.objective * (1 - 1e-6) - 1e-12:
+            best = cand
+    stats = SolveStats(best.stats.solver, best.stats.status, best.stats.objective, total_time,
+                       best.stats.num_variables, best.stats.num_constraints, best.stats.mip_gap,
+                       best.stats.message + f"; {ctx.num_layers} splits tried")
+    return RecomputePolicy(best.method, best.layers, best.cooldown_overlap, stats)
+
+
+def _quiet_solve(ctx: StageContext, graph: LayerGraph, opts: HeuOptions) -> RecomputePolicy:
+    return solve_stage(ctx, graph, opts, explain=False)
+
+
+CacheKey = tuple[int, int, int, bool, bool, int, float]
+
+
+@dataclass
+class HeuCache:
+    """HEU results per distinct stage problem within one planning call (the partitioner asks many times).
+    Key: (layers, in flight, activation budget in bytes, forward windows, wgrad overlap, cool-down
+    micro-batches, cool-down weight); the value is a policy or the InfeasibleError."""
+
+    graph: LayerGraph
+    opts: HeuOptions = field(default_factory=HeuOptions)
+    solver: Callable[[StageContext, LayerGraph, HeuOptions], RecomputePolicy] | None = None
+    """None: HEU without the min-budget explanation (cheap infeasibility)."""
+    entries: dict[CacheKey, RecomputePolicy | InfeasibleError] = field(default_factory=dict)
+    hits: int = 0
+    solves: int = 0
+    solve_time_s: float = 0.0
+
+    def key(self, ctx: StageContext) -> CacheKey:
+        return (ctx.num_layers, ctx.in_flight, round(ctx.activation_budget_bytes), ctx.has_fwd_windows,
+                ctx.subtract_wgrad, warmup_count(ctx.stage, ctx.num_stages, ctx.num_microbatches),
+                cooldown_weight(ctx, self.opts.cooldown_overlap))
+
+    def get(self, ctx: StageContext) -> RecomputePolicy | InfeasibleError:
+        k = self.key(ctx)
+        if k in self.entries:
+            self.hits += 1
+            return self.entries[k]
+        self.solves += 1
+        t0 = time.perf_counter()
+        res: RecomputePolicy | InfeasibleError
+        try:
+            res = (self.solver or _quiet_solve)(ctx, self.graph, self.opts)
+        except InfeasibleError as e:
+            res = e
+        self.solve_time_s += time.perf_counter() - t0
+        self.entries[k] = res
+        return res
+
+
+from lynx.policy import heu_methods as _heu_methods  # noqa: E402,F401  (registers lynx, lynx-heu, ...)
