@@ -135,7 +135,8 @@ class GPTLayer(torch.nn.Module):
         base = seed * 1000 + layer_index * 10
         out_std = tp.scaled_init_std(0.02, cfg.num_layers)
         self.ln1 = torch.nn.LayerNorm(h, **kw)
-        self.qkv = tp.ColumnParallelLinear(h, 3 * h, group, seed=base + 1, stride=3, **kw)
+        # Output rows ordered [head][q|k|v][d]: a contiguous split gives each rank whole heads.
+        self.qkv = tp.ColumnParallelLinear(h, 3 * h, group, seed=base + 1, **kw)
         self.proj = tp.RowParallelLinear(h, h, group, seed=base + 2, std=out_std, **kw)
         self.ln2 = torch.nn.LayerNorm(h, **kw)
         self.fc1 = tp.ColumnParallelLinear(h, f, group, seed=base + 3, **kw)
@@ -198,11 +199,12 @@ class GPTLayer(torch.nn.Module):
         return tp.reduce_scatter_to_sp(x, self.group, self._window("fwd", name, mb), None)
 
     def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """[s, b, 3 * a_l * d] -> three [b * a_l, s, d] views (Q, K, V blocks of whole heads)."""
+        """[s, b, a_l * 3 * d] (Megatron's per-head [q|k|v] layout) -> three [b * a_l, s, d] *views*, so
+        autograd saves slices of the QKV output itself, as the graph accounts it."""
         s, b = qkv.shape[0], qkv.shape[1]
         a_l, d = self.heads_local, self.head_dim
-        x = qkv.view(s, b, 3, a_l, d)
-        return tuple(x[:, :, i].reshape(s, b * a_l, d).transpose(0, 1) for i in range(3))  # type: ignore
+        x = qkv.view(s, b * a_l, 3, d)
+        return tuple(x[:, :, i].transpose(0, 1) for i in range(3))  # type: ignore[return-value]
 
     def _scores(self, qkv: torch.Tensor) -> torch.Tensor:
         q, k, _ = self._split_qkv(qkv)

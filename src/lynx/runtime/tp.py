@@ -123,6 +123,28 @@ class CommFn(torch.autograd.Function):
         return run_collective(dual, g, ctx.group, ctx.bwd_window), None, None, None, None
 
 
+class SplitSeqFn(torch.autograd.Function):
+    """Enter the sequence-parallel region from a replicated tensor: keep this rank's slice of dim 0
+    (backward: all-gather). With ``gather=True`` the reverse: leave it (forward all-gather, backward keep
+    this rank's slice of a gradient that every rank holds in full, e.g. from a replicated LM head)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, gather: bool) -> torch.Tensor:  # type: ignore[override]
+        ctx.group, ctx.gather = group, gather
+        return run_collective("allgather", x, group) if gather else _own_slice(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        return (_own_slice(g, ctx.group) if ctx.gather else run_collective("allgather", g, ctx.group)), None, None
+
+
+def _own_slice(x: torch.Tensor, group: Any) -> torch.Tensor:
+    n, r = world(group), rank_in(group)
+    if x.shape[0] % n:
+        raise ValueError(f"sequence length {x.shape[0]} not divisible by TP={n}")
+    return x.chunk(n, 0)[r].contiguous()
+
+
 def reduce_from_tp(x: torch.Tensor, group: Any, fwd_window: Window = None) -> torch.Tensor:
     return CommFn.apply(x, "allreduce", group, fwd_window, None)
 
