@@ -147,6 +147,7 @@ def _solve_highs(m: Milp, time_limit_s: float, mip_gap: float,
     h.passModel(lp)
     if progress is not None:
         progress(f"HiGHS: {n} variables, {len(m.rows)} constraints, time limit {time_limit_s:g} s")
+        _subscribe_progress(h, progress)
     h.run()
     ms = h.getModelStatus()
     info = h.getInfo()
@@ -167,6 +168,31 @@ def _solve_highs(m: Milp, time_limit_s: float, mip_gap: float,
         values=values, solve_time_s=time.perf_counter() - t0, mip_gap=gap if status != "optimal" else 0.0,
         num_variables=n, num_constraints=len(m.rows), backend="highs",
     )
+
+
+def _subscribe_progress(h: object, progress: Callable[[str], None], every_s: float = 5.0) -> None:
+    """A progress line on every improving incumbent, and every `every_s` seconds while HiGHS searches."""
+    last = [0.0]
+
+    def show(e: object) -> None:
+        d = e.data_out  # type: ignore[attr-defined]
+        t = float(d.running_time)
+        improving = e.callback_type == _improving_type()  # type: ignore[attr-defined]
+        if not improving and t - last[0] < every_s:
+            return
+        last[0] = t
+        inc, bound, gap = float(d.objective_function_value), float(d.mip_dual_bound), float(d.mip_gap)
+        gap_s = f"{gap:.2%}" if math.isfinite(gap) else "-"
+        progress(f"{t:6.1f} s  incumbent {inc:.6g}  bound {bound:.6g}  gap {gap_s}")
+
+    h.cbMipImprovingSolution.subscribe(show)  # type: ignore[attr-defined]
+    h.cbMipInterrupt.subscribe(show)  # type: ignore[attr-defined]
+
+
+def _improving_type() -> object:
+    import highspy
+
+    return highspy.cb.HighsCallbackType.kCallbackMipImprovingSolution
 
 
 def _solve_gurobi(m: Milp, time_limit_s: float, mip_gap: float) -> MilpSolution:  # pragma: no cover
