@@ -1,0 +1,174 @@
+"""Gradient equality: every recomputation policy gives the loss and parameter gradients of the
+no-recompute run, bit for bit on CPU float32 (the recomputation replays the same kernels on the same
+inputs with the same dropout masks, and backward runs the same graph in the same order).
+
+TP = 1 in process; TP = 2 with two local gloo processes on 127.0.0.1 (torch.multiprocessing.spawn)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, validate_layer_policy  # noqa: E402
+from lynx.runtime.check import grads_of, method_policy, problem_for, train_step  # noqa: E402
+from lynx.runtime.engine import RecomputeEngine  # noqa: E402
+from lynx.runtime.layer import LayerConfig  # noqa: E402
+from lynx.runtime.model import GPTModel  # noqa: E402
+
+LAYERS, VOCAB, MBS = 3, 64, 3
+RULES = ("none", "full", "selective", "uniform", "block")
+
+
+def overlapped(num_layers: int) -> RecomputePolicy:
+    """A hand-made Lynx-style policy using all four windows (and phase 5 for one op)."""
+    lp = LayerPolicy(
+        keep=frozenset({"qkv", "attn_context", "attn_residual", "mlp_residual"}),
+        recompute=(("attn_scores", Phase.FWD_ATTN), ("softmax", Phase.FWD_ATTN),
+                   ("attn_dropout", Phase.FWD_ATTN), ("ln2", Phase.FWD_MLP), ("fc1", Phase.BWD_MLP),
+                   ("gelu", Phase.ON_DEMAND), ("ln1", Phase.BWD_ATTN)),
+    )
+    return RecomputePolicy(method="overlapped", layers=(lp,) * num_layers)
+
+
+def lynx_available() -> bool:
+    from lynx.methods import available_methods
+
+    return "lynx" in available_methods() or "lynx-heu" in available_methods()
+
+
+def policies(cfg: LayerConfig) -> dict[str, RecomputePolicy]:
+    prob = problem_for(cfg, LAYERS, VOCAB, MBS, recompute_num_layers=2)
+    out = {m: method_policy(m, prob) for m in RULES}
+    if not cfg.sequence_parallel:
+        out["overlapped"] = overlapped(LAYERS)
+    if lynx_available():
+        from lynx.methods import available_methods, get_method
+
+        name = "lynx" if "lynx" in available_methods() else "lynx-heu"
+        from lynx.plan import Plan
+
+        peak = {m: Plan.evaluate(prob, get_method(m).fn(prob)).sim.stages[0].peak_memory_bytes
+                for m in ("none", "full")}
+        tight = problem_for(cfg, LAYERS, VOCAB, MBS, budget_bytes=(peak["none"] + peak["full"]) / 2)
+        out[name] = method_policy(name, tight)
+        assert out[name].layers[0].recompute, "the budget should force lynx to recompute something"
+    for pol in out.values():
+        for lp in pol.layers:
+            assert not validate_layer_policy(prob.graph, lp, has_fwd_windows=True)
+    return out
+
+
+def compare_all(cfg: LayerConfig, group=None, in_flight: int = 2) -> dict[str, dict]:
+    """Run the reference and every policy; return per policy what differed (empty when equal)."""
+    torch.manual_seed(0)
+    ref = GPTModel(cfg, LAYERS, VOCAB, group)
+    loss0 = train_step(ref, MBS, None, in_flight)
+    g0 = grads_of(ref)
+    out = {}
+    for name, pol in policies(cfg).items():
+        model = GPTModel(cfg, LAYERS, VOCAB, group)
+        eng = RecomputeEngine(model.layers, pol)
+        loss = train_step(model, MBS, eng, in_flight)
+        g = grads_of(model)
+        assert set(g) == set(g0)
+        out[name] = {
+            "loss_equal": loss == loss0,
+            "bad": sorted(n for n in g0 if not torch.equal(g0[n], g[n])),
+            "stats": eng.stats,
+        }
+    return out
+
+
+CFG = LayerConfig(hidden_size=32, num_attention_heads=4, ffn_hidden_size=128, seq_length=16, micro_batch_size=2)
+
+
+def test_tp1_every_policy_bitwise_equal() -> None:
+    res = compare_all(CFG)
+    for name, r in res.items():
+        assert r["loss_equal"] and not r["bad"], (name, r["bad"])
+    st = res["overlapped"]["stats"]
+    # mb 0 and 1 restore phase 1/2 ops in a later forward's windows; layers 0..L-2 use phases 3/4.
+    assert st.restored_in_window > 0 and st.restored_on_demand > 0
+    assert res["none"]["stats"].restored_on_demand == 0 and res["none"]["stats"].restored_in_window == 0
+    assert res["full"]["stats"].peak_bytes < res["selective"]["stats"].peak_bytes < res["none"]["stats"].peak_bytes
+
+
+def test_a_wrong_recompute_breaks_equality() -> None:
+    """The test can fail: recomputing dropout with another micro-batch's mask changes the gradients."""
+    import lynx.runtime.layer as layer_mod
+
+    pol = method_policy("full", problem_for(CFG, LAYERS, VOCAB, 1))
+    torch.manual_seed(0)
+    ref = GPTModel(CFG, LAYERS, VOCAB)
+    train_step(ref, 1, None)
+    model = GPTModel(CFG, LAYERS, VOCAB)
+    eng = RecomputeEngine(model.layers, pol)
+    orig = layer_mod.GPTLayer._dropout
+    calls = {"n": 0}
+
+    def shifted(self, x, op, mb):
+        calls["n"] += 1
+        return orig(self, x, op, mb + (1 if eng._replaying else 0))
+
+    layer_mod.GPTLayer._dropout = shifted
+    try:
+        train_step(model, 1, eng)
+    finally:
+        layer_mod.GPTLayer._dropout = orig
+    assert calls["n"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(grads_of(ref).values(), grads_of(model).values(), strict=True))
+
+
+def test_sequence_parallel_tp1_equal() -> None:
+    from dataclasses import replace
+
+    res = compare_all(replace(CFG, sequence_parallel=True), in_flight=1)
+    for name, r in res.items():
+        assert r["loss_equal"] and not r["bad"], (name, r["bad"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, port: int, sp: bool, outdir: str) -> None:
+    import datetime
+    import json
+    from dataclasses import replace
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    torch.set_num_threads(1)
+    try:
+        cfg = replace(CFG, tp=2, sequence_parallel=sp)
+        res = compare_all(cfg, dist.group.WORLD, in_flight=1 if sp else 2)
+        summary = {k: {"loss_equal": v["loss_equal"], "bad": v["bad"],
+                       "win": v["stats"].restored_in_window} for k, v in res.items()}
+        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+            json.dump(summary, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_tp2_every_policy_bitwise_equal(sp: bool, tmp_path) -> None:
+    import json
+
+    import torch.multiprocessing as mp
+
+    mp.spawn(_worker, args=(_free_port(), sp, str(tmp_path)), nprocs=2, join=True)
+    for rank in (0, 1):
+        res = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert len(res) >= 6
+        for name, r in res.items():
+            assert r["loss_equal"] and not r["bad"], (rank, name, r["bad"])
+        if not sp:
+            assert res["overlapped"]["win"] > 0
