@@ -41,6 +41,9 @@ from lynx.schedule import warmup_count
 
 GiB = float(1 << 30)
 PHASES: tuple[Phase, ...] = tuple(Phase)
+OBJ_SCALE = 1e6
+"""The objective is built in microseconds: HiGHS stops at an absolute gap of 1e-6, which in seconds would
+be a large fraction of a recomputation-time objective of a few milliseconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +236,7 @@ def add_objective(m: Milp, graph: LayerGraph, groups: list[Group], lam: float, t
                     w += 1.0
                 elif t in FWD_PHASES:
                     w += lam * count
-                m.add_cost(v, w * c)
+                m.add_cost(v, w * c * OBJ_SCALE)
 
 
 def extract(graph: LayerGraph, sol: MilpSolution, lv: LayerVars) -> LayerPolicy:
@@ -276,7 +279,7 @@ def min_budget_bytes(graph: LayerGraph, ctx: StageContext, opts: HeuOptions = He
 
 
 def _stats(sol: MilpSolution, msg: str = "") -> SolveStats:
-    return SolveStats(solver=sol.backend, status=sol.status, objective=sol.objective,
+    return SolveStats(solver=sol.backend, status=sol.status, objective=sol.objective / OBJ_SCALE,
                       solve_time_s=sol.solve_time_s, num_variables=sol.num_variables,
                       num_constraints=sol.num_constraints, mip_gap=sol.mip_gap, message=msg)
 

@@ -36,13 +36,52 @@ def stage_time(graph: LayerGraph, ctx: StageContext, pol: RecomputePolicy) -> fl
     return ctx.num_layers * layer_time(graph, ctx.subtract_wgrad) + pol.stats.objective
 
 
-def policies_for(problem: PlanProblem, part: Partition, cache: HeuCache) -> tuple[RecomputePolicy, ...]:
+def policies_for(problem: PlanProblem, part: Partition, cache: HeuCache,
+                 explain: bool = True) -> tuple[RecomputePolicy, ...]:
     """HEU on every stage of `part`; one InfeasibleError naming every stage's smallest budget if any fails."""
     ctxs = problem.stage_contexts(part)
     res = [cache.get(c) for c in ctxs]
     if any(isinstance(r, InfeasibleError) for r in res):
+        if not explain:
+            raise InfeasibleError("no policy fits")
         raise infeasible(problem.graph, list(ctxs), cache.opts)
     return tuple(r for r in res if isinstance(r, RecomputePolicy))
+
+
+REFINE_MAX_ACTIONS = 512
+"""Refine by simulation only where one simulation is cheap (pp x micro-batches forwards, ~10 ms)."""
+
+
+def _refine(problem: PlanProblem, part: Partition, best_t: float, cache: HeuCache,
+            max_sims: int = 40) -> tuple[float, Partition, tuple[RecomputePolicy, ...]] | None:
+    """Beyond min-max: the stage-time proxy ignores pipeline fill and drain, which matter when micro-
+    batches are few. Local search with the event simulator as the judge: move one layer between any two
+    stages, take the first improvement, repeat (at most `max_sims` simulations)."""
+    counts = list(part.layers_per_stage)
+    found: tuple[float, Partition, tuple[RecomputePolicy, ...]] | None = None
+    sims, improved = 0, True
+    while improved and sims < max_sims:
+        improved = False
+        for a in range(len(counts)):
+            for b in range(len(counts)):
+                if a == b or counts[a] <= 1 or sims >= max_sims:
+                    continue
+                cand = list(counts)
+                cand[a] -= 1
+                cand[b] += 1
+                new = Partition(tuple(cand), method="lynx-refined")
+                try:
+                    pols = policies_for(problem, new, cache, explain=False)
+                except InfeasibleError:
+                    continue
+                sims += 1
+                t = _iteration(problem, new, pols)
+                if t < best_t * (1 - 1e-9):
+                    best_t, counts, found, improved = t, cand, (t, new, pols), True
+                    break
+            if improved:
+                break
+    return found
 
 
 def _iteration(problem: PlanProblem, part: Partition, pols: tuple[RecomputePolicy, ...]) -> float:
@@ -97,6 +136,12 @@ def lynx_search(problem: PlanProblem, method: str) -> tuple[PlanResult, HeuCache
         raise InfeasibleError("no partition fits")  # pragma: no cover (policies_for raised)
     measured.sort(key=lambda x: x[0])
     best_t, label, part, pols = measured[0]
+    if par.pp * par.num_microbatches <= REFINE_MAX_ACTIONS and len(measured) > 1:
+        refined = _refine(problem, part, best_t, cache)
+        if refined is not None:
+            best_t, part, pols = refined
+            label = "refined"
+            measured.append((best_t, label, part, pols))
     notes = (
         f"partition: greedy {search.greedy or '-'} (max stage {search.greedy_cost * 1e3:.2f} ms/mb), "
         f"exact {search.exact or '-'} (max stage {search.exact_cost * 1e3:.2f} ms/mb), dp {dp}; "

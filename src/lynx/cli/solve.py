@@ -1,0 +1,86 @@
+"""`lynx solve`: Lynx-HEU for one stage of a user's own layer graph (what `lynx graph --json` writes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from lynx.cli import app
+from lynx.cli.common import JsonOpt, console, print_json
+from lynx.errors import PlanFormatError, SpecError
+from lynx.graph import LayerGraph
+from lynx.memory import stage_peak_bytes
+from lynx.policy.base import StageContext
+from lynx.spec import GiB
+
+
+def _policy_table(graph: LayerGraph, ops: dict[str, str]) -> Table:
+    t = Table(title="policy of one layer (applied to every layer of the stage)", title_justify="left")
+    for col in ("op", "kind", "decision", "recompute (ms)", "keep MiB"):
+        t.add_column(col, justify="left" if col in ("op", "kind", "decision") else "right")
+    for o in graph.ops:
+        d = ops[o.name]
+        t.add_row(o.name, o.kind, d, f"{o.fwd_time * 1e3:.3f}" if d.startswith("recompute") else "",
+                  f"{graph.keep_bytes(o.name) / 2**20:.1f}" if d == "keep" else "")
+    return t
+
+
+@app.command("solve")
+def solve_cmd(
+    graph_file: Annotated[Path, typer.Option("--graph", help="Layer graph JSON (`lynx graph --json` / --out).")],
+    layers: Annotated[int, typer.Option("--layers", help="Layers on the stage.")],
+    in_flight: Annotated[int, typer.Option("--in-flight", help="Micro-batches in flight at the peak (p - s).")],
+    budget_gb: Annotated[float, typer.Option("--budget-gb", help="Memory for the stage's activations and "
+                                             "static state, GiB.")],
+    static_gb: Annotated[float, typer.Option("--static-gb", help="Parameters, gradients, optimizer, GiB.")] = 0.0,
+    last_stage: Annotated[bool, typer.Option("--last-stage", help="Last stage or PP = 1: no forward windows "
+                                             "(phases 3, 4, 5 only).")] = False,
+    microbatches: Annotated[int, typer.Option("--microbatches", help="Micro-batches per iteration.")] = 64,
+    no_wgrad_overlap: Annotated[bool, typer.Option(help="Backward windows offer the whole collective.")] = False,
+    no_cooldown_overlap: Annotated[bool, typer.Option(help="Do not hide cool-down recomputation in stalls.")] = False,
+    mixed: Annotated[bool, typer.Option("--mixed", help="Allow two layer policies (k layers each).")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Solve Lynx-HEU for one pipeline stage of your own layer graph and print the policy, its objective,
+    solve time and model size."""
+    from lynx.policy.heu import HeuOptions, critical_recompute, heu_policy, mixed_policy
+
+    if not graph_file.is_file():
+        raise PlanFormatError(f"{graph_file}: no such graph file")
+    graph = LayerGraph.from_json(graph_file.read_text())
+    if layers < 1 or in_flight < 1 or budget_gb <= 0:
+        raise SpecError("--layers and --in-flight must be >= 1 and --budget-gb positive")
+    # A stage context that reproduces the flags: the last stage of a pipeline when --last-stage, else a
+    # stage with `in_flight` micro-batches in flight (stage p - in_flight of a p-stage pipeline).
+    num_stages = max(in_flight, 2) if not last_stage else in_flight
+    stage = num_stages - 1 if last_stage else num_stages - in_flight
+    ctx = StageContext(stage=stage, num_stages=num_stages, num_layers=layers, in_flight=in_flight,
+                       num_microbatches=max(microbatches, in_flight), budget_bytes=budget_gb * GiB,
+                       static_bytes=static_gb * GiB, subtract_wgrad=not no_wgrad_overlap)
+    if ctx.has_fwd_windows == last_stage and in_flight > 1:
+        raise SpecError("internal: stage context does not match --last-stage")  # pragma: no cover
+    opts = HeuOptions(cooldown_overlap=not no_cooldown_overlap)
+    pol = (mixed_policy if mixed else heu_policy)(ctx, graph, opts)
+    st = pol.stats
+    peak = stage_peak_bytes(graph, pol.layers, ctx)
+    crit = critical_recompute(graph, pol.layers, ctx, opts.cooldown_overlap)
+    d = pol.to_dict(graph)
+    summary = {"objective_s": st.objective, "critical_recompute_s_per_microbatch": crit,
+               "solve_time_s": st.solve_time_s, "num_variables": st.num_variables,
+               "num_constraints": st.num_constraints, "status": st.status, "solver": st.solver,
+               "peak_bytes": peak, "budget_bytes": ctx.budget_bytes, "forward_windows": ctx.has_fwd_windows}
+    if as_json:
+        print_json({**summary, "policy": d})
+        return
+    console.print(f"[bold]{graph_file}[/bold]: {layers} layers, {in_flight} in flight, budget {budget_gb:g} GiB"
+                  f"{', last stage' if last_stage else ''}")
+    console.print(f"objective {st.objective * 1e3:.4f} ms (critical recompute {crit * 1e3:.4f} ms per "
+                  f"micro-batch), {st.status} in {st.solve_time_s * 1e3:.1f} ms, model {st.num_variables} "
+                  f"variables x {st.num_constraints} constraints ({st.solver}); peak {peak / GiB:.2f} GiB")
+    for i, grp in enumerate(d["layers"]):
+        if len(d["layers"]) > 1:
+            console.print(f"layer group {i}: {grp['count']} layers")
+        console.print(_policy_table(graph, grp["ops"]))
