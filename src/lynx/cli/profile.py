@@ -98,6 +98,10 @@ def _ms(x: float) -> str:
     return f"{x * 1e3:.2f}"
 
 
+def _pm(x: float, spread: float) -> str:
+    return f"{x * 1e3:.1f}±{spread * 1e3:.1f}"
+
+
 def _print_record(rec: ProfileRecord) -> None:
     g, i, e = rec.graph, rec.info, rec.extra
     m = g.meta
@@ -105,18 +109,16 @@ def _print_record(rec: ProfileRecord) -> None:
                   f"ffn {m.ffn_hidden_size}, seq {m.seq_length}, micro-batch {m.micro_batch_size}, TP {m.tp}"
                   f"{' SP' if m.sequence_parallel else ''}, {i.dtype} on {i.device} ({i.threads} threads), "
                   f"torch {i.torch_version}, {i.repeats} repeats after {i.warmup} warm-up, {i.created_at}")
-    t = Table(title="per op: median ± spread (half the 10-90 percentile range), ms; bytes per rank, MiB")
-    for col in ("op", "kind", "fwd", "dgrad", "wgrad", "out", "mask", "saved (meas / graph)", "backward reads"):
-        t.add_column(col, justify="left" if col in ("op", "kind", "backward reads") else "right")
+    t = Table(title="per op: median±spread (half the 10-90 percentile range) in ms; MiB per rank")
+    for col in ("op", "fwd", "dgrad", "wgrad", "out", "mask", "saved meas/graph", "backward reads"):
+        t.add_column(col, justify="left" if col in ("op", "backward reads") else "right")
     for op, s in zip(g.ops, rec.ops, strict=True):
         ok = abs(s.saved_bytes - s.expected_saved_bytes) <= 0.02 * max(s.expected_saved_bytes, 1.0)
-        t.add_row(op.name, op.kind, f"{_ms(s.fwd_s)} ± {_ms(s.fwd_spread_s)}",
-                  f"{_ms(s.dgrad_s)} ± {_ms(s.dgrad_spread_s)}",
-                  f"{_ms(s.wgrad_s)} ± {_ms(s.wgrad_spread_s)}" if s.wgrad_s else "-",
+        t.add_row(op.name + (" (comm)" if op.is_comm else ""), _pm(s.fwd_s, s.fwd_spread_s),
+                  _pm(s.dgrad_s, s.dgrad_spread_s), _pm(s.wgrad_s, s.wgrad_spread_s) if s.wgrad_s else "-",
                   f"{op.out_bytes / MiB:.2f}", f"{op.mask_bytes / MiB:.2f}" if op.mask_bytes else "-",
-                  f"{s.saved_bytes / MiB:.2f} / {s.expected_saved_bytes / MiB:.2f} "
-                  + ("[green]ok[/green]" if ok else "[red]differs[/red]"),
-                  ", ".join(op.saved) or "-")
+                  f"{s.saved_bytes / MiB:.2f}/{s.expected_saved_bytes / MiB:.2f} "
+                  + ("[green]ok[/green]" if ok else "[red]DIFF[/red]"), ",".join(op.saved) or "-")
     console.print(t)
     console.print(f"layer forward {_ms(e.get('layer_fwd_s', 0))} ± {_ms(e.get('layer_fwd_spread_s', 0))} ms, "
                   f"backward {_ms(e.get('layer_bwd_s', 0))} ± {_ms(e.get('layer_bwd_spread_s', 0))} ms; "
@@ -141,14 +143,13 @@ def list_cmd(db: DbOpt = None, as_json: JsonOpt = False) -> None:
         print_json([asdict(r) for r in rows])
         return
     t = Table(title=f"profiles in {db or default_db_path()}")
-    for col in ("id", "created", "model", "h", "heads", "ffn", "seq", "mb", "TP", "SP", "dtype", "device", "torch",
-                "fwd ms", "bwd ms"):
+    for col in ("id", "created (UTC)", "model", "shape", "batch", "layout", "dtype", "device", "fwd ms", "bwd ms"):
         t.add_column(col)
     for r in rows:
-        t.add_row(str(r.id), r.created_at, r.model, str(r.hidden_size), str(r.num_attention_heads),
-                  str(r.ffn_hidden_size), str(r.seq_length), str(r.micro_batch_size), str(r.tp),
-                  "yes" if r.sequence_parallel else "no", r.dtype, r.device, r.torch_version, _ms(r.fwd_s),
-                  _ms(r.bwd_s))
+        t.add_row(str(r.id), r.created_at[:16].replace("T", " "), r.model,
+                  f"h{r.hidden_size} a{r.num_attention_heads} f{r.ffn_hidden_size}",
+                  f"s{r.seq_length} b{r.micro_batch_size}", f"TP{r.tp}{' SP' if r.sequence_parallel else ''}",
+                  r.dtype, r.device.removeprefix("cpu: "), _ms(r.fwd_s), _ms(r.bwd_s))
     console.print(t)
 
 

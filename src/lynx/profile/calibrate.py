@@ -4,10 +4,10 @@ The cost model predicts a compute op's forward as ``overhead + max(F / (peak * m
 B / (bandwidth * memory_eff))`` and its backward as twice that; collectives as alpha-beta over the TP link
 scaled by ``comm_efficiency_scale``. Per op FLOPs ``F`` and bytes ``B`` come from the cost model itself (built
 once with a huge matmul efficiency, so that its times are ``B / bandwidth``), so this module repeats no
-formula. The fit minimises the squared log error of forward and backward times over compute ops (a grid over
-matmul and memory efficiency and kernel overhead, refined once around the best point), then the scale of the
-collectives on comm ops (1-D grid). Peaks come from ``--hardware`` or, by default, from the GEMM and copy
-rates the profiler measured on the device (a CPU has no datasheet peak worth the name).
+formula. The fit minimises the squared log error of forward and backward times over compute ops (a grid
+over matmul and memory efficiency and kernel overhead, then three zoomed grids around the best point), then
+the scale of the collectives on comm ops (1-D grid). Peaks come from ``--hardware`` or, by default, from
+the GEMM and copy rates the profiler measured on the device (a CPU has no datasheet peak worth the name).
 """
 
 from __future__ import annotations
@@ -110,8 +110,11 @@ def _fit_compute(flops: np.ndarray, nbytes: np.ndarray, ratio: np.ndarray, fwd: 
 
     em, eb, ko = search(np.geomspace(1e-3, 2.0, 60), np.geomspace(1e-3, 2.0, 60),
                         np.concatenate([[0.0], np.geomspace(1e-7, 1e-3, 25)]))
-    return search(np.geomspace(em / 1.3, em * 1.3, 25), np.geomspace(eb / 1.3, eb * 1.3, 25),
-                  np.concatenate([[0.0], np.geomspace(max(ko, 1e-7) / 2, max(ko, 1e-7) * 2, 15)]))
+    for f in (1.3, 1.08, 1.02):  # zoom in around the best point
+        k = max(ko, 1e-7)
+        em, eb, ko = search(np.geomspace(em / f, em * f, 21), np.geomspace(eb / f, eb * f, 21),
+                            np.concatenate([[0.0], np.geomspace(k / f**3, k * f**3, 21)]))
+    return em, eb, ko
 
 
 def calibrate(rec: ProfileRecord, hardware: str | None = None) -> Calibration:
