@@ -91,3 +91,24 @@ def layernorm_stats_bytes(cfg: LayerConfig, keep: frozenset[str]) -> int:
     into the op as negligible: 2 x 4 bytes per token per kept LayerNorm."""
     tok = cfg.seq_length * cfg.micro_batch_size // (cfg.tp if cfg.sequence_parallel else 1)
     return sum(2 * 4 * tok for n in ("ln1", "ln2") if n in keep)
+
+
+def predicted_activation_bytes(graph: LayerGraph, policy: RecomputePolicy, cfg: LayerConfig,
+                               in_flight: int = 1) -> tuple[float, float]:
+    """The planner's view of what the engine measures, from `lynx.memory.layer_memory` on `graph` (bytes
+    in the runtime's dtype): (held after the forward passes in flight, peak held including what backward
+    restores: the top layer's own recomputation plus, for a layer below, what the windows of the layer
+    above restore for it). LayerNorm statistics are added as the runtime holds them."""
+    from lynx.memory import layer_memory
+
+    mems = [layer_memory(graph, lp) for lp in policy.layers]
+    ln = [layernorm_stats_bytes(cfg, lp.keep) for lp in policy.layers]
+    retained = sum(m.retained for m in mems) + sum(ln)
+    held_fwd = sum(m.fwd_window for m in mems) if in_flight > 1 else 0.0
+    after_fwd = in_flight * retained + held_fwd
+    work_b = 0.0
+    for i, m in enumerate(mems):
+        below = mems[i - 1].bwd_window if i > 0 else 0.0
+        own = m.on_demand + m.bwd_window + (0.0 if in_flight > 1 else m.fwd_window)
+        work_b = max(work_b, own + below)
+    return after_fwd, after_fwd + work_b

@@ -72,6 +72,8 @@ class _Record:
     """storage key -> bytes of the tensors autograd holds as themselves (activations only)."""
     restored: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = field(default_factory=dict)
     out_layout: dict[str, tuple[tuple[int, ...], int]] = field(default_factory=dict)
+    out_handles: set[str] = field(default_factory=set)
+    """Ops whose output (or a view of it) autograd holds as a handle: backward will ask for it."""
 
 
 @dataclass
@@ -163,6 +165,7 @@ class RecomputeEngine:
             if oname == LAYER_INPUT or not self._dropped(ol, oname, True):
                 self._records[(li, mb)].held[key] = _nbytes(t)
                 return t
+            self._records[(ol, mb)].out_handles.add(oname)
             return _Handle(ol, mb, oname, -1, tuple(t.shape), tuple(t.stride()),
                            t.storage_offset() - base.storage_offset())
         if not self._dropped(li, cur, False):
@@ -220,6 +223,7 @@ class RecomputeEngine:
         if tuple(out.stride()) != stride:
             raise RuntimeError(f"recompute of {op!r} (layer {li}) changed its layout {stride} -> {out.stride()}")
         rec.restored[op] = (out, [c.detach() for c in captured])
+        self._free_intermediates(li, mb)
         dt = time.perf_counter() - t0
         if window is None:
             self.stats.ondemand_s += dt
@@ -228,6 +232,20 @@ class RecomputeEngine:
             self.stats.window_s += dt
             self.stats.restored_in_window += 1
         self._update_peak()
+
+    def _free_intermediates(self, li: int, mb: int) -> None:
+        """Drop restored outputs that backward never reads and no pending recomputation needs (the
+        all-reduce output once the residual is restored, ...), as a checkpointed re-forward frees them.
+        Their saved tensors (masks, statistics) stay."""
+        rec, layer, pol = self._records[(li, mb)], self.layers[li], self.policies[li]
+        planned = set(pol.recomputed())
+        chunk_top = li + 1 < len(self.layers) and not self.policies[li + 1].input_checkpoint
+        for name, (out, saved) in list(rec.restored.items()):
+            if not out.numel() or name in rec.out_handles or (chunk_top and name == layer.op_names[-1]):
+                continue
+            users = [c for c, ins in layer.op_inputs.items() if name in ins]
+            if all(c in rec.restored or c in pol.keep or c not in planned for c in users):
+                rec.restored[name] = (out.new_empty(0), saved)
 
     def _make_hook(self, li: int):
         def hook(direction: str, op: str, mb: int) -> None:
