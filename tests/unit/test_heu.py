@@ -1,0 +1,170 @@
+"""Lynx-HEU on analytic layer graphs: validity, memory, phases, pricing agreement with the simulator, the
+cache, mixed policies and `lynx solve`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import lynx.cli.solve  # noqa: F401  (registers `lynx solve` on the app)
+from lynx.api import make_problem, plan
+from lynx.cli import app
+from lynx.errors import InfeasibleError
+from lynx.memory import stage_peak_bytes
+from lynx.methods import available_methods, base_partition
+from lynx.policy.base import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase, StageContext, check_policy
+from lynx.policy.heu import HeuCache, critical_recompute, heu_policy, mixed_policy
+from lynx.problem import PlanOptions, PlanProblem
+from lynx.spec import GiB, ParallelSpec, load_hardware, load_model
+
+
+def problem(model: str = "gpt-7b", hw: str = "a100-40g-nvlink", tp: int = 4, mb: int = 16,
+            opts: PlanOptions | None = None) -> PlanProblem:
+    par = ParallelSpec(tp=tp, pp=4, dp=1, micro_batch_size=mb, global_batch_size=16 * mb, seq_length=1024)
+    return make_problem(load_model(model), load_hardware(hw), par, opts)
+
+
+def test_methods_registered() -> None:
+    assert {"lynx", "lynx-heu", "lynx-mixed"} <= set(available_methods())
+
+
+@pytest.mark.parametrize("hw,tp", [("a100-40g-nvlink", 4), ("a100-40g-pcie", 2)])
+def test_stage_policies_valid_and_fit(hw: str, tp: int) -> None:
+    p = problem("gpt-13b", hw, tp, 16)
+    for ctx in p.stage_contexts(base_partition(p)):
+        pol = heu_policy(ctx, p.graph)
+        check_policy(p.graph, pol, ctx)
+        assert stage_peak_bytes(p.graph, pol.layers, ctx) <= ctx.budget_bytes * (1 + 1e-9)
+        assert pol.stats.status == "optimal" and pol.stats.num_variables > 0 and pol.stats.num_constraints > 0
+        assert pol.stats.solve_time_s < 1.0
+        for lp in pol.layers:
+            for name, ph in lp.recompute:
+                if p.graph.op(name).is_comm:  # eq. (6)
+                    assert ph == Phase.ON_DEMAND
+                if not ctx.has_fwd_windows:  # last stage: phases 3, 4, 5 only
+                    assert ph not in FWD_PHASES
+
+
+def test_windows_respected_and_idle_part_only() -> None:
+    p = problem("gpt-13b", "a100-40g-pcie", 2, 16)
+    g = p.graph
+    ctx = p.stage_contexts(base_partition(p))[1]
+    caps = {Phase.FWD_ATTN: g.fwd_window("attn"), Phase.FWD_MLP: g.fwd_window("mlp"),
+            Phase.BWD_MLP: g.bwd_window("mlp", True), Phase.BWD_ATTN: g.bwd_window("attn", True)}
+    lp = heu_policy(ctx, g).layers[0]
+    for ph, cap in caps.items():  # eq. (5)
+        assert sum(g.op(n).fwd_time for n in lp.recomputed((ph,))) <= cap * (1 + 1e-9)
+    # Without the wgrad subtraction the backward windows are larger, so the optimum can only improve.
+    whole = heu_policy(dataclasses.replace(ctx, subtract_wgrad=False), g)
+    assert whole.stats.objective <= heu_policy(ctx, g).stats.objective + 1e-12
+    assert g.bwd_window("mlp", False) >= g.bwd_window("mlp", True)
+
+
+def test_more_budget_never_hurts() -> None:
+    p = problem("gpt-7b", mb=32)
+    ctx = p.stage_contexts(base_partition(p))[0]
+    objs = [heu_policy(dataclasses.replace(ctx, budget_bytes=ctx.budget_bytes * f), p.graph).stats.objective
+            for f in (0.8, 0.9, 1.0, 1.2)]
+    assert objs == sorted(objs, reverse=True)
+
+
+def test_top_layer_has_no_backward_window() -> None:
+    """A one-layer stage: phase 3/4 work of its only (top) layer is priced as on demand, as the simulator
+    charges it."""
+    p = problem()
+    ctx = dataclasses.replace(p.stage_contexts(base_partition(p))[3], num_layers=1)
+    g = p.graph
+    lp3 = LayerPolicy(frozenset(g.needed() - {"gelu"}), (("gelu", Phase.BWD_MLP),))
+    lp5 = LayerPolicy(frozenset(g.needed() - {"gelu"}), (("gelu", Phase.ON_DEMAND),))
+    c = g.op("gelu").fwd_time
+    assert critical_recompute(g, (lp3,), ctx) == pytest.approx(c)
+    assert critical_recompute(g, (lp5,), ctx) == pytest.approx(c)
+    assert critical_recompute(g, (lp3, lp3), dataclasses.replace(ctx, num_layers=2)) == pytest.approx(
+        c + max(0.0, c - g.bwd_window("mlp", ctx.subtract_wgrad)))
+
+
+@pytest.mark.parametrize("cooldown", [True, False])
+def test_pricing_agrees_with_simulator(cooldown: bool) -> None:
+    """m x critical_recompute == the simulator's critical recomputation, on every stage (with cool-down
+    overlap the stalls may hide more than nothing, so the simulator is <=)."""
+    p = problem("gpt-13b", "a100-40g-pcie", 2, 8, PlanOptions(cooldown_overlap=cooldown))
+    pl = plan(p, "lynx")
+    m = p.parallel.num_microbatches
+    for ctx, pol, st in zip(p.stage_contexts(pl.result.partition), pl.result.policies, pl.sim.stages, strict=True):
+        assert pol.cooldown_overlap == cooldown
+        want = m * critical_recompute(p.graph, pol.layers, ctx, cooldown)
+        if cooldown:
+            assert st.recompute_critical_s >= want - 1e-9
+            # at worst every micro-batch also pays its phase-1/2 work on demand
+            assert st.recompute_critical_s <= want + m * critical_recompute(
+                p.graph, tuple(_fwd_as_demand(lp) for lp in pol.layers), ctx) + 1e-9
+        else:
+            assert st.recompute_critical_s == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+def _fwd_as_demand(lp: LayerPolicy) -> LayerPolicy:
+    return LayerPolicy(lp.keep, tuple((n, Phase.ON_DEMAND) for n, ph in lp.recompute if ph in FWD_PHASES))
+
+
+def test_cache_hits_per_key() -> None:
+    p = problem()
+    cache = HeuCache(p.graph)
+    ctx = p.stage_context(1, 8)
+    a, b = cache.get(ctx), cache.get(dataclasses.replace(ctx))
+    assert a is b and cache.solves == 1 and cache.hits == 1
+    cache.get(p.stage_context(1, 9))
+    assert cache.solves == 2
+    tiny = dataclasses.replace(ctx, budget_bytes=ctx.static_bytes)
+    assert isinstance(cache.get(tiny), InfeasibleError)
+
+
+def test_mixed_never_worse_and_fits() -> None:
+    p = problem("gpt-13b", "a100-40g-pcie", 2, 16)
+    for ctx in p.stage_contexts(base_partition(p))[1:3]:
+        single, mixed = heu_policy(ctx, p.graph), mixed_policy(ctx, p.graph)
+        check_policy(p.graph, mixed, ctx)
+        assert mixed.stats.objective <= single.stats.objective + 1e-12
+        assert stage_peak_bytes(p.graph, mixed.layers, ctx) <= ctx.budget_bytes * (1 + 1e-9)
+
+
+def test_infeasible_names_min_budget_per_stage() -> None:
+    p = problem("gpt-7b", opts=PlanOptions(budget_bytes=9 * GiB))
+    with pytest.raises(InfeasibleError) as e:
+        plan(p, "lynx-heu")
+    assert len(e.value.min_budget_bytes) == 4 and all(b > 9 * GiB for b in e.value.min_budget_bytes[:1])
+    assert "stage 0" in str(e.value) and "needs" in str(e.value)
+    ok = problem("gpt-7b", opts=PlanOptions(budget_bytes=max(e.value.min_budget_bytes) * 1.001))
+    assert not plan(ok, "lynx-heu").sim.oom
+
+
+def test_backward_phases_order() -> None:
+    assert BWD_PHASES == (Phase.BWD_MLP, Phase.BWD_ATTN)
+
+
+def test_cli_solve(tmp_path: Path) -> None:
+    g = problem().graph
+    f = tmp_path / "layer.json"
+    f.write_text(g.to_json())
+    runner = CliRunner()
+    r = runner.invoke(app, ["solve", "--graph", str(f), "--layers", "8", "--in-flight", "4",
+                            "--budget-gb", "20", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["num_variables"] > 0 and d["peak_bytes"] <= 20 * GiB and d["forward_windows"] is True
+    assert d["policy"]["layers"][0]["count"] == 8
+    r = runner.invoke(app, ["solve", "--graph", str(f), "--layers", "8", "--in-flight", "1", "--budget-gb", "20",
+                            "--last-stage", "--json"])
+    d = json.loads(r.output)
+    assert d["forward_windows"] is False
+    assert not any(v in ("recompute:1", "recompute:2") for v in d["policy"]["layers"][0]["ops"].values())
+    r = runner.invoke(app, ["solve", "--graph", str(f), "--layers", "8", "--in-flight", "4", "--budget-gb", "1"])
+    assert r.exit_code != 0
+
+
+def test_stage_context_roundtrip_fields() -> None:
+    ctx = StageContext(0, 4, 8, 4, 16, 40 * GiB, 6 * GiB)
+    assert ctx.has_fwd_windows and not dataclasses.replace(ctx, stage=3).has_fwd_windows
