@@ -1,0 +1,43 @@
+"""`lynx train --plan plan.json`: run a plan on torch.distributed (needs torch; see lynx.runtime.train)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from lynx.cli import app
+
+
+@app.command("train")
+def train_cmd(
+    plan: Annotated[Path, typer.Option("--plan", help="A plan file from `lynx plan --out`.")],
+    iters: Annotated[int, typer.Option(help="Timed iterations.")] = 5,
+    warmup: Annotated[int, typer.Option(help="Untimed iterations first.")] = 1,
+    data: Annotated[Path | None, typer.Option(help="Text file: byte-level tokens (default synthetic).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write the report (JSON) here.")] = None,
+    timeout: Annotated[float, typer.Option(help="Process-group timeout in seconds.")] = 60.0,
+    threads: Annotated[int, typer.Option(help="torch threads per rank (0: default).")] = 0,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    seed: Annotated[int, typer.Option(help="Model and data seed.")] = 1234,
+    core_attn: Annotated[bool, typer.Option("--core-attn", help="Use scaled_dot_product_attention.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet")] = False,
+) -> None:
+    """Train a plan for N iterations with its recomputation policy; report time, loss, activation memory
+    and on-demand versus windowed recomputation per iteration. TP>1 spawns local ranks on 127.0.0.1
+    unless launched by torchrun. PP=1 plans only."""
+    from lynx.runtime.train import launch, parser
+
+    argv = ["--plan", str(plan), "--iters", str(iters), "--warmup", str(warmup), "--timeout", str(timeout),
+            "--threads", str(threads), "--device", device, "--dtype", dtype, "--seed", str(seed)]
+    if data is not None:
+        argv += ["--data", str(data)]
+    if out is not None:
+        argv += ["--out", str(out)]
+    if core_attn:
+        argv.append("--core-attn")
+    if quiet:
+        argv.append("--quiet")
+    launch(parser().parse_args(argv))
