@@ -54,7 +54,7 @@ def profile_cmd(
     """Measure one layer (forward, input- and weight-gradient time, bytes, dependencies) and store it."""
     if ctx.invoked_subcommand is not None:
         return
-    from lynx.profile.profiler import ProfileConfig, profile
+    from lynx.profile.profiler import ProfileConfig, prepare, profile
     from lynx.spec import load_model
 
     m = load_model(model)
@@ -65,13 +65,14 @@ def profile_cmd(
     cfg = ProfileConfig(model=name, hidden_size=h, num_attention_heads=a, ffn_hidden_size=f, seq_length=seq_len,
                         micro_batch_size=micro_batch, tp=tp, sequence_parallel=sp, dtype=dtype, device=device,
                         dropout_p=0.1 if m.dropout else 0.0, warmup=warmup, repeats=repeats, threads=threads)
-    cfg.validate()
     if timeout <= 0:
         raise ProfileError(f"--timeout must be positive, got {timeout}")
+    prepare(cfg)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("profiling {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
+                  TimeElapsedColumn(), console=err_console, transient=True,
+                  disable=not err_console.is_terminal) as bar:
         task = bar.add_task(f"{name} TP {tp}", total=warmup + repeats)
         res = profile(cfg, lambda done, total: bar.update(task, completed=done, total=total), rendezvous, timeout)
     if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
@@ -213,6 +214,7 @@ def calibrate_cmd(
         return
     console.print(report_table(cal))
     console.print(f"before: {cal.before}\nafter:  {cal.after}")
-    console.print(f"median |error| per op: {cal.error_before:.1%} before, {cal.error_after:.1%} after")
+    console.print(f"typical error exp(rms log(predicted/measured)) - 1: {cal.error_before:.1%} before, "
+                  f"{cal.error_after:.1%} after")
     if save:
         err_console.print(f"stored as calibration {cal_id} of profile {rec.id}")

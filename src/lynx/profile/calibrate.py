@@ -66,8 +66,10 @@ class Calibration:
     after: CostParams
     ops: tuple[OpFit, ...]
     error_before: float
-    """Median relative error over ops and directions with the preset's factors."""
+    """Typical factor by which predictions miss, ``exp(rms(log(predicted / measured))) - 1`` over ops and
+    directions (compute ops; comm ops too with TP > 1), with the hardware's default factors."""
     error_after: float
+    """The same with the fitted factors (the quantity the fit minimises)."""
     notes: tuple[str, ...] = ()
     created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
@@ -89,23 +91,27 @@ def _hardware_for(rec: ProfileRecord, hardware: str | None) -> Hardware:
     return nominal_hardware(rec.info.device, float(peak), float(bw))
 
 
-def _median_rel_err(pairs: list[tuple[float, float]]) -> float:
-    errs = [abs(p - m) / m for p, m in pairs if m > 0]
-    return float(np.median(errs)) if errs else 0.0
+def _log_err(pairs: list[tuple[float, float]]) -> float:
+    logs = [np.log(p / m) for p, m in pairs if m > 0 and p > 0]
+    return float(np.exp(np.sqrt(np.mean(np.square(logs)))) - 1.0) if logs else 0.0
 
 
 def _fit_compute(flops: np.ndarray, nbytes: np.ndarray, ratio: np.ndarray, fwd: np.ndarray, bwd: np.ndarray,
-                 hw: Hardware) -> tuple[float, float, float]:
-    """Grid search (then one refinement) of (matmul_eff, memory_eff, overhead) on squared log error."""
+                 hw: Hardware, start: CostParams) -> tuple[float, float, float]:
+    """Grid search, then zoomed grids, of (matmul_eff, memory_eff, overhead) on squared log error; the
+    starting factors stay if nothing on the grids beats them."""
     peak, bw = hw.device.peak_flops, hw.device.memory_bandwidth_Bps
     meas = np.log(np.concatenate([fwd, bwd]))
 
-    def search(em: np.ndarray, eb: np.ndarray, ko: np.ndarray) -> tuple[float, float, float]:
-        E, B, K = np.meshgrid(em, eb, ko, indexing="ij")
+    def loss(E: np.ndarray, B: np.ndarray, K: np.ndarray) -> np.ndarray:
         t = K[..., None] + np.maximum(flops / (peak * E[..., None]), nbytes / (bw * B[..., None]))
         pred = np.log(np.concatenate([t, t * ratio], axis=-1))
-        loss = ((pred - meas) ** 2).sum(-1)
-        i = np.unravel_index(int(np.argmin(loss)), loss.shape)
+        out: np.ndarray = ((pred - meas) ** 2).sum(-1)
+        return out
+
+    def search(em: np.ndarray, eb: np.ndarray, ko: np.ndarray) -> tuple[float, float, float]:
+        L = loss(*np.meshgrid(em, eb, ko, indexing="ij"))
+        i = np.unravel_index(int(np.argmin(L)), L.shape)
         return float(em[i[0]]), float(eb[i[1]]), float(ko[i[2]])
 
     em, eb, ko = search(np.geomspace(1e-3, 2.0, 60), np.geomspace(1e-3, 2.0, 60),
@@ -114,6 +120,11 @@ def _fit_compute(flops: np.ndarray, nbytes: np.ndarray, ratio: np.ndarray, fwd: 
         k = max(ko, 1e-7)
         em, eb, ko = search(np.geomspace(em / f, em * f, 21), np.geomspace(eb / f, eb * f, 21),
                             np.concatenate([[0.0], np.geomspace(k / f**3, k * f**3, 21)]))
+    s = start
+    one = np.ones(1)
+    if loss(one * s.matmul_efficiency, one * s.memory_efficiency, one * s.kernel_overhead_s)[0] < \
+            loss(one * em, one * eb, one * ko)[0]:
+        return s.matmul_efficiency, s.memory_efficiency, s.kernel_overhead_s
     return em, eb, ko
 
 
@@ -133,12 +144,12 @@ def calibrate(rec: ProfileRecord, hardware: str | None = None) -> Calibration:
     nbytes = np.array([o.fwd_time * hw.device.memory_bandwidth_Bps for o in comp])
     ratio = np.array([o.bwd_time / o.fwd_time for o in comp])
     em, eb, ko = _fit_compute(flops, nbytes, ratio, np.array([meas[o.name].fwd_time for o in comp]),
-                              np.array([meas[o.name].bwd_time for o in comp]), hw)
+                              np.array([meas[o.name].bwd_time for o in comp]), hw, before)
     notes: list[str] = []
     scale = before.comm_efficiency_scale
     comm = [o for o in rec.graph.ops if o.is_comm and o.fwd_time > 0]
     if rec.graph.meta.tp > 1 and comm:
-        grid = np.geomspace(1e-3, 1.0 / hw.intra_node.efficiency, 120)
+        grid = np.append(np.geomspace(1e-3, 1.0 / hw.intra_node.efficiency, 120), scale)
         losses = []
         for s in grid:
             g = build_layer_graph(model, hw, par, CostParams(em, eb, float(s), ko))
@@ -154,10 +165,10 @@ def calibrate(rec: ProfileRecord, hardware: str | None = None) -> Calibration:
     fits = tuple(OpFit(o.name, o.kind, o.fwd_time, o.bwd_time, g0.op(o.name).fwd_time, g0.op(o.name).bwd_time,
                        g1.op(o.name).fwd_time, g1.op(o.name).bwd_time) for o in rec.graph.ops)
     scored = [f for f in fits if f.kind == "compute" or rec.graph.meta.tp > 1]
-    err0 = _median_rel_err([(f.before_fwd, f.measured_fwd) for f in scored]
-                           + [(f.before_bwd, f.measured_bwd) for f in scored])
-    err1 = _median_rel_err([(f.after_fwd, f.measured_fwd) for f in scored]
-                           + [(f.after_bwd, f.measured_bwd) for f in scored])
+    err0 = _log_err([(f.before_fwd, f.measured_fwd) for f in scored]
+                    + [(f.before_bwd, f.measured_bwd) for f in scored])
+    err1 = _log_err([(f.after_fwd, f.measured_fwd) for f in scored]
+                    + [(f.after_bwd, f.measured_bwd) for f in scored])
     return Calibration(rec.id, hw.name, before, after, fits, err0, err1, tuple(notes))
 
 

@@ -259,14 +259,22 @@ def saved_mismatches(stats: list[OpStats] | tuple[OpStats, ...], tol: float = SA
     return bad
 
 
-def profile(cfg: ProfileConfig, progress: Callable[[int, int], None] | None = None,
-            rendezvous: str | None = None, timeout_s: float = 60.0) -> ProfileResult:
-    """Profile one layer: in this process for TP 1, in TP local processes (gloo / NCCL) otherwise."""
-    from lynx.profile.launch import resolve_device, run_distributed
+def prepare(cfg: ProfileConfig) -> torch.device:
+    """Everything that can refuse a profile before any process starts: shape, device, memory."""
+    from lynx.profile.launch import resolve_device
 
     cfg.validate()
     device = resolve_device(cfg.device, cfg.tp)
     check_memory(cfg, device)
+    return device
+
+
+def profile(cfg: ProfileConfig, progress: Callable[[int, int], None] | None = None,
+            rendezvous: str | None = None, timeout_s: float = 60.0) -> ProfileResult:
+    """Profile one layer: in this process for TP 1, in TP local processes (gloo / NCCL) otherwise."""
+    from lynx.profile.launch import run_distributed
+
+    device = prepare(cfg)
     t0 = time.perf_counter()
     if cfg.tp == 1 and rendezvous is None:
         threads = torch.get_num_threads()
