@@ -171,8 +171,8 @@ class _Memory:
             t = t0 + (t1 - t0) * (i + 1) / n
             if carry:
                 self.cur += m.fwd_window
+            self.cur += m.retained  # alive while the layer runs, together with what it drops
             self._touch(t, m.dropped)
-            self.cur += m.retained
         extra = self.ctx.extra_transient_bytes
         self._touch(t1, extra)
 
