@@ -1,0 +1,191 @@
+"""A two-rank testbed on one machine: each rank in its own network namespace, joined by a veth pair whose
+ends are rate-limited with `tc qdisc ... tbf`. Collectives then take wire time while the CPU is free, as
+on a GPU waiting for a slow interconnect, so overlapping recomputation with communication can show on a
+2-core machine where a loopback all-reduce would compete with compute for the same cores.
+
+It creates namespaces with unique names, uses addresses only inside them (10.77.N.1 and 10.77.N.2 on the
+veth ends), pins rank r to CPU r, and removes everything on exit (context manager; `finally`). Needs root
+and iproute2; `unavailable()` says why not, so tests and the benchmark skip with a clear message.
+
+`python -m lynx.runtime.testbed probe` (run inside the testbed by `Testbed.run`) measures an all-reduce,
+a compute burst, and both overlapped (the compute inside the all-reduce window).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def unavailable() -> str | None:
+    """None when the testbed can run here, else the reason."""
+    if not sys.platform.startswith("linux"):
+        return "the testbed needs Linux network namespaces"
+    if os.geteuid() != 0:
+        return "the testbed needs root (network namespaces, veth, tc)"
+    for tool in ("ip", "tc", "taskset"):
+        if shutil.which(tool) is None:
+            return f"the testbed needs `{tool}` (iproute2 / util-linux)"
+    name = f"lynxprobe{os.getpid() % 100000}"
+    p = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if p.returncode != 0:
+        return f"cannot create a network namespace: {p.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return None
+
+
+def _sh(*args: str) -> None:
+    p = subprocess.run(list(args), capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)}: {p.stderr.strip()}")
+
+
+@dataclass
+class RankResult:
+    rank: int
+    returncode: int
+    stdout: str
+    stderr: str
+    wall_s: float
+
+
+class Testbed:
+    """Two namespaces joined by a veth pair, each end shaped to `rate_mbit` (tbf)."""
+
+    def __init__(self, rate_mbit: float, cpus: Sequence[int] = (0, 1)) -> None:
+        self.rate_mbit = rate_mbit
+        self.cpus = tuple(cpus)
+        tag = f"{os.getpid() % 10000}{random.randrange(100):02d}"
+        self.ns = (f"lynxa{tag}", f"lynxb{tag}")
+        self.dev = (f"lxa{tag}", f"lxb{tag}")
+        self.subnet = 10 + random.randrange(240)
+        self.addr = (f"10.77.{self.subnet}.1", f"10.77.{self.subnet}.2")
+        self._up = False
+
+    def __enter__(self) -> Testbed:
+        try:
+            self.create()
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    def create(self) -> None:
+        reason = unavailable()
+        if reason:
+            raise RuntimeError(reason)
+        for ns in self.ns:
+            _sh("ip", "netns", "add", ns)
+        self._up = True
+        _sh("ip", "link", "add", self.dev[0], "type", "veth", "peer", "name", self.dev[1])
+        rate_bps = self.rate_mbit * 1e6
+        burst = max(32 * 1024, int(rate_bps / 8 / 250))  # at least one timer tick of bytes
+        for i in (0, 1):
+            ns, dev = self.ns[i], self.dev[i]
+            _sh("ip", "link", "set", dev, "netns", ns)
+            _sh("ip", "-n", ns, "addr", "add", f"{self.addr[i]}/24", "dev", dev)
+            _sh("ip", "-n", ns, "link", "set", dev, "up")
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+            _sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{self.rate_mbit}mbit",
+                "burst", str(burst), "latency", "100ms")
+
+    def destroy(self) -> None:
+        if not self._up:
+            return
+        for ns in self.ns:  # deleting a namespace deletes the veth end inside it, and with it the pair
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self._up = False
+
+    def cut_link(self) -> None:
+        """Take the link down (both ends) to emulate a cut cable."""
+        for i in (0, 1):
+            _sh("ip", "-n", self.ns[i], "link", "set", self.dev[i], "down")
+
+    def popen(self, rank: int, argv: Sequence[str], port: int, env: dict[str, str] | None = None,
+              world: int = 2) -> subprocess.Popen:
+        e = dict(os.environ, **(env or {}))
+        e.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR=self.addr[0],
+                 MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                 GLOO_SOCKET_IFNAME=self.dev[rank])  # gloo would pick the interface of the host name
+        cmd = ["ip", "netns", "exec", self.ns[rank], "taskset", "-c", str(self.cpus[rank % len(self.cpus)]),
+               *argv]
+        return subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def run(self, argv: Sequence[str] | Sequence[Sequence[str]], timeout: float = 600.0,
+            env: dict[str, str] | None = None) -> list[RankResult]:
+        """Run one command per rank (the same for both, or a list of two) and wait for both."""
+        per_rank = [list(argv), list(argv)] if isinstance(argv[0], str) else [list(a) for a in argv]
+        port = 20000 + random.randrange(20000)
+        t0 = time.monotonic()
+        procs = [self.popen(r, per_rank[r], port, env) for r in (0, 1)]
+        out: list[RankResult] = []
+        try:
+            for r, p in enumerate(procs):
+                left = max(1.0, timeout - (time.monotonic() - t0))
+                so, se = p.communicate(timeout=left)
+                out.append(RankResult(r, p.returncode, so, se, time.monotonic() - t0))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        return out
+
+
+def probe(mbytes: float, matmul_n: int, reps: int) -> dict[str, float]:
+    """Inside a rank: time an all-reduce of `mbytes` MB, `reps` matmuls of n x n, and the two together with
+    the matmuls inside the all-reduce's window (launched async, computed, then waited for)."""
+    import torch
+    import torch.distributed as dist
+
+    from lynx.runtime.tp import run_collective
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://", timeout=__import__("datetime").timedelta(seconds=60))
+    x = torch.ones(int(mbytes * 1e6 / 4))
+    a = torch.randn(matmul_n, matmul_n)
+
+    def compute() -> None:
+        for _ in range(reps):
+            a.matmul(a)
+
+    def timed(fn) -> float:
+        dist.barrier()
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+
+    timed(lambda: run_collective("allreduce", x, dist.group.WORLD))  # warm up the connection
+    res = {
+        "allreduce_s": timed(lambda: run_collective("allreduce", x, dist.group.WORLD)),
+        "compute_s": timed(compute),
+        "overlapped_s": timed(lambda: run_collective("allreduce", x, dist.group.WORLD, compute)),
+    }
+    dist.destroy_process_group()
+    return res
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="lynx.runtime.testbed")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pr = sub.add_parser("probe", help="(inside the testbed) all-reduce vs compute vs both overlapped")
+    pr.add_argument("--mbytes", type=float, default=16.0)
+    pr.add_argument("--matmul-n", type=int, default=512)
+    pr.add_argument("--reps", type=int, default=20)
+    args = p.parse_args(argv)
+    print(json.dumps(probe(args.mbytes, args.matmul_n, args.reps)))
+
+
+if __name__ == "__main__":
+    main()
