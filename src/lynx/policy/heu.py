@@ -102,15 +102,30 @@ def critical_recompute(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: 
     return total
 
 
-def allowed_phases(graph: LayerGraph, name: str, has_fwd_windows: bool) -> tuple[Phase, ...]:
+def window_caps(graph: LayerGraph, subtract_wgrad: bool) -> dict[Phase, float]:
+    """CTime_t of eq. (5): idle time of the four windows; backward ones are comm - wgrad when Megatron
+    already overlaps the weight-gradient GEMM with the collective (ctx.subtract_wgrad)."""
+    return {Phase.FWD_ATTN: graph.fwd_window("attn"), Phase.FWD_MLP: graph.fwd_window("mlp"),
+            Phase.BWD_MLP: graph.bwd_window("mlp", subtract_wgrad),
+            Phase.BWD_ATTN: graph.bwd_window("attn", subtract_wgrad)}
+
+
+def allowed_phases(graph: LayerGraph, name: str, has_fwd_windows: bool,
+                   caps: dict[Phase, float] | None = None) -> tuple[Phase, ...]:
     # eq. (6): a comm op is never recomputed inside a window (no collective inside a collective's window);
-    # the last stage / PP = 1 variant has no forward windows (sec. 4.2, first optimization).
-    if graph.op(name).is_comm:
+    # the last stage / PP = 1 variant has no forward windows (sec. 4.2, first optimization);
+    # eq. (5) alone already rules out a window shorter than the op: no variable is made for it.
+    op = graph.op(name)
+    if op.is_comm:
         return (Phase.ON_DEMAND,)
-    return PHASES if has_fwd_windows else (Phase.BWD_MLP, Phase.BWD_ATTN, Phase.ON_DEMAND)
+    out = PHASES if has_fwd_windows else (Phase.BWD_MLP, Phase.BWD_ATTN, Phase.ON_DEMAND)
+    if caps is not None:
+        out = tuple(t for t in out if t == Phase.ON_DEMAND or op.fwd_time <= caps[t] * (1 + 1e-9))
+    return out
 
 
-def add_layer_vars(m: Milp, graph: LayerGraph, has_fwd_windows: bool, tag: str = "") -> LayerVars:
+def add_layer_vars(m: Milp, graph: LayerGraph, has_fwd_windows: bool, tag: str = "",
+                   caps: dict[Phase, float] | None = None) -> LayerVars:
     """Variables and the per-layer constraint groups (3), (4), (6) of one layer policy."""
     needed = graph.needed()
     S: dict[str, int] = {}
@@ -119,7 +134,7 @@ def add_layer_vars(m: Milp, graph: LayerGraph, has_fwd_windows: bool, tag: str =
     for op in graph.ops:
         n = op.name
         S[n] = m.binary(f"S{tag}[{n}]")
-        R[n] = {t: m.binary(f"R{tag}[{int(t)},{n}]") for t in allowed_phases(graph, n, has_fwd_windows)}
+        R[n] = {t: m.binary(f"R{tag}[{int(t)},{n}]") for t in allowed_phases(graph, n, has_fwd_windows, caps)}
         if n not in needed:
             F[n] = m.binary(f"F{tag}[{n}]")
         # (3) every op some backward reads is kept or recomputed exactly once:
@@ -151,10 +166,7 @@ def add_layer_vars(m: Milp, graph: LayerGraph, has_fwd_windows: bool, tag: str =
 def add_windows(m: Milp, graph: LayerGraph, lv: LayerVars, subtract_wgrad: bool) -> None:
     # (5) window capacity: sum_i R_{t,i} C_i <= CTime_t for t in 1..4; CTime_3,4 is the idle part only
     #     (comm - wgrad when Megatron already overlaps the weight-gradient GEMM, ctx.subtract_wgrad).
-    ctime = {Phase.FWD_ATTN: graph.fwd_window("attn"), Phase.FWD_MLP: graph.fwd_window("mlp"),
-             Phase.BWD_MLP: graph.bwd_window("mlp", subtract_wgrad),
-             Phase.BWD_ATTN: graph.bwd_window("attn", subtract_wgrad)}
-    for t, cap in ctime.items():
+    for t, cap in window_caps(graph, subtract_wgrad).items():
         row = {r[t]: graph.op(n).fwd_time for n, r in lv.R.items() if t in r}
         if row:
             m.le(row, cap * (1 + 1e-9))
@@ -252,7 +264,8 @@ def build_model(graph: LayerGraph, ctx: StageContext, opts: HeuOptions, counts: 
     (returned handle z) instead of recomputation time."""
     counts = counts or (ctx.num_layers,)
     m = Milp()
-    lvs = [add_layer_vars(m, graph, ctx.has_fwd_windows, tag=f"{g}" if len(counts) > 1 else "")
+    caps = window_caps(graph, ctx.subtract_wgrad)
+    lvs = [add_layer_vars(m, graph, ctx.has_fwd_windows, tag=f"{g}" if len(counts) > 1 else "", caps=caps)
            for g in range(len(counts))]
     for lv in lvs:
         add_windows(m, graph, lv, ctx.subtract_wgrad)
