@@ -16,7 +16,9 @@ pytest.importorskip("torch")
 from lynx.runtime.testbed import Testbed, unavailable  # noqa: E402
 
 REASON = unavailable()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"testbed unavailable: {REASON}")
+
+pytestmark = [pytest.mark.netns,
+              pytest.mark.skipif(REASON is not None, reason=f"testbed unavailable: {REASON}")]
 
 
 def _namespaces() -> str:

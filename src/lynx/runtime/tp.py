@@ -87,9 +87,10 @@ def run_collective(kind: str, x: torch.Tensor, group: Any, window: Window = None
     if window is not None:
         window()
     work.wait()
-    if side:
+    if side:  # the compute stream waits for the collective; the caching allocator learns who used what
         torch.cuda.current_stream(x.device).wait_stream(stream)
-        out.record_stream(torch.cuda.current_stream(x.device))
+        out.record_stream(stream)
+        x.record_stream(stream)
     if kind == "reducescatter" and not x.is_cuda:
         r = rank_in(group)
         out = full.narrow(0, r * out.shape[0], out.shape[0]).clone()

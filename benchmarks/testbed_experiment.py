@@ -1,0 +1,172 @@
+"""The Model Deployer experiment on the namespace testbed (issue 6, item 5). Needs root.
+
+    python benchmarks/testbed_experiment.py --rates 100 400 --out benchmarks/results/testbed.json
+
+For each link rate: start the testbed (two ranks, TP=2, one CPU each, a tbf-shaped veth pair), profile the
+layer there with `lynx profile` (so the comm ops carry the shaped link's real collective times), pick a
+memory budget under which none and selective do not fit, plan each method with `lynx plan --profile`,
+run each plan with `python -m lynx.runtime.train` inside the testbed, and tabulate measured against
+predicted iteration time and activation memory, and the share of recomputation hidden.
+
+Measured hidden share = 1 - max(0, t_policy - t_none) / (recomputation time the engine measured);
+predicted hidden share = overlapped / (overlapped + critical) recomputation in the plan's simulation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+MODEL_YAML = """name: testbed-gpt
+num_layers: 4
+hidden_size: 512
+num_attention_heads: 8
+vocab_size: 1024
+max_position_embeddings: 512
+"""
+SHAPE = ["--tp", "2", "--micro-batch", "2", "--seq-len", "256"]
+PLAN_SHAPE = SHAPE + ["--pp", "1", "--global-batch", "4"]
+METHODS = ("none", "selective", "full", "uniform", "block", "lynx")
+
+
+def _ok(results, what: str) -> None:
+    bad = [r for r in results if r.returncode != 0]
+    if bad:
+        raise SystemExit(f"{what} failed on rank {bad[0].rank}: {bad[0].stderr.strip()[-1500:]}")
+
+
+def profile(tb, work: Path, model: Path, repeats: int) -> tuple[int, Path]:
+    db = [work / "profiles0.sqlite", work / "profiles1.sqlite"]
+    argv = [[sys.executable, "-m", "lynx", "profile", "--model", str(model), *SHAPE, "--repeats", str(repeats),
+             "--db", str(db[r]), "--json"] for r in (0, 1)]
+    res = tb.run(argv, timeout=600)
+    _ok(res, "lynx profile")
+    return int(json.loads(res[0].stdout)["id"]), db[0]
+
+
+def choose_budget(model: Path, pid: int, db: Path) -> tuple[float, dict[str, float]]:
+    """A budget between full's and selective's simulated peak: none and selective do not fit."""
+    from lynx.api import make_problem
+    from lynx.methods import get_method
+    from lynx.plan import Plan
+    from lynx.problem import PlanOptions
+    from lynx.profile.store import load_profile_graph
+    from lynx.spec import ParallelSpec, load_hardware, load_model
+
+    graph = load_profile_graph(str(pid), db)
+    par = ParallelSpec(tp=2, pp=1, micro_batch_size=2, global_batch_size=4, seq_length=256)
+    prob = make_problem(load_model(str(model)), load_hardware("a100-40g-nvlink"), par, PlanOptions(), graph=graph)
+    peaks = {m: Plan.evaluate(prob, get_method(m).fn(prob)).sim.stages[0].peak_memory_bytes
+             for m in ("none", "selective", "full")}
+    return peaks["full"] + 0.5 * (peaks["selective"] - peaks["full"]), peaks
+
+
+def plan(method: str, model: Path, pid: int, db: Path, budget: float, out: Path) -> dict:
+    cmd = ["lynx", "plan", "--model", str(model), *PLAN_SHAPE, "--profile", str(pid), "--db", str(db),
+           "--budget-gb", f"{budget / 2**30:.9f}", "--method", method, "--out", str(out)]
+    if method in ("uniform", "block"):
+        cmd += ["--recompute-num-layers", "2"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)}: {p.stderr.strip()}")
+    return json.loads(out.read_text())
+
+
+def train(tb, plan_path: Path, out: Path, iters: int) -> dict:
+    argv = [sys.executable, "-m", "lynx.runtime.train", "--plan", str(plan_path), "--iters", str(iters),
+            "--warmup", "1", "--out", str(out), "--quiet", "--timeout", "120"]
+    _ok(tb.run(argv, timeout=900), f"training {plan_path.name}")
+    return json.loads(out.read_text())
+
+
+def run_rate(rate: float, work: Path, model: Path, iters: int, repeats: int) -> dict:
+    from lynx.runtime.testbed import Testbed
+
+    rows: dict[str, dict] = {}
+    with Testbed(rate) as tb:
+        pid, db = profile(tb, work, model, repeats)
+        budget, peaks = choose_budget(model, pid, db)
+        for m in METHODS:
+            p = plan(m, model, pid, db, budget, work / f"plan-{rate:g}-{m}.json")
+            r = train(tb, work / f"plan-{rate:g}-{m}.json", work / f"train-{rate:g}-{m}.json", iters)
+            st = p["prediction"]["stages"][0]
+            timed = [it for it in r["iterations"] if not it["warmup"]]
+            rec_s = statistics.median(it["recompute_ondemand_s"] + it["recompute_window_s"] for it in timed)
+            ov, crit = st["recompute_overlapped_s"], st["recompute_critical_s"]
+            rows[m] = {
+                "fits_budget": not st["oom"], "measured_s": r["median_time_s"],
+                "predicted_s": p["prediction"]["iteration_time_s"],
+                "measured_act_bytes": r["measured_act_peak_bytes"],
+                "measured_act_after_fwd_bytes": r["measured_act_after_fwd_bytes"],
+                "predicted_act_bytes": r["predicted_act_peak_bytes"],
+                "predicted_act_after_fwd_bytes": r["predicted_act_after_fwd_bytes"],
+                "recompute_s": rec_s, "window_s": statistics.median(it["recompute_window_s"] for it in timed),
+                "predicted_hidden": ov / (ov + crit) if ov + crit > 0 else None,
+                "times": [it["time_s"] for it in timed],
+                "policy": p["stages"][0]["layers"],
+            }
+    t_none = rows["none"]["measured_s"]
+    for row in rows.values():
+        row["vs_none"] = row["measured_s"] / t_none - 1
+        row["hidden"] = (1 - max(0.0, row["measured_s"] - t_none) / row["recompute_s"]
+                         if row["recompute_s"] > 0 else None)
+    return {"rate_mbit": rate, "profile_id": pid, "budget_bytes": budget, "simulated_peaks": peaks, "rows": rows}
+
+
+def table(res: dict) -> str:
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.0f}%"
+
+    mib = 2**20
+    lines = [f"**{res['rate_mbit']:g} Mbit/s link**, activation budget chosen so none/selective do not fit "
+             f"(budget {res['budget_bytes'] / mib:.1f} MiB incl. static)", "",
+             "| method | fits | measured s | predicted s | vs none | act. held after fwd MiB (meas / pred) "
+             "| act. peak MiB (meas / pred) | recompute s | hidden (meas / pred) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for m, r in res["rows"].items():
+        lines.append(
+            f"| {m} | {'yes' if r['fits_budget'] else 'no'} | {r['measured_s']:.3f} | {r['predicted_s']:.3f} | "
+            f"{100 * r['vs_none']:+.1f}% | {r['measured_act_after_fwd_bytes'] / mib:.2f} / "
+            f"{r['predicted_act_after_fwd_bytes'] / mib:.2f} | {r['measured_act_bytes'] / mib:.2f} / "
+            f"{r['predicted_act_bytes'] / mib:.2f} | {r['recompute_s']:.3f} | {pct(r['hidden'])} / "
+            f"{pct(r['predicted_hidden'])} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rates", type=float, nargs="+", default=[100.0, 400.0], help="link rates, Mbit/s")
+    ap.add_argument("--iters", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=5, help="profiler repeats")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/testbed.json"))
+    args = ap.parse_args()
+    from lynx.runtime.testbed import unavailable
+
+    reason = unavailable()
+    if reason:
+        print(f"skipped: {reason}")
+        return
+    work = Path(tempfile.mkdtemp(prefix="lynx-testbed-"))
+    model = work / "testbed-gpt.yaml"
+    model.write_text(MODEL_YAML)
+    results = []
+    for rate in args.rates:
+        results.append(run_rate(rate, work, model, args.iters, args.repeats))
+        print(table(results[-1]) + "\n", flush=True)
+    meta = {"command": " ".join(sys.argv), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "machine": f"{platform.machine()}, {len(__import__('os').sched_getaffinity(0))} cores, no GPU",
+            "model": MODEL_YAML, "shape": PLAN_SHAPE, "workdir": str(work)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
