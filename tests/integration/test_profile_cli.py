@@ -67,6 +67,18 @@ def test_calibrate_reports_before_and_after(db: Path) -> None:
     assert {o["name"] for o in cal["ops"]} >= {"qkv", "fc1", "softmax"}
 
 
+def test_custom_shape_from_the_command_line(tmp_path: Path) -> None:
+    r = lynx("profile", "--model", "gpt-tiny", "--hidden", "128", "--heads", "4", "--seq-len", "64",
+             "--micro-batch", "1", "--repeats", "2", "--warmup", "0", "--device", "cpu",
+             "--db", str(tmp_path / "c.sqlite"), "--json")
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)
+    meta = rec["graph"]["meta"]
+    assert (meta["hidden_size"], meta["num_attention_heads"], meta["ffn_hidden_size"]) == (128, 4, 512)
+    assert rec["info"]["model"] == "gpt-tiny[h128,a4,f512]" and rec["extra"]["saved_mismatch"] == []
+    assert rec["graph"]["ops"][1]["out_bytes"] == 64 * 1 * 3 * 128 * 4  # qkv, fp32
+
+
 def test_tp2_two_gloo_processes() -> None:
     from lynx.profile.profiler import ProfileConfig, profile
 
@@ -96,6 +108,7 @@ def test_repeated_profiles_agree_within_their_spread() -> None:
     assert len(misses) <= 4, misses
     for f in ("layer_fwd", "layer_bwd"):
         ma, mb = a.extra[f + "_s"], b.extra[f + "_s"]
+        assert 0 < a.extra[f + "_spread_s"] < ma and 0 < b.extra[f + "_spread_s"] < mb  # a spread, not noise
         assert abs(ma - mb) <= a.extra[f + "_spread_s"] + b.extra[f + "_spread_s"] + 0.15 * max(ma, mb), f
 
 
