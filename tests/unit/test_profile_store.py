@@ -131,6 +131,24 @@ def test_version_1_store_is_migrated_in_place(tmp_path: Path) -> None:
         assert st.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
+def test_a_failed_write_leaves_no_half_profile(tmp_path: Path) -> None:
+    db = tmp_path / "p.sqlite"
+    g = _graph()
+    bad = _stats(g)
+    bad[3] = replace(bad[3], fwd_s=None)  # type: ignore[arg-type]  # violates NOT NULL in `ops`
+    with pytest.raises(sqlite3.IntegrityError):
+        save_profile(db, g, INFO, bad, {})
+    with ProfileStore.open(db) as st:
+        assert st.summaries() == []
+        assert st.conn.execute("SELECT COUNT(*) FROM ops").fetchone()[0] == 0
+
+
+def test_odd_characters_in_the_path(tmp_path: Path) -> None:
+    db = tmp_path / "we?ird #dir" / "p s.sqlite"
+    pid = save_profile(db, _graph(), INFO, _stats(_graph()), {})
+    assert load_profile_graph(str(pid), db).names == _graph().names
+
+
 def test_mismatched_stats_are_refused(tmp_path: Path) -> None:
     g = _graph()
     with pytest.raises(ProfileStoreError, match="do not match"):

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.request import pathname2url
 
 from lynx.errors import PlanFormatError
 from lynx.graph import LayerGraph
@@ -193,13 +194,24 @@ class ProfileStore:
         finally:
             conn.close()
 
+    @contextmanager
+    def _tx(self) -> Iterator[None]:
+        """One transaction (the connection is in autocommit mode, so `with conn` alone would not group)."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
     # writing
     def add(self, graph: LayerGraph, info: RunInfo, ops: Sequence[OpStats], extra: Mapping[str, Any]) -> int:
         """Store one run; returns its id. Every run gets a new row (nothing is overwritten)."""
         if [o.name for o in ops] != list(graph.names):
             raise ProfileStoreError("profile store: per-op stats do not match the graph's ops")
         m = graph.meta
-        with self.conn:
+        with self._tx():
             cur = self.conn.execute(
                 "INSERT INTO profiles (created_at, model, hidden_size, num_attention_heads, ffn_hidden_size,"
                 " seq_length, micro_batch_size, tp, sequence_parallel, dtype, device, torch_version, lynx_version,"
@@ -223,7 +235,7 @@ class ProfileStore:
 
     def add_calibration(self, profile_id: int, hardware: str, params: Mapping[str, Any],
                         report: Mapping[str, Any], created_at: str) -> int:
-        with self.conn:
+        with self._tx():
             cur = self.conn.execute(
                 "INSERT INTO calibrations (profile_id, created_at, hardware, params_json, report_json)"
                 " VALUES (?,?,?,?,?)",
@@ -291,7 +303,7 @@ def _connect(path: Path, create: bool) -> sqlite3.Connection:
         raise ProfileStoreError(f"{path}: not a file")
     if fresh:
         path.parent.mkdir(parents=True, exist_ok=True)
-    uri = f"file:{path.resolve()}?mode={'rwc' if fresh else 'rw'}"
+    uri = f"file:{pathname2url(str(path.resolve()))}?mode={'rwc' if fresh else 'rw'}"
     try:
         conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=10.0)
     except sqlite3.Error as e:
