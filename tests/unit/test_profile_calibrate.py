@@ -7,12 +7,12 @@ from dataclasses import replace
 import pytest
 
 from lynx.costmodel import CostParams, build_layer_graph
-from lynx.profile.calibrate import calibrate, nominal_hardware
+from lynx.profile.calibrate import calibrate, nominal_hardware, preset_for_device
 from lynx.profile.errors import ProfileError
 from lynx.profile.store import OpStats, ProfileRecord, RunInfo
 from lynx.spec import ParallelSpec, load_hardware, load_model
 
-INFO = RunInfo("gpt-7b", "bf16", "A100", "2.x", "0.1.0", "3.11")
+INFO = RunInfo("gpt-7b", "bf16", "some accelerator", "2.x", "0.1.0", "3.11")
 
 
 def _record(true: CostParams, tp: int, hw_name: str = "a100-40g-nvlink") -> ProfileRecord:
@@ -48,6 +48,16 @@ def test_default_hardware_needs_measured_peaks() -> None:
     rec = replace(rec, extra={"device_peak_flops": 312e12, "device_mem_bw_Bps": 1.555e12})
     cal = calibrate(rec)
     assert cal.hardware_name.startswith("host:")
+
+
+def test_gpu_profiles_use_the_matching_preset() -> None:
+    assert preset_for_device("NVIDIA H100 80GB HBM3") == "h100-80g-nvlink"
+    assert preset_for_device("NVIDIA A100-SXM4-40GB") == "a100-40g-nvlink"
+    assert preset_for_device("NVIDIA A100-PCIE-40GB") == "a100-40g-pcie"
+    assert preset_for_device("cpu: AMD EPYC") is None
+    rec = _record(CostParams(0.5, 0.5), 1)
+    rec = replace(rec, info=replace(rec.info, device="NVIDIA A100-SXM4-40GB"))
+    assert calibrate(rec).hardware_name == "a100-40g-nvlink"
 
 
 def test_nominal_hardware_is_a_valid_spec() -> None:

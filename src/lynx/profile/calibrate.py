@@ -6,8 +6,9 @@ scaled by ``comm_efficiency_scale``. Per op FLOPs ``F`` and bytes ``B`` come fro
 once with a huge matmul efficiency, so that its times are ``B / bandwidth``), so this module repeats no
 formula. The fit minimises the squared log error of forward and backward times over compute ops (a grid
 over matmul and memory efficiency and kernel overhead, then three zoomed grids around the best point), then
-the scale of the collectives on comm ops (1-D grid). Peaks come from ``--hardware`` or, by default, from
-the GEMM and copy rates the profiler measured on the device (a CPU has no datasheet peak worth the name).
+the scale of the collectives on comm ops (1-D grid). Peaks come from ``--hardware``, else the preset named by
+the device (A100, H100), else the GEMM and copy rates the profiler measured on the device (a CPU has no
+datasheet peak worth the name).
 """
 
 from __future__ import annotations
@@ -82,7 +83,17 @@ class Calibration:
                 "ops": [asdict(o) for o in self.ops], "notes": list(self.notes), "created_at": self.created_at}
 
 
+def preset_for_device(device: str) -> str | None:
+    """The hardware preset whose device a CUDA device name denotes ("NVIDIA A100-SXM4-40GB" -> a100 NVLink)."""
+    d = device.lower()
+    for key, preset in (("h100", "h100-80g-nvlink"), ("a100-pcie", "a100-40g-pcie"), ("a100", "a100-40g-nvlink")):
+        if key in d:
+            return preset
+    return None
+
+
 def _hardware_for(rec: ProfileRecord, hardware: str | None) -> Hardware:
+    hardware = hardware or preset_for_device(rec.info.device)
     if hardware is not None:
         return load_hardware(hardware)
     peak, bw = rec.extra.get("device_peak_flops"), rec.extra.get("device_mem_bw_Bps")
