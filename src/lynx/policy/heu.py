@@ -348,8 +348,8 @@ def mixed_policy(ctx: StageContext, graph: LayerGraph, opts: HeuOptions = HeuOpt
     policy and searching only the other was measured weaker and no faster: docs/heu.md.)"""
     best = solve_stage(ctx, graph, opts)
     total_time, tried = best.stats.solve_time_s, 0
-    if best.stats.objective <= 0.0:
-        return best  # nothing on the critical path: no split can do better
+    if critical_recompute(graph, best.layers, ctx, opts.cooldown_overlap) <= 0.0:
+        return best  # nothing on the critical path: a split could only trim the tie-break
     for k in range(1, ctx.num_layers):
         try:
             cand = solve_stage(ctx, graph, opts, (k, ctx.num_layers - k), explain=False)

@@ -177,9 +177,13 @@ def lynx_mixed(problem: PlanProblem) -> PlanResult:
         done.add(s)
         pols[s] = mixed_policy(ctxs[s], g, cache.opts)
         times[s] = stage_time(g, ctxs[s], pols[s])
+    changed = sorted(s for s in done if pols[s].layers != base.policies[s].layers)
+    if not changed:
+        note = f"mixed policies: no better split on stage(s) {sorted(done)}"
+        return PlanResult("lynx-mixed", base.partition, base.policies, (*base.notes, note),
+                          time.perf_counter() - t0)
     t_base = _iteration(problem, base.partition, base.policies)
     t_mixed = _iteration(problem, base.partition, tuple(pols))
-    changed = sorted(s for s in done if pols[s].layers != base.policies[s].layers)
     if t_mixed < t_base:
         note = f"mixed policies on stage(s) {changed}: {t_base:.4f} s -> {t_mixed:.4f} s"
         out = tuple(pols)
