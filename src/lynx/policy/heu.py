@@ -312,6 +312,13 @@ def solve_stage(ctx: StageContext, graph: LayerGraph, opts: HeuOptions, counts: 
     Raises InfeasibleError when no policy fits; with `explain` it carries the smallest budget that would
     (one more ILP), without it (inside partition search) it is cheap."""
     counts = counts or (ctx.num_layers,)
+    if len(counts) == 1:
+        keep_all = (LayerPolicy(graph.needed()),) * ctx.num_layers
+        if stage_peak_bytes(graph, keep_all, ctx) <= ctx.budget_bytes:
+            # No recomputation fits: objective 0 is the ILP's optimum, no solve needed.
+            return RecomputePolicy(opts.method, keep_all, cooldown_overlap=opts.cooldown_overlap,
+                                   stats=SolveStats("closed-form", "optimal", message="keeping every "
+                                                    "activation fits the budget: nothing to recompute"))
     m, lvs, _ = build_model(graph, ctx, opts, counts)
     sol = m.solve(opts.time_limit_s, backend=opts.backend)
     if not sol.has_solution:

@@ -147,7 +147,7 @@ def lynx_search(problem: PlanProblem, method: str) -> tuple[PlanResult, HeuCache
         f"exact {search.exact or '-'} (max stage {search.exact_cost * 1e3:.2f} ms/mb), dp {dp}; "
         + (", ".join(f"{lb} {p} -> {t:.3f} s" for t, lb, p, _ in measured) if len(measured) > 1
            else "all the same") + f"; chose {label}",
-        f"HEU: {cache.solves} distinct stage ILPs ({cache.hits} cache hits), "
+        f"HEU: {cache.solves} distinct stage problems ({cache.hits} cache hits), "
         f"{cache.solve_time_s * 1e3:.1f} ms in the solver, {search.evaluations} stage costs evaluated",
     )
     chosen = Partition(part.layers_per_stage, method=f"lynx-{label}" if label != "dp" else "dp")
