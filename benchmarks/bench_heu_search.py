@@ -81,7 +81,8 @@ def main() -> None:
             totals.append(time.perf_counter() - t0)
             notes = res.notes[-1].split(",")[0]
         target = "HEU < 20 ms; search < 0.5 s" if "175b" in label else "HEU < 20 ms"
-        t.add_row(label, f"{nv} x {nc}", f"{closed}/{p.parallel.pp}", f"{statistics.median(wall) * 1e3:.1f}", f"{max(wall) * 1e3:.1f}",
+        t.add_row(label, f"{nv} x {nc}", f"{closed}/{p.parallel.pp}", f"{statistics.median(wall) * 1e3:.1f}",
+                  f"{max(wall) * 1e3:.1f}",
                   f"{statistics.median(solver) * 1e3:.1f}", f"{statistics.median(searches):.3f}",
                   f"{statistics.median(totals):.3f}", notes.removeprefix("HEU: "), target)
     con = Console(width=200)
