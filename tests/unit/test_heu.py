@@ -17,7 +17,8 @@ from lynx.errors import InfeasibleError
 from lynx.memory import stage_peak_bytes
 from lynx.methods import available_methods, base_partition
 from lynx.policy.base import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase, StageContext, check_policy
-from lynx.policy.heu import HeuCache, critical_recompute, heu_policy, mixed_policy
+from lynx.policy.heu import HeuCache, critical_recompute, heu_policy
+from lynx.policy.heu_mixed import mixed_policy
 from lynx.problem import PlanOptions, PlanProblem
 from lynx.spec import GiB, ParallelSpec, load_hardware, load_model
 

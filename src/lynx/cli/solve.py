@@ -46,7 +46,8 @@ def solve_cmd(
 ) -> None:
     """Solve Lynx-HEU for one pipeline stage of your own layer graph and print the policy, its objective,
     solve time and model size."""
-    from lynx.policy.heu import HeuOptions, critical_recompute, heu_policy, mixed_policy
+    from lynx.policy.heu import HeuOptions, critical_recompute, heu_policy
+    from lynx.policy.heu_mixed import mixed_policy
 
     if not graph_file.is_file():
         raise PlanFormatError(f"{graph_file}: no such graph file")

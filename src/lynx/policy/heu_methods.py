@@ -13,7 +13,8 @@ from lynx.methods import base_partition, register
 from lynx.partition.base import Partition
 from lynx.partition.lynx import search_partitions
 from lynx.policy.base import RecomputePolicy, StageContext
-from lynx.policy.heu import HeuCache, HeuOptions, infeasible, mixed_policy
+from lynx.policy.heu import HeuCache, HeuOptions, infeasible
+from lynx.policy.heu_mixed import mixed_policy
 from lynx.problem import PlanProblem, PlanResult
 from lynx.simulate import simulate
 
