@@ -95,13 +95,15 @@ class Milp:
         return len(self.rows)
 
     def solve(self, time_limit_s: float = 30.0, mip_gap: float = 1e-6, backend: str = "auto",
-              progress: Callable[[str], None] | None = None) -> MilpSolution:
-        """Solve with HiGHS ("auto", "highs") or Gurobi ("gurobi", only when gurobipy is importable)."""
+              progress: Callable[[str], None] | None = None, start: Expr | None = None) -> MilpSolution:
+        """Solve with HiGHS ("auto", "highs") or Gurobi ("gurobi", only when gurobipy is importable).
+        `start`: values of some variables of a known feasible solution (HiGHS completes the rest; a start
+        that turns out infeasible is ignored)."""
         if backend == "gurobi":
             if not _gurobi_available():
                 raise ValueError("backend 'gurobi' asked for, but gurobipy is not installed")
             return _solve_gurobi(self, time_limit_s, mip_gap)
-        return _solve_highs(self, time_limit_s, mip_gap, progress)
+        return _solve_highs(self, time_limit_s, mip_gap, progress, start)
 
 
 def _gurobi_available() -> bool:
@@ -109,7 +111,7 @@ def _gurobi_available() -> bool:
 
 
 def _solve_highs(m: Milp, time_limit_s: float, mip_gap: float,
-                 progress: Callable[[str], None] | None) -> MilpSolution:
+                 progress: Callable[[str], None] | None, start: Expr | None = None) -> MilpSolution:
     import highspy
     import numpy as np
 
@@ -145,6 +147,9 @@ def _solve_highs(m: Milp, time_limit_s: float, mip_gap: float,
         lp.integrality_ = [highspy.HighsVarType.kInteger if b else highspy.HighsVarType.kContinuous
                            for b in m.integer]
     h.passModel(lp)
+    if start:
+        keys = sorted(start)
+        h.setSolution(len(keys), np.array(keys, dtype=np.int32), np.array([start[k] for k in keys], dtype=np.float64))
     if progress is not None:
         progress(f"HiGHS: {n} variables, {len(m.rows)} constraints, time limit {time_limit_s:g} s")
         _subscribe_progress(h, progress)
