@@ -26,10 +26,10 @@ from lynx.policy.base import (
     StageContext,
     validate_layer_policy,
 )
-from lynx.policy.opt_check import Schedule, check_schedule
+from lynx.policy.opt_check import Schedule, check_schedule, policy_to_schedule
 from lynx.policy.opt_model import OptModel, build
 from lynx.policy.opt_timeline import Timeline, build_timeline
-from lynx.policy.rules import full_policy
+from lynx.policy.rules import full_policy, none_policy
 from lynx.problem import PlanProblem, PlanResult
 
 GiB = float(1 << 30)
@@ -121,11 +121,32 @@ def _no_solution(sol: MilpSolution, ctx: StageContext, graph: LayerGraph, opts: 
         f"{opts.time_limit_s:g} s (HiGHS status {sol.status}); raise --time-limit")
 
 
+def warm_start(om: OptModel, ctx: StageContext, graph: LayerGraph) -> dict[int, float] | None:
+    """R, S and F of a known feasible schedule (no recomputation if it fits, else Megatron full laid on
+    the timeline), so that HiGHS holds an incumbent from the start and a time-out always returns one."""
+    tl = om.tl
+    for pol in (none_policy(ctx, graph), full_policy(ctx, graph)):
+        if stage_peak_bytes(graph, pol.layers, ctx) > ctx.budget_bytes:
+            continue
+        sched = policy_to_schedule(tl, pol.layers)
+        if not check_schedule(sched, ctx).ok:
+            continue
+        start = {h: float(k in sched.R) for k, h in om.R.items()}
+        start.update({h: float(k in sched.S) for k, h in om.S.items()})
+        for (t, d, pos), h in om.F.items():
+            cands = tl.candidates(t)
+            later = any((t, c.node) in sched.R and d in tl.inputs(c.node) for c in cands[pos + 1:])
+            start[h] = float((t, cands[pos].node) in sched.R and (t + 1, d) not in sched.S and not later)
+        return start
+    return None
+
+
 def solve_stage(ctx: StageContext, graph: LayerGraph, opts: OptOptions = OptOptions()) -> OptResult:
     """Build, solve, check and map the program for one stage."""
     tl = build_timeline(graph, ctx.num_layers, ctx.has_fwd_windows, opts.overlap, ctx.subtract_wgrad)
     om = build(tl, ctx)
-    sol = om.milp.solve(opts.time_limit_s, backend=opts.backend, progress=opts.progress)
+    sol = om.milp.solve(opts.time_limit_s, backend=opts.backend, progress=opts.progress,
+                        start=warm_start(om, ctx, graph))
     if not sol.has_solution:
         raise _no_solution(sol, ctx, graph, opts)
     sched = extract_schedule(om, sol)
