@@ -109,3 +109,14 @@ def test_plan_fits_in_the_simulator() -> None:
         times[method] = pl.sim.iteration_time_s
     # The budget forces recomputation, and hiding some of it in windows pays off.
     assert none.iteration_time_s < times["lynx-opt"] < times["checkmate"]
+
+
+def test_time_limit_returns_the_best_schedule_with_its_gap() -> None:
+    ctx, g = _ctx(1, 4, 0.5)  # four layers: far beyond what HiGHS proves in two seconds
+    lines: list[str] = []
+    r = solve_stage(ctx, g, OptOptions(time_limit_s=2.0, progress=lines.append))  # type: ignore[arg-type]
+    assert r.solution.status == "time_limit" and r.policy.stats.status == "time_limit"
+    assert r.policy.stats.mip_gap > 0 and "gap" in r.policy.stats.message
+    assert check_schedule(r.schedule, ctx).ok
+    assert stage_peak_bytes(g, r.policy.layers, ctx) <= ctx.budget_bytes  # type: ignore[arg-type]
+    assert lines and "variables" in lines[0]

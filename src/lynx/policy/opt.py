@@ -9,6 +9,7 @@ simulate the plan once more before they return it.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -102,11 +103,19 @@ def schedule_to_policy(sched: Schedule) -> tuple[LayerPolicy, ...]:
     return tuple(out)
 
 
+def reported_gap(sol: MilpSolution) -> float:
+    """The MIP gap; at a time limit before HiGHS has any dual bound, 100% (0 is always a bound: every
+    term of the objective is a non-negative recomputation time)."""
+    if sol.status == "time_limit" and sol.objective > 1e-12 and not (0 < sol.mip_gap < math.inf):
+        return 1.0
+    return sol.mip_gap
+
+
 def _stats(sol: MilpSolution, counts: dict[str, int], msg: str) -> SolveStats:
     sizes = ", ".join(f"{k} {v}" for k, v in counts.items() if k in "RSUF")
     return SolveStats(solver=sol.backend, status=sol.status, objective=sol.objective / 1e3,
                       solve_time_s=sol.solve_time_s, num_variables=sol.num_variables,
-                      num_constraints=sol.num_constraints, mip_gap=sol.mip_gap,
+                      num_constraints=sol.num_constraints, mip_gap=reported_gap(sol),
                       message=f"{msg}; variables {sizes}")
 
 
@@ -161,7 +170,7 @@ def solve_stage(ctx: StageContext, graph: LayerGraph, opts: OptOptions = OptOpti
     if errs:  # a modelling bug, never a user error
         raise AssertionError(f"{opts.method} produced an invalid schedule: " + "; ".join(errs[:5]))
     crit = sol.objective / 1e3
-    gap = f", gap {sol.mip_gap:.2%}" if sol.status != "optimal" else ""
+    gap = f", gap {reported_gap(sol):.2%}" if sol.status != "optimal" else ""
     msg = f"critical recompute {crit * 1e3:.3f} ms per micro-batch{gap}"
     pol = RecomputePolicy(opts.method, layers, cooldown_overlap=opts.cooldown_overlap,
                           stats=_stats(sol, om.counts, msg))
