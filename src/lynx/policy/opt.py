@@ -200,7 +200,7 @@ def _plan(problem: PlanProblem, opts: OptOptions) -> PlanResult:
     def fn(ctx: StageContext, graph: LayerGraph) -> RecomputePolicy:
         o = OptOptions(opts.overlap, problem.options.time_limit_s, opts.backend, opts.method,
                        opts.cooldown_overlap and problem.options.cooldown_overlap,
-                       opts.progress or stderr_progress(f"{opts.method} stage {ctx.stage}"))
+                       opts.progress or stderr_progress(f"{opts.method} stage {ctx.stage} (ms)"))
         return solve_stage(ctx, graph, o).policy
 
     res = per_stage(problem, opts.method, fn)
