@@ -9,7 +9,13 @@ torch = pytest.importorskip("torch")
 
 from lynx.graph import LAYER_INPUT, SP_OPS, STANDARD_OPS  # noqa: E402
 from lynx.profile.errors import ProfileError  # noqa: E402
-from lynx.profile.measure import OpRunner, comm_kind, count_saved, median_spread  # noqa: E402
+from lynx.profile.measure import (  # noqa: E402
+    OpRunner,
+    comm_kind,
+    count_saved,
+    median_spread,
+    robust_median_spread,
+)
 from lynx.profile.profiler import (  # noqa: E402
     SAVED_TOLERANCE,
     ProfileConfig,
@@ -39,6 +45,13 @@ def test_median_spread() -> None:
     assert median_spread([5.0]) == (5.0, 0.0)
     assert median_spread([]) == (0.0, 0.0)
     assert median_spread([1.0, 2.0, 3.0, 4.0, 100.0])[0] == 3.0  # an outlier moves the spread, not the median
+
+
+def test_preempted_samples_are_set_aside_when_enough_clean_ones_remain() -> None:
+    xs = [1.0, 1.1, 0.9, 30.0, 25.0, 28.0]
+    bad = [False, False, False, True, True, True]
+    assert robust_median_spread(xs, bad)[0] == 1.0  # the plain median (13.0) would be a preemption artefact
+    assert robust_median_spread(xs[2:], bad[2:]) == median_spread(xs[2:])  # one clean sample: use all
 
 
 def test_comm_kind() -> None:
@@ -81,6 +94,7 @@ def test_backward_split_and_params() -> None:
     assert s.split["attn_allreduce"] == "comm"
     assert sorted(tuple(p.shape) for p in run.params["qkv"]) == [(768,), (768, 256)]
     assert run.params["softmax"] == [] and s.wgrad["softmax"] == [0.0]
+    assert set(s.disturbed) == {f"{k}:{n}" for k in ("fwd", "dgrad", "wgrad") for n in layer.op_names}
     for n in ("qkv", "attn_proj", "fc1", "fc2"):
         assert s.fwd[n][0] > 0 and s.dgrad[n][0] > 0 and s.wgrad[n][0] > 0, n
 

@@ -121,12 +121,20 @@ def _print_record(rec: ProfileRecord) -> None:
                   f"{s.saved_bytes / MiB:.2f}/{s.expected_saved_bytes / MiB:.2f} "
                   + ("[green]ok[/green]" if ok else "[red]DIFF[/red]"), ",".join(op.saved) or "-")
     console.print(t)
-    console.print(f"layer forward {_ms(e.get('layer_fwd_s', 0))} ± {_ms(e.get('layer_fwd_spread_s', 0))} ms, "
+    console.print(f"layer (sums over ops) forward {_ms(e.get('layer_fwd_s', 0))} ± "
+                  f"{_ms(e.get('layer_fwd_spread_s', 0))} ms, "
                   f"backward {_ms(e.get('layer_bwd_s', 0))} ± {_ms(e.get('layer_bwd_spread_s', 0))} ms; "
                   f"saved bytes: layer input {e.get('input_saved_bytes', 0) / MiB:.2f} MiB "
                   f"(graph {e.get('input_expected_bytes', 0) / MiB:.2f}), total "
                   f"{(sum(s.saved_bytes for s in rec.ops) + e.get('input_saved_bytes', 0)) / MiB:.2f} MiB (graph "
                   f"{(sum(s.expected_saved_bytes for s in rec.ops) + e.get('input_expected_bytes', 0)) / MiB:.2f})")
+    frac = e.get("disturbed_fraction", 0.0)
+    if frac:
+        console.print(f"{frac:.0%} of the timed samples saw the OS preempt the profiler; they are left out "
+                      "wherever 3 clean samples remain (docs/profiling.md)")
+    if frac > 0.5:
+        err_console.print("[yellow]warning[/yellow]: the machine is busy and the timings are unreliable; profile "
+                          "on a quiet machine, or with --threads 1 to stop waiting on descheduled threads")
     bad = e.get("saved_mismatch") or []
     if bad:
         err_console.print(f"[yellow]warning[/yellow]: saved bytes differ from the LayerGraph accounting by more "

@@ -22,6 +22,7 @@ How ops are separated (docs/profiling.md has the long form):
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,11 +42,21 @@ def comm_kind(name: str) -> str | None:
     return tail if tail in COMM_PREFIXES else None
 
 
+def _preemptions() -> int:
+    """Involuntary context switches of this process so far (all its threads): the OS took a core away."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+
+
 class Timer:
-    """Wall clock on CPU; CUDA events (with a synchronize per measurement) on GPU."""
+    """Wall clock on CPU; CUDA events (with a synchronize per measurement) on GPU.
+
+    On CPU each measurement also notes whether the OS preempted the process meanwhile (`disturbed`): on a
+    shared machine one lost time slice turns a 0.2 ms op into 10 ms, so such samples are set aside when
+    enough clean ones exist (`robust_median_spread`)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
+        self.disturbed = False
 
     def __call__(self, fn: Callable[[], Any]) -> tuple[float, Any]:
         if self.cuda:
@@ -54,10 +65,14 @@ class Timer:
             out = fn()
             end.record()
             torch.cuda.synchronize()
+            self.disturbed = False
             return start.elapsed_time(end) / 1e3, out
+        n0 = _preemptions()
         t0 = time.perf_counter()
         out = fn()
-        return time.perf_counter() - t0, out
+        t = time.perf_counter() - t0
+        self.disturbed = _preemptions() != n0
+        return t, out
 
 
 @dataclass
@@ -67,8 +82,8 @@ class Samples:
     fwd: dict[str, list[float]] = field(default_factory=dict)
     dgrad: dict[str, list[float]] = field(default_factory=dict)
     wgrad: dict[str, list[float]] = field(default_factory=dict)
-    layer_fwd: list[float] = field(default_factory=list)
-    layer_bwd: list[float] = field(default_factory=list)
+    disturbed: dict[str, list[bool]] = field(default_factory=dict)
+    """Per key "fwd:op", "dgrad:op", "wgrad:op": whether each sample saw the process preempted."""
     split: dict[str, str] = field(default_factory=dict)
     """How each op's backward was split: "autograd", "replay" or "comm"."""
 
@@ -155,7 +170,7 @@ def _is_custom(out: torch.Tensor) -> bool:
 
 
 def _replay_linear(timer: Timer, x: torch.Tensor, params: list[torch.nn.Parameter],
-                   g: torch.Tensor) -> tuple[float, float] | None:
+                   g: torch.Tensor) -> tuple[float, bool, float, bool] | None:
     """Input- and weight-gradient GEMMs of y = x W^T + b, on the op's own tensors."""
     ws = [p for p in params if p.dim() == 2]
     if len(ws) != 1:
@@ -166,9 +181,10 @@ def _replay_linear(timer: Timer, x: torch.Tensor, params: list[torch.nn.Paramete
         return None
     with torch.no_grad():
         d, _ = timer(lambda: g.matmul(w))
+        d_bad = timer.disturbed
         g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
         wt, _ = timer(lambda: (g2.t().matmul(x2), g2.sum(0) if bias else None))
-    return d, wt
+    return d, d_bad, wt, timer.disturbed
 
 
 class OpRunner:
@@ -190,23 +206,26 @@ class OpRunner:
 
             dist.barrier(group=self.group)
 
-    def forward(self) -> tuple[dict[str, torch.Tensor], dict[str, list[torch.Tensor]], dict[str, float]]:
+    def forward(self) -> tuple[dict[str, torch.Tensor], dict[str, list[torch.Tensor]],
+                               dict[str, tuple[float, bool]]]:
         """One forward pass, op by op. Each op reads detached copies of its inputs (same storage), so its
         autograd graph is its own and its backward can be timed alone."""
         env: dict[str, torch.Tensor] = {LAYER_INPUT: self.x.detach()}
         leaves: dict[str, list[torch.Tensor]] = {}
-        times: dict[str, float] = {}
+        times: dict[str, tuple[float, bool]] = {}
         for n in self.names:
             local = {d: env[d].detach().requires_grad_() for d in self.layer.op_inputs[n]}
             leaves[n] = list(local.values())
             if comm_kind(n):
                 self._barrier()
-            times[n], env[n] = self.timer(lambda n=n, local=local: self.layer.run_op(n, {**env, **local}, self.mb))
+            t, env[n] = self.timer(lambda n=n, local=local: self.layer.run_op(n, {**env, **local}, self.mb))
+            times[n] = (t, self.timer.disturbed)
         return env, leaves, times
 
     def backward_op(self, name: str, env: dict[str, torch.Tensor],
-                    inputs: list[torch.Tensor]) -> tuple[float, float, str]:
-        """Backward of one op on its own autograd graph from the timed forward (`inputs` are its leaves)."""
+                    inputs: list[torch.Tensor]) -> tuple[float, bool, float, bool, str]:
+        """Backward of one op on its own autograd graph from the timed forward (`inputs` are its leaves):
+        (dgrad seconds, disturbed, wgrad seconds, disturbed, how it was split)."""
         from lynx.runtime import tp
 
         kind = comm_kind(name)
@@ -214,7 +233,7 @@ class OpRunner:
             g = self.grads.setdefault(name, torch.randn_like(env[name]))
             self._barrier()
             t, _ = self.timer(lambda: tp.run_collective(DUAL[kind], g, self.group))
-            return t, 0.0, "comm"
+            return t, self.timer.disturbed, 0.0, False, "comm"
         out = env[name]
         if name not in self.params:
             self.params[name] = op_params(self.layer, out, inputs)
@@ -223,28 +242,44 @@ class OpRunner:
         if params and _is_custom(out):
             res = _replay_linear(self.timer, inputs[0].detach(), params, g)
             if res is not None:
-                return res[0], res[1], "replay"
+                return (*res, "replay")
         d, _ = self.timer(lambda: torch.autograd.grad(out, inputs, g, retain_graph=True, allow_unused=True))
+        d_bad = self.timer.disturbed
         if not params or _is_custom(out):  # a custom backward computes everything at once
-            return d, 0.0, "autograd (unsplit)" if params else "autograd"
+            return d, d_bad, 0.0, False, "autograd (unsplit)" if params else "autograd"
         w, _ = self.timer(lambda: torch.autograd.grad(out, params, g, retain_graph=True, allow_unused=True))
-        return d, w, "autograd"
+        return d, d_bad, w, self.timer.disturbed, "autograd"
 
     def repeat(self, record: bool) -> None:
         env, leaves, fwd = self.forward()
-        bwd: dict[str, tuple[float, float, str]] = {}
-        for n in reversed(self.names):
-            bwd[n] = self.backward_op(n, env, leaves[n])
+        bwd = {n: self.backward_op(n, env, leaves[n]) for n in reversed(self.names)}
         if not record:
             return
         s = self.samples
         for n in self.names:
-            s.fwd[n].append(fwd[n])
-            s.dgrad[n].append(bwd[n][0])
-            s.wgrad[n].append(bwd[n][1])
-            s.split[n] = bwd[n][2]
-        s.layer_fwd.append(sum(fwd.values()))
-        s.layer_bwd.append(sum(b[0] + b[1] for b in bwd.values()))
+            d, d_bad, w, w_bad, s.split[n] = bwd[n]
+            for key, (t, bad) in (("fwd", fwd[n]), ("dgrad", (d, d_bad)), ("wgrad", (w, w_bad))):
+                getattr(s, key)[n].append(t)
+                s.disturbed.setdefault(f"{key}:{n}", []).append(bad)
+
+    def stats(self, key: str, name: str) -> tuple[float, float]:
+        """Median and spread of one quantity, over the undisturbed samples when there are at least 3."""
+        xs = getattr(self.samples, key)[name]
+        return robust_median_spread(xs, self.samples.disturbed.get(f"{key}:{name}", [False] * len(xs)))
+
+    def disturbed_fraction(self) -> float:
+        flags = [b for v in self.samples.disturbed.values() for b in v]
+        return sum(flags) / len(flags) if flags else 0.0
+
+
+MIN_CLEAN = 3
+
+
+def robust_median_spread(xs: list[float], disturbed: list[bool]) -> tuple[float, float]:
+    """`median_spread` of the samples the OS did not preempt, if at least `MIN_CLEAN` are left; else of all
+    (long ops on a busy machine are rarely untouched, and one slice matters little to them)."""
+    clean = [x for x, bad in zip(xs, disturbed, strict=True) if not bad]
+    return median_spread(clean if len(clean) >= MIN_CLEAN else xs)
 
 
 def median_spread(xs: list[float]) -> tuple[float, float]:

@@ -23,7 +23,7 @@ from lynx.costmodel import ACT_BYTES, build_layer_graph
 from lynx.graph import LAYER_INPUT, GraphMeta, LayerGraph, Op
 from lynx.profile.calibrate import nominal_hardware
 from lynx.profile.errors import ProfileError
-from lynx.profile.measure import OpRunner, count_saved, median_spread
+from lynx.profile.measure import OpRunner, count_saved
 from lynx.profile.store import OpStats, RunInfo
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
 
@@ -194,8 +194,9 @@ def run_rank(cfg: ProfileConfig, group: Any, device: torch.device,
     except torch.OutOfMemoryError:
         raise ProfileError("out of device memory while profiling; lower --micro-batch or --seq-len") from None
     return {"op_names": list(layer.op_names), "op_inputs": {k: list(v) for k, v in layer.op_inputs.items()},
-            "samples": runner.samples, "saved": saved, "peaks": peaks, "device": device_name(device),
-            "threads": torch.get_num_threads()}
+            "stats": {n: {k: runner.stats(k, n) for k in ("fwd", "dgrad", "wgrad")} for n in layer.op_names},
+            "split": dict(runner.samples.split), "disturbed_fraction": runner.disturbed_fraction(),
+            "saved": saved, "peaks": peaks, "device": device_name(device), "threads": torch.get_num_threads()}
 
 
 # -- assembling the result -----------------------------------------------------------------------------
@@ -212,15 +213,13 @@ def assemble(cfg: ProfileConfig, raw: dict[str, Any], wall_s: float) -> ProfileR
     names = tuple(raw["op_names"])
     if names != ref.names:
         raise ProfileError(f"the runtime layer's ops {names} differ from the graph vocabulary {ref.names}")
-    smp, sv = raw["samples"], raw["saved"]
+    st, sv = raw["stats"], raw["saved"]
     expect = expected_saved(ref)
     ops: list[Op] = []
     stats: list[OpStats] = []
     for o in ref.ops:
         n = o.name
-        f, fs = median_spread(smp.fwd[n])
-        d, ds = median_spread(smp.dgrad[n])
-        w, ws = median_spread(smp.wgrad[n])
+        (f, fs), (d, ds), (w, ws) = st[n]["fwd"], st[n]["dgrad"], st[n]["wgrad"]
         side = sv.side_bytes[n]
         held = sv.saved_output_bytes[n] if n != ref.output_op else 0.0
         ops.append(replace(o, fwd_time=f, bwd_time=d + w, wgrad_time=w if not o.is_comm else 0.0,
@@ -233,12 +232,15 @@ def assemble(cfg: ProfileConfig, raw: dict[str, Any], wall_s: float) -> ProfileR
                      seq_length=cfg.seq_length, micro_batch_size=cfg.micro_batch_size, tp=cfg.tp,
                      sequence_parallel=cfg.sequence_parallel, device=raw["device"], dtype=cfg.dtype)
     graph = LayerGraph(tuple(ops), input_bytes=sv.out_bytes.get(LAYER_INPUT, ref.input_bytes), meta=meta)
-    lf, lfs = median_spread(smp.layer_fwd)
-    lb, lbs = median_spread(smp.layer_bwd)
+    # the layer: sums of the op medians and (conservatively) of their spreads
+    lf, lfs = sum(s.fwd_s for s in stats), sum(s.fwd_spread_s for s in stats)
+    lb = sum(s.dgrad_s + s.wgrad_s for s in stats)
+    lbs = sum(s.dgrad_spread_s + s.wgrad_spread_s for s in stats)
     extra = {
         "layer_fwd_s": lf, "layer_fwd_spread_s": lfs, "layer_bwd_s": lb, "layer_bwd_spread_s": lbs,
         "input_saved_bytes": sv.saved_output_bytes[LAYER_INPUT], "input_expected_bytes": expect[LAYER_INPUT],
-        "saved_mismatch": saved_mismatches(stats), "split": dict(smp.split),
+        "saved_mismatch": saved_mismatches(stats), "split": raw["split"],
+        "disturbed_fraction": raw["disturbed_fraction"],
         "device_peak_flops": peak_flops, "device_mem_bw_Bps": mem_bw, "dropout_p": cfg.dropout_p,
         "seed": cfg.seed,
     }
