@@ -50,6 +50,8 @@ class OptOptions:
     method: str = "lynx-opt"
     cooldown_overlap: bool = True
     progress: Progress | None = None
+    start: tuple[LayerPolicy, ...] | None = None
+    """A policy to start the search from (e.g. Lynx-HEU's); used when it fits, else none / full."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,14 +132,16 @@ def _no_solution(sol: MilpSolution, ctx: StageContext, graph: LayerGraph, opts: 
         f"{opts.time_limit_s:g} s (HiGHS status {sol.status}); raise --time-limit")
 
 
-def warm_start(om: OptModel, ctx: StageContext, graph: LayerGraph) -> dict[int, float] | None:
-    """R, S and F of a known feasible schedule (no recomputation if it fits, else Megatron full laid on
-    the timeline), so that HiGHS holds an incumbent from the start and a time-out always returns one."""
+def warm_start(om: OptModel, ctx: StageContext, graph: LayerGraph,
+               given: tuple[LayerPolicy, ...] | None = None) -> dict[int, float] | None:
+    """R, S and F of a known feasible schedule (`given` if it fits, else no recomputation if it fits,
+    else Megatron full, laid on the timeline), so that HiGHS holds an incumbent from the start and a
+    time-out always returns one."""
     tl = om.tl
-    for pol in (none_policy(ctx, graph), full_policy(ctx, graph)):
-        if stage_peak_bytes(graph, pol.layers, ctx) > ctx.budget_bytes:
+    for layers in (given, none_policy(ctx, graph).layers, full_policy(ctx, graph).layers):
+        if layers is None or stage_peak_bytes(graph, layers, ctx) > ctx.budget_bytes:
             continue
-        sched = policy_to_schedule(tl, pol.layers)
+        sched = policy_to_schedule(tl, layers)
         if not check_schedule(sched, ctx).ok:
             continue
         start = {h: float(k in sched.R) for k, h in om.R.items()}
@@ -155,7 +159,7 @@ def solve_stage(ctx: StageContext, graph: LayerGraph, opts: OptOptions = OptOpti
     tl = build_timeline(graph, ctx.num_layers, ctx.has_fwd_windows, opts.overlap, ctx.subtract_wgrad)
     om = build(tl, ctx)
     sol = om.milp.solve(opts.time_limit_s, backend=opts.backend, progress=opts.progress,
-                        start=warm_start(om, ctx, graph))
+                        start=warm_start(om, ctx, graph, opts.start))
     if not sol.has_solution:
         raise _no_solution(sol, ctx, graph, opts)
     sched = extract_schedule(om, sol)
