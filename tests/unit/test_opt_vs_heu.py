@@ -49,3 +49,13 @@ def test_per_layer_freedom_is_where_opt_gains() -> None:
     h = heu.heu_policy(ctx, g)
     assert r.policy.layers[0] != r.policy.layers[1]
     assert r.critical_s < heu.critical_recompute(g, h.layers, ctx) - 1e-6
+
+
+def test_started_from_heu_a_time_limited_opt_is_no_worse() -> None:
+    """Four layers: OPT cannot prove optimality in two seconds, but started from HEU's policy (a MILP warm
+    start) its incumbent is never worse than HEU's."""
+    ctx, g = _ctx(1, 4, 0.5)
+    h = heu.heu_policy(ctx, g)
+    r = solve_stage(ctx, g, OptOptions(time_limit_s=2.0, start=h.layers))  # type: ignore[arg-type]
+    assert r.critical_s <= heu.critical_recompute(g, h.layers, ctx) + 1e-9
+    assert check_schedule(r.schedule, ctx).ok
