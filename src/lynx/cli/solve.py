@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Annotated
 
@@ -17,8 +18,8 @@ from lynx.policy.base import StageContext
 from lynx.spec import GiB
 
 
-def _policy_table(graph: LayerGraph, ops: dict[str, str]) -> Table:
-    t = Table(title="policy of one layer (applied to every layer of the stage)", title_justify="left")
+def _policy_table(graph: LayerGraph, ops: dict[str, str], title: str) -> Table:
+    t = Table(title=title, title_justify="left")
     for col in ("op", "kind", "decision", "recompute (ms)", "keep MiB"):
         t.add_column(col, justify="left" if col in ("op", "kind", "decision") else "right")
     for o in graph.ops:
@@ -42,6 +43,8 @@ def solve_cmd(
     no_wgrad_overlap: Annotated[bool, typer.Option(help="Backward windows offer the whole collective.")] = False,
     no_cooldown_overlap: Annotated[bool, typer.Option(help="Do not hide cool-down recomputation in stalls.")] = False,
     mixed: Annotated[bool, typer.Option("--mixed", help="Allow two layer policies (k layers each).")] = False,
+    backend: Annotated[str, typer.Option(help="MILP backend: highs (default) or gurobi (if installed).")] = "highs",
+    time_limit: Annotated[float, typer.Option(help="Time limit per ILP solve, seconds.")] = 10.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Solve Lynx-HEU for one pipeline stage of your own layer graph and print the policy, its objective,
@@ -63,7 +66,11 @@ def solve_cmd(
                        static_bytes=static_gb * GiB, subtract_wgrad=not no_wgrad_overlap)
     if ctx.has_fwd_windows == last_stage and in_flight > 1:
         raise SpecError("internal: stage context does not match --last-stage")  # pragma: no cover
-    opts = HeuOptions(cooldown_overlap=not no_cooldown_overlap)
+    if backend not in ("highs", "gurobi"):
+        raise SpecError(f"--backend {backend!r}: expected highs or gurobi")
+    if backend == "gurobi" and importlib.util.find_spec("gurobipy") is None:
+        raise SpecError("--backend gurobi needs gurobipy, which is not installed (HiGHS is the default)")
+    opts = HeuOptions(cooldown_overlap=not no_cooldown_overlap, backend=backend, time_limit_s=time_limit)
     pol = (mixed_policy if mixed else heu_policy)(ctx, graph, opts)
     st = pol.stats
     peak = stage_peak_bytes(graph, pol.layers, ctx)
@@ -81,7 +88,9 @@ def solve_cmd(
     console.print(f"objective {st.objective * 1e3:.4f} ms (critical recompute {crit * 1e3:.4f} ms per "
                   f"micro-batch), {st.status} in {st.solve_time_s * 1e3:.1f} ms, model {st.num_variables} "
                   f"variables x {st.num_constraints} constraints ({st.solver}); peak {peak / GiB:.2f} GiB")
-    for i, grp in enumerate(d["layers"]):
-        if len(d["layers"]) > 1:
-            console.print(f"layer group {i}: {grp['count']} layers")
-        console.print(_policy_table(graph, grp["ops"]))
+    groups = d["layers"]
+    for i, grp in enumerate(groups):
+        title = ("policy of one layer, applied to every layer of the stage" if len(groups) == 1 else
+                 f"layers {sum(g['count'] for g in groups[:i])}-{sum(g['count'] for g in groups[:i + 1]) - 1}"
+                 " (bottom first)")
+        console.print(_policy_table(graph, grp["ops"], title))
