@@ -39,3 +39,15 @@ def test_grid_plans_fit(model: str, hw: str, tp: int) -> None:
         full = plan(prob, "full")
         if not full.sim.oom:
             assert lynx.sim.iteration_time_s <= full.sim.iteration_time_s * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("model,hw,tp,mb", [("gpt-23b", "a100-40g-nvlink", 4, 16), ("gpt-7b", "a100-40g-pcie", 2, 32)])
+def test_mixed_fits_and_never_slower(model: str, hw: str, tp: int, mb: int) -> None:
+    par = ParallelSpec(tp=tp, pp=4, dp=1, micro_batch_size=mb, global_batch_size=16 * mb, seq_length=1024)
+    prob = make_problem(load_model(model), load_hardware(hw), par)
+    lynx, mixed = plan(prob, "lynx"), plan(prob, "lynx-mixed")
+    assert not mixed.sim.oom
+    assert mixed.sim.iteration_time_s <= lynx.sim.iteration_time_s * (1 + 1e-9)
+    # on these two cells a stage really uses two layer policies, and it pays off
+    assert any(len(set(pol.layers)) == 2 for pol in mixed.result.policies)
+    assert mixed.sim.iteration_time_s < lynx.sim.iteration_time_s
