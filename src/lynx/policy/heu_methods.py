@@ -124,20 +124,21 @@ def lynx_search(problem: PlanProblem, method: str) -> tuple[PlanResult, HeuCache
         if cand is not None and cand.layers_per_stage not in cands:
             cands[cand.layers_per_stage] = (label, cand)
     measured: list[tuple[float, str, Partition, tuple[RecomputePolicy, ...]]] = []
+    refine = par.pp * par.num_microbatches <= REFINE_MAX_ACTIONS
     for label, part in cands.values():
         try:
-            pols = policies_for(problem, part, cache)
+            pols = policies_for(problem, part, cache, explain=False)
         except InfeasibleError:
             continue
-        # One candidate needs no measurement; several are measured by the event simulator.
-        t = _iteration(problem, part, pols) if len(cands) > 1 else 0.0
+        # One candidate needs no measurement (unless refined); several are measured by the simulator.
+        t = _iteration(problem, part, pols) if len(cands) > 1 or refine else 0.0
         measured.append((t, label, part, pols))
     if not measured:
         policies_for(problem, dp, cache)  # raises with the per-stage smallest budgets on dp
         raise InfeasibleError("no partition fits")  # pragma: no cover (policies_for raised)
     measured.sort(key=lambda x: x[0])
     best_t, label, part, pols = measured[0]
-    if par.pp * par.num_microbatches <= REFINE_MAX_ACTIONS and len(measured) > 1:
+    if refine:
         refined = _refine(problem, part, best_t, cache)
         if refined is not None:
             best_t, part, pols = refined
