@@ -1,5 +1,6 @@
 """Search time of Lynx-HEU per stage and of the whole `lynx` plan (HEU + recomputation-aware partitioning),
-GPT-1.3B ... 23B on the paper's NVLink cluster (TP 4 / PP 4, micro-batch 16) and GPT-175B on 8 x 8 H100
+GPT-1.3B ... 23B on the paper's NVLink cluster (TP 4 / PP 4, micro-batch 16), GPT-7B and 13B on the PCIe
+cluster (TP 2 / PP 4, the tightest stage ILPs), and GPT-175B on 8 x 8 H100
 (TP 8 / PP 8, micro-batch 1, global batch 512, sequence 2048).
 
 Targets: HEU per stage < 20 ms and the whole 175B plan's search < 0.5 s (about 1 s end to end, a fresh
@@ -28,6 +29,7 @@ CASES: list[tuple[str, str, str, int, int, int, int, int]] = [
     # label, model, hardware, tp, pp, micro-batch, global batch, seq
     *[(f"{m}, A100 NVLink TP4 PP4 mb16", m, "a100-40g-nvlink", 4, 4, 16, 256, 1024)
       for m in ("gpt-1.3b", "gpt-4.7b", "gpt-7b", "gpt-13b", "gpt-23b")],
+    *[(f"{m}, A100 PCIe TP2 PP4 mb16", m, "a100-40g-pcie", 2, 4, 16, 256, 1024) for m in ("gpt-7b", "gpt-13b")],
     ("gpt-175b, H100 8x8 TP8 PP8 mb1 gb512", "gpt-175b", "h100-80g-nvlink", 8, 8, 1, 512, 2048),
 ]
 CLI_175B = ["plan", "--model", "gpt-175b", "--hardware", "h100-80g-nvlink", "--tp", "8", "--pp", "8",
