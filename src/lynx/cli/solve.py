@@ -85,9 +85,11 @@ def solve_cmd(
         return
     console.print(f"[bold]{graph_file}[/bold]: {layers} layers, {in_flight} in flight, budget {budget_gb:g} GiB"
                   f"{', last stage' if last_stage else ''}")
+    how = (f"{st.status} in {st.solve_time_s * 1e3:.1f} ms, model {st.num_variables} variables x "
+           f"{st.num_constraints} constraints ({st.solver})" if st.solver != "closed-form" else
+           "no ILP needed: keeping every activation fits")
     console.print(f"objective {st.objective * 1e3:.4f} ms (critical recompute {crit * 1e3:.4f} ms per "
-                  f"micro-batch), {st.status} in {st.solve_time_s * 1e3:.1f} ms, model {st.num_variables} "
-                  f"variables x {st.num_constraints} constraints ({st.solver}); peak {peak / GiB:.2f} GiB")
+                  f"micro-batch), {how}; peak {peak / GiB:.2f} GiB")
     groups = d["layers"]
     for i, grp in enumerate(groups):
         title = ("policy of one layer, applied to every layer of the stage" if len(groups) == 1 else

@@ -96,7 +96,7 @@ def lynx_heu(problem: PlanProblem) -> PlanResult:
     cache = HeuCache(problem.graph, heu_options(problem, "lynx-heu"))
     part = base_partition(problem)
     pols = policies_for(problem, part, cache)
-    note = f"HEU: {cache.solves} ILP solves, {cache.solve_time_s * 1e3:.1f} ms in the solver"
+    note = f"HEU: {cache.solves} stage problems, {cache.solve_time_s * 1e3:.1f} ms solving"
     return PlanResult("lynx-heu", part, pols, (note,), time.perf_counter() - t0)
 
 
@@ -150,7 +150,7 @@ def lynx_search(problem: PlanProblem, method: str) -> tuple[PlanResult, HeuCache
         + (", ".join(f"{lb} {p} -> {t:.3f} s" for t, lb, p, _ in measured) if len(measured) > 1
            else "all the same") + f"; chose {label}",
         f"HEU: {cache.solves} distinct stage problems ({cache.hits} cache hits), "
-        f"{cache.solve_time_s * 1e3:.1f} ms in the solver, {search.evaluations} stage costs evaluated",
+        f"{cache.solve_time_s * 1e3:.1f} ms solving, {search.evaluations} stage costs evaluated",
     )
     chosen = Partition(part.layers_per_stage, method=f"lynx-{label}" if label != "dp" else "dp")
     return PlanResult(method, chosen, pols, notes, time.perf_counter() - t0), cache
