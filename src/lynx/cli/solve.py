@@ -70,7 +70,9 @@ def solve_cmd(
         raise SpecError(f"--backend {backend!r}: expected highs or gurobi")
     if backend == "gurobi" and importlib.util.find_spec("gurobipy") is None:
         raise SpecError("--backend gurobi needs gurobipy, which is not installed (HiGHS is the default)")
-    opts = HeuOptions(cooldown_overlap=not no_cooldown_overlap, backend=backend, time_limit_s=time_limit)
+    # Always solve the ILP here: the user asked for its objective, solve time and size.
+    opts = HeuOptions(cooldown_overlap=not no_cooldown_overlap, backend=backend, time_limit_s=time_limit,
+                      skip_when_all_fit=False)
     pol = (mixed_policy if mixed else heu_policy)(ctx, graph, opts)
     st = pol.stats
     peak = stage_peak_bytes(graph, pol.layers, ctx)

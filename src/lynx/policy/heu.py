@@ -58,6 +58,8 @@ class HeuOptions:
     prefer recomputing less (less energy, less exposure to window-time misprediction)."""
     time_limit_s: float = 10.0
     backend: str = "auto"
+    skip_when_all_fit: bool = True
+    """Answer without an ILP when keeping every activation fits (objective 0 is then optimal)."""
     method: str = "lynx-heu"
 
 
@@ -316,7 +318,7 @@ def solve_stage(ctx: StageContext, graph: LayerGraph, opts: HeuOptions, counts: 
     Raises InfeasibleError when no policy fits; with `explain` it carries the smallest budget that would
     (one more ILP), without it (inside partition search) it is cheap."""
     counts = counts or (ctx.num_layers,)
-    if len(counts) == 1:
+    if len(counts) == 1 and opts.skip_when_all_fit:
         keep_all = (LayerPolicy(graph.needed()),) * ctx.num_layers
         if stage_peak_bytes(graph, keep_all, ctx) <= ctx.budget_bytes:
             # No recomputation fits: objective 0 is the ILP's optimum, no solve needed.
