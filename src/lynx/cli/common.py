@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from typing import Annotated, Any
 
 import typer
@@ -13,7 +15,8 @@ from lynx.graph import LayerGraph
 from lynx.problem import PlanOptions, PlanProblem
 from lynx.spec import GiB, ParallelSpec, hardware_presets, load_hardware, load_model, model_presets
 
-console = Console()
+# rich wraps at 80 columns when stdout is not a terminal (pipes, CI logs); tables are wider than that.
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
 err_console = Console(stderr=True)
 
 ModelOpt = Annotated[
