@@ -100,6 +100,11 @@ def plan_cmd(
     problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
                             layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
                             no_wgrad_overlap, graph, time_limit)
+    if graph is not None and graph.meta.device and graph.meta.device != problem.hardware.device.name:
+        err_console.print(
+            f"[yellow]warning:[/yellow] profile {profile} was measured on {graph.meta.device!r} "
+            f"({graph.meta.dtype}); planning for {problem.hardware.device.name} memory with its times and sizes"
+        )
     if method == "lynx" and "lynx" not in available_methods():
         method = "full"
     title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp} PP {pp} DP {dp}"
