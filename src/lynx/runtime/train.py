@@ -177,6 +177,9 @@ def _rank_main(rank: int, world: int, init_method: str, args: argparse.Namespace
         group = _init(args, rank, world, init_method) if world > 1 else None
         _finish(run(args, rank, world, group), args)
         if group is not None:
+            # Tear down together: a rank that closes its gloo pairs while its peer is still inside
+            # destroy_process_group can abort the peer ("terminate called without an active exception").
+            dist.barrier(group)
             dist.destroy_process_group()
     except LynxError:
         raise
