@@ -183,6 +183,33 @@ def build_layer_graph(
     return LayerGraph(tuple(b.ops), input_bytes=ACT_BYTES * tok_ln * h, meta=meta)
 
 
+@dataclass(frozen=True, slots=True)
+class EdgeTimes:
+    """Compute outside the transformer layers, per micro-batch: the first stage's embedding and the last
+    stage's LM head and loss (forward, backward)."""
+
+    embedding_fwd: float
+    embedding_bwd: float
+    head_fwd: float
+    head_bwd: float
+
+
+def edge_times(model: ModelSpec, hw: Hardware, par: ParallelSpec, cost: CostParams | None = None) -> EdgeTimes:
+    """Embedding lookup + position add + dropout (memory-bound), and the vocab-parallel LM head GEMM
+    ``[sb, h] @ [h, V/t]`` with its cross-entropy (fp32 softmax over V/t, memory-bound; Megatron's
+    vocab-parallel cross entropy adds two small all-reduces, left out)."""
+    cp = cost or CostParams.for_hardware(hw)
+    b = _Builder(model, hw, par, cp)
+    tok = par.seq_length * par.micro_batch_size
+    tok_ln = tok / par.tp if par.sequence_parallel else tok
+    h, v = model.hidden_size, model.vocab_size / par.tp
+    emb_fwd = b._compute_time(tok_ln * h, ACT_BYTES * tok_ln * h * 3 + MASK_BYTES * tok_ln * h)
+    head_gemm = b._compute_time(2.0 * tok * h * v, ACT_BYTES * (tok * h + h * v + tok * v))
+    loss = b._compute_time(5.0 * tok * v, 4.0 * tok * v * 3)
+    return EdgeTimes(emb_fwd, BWD_MEMORY_FACTOR * emb_fwd, head_gemm + loss,
+                     BWD_MATMUL_FACTOR * head_gemm + BWD_MEMORY_FACTOR * loss)
+
+
 def scale_graph(graph: LayerGraph, compute: float = 1.0, comm: float = 1.0) -> LayerGraph:
     """A copy with compute and comm times scaled (sensitivity studies, calibration)."""
     ops = tuple(

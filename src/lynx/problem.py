@@ -34,6 +34,8 @@ class PlanOptions:
     smallest N with which every stage fits its budget (what a user finds by trial runs)."""
     include_dp_allreduce: bool = True
     """Add the data-parallel gradient all-reduce and the optimizer step to the iteration."""
+    include_edges: bool = True
+    """Charge the first stage's embedding and the last stage's LM head and loss (off: layers only)."""
     time_limit_s: float = 30.0
     """Per solver call, for the MILP methods."""
     nodes: int | None = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lynx.costmodel import allreduce_time, model_flops_per_iteration, p2p_time
+from lynx.costmodel import allreduce_time, edge_times, model_flops_per_iteration, p2p_time
 from lynx.graph import LayerGraph
 from lynx.memory import layer_memory
 from lynx.partition.base import Partition
@@ -220,6 +220,12 @@ def simulate(
     for pol, ctx in zip(policies, ctxs, strict=True):
         check_policy(g, pol, ctx)
     costs = [_stage_costs(g, pol, ctx) for pol, ctx in zip(policies, ctxs, strict=True)]
+    if problem.options.include_edges:
+        et = edge_times(problem.model, problem.hardware, par)
+        costs[0].fwd_plain += et.embedding_fwd
+        costs[0].bwd_base += et.embedding_bwd
+        costs[-1].fwd_plain += et.head_fwd
+        costs[-1].bwd_base += et.head_bwd
     if p2p_s is None:
         tokens = par.seq_length * par.micro_batch_size
         nbytes = 2.0 * tokens * problem.model.hidden_size / par.tp  # Megatron's scatter-gather send

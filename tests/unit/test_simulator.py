@@ -32,7 +32,7 @@ def problems(draw: st.DrawFn, equal: bool = False) -> tuple[PlanProblem, Partiti
     par = ParallelSpec(tp=tp, pp=pp, micro_batch_size=mb, global_batch_size=mb * m,
                        seq_length=draw(st.sampled_from([256, 512, 1024])))
     hw = load_hardware(draw(st.sampled_from(HW)))
-    prob = make_problem(model, hw, par, PlanOptions(include_dp_allreduce=False, nodes=16))
+    prob = make_problem(model, hw, par, PlanOptions(include_dp_allreduce=False, include_edges=not equal, nodes=16))
     if equal:
         part = Partition((per,) * pp)
     elif pp == 1:

@@ -54,7 +54,7 @@ def build_problem(
     model: str, hardware: str, tp: int, pp: int, dp: int, sp: bool, mb: int, gb: int, seq: int,
     nodes: int | None = None, layers_per_stage: str | None = None, budget_gb: float | None = None,
     bytes_per_param: float = 16.0, recompute_num_layers: int | None = None, no_wgrad_overlap: bool = False,
-    graph: LayerGraph | None = None, time_limit_s: float = 30.0,
+    graph: LayerGraph | None = None, time_limit_s: float = 30.0, cooldown_overlap: bool = True,
 ) -> PlanProblem:
     from lynx.api import make_problem
 
@@ -68,6 +68,7 @@ def build_problem(
         nodes=nodes,
         layers_per_stage=parse_layers(layers_per_stage),
         time_limit_s=time_limit_s,
+        cooldown_overlap=cooldown_overlap,
     )
     return make_problem(load_model(model), load_hardware(hardware), parallel_spec(tp, pp, dp, sp, mb, gb, seq),
                         opts, graph)

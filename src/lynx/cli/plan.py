@@ -78,6 +78,9 @@ def plan_cmd(
     no_wgrad_overlap: Annotated[
         bool, typer.Option(help="Backward windows offer the whole collective (no Megatron wgrad overlap).")
     ] = False,
+    no_cooldown_overlap: Annotated[
+        bool, typer.Option(help="Do not hide recomputation in cool-down pipeline stalls (paper sec. 4.2).")
+    ] = False,
     profile: Annotated[
         str | None, typer.Option(help="Plan from a stored profile ID instead of the analytic model.")
     ] = None,
@@ -99,7 +102,7 @@ def plan_cmd(
     graph = _load_profile_graph(profile, db) if profile else None
     problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
                             layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
-                            no_wgrad_overlap, graph, time_limit)
+                            no_wgrad_overlap, graph, time_limit, cooldown_overlap=not no_cooldown_overlap)
     if graph is not None and graph.meta.device and graph.meta.device != problem.hardware.device.name:
         err_console.print(
             f"[yellow]warning:[/yellow] profile {profile} was measured on {graph.meta.device!r} "
