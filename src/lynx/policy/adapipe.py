@@ -27,6 +27,7 @@ from itertools import combinations
 
 import numpy as np
 
+from lynx.costmodel import edge_times
 from lynx.errors import InfeasibleError
 from lynx.graph import LayerGraph
 from lynx.memory import layer_memory
@@ -184,10 +185,15 @@ def plan_adapipe(problem: PlanProblem) -> PlanResult:
     L, p, m = problem.model.num_layers, par.pp, par.num_microbatches
     dp = StageDP(g, L - p + 1, problem.budget_bytes)
     lt = layer_time(g, problem.options.subtract_wgrad)
+    edge = [0.0] * p  # the embedding on the first stage, the LM head and loss on the last (as simulated)
+    if problem.options.include_edges:
+        et = edge_times(problem.model, problem.hardware, par)
+        edge[0] += et.embedding_fwd + et.embedding_bwd
+        edge[-1] += et.head_fwd + et.head_bwd
 
     def stage_time(s: int, n: int) -> float:
         res = dp.solve(problem.stage_context(s, n))
-        return math.inf if res is None else n * lt + res[0]
+        return math.inf if res is None else edge[s] + n * lt + res[0]
 
     base = base_partition(problem)
     cands: list[Partition] = []
