@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -154,9 +155,30 @@ def warm_start(om: OptModel, ctx: StageContext, graph: LayerGraph,
     return None
 
 
+def _keep_everything(tl: Timeline, ctx: StageContext, graph: LayerGraph, opts: OptOptions) -> OptResult | None:
+    """When keeping every activation fits (both bounds), it is optimal: the objective is a sum of
+    non-negative recomputation times and this schedule has none. No MILP is built."""
+    t0 = time.perf_counter()
+    layers = none_policy(ctx, graph).layers
+    if stage_peak_bytes(graph, layers, ctx) > ctx.budget_bytes:
+        return None
+    sched = policy_to_schedule(tl, layers)
+    if not check_schedule(sched, ctx).ok:
+        return None
+    dt = time.perf_counter() - t0
+    sol = MilpSolution("optimal", 0.0, (), dt, 0.0, 0, 0, "none")
+    stats = SolveStats(solver="none", status="optimal", solve_time_s=dt,
+                       message="keeping every activation fits: no recomputation, no MILP needed")
+    pol = RecomputePolicy(opts.method, layers, cooldown_overlap=opts.cooldown_overlap, stats=stats)
+    return OptResult(pol, sched, sol, {}, 0.0)
+
+
 def solve_stage(ctx: StageContext, graph: LayerGraph, opts: OptOptions = OptOptions()) -> OptResult:
     """Build, solve, check and map the program for one stage."""
     tl = build_timeline(graph, ctx.num_layers, ctx.has_fwd_windows, opts.overlap, ctx.subtract_wgrad)
+    trivial = _keep_everything(tl, ctx, graph, opts)
+    if trivial is not None:
+        return trivial
     om = build(tl, ctx)
     sol = om.milp.solve(opts.time_limit_s, backend=opts.backend, progress=opts.progress,
                         start=warm_start(om, ctx, graph, opts.start))
