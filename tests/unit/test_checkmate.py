@@ -32,3 +32,16 @@ def test_checkmate_timeline_has_no_windows_and_passes_the_replay() -> None:
     # Every recomputation costs time: the objective is the on-demand recompute time of the policy.
     lp = r.policy.layers[0]
     assert r.critical_s == pytest.approx(sum(g.op(n).fwd_time for n, _ in lp.recompute))  # type: ignore[attr-defined]
+
+
+def test_cli_plans_with_checkmate_and_lynx_opt() -> None:
+    from typer.testing import CliRunner
+
+    from lynx.cli import app
+
+    args = ["plan", "-m", "gpt-tiny", "--tp", "4", "--pp", "4", "--micro-batch", "8", "--global-batch", "32",
+            "--seq-len", "256", "--budget-gb", "0.048", "--time-limit", "20", "--json"]
+    for method in ("checkmate", "lynx-opt"):
+        r = CliRunner().invoke(app, [*args, "--method", method])
+        assert r.exit_code == 0, r.output
+        assert f'"{method}"' in r.output and '"status": "optimal"' in r.output
