@@ -122,8 +122,8 @@ def simulate_stage_time(g: LayerGraph, layers: int, crit: float, ctx: StageConte
 
 def growth(args: argparse.Namespace) -> dict[str, Any]:
     p = problem(None, args.time_limit)
-    pts: list[dict[str, Any]] = []
-    alive = set(METHODS)
+    pts: list[dict[str, Any]] = json.loads(Path(args.from_json).read_text())["points"] if args.from_json else []
+    alive = set() if args.from_json else set(METHODS)
     layers = 1
     while alive and layers <= args.max_layers:
         for m in METHODS:
@@ -177,7 +177,7 @@ def plot(pts: list[dict[str, Any]], path: Path, tl: float) -> None:
     ax.set_xlabel("transformer layers in the stage")
     ax.set_ylabel("policy search time (s)")
     ax.set_title("GPT-300M stage, micro-batch 32, A100 NVLink TP4")
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="center right", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -193,6 +193,7 @@ def main() -> None:
     g.add_argument("--png", default=None)
     g.add_argument("--frac", type=float, default=0.5)
     g.add_argument("--max-layers", type=int, default=64)
+    g.add_argument("--from-json", default=None, help="redraw the table and PNG from an earlier --json")
     for a in (t, g):
         a.add_argument("--time-limit", type=float, default=60.0)
         a.add_argument("--json", default=None, help="also write the raw results here")
