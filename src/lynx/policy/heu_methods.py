@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 
+from lynx.costmodel import edge_times
 from lynx.errors import InfeasibleError
 from lynx.graph import LayerGraph
 from lynx.methods import base_partition, register
@@ -111,12 +112,19 @@ def lynx_search(problem: PlanProblem, method: str) -> tuple[PlanResult, HeuCache
         return PlanResult(method, part, policies_for(problem, part, cache), ("explicit partition",),
                           time.perf_counter() - t0), cache
 
+    par = problem.parallel
+    # The first and last stages also run the embedding and the LM head + loss (as the simulator charges).
+    et = edge_times(problem.model, problem.hardware, par)
+    edge = [0.0] * par.pp
+    if problem.options.include_edges:
+        edge[0] += et.embedding_fwd + et.embedding_bwd
+        edge[-1] += et.head_fwd + et.head_bwd
+
     def cost(stage: int, n: int) -> float:
         ctx = problem.stage_context(stage, n)
         r = cache.get(ctx)
-        return math.inf if isinstance(r, InfeasibleError) else stage_time(problem.graph, ctx, r)
+        return math.inf if isinstance(r, InfeasibleError) else stage_time(problem.graph, ctx, r) + edge[stage]
 
-    par = problem.parallel
     search = search_partitions(problem.model.num_layers, par.pp, cost)
     dp = base_partition(problem)
     cands: dict[tuple[int, ...], tuple[str, Partition]] = {}
