@@ -52,13 +52,11 @@ class OptModel:
     def avail(self, t: int, v: int) -> tuple[Expr, float]:
         """R[t,v] + S[t,v] as (terms, constant)."""
         terms: Expr = {}
-        const = 1.0 if self.r_fixed(t, v) else 0.0
-        for key in ((t, v),):
-            if key in self.R:
-                terms[self.R[key]] = 1.0
-            if key in self.S:
-                terms[self.S[key]] = terms.get(self.S[key], 0.0) + 1.0
-        return terms, const
+        if (t, v) in self.R:
+            terms[self.R[(t, v)]] = 1.0
+        if (t, v) in self.S:
+            terms[self.S[(t, v)]] = 1.0
+        return terms, 1.0 if self.r_fixed(t, v) else 0.0
 
 
 def base_bytes(tl: Timeline, ctx: StageContext) -> float:
