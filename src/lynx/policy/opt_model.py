@@ -75,7 +75,7 @@ def build(tl: Timeline, ctx: StageContext, budget: float | None = None) -> OptMo
     _memory_ops(om, cap)
     _memory_layers(om, cap)
     _objective(om)
-    om.counts = {"R": len(om.R), "S": len(om.S), "U": len(om.U), "F": len(om.F),
+    om.counts = {"R": len(om.R), "S": len(set(om.S.values())), "U": len(om.U), "F": len(om.F),
                  "variables": om.milp.num_variables, "constraints": om.milp.num_constraints}
     return om
 
@@ -86,9 +86,31 @@ def _variables(om: OptModel) -> None:
         for c in tl.candidates(t):
             om.R[(t, c.node)] = m.binary(f"R[{t},{c.node}]")
     # (D4) S[1,v] = 0: nothing is in memory before its forward, so S exists only after it.
+    # Between two phases that touch v (compute it, may recompute it, or read it) S[t,v] cannot usefully
+    # change: holding fewer tensors never hurts, so v is best dropped right after the last phase that touched
+    # it. Such S[t,v] reuse S[t-1,v]'s variable (exact, and far fewer variables).
+    events = _events(tl)
     for v in range(tl.num_nodes):
         for t in tl.alive_range(v):
-            om.S[(t, v)] = m.binary(f"S[{t},{v}]")
+            if t - 1 in events[v] or (t - 1, v) not in om.S:
+                om.S[(t, v)] = m.binary(f"S[{t},{v}]")
+            else:
+                om.S[(t, v)] = om.S[(t - 1, v)]
+
+
+def _events(tl: Timeline) -> list[set[int]]:
+    """Per node, the phases that compute it, may recompute it, or read it."""
+    ev: list[set[int]] = [set() for _ in range(tl.num_nodes)]
+    for t, st in enumerate(tl.stages):
+        if st.kind != "host":
+            ev[tl.stage_node(t)].add(t)
+            for d in tl.inputs(tl.stage_node(t)) if st.kind == "fwd" else tl.saved(tl.stage_node(t)):
+                ev[d].add(t)
+        for c in tl.candidates(t):
+            ev[c.node].add(t)
+            for d in tl.inputs(c.node):
+                ev[d].add(t)
+    return ev
 
 
 def _dependencies(om: OptModel) -> None:
@@ -112,8 +134,8 @@ def _dependencies(om: OptModel) -> None:
                 m.ge(terms, 1.0 - const)
     # (D2) S[t,v] <= R[t-1,v] + S[t-1,v]: a tensor is retained into t only if it existed in t-1.
     for (t, v), s in om.S.items():
-        if t - 1 == tl.fwd_stage(v):
-            continue  # computed in t-1 by D3
+        if t - 1 == tl.fwd_stage(v) or om.S.get((t - 1, v)) == s:
+            continue  # computed in t-1 by D3, or the same variable
         terms, const = om.avail(t - 1, v)
         m.le({s: 1.0, **{k: -x for k, x in terms.items()}}, const)
     # Policy space: after the forward each op is kept (S at t_B) or recomputed at most once, never both:
