@@ -14,7 +14,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, validate_layer_policy  # noqa: E402
-from lynx.runtime.check import grads_of, method_policy, problem_for, train_step  # noqa: E402
+from lynx.runtime.check import (  # noqa: E402
+    grads_of,
+    method_policy,
+    predicted_activation_bytes,
+    problem_for,
+    runtime_graph,
+    train_step,
+)
 from lynx.runtime.engine import RecomputeEngine  # noqa: E402
 from lynx.runtime.layer import LayerConfig  # noqa: E402
 from lynx.runtime.model import GPTModel  # noqa: E402
@@ -69,6 +76,7 @@ def compare_all(cfg: LayerConfig, group=None, in_flight: int = 2) -> dict[str, d
     loss0 = train_step(ref, MBS, None, in_flight)
     g0 = grads_of(ref)
     out = {}
+    graph = runtime_graph(problem_for(cfg, LAYERS, VOCAB, MBS).graph, cfg.dtype)
     for name, pol in policies(cfg).items():
         model = GPTModel(cfg, LAYERS, VOCAB, group)
         eng = RecomputeEngine(model.layers, pol)
@@ -79,6 +87,9 @@ def compare_all(cfg: LayerConfig, group=None, in_flight: int = 2) -> dict[str, d
             "loss_equal": loss == loss0,
             "bad": sorted(n for n in g0 if not torch.equal(g0[n], g[n])),
             "stats": eng.stats,
+            # held after the forward passes in flight == the graph's retained bytes (+ LN statistics)
+            "bytes_equal": name == "overlapped" or max(eng.stats.fwd_end_bytes)
+            == predicted_activation_bytes(graph, pol, cfg, in_flight)[0],
         }
     return out
 
@@ -90,6 +101,7 @@ def test_tp1_every_policy_bitwise_equal() -> None:
     res = compare_all(CFG)
     for name, r in res.items():
         assert r["loss_equal"] and not r["bad"], (name, r["bad"])
+        assert r["bytes_equal"], name
     st = res["overlapped"]["stats"]
     # mb 0 and 1 restore phase 1/2 ops in a later forward's windows; layers 0..L-2 use phases 3/4.
     assert st.restored_in_window > 0 and st.restored_on_demand > 0
@@ -150,7 +162,7 @@ def _worker(rank: int, port: int, sp: bool, outdir: str) -> None:
     try:
         cfg = replace(CFG, tp=2, sequence_parallel=sp)
         res = compare_all(cfg, dist.group.WORLD, in_flight=1 if sp else 2)
-        summary = {k: {"loss_equal": v["loss_equal"], "bad": v["bad"],
+        summary = {k: {"loss_equal": v["loss_equal"], "bad": v["bad"], "bytes_equal": v["bytes_equal"],
                        "win": v["stats"].restored_in_window} for k, v in res.items()}
         with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
             json.dump(summary, f)
@@ -170,5 +182,6 @@ def test_tp2_every_policy_bitwise_equal(sp: bool, tmp_path) -> None:
         assert len(res) >= 6
         for name, r in res.items():
             assert r["loss_equal"] and not r["bad"], (rank, name, r["bad"])
+            assert r["bytes_equal"], (rank, name)
         if not sp:
             assert res["overlapped"]["win"] > 0

@@ -143,7 +143,9 @@ def _own_slice(x: torch.Tensor, group: Any) -> torch.Tensor:
     n, r = world(group), rank_in(group)
     if x.shape[0] % n:
         raise ValueError(f"sequence length {x.shape[0]} not divisible by TP={n}")
-    return x.chunk(n, 0)[r].contiguous()
+    # clone, not contiguous(): a dim-0 chunk is already contiguous, and a view would keep the whole
+    # replicated tensor alive for as long as the shard is saved for backward
+    return x.chunk(n, 0)[r].clone()
 
 
 def reduce_from_tp(x: torch.Tensor, group: Any, fwd_window: Window = None) -> torch.Tensor:
