@@ -81,3 +81,12 @@ def test_dead_rank_fails_fast_with_rank_and_cause(tmp_path: Path) -> None:
     assert procs[0].returncode == 1
     assert "rank 0/2 failed" in errs[0]
     assert time.monotonic() - t0 < 60
+
+
+def test_plan_and_layer_vocabularies_must_agree(tmp_path: Path) -> None:
+    from lynx.runtime.train import main
+
+    plan = write_plan(tmp_path / "plan.json", "selective")
+    with pytest.raises(SystemExit) as e:
+        main(["--plan", str(plan), "--core-attn", "--iters", "1"])
+    assert e.value.code == 2

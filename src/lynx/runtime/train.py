@@ -29,7 +29,7 @@ from lynx.plan import load_plan
 from lynx.policy.base import validate_layer_policy
 from lynx.runtime.check import predicted_activation_bytes, runtime_graph, train_step
 from lynx.runtime.engine import RecomputeEngine
-from lynx.runtime.layer import LayerConfig
+from lynx.runtime.layer import LayerConfig, op_names_for
 from lynx.runtime.model import GPTModel, synthetic_batch
 
 
@@ -51,6 +51,10 @@ def _config(plan_path: str, dtype: torch.dtype, core_attn: bool) -> tuple[Any, A
         tp=par.tp, sequence_parallel=par.sequence_parallel, dropout_p=0.1 if model.dropout else 0.0,
         dtype=dtype, core_attn=core_attn, num_layers=model.num_layers,
     )
+    names = op_names_for(cfg)
+    if names != problem.graph.names:
+        raise PlanFormatError(f"{plan_path}: the plan's layer ops ({', '.join(problem.graph.names)}) are not "
+                              f"this runtime layer's ({', '.join(names)}); check --core-attn")
     policy = result.policies[0]
     if len(policy.layers) != model.num_layers:
         raise PlanFormatError(f"{plan_path}: stage 0 has {len(policy.layers)} layers, model {model.num_layers}")
