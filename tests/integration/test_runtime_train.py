@@ -52,7 +52,8 @@ def test_train_text_file(tmp_path: Path) -> None:
     text = tmp_path / "t.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 20)
     out = tmp_path / "r.json"
-    main(["--plan", str(plan), "--iters", "1", "--warmup", "0", "--data", str(text), "--out", str(out), "--quiet"])
+    main(["--plan", str(plan), "--iters", "1", "--warmup", "0", "--data", str(text), "--out", str(out), "--quiet",
+          "--threads", "1"])
     assert json.loads(out.read_text())["iterations"][0]["loss"] > 0
 
 
