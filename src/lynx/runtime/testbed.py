@@ -60,6 +60,8 @@ class RankResult:
 class Testbed:
     """Two namespaces joined by a veth pair, each end shaped to `rate_mbit` (tbf)."""
 
+    __test__ = False  # not a pytest test class, despite its name
+
     def __init__(self, rate_mbit: float, cpus: Sequence[int] = (0, 1)) -> None:
         self.rate_mbit = rate_mbit
         self.cpus = tuple(cpus)
