@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from rich.console import Console
+from _markdown import Out
 from rich.table import Table
 
 from lynx.api import make_problem, plan
@@ -62,6 +62,7 @@ def heu_times(p: PlanProblem, repeats: int) -> tuple[list[float], list[float], i
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--markdown", action="store_true", help="Print tables as markdown.")
     args = ap.parse_args()
     heu_policy(problem(*CASES[0][1:]).stage_context(0, 4), problem(*CASES[0][1:]).graph)  # import HiGHS once
     t = Table(title="Lynx-HEU search time (per stage: median/max over the dp stages that need an ILP x repeats, "
@@ -87,7 +88,7 @@ def main() -> None:
                   f"{max(wall) * 1e3:.1f}",
                   f"{statistics.median(solver) * 1e3:.1f}", f"{statistics.median(searches):.3f}",
                   f"{statistics.median(totals):.3f}", notes.removeprefix("HEU: "), target)
-    con = Console(width=200)
+    con = Out(args.markdown)
     con.print(t)
     runs = []
     for _ in range(max(1, args.repeats // 2)):

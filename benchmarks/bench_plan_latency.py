@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from rich.console import Console
+from _markdown import Out
 from rich.table import Table
 
 README = ["plan", "--model", "gpt-7b", "--hardware", "a100-40g-nvlink", "--tp", "4", "--pp", "4",
@@ -29,6 +29,7 @@ CASES = [
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--markdown", action="store_true", help="Print tables as markdown.")
     args = ap.parse_args()
     t = Table(title="lynx plan --compare, wall time of a fresh process (median of repeats)")
     for c in ("case", "median s", "min s", "max s", "target"):
@@ -42,7 +43,7 @@ def main() -> None:
             if r.returncode != 0:
                 raise SystemExit(f"{name}: lynx failed: {r.stderr.strip()}")
         t.add_row(name, f"{statistics.median(times):.2f}", f"{min(times):.2f}", f"{max(times):.2f}", "< 2 s")
-    Console().print(t)
+    Out(args.markdown).print(t)
 
 
 if __name__ == "__main__":

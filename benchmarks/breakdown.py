@@ -13,8 +13,8 @@ import argparse
 import statistics
 import time
 
+from _markdown import Out
 from paper_grid import MODELS, grid, grid_problem
-from rich.console import Console
 from rich.table import Table
 
 from lynx.api import plan
@@ -28,6 +28,7 @@ def crit(pl: object) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--markdown", action="store_true", help="Print tables as markdown.")
     args = ap.parse_args()
     t0 = time.perf_counter()
     t = Table(title="breakdown: HEU alone (dp partitioning) vs HEU + partitioning, and critical recomputation",
@@ -59,7 +60,7 @@ def main() -> None:
         all_x.append(a / f)
         t.add_row(model, hw.removeprefix("a100-40g-"), str(mb), f"{f:.2f}", f"{h / f:.3f}x", f"{a / f:.3f}x",
                   f"{share:.0%}", f"{1 - share:.0%}", f"{crit(full):.3f}", f"{crit(lynx):.3f}", f"{red:.0%}")
-    con = Console(width=200)
+    con = Out(args.markdown)
     con.print(t)
     s = Table(title="summary (cells where full fits and lynx finds a plan)", title_justify="left")
     for c in ("quantity", "measured", "paper (target)"):

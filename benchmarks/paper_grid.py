@@ -18,7 +18,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from rich.console import Console
+from _markdown import Out
 from rich.table import Table
 
 from lynx.api import CompareRow, compare, make_problem
@@ -119,10 +119,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--json", default=None, help="Write the raw results here.")
+    ap.add_argument("--markdown", action="store_true", help="Print tables as markdown.")
     args = ap.parse_args()
     t0 = time.perf_counter()
     rows = run(tuple(args.models.split(",")))
-    con = Console(width=200)
+    con = Out(args.markdown)
     for hw, _ in CLUSTERS:
         con.print(table(rows, hw))
     con.print(summary(rows))

@@ -50,10 +50,10 @@ def _check_graph_matches(graph: LayerGraph, model: ModelSpec, par: ParallelSpec)
         raise SpecError("the profiled graph does not match the layout: " + ", ".join(bad))
 
 
-def plan(problem: PlanProblem, method: str) -> Plan:
-    """Plan with one method and simulate the result."""
+def plan(problem: PlanProblem, method: str, record: bool = True) -> Plan:
+    """Plan with one method and simulate the result (`record`: keep the timeline for plots)."""
     fn = get_method(method).fn
-    return Plan.evaluate(problem, fn(problem))
+    return Plan.evaluate(problem, fn(problem), record)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +80,7 @@ def compare(
             progress(n)
         t0 = time.perf_counter()
         try:
-            rows.append(CompareRow(n, plan(problem, n), seconds=time.perf_counter() - t0))
+            rows.append(CompareRow(n, plan(problem, n, record=False), seconds=time.perf_counter() - t0))
         except InfeasibleError as e:
             rows.append(CompareRow(n, None, str(e), time.perf_counter() - t0))
         except LynxError as e:

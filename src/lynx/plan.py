@@ -37,8 +37,9 @@ class Plan:
     sim: SimResult
 
     @staticmethod
-    def evaluate(problem: PlanProblem, result: PlanResult) -> Plan:
-        return Plan(problem, result, simulate(problem, result.partition, result.policies))
+    def evaluate(problem: PlanProblem, result: PlanResult, record: bool = True) -> Plan:
+        """Simulate a planning result; `record=False` skips the Gantt segments and memory curves."""
+        return Plan(problem, result, simulate(problem, result.partition, result.policies, record=record))
 
     def prediction(self) -> dict[str, Any]:
         s = self.sim

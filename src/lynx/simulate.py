@@ -147,8 +147,10 @@ def _stage_costs(graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext) -> 
 class _Memory:
     """Event-by-event memory of one stage."""
 
-    def __init__(self, graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext) -> None:
-        self.g, self.ctx = graph, ctx
+    def __init__(self, graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext, record: bool = True) -> None:
+        self.g, self.ctx, self.record = graph, ctx, record
+        self._patterns: dict[tuple[str, bool, bool], tuple[tuple[tuple[float, float], ...], float, float]] = {}
+        self._points: list[tuple[float, float]] = []
         self.mems = [layer_memory(graph, lp) for lp in pol.layers]
         self.full_needed = graph.retained_bytes(graph.needed())
         self.chunk_top: list[int] = []  # chunk length ending at each layer (uniform), 1 if none
@@ -161,32 +163,55 @@ class _Memory:
         self.curve: list[tuple[float, float]] = [(0.0, self.cur)]
 
     def _touch(self, t: float, transient: float = 0.0) -> None:
-        self.peak = max(self.peak, self.cur + transient)
-        self.curve.append((t, self.cur + transient))
+        self._points.append((t, self.cur + transient))
+
+    def _replay(self, key: tuple[str, bool, bool], t0: float, t1: float) -> None:
+        """Actions of one kind change memory the same way every time: trace the pattern once (relative to
+        the memory at the action's start, on a unit time axis), then replay it for every action."""
+        pattern = self._patterns.get(key)
+        if pattern is None:
+            saved = self.cur
+            self.cur, self._points = 0.0, []
+            if key[0] == "F":
+                self._forward_events(key[1])
+            else:
+                self._backward_events(key[1], key[2])
+            pattern = (tuple(self._points), self.cur, max(v for _, v in self._points))
+            self._patterns[key] = pattern
+            self.cur = saved
+        points, delta, top = pattern
+        base = self.cur
+        self.peak = max(self.peak, base + top)
+        if self.record:
+            self.curve.extend((t0 + (t1 - t0) * f, base + v) for f, v in points)
+        self.cur = base + delta
 
     def forward(self, t0: float, t1: float, carry: bool) -> None:
-        n = len(self.mems)
-        self.cur += self.ctx.extra_retained_bytes
-        for i, m in enumerate(self.mems):
-            t = t0 + (t1 - t0) * (i + 1) / n
-            if carry:
-                self.cur += m.fwd_window
-            self.cur += m.retained  # alive while the layer runs, together with what it drops
-            self._touch(t, m.dropped)
-        extra = self.ctx.extra_transient_bytes
-        self._touch(t1, extra)
+        self._replay(("F", carry, False), t0, t1)
 
     def backward(self, t0: float, t1: float, carried: bool, prefetched: bool) -> None:
         """`carried`: phase-1/2 tensors were recomputed in an earlier forward (already held);
         `prefetched`: they were recomputed in the stall before this backward."""
+        self._replay(("B", carried, prefetched), t0, t1)
+
+    def _forward_events(self, carry: bool) -> None:
+        n = len(self.mems)
+        self.cur += self.ctx.extra_retained_bytes
+        for i, m in enumerate(self.mems):
+            if carry:
+                self.cur += m.fwd_window
+            self.cur += m.retained  # alive while the layer runs, together with what it drops
+            self._touch((i + 1) / n, m.dropped)
+        self._touch(1.0, self.ctx.extra_transient_bytes)
+
+    def _backward_events(self, carried: bool, prefetched: bool) -> None:
         n = len(self.mems)
         if prefetched:
             self.cur += sum(m.fwd_window for m in self.mems)
         pending_bwd_window = 0.0
-        self._touch(t0, self.ctx.extra_transient_bytes + self.ctx.grad_workspace_bytes)
+        self._touch(0.0, self.ctx.extra_transient_bytes + self.ctx.grad_workspace_bytes)
         for i in range(n - 1, -1, -1):
             m = self.mems[i]
-            t = t1 - (t1 - t0) * i / n
             own = m.on_demand + (m.bwd_window if i == n - 1 else 0.0)
             if not (carried or prefetched):
                 own += m.fwd_window
@@ -195,13 +220,13 @@ class _Memory:
             self.cur += own
             below = self.mems[i - 1].bwd_window if i > 0 else 0.0
             self.cur += below
-            self._touch(t, self.ctx.grad_workspace_bytes)
+            self._touch(1.0 - i / n, self.ctx.grad_workspace_bytes)
             self.cur -= m.retained + own + pending_bwd_window
             if carried or prefetched:
                 self.cur -= m.fwd_window
             pending_bwd_window = below
         self.cur -= self.ctx.extra_retained_bytes
-        self._touch(t1)
+        self._touch(1.0)
 
 
 def simulate(
@@ -235,7 +260,7 @@ def simulate(
     sched = schedule(p, m)
     carriers = [carrier_of(s, p, m) for s in range(p)]
     carried_by = [{v: k for k, v in c.items()} for c in carriers]  # forward mb -> backward mb it hosts
-    mems = [_Memory(g, pol, ctx) for pol, ctx in zip(policies, ctxs, strict=True)]
+    mems = [_Memory(g, pol, ctx, record) for pol, ctx in zip(policies, ctxs, strict=True)]
     f_end: dict[tuple[int, int], float] = {}
     b_end: dict[tuple[int, int], float] = {}
     ready = [0.0] * p

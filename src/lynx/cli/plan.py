@@ -97,6 +97,7 @@ def plan_cmd(
     from lynx.api import compare as compare_methods
     from lynx.api import plan as plan_one
     from lynx.methods import available_methods
+    from lynx.plan import Plan
     from lynx.report.tables import compare_table, policy_table, stage_table
 
     graph = _load_profile_graph(profile, db) if profile else None
@@ -125,6 +126,8 @@ def plan_cmd(
         else:
             console.print(compare_table(rows, title))
         plan = chosen
+        if plan is not None and (gantt is not None or memory_png is not None):
+            plan = Plan.evaluate(plan.problem, plan.result)  # with the timeline the plots need
     else:
         plan = plan_one(problem, method)
         if as_json:

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import functools
+
 from lynx.memory import embedding_params_per_rank, layer_params_per_rank
 from lynx.partition.base import Partition
 from lynx.spec import ModelSpec, ParallelSpec
 
 
+@functools.lru_cache(maxsize=64)
 def dp_partition(model: ModelSpec, par: ParallelSpec) -> Partition:
     """Contiguous split minimizing the largest stage's parameter count (ties: the most even layer counts)."""
     L, p = model.num_layers, par.pp

@@ -183,7 +183,13 @@ def plan_adapipe(problem: PlanProblem) -> PlanResult:
     t0 = time.perf_counter()
     par, g = problem.parallel, problem.graph
     L, p, m = problem.model.num_layers, par.pp, par.num_microbatches
-    dp = StageDP(g, L - p + 1, problem.budget_bytes)
+    base = base_partition(problem)
+    # Stages with more than about twice the average layer count never minimize 1F1B time (the slowest stage
+    # would be twice the even split's); leaving them out keeps the DP tables small for 96-layer models.
+    cap = max(max(base.layers_per_stage), min(L - p + 1, 2 * math.ceil(L / p) + 2))
+    # 8 MiB granules, coarser on big devices so a table row stays <= 4096 granules (sizes still round up).
+    granule = max(float(8 << 20), problem.budget_bytes / 4096)
+    dp = StageDP(g, cap, problem.budget_bytes, granule)
     lt = layer_time(g, problem.options.subtract_wgrad)
     edge = [0.0] * p  # the embedding on the first stage, the LM head and loss on the last (as simulated)
     if problem.options.include_edges:
@@ -192,10 +198,11 @@ def plan_adapipe(problem: PlanProblem) -> PlanResult:
         edge[-1] += et.head_fwd + et.head_bwd
 
     def stage_time(s: int, n: int) -> float:
+        if n > dp.max_layers:
+            return math.inf
         res = dp.solve(problem.stage_context(s, n))
         return math.inf if res is None else edge[s] + n * lt + res[0]
 
-    base = base_partition(problem)
     cands: list[Partition] = []
     if problem.options.layers_per_stage is None:
         found = adapipe_partition(L, p, m, stage_time)
