@@ -18,3 +18,15 @@ def problem_for(model: str = "gpt-7b", hardware: str = "a100-40g-nvlink", tp: in
 @pytest.fixture
 def gpt7b_problem() -> PlanProblem:
     return problem_for()
+
+
+@pytest.fixture
+def one_torch_thread():  # type: ignore[no-untyped-def]
+    """Tiny shapes: one intra-op thread is fastest, and OpenMP threads spinning against other jobs on a
+    2-core machine made the runtime tests 50x slower."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

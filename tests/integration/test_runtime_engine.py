@@ -94,14 +94,7 @@ def compare_all(cfg: LayerConfig, group=None, in_flight: int = 2) -> dict[str, d
     return out
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny shapes: one intra-op thread is fastest, and OpenMP threads spinning against other jobs on a
-    2-core machine made these tests 50x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 CFG = LayerConfig(hidden_size=32, num_attention_heads=4, ffn_hidden_size=128, seq_length=16, micro_batch_size=2)
