@@ -173,8 +173,13 @@ def _worker(rank: int, port: int, sp: bool, outdir: str) -> None:
                        "win": v["stats"].restored_in_window} for k, v in res.items()}
         with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
             json.dump(summary, f)
-    finally:
+        dist.barrier()
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # As `lynx train` does: gloo's destructors abort a rank now and then (SIGABRT, "terminate called without
+    # an active exception") after a clean run; the results are on disk and both ranks passed the barrier.
+    os._exit(0)
 
 
 @pytest.mark.parametrize("sp", [False, True])
