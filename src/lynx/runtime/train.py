@@ -158,7 +158,8 @@ def _finish(report: dict[str, Any] | None, args: argparse.Namespace) -> None:
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
     if not args.quiet:
-        print(f"median iteration {report['median_time_s']:.3f} s (predicted {report['predicted_iteration_time_s']}); "
+        print(f"median iteration {report['median_time_s']:.3f} s (the plan predicts "
+              f"{report['predicted_iteration_time_s']:.4g} s on its hardware); "
               f"activations held after forward {report['measured_act_after_fwd_bytes'] / 2**20:.2f} MiB "
               f"(predicted {report['predicted_act_after_fwd_bytes'] / 2**20:.2f} MiB), peak "
               f"{report['measured_act_peak_bytes'] / 2**20:.2f} MiB", flush=True)
