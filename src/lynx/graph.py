@@ -178,6 +178,12 @@ class LayerGraph:
             idle += max(0.0, o.bwd_time - w)
         return idle
 
+    def step_time(self, subtract_wgrad: bool = True) -> float:
+        """Forward plus backward of one layer without recomputation, as the simulator charges them: compute,
+        blocking forward collectives, and the backward collectives' exposed part."""
+        return self.fwd_time() + sum(o.bwd_time for o in self.ops if not o.is_comm) \
+            + self.exposed_bwd_comm(subtract_wgrad)
+
     def exposed_bwd_comm(self, subtract_wgrad: bool = True) -> float:
         """Backward collective time the critical path sees (the wgrad overlap removed)."""
         return self.bwd_window("attn", subtract_wgrad) + self.bwd_window("mlp", subtract_wgrad)

@@ -150,12 +150,6 @@ class StageDP:
                    * min(s.retained for s in self.strategies if s.work <= cap) for cap in self.caps)
 
 
-def layer_time(graph: LayerGraph, subtract_wgrad: bool) -> float:
-    """Forward + backward of one layer without recomputation, as the simulator charges it."""
-    return graph.fwd_time() + sum(o.bwd_time for o in graph.ops if not o.is_comm) \
-        + graph.exposed_bwd_comm(subtract_wgrad)
-
-
 def adapipe_stage_policy(ctx: StageContext, dp: StageDP) -> RecomputePolicy:
     t0 = time.perf_counter()
     res = dp.solve(ctx)
@@ -190,7 +184,7 @@ def plan_adapipe(problem: PlanProblem) -> PlanResult:
     # 8 MiB granules, coarser on big devices so a table row stays <= 4096 granules (sizes still round up).
     granule = max(float(8 << 20), problem.budget_bytes / 4096)
     dp = StageDP(g, cap, problem.budget_bytes, granule)
-    lt = layer_time(g, problem.options.subtract_wgrad)
+    lt = g.step_time(problem.options.subtract_wgrad)
     edge = [0.0] * p  # the embedding on the first stage, the LM head and loss on the last (as simulated)
     if problem.options.include_edges:
         et = edge_times(problem.model, problem.hardware, par)

@@ -25,17 +25,10 @@ def heu_options(problem: PlanProblem, method: str) -> HeuOptions:
                       time_limit_s=min(problem.options.time_limit_s, 10.0), method=method)
 
 
-def layer_time(graph: LayerGraph, subtract_wgrad: bool) -> float:
-    """Forward plus backward of one layer without recomputation, as the simulator charges them: compute,
-    blocking forward collectives, and the backward collectives' exposed part."""
-    compute_bwd = sum(o.bwd_time for o in graph.ops if not o.is_comm)
-    return graph.fwd_time() + compute_bwd + graph.exposed_bwd_comm(subtract_wgrad)
-
-
 def stage_time(graph: LayerGraph, ctx: StageContext, pol: RecomputePolicy) -> float:
     """Seconds per micro-batch on the stage (the paper's Training Cost Model): layers' F + B plus the HEU
     objective (critical recomputation, with its tiny tie-break, which keeps the cost monotone in N)."""
-    return ctx.num_layers * layer_time(graph, ctx.subtract_wgrad) + pol.stats.objective
+    return ctx.num_layers * graph.step_time(ctx.subtract_wgrad) + pol.stats.objective
 
 
 def policies_for(problem: PlanProblem, part: Partition, cache: HeuCache,
