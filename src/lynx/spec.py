@@ -6,7 +6,7 @@ Presets are YAML under ``lynx/presets``; a user may point at their own YAML file
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -76,11 +76,73 @@ class LinkSpec:
     """Unidirectional bandwidth per device in bytes/s."""
     latency_s: float
     efficiency: float = 0.8
-    """Fraction of the link bandwidth a large NCCL collective reaches (bus bandwidth / link bandwidth)."""
+    """Fraction of the link bandwidth a large NCCL all-reduce reaches (bus bandwidth / link bandwidth)."""
+    gather_efficiency: float | None = None
+    """The same for all-gather and reduce-scatter (NCCL rings without the reduction's extra pass); None:
+    the all-reduce figure."""
 
     def __post_init__(self) -> None:
         if self.bandwidth_Bps <= 0 or self.latency_s < 0 or not 0 < self.efficiency <= 1:
             raise SpecError("link: bandwidth must be > 0, latency >= 0, 0 < efficiency <= 1")
+        if self.gather_efficiency is not None and not 0 < self.gather_efficiency <= 1:
+            raise SpecError("link: 0 < gather_efficiency <= 1")
+
+    @property
+    def effective_Bps(self) -> float:
+        """All-reduce bus bandwidth: what ranks the links when a ring crosses several."""
+        return self.bandwidth_Bps * self.efficiency
+
+    @property
+    def gather_eff(self) -> float:
+        return self.efficiency if self.gather_efficiency is None else self.gather_efficiency
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """How bandwidth inside one node depends on which devices a group spans: `nvidia-smi topo -m` as data.
+
+    ``matrix[i][j]`` names the link class between local devices i and j ("X" on the diagonal); ``links``
+    gives each class its per-pair LinkSpec. A ring's bandwidth is that of its slowest pair. Classes in
+    ``dedicated`` are point-to-point bundles owned by one pair (NVLink without a switch): a group whose every
+    pair is such a link is a full mesh, on which NCCL runs rings over every directed Hamiltonian cycle at
+    once (each directed pair is on the same number of them), so each device drives n - 1 pairs' worth.
+    Shared paths (a PCIe switch, a host bridge, the inter-socket link) do not add up.
+    """
+
+    links: tuple[tuple[str, LinkSpec], ...]
+    matrix: tuple[tuple[str, ...], ...]
+    dedicated: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = {n for n, _ in self.links}
+        n = len(self.matrix)
+        for i, row in enumerate(self.matrix):
+            if len(row) != n:
+                raise SpecError(f"topology: matrix row {i} has {len(row)} entries, expected {n}")
+            for j, c in enumerate(row):
+                if (i == j) != (c == "X"):
+                    raise SpecError(f"topology: matrix[{i}][{j}] is {c!r}; 'X' belongs on the diagonal only")
+                if i != j and c not in names:
+                    raise SpecError(f"topology: matrix[{i}][{j}] names link {c!r}; known: {', '.join(sorted(names))}")
+                if c != self.matrix[j][i]:
+                    raise SpecError(f"topology: matrix is not symmetric at [{i}][{j}]")
+        unknown = set(self.dedicated) - names
+        if unknown:
+            raise SpecError(f"topology: dedicated names unknown link(s) {', '.join(sorted(unknown))}")
+
+    def link(self, name: str) -> LinkSpec:
+        return dict(self.links)[name]
+
+    def ring_link(self, local: Sequence[int]) -> LinkSpec:
+        """The link a ring over these local devices (in this order) behaves as."""
+        n = len(local)
+        ring = {self.matrix[local[i]][local[(i + 1) % n]] for i in range(n)}
+        slowest = self.link(min(ring, key=lambda c: self.link(c).effective_Bps))
+        pairs = {self.matrix[a][b] for a in local for b in local if a != b}
+        if n > 2 and pairs <= set(self.dedicated):
+            weakest = min((self.link(c) for c in pairs), key=lambda lk: lk.effective_Bps)
+            return dataclasses.replace(weakest, bandwidth_Bps=(n - 1) * weakest.bandwidth_Bps)
+        return slowest
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +188,9 @@ class Hardware:
     inter_group: LinkSpec | None = None
     """Link between such groups inside one node; None means `inter_node`."""
     max_nodes: int = 4
+    topology: Topology | None = None
+    """Per-pair links inside a node (boards without NVSwitch, PCIe switches, sockets); None: `intra_node`
+    (and `inter_group` between boards of `intra_group_size`) for every group inside a node."""
 
     def __post_init__(self) -> None:
         if self.devices_per_node <= 0:
@@ -134,15 +199,63 @@ class Hardware:
             object.__setattr__(self, "intra_group_size", self.devices_per_node)
         if self.devices_per_node % self.intra_group_size:
             raise SpecError(f"hardware {self.name!r}: intra_group_size must divide devices_per_node")
+        if self.topology is not None and len(self.topology.matrix) != self.devices_per_node:
+            raise SpecError(f"hardware {self.name!r}: topology matrix must be {self.devices_per_node} x "
+                            f"{self.devices_per_node} (devices_per_node)")
+
+    def link_for_ranks(self, ranks: Sequence[int]) -> LinkSpec:
+        """The link a ring over these global ranks (in this order) runs at: the inter-node link once it
+        leaves a node, else the topology's slowest pair on the ring (or the board / node link)."""
+        if len(ranks) <= 1:
+            return self.inter_node  # no collective is ever timed on it
+        d = self.devices_per_node
+        if len({r // d for r in ranks}) > 1:
+            return self.inter_node
+        local = [r % d for r in ranks]
+        if self.topology is not None:
+            return self.topology.ring_link(local)
+        if len({r // self.intra_group_size for r in local}) == 1:
+            return self.intra_node
+        return self.inter_group or self.inter_node
 
     def link_for_group(self, size: int, stride: int = 1) -> LinkSpec:
-        """The slowest link a group of `size` ranks, `stride` apart in rank order, has to cross."""
-        span = size * stride
-        if span <= self.intra_group_size and size > 1:
-            return self.intra_node
-        if span <= self.devices_per_node and size > 1:
-            return self.inter_group or self.inter_node
-        return self.inter_node
+        """The slowest link over the groups of `size` ranks, `stride` apart in rank order (TP groups are
+        contiguous, DP and PP groups strided), that start in the first node."""
+        groups = [[o + i * stride for i in range(size)] for o in range(min(stride, self.devices_per_node))]
+        return min((self.link_for_ranks(g) for g in groups), key=lambda lk: lk.effective_Bps)
+
+    def _group_link_fields(self, size: int, stride: int) -> list[str]:
+        """Which of this spec's links the slowest such group uses (field names or topology classes)."""
+        link = self.link_for_group(size, stride)
+        if self.topology is not None and link is not self.inter_node and size > 1:
+            groups = [[(o + i * stride) % self.devices_per_node for i in range(size)]
+                      for o in range(min(stride, self.devices_per_node))]
+            return sorted({"topology:" + self.topology.matrix[a][b] for g in groups for a in g for b in g if a != b})
+        for f in ("intra_node", "inter_group", "inter_node"):
+            if getattr(self, f) is link:
+                return [f]
+        return ["inter_node"]
+
+    def with_busbw(self, size: int, stride: int, busbw_Bps: float) -> Hardware:
+        """A copy whose link for this group has the all-reduce efficiency a measured bus bandwidth implies
+        (nccl-tests' busbw over the same group: efficiency = busbw / link bandwidth)."""
+        link = self.link_for_group(size, stride)
+        eff = busbw_Bps / link.bandwidth_Bps
+        if not 0 < eff <= 1:
+            raise SpecError(
+                f"--busbw {busbw_Bps / GB:g} GB/s: must be positive and at most the group's link bandwidth "
+                f"{link.bandwidth_Bps / GB:g} GB/s ({self.name}); bus bandwidth cannot exceed the link's"
+            )
+        hw = self
+        for f in self._group_link_fields(size, stride):
+            if f.startswith("topology:") and hw.topology is not None:
+                name = f.split(":", 1)[1]
+                links = tuple((n, dataclasses.replace(lk, efficiency=eff) if n == name else lk)
+                              for n, lk in hw.topology.links)
+                hw = dataclasses.replace(hw, topology=dataclasses.replace(hw.topology, links=links))
+            else:
+                hw = dataclasses.replace(hw, **{f: dataclasses.replace(getattr(hw, f), efficiency=eff)})
+        return hw
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,11 +381,30 @@ def load_hardware(name_or_path: str) -> Hardware:
         data["inter_node"] = _build(LinkSpec, data["inter_node"], f"{where}: inter_node")
         if data.get("inter_group") is not None:
             data["inter_group"] = _build(LinkSpec, data["inter_group"], f"{where}: inter_group")
+        if data.get("topology") is not None:
+            data["topology"] = _build_topology(data["topology"], f"{where}: topology")
     except KeyError as e:
         raise SpecError(f"{where}: missing field {e.args[0]}") from None
     except (TypeError, AttributeError):
         raise SpecError(f"{where}: device and links must be mappings of fields") from None
     return _build(Hardware, data, where)
+
+
+def _build_topology(data: Any, where: str) -> Topology:
+    """From YAML (``links`` a mapping of class -> link fields) or a plan file (a list of [class, fields])."""
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{where}: expected a mapping with links, matrix and optionally dedicated")
+    unknown = sorted(set(data) - {"links", "matrix", "dedicated"})
+    if unknown:
+        raise SpecError(f"{where}: unknown field(s) {', '.join(unknown)}; known: links, matrix, dedicated")
+    raw = data.get("links")
+    items = list(raw.items()) if isinstance(raw, Mapping) else list(raw or ())
+    try:
+        links = tuple((str(n), _build(LinkSpec, f, f"{where}: links.{n}")) for n, f in items)
+        matrix = tuple(tuple(str(c) for c in row) for row in data["matrix"])
+    except (KeyError, TypeError, ValueError):
+        raise SpecError(f"{where}: needs links (class: link fields) and matrix (rows of class names)") from None
+    return Topology(links, matrix, tuple(str(c) for c in data.get("dedicated", ())))
 
 
 def model_presets() -> list[str]:
@@ -306,6 +438,8 @@ def hardware_from_dict(d: Mapping[str, Any]) -> Hardware:
     d["inter_node"] = _build(LinkSpec, d["inter_node"], "plan: hardware.inter_node")
     if d.get("inter_group") is not None:
         d["inter_group"] = _build(LinkSpec, d["inter_group"], "plan: hardware.inter_group")
+    if d.get("topology") is not None:
+        d["topology"] = _build_topology(d["topology"], "plan: hardware.topology")
     return _build(Hardware, d, "plan: hardware")
 
 
