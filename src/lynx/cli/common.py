@@ -80,7 +80,7 @@ def build_problem(
         hw = hw.with_busbw(tp, 1, busbw_gbps * 1e9)
     opts = PlanOptions(
         bytes_per_param=bytes_per_param,
-        precision=parse_precision(precision).value,  # type: ignore[arg-type]
+        precision=parse_precision(precision).value,
         distributed_optimizer=distributed_optimizer,
         budget_bytes=None if budget_gb is None else budget_gb * GiB,
         subtract_wgrad=not no_wgrad_overlap,
