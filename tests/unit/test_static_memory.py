@@ -104,3 +104,20 @@ def test_planner_shards_over_dp_where_asked() -> None:
     assert oom1 and not oom2 and not oom4 and oom4_plain
     assert st4 < st2 < st1 == pytest.approx(st4_plain)
     assert st4 == pytest.approx(st1 * (6 + 12 / 4) / 18, rel=1e-9)
+
+
+def test_plan_file_keeps_the_recipe(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from lynx.plan import Plan, load_plan
+
+    par = ParallelSpec(tp=2, pp=2, dp=2, micro_batch_size=2, global_batch_size=16)
+    opts = PlanOptions(precision="megatron-bf16", distributed_optimizer=True)
+    p = plan(make_problem(load_model("gpt-1.3b"), load_hardware("a100-40g-nvlink"), par, opts), "full")
+    path = Path(str(tmp_path)) / "p.json"
+    p.save(path)
+    problem, result = load_plan(path)
+    assert (problem.options.precision, problem.options.distributed_optimizer) == ("megatron-bf16", True)
+    again = Plan.evaluate(problem, result)
+    assert [s.static_bytes for s in again.sim.stages] == [s.static_bytes for s in p.sim.stages]
+    assert again.sim.iteration_time_s == p.sim.iteration_time_s
