@@ -10,11 +10,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
 from lynx.errors import SpecError
+
+if TYPE_CHECKING:
+    from lynx.topology import Topology
 
 GB = 1e9
 GiB = float(1 << 30)
@@ -95,54 +98,6 @@ class LinkSpec:
     @property
     def gather_eff(self) -> float:
         return self.efficiency if self.gather_efficiency is None else self.gather_efficiency
-
-
-@dataclass(frozen=True, slots=True)
-class Topology:
-    """How bandwidth inside one node depends on which devices a group spans: `nvidia-smi topo -m` as data.
-
-    ``matrix[i][j]`` names the link class between local devices i and j ("X" on the diagonal); ``links``
-    gives each class its per-pair LinkSpec. A ring's bandwidth is that of its slowest pair. Classes in
-    ``dedicated`` are point-to-point bundles owned by one pair (NVLink without a switch): a group whose every
-    pair is such a link is a full mesh, on which NCCL runs rings over every directed Hamiltonian cycle at
-    once (each directed pair is on the same number of them), so each device drives n - 1 pairs' worth.
-    Shared paths (a PCIe switch, a host bridge, the inter-socket link) do not add up.
-    """
-
-    links: tuple[tuple[str, LinkSpec], ...]
-    matrix: tuple[tuple[str, ...], ...]
-    dedicated: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        names = {n for n, _ in self.links}
-        n = len(self.matrix)
-        for i, row in enumerate(self.matrix):
-            if len(row) != n:
-                raise SpecError(f"topology: matrix row {i} has {len(row)} entries, expected {n}")
-            for j, c in enumerate(row):
-                if (i == j) != (c == "X"):
-                    raise SpecError(f"topology: matrix[{i}][{j}] is {c!r}; 'X' belongs on the diagonal only")
-                if i != j and c not in names:
-                    raise SpecError(f"topology: matrix[{i}][{j}] names link {c!r}; known: {', '.join(sorted(names))}")
-                if c != self.matrix[j][i]:
-                    raise SpecError(f"topology: matrix is not symmetric at [{i}][{j}]")
-        unknown = set(self.dedicated) - names
-        if unknown:
-            raise SpecError(f"topology: dedicated names unknown link(s) {', '.join(sorted(unknown))}")
-
-    def link(self, name: str) -> LinkSpec:
-        return dict(self.links)[name]
-
-    def ring_link(self, local: Sequence[int]) -> LinkSpec:
-        """The link a ring over these local devices (in this order) behaves as."""
-        n = len(local)
-        ring = {self.matrix[local[i]][local[(i + 1) % n]] for i in range(n)}
-        slowest = self.link(min(ring, key=lambda c: self.link(c).effective_Bps))
-        pairs = {self.matrix[a][b] for a in local for b in local if a != b}
-        if n > 2 and pairs <= set(self.dedicated):
-            weakest = min((self.link(c) for c in pairs), key=lambda lk: lk.effective_Bps)
-            return dataclasses.replace(weakest, bandwidth_Bps=(n - 1) * weakest.bandwidth_Bps)
-        return slowest
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,29 +337,14 @@ def load_hardware(name_or_path: str) -> Hardware:
         if data.get("inter_group") is not None:
             data["inter_group"] = _build(LinkSpec, data["inter_group"], f"{where}: inter_group")
         if data.get("topology") is not None:
-            data["topology"] = _build_topology(data["topology"], f"{where}: topology")
+            from lynx.topology import build_topology
+
+            data["topology"] = build_topology(data["topology"], f"{where}: topology")
     except KeyError as e:
         raise SpecError(f"{where}: missing field {e.args[0]}") from None
     except (TypeError, AttributeError):
         raise SpecError(f"{where}: device and links must be mappings of fields") from None
     return _build(Hardware, data, where)
-
-
-def _build_topology(data: Any, where: str) -> Topology:
-    """From YAML (``links`` a mapping of class -> link fields) or a plan file (a list of [class, fields])."""
-    if not isinstance(data, Mapping):
-        raise SpecError(f"{where}: expected a mapping with links, matrix and optionally dedicated")
-    unknown = sorted(set(data) - {"links", "matrix", "dedicated"})
-    if unknown:
-        raise SpecError(f"{where}: unknown field(s) {', '.join(unknown)}; known: links, matrix, dedicated")
-    raw = data.get("links")
-    items = list(raw.items()) if isinstance(raw, Mapping) else list(raw or ())
-    try:
-        links = tuple((str(n), _build(LinkSpec, f, f"{where}: links.{n}")) for n, f in items)
-        matrix = tuple(tuple(str(c) for c in row) for row in data["matrix"])
-    except (KeyError, TypeError, ValueError):
-        raise SpecError(f"{where}: needs links (class: link fields) and matrix (rows of class names)") from None
-    return Topology(links, matrix, tuple(str(c) for c in data.get("dedicated", ())))
 
 
 def model_presets() -> list[str]:
@@ -439,7 +379,9 @@ def hardware_from_dict(d: Mapping[str, Any]) -> Hardware:
     if d.get("inter_group") is not None:
         d["inter_group"] = _build(LinkSpec, d["inter_group"], "plan: hardware.inter_group")
     if d.get("topology") is not None:
-        d["topology"] = _build_topology(d["topology"], "plan: hardware.topology")
+        from lynx.topology import build_topology
+
+        d["topology"] = build_topology(d["topology"], "plan: hardware.topology")
     return _build(Hardware, d, "plan: hardware")
 
 

@@ -13,12 +13,12 @@ from lynx.spec import (
     GB,
     LinkSpec,
     ParallelSpec,
-    Topology,
     hardware_from_dict,
     hardware_to_dict,
     load_hardware,
     load_model,
 )
+from lynx.topology import Topology
 
 # nvidia-smi topo -m of nccl-tests issue 178's node, one socket of it: NVLink-bridged pairs (0,1), (2,3);
 # the pairs meet through PCIe host bridges ("NODE").
