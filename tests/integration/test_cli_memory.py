@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import lynx
 
 SRC = str(Path(lynx.__file__).resolve().parents[1])  # the lynx under test, not whatever is installed
@@ -44,3 +46,16 @@ def test_memory_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
     ]:
         r = run("memory", *args)
         assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_plan_takes_the_recipe_and_busbw() -> None:
+    def predict(*extra: str) -> dict[str, object]:
+        r = run("plan", "--method", "full", "--json", *extra)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["prediction"]  # type: ignore[no-any-return]
+
+    base, bf16, slow = predict(), predict("--precision", "megatron-bf16"), predict("--busbw", "120")
+    static = [s["static_bytes"] for s in base["stages"]]  # type: ignore[index]
+    got = [s["static_bytes"] for s in bf16["stages"]]  # type: ignore[index]
+    assert got == pytest.approx([x * 18 / 16 for x in static], rel=1e-12)
+    assert slow["iteration_time_s"] > base["iteration_time_s"]  # type: ignore[operator]
