@@ -48,10 +48,11 @@ def allreduce_time(nbytes: float, n: int, link: LinkSpec, scale: float = 1.0) ->
 
 
 def gather_time(nbytes: float, n: int, link: LinkSpec, scale: float = 1.0) -> float:
-    """Ring all-gather or reduce-scatter of a tensor of `nbytes` (the gathered size): half an all-reduce."""
+    """Ring all-gather or reduce-scatter of a tensor of `nbytes` (the gathered size): half an all-reduce's
+    traffic, at the link's all-gather / reduce-scatter efficiency."""
     if n <= 1:
         return 0.0
-    bw = link.bandwidth_Bps * min(1.0, link.efficiency * scale)
+    bw = link.bandwidth_Bps * min(1.0, link.gather_eff * scale)
     return (n - 1) * link.latency_s + (n - 1) / n * nbytes / bw
 
 

@@ -34,21 +34,15 @@ def embedding_params_per_rank(model: ModelSpec, tp: int) -> float:
 
 def static_bytes(
     model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int,
-    bytes_per_param: float = DEFAULT_BYTES_PER_PARAM,
+    bytes_per_param: float | None = None, precision: str = "paper",
+    distributed_optimizer: bool = False,
 ) -> float:
-    """Parameters, gradients and optimizer states of one stage on one device.
+    """Parameters, gradients and optimizer states of one stage on one device (`lynx.static_memory`:
+    embeddings on the first stage, the LM head copy and final LayerNorm on the last, recipes, sharding)."""
+    from lynx.static_memory import recipe_for, stage_static
 
-    The first stage holds the embeddings; the last holds the final LayerNorm and, with tied weights, its
-    own copy of the word embedding for the LM head (Megatron keeps one on each end). PP = 1 holds one.
-    """
-    params = num_layers * layer_params_per_rank(model, par.tp)
-    if stage == 0:
-        params += embedding_params_per_rank(model, par.tp)
-    if stage == par.pp - 1:
-        params += 2 * model.hidden_size
-        if par.pp > 1:
-            params += model.vocab_size * model.hidden_size / par.tp
-    return params * bytes_per_param
+    recipe = recipe_for(precision, bytes_per_param)
+    return stage_static(model, par, stage, num_layers, recipe, distributed_optimizer).total
 
 
 def extra_retained_bytes(model: ModelSpec, par: ParallelSpec, stage: int) -> float:

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 from lynx.graph import LayerGraph
 from lynx.memory import (
-    DEFAULT_BYTES_PER_PARAM,
     extra_retained_bytes,
     extra_transient_bytes,
     grad_workspace_bytes,
@@ -15,14 +14,19 @@ from lynx.memory import (
 from lynx.partition.base import Partition
 from lynx.policy.base import RecomputePolicy, StageContext
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
+from lynx.static_memory import PrecisionName, Recipe, recipe_for
 
 
 @dataclass(frozen=True, slots=True)
 class PlanOptions:
     """Knobs that every method sees. Method-specific options live with the method."""
 
-    bytes_per_param: float = DEFAULT_BYTES_PER_PARAM
-    """Static bytes per parameter (16: fp16 params + grads + fp32 Adam states; 18 with fp32 grads)."""
+    bytes_per_param: float | None = None
+    """Override of the precision recipe's static bytes per parameter (the old --bytes-per-param)."""
+    precision: PrecisionName = "paper"
+    """Static-memory recipe (`lynx.static_memory`): paper 16 B, megatron-bf16 18 B, megatron-fp16 20 B, fp32 16 B."""
+    distributed_optimizer: bool = False
+    """Shard fp32 main weights and optimizer state over DP (Megatron --use-distributed-optimizer)."""
     budget_bytes: float | None = None
     """Usable memory per device; None means the device's capacity minus its reserve."""
     subtract_wgrad: bool = True
@@ -52,6 +56,11 @@ class PlanProblem:
     options: PlanOptions = field(default_factory=PlanOptions)
 
     @property
+    def static_recipe(self) -> Recipe:
+        """The precision recipe, with `bytes_per_param` as an override of its total."""
+        return recipe_for(self.options.precision, self.options.bytes_per_param)
+
+    @property
     def budget_bytes(self) -> float:
         b = self.options.budget_bytes
         return self.hardware.device.usable_bytes if b is None else b
@@ -66,7 +75,8 @@ class PlanProblem:
             in_flight=min(par.pp - stage, m),
             num_microbatches=m,
             budget_bytes=self.budget_bytes,
-            static_bytes=static_bytes(self.model, par, stage, num_layers, self.options.bytes_per_param),
+            static_bytes=static_bytes(self.model, par, stage, num_layers, self.options.bytes_per_param,
+                                      self.options.precision, self.options.distributed_optimizer),
             extra_retained_bytes=extra_retained_bytes(self.model, par, stage),
             extra_transient_bytes=extra_transient_bytes(self.model, par, stage),
             grad_workspace_bytes=grad_workspace_bytes(self.graph),

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lynx.costmodel import allreduce_time, edge_times, model_flops_per_iteration, p2p_time
+from lynx.costmodel import edge_times, model_flops_per_iteration, p2p_time
 from lynx.graph import LayerGraph
 from lynx.memory import layer_memory
 from lynx.partition.base import Partition
 from lynx.policy.base import FWD_PHASES, LayerPolicy, Phase, RecomputePolicy, StageContext, check_policy
 from lynx.problem import PlanProblem
 from lynx.schedule import carrier_of, schedule
+from lynx.static_memory import dp_sync_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,9 +342,9 @@ def simulate(
     tail = 0.0
     if problem.options.include_dp_allreduce:
         for s, ctx in enumerate(ctxs):
-            params = ctx.static_bytes / problem.options.bytes_per_param
             dp_link = problem.hardware.link_for_group(par.dp, par.tp)
-            ar = allreduce_time(2.0 * params, par.dp, dp_link)
+            ar = dp_sync_time(problem.model, par, s, ctx.num_layers, problem.static_recipe, dp_link,
+                              problem.options.distributed_optimizer)
             dev = problem.hardware.device
             # Adam step: read/write fp32 master, m, v and read fp16 grads, write fp16 params (~ 2x static bytes)
             opt = 2.0 * ctx.static_bytes / (dev.memory_bandwidth_Bps * dev.memory_efficiency)

@@ -6,15 +6,18 @@ Presets are YAML under ``lynx/presets``; a user may point at their own YAML file
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
 from lynx.errors import SpecError
+
+if TYPE_CHECKING:
+    from lynx.topology import Topology
 
 GB = 1e9
 GiB = float(1 << 30)
@@ -76,11 +79,25 @@ class LinkSpec:
     """Unidirectional bandwidth per device in bytes/s."""
     latency_s: float
     efficiency: float = 0.8
-    """Fraction of the link bandwidth a large NCCL collective reaches (bus bandwidth / link bandwidth)."""
+    """Fraction of the link bandwidth a large NCCL all-reduce reaches (bus bandwidth / link bandwidth)."""
+    gather_efficiency: float | None = None
+    """The same for all-gather and reduce-scatter (NCCL rings without the reduction's extra pass); None:
+    the all-reduce figure."""
 
     def __post_init__(self) -> None:
         if self.bandwidth_Bps <= 0 or self.latency_s < 0 or not 0 < self.efficiency <= 1:
             raise SpecError("link: bandwidth must be > 0, latency >= 0, 0 < efficiency <= 1")
+        if self.gather_efficiency is not None and not 0 < self.gather_efficiency <= 1:
+            raise SpecError("link: 0 < gather_efficiency <= 1")
+
+    @property
+    def effective_Bps(self) -> float:
+        """All-reduce bus bandwidth: what ranks the links when a ring crosses several."""
+        return self.bandwidth_Bps * self.efficiency
+
+    @property
+    def gather_eff(self) -> float:
+        return self.efficiency if self.gather_efficiency is None else self.gather_efficiency
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +143,9 @@ class Hardware:
     inter_group: LinkSpec | None = None
     """Link between such groups inside one node; None means `inter_node`."""
     max_nodes: int = 4
+    topology: Topology | None = None
+    """Per-pair links inside a node (boards without NVSwitch, PCIe switches, sockets); None: `intra_node`
+    (and `inter_group` between boards of `intra_group_size`) for every group inside a node."""
 
     def __post_init__(self) -> None:
         if self.devices_per_node <= 0:
@@ -134,15 +154,63 @@ class Hardware:
             object.__setattr__(self, "intra_group_size", self.devices_per_node)
         if self.devices_per_node % self.intra_group_size:
             raise SpecError(f"hardware {self.name!r}: intra_group_size must divide devices_per_node")
+        if self.topology is not None and len(self.topology.matrix) != self.devices_per_node:
+            raise SpecError(f"hardware {self.name!r}: topology matrix must be {self.devices_per_node} x "
+                            f"{self.devices_per_node} (devices_per_node)")
+
+    def link_for_ranks(self, ranks: Sequence[int]) -> LinkSpec:
+        """The link a ring over these global ranks (in this order) runs at: the inter-node link once it
+        leaves a node, else the topology's slowest pair on the ring (or the board / node link)."""
+        if len(ranks) <= 1:
+            return self.inter_node  # no collective is ever timed on it
+        d = self.devices_per_node
+        if len({r // d for r in ranks}) > 1:
+            return self.inter_node
+        local = [r % d for r in ranks]
+        if self.topology is not None:
+            return self.topology.ring_link(local)
+        if len({r // self.intra_group_size for r in local}) == 1:
+            return self.intra_node
+        return self.inter_group or self.inter_node
 
     def link_for_group(self, size: int, stride: int = 1) -> LinkSpec:
-        """The slowest link a group of `size` ranks, `stride` apart in rank order, has to cross."""
-        span = size * stride
-        if span <= self.intra_group_size and size > 1:
-            return self.intra_node
-        if span <= self.devices_per_node and size > 1:
-            return self.inter_group or self.inter_node
-        return self.inter_node
+        """The slowest link over the groups of `size` ranks, `stride` apart in rank order (TP groups are
+        contiguous, DP and PP groups strided), that start in the first node."""
+        groups = [[o + i * stride for i in range(size)] for o in range(min(stride, self.devices_per_node))]
+        return min((self.link_for_ranks(g) for g in groups), key=lambda lk: lk.effective_Bps)
+
+    def _group_link_fields(self, size: int, stride: int) -> list[str]:
+        """Which of this spec's links the slowest such group uses (field names or topology classes)."""
+        link = self.link_for_group(size, stride)
+        if self.topology is not None and link is not self.inter_node and size > 1:
+            groups = [[(o + i * stride) % self.devices_per_node for i in range(size)]
+                      for o in range(min(stride, self.devices_per_node))]
+            return sorted({"topology:" + self.topology.matrix[a][b] for g in groups for a in g for b in g if a != b})
+        for f in ("intra_node", "inter_group", "inter_node"):
+            if getattr(self, f) is link:
+                return [f]
+        return ["inter_node"]
+
+    def with_busbw(self, size: int, stride: int, busbw_Bps: float) -> Hardware:
+        """A copy whose link for this group has the all-reduce efficiency a measured bus bandwidth implies
+        (nccl-tests' busbw over the same group: efficiency = busbw / link bandwidth)."""
+        link = self.link_for_group(size, stride)
+        eff = busbw_Bps / link.bandwidth_Bps
+        if not 0 < eff <= 1:
+            raise SpecError(
+                f"--busbw {busbw_Bps / GB:g} GB/s: must be positive and at most the group's link bandwidth "
+                f"{link.bandwidth_Bps / GB:g} GB/s ({self.name}); bus bandwidth cannot exceed the link's"
+            )
+        hw = self
+        for f in self._group_link_fields(size, stride):
+            if f.startswith("topology:") and hw.topology is not None:
+                name = f.split(":", 1)[1]
+                links = tuple((n, dataclasses.replace(lk, efficiency=eff) if n == name else lk)
+                              for n, lk in hw.topology.links)
+                hw = dataclasses.replace(hw, topology=dataclasses.replace(hw.topology, links=links))
+            else:
+                hw = dataclasses.replace(hw, **{f: dataclasses.replace(getattr(hw, f), efficiency=eff)})
+        return hw
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +336,10 @@ def load_hardware(name_or_path: str) -> Hardware:
         data["inter_node"] = _build(LinkSpec, data["inter_node"], f"{where}: inter_node")
         if data.get("inter_group") is not None:
             data["inter_group"] = _build(LinkSpec, data["inter_group"], f"{where}: inter_group")
+        if data.get("topology") is not None:
+            from lynx.topology import build_topology
+
+            data["topology"] = build_topology(data["topology"], f"{where}: topology")
     except KeyError as e:
         raise SpecError(f"{where}: missing field {e.args[0]}") from None
     except (TypeError, AttributeError):
@@ -306,6 +378,10 @@ def hardware_from_dict(d: Mapping[str, Any]) -> Hardware:
     d["inter_node"] = _build(LinkSpec, d["inter_node"], "plan: hardware.inter_node")
     if d.get("inter_group") is not None:
         d["inter_group"] = _build(LinkSpec, d["inter_group"], "plan: hardware.inter_group")
+    if d.get("topology") is not None:
+        from lynx.topology import build_topology
+
+        d["topology"] = build_topology(d["topology"], "plan: hardware.topology")
     return _build(Hardware, d, "plan: hardware")
 
 

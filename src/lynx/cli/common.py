@@ -34,6 +34,16 @@ GbOpt = Annotated[int, typer.Option("--global-batch", "--global-batch-size", hel
 SeqOpt = Annotated[int, typer.Option("--seq-len", "--seq-length", help="Sequence length.")]
 NodesOpt = Annotated[int | None, typer.Option("--nodes", help="Nodes available (default: the preset's cluster).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+PrecisionOpt = Annotated[str, typer.Option(
+    "--precision", help="Static-memory recipe: paper (16 B/param), megatron-bf16 (18), megatron-fp16 (20), fp32 (16).")]
+DistOptOpt = Annotated[bool, typer.Option(
+    "--distributed-optimizer", "--use-distributed-optimizer",
+    help="Shard fp32 main weights and optimizer state over DP (Megatron's distributed optimizer).")]
+BusbwOpt = Annotated[float | None, typer.Option(
+    "--busbw", help="Measured all-reduce bus bandwidth of a TP group in GB/s (nccl-tests busbw): sets its "
+    "link's efficiency to busbw / link bandwidth.")]
+BytesPerParamOpt = Annotated[float | None, typer.Option(
+    help="Override the recipe's static bytes per parameter (optimizer state takes the difference).")]
 
 
 def parallel_spec(tp: int, pp: int, dp: int, sp: bool, mb: int, gb: int, seq: int) -> ParallelSpec:
@@ -53,15 +63,25 @@ def parse_layers(text: str | None) -> tuple[int, ...] | None:
 def build_problem(
     model: str, hardware: str, tp: int, pp: int, dp: int, sp: bool, mb: int, gb: int, seq: int,
     nodes: int | None = None, layers_per_stage: str | None = None, budget_gb: float | None = None,
-    bytes_per_param: float = 16.0, recompute_num_layers: int | None = None, no_wgrad_overlap: bool = False,
+    bytes_per_param: float | None = None, recompute_num_layers: int | None = None, no_wgrad_overlap: bool = False,
     graph: LayerGraph | None = None, time_limit_s: float = 30.0, cooldown_overlap: bool = True,
+    precision: str = "paper", distributed_optimizer: bool = False, busbw_gbps: float | None = None,
 ) -> PlanProblem:
     from lynx.api import make_problem
+    from lynx.static_memory import parse_precision, recipe_for
 
     if budget_gb is not None and budget_gb <= 0:
         raise SpecError(f"--budget-gb must be positive, got {budget_gb}")
+    recipe_for(parse_precision(precision), bytes_per_param)  # one clear line on a bad recipe
+    hw = load_hardware(hardware)
+    if busbw_gbps is not None:
+        if tp < 2:
+            raise SpecError("--busbw is the all-reduce bus bandwidth of a TP group; with --tp 1 there is none")
+        hw = hw.with_busbw(tp, 1, busbw_gbps * 1e9)
     opts = PlanOptions(
         bytes_per_param=bytes_per_param,
+        precision=parse_precision(precision).value,
+        distributed_optimizer=distributed_optimizer,
         budget_bytes=None if budget_gb is None else budget_gb * GiB,
         subtract_wgrad=not no_wgrad_overlap,
         recompute_num_layers=recompute_num_layers,
@@ -70,7 +90,7 @@ def build_problem(
         time_limit_s=time_limit_s,
         cooldown_overlap=cooldown_overlap,
     )
-    return make_problem(load_model(model), load_hardware(hardware), parallel_spec(tp, pp, dp, sp, mb, gb, seq),
+    return make_problem(load_model(model), hw, parallel_spec(tp, pp, dp, sp, mb, gb, seq),
                         opts, graph)
 
 

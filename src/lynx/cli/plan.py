@@ -9,6 +9,9 @@ import typer
 
 from lynx.cli import app
 from lynx.cli.common import (
+    BusbwOpt,
+    BytesPerParamOpt,
+    DistOptOpt,
     DpOpt,
     GbOpt,
     HardwareOpt,
@@ -17,6 +20,7 @@ from lynx.cli.common import (
     ModelOpt,
     NodesOpt,
     PpOpt,
+    PrecisionOpt,
     SeqOpt,
     SpOpt,
     TpOpt,
@@ -69,9 +73,10 @@ def plan_cmd(
     budget_gb: Annotated[
         float | None, typer.Option(help="Usable memory per GPU in GiB (default: capacity minus reserve).")
     ] = None,
-    bytes_per_param: Annotated[
-        float, typer.Option(help="Static bytes per parameter (16 = fp16 + Adam; 18 with fp32 grads).")
-    ] = 16.0,
+    bytes_per_param: BytesPerParamOpt = None,
+    precision: PrecisionOpt = "paper",
+    distributed_optimizer: DistOptOpt = False,
+    busbw: BusbwOpt = None,
     recompute_num_layers: Annotated[
         int | None, typer.Option(help="Megatron --recompute-num-layers for uniform/block (default: auto).")
     ] = None,
@@ -103,7 +108,8 @@ def plan_cmd(
     graph = _load_profile_graph(profile, db) if profile else None
     problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
                             layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
-                            no_wgrad_overlap, graph, time_limit, cooldown_overlap=not no_cooldown_overlap)
+                            no_wgrad_overlap, graph, time_limit, cooldown_overlap=not no_cooldown_overlap,
+                            precision=precision, distributed_optimizer=distributed_optimizer, busbw_gbps=busbw)
     if graph is not None and graph.meta.device and graph.meta.device != problem.hardware.device.name:
         err_console.print(
             f"[yellow]warning:[/yellow] profile {profile} was measured on {graph.meta.device!r} "

@@ -1,0 +1,141 @@
+"""Where a stage's memory goes: the closed-form peak of `lynx.memory` split into its terms, and the static
+part split by buffer (`lynx.static_memory`). What `lynx memory` prints. No torch.
+
+The activation terms come from `lynx.memory` through ONE adapter, `activation_terms`; the breakdown must
+sum to `memory.stage_peak_bytes` (tested), so the two cannot drift apart unseen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from lynx.graph import LayerGraph
+from lynx.plan import Plan
+from lynx.policy.base import LayerPolicy, StageContext
+from lynx.static_memory import StaticBreakdown, stage_static
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationTerms:
+    """The activation side of `memory.stage_peak_bytes`, term by term, in bytes."""
+
+    per_microbatch: float
+    """Retained by the stage's layers for one micro-batch (inputs and kept ops)."""
+    in_flight: int
+    """Micro-batches held at the peak under 1F1B: min(p - s, m)."""
+    fwd_window: float
+    """Recomputed in forward windows (phases 1, 2) and held until the backward: the paper's M_fwd_comm."""
+    working_set: float
+    """max(forward working set, backward working set): what one layer's forward drops or one backward
+    restores (including a uniform chunk's re-forward)."""
+    grad_workspace: float
+    """Gradient buffers alive during one op's backward."""
+    embedding_per_microbatch: float
+    """The first stage's embedding dropout mask, per in-flight micro-batch."""
+    logits: float
+    """The last stage's logits and their fp32 copy for the loss."""
+
+
+def activation_terms(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> ActivationTerms:
+    """The adapter over `lynx.memory` (MERGE(issue 9): re-point at the new memory module's terms)."""
+    from lynx.memory import layer_memory, max_chunk_working_set
+
+    mems = [layer_memory(graph, lp) for lp in layers]
+    work_f = max((m.dropped for m in mems), default=0.0)
+    work_b = 0.0
+    for i, m in enumerate(mems):
+        below = mems[i - 1].bwd_window if i > 0 else 0.0
+        own = m.on_demand + m.bwd_window + (0.0 if ctx.has_fwd_windows else m.fwd_window)
+        work_b = max(work_b, own + below)
+    work_b = max(work_b, max_chunk_working_set(graph, layers))
+    return ActivationTerms(
+        per_microbatch=sum(m.retained for m in mems),
+        in_flight=ctx.in_flight,
+        fwd_window=sum(m.fwd_window for m in mems) if ctx.has_fwd_windows else 0.0,
+        working_set=max(work_f, work_b),
+        grad_workspace=ctx.grad_workspace_bytes,
+        embedding_per_microbatch=ctx.extra_retained_bytes,
+        logits=ctx.extra_transient_bytes,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    """One stage's peak, by term. `peak` is the closed form the planner constrains."""
+
+    stage: int
+    num_layers: int
+    static: StaticBreakdown
+    act: ActivationTerms
+    budget_bytes: float
+    simulated_peak_bytes: float | None = None
+    """The event simulator's peak for the same plan (at most `peak`)."""
+
+    @property
+    def activations(self) -> float:
+        return self.act.in_flight * self.act.per_microbatch
+
+    @property
+    def transient(self) -> float:
+        return self.act.working_set + self.act.grad_workspace
+
+    @property
+    def embedding_logits(self) -> float:
+        return self.act.in_flight * self.act.embedding_per_microbatch + self.act.logits
+
+    def terms(self) -> dict[str, float]:
+        """The stacked terms, bottom first; they sum to `peak`."""
+        return {
+            "parameters": self.static.param_bytes,
+            "gradients": self.static.grad_bytes,
+            "optimizer state": self.static.optimizer_bytes,
+            "activations": self.activations,
+            "forward windows": self.act.fwd_window,
+            "transient": self.transient,
+            "embedding / logits": self.embedding_logits,
+        }
+
+    @property
+    def peak(self) -> float:
+        return sum(self.terms().values())
+
+    @property
+    def headroom(self) -> float:
+        return self.budget_bytes - self.peak
+
+    def to_dict(self) -> dict[str, Any]:
+        st = self.static
+        return {
+            "stage": self.stage,
+            "num_layers": self.num_layers,
+            "terms_bytes": self.terms(),
+            "peak_bytes": self.peak,
+            "budget_bytes": self.budget_bytes,
+            "headroom_bytes": self.headroom,
+            "simulated_peak_bytes": self.simulated_peak_bytes,
+            "activations": asdict(self.act),
+            "static": {
+                "recipe": asdict(st.recipe),
+                "distributed_optimizer": st.distributed_optimizer,
+                "dp": st.dp,
+                "params": asdict(st.params),
+                "param_bytes": st.param_bytes,
+                "grad_bytes": st.grad_bytes,
+                "optimizer_bytes": st.optimizer_bytes,
+            },
+        }
+
+
+def stage_memories(plan: Plan) -> tuple[StageMemory, ...]:
+    """Per stage of an evaluated `lynx.plan.Plan`: static by buffer and activations by term."""
+    problem, result = plan.problem, plan.result
+    ctxs = problem.stage_contexts(result.partition)
+    sims = plan.sim.stages
+    out = []
+    for s, (ctx, pol) in enumerate(zip(ctxs, result.policies, strict=True)):
+        static = stage_static(problem.model, problem.parallel, s, ctx.num_layers, problem.static_recipe,
+                              problem.options.distributed_optimizer)
+        out.append(StageMemory(s, ctx.num_layers, static, activation_terms(problem.graph, pol.layers, ctx),
+                               ctx.budget_bytes, sims[s].peak_memory_bytes if s < len(sims) else None))
+    return tuple(out)

@@ -1,0 +1,92 @@
+"""`lynx memory`: where each stage's memory goes for a layout and a method."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from lynx.cli import app
+from lynx.cli.common import (
+    BusbwOpt,
+    BytesPerParamOpt,
+    DistOptOpt,
+    DpOpt,
+    GbOpt,
+    HardwareOpt,
+    JsonOpt,
+    MbOpt,
+    ModelOpt,
+    NodesOpt,
+    PpOpt,
+    PrecisionOpt,
+    SeqOpt,
+    SpOpt,
+    TpOpt,
+    build_problem,
+    console,
+    err_console,
+    print_json,
+)
+from lynx.errors import SpecError
+
+
+@app.command("memory")
+def memory_cmd(
+    model: ModelOpt = "gpt-7b",
+    hardware: HardwareOpt = "a100-40g-nvlink",
+    tp: TpOpt = 4,
+    pp: PpOpt = 4,
+    dp: DpOpt = 1,
+    sp: SpOpt = False,
+    micro_batch: MbOpt = 8,
+    global_batch: GbOpt = 128,
+    seq_len: SeqOpt = 1024,
+    nodes: NodesOpt = None,
+    method: Annotated[str, typer.Option(help="Planning method whose policy to break down (see `lynx methods`).")]
+    = "lynx",
+    layers_per_stage: Annotated[str | None, typer.Option(help="Explicit partition, e.g. 7,8,8,9.")] = None,
+    budget_gb: Annotated[
+        float | None, typer.Option(help="Usable memory per GPU in GiB (default: capacity minus reserve).")
+    ] = None,
+    bytes_per_param: BytesPerParamOpt = None,
+    precision: PrecisionOpt = "paper",
+    distributed_optimizer: DistOptOpt = False,
+    busbw: BusbwOpt = None,
+    recompute_num_layers: Annotated[
+        int | None, typer.Option(help="Megatron --recompute-num-layers for uniform/block (default: auto).")
+    ] = None,
+    as_json: JsonOpt = False,
+    png: Annotated[Path | None, typer.Option("--png", help="Write stacked bars per stage (PNG).")] = None,
+) -> None:
+    """Per-stage memory: parameters, gradients, optimizer state, activations x in-flight micro-batches,
+    forward-window holdings, transient working set, embedding/logits, and the headroom to the budget."""
+    from lynx.api import plan as plan_one
+    from lynx.breakdown import stage_memories
+    from lynx.methods import available_methods
+    from lynx.report.memory import memory_bars, memory_table
+
+    if png is not None and not png.parent.is_dir():
+        raise SpecError(f"--png {png}: directory {png.parent} does not exist")
+    problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
+                            layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
+                            precision=precision, distributed_optimizer=distributed_optimizer, busbw_gbps=busbw)
+    if method == "lynx" and "lynx" not in available_methods():
+        method = "full"
+    plan = plan_one(problem, method, record=False)
+    stages = stage_memories(plan)
+    recipe = problem.static_recipe
+    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp} PP {pp} DP {dp}{' SP' if sp else ''}, "
+             f"micro-batch {micro_batch}, {plan.result.method}, partition {plan.result.partition}; "
+             f"{recipe.name} {recipe.bytes_per_param(dp, distributed_optimizer):g} B/param"
+             f"{' (distributed optimizer)' if distributed_optimizer else ''}")
+    if as_json:
+        print_json({"title": title, "method": plan.result.method,
+                    "partition": list(plan.result.partition.layers_per_stage),
+                    "stages": [st.to_dict() for st in stages]})
+    else:
+        console.print(memory_table(stages, title))
+    if png is not None:
+        memory_bars(stages, png, title)
+        err_console.print(f"wrote {png}")

@@ -1,0 +1,189 @@
+"""Static memory per pipeline stage: parameters, gradients and optimizer state, by precision recipe.
+
+A recipe says how many bytes each parameter costs in each buffer; the distributed optimizer shards the
+fp32 state (main weights, main gradients where they are a separate copy, Adam's m and v) over the
+data-parallel ranks, as Megatron-LM does. Every figure and its source: docs/costmodel.md, "Static memory".
+
+Megatron-LM's published accounting (docs/source/api-guide/dist_optimizer.md, "bytes per parameter"):
+
+    recipe                          non-distributed   distributed optimizer
+    fp16 params, fp16 grads               20               4 + 16/d
+    bf16 params, fp32 grads               18               6 + 12/d
+    fp32 params, fp32 grads               16               8 +  8/d
+
+The paper's 16 bytes (fp16 params and grads, fp32 master, momentum and variance) is ZeRO's K = 12 accounting
+(Rajbhandari et al. 2020, sec. 3.1); ZeRO stage 1 shards the 12 bytes: 4 + 12/d.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Literal
+
+from lynx.costmodel import allreduce_time, gather_time
+from lynx.errors import SpecError
+from lynx.memory import embedding_params_per_rank, layer_params_per_rank
+from lynx.spec import LinkSpec, ModelSpec, ParallelSpec
+
+PrecisionName = Literal["paper", "megatron-bf16", "megatron-fp16", "fp32"]
+
+
+class Precision(str, Enum):
+    """A named recipe (`--precision`)."""
+
+    PAPER = "paper"
+    """fp16 params + fp16 grads + fp32 master, momentum, variance: 2 + 2 + 12 = 16 B (ZeRO sec. 3.1)."""
+    MEGATRON_BF16 = "megatron-bf16"
+    """bf16 params, fp32 main grads, fp32 main params + Adam m, v: 2 + 4 + 12 = 18 B (Megatron)."""
+    MEGATRON_FP16 = "megatron-fp16"
+    """fp16 params and grads, fp32 main grads copy, fp32 main params + Adam: 2 + 2 + 4 + 12 = 20 B (Megatron)."""
+    FP32 = "fp32"
+    """fp32 params and grads, Adam m, v (the params are the main weights): 4 + 4 + 8 = 16 B (Megatron)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """Bytes per parameter in each buffer. `sharded` bytes are what the distributed optimizer splits over DP."""
+
+    name: str
+    param_bytes: float
+    """The model's own parameters (the dtype forward and backward read)."""
+    grad_bytes: float
+    """The gradient buffer backward accumulates into (Megatron's main_grad for bf16: fp32)."""
+    main_grad_bytes: float
+    """A separate fp32 gradient copy the optimizer reads (Megatron's fp16 recipe only)."""
+    master_bytes: float
+    """fp32 main weights; 0 when the parameters are fp32 already."""
+    optimizer_bytes: float
+    """Adam's momentum and variance in fp32: 8."""
+
+    @property
+    def state_bytes(self) -> float:
+        """What the distributed optimizer shards over DP."""
+        return self.main_grad_bytes + self.master_bytes + self.optimizer_bytes
+
+    @property
+    def total(self) -> float:
+        return self.param_bytes + self.grad_bytes + self.state_bytes
+
+    def bytes_per_param(self, dp: int, distributed_optimizer: bool) -> float:
+        """Megatron's formula: `param + grad + state / d` with the distributed optimizer, else the total."""
+        return self.param_bytes + self.grad_bytes + self.state_bytes / (dp if distributed_optimizer else 1)
+
+
+RECIPES: dict[Precision, Recipe] = {
+    Precision.PAPER: Recipe("paper", 2.0, 2.0, 0.0, 4.0, 8.0),
+    Precision.MEGATRON_BF16: Recipe("megatron-bf16", 2.0, 4.0, 0.0, 4.0, 8.0),
+    Precision.MEGATRON_FP16: Recipe("megatron-fp16", 2.0, 2.0, 4.0, 4.0, 8.0),
+    Precision.FP32: Recipe("fp32", 4.0, 4.0, 0.0, 0.0, 8.0),
+}
+
+
+def parse_precision(name: str) -> Precision:
+    try:
+        return Precision(name)
+    except ValueError:
+        raise SpecError(f"--precision {name!r}: expected one of {', '.join(p.value for p in Precision)}") from None
+
+
+def recipe_for(precision: str | Precision, bytes_per_param: float | None = None) -> Recipe:
+    """The recipe, or with `bytes_per_param` (the old `--bytes-per-param`) an override of its total: the
+    params and grads keep the recipe's dtypes and the optimizer state takes the rest."""
+    base = RECIPES[parse_precision(precision) if isinstance(precision, str) else precision]
+    if bytes_per_param is None:
+        return base
+    state = bytes_per_param - base.param_bytes - base.grad_bytes
+    if state < 0:
+        raise SpecError(
+            f"--bytes-per-param {bytes_per_param:g}: less than the {base.param_bytes + base.grad_bytes:g} bytes "
+            f"the {base.name} recipe's parameters and gradients take"
+        )
+    return Recipe(f"{base.name}@{bytes_per_param:g}", base.param_bytes, base.grad_bytes, 0.0, 0.0, state)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Parameters per stage
+# ---------------------------------------------------------------------------------------------------
+
+def ties_embeddings(model: ModelSpec) -> bool:
+    # MERGE(issue 10): ModelSpec gains `tie_embeddings`; until then every model ties (GPT). The only read.
+    return bool(getattr(model, "tie_embeddings", True))
+
+
+@dataclass(frozen=True, slots=True)
+class StageParams:
+    """Parameter counts on one device of one stage."""
+
+    layers: float
+    embedding: float
+    """Word (vocab-parallel) + position embedding on the first stage."""
+    head: float
+    """The LM head's weight on the last stage: Megatron's copy of the tied word embedding when PP > 1
+    (its gradient is all-reduced with the first stage's), or the untied output layer."""
+    final_norm: float
+
+    @property
+    def total(self) -> float:
+        return self.layers + self.embedding + self.head + self.final_norm
+
+
+def stage_params(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int) -> StageParams:
+    t, h, v = par.tp, model.hidden_size, model.vocab_size
+    first, last = stage == 0, stage == par.pp - 1
+    head = 0.0
+    if last and (not ties_embeddings(model) or par.pp > 1):
+        head = v * h / t
+    return StageParams(
+        layers=num_layers * layer_params_per_rank(model, t),
+        embedding=embedding_params_per_rank(model, t) if first else 0.0,
+        head=head,
+        final_norm=2.0 * h if last else 0.0,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StaticBreakdown:
+    """Static bytes of one stage on one device, by buffer."""
+
+    params: StageParams
+    recipe: Recipe
+    distributed_optimizer: bool
+    dp: int
+    param_bytes: float
+    grad_bytes: float
+    optimizer_bytes: float
+    """Main weights, main-gradient copy and Adam state, after sharding over DP."""
+
+    @property
+    def total(self) -> float:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+
+def stage_static(
+    model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int, recipe: Recipe,
+    distributed_optimizer: bool = False,
+) -> StaticBreakdown:
+    """Parameters, gradients and optimizer state of one stage on one device (every buffer holds every
+    local parameter, the head copy included; the distributed optimizer divides the state by DP)."""
+    sp = stage_params(model, par, stage, num_layers)
+    n = sp.total
+    shard = par.dp if distributed_optimizer else 1
+    return StaticBreakdown(
+        params=sp, recipe=recipe, distributed_optimizer=distributed_optimizer, dp=par.dp,
+        param_bytes=n * recipe.param_bytes, grad_bytes=n * recipe.grad_bytes,
+        optimizer_bytes=n * recipe.state_bytes / shard,
+    )
+
+
+def dp_sync_time(
+    model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int, recipe: Recipe, link: LinkSpec,
+    distributed_optimizer: bool = False,
+) -> float:
+    """Data-parallel gradient synchronisation of one stage after its last backward: a ring all-reduce of
+    the gradient buffer (its dtype: Megatron reduces bf16 runs' gradients in fp32); with the distributed
+    optimizer a reduce-scatter of the gradients and an all-gather of the updated parameters instead."""
+    n = stage_params(model, par, stage, num_layers).total
+    if distributed_optimizer:
+        return gather_time(n * recipe.grad_bytes, par.dp, link) + gather_time(n * recipe.param_bytes, par.dp, link)
+    return allreduce_time(n * recipe.grad_bytes, par.dp, link)

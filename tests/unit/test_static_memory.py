@@ -1,0 +1,123 @@
+"""Static memory per stage against Megatron-LM's published bytes-per-parameter table, and DP sharding."""
+
+from __future__ import annotations
+
+import pytest
+
+from lynx.api import make_problem, plan
+from lynx.errors import SpecError
+from lynx.memory import static_bytes
+from lynx.problem import PlanOptions
+from lynx.spec import GiB, ModelSpec, ParallelSpec, load_hardware, load_model
+from lynx.static_memory import RECIPES, Precision, recipe_for, stage_params, stage_static
+
+# Megatron-LM docs/source/api-guide/dist_optimizer.md: bytes per parameter, d = data-parallel size.
+MEGATRON_TABLE = {
+    Precision.MEGATRON_FP16: (lambda d: 20.0, lambda d: 4 + 16 / d),
+    Precision.MEGATRON_BF16: (lambda d: 18.0, lambda d: 6 + 12 / d),
+    Precision.FP32: (lambda d: 16.0, lambda d: 8 + 8 / d),
+}
+
+
+def _gpt_layer_params(h: int, t: int) -> float:
+    """12h^2 + 13h per GPT layer (Narayanan et al. 2021), of which LayerNorms and the two row-parallel
+    biases (6h) are replicated over TP and the rest split."""
+    return (12 * h * h + 7 * h) / t + 6 * h
+
+
+def _stage_param_count(m: ModelSpec, par: ParallelSpec, stage: int, n: int) -> float:
+    """Independent count: layers, + word/position embedding on the first stage, + the final LayerNorm and
+    (PP > 1) the tied LM head's copy of the word embedding on the last."""
+    h, t = m.hidden_size, par.tp
+    count = n * _gpt_layer_params(h, t)
+    if stage == 0:
+        count += m.vocab_size * h / t + m.max_position_embeddings * h
+    if stage == par.pp - 1:
+        count += 2 * h + (m.vocab_size * h / t if par.pp > 1 else 0)
+    return count
+
+
+@pytest.mark.parametrize("precision", list(MEGATRON_TABLE))
+@pytest.mark.parametrize("dp", [1, 2, 8])
+@pytest.mark.parametrize("stage", [0, 1, 3])
+def test_stage_static_is_megatrons_formula(precision: Precision, dp: int, stage: int) -> None:
+    m = load_model("gpt-7b")
+    par = ParallelSpec(tp=4, pp=4, dp=dp, global_batch_size=8 * dp)
+    n = 8
+    count = _stage_param_count(m, par, stage, n)
+    plain, sharded = MEGATRON_TABLE[precision]
+    got = static_bytes(m, par, stage, n, precision=precision.value)
+    assert got == pytest.approx(plain(dp) * count, rel=1e-12)
+    got_do = static_bytes(m, par, stage, n, precision=precision.value, distributed_optimizer=True)
+    assert got_do == pytest.approx(sharded(dp) * count, rel=1e-12)
+
+
+def test_paper_recipe_is_zero_16_bytes_and_zero1_shards_12() -> None:
+    m = load_model("gpt-1.3b")
+    par = ParallelSpec(dp=4, global_batch_size=4)
+    total = m.total_params()
+    assert static_bytes(m, par, 0, m.num_layers) == pytest.approx(16 * total, rel=1e-12)
+    # ZeRO stage 1 (Rajbhandari et al. 2020, Fig. 1): (2 + 2) + 12 / Nd
+    assert static_bytes(m, par, 0, m.num_layers, distributed_optimizer=True) == pytest.approx(
+        (4 + 12 / 4) * total, rel=1e-12)
+
+
+def test_breakdown_buffers_and_head_copy() -> None:
+    m = load_model("gpt-7b")
+    par = ParallelSpec(tp=2, pp=2, dp=4, global_batch_size=4)
+    b = stage_static(m, par, 1, 16, RECIPES[Precision.MEGATRON_BF16], distributed_optimizer=True)
+    n = b.params.total
+    assert b.params.head == pytest.approx(m.vocab_size * m.hidden_size / 2)  # tied copy on the last stage
+    assert (b.param_bytes, b.grad_bytes) == pytest.approx((2 * n, 4 * n))
+    assert b.optimizer_bytes == pytest.approx(12 * n / 4)
+    assert b.total == pytest.approx((6 + 12 / 4) * n)
+    # PP = 1 with tied embeddings: one copy, no head
+    assert stage_params(m, ParallelSpec(tp=2), 0, m.num_layers).head == 0.0
+
+
+def test_bytes_per_param_override_and_bad_recipes() -> None:
+    m = load_model("gpt-7b")
+    par = ParallelSpec(tp=1, pp=1)
+    assert static_bytes(m, par, 0, m.num_layers, bytes_per_param=18) == pytest.approx(18 * m.total_params())
+    assert recipe_for("megatron-bf16", 20.0).total == 20.0
+    with pytest.raises(SpecError, match="--precision 'bf16'"):
+        recipe_for("bf16")
+    with pytest.raises(SpecError, match="--bytes-per-param 3"):
+        recipe_for("paper", 3.0)
+
+
+def test_planner_shards_over_dp_where_asked() -> None:
+    """GPT-23B, megatron-bf16, 20 GiB per GPU: with DP 1 the stages do not fit (~25 GiB); the distributed
+    optimizer at DP 2 and 4 brings static memory down until they do; without it DP changes nothing."""
+    m, hw = load_model("gpt-23b"), load_hardware("a100-40g-nvlink")
+
+    def run(dp: int, dist: bool) -> tuple[bool, float]:
+        par = ParallelSpec(tp=4, pp=4, dp=dp, micro_batch_size=1, global_batch_size=16 * dp, seq_length=1024)
+        opts = PlanOptions(precision="megatron-bf16", distributed_optimizer=dist, nodes=16, budget_bytes=20 * GiB)
+        p = plan(make_problem(m, hw, par, opts), "full", record=False)
+        return p.sim.oom, max(s.static_bytes for s in p.sim.stages)
+
+    oom1, st1 = run(1, True)
+    oom2, st2 = run(2, True)
+    oom4, st4 = run(4, True)
+    oom4_plain, st4_plain = run(4, False)
+    assert oom1 and not oom2 and not oom4 and oom4_plain
+    assert st4 < st2 < st1 == pytest.approx(st4_plain)
+    assert st4 == pytest.approx(st1 * (6 + 12 / 4) / 18, rel=1e-9)
+
+
+def test_plan_file_keeps_the_recipe(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from lynx.plan import Plan, load_plan
+
+    par = ParallelSpec(tp=2, pp=2, dp=2, micro_batch_size=2, global_batch_size=16)
+    opts = PlanOptions(precision="megatron-bf16", distributed_optimizer=True)
+    p = plan(make_problem(load_model("gpt-1.3b"), load_hardware("a100-40g-nvlink"), par, opts), "full")
+    path = Path(str(tmp_path)) / "p.json"
+    p.save(path)
+    problem, result = load_plan(path)
+    assert (problem.options.precision, problem.options.distributed_optimizer) == ("megatron-bf16", True)
+    again = Plan.evaluate(problem, result)
+    assert [s.static_bytes for s in again.sim.stages] == [s.static_bytes for s in p.sim.stages]
+    assert again.sim.iteration_time_s == p.sim.iteration_time_s
