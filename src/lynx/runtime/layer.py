@@ -31,7 +31,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lynx.graph import LAYER_INPUT, SP_OPS, STANDARD_OPS
+from lynx.families.gpt import SP_OPS, STANDARD_OPS
+from lynx.graph import LAYER_INPUT
 from lynx.runtime import tp
 
 WindowHook = Callable[[str, str, int], None]
@@ -149,6 +150,8 @@ class GPTLayer(torch.nn.Module):
                              persistent=False)
         self.op_names: tuple[str, ...] = op_names_for(cfg)
         self.op_inputs: dict[str, tuple[str, ...]] = op_inputs_for(self.op_names)
+        mlp_from = self.op_names.index("ln2")
+        self.op_blocks: dict[str, str] = {n: "attn" if i < mlp_from else "mlp" for i, n in enumerate(self.op_names)}
         self.window_hook: WindowHook | None = None
         self._fns: dict[str, Callable[[dict[str, torch.Tensor], int], torch.Tensor]] = {
             "ln1": lambda e, m: self.ln1(e[LAYER_INPUT]),
