@@ -67,21 +67,26 @@ class LlamaConfig:
                          attention="flash", dropout=False)
 
 
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """16-bit tensors computed in fp32 (as fused norm kernels do); fp32 / fp64 as they are."""
+    return x.float() if x.element_size() < 4 else x
+
+
 class _RMSNorm(torch.autograd.Function):
     """y = x / rms(x) * w; saves x, w and 1/rms (fp32, one per token)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
-        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+        rstd = torch.rsqrt(_wide(x).pow(2).mean(-1, keepdim=True) + eps)
         ctx.save_for_backward(x, w, rstd)
-        return (x.float() * rstd).to(x.dtype) * w
+        return (_wide(x) * rstd).to(x.dtype) * w
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         x, w, rstd = ctx.saved_tensors
-        xhat = x.float() * rstd
-        gw = (g.float() * xhat).reshape(-1, x.shape[-1]).sum(0).to(w.dtype)
-        gx_hat = g.float() * w.float()
+        xhat = _wide(x) * rstd
+        gw = (_wide(g) * xhat).reshape(-1, x.shape[-1]).sum(0).to(w.dtype)
+        gx_hat = _wide(g) * _wide(w)
         gx = rstd * (gx_hat - xhat * (gx_hat * xhat).mean(-1, keepdim=True))
         return gx.to(x.dtype), gw, None
 
