@@ -126,3 +126,17 @@ def test_against_transformers_llama_decoder_layer() -> None:
     d, tok = h // a, s * b
     extra = 4 * tok * (-(a + g) * d + 2 * (h + 1) + 2 * d + f)
     assert sum(held.values()) == pytest.approx(ours + extra, rel=0.02)
+
+
+def test_profile_a_llama_layer() -> None:
+    """`lynx profile` measures the family's runtime layer: the measured graph has the family's ops and its
+    saved bytes agree with the analytic graph within 2% per op."""
+    from lynx.profile.profiler import ProfileConfig, profile
+
+    cfg = ProfileConfig(model="tiny-llama", hidden_size=128, num_attention_heads=8, ffn_hidden_size=224,
+                        seq_length=32, micro_batch_size=2, dropout_p=0.0, warmup=0, repeats=1, threads=1,
+                        family="llama", num_query_groups=2, device="cpu")
+    res = profile(cfg)
+    assert res.graph.names == _graph(CFG).names and res.graph.meta.family == "llama"
+    assert res.extra["saved_mismatch"] == []
+    assert res.graph.op("core_attn").module == "core_attn"

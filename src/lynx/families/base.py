@@ -95,8 +95,9 @@ class Family:
     matmul_flops_per_token: Callable[[ModelSpec, int], float]
     """Forward GEMM and attention-matmul FLOPs of one layer per token at sequence length s (for MFU; the
     attention matmuls counted in full, 4 s h, the PaLM / Megatron convention)."""
-    runtime_layer: str
-    """"module:Class" of the torch layer (imported only by the runtime and the profiler)."""
+    runtime_module: str
+    """The module whose ``RUNTIME`` (`lynx.runtime.family.RuntimeFamily`) builds the torch layer and model
+    (imported only by the runtime and the profiler)."""
     megatron_modules: tuple[str, ...] = field(default=("core_attn", "mlp", "layernorm"))
 
 

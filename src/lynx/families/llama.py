@@ -154,5 +154,5 @@ FAMILY = Family(
     name="llama", defaults=DEFAULTS, check_model=check_model, check_layout=check_layout, layer=layer,
     layer_params=layer_params, embedding_params=embedding_params, head_params=head_params,
     output_params=output_params, matmul_flops_per_token=matmul_flops_per_token,
-    runtime_layer="lynx.runtime.llama_layer:LlamaLayer",
+    runtime_module="lynx.runtime.llama_layer",
 )

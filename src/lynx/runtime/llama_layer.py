@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from lynx.graph import LAYER_INPUT
 from lynx.runtime import tp
+from lynx.runtime.family import RuntimeFamily
 from lynx.runtime.layer import WindowHook
 from lynx.spec import ModelSpec, ParallelSpec
 
@@ -311,3 +312,16 @@ class LlamaModel(torch.nn.Module):
         for p in self.parameters():
             if getattr(p, "sequence_parallel", False) and p.grad is not None:
                 dist.all_reduce(p.grad, group=self.group)
+
+
+def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: bool) -> LlamaConfig:
+    if model.attention != "flash" or (model.dropout and (model.hidden_dropout or model.attention_dropout)):
+        raise ValueError(f"{model.name}: the LLaMA runtime layer runs flash attention without dropout "
+                         f"(attention {model.attention}, dropout {model.dropout})")
+    return LlamaConfig(hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
+                       ffn_hidden_size=model.ffn_hidden_size, seq_length=par.seq_length,
+                       micro_batch_size=par.micro_batch_size, num_query_groups=model.num_query_groups,
+                       tp=par.tp, sequence_parallel=par.sequence_parallel, dtype=dtype, num_layers=model.num_layers)
+
+
+RUNTIME = RuntimeFamily(config=_config, layer=LlamaLayer, model=LlamaModel, op_names=lambda cfg: _names(cfg)[0])
