@@ -16,7 +16,7 @@ from lynx.policy.rules import keep_all  # noqa: E402
 from lynx.profile.measure import count_saved  # noqa: E402
 from lynx.profile.profiler import SAVED_TOLERANCE, expected_saved  # noqa: E402
 from lynx.runtime.check import runtime_graph  # noqa: E402
-from lynx.runtime.llama_layer import LlamaConfig, LlamaLayer, _Rope, _SwiGLU, _RMSNorm  # noqa: E402
+from lynx.runtime.llama_layer import LlamaConfig, LlamaLayer, _RMSNorm, _Rope, _SwiGLU  # noqa: E402
 from lynx.spec import ParallelSpec, load_hardware  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

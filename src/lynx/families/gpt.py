@@ -22,6 +22,7 @@ from lynx.families.base import (
     LayerSpec,
     standard_attention,
 )
+from lynx.graph import Block
 
 if TYPE_CHECKING:
     from lynx.spec import ModelSpec, ParallelSpec
@@ -123,10 +124,9 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     return b.spec(ACT_BYTES * tok_ln * h)
 
 
-def _reduce(b: LayerBuilder, sp: bool, block: str, src: str, tok: float, tok_ln: float, h: float,
+def _reduce(b: LayerBuilder, sp: bool, blk: Block, src: str, tok: float, tok_ln: float, h: float,
             wgrad_of: str) -> str:
     """The forward collective after a row-parallel GEMM: reduce-scatter with SP, else all-reduce."""
-    blk = "attn" if block == "attn" else "mlp"
     if sp:
         name = f"{blk}_reducescatter"
         b.comm(name, blk, "gather", ACT_BYTES * tok * h, (src,), ACT_BYTES * tok_ln * h, wgrad_of)

@@ -1,5 +1,5 @@
-"""`lynx profile`: build the runtime's layer of the model's family for a shape and layout, measure it op by op on one rank
-(rank 0 of the TP group), and turn the measurements into a `LayerGraph` plus per-op statistics.
+"""`lynx profile`: build the runtime's layer of the model's family for a shape and layout, measure it op by op
+on one rank (rank 0 of the TP group), and turn the measurements into a `LayerGraph` plus per-op statistics.
 
 The structure of the graph that is definition rather than measurement (op kind, block, which backward
 collective overlaps which weight gradient, forward FLOPs) comes from the analytic graph of the same shape;
