@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 from _markdown import Out
@@ -51,27 +52,58 @@ def run(models: tuple[str, ...], seqs: tuple[int, ...], sp: bool) -> list[dict[s
                 g = prob.graph
                 sel_saves = 1 - g.retained_bytes(selective_layer(g).keep) / g.retained_bytes(keep_all(g).keep)
                 res: dict[str, Cell] = {r.method: cell(r) for r in compare(prob, methods)}
-                rows.append({"model": model, "hardware": hw, "tp": tp, "pp": pp, "seq": seq, "micro_batch": mb,
+                rows.append({"model": model, "hardware": hw, "tp": tp, "pp": pp, "sp": sp, "seq": seq,
+                             "micro_batch": mb,
                              "selective_saves": sel_saves,
                              "cells": {k: {"samples_per_s": v.samples_per_s, "status": v.status, "crit_s": v.crit_s}
                                        for k, v in res.items()}})
     return rows
 
 
+def best_megatron(sps: dict[str, float | None]) -> float | None:
+    """The fastest Megatron setting that fits: full, block, selective or a module list (not none)."""
+    return max((v for m, v in sps.items() if v and m not in ("lynx", "lynx-heu", "adapipe", "none")), default=None)
+
+
+def _stat(sps: list[dict[str, float | None]], base: str) -> str:
+    """Mean (max) of lynx / base over the cells where both fit; base "best": the best Megatron setting."""
+    rs = []
+    for s in sps:
+        b = best_megatron(s) if base == "best" else s.get(base)
+        lx = s.get("lynx")
+        if lx and b:
+            rs.append(lx / b)
+    return f"{statistics.mean(rs):.3f}x ({max(rs):.3f}x)" if rs else "-"
+
+
+def summary(rows: list[dict[str, object]]) -> Table:
+    t = Table(title="lynx over the cells where both fit: mean (max)", title_justify="left")
+    for c in ("model", "hardware", "cells", "vs full", "vs best Megatron", "vs adapipe", "cells where none fits"):
+        t.add_column(c)
+    for model, hw in LAYOUTS:
+        sel = [r for r in rows if r["model"] == model and r["hardware"] == hw]
+        if not sel:
+            continue
+        sps = [{m: c["samples_per_s"] for m, c in r["cells"].items()} for r in sel]  # type: ignore[attr-defined]
+        t.add_row(model, hw, str(sum(1 for s in sps if s.get("lynx"))), _stat(sps, "full"), _stat(sps, "best"),
+                  _stat(sps, "adapipe"), str(sum(1 for s in sps if s.get("none"))))
+    return t
+
+
 def table(rows: list[dict[str, object]], model: str, hw: str) -> Table:
     methods = [m for m in METHODS if m in available_methods()]
     sel = [r for r in rows if r["model"] == model and r["hardware"] == hw]
     tp, pp, _ = LAYOUTS[(model, hw)]
-    t = Table(title=f"{model} on {hw}, TP {tp} x PP {pp}, SP: predicted samples/s", title_justify="left")
-    for c in ("seq", "mb", *methods, "lynx/full", "lynx/best MC"):
+    sp = "SP" if sel and sel[0]["sp"] else "no SP"
+    t = Table(title=f"{model} on {hw}, TP {tp} x PP {pp}, {sp}: predicted samples/s", title_justify="left")
+    for c in ("seq", "mb", *methods, "lynx/full", "lynx/best Megatron"):
         t.add_column(c, justify="right")
     for r in sel:
         cells = r["cells"]
         assert isinstance(cells, dict)
         sps = {m: cells[m]["samples_per_s"] for m in methods}
         vals = [f"{sps[m]:.3f}" if sps[m] else f"[red]{cells[m]['status']}[/red]" for m in methods]
-        best_mc = max((v for m, v in sps.items() if v and m not in ("lynx", "lynx-heu", "adapipe", "none")),
-                      default=None)
+        best_mc = best_megatron(sps)
         lx = sps.get("lynx")
         ratios = [f"{lx / sps['full']:.3f}x" if lx and sps.get("full") else "-",
                   f"{lx / best_mc:.3f}x" if lx and best_mc else "-"]
@@ -94,6 +126,7 @@ def main() -> None:
     for model, hw in LAYOUTS:
         if model in models:
             con.print(table(rows, model, hw))
+    con.print(summary(rows))
     saves = sorted({round(100 * float(r["selective_saves"]), 3) for r in rows})  # type: ignore[arg-type]
     con.print(f"selective (core_attn) recomputation frees {saves} % of a layer's activations (flash attention)")
     con.print(f"{len(rows)} cells in {time.perf_counter() - t0:.1f} s")
