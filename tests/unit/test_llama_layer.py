@@ -140,3 +140,31 @@ def test_profile_a_llama_layer() -> None:
     assert res.graph.names == _graph(CFG).names and res.graph.meta.family == "llama"
     assert res.extra["saved_mismatch"] == []
     assert res.graph.op("core_attn").module == "core_attn"
+
+
+def test_gpt_flash_attention_layer_saves_the_graph_bytes_and_recomputes_bitwise() -> None:
+    """GPT with `attention: flash` (SDPA, no dropout): per-op saved bytes are the flash graph's, and every
+    policy gives the no-recompute gradients bit for bit."""
+    from lynx.runtime.check import grads_of, method_policy, problem_for, train_step
+    from lynx.runtime.engine import RecomputeEngine
+    from lynx.runtime.layer import GPTLayer, LayerConfig
+    from lynx.runtime.model import GPTModel
+
+    cfg = LayerConfig(hidden_size=128, num_attention_heads=8, ffn_hidden_size=256, seq_length=16,
+                      micro_batch_size=2, dropout_p=0.0, core_attn=True)
+    prob = problem_for(cfg, 3, 64, 2)
+    g = runtime_graph(prob.graph, cfg.dtype)
+    assert "core_attn" in g.names
+    sv = count_saved(GPTLayer(cfg), torch.randn(16, 2, 128, requires_grad=True))
+    expect = expected_saved(g)
+    for o in g.ops:
+        meas = (sv.saved_output_bytes[o.name] if o.name != g.output_op else 0.0) + sv.side_bytes[o.name]
+        assert abs(meas - expect[o.name]) <= SAVED_TOLERANCE * max(expect[o.name], 1.0), o.name
+    torch.manual_seed(0)
+    ref = GPTModel(cfg, 3, 64)
+    loss0 = train_step(ref, 2, None, 2)
+    g0 = grads_of(ref)
+    for m in ("full", "selective", "mc-mlp", "mc-layernorm"):
+        model = GPTModel(cfg, 3, 64)
+        loss = train_step(model, 2, RecomputeEngine(model.layers, method_policy(m, prob)), 2)
+        assert loss == loss0 and all(torch.equal(g0[k], v) for k, v in grads_of(model).items()), m

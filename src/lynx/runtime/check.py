@@ -26,7 +26,7 @@ def model_spec(cfg: Any, num_layers: int, vocab: int, name: str = "runtime") -> 
     return ModelSpec(name=name, num_layers=num_layers, hidden_size=cfg.hidden_size,
                      num_attention_heads=cfg.num_attention_heads, ffn_hidden_size=cfg.ffn_hidden_size,
                      vocab_size=vocab, max_position_embeddings=max(cfg.seq_length, 8),
-                     dropout=cfg.dropout_p > 0)
+                     dropout=cfg.dropout_p > 0, attention="flash" if cfg.core_attn else "standard")
 
 
 def problem_for(cfg: LayerConfig, num_layers: int, vocab: int, num_microbatches: int = 1,

@@ -226,7 +226,11 @@ class GPTLayer(torch.nn.Module):
         return ctx.transpose(0, 1).reshape(s, b, self.heads_local * self.head_dim)
 
     def _core(self, qkv: torch.Tensor, mb: int) -> torch.Tensor:
-        q, k, v = self._split_qkv(qkv)
+        # 4-D [b, a_l, s, d] views of the QKV output: SDPA's flash kernel saves them as views (no copies) and
+        # writes its output as [s, b, a_l, d], so merging the heads below is a view too
+        s, b = qkv.shape[0], qkv.shape[1]
+        x = qkv.view(s, b, self.heads_local, 3, self.head_dim)
+        q, k, v = (x[:, :, :, i].permute(1, 2, 0, 3) for i in range(3))
         p = self.cfg.dropout_p if self.training else 0.0
         if p > 0:  # SDPA draws dropout from the global RNG: fork it, seeded per (layer, micro-batch, op)
             devices = [q.device] if q.is_cuda else []
@@ -235,7 +239,7 @@ class GPTLayer(torch.nn.Module):
                 ctx = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:
             ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self._merge_heads(ctx)
+        return ctx.permute(2, 0, 1, 3).reshape(s, b, self.heads_local * self.head_dim)
 
     def _seed_for(self, op: str, mb: int) -> int:
         # Inside the TP region (attention dropout) every rank draws its own mask, as Megatron's
