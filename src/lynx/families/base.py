@@ -11,7 +11,7 @@ Adding a family: one module that builds a `Family`, one line in `lynx.families.F
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from lynx.graph import LAYER_INPUT, Block, OpKind
@@ -98,7 +98,6 @@ class Family:
     runtime_module: str
     """The module whose ``RUNTIME`` (`lynx.runtime.family.RuntimeFamily`) builds the torch layer and model
     (imported only by the runtime and the profiler)."""
-    megatron_modules: tuple[str, ...] = field(default=("core_attn", "mlp", "layernorm"))
 
 
 class LayerBuilder:
