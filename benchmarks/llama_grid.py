@@ -17,12 +17,12 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import dataclass
 
 from _markdown import Out
-from paper_grid import Cell, cell
 from rich.table import Table
 
-from lynx.api import compare, make_problem
+from lynx.api import CompareRow, compare, make_problem
 from lynx.methods import available_methods
 from lynx.policy.rules import keep_all, selective_layer
 from lynx.problem import PlanOptions
@@ -36,6 +36,23 @@ METHODS = ("none", "full", "block", "selective", "mc-mlp", "mc-layernorm", "mc-c
            "adapipe", "lynx-heu", "lynx")
 MICRO_BATCHES = (1, 2, 3, 4)
 SEQS = (4096, 8192)
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    samples_per_s: float | None
+    """None: OOM in the simulator or no policy fits."""
+    status: str
+    crit_s: float = 0.0
+
+
+def cell(r: CompareRow) -> Cell:
+    if r.plan is None:
+        return Cell(None, "inf")
+    s = r.plan.sim
+    if s.oom:
+        return Cell(None, "OOM")
+    return Cell(s.samples_per_s, "ok", sum(st.recompute_critical_s for st in s.stages))
 
 
 def run(models: tuple[str, ...], seqs: tuple[int, ...], sp: bool) -> list[dict[str, object]]:
