@@ -31,21 +31,16 @@ GRAPH_SCHEMA_VERSION = 1
 OpKind = Literal["compute", "comm"]
 Block = Literal["attn", "mlp"]
 
-STANDARD_OPS: tuple[str, ...] = (
-    "ln1", "qkv", "attn_scores", "softmax", "attn_dropout", "attn_context", "attn_proj",
-    "attn_allreduce", "attn_residual", "ln2", "fc1", "gelu", "fc2", "mlp_allreduce", "mlp_residual",
-)
-"""The op vocabulary of a GPT layer with standard attention and no sequence parallelism."""
+_MOVED = ("STANDARD_OPS", "SP_OPS", "CORE_ATTENTION_OPS")
+"""The GPT vocabulary lives in `lynx.families.gpt` (each family owns its ops); still importable from here."""
 
-SP_OPS: tuple[str, ...] = (
-    "ln1", "attn_allgather", "qkv", "attn_scores", "softmax", "attn_dropout", "attn_context",
-    "attn_proj", "attn_reducescatter", "attn_residual", "ln2", "mlp_allgather", "fc1", "gelu", "fc2",
-    "mlp_reducescatter", "mlp_residual",
-)
-"""With sequence parallelism each all-reduce becomes an all-gather before and a reduce-scatter after."""
 
-CORE_ATTENTION_OPS: frozenset[str] = frozenset({"attn_scores", "softmax", "attn_dropout", "attn_context"})
-"""What Megatron's selective recomputation calls core attention."""
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        from lynx.families import gpt
+
+        return getattr(gpt, name)
+    raise AttributeError(f"module 'lynx.graph' has no attribute {name!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +63,9 @@ class Op:
     overlaps_wgrad_of: str | None = None
     """Comm ops: the op whose weight-gradient GEMM Megatron runs while this backward collective is in flight."""
     fwd_flops: float = 0.0
+    module: str = ""
+    """Megatron-Core's --recompute-modules name the op belongs to ("layernorm", "core_attn", "mlp"; "" for
+    none): how `--compare`'s module-list baselines and Megatron's selective recomputation pick ops."""
 
     @property
     def is_comm(self) -> bool:
@@ -90,6 +88,9 @@ class GraphMeta:
     sequence_parallel: bool = False
     device: str = ""
     dtype: str = "bf16"
+    family: str = "gpt"
+    num_query_groups: int = 0
+    """0: as many as attention heads (no grouped-query attention)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +154,10 @@ class LayerGraph:
         """Every op's output and mask of one layer: the working set while a layer runs or is recomputed."""
         return self.input_bytes + sum(o.out_bytes + o.mask_bytes for o in self.ops[:-1]) + self.ops[-1].mask_bytes
 
+    def module_ops(self, module: str) -> tuple[str, ...]:
+        """The ops of a Megatron-Core recompute module ("layernorm", "core_attn", "mlp"), forward order."""
+        return tuple(o.name for o in self.ops if o.module == module)
+
     def comm_ops(self, block: Block | None = None) -> tuple[Op, ...]:
         return tuple(o for o in self.ops if o.is_comm and (block is None or o.block == block))
 
@@ -209,6 +214,10 @@ class LayerGraph:
                 od = dict(od)
                 od["inputs"] = tuple(od["inputs"])
                 od["saved"] = tuple(od.get("saved", ()))
+                if "module" not in od:  # graphs stored before ops carried it are GPT graphs
+                    from lynx.families.gpt import MODULE_OF
+
+                    od["module"] = MODULE_OF.get(str(od.get("name")), "")
                 ops.append(Op(**od))
             return LayerGraph(tuple(ops), float(d["input_bytes"]), GraphMeta(**d.get("meta", {})))
         except (KeyError, TypeError) as e:

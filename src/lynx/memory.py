@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lynx.families import get_family
 from lynx.graph import LayerGraph
 from lynx.policy.base import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase, StageContext
 from lynx.spec import ModelSpec, ParallelSpec
@@ -19,17 +20,13 @@ DEFAULT_BYTES_PER_PARAM = 16.0
 
 
 def layer_params_per_rank(model: ModelSpec, tp: int) -> float:
-    """One layer's parameters on one TP rank: column/row-parallel weights split, LayerNorms and the
-    row-parallel biases replicated (Megatron-LM's ColumnParallelLinear / RowParallelLinear)."""
-    h, f = model.hidden_size, model.ffn_hidden_size
-    split = 3 * h * h + 3 * h + h * h + h * f + f + f * h
-    replicated = h + h + 2 * 2 * h  # proj bias, fc2 bias, two LayerNorms (weight + bias)
-    return split / tp + replicated
+    """One layer's parameters on one TP rank (the model family's count: `lynx.families`)."""
+    return get_family(model.family).layer_params(model, tp)
 
 
 def embedding_params_per_rank(model: ModelSpec, tp: int) -> float:
-    """Vocab-parallel word embedding (split over TP) and replicated position embedding."""
-    return model.vocab_size * model.hidden_size / tp + model.max_position_embeddings * model.hidden_size
+    """The first stage's embeddings on one TP rank (the model family's count)."""
+    return get_family(model.family).embedding_params(model, tp)
 
 
 def static_bytes(
@@ -48,7 +45,7 @@ def static_bytes(
 def extra_retained_bytes(model: ModelSpec, par: ParallelSpec, stage: int) -> float:
     """Per micro-batch outside the layers: the embedding dropout mask on the first stage (Korthikanti
     et al. 2022, sec. 4.3: sbhp/t with p the number of stages counted on stage 0)."""
-    if stage != 0 or not model.dropout:
+    if stage != 0 or not model.dropout or model.hidden_dropout == 0:
         return 0.0
     sbh = par.seq_length * par.micro_batch_size * model.hidden_size
     return sbh / (par.tp if par.sequence_parallel else 1)

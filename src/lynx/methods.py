@@ -129,3 +129,20 @@ def _block(problem: PlanProblem) -> PlanResult:
     k = n
     res = per_stage(problem, "block", lambda c, g: block_policy(c, g, k), part)
     return PlanResult(res.method, res.partition, res.policies, (f"--recompute-num-layers {k}",), res.search_time_s)
+
+
+def _register_megatron_modules() -> None:
+    """Megatron-Core --recompute-modules baselines: one method per module list users set today."""
+    from lynx.policy.megatron_modules import modules_policy
+
+    for mods in (("core_attn",), ("mlp",), ("layernorm",), ("core_attn", "mlp"), ("mlp", "layernorm"),
+                 ("core_attn", "mlp", "layernorm")):
+        name = "mc-" + "+".join(mods)
+
+        def fn(problem: PlanProblem, mods: tuple[str, ...] = mods, name: str = name) -> PlanResult:
+            return per_stage(problem, name, lambda c, g: modules_policy(c, g, mods))
+
+        register(name, f"Megatron-Core --recompute-modules {' '.join(mods)} (on demand)")(fn)
+
+
+_register_megatron_modules()

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
 import yaml
 
@@ -23,9 +23,17 @@ GB = 1e9
 GiB = float(1 << 30)
 
 
+Activation = Literal["gelu", "swiglu"]
+Normalization = Literal["layernorm", "rmsnorm"]
+PositionEmbedding = Literal["learned", "rope"]
+Attention = Literal["standard", "flash"]
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """A GPT-style decoder: `num_layers` identical transformer layers plus embeddings and LM head."""
+    """A decoder-only transformer: `num_layers` identical layers of a model family (`lynx.families`) plus
+    embeddings and LM head. Defaults describe GPT; a model file naming ``family: llama`` gets that family's
+    defaults for the fields it leaves out (`load_model`)."""
 
     name: str
     num_layers: int
@@ -38,11 +46,30 @@ class ModelSpec:
     max_position_embeddings: int = 2048
     dropout: bool = True
     """Dropout after attention probabilities and after each block (GPT-3 style); adds 1-byte masks."""
+    family: str = "gpt"
+    """Which `lynx.families` module describes the layer ("gpt", "llama")."""
+    num_query_groups: int = 0
+    """K/V heads (grouped-query attention); 0 means as many as attention heads (multi-head attention)."""
+    activation: Activation = "gelu"
+    normalization: Normalization = "layernorm"
+    position_embedding: PositionEmbedding = "learned"
+    """"learned" adds a max_position_embeddings x hidden table; "rope" has no parameters."""
+    tie_embeddings: bool = True
+    """The LM head shares the word embedding (GPT); LLaMA unties them (a second V x h matrix)."""
+    attention: Attention = "standard"
+    """"standard": scores, softmax, dropout, context as separate ops storing the s x s tensors;
+    "flash": one fused op storing Q, K, V, its output and the log-sum-exp (Dao 2023)."""
+    hidden_dropout: float = 0.1
+    """Dropout rate after each block (used when `dropout` is on; 0 leaves the masks out)."""
+    attention_dropout: float = 0.1
+    """Dropout rate on the attention probabilities (used when `dropout` is on)."""
 
     def __post_init__(self) -> None:
         if self.ffn_hidden_size == 0:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
-        for f in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
+        if self.num_query_groups == 0:
+            object.__setattr__(self, "num_query_groups", self.num_attention_heads)
+        for f in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "num_query_groups"):
             if getattr(self, f) <= 0:
                 raise SpecError(f"model {self.name!r}: {f} must be positive")
         if self.hidden_size % self.num_attention_heads:
@@ -50,25 +77,41 @@ class ModelSpec:
                 f"model {self.name!r}: hidden_size {self.hidden_size} is not divisible by "
                 f"num_attention_heads {self.num_attention_heads}"
             )
+        if self.num_attention_heads % self.num_query_groups:
+            raise SpecError(f"model {self.name!r}: num_attention_heads {self.num_attention_heads} is not "
+                            f"divisible by num_query_groups {self.num_query_groups}")
+        for f, ok in (("activation", get_args(Activation)), ("normalization", get_args(Normalization)),
+                      ("position_embedding", get_args(PositionEmbedding)), ("attention", get_args(Attention))):
+            if getattr(self, f) not in ok:
+                raise SpecError(f"model {self.name!r}: {f} {getattr(self, f)!r}; choose one of {', '.join(ok)}")
+        for f in ("hidden_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, f) < 1.0:
+                raise SpecError(f"model {self.name!r}: {f} must lie in [0, 1), got {getattr(self, f)}")
+        from lynx.families import get_family
+
+        get_family(self.family).check_model(self)
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
     def layer_params(self) -> int:
-        """Parameters of one transformer layer (weights and biases, two LayerNorms)."""
-        h, f = self.hidden_size, self.ffn_hidden_size
-        attn = 3 * h * h + 3 * h + h * h + h
-        mlp = h * f + f + f * h + h
-        norms = 2 * 2 * h
-        return attn + mlp + norms
+        """Parameters of one transformer layer (the family's count, TP = 1)."""
+        from lynx.families import get_family
+
+        return round(get_family(self.family).layer_params(self, 1))
 
     def embedding_params(self) -> int:
-        """Word and position embeddings (the LM head is tied to the word embedding, as in GPT)."""
-        return self.vocab_size * self.hidden_size + self.max_position_embeddings * self.hidden_size
+        """Word (and learned position) embeddings; a tied LM head is this word embedding."""
+        from lynx.families import get_family
+
+        return round(get_family(self.family).embedding_params(self, 1))
 
     def total_params(self) -> int:
-        return self.num_layers * self.layer_params() + self.embedding_params() + 2 * self.hidden_size
+        from lynx.families import get_family
+
+        out = get_family(self.family).output_params(self)
+        return self.num_layers * self.layer_params() + self.embedding_params() + round(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,12 +291,9 @@ class ParallelSpec:
 
 def validate_layout(model: ModelSpec, hw: Hardware, par: ParallelSpec, nodes: int | None = None) -> int:
     """Check that `par` fits `model` and `hw`; return the number of nodes used."""
-    if model.num_attention_heads % par.tp:
-        raise SpecError(
-            f"{model.name}: {model.num_attention_heads} attention heads are not divisible by TP {par.tp}"
-        )
-    if model.hidden_size % par.tp or model.ffn_hidden_size % par.tp:
-        raise SpecError(f"{model.name}: hidden size {model.hidden_size} is not divisible by TP {par.tp}")
+    from lynx.families import get_family
+
+    get_family(model.family).check_layout(model, par.tp)
     if model.num_layers < par.pp:
         raise SpecError(f"{model.name}: {model.num_layers} layers cannot fill {par.pp} pipeline stages")
     cap = hw.max_nodes if nodes is None else nodes
@@ -319,9 +359,24 @@ def _load(kind: str, name_or_path: str) -> tuple[str, Mapping[str, Any]]:
     return f"preset {name_or_path}", _read_yaml(name_or_path, res.read_text())
 
 
+def _with_family_defaults(data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The family's values for the fields a model file leaves out (``family: llama`` alone means SwiGLU,
+    RMSNorm, RoPE, untied embeddings, flash attention, no dropout)."""
+    from lynx.families import get_family
+
+    fam = data.get("family", "gpt")
+    if not isinstance(fam, str):
+        raise SpecError(f"{where}: family must be a string, got {fam!r}")
+    try:
+        defaults = get_family(fam).defaults
+    except SpecError as e:
+        raise SpecError(f"{where}: {e}") from None
+    return {**defaults, **data}
+
+
 def load_model(name_or_path: str) -> ModelSpec:
     where, data = _load("models", name_or_path)
-    data = dict(data)
+    data = _with_family_defaults(data, where)
     data.setdefault("name", name_or_path)
     return _build(ModelSpec, data, where)
 
@@ -368,7 +423,7 @@ def parallel_to_dict(p: ParallelSpec) -> dict[str, Any]:
 
 
 def model_from_dict(d: Mapping[str, Any]) -> ModelSpec:
-    return _build(ModelSpec, d, "plan: model")
+    return _build(ModelSpec, _with_family_defaults(d, "plan: model"), "plan: model")
 
 
 def hardware_from_dict(d: Mapping[str, Any]) -> Hardware:

@@ -23,6 +23,7 @@ from typing import Literal
 
 from lynx.costmodel import allreduce_time, gather_time
 from lynx.errors import SpecError
+from lynx.families import get_family
 from lynx.memory import embedding_params_per_rank, layer_params_per_rank
 from lynx.spec import LinkSpec, ModelSpec, ParallelSpec
 
@@ -106,11 +107,6 @@ def recipe_for(precision: str | Precision, bytes_per_param: float | None = None)
 # Parameters per stage
 # ---------------------------------------------------------------------------------------------------
 
-def ties_embeddings(model: ModelSpec) -> bool:
-    # MERGE(issue 10): ModelSpec gains `tie_embeddings`; until then every model ties (GPT). The only read.
-    return bool(getattr(model, "tie_embeddings", True))
-
-
 @dataclass(frozen=True, slots=True)
 class StageParams:
     """Parameter counts on one device of one stage."""
@@ -129,16 +125,15 @@ class StageParams:
 
 
 def stage_params(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int) -> StageParams:
-    t, h, v = par.tp, model.hidden_size, model.vocab_size
+    t = par.tp
     first, last = stage == 0, stage == par.pp - 1
-    head = 0.0
-    if last and (not ties_embeddings(model) or par.pp > 1):
-        head = v * h / t
+    family = get_family(model.family)
+    norm = family.final_norm_params(model) if last else 0.0
     return StageParams(
         layers=num_layers * layer_params_per_rank(model, t),
         embedding=embedding_params_per_rank(model, t) if first else 0.0,
-        head=head,
-        final_norm=2.0 * h if last else 0.0,
+        head=family.head_params(model, t, par.pp) - norm if last else 0.0,
+        final_norm=norm,
     )
 
 

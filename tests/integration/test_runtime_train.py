@@ -91,3 +91,19 @@ def test_plan_and_layer_vocabularies_must_agree(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as e:
         main(["--plan", str(plan), "--core-attn", "--iters", "1"])
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize("method", ["mc-mlp", "full"])
+def test_train_llama_plan_picks_the_llama_layer(tmp_path: Path, method: str) -> None:
+    """The plan's model family picks the runtime layer; measured bytes held after forward = the plan's."""
+    from lynx.runtime.train import main
+
+    par = ParallelSpec(tp=1, pp=1, micro_batch_size=2, global_batch_size=4, seq_length=32)
+    prob = make_problem(load_model("llama-tiny"), load_hardware("a100-40g-nvlink"), par, PlanOptions())
+    plan = tmp_path / "plan.json"
+    Plan.evaluate(prob, get_method(method).fn(prob)).save(plan)
+    out = tmp_path / "r.json"
+    main(["--plan", str(plan), "--iters", "1", "--warmup", "0", "--out", str(out), "--quiet", "--threads", "1"])
+    r = json.loads(out.read_text())
+    assert r["iterations"][0]["loss"] > 0 and r["iterations"][0]["restored_on_demand"] > 0
+    assert r["measured_act_after_fwd_bytes"] == r["predicted_act_after_fwd_bytes"]

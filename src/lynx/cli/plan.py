@@ -232,13 +232,15 @@ def presets_cmd(as_json: JsonOpt = False) -> None:
     models = {n: load_model(n) for n in model_presets()}
     hws = {n: load_hardware(n) for n in hardware_presets()}
     if as_json:
-        print_json({"models": {n: {"layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_attention_heads,
+        print_json({"models": {n: {"family": m.family, "layers": m.num_layers, "hidden": m.hidden_size,
+                                   "heads": m.num_attention_heads, "query_groups": m.num_query_groups,
                                    "params": m.total_params()} for n, m in models.items()},
                     "hardware": {n: {"device": h.device.name, "devices_per_node": h.devices_per_node,
                                      "max_nodes": h.max_nodes} for n, h in hws.items()}})
         return
     for n, m in models.items():
-        console.print(f"model    [bold]{n:10s}[/bold] {m.num_layers} layers, hidden {m.hidden_size}, "
-                      f"{m.num_attention_heads} heads, {m.total_params() / 1e9:.2f}B parameters")
+        gqa = f" ({m.num_query_groups} K/V)" if m.num_query_groups != m.num_attention_heads else ""
+        console.print(f"model    [bold]{n:13s}[/bold] {m.family:5s} {m.num_layers} layers, hidden {m.hidden_size}, "
+                      f"{m.num_attention_heads} heads{gqa}, {m.total_params() / 1e9:.2f}B parameters")
     for n, h in hws.items():
         console.print(f"hardware [bold]{n:16s}[/bold] {h.max_nodes} nodes x {h.devices_per_node} {h.device.name}")

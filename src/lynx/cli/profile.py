@@ -62,9 +62,11 @@ def profile_cmd(
     a = heads or m.num_attention_heads
     f = ffn or (4 * h if hidden and not ffn else m.ffn_hidden_size)
     name = m.name if (hidden, heads, ffn) == (None, None, None) else f"{m.name}[h{h},a{a},f{f}]"
+    groups = m.num_query_groups if a % m.num_query_groups == 0 else a
     cfg = ProfileConfig(model=name, hidden_size=h, num_attention_heads=a, ffn_hidden_size=f, seq_length=seq_len,
                         micro_batch_size=micro_batch, tp=tp, sequence_parallel=sp, dtype=dtype, device=device,
-                        dropout_p=0.1 if m.dropout else 0.0, warmup=warmup, repeats=repeats, threads=threads)
+                        dropout_p=m.hidden_dropout if m.dropout else 0.0, warmup=warmup, repeats=repeats,
+                        threads=threads, family=m.family, num_query_groups=groups)
     if timeout <= 0:
         raise ProfileError(f"--timeout must be positive, got {timeout}")
     prepare(cfg)

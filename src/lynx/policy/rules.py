@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lynx.graph import CORE_ATTENTION_OPS, LAYER_INPUT, LayerGraph
+from lynx.graph import LAYER_INPUT, LayerGraph
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, StageContext
 
 
@@ -37,12 +37,19 @@ def full_layer(graph: LayerGraph) -> LayerPolicy:
     return on_demand(graph, frozenset())
 
 
+def checkpointed_drops(graph: LayerGraph, ops: tuple[str, ...] | frozenset[str]) -> frozenset[str]:
+    """What a Megatron ``tensor_parallel.checkpoint`` around `ops` frees: their outputs, except those a
+    backward outside the region still reads (the consumer holds them anyway)."""
+    region = set(ops)
+    outside = {s for o in graph.ops if o.name not in region for s in o.saved}
+    return frozenset(n for n in region if n not in outside)
+
+
 def selective_layer(graph: LayerGraph) -> LayerPolicy:
-    """Megatron selective (Korthikanti et al. 2022): recompute core attention (QK^T, softmax, dropout,
-    probs @ V); its input (QKV) and output (context) stay stored. With flash attention (one `core_attn`
-    op), that op is what gets recomputed."""
-    core = (CORE_ATTENTION_OPS | {"core_attn"}) - {"attn_context"}
-    return on_demand(graph, graph.needed() - core)
+    """Megatron selective (Korthikanti et al. 2022): checkpoint core attention (QK^T, softmax, dropout,
+    probs @ V); its input (QKV) and output (context, which the projection saves) stay stored. With flash
+    attention (one `core_attn` op, whose output the projection saves) nothing is left to drop."""
+    return on_demand(graph, graph.needed() - checkpointed_drops(graph, graph.module_ops("core_attn")))
 
 
 def _same(method: str, lp: LayerPolicy, ctx: StageContext) -> RecomputePolicy:

@@ -38,10 +38,15 @@ def nominal_hardware(device_name: str, peak_flops: float, mem_bw: float, link_bw
 
 
 def specs_of(graph: LayerGraph) -> tuple[ModelSpec, ParallelSpec]:
+    from lynx.families import get_family
+
     m = graph.meta
+    # dropout: an op outside norms and core attention whose backward reads its own side state (a mask)
+    dropout = any(o.name in o.saved and o.module not in ("layernorm", "core_attn") for o in graph.ops)
+    fields = {**get_family(m.family).defaults, "family": m.family, "dropout": dropout}
     model = ModelSpec(name=m.model or "profiled", num_layers=1, hidden_size=m.hidden_size,
                       num_attention_heads=m.num_attention_heads, ffn_hidden_size=m.ffn_hidden_size,
-                      dropout=any(o.name == "attn_dropout" for o in graph.ops))
+                      num_query_groups=m.num_query_groups, **fields)
     par = ParallelSpec(tp=m.tp, sequence_parallel=m.sequence_parallel, micro_batch_size=m.micro_batch_size,
                        global_batch_size=m.micro_batch_size, seq_length=m.seq_length)
     return model, par

@@ -1,5 +1,5 @@
-"""`lynx profile`: build the runtime's `GPTLayer` for a shape and layout, measure it op by op on one rank
-(rank 0 of the TP group), and turn the measurements into a `LayerGraph` plus per-op statistics.
+"""`lynx profile`: build the runtime's layer of the model's family for a shape and layout, measure it op by op
+on one rank (rank 0 of the TP group), and turn the measurements into a `LayerGraph` plus per-op statistics.
 
 The structure of the graph that is definition rather than measurement (op kind, block, which backward
 collective overlaps which weight gradient, forward FLOPs) comes from the analytic graph of the same shape;
@@ -50,6 +50,10 @@ class ProfileConfig:
     seed: int = 1234
     threads: int = 0
     """CPU threads per rank; 0: the machine's cores divided by TP."""
+    family: str = "gpt"
+    """The model family (`lynx.families`): it picks the runtime layer that is measured."""
+    num_query_groups: int = 0
+    """K/V heads (grouped-query attention); 0: as many as attention heads."""
 
     def validate(self) -> None:
         h, a, f, t = self.hidden_size, self.num_attention_heads, self.ffn_hidden_size, self.tp
@@ -61,8 +65,9 @@ class ProfileConfig:
             raise ProfileError(f"--warmup must be >= 0, got {self.warmup}")
         if h % a:
             raise ProfileError(f"hidden size {h} is not divisible by {a} attention heads")
-        if a % t or f % t:
-            raise ProfileError(f"TP {t} must divide the {a} heads and the FFN width {f}")
+        if a % t or f % t or (self.num_query_groups or a) % t:
+            raise ProfileError(f"TP {t} must divide the {a} heads, the {self.num_query_groups or a} query groups "
+                               f"and the FFN width {f}")
         if self.sequence_parallel and self.seq_length % t:
             raise ProfileError(f"sequence parallelism needs seq length {self.seq_length} divisible by TP {t}")
         if self.dtype not in DTYPES:
@@ -75,9 +80,19 @@ class ProfileConfig:
         return torch.empty((), dtype=DTYPES[self.dtype]).element_size()
 
     def model_spec(self) -> ModelSpec:
-        return ModelSpec(name=self.model, num_layers=1, hidden_size=self.hidden_size,
-                         num_attention_heads=self.num_attention_heads, ffn_hidden_size=self.ffn_hidden_size,
-                         dropout=self.dropout_p > 0)
+        """The planner's view of the profiled layer: the family's defaults plus this shape."""
+        from lynx.families import get_family
+        from lynx.spec import SpecError
+
+        fields = {**get_family(self.family).defaults, "family": self.family, "name": self.model, "num_layers": 1,
+                  "hidden_size": self.hidden_size, "num_attention_heads": self.num_attention_heads,
+                  "num_query_groups": self.num_query_groups, "ffn_hidden_size": self.ffn_hidden_size,
+                  "dropout": self.dropout_p > 0, "hidden_dropout": self.dropout_p,
+                  "attention_dropout": self.dropout_p}
+        try:
+            return ModelSpec(**fields)
+        except SpecError as e:
+            raise ProfileError(str(e)) from None
 
     def parallel_spec(self) -> ParallelSpec:
         return ParallelSpec(tp=self.tp, sequence_parallel=self.sequence_parallel,
@@ -172,15 +187,17 @@ def measure_peaks(device: torch.device, dtype: torch.dtype, timer: Callable[[Cal
 def run_rank(cfg: ProfileConfig, group: Any, device: torch.device,
              progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Build the layer, count saved bytes, time all ops; returns plain data (picklable across processes)."""
-    from lynx.runtime.layer import GPTLayer, LayerConfig
+    from lynx.runtime.family import runtime_for
 
     torch.manual_seed(cfg.seed)
-    lcfg = LayerConfig(hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
-                       ffn_hidden_size=cfg.ffn_hidden_size, seq_length=cfg.seq_length,
-                       micro_batch_size=cfg.micro_batch_size, tp=cfg.tp, sequence_parallel=cfg.sequence_parallel,
-                       dropout_p=cfg.dropout_p, dtype=DTYPES[cfg.dtype])
+    spec = cfg.model_spec()
+    rt = runtime_for(spec)  # the family picks the runtime layer
     try:
-        layer = GPTLayer(lcfg, group=group, device=device, seed=cfg.seed)
+        lcfg = rt.config(spec, cfg.parallel_spec(), DTYPES[cfg.dtype], False)
+    except ValueError as e:
+        raise ProfileError(str(e)) from None
+    try:
+        layer = rt.layer(lcfg, group, device=device, seed=cfg.seed)
         s_local = cfg.seq_length // cfg.tp if cfg.sequence_parallel else cfg.seq_length
         x = torch.randn(s_local, cfg.micro_batch_size, cfg.hidden_size, device=device, dtype=DTYPES[cfg.dtype])
         saved = count_saved(layer, x.detach().requires_grad_())
@@ -230,7 +247,8 @@ def assemble(cfg: ProfileConfig, raw: dict[str, Any], wall_s: float) -> ProfileR
     meta = GraphMeta(source="profile", model=cfg.model, hidden_size=cfg.hidden_size,
                      num_attention_heads=cfg.num_attention_heads, ffn_hidden_size=cfg.ffn_hidden_size,
                      seq_length=cfg.seq_length, micro_batch_size=cfg.micro_batch_size, tp=cfg.tp,
-                     sequence_parallel=cfg.sequence_parallel, device=raw["device"], dtype=cfg.dtype)
+                     sequence_parallel=cfg.sequence_parallel, device=raw["device"], dtype=cfg.dtype,
+                     family=cfg.family, num_query_groups=cfg.model_spec().num_query_groups)
     graph = LayerGraph(tuple(ops), input_bytes=sv.out_bytes.get(LAYER_INPUT, ref.input_bytes), meta=meta)
     # the layer: sums of the op medians and (conservatively) of their spreads
     lf, lfs = sum(s.fwd_s for s in stats), sum(s.fwd_spread_s for s in stats)

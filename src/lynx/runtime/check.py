@@ -19,11 +19,14 @@ from lynx.runtime.model import GPTModel, synthetic_batch
 from lynx.spec import ModelSpec, ParallelSpec, load_hardware
 
 
-def model_spec(cfg: LayerConfig, num_layers: int, vocab: int, name: str = "runtime") -> ModelSpec:
+def model_spec(cfg: Any, num_layers: int, vocab: int, name: str = "runtime") -> ModelSpec:
+    """The planner's view of a runtime layer config (a family's config may say it itself: `model_spec`)."""
+    if hasattr(cfg, "model_spec"):
+        return cfg.model_spec(num_layers, vocab, name)  # type: ignore[no-any-return]
     return ModelSpec(name=name, num_layers=num_layers, hidden_size=cfg.hidden_size,
                      num_attention_heads=cfg.num_attention_heads, ffn_hidden_size=cfg.ffn_hidden_size,
                      vocab_size=vocab, max_position_embeddings=max(cfg.seq_length, 8),
-                     dropout=cfg.dropout_p > 0)
+                     dropout=cfg.dropout_p > 0, attention="flash" if cfg.core_attn else "standard")
 
 
 def problem_for(cfg: LayerConfig, num_layers: int, vocab: int, num_microbatches: int = 1,
@@ -86,11 +89,13 @@ def runtime_graph(graph: LayerGraph, dtype: torch.dtype) -> LayerGraph:
     return replace(graph, ops=ops, input_bytes=graph.input_bytes * f)
 
 
-def layernorm_stats_bytes(cfg: LayerConfig, keep: frozenset[str]) -> int:
+def layernorm_stats_bytes(cfg: Any, keep: frozenset[str]) -> int:
     """Mean and 1/std per token that a kept LayerNorm's backward also reads (fp32), which the graph folds
-    into the op as negligible: 2 x 4 bytes per token per kept LayerNorm."""
+    into the op as negligible: 2 x 4 bytes per token per kept LayerNorm (a config may name its own norm ops
+    and bytes per token: RMSNorm keeps 4)."""
     tok = cfg.seq_length * cfg.micro_batch_size // (cfg.tp if cfg.sequence_parallel else 1)
-    return sum(2 * 4 * tok for n in ("ln1", "ln2") if n in keep)
+    per = getattr(cfg, "norm_stats_bytes", 2 * 4)
+    return sum(per * tok for n in getattr(cfg, "norm_ops", ("ln1", "ln2")) if n in keep)
 
 
 def predicted_activation_bytes(graph: LayerGraph, policy: RecomputePolicy, cfg: LayerConfig,

@@ -108,6 +108,8 @@ class RecomputeEngine:
         self._cur_k = 0
         self._registry: dict[int, tuple[int, str, torch.Tensor]] = {}
         self._replaying = 0
+        self._restoring: set[tuple[int, int, str]] = set()
+        """(layer, micro-batch, op) restorations in progress: their inputs must not be freed meanwhile."""
         for i, layer in enumerate(self.layers):
             layer.window_hook = self._make_hook(i)
 
@@ -202,7 +204,11 @@ class RecomputeEngine:
         if op in rec.restored:
             return
         layer = self.layers[li]
-        env = {d: self._value(li, mb, d, window) for d in layer.op_inputs[op]}
+        self._restoring.add((li, mb, op))
+        try:
+            env = {d: self._value(li, mb, d, window) for d in layer.op_inputs[op]}
+        finally:
+            self._restoring.discard((li, mb, op))
         t0 = time.perf_counter()
         captured: list[torch.Tensor] = []
 
@@ -244,6 +250,8 @@ class RecomputeEngine:
             if not out.numel() or name in rec.out_handles or (chunk_top and name == layer.op_names[-1]):
                 continue
             users = [c for c, ins in layer.op_inputs.items() if name in ins]
+            if any((li, mb, c) in self._restoring for c in users):  # an op being restored reads it next
+                continue
             if all(c in rec.restored or c in pol.keep or c not in planned for c in users):
                 rec.restored[name] = (out.new_empty(0), saved)
 
@@ -252,7 +260,7 @@ class RecomputeEngine:
             if self._replaying:
                 return
             self.stats.window_calls += 1
-            block = "attn" if op.startswith("attn") else "mlp"
+            block = self.layers[li].op_blocks[op]  # the family's block of this comm op
             if direction == "fwd":
                 phase = _FWD_PHASE[block]
                 todo = [t for t in self._pending_fwd if t[0] == li and t[3] == phase and t[1] != mb]

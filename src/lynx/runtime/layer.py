@@ -31,7 +31,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lynx.graph import LAYER_INPUT, SP_OPS, STANDARD_OPS
+from lynx.families.gpt import SP_OPS, STANDARD_OPS
+from lynx.graph import LAYER_INPUT
 from lynx.runtime import tp
 
 WindowHook = Callable[[str, str, int], None]
@@ -149,6 +150,8 @@ class GPTLayer(torch.nn.Module):
                              persistent=False)
         self.op_names: tuple[str, ...] = op_names_for(cfg)
         self.op_inputs: dict[str, tuple[str, ...]] = op_inputs_for(self.op_names)
+        mlp_from = self.op_names.index("ln2")
+        self.op_blocks: dict[str, str] = {n: "attn" if i < mlp_from else "mlp" for i, n in enumerate(self.op_names)}
         self.window_hook: WindowHook | None = None
         self._fns: dict[str, Callable[[dict[str, torch.Tensor], int], torch.Tensor]] = {
             "ln1": lambda e, m: self.ln1(e[LAYER_INPUT]),
@@ -223,7 +226,11 @@ class GPTLayer(torch.nn.Module):
         return ctx.transpose(0, 1).reshape(s, b, self.heads_local * self.head_dim)
 
     def _core(self, qkv: torch.Tensor, mb: int) -> torch.Tensor:
-        q, k, v = self._split_qkv(qkv)
+        # 4-D [b, a_l, s, d] views of the QKV output: SDPA's flash kernel saves them as views (no copies) and
+        # writes its output as [s, b, a_l, d], so merging the heads below is a view too
+        s, b = qkv.shape[0], qkv.shape[1]
+        x = qkv.view(s, b, self.heads_local, 3, self.head_dim)
+        q, k, v = (x[:, :, :, i].permute(1, 2, 0, 3) for i in range(3))
         p = self.cfg.dropout_p if self.training else 0.0
         if p > 0:  # SDPA draws dropout from the global RNG: fork it, seeded per (layer, micro-batch, op)
             devices = [q.device] if q.is_cuda else []
@@ -232,7 +239,7 @@ class GPTLayer(torch.nn.Module):
                 ctx = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:
             ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self._merge_heads(ctx)
+        return ctx.permute(2, 0, 1, 3).reshape(s, b, self.heads_local * self.head_dim)
 
     def _seed_for(self, op: str, mb: int) -> int:
         # Inside the TP region (attention dropout) every rank draws its own mask, as Megatron's

@@ -20,7 +20,9 @@ import torch.nn.functional as F
 
 from lynx.runtime import tp
 from lynx.runtime.engine import RecomputeEngine
-from lynx.runtime.layer import GPTLayer, LayerConfig
+from lynx.runtime.family import RuntimeFamily
+from lynx.runtime.layer import GPTLayer, LayerConfig, op_names_for
+from lynx.spec import ModelSpec, ParallelSpec
 
 
 class GPTModel(torch.nn.Module):
@@ -80,3 +82,16 @@ def synthetic_batch(vocab: int, micro_batch: int, seq: int, microbatch: int, see
     g = torch.Generator().manual_seed(seed * 100003 + microbatch)
     t = torch.randint(0, vocab, (micro_batch, seq + 1), generator=g)
     return t[:, :-1].to(device), t[:, 1:].to(device)
+
+
+def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: bool) -> LayerConfig:
+    return LayerConfig(
+        hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
+        ffn_hidden_size=model.ffn_hidden_size, seq_length=par.seq_length, micro_batch_size=par.micro_batch_size,
+        tp=par.tp, sequence_parallel=par.sequence_parallel,
+        dropout_p=model.hidden_dropout if model.dropout else 0.0, dtype=dtype,
+        core_attn=core_attn or model.attention == "flash", num_layers=model.num_layers,
+    )
+
+
+RUNTIME = RuntimeFamily(config=_config, layer=GPTLayer, model=GPTModel, op_names=op_names_for)

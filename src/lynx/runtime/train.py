@@ -29,8 +29,9 @@ from lynx.plan import load_plan
 from lynx.policy.base import validate_layer_policy
 from lynx.runtime.check import predicted_activation_bytes, runtime_graph, train_step
 from lynx.runtime.engine import RecomputeEngine
-from lynx.runtime.layer import LayerConfig, op_names_for
-from lynx.runtime.model import GPTModel, synthetic_batch
+from lynx.runtime.family import runtime_for
+from lynx.runtime.layer import LayerConfig
+from lynx.runtime.model import synthetic_batch
 
 
 class TrainError(LynxError):
@@ -45,13 +46,12 @@ def _config(plan_path: str, dtype: torch.dtype, core_attn: bool) -> tuple[Any, A
                          "is not built yet) - plan with --pp 1")
     if par.dp != 1:
         raise TrainError(f"{plan_path}: DP={par.dp}; lynx train runs DP=1 plans only")
-    cfg = LayerConfig(
-        hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
-        ffn_hidden_size=model.ffn_hidden_size, seq_length=par.seq_length, micro_batch_size=par.micro_batch_size,
-        tp=par.tp, sequence_parallel=par.sequence_parallel, dropout_p=0.1 if model.dropout else 0.0,
-        dtype=dtype, core_attn=core_attn, num_layers=model.num_layers,
-    )
-    names = op_names_for(cfg)
+    rt = runtime_for(model)  # the plan's model family picks the runtime layer
+    try:
+        cfg = rt.config(model, par, dtype, core_attn)
+    except ValueError as e:
+        raise TrainError(f"{plan_path}: {e}") from None
+    names = rt.op_names(cfg)
     if names != problem.graph.names:
         raise PlanFormatError(f"{plan_path}: the plan's layer ops ({', '.join(problem.graph.names)}) are not "
                               f"this runtime layer's ({', '.join(names)}); check --core-attn")
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace, rank: int, world: int, group: Any) -> dict[str
     device = torch.device(f"cuda:{torch.cuda.current_device()}") if args.device == "cuda" else torch.device("cpu")
     vocab, layers = problem.model.vocab_size, problem.model.num_layers
     m = problem.parallel.num_microbatches
-    model = GPTModel(cfg, layers, vocab, group, device=device, seed=args.seed)
+    model = runtime_for(problem.model).model(cfg, layers, vocab, group, device=device, seed=args.seed)
     engine = RecomputeEngine(model.layers, policy)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     iters: list[dict[str, Any]] = []

@@ -1,0 +1,26 @@
+"""Model families: the only place that knows a transformer layer's structure (see `base.Family`)."""
+
+from __future__ import annotations
+
+from lynx.errors import SpecError
+from lynx.families.base import Family
+
+
+def _families() -> dict[str, Family]:
+    from lynx.families import gpt, llama
+
+    return {"gpt": gpt.FAMILY, "llama": llama.FAMILY}
+
+
+def family_names() -> tuple[str, ...]:
+    return tuple(_families())
+
+
+def get_family(name: str) -> Family:
+    fams = _families()
+    if name not in fams:
+        raise SpecError(f"unknown model family {name!r}; known: {', '.join(fams)}")
+    return fams[name]
+
+
+__all__ = ["Family", "family_names", "get_family"]

@@ -1,0 +1,181 @@
+"""What a model family is: its layer as priced-later op specs, its parameter counts, its runtime layer.
+
+A family module (`lynx.families.gpt`, `lynx.families.llama`) is the only place that knows a layer's
+structure. It describes each op by what it *does* (FLOPs, bytes moved, bytes kept, what its backward
+reads, which collective it is); `lynx.costmodel` prices those descriptions on a device. Nothing here
+imports torch or knows about hardware.
+
+Adding a family: one module that builds a `Family`, one line in `lynx.families.FAMILIES`, presets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from lynx.graph import LAYER_INPUT, Block, OpKind
+
+if TYPE_CHECKING:
+    from lynx.spec import ModelSpec, ParallelSpec
+
+ACT_BYTES = 2.0
+"""16-bit activations (mixed-precision training, the paper's setting)."""
+MASK_BYTES = 1.0
+"""A dropout mask is one byte per element (torch.bool / uint8), as Korthikanti et al. count it."""
+LSE_BYTES = 4.0
+"""Flash attention keeps the row-wise log-sum-exp of the scores in fp32 for its backward (Dao 2023,
+FlashAttention-2, Algorithm 1 line 13: L_i = m_i + log(l_i) is the only softmax state written to HBM)."""
+BWD_MATMUL_FACTOR = 2.0
+"""Backward of a GEMM is two GEMMs of the forward's size: input gradient and weight gradient."""
+BWD_MEMORY_FACTOR = 2.0
+"""Backward of a memory-bound op reads the saved tensor and the incoming gradient and writes one."""
+FLASH_BWD_FACTOR = 2.5
+"""Flash attention's backward: 4 GEMMs of the forward's size (dV = P^T dO, dP = dO V^T, dQ = dS K,
+dK = dS^T Q) plus recomputing S = Q K^T: 5 / 2 of the forward's two GEMMs. FlashAttention-2 (Dao 2023,
+sec. 4.1) counts it the same way: "the backward pass FLOPs is 2.5 times the forward pass"."""
+
+Collective = Literal["allreduce", "gather"]
+""""allreduce": ring all-reduce; "gather": one all-gather or reduce-scatter (half an all-reduce)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OpSpec:
+    """One op of a layer before pricing: per TP rank, per micro-batch."""
+
+    name: str
+    kind: OpKind
+    block: Block
+    inputs: tuple[str, ...]
+    saved: tuple[str, ...]
+    out_bytes: float
+    mask_bytes: float = 0.0
+    """Side state besides op outputs its backward reads (dropout mask, flash attention's log-sum-exp)."""
+    flops: float = 0.0
+    mem_bytes: float = 0.0
+    """HBM traffic of the forward kernel (roofline's memory side)."""
+    bwd_factor: float = 0.0
+    """Compute ops: backward time = bwd_factor x forward time."""
+    wgrad_factor: float = 0.0
+    """Compute ops with weights: the weight-gradient part of backward, as a multiple of forward time."""
+    collective: Collective | None = None
+    comm_bytes: float = 0.0
+    """Comm ops: the full (gathered / unreduced) tensor's bytes."""
+    overlaps_wgrad_of: str | None = None
+    module: str = ""
+    """Megatron-Core's --recompute-modules name the op belongs to ("layernorm", "core_attn", "mlp")."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSpec:
+    ops: tuple[OpSpec, ...]
+    input_bytes: float
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family: everything lynx needs to know about its transformer layer."""
+
+    name: str
+    defaults: Mapping[str, Any]
+    """ModelSpec field values the family implies when a model file leaves them out."""
+    check_model: Callable[[ModelSpec], None]
+    """Raise SpecError for field combinations the family does not have."""
+    check_layout: Callable[[ModelSpec, int], None]
+    """Raise SpecError when the layer cannot be split over TP ranks."""
+    layer: Callable[[ModelSpec, ParallelSpec], LayerSpec]
+    layer_params: Callable[[ModelSpec, int], float]
+    """One layer's parameters on one TP rank (TP = 1: the whole layer)."""
+    embedding_params: Callable[[ModelSpec, int], float]
+    """The first stage's embeddings on one TP rank."""
+    head_params: Callable[[ModelSpec, int, int], float]
+    """The last stage's final norm and LM head on one TP rank, given (tp, pp)."""
+    final_norm_params: Callable[[ModelSpec], float]
+    """The final norm's parameters (replicated over TP), part of `head_params`."""
+    output_params: Callable[[ModelSpec], float]
+    """Parameters after the layers counted once in the model's total (final norm, untied head)."""
+    matmul_flops_per_token: Callable[[ModelSpec, int], float]
+    """Forward GEMM and attention-matmul FLOPs of one layer per token at sequence length s (for MFU; the
+    attention matmuls counted in full, 4 s h, the PaLM / Megatron convention)."""
+    runtime_module: str
+    """The module whose ``RUNTIME`` (`lynx.runtime.family.RuntimeFamily`) builds the torch layer and model
+    (imported only by the runtime and the profiler)."""
+
+
+class LayerBuilder:
+    """Shared vocabulary for writing a family's op list (no hardware, no times)."""
+
+    def __init__(self) -> None:
+        self.ops: list[OpSpec] = []
+
+    def gemm(self, name: str, block: Block, m: float, k: float, n: float, inputs: tuple[str, ...],
+             saved: tuple[str, ...], batch: float = 1.0, weight: bool = True, module: str = "") -> None:
+        """(batch x) [m, k] @ [k, n]; a weight GEMM's backward splits into dgrad and wgrad."""
+        self.ops.append(OpSpec(
+            name=name, kind="compute", block=block, inputs=inputs, saved=saved,
+            out_bytes=ACT_BYTES * batch * m * n, flops=2.0 * batch * m * k * n,
+            mem_bytes=ACT_BYTES * batch * (m * k + k * n + m * n),
+            bwd_factor=BWD_MATMUL_FACTOR, wgrad_factor=1.0 if weight else 0.0, module=module,
+        ))
+
+    def elementwise(self, name: str, block: Block, elems: float, inputs: tuple[str, ...],
+                    saved: tuple[str, ...], reads: float = 1.0, mask: bool = False, flops_per_elem: float = 1.0,
+                    out_elems: float | None = None, module: str = "") -> None:
+        """A memory-bound op over `elems` elements reading `reads` tensors of that size and writing
+        `out_elems` (default `elems`)."""
+        out = elems if out_elems is None else out_elems
+        moved = ACT_BYTES * elems * (reads + 1) if out_elems is None else ACT_BYTES * (elems * reads + out)
+        self.ops.append(OpSpec(
+            name=name, kind="compute", block=block, inputs=inputs, saved=saved,
+            out_bytes=ACT_BYTES * out, mask_bytes=MASK_BYTES * elems if mask else 0.0,
+            flops=flops_per_elem * elems,
+            mem_bytes=moved + (MASK_BYTES * elems if mask else 0.0),
+            bwd_factor=BWD_MEMORY_FACTOR, module=module,
+        ))
+
+    def flash_attention(self, name: str, block: Block, batch_heads: float, kv_heads: float, s: float, d: float,
+                        inputs: tuple[str, ...], saved: tuple[str, ...], module: str = "core_attn") -> None:
+        """Causal flash attention over `batch_heads` (micro-batch x local query heads) of [s, d], with
+        `kv_heads` (micro-batch x local K/V heads). Two GEMMs of 2 s^2 d FLOPs per head, halved by the
+        causal mask (FlashAttention-2 skips the masked blocks and counts FLOPs the same way); it reads
+        Q, K, V and writes the output and the fp32 log-sum-exp, no s x s tensor."""
+        q = batch_heads * s * d
+        kv = kv_heads * s * d
+        lse = LSE_BYTES * batch_heads * s
+        self.ops.append(OpSpec(
+            name=name, kind="compute", block=block, inputs=inputs, saved=saved,
+            out_bytes=ACT_BYTES * q, mask_bytes=lse, flops=2.0 * (2.0 * batch_heads * s * s * d) / 2.0,
+            mem_bytes=ACT_BYTES * (2 * q + 2 * kv) + lse, bwd_factor=FLASH_BWD_FACTOR, module=module,
+        ))
+
+    def comm(self, name: str, block: Block, collective: Collective, nbytes_full: float,
+             inputs: tuple[str, ...], out_bytes: float, wgrad_of: str, module: str = "") -> None:
+        self.ops.append(OpSpec(
+            name=name, kind="comm", block=block, inputs=inputs, saved=(), out_bytes=out_bytes,
+            collective=collective, comm_bytes=nbytes_full, overlaps_wgrad_of=wgrad_of, module=module,
+        ))
+
+    def spec(self, input_bytes: float) -> LayerSpec:
+        return LayerSpec(tuple(self.ops), input_bytes)
+
+
+def standard_attention(b: LayerBuilder, qk_in: str, v_in: str, s: float, mb: float, heads: float, hd: float,
+                       dropout: bool) -> str:
+    """Unfused core attention as Megatron runs it: scores, softmax, optional dropout, context. Returns the
+    name of the op whose output the projection reads. `qk_in` holds Q and K, `v_in` holds V."""
+    b.gemm("attn_scores", "attn", s, hd, s, (qk_in,), (qk_in,), batch=mb * heads, weight=False,
+           module="core_attn")
+    b.elementwise("softmax", "attn", mb * heads * s * s, ("attn_scores",), ("softmax",), flops_per_elem=5,
+                  module="core_attn")
+    ctx_in = "softmax"
+    if dropout:
+        b.elementwise("attn_dropout", "attn", mb * heads * s * s, ("softmax",), ("attn_dropout",), mask=True,
+                      module="core_attn")
+        ctx_in = "attn_dropout"
+    ins = (ctx_in, v_in)
+    b.gemm("attn_context", "attn", s, s, hd, ins, ins, batch=mb * heads, weight=False, module="core_attn")
+    return "attn_context"
+
+
+__all__ = ["LAYER_INPUT", "ACT_BYTES", "MASK_BYTES", "LSE_BYTES", "Family", "LayerBuilder", "LayerSpec", "OpSpec",
+           "standard_attention"]

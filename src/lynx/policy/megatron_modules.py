@@ -1,0 +1,58 @@
+"""Megatron-Core's selective recomputation by module list: ``--recompute-granularity selective
+--recompute-modules core_attn mlp layernorm`` (any combination), as baselines.
+
+Megatron's semantics (megatron/core/transformer/transformer_layer.py, attention.py, and the argument's help):
+
+- ``core_attn`` and ``mlp`` use ordinary checkpointing (``tensor_parallel.checkpoint``): the module's
+  input is stored, everything inside is dropped and rerun before its backward. Outputs are *not* freed by
+  the checkpoint: an output that the next op's backward reads stays stored (core attention's output is the
+  input the output projection saves, so with flash attention "core_attn" frees only the fp32 log-sum-exp).
+- ``layernorm`` uses output-discarding checkpointing (``CheckpointWithoutOutput``): the norm's output is
+  freed after the following GEMM consumed it and recomputed from the norm's input (stored anyway) right
+  before that GEMM's backward.
+
+Everything not named stays stored. Every recomputation happens on demand (phase 5), as in Megatron.
+In lynx's op graph an op is kept or dropped as a whole: flash attention's log-sum-exp (b * a/t * s fp32
+values, 1/64 of its output at head dim 128) is not separable from the output, so "core_attn" with flash
+attention keeps it and costs nothing; Megatron would free those bytes and rerun the kernel.
+"""
+
+from __future__ import annotations
+
+from lynx.graph import LayerGraph
+from lynx.policy.base import LayerPolicy, RecomputePolicy, StageContext
+from lynx.policy.rules import checkpointed_drops, on_demand
+
+MODULES: tuple[str, ...] = ("core_attn", "mlp", "layernorm")
+"""The dense-model names of Megatron-Core's --recompute-modules (moe, moe_act, mla_up_proj do not apply)."""
+OUTPUT_DISCARDING: frozenset[str] = frozenset({"layernorm"})
+"""Modules Megatron recomputes with CheckpointWithoutOutput (their outputs are freed too)."""
+
+
+def parse_modules(spec: str | tuple[str, ...]) -> tuple[str, ...]:
+    """"core_attn mlp" (or a tuple) -> ("core_attn", "mlp") in MODULES order; ValueError if unknown."""
+    names = spec.replace(",", " ").split() if isinstance(spec, str) else list(spec)
+    bad = [n for n in names if n not in MODULES]
+    if bad or not names:
+        raise ValueError(f"recompute modules {' '.join(names) or '(none)'}: choose from {', '.join(MODULES)}")
+    return tuple(m for m in MODULES if m in names)
+
+
+def dropped_ops(graph: LayerGraph, modules: tuple[str, ...]) -> frozenset[str]:
+    """The op outputs freed after forward by recomputing `modules`."""
+    out: set[str] = set()
+    for m in modules:
+        ops = graph.module_ops(m)
+        out |= set(ops) if m in OUTPUT_DISCARDING else checkpointed_drops(graph, ops)
+    return frozenset(out)
+
+
+def modules_layer(graph: LayerGraph, modules: tuple[str, ...]) -> LayerPolicy:
+    """Keep everything backward reads except what the modules free; recompute that on demand."""
+    return on_demand(graph, graph.needed() - dropped_ops(graph, modules))
+
+
+def modules_policy(ctx: StageContext, graph: LayerGraph, modules: tuple[str, ...]) -> RecomputePolicy:
+    """Every layer of the stage recomputes `modules` (Megatron applies the list to all layers)."""
+    name = "mc-" + "+".join(modules)
+    return RecomputePolicy(method=name, layers=(modules_layer(graph, modules),) * ctx.num_layers)

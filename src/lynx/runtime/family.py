@@ -1,0 +1,34 @@
+"""The runtime side of the family seam: a plan's model family picks its torch layer and model.
+
+Each family's runtime module (named by `lynx.families.base.Family.runtime_module`) defines ``RUNTIME``, a
+`RuntimeFamily`; nothing in the runtime, the profiler or `lynx train` names a family."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lynx.spec import ModelSpec, ParallelSpec
+
+
+@dataclass(frozen=True)
+class RuntimeFamily:
+    config: Callable[[ModelSpec, ParallelSpec, torch.dtype, bool], Any]
+    """(model, layout, dtype, core_attn) -> the layer config (core_attn: GPT's SDPA switch)."""
+    layer: Callable[..., torch.nn.Module]
+    """(cfg, group, layer_index=, device=, seed=) -> one layer with run_op / op_names / op_inputs / op_blocks."""
+    model: Callable[..., torch.nn.Module]
+    """(cfg, num_layers, vocab, group, device=, seed=) -> embeddings + layers + head + loss."""
+    op_names: Callable[[Any], tuple[str, ...]]
+
+
+def runtime_for(model: ModelSpec) -> RuntimeFamily:
+    from lynx.families import get_family
+
+    mod = importlib.import_module(get_family(model.family).runtime_module)
+    rt: RuntimeFamily = mod.RUNTIME
+    return rt

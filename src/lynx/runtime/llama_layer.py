@@ -1,0 +1,327 @@
+"""A LLaMA-family layer built from `lynx.families.llama`'s op vocabulary, Megatron-style TP, executable op by
+op (``run_op(name, env, microbatch)``) so the recompute engine drives it exactly as it drives `GPTLayer`.
+
+- ``rmsnorm1``/``rmsnorm2``: RMSNorm as one autograd Function saving its input and an fp32 1/rms per token
+  (what Megatron's / Apex's fused RMSNorm saves); with SP the weight gradient is partial per rank.
+- ``qkv``: column-parallel [tok, h] -> [tok, (a + 2g) d / t], no bias; rows ordered per query group
+  [q_1 .. q_{a/g} | k | v] (Megatron-Core's layout), so a contiguous split gives each rank g/t whole groups.
+- ``rope``: rotates Q and K into one new tensor [s, b, a/t + g/t, d]; its backward rotates the gradient back
+  and saves nothing (cos / sin are buffers kept on the autograd context).
+- ``core_attn``: ``scaled_dot_product_attention`` (causal, grouped-query) on views: Q, K of the rope output,
+  V of the QKV output. On CPU this is the flash kernel; it saves Q, K, V, its output and the fp32
+  log-sum-exp. The output's memory is [s, b, a/t, d], so merging heads to [s, b, h/t] is a view.
+- ``attn_proj``: row-parallel, no bias; ``attn_allreduce``; ``attn_residual``: input + reduced output.
+- ``gate_up``: one column-parallel GEMM to [tok, 2f/t] ([gate | up] on each rank); ``swiglu``: fused
+  silu(gate) * up saving only its input; ``down``: row-parallel; ``mlp_allreduce``; ``mlp_residual``.
+
+No dropout (the family's default; a config with dropout is refused).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from lynx.graph import LAYER_INPUT
+from lynx.runtime import tp
+from lynx.runtime.family import RuntimeFamily
+from lynx.runtime.layer import WindowHook
+from lynx.spec import ModelSpec, ParallelSpec
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    seq_length: int
+    micro_batch_size: int
+    num_query_groups: int = 0
+    """0: as many as attention heads."""
+    tp: int = 1
+    sequence_parallel: bool = False
+    dtype: torch.dtype = torch.float32
+    num_layers: int = 1
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    dropout_p: float = 0.0
+    """Must be 0 (kept for the runtime's shared interface)."""
+
+    norm_ops: ClassVar[tuple[str, ...]] = ("rmsnorm1", "rmsnorm2")
+    norm_stats_bytes: ClassVar[int] = 4
+    """RMSNorm saves one fp32 1/rms per token besides its input (the graph folds it in as negligible)."""
+
+    @property
+    def groups(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+    def model_spec(self, num_layers: int, vocab: int, name: str = "runtime") -> ModelSpec:
+        """The planner's view of this layer stack."""
+        return ModelSpec(name=name, num_layers=num_layers, hidden_size=self.hidden_size,
+                         num_attention_heads=self.num_attention_heads, num_query_groups=self.groups,
+                         ffn_hidden_size=self.ffn_hidden_size, vocab_size=vocab,
+                         max_position_embeddings=max(self.seq_length, 8), family="llama", activation="swiglu",
+                         normalization="rmsnorm", position_embedding="rope", tie_embeddings=False,
+                         attention="flash", dropout=False)
+
+
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """16-bit tensors computed in fp32 (as fused norm kernels do); fp32 / fp64 as they are."""
+    return x.float() if x.element_size() < 4 else x
+
+
+class _RMSNorm(torch.autograd.Function):
+    """y = x / rms(x) * w; saves x, w and 1/rms (fp32, one per token)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
+        rstd = torch.rsqrt(_wide(x).pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, w, rstd)
+        return (_wide(x) * rstd).to(x.dtype) * w
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        x, w, rstd = ctx.saved_tensors
+        xhat = _wide(x) * rstd
+        gw = (_wide(g) * xhat).reshape(-1, x.shape[-1]).sum(0).to(w.dtype)
+        gx_hat = _wide(g) * _wide(w)
+        gx = rstd * (gx_hat - xhat * (gx_hat * xhat).mean(-1, keepdim=True))
+        return gx.to(x.dtype), gw, None
+
+
+class _SwiGLU(torch.autograd.Function):
+    """silu(gate) * up over [..., 2f] = [gate | up]; saves only its input (a fused kernel's footprint)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        gate, up = x.chunk(2, -1)
+        ctx.save_for_backward(x)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        (x,) = ctx.saved_tensors
+        gate, up = x.chunk(2, -1)
+        sig = torch.sigmoid(gate)
+        silu = gate * sig
+        d_gate = g * up * (sig * (1 + gate * (1 - sig)))
+        return (torch.cat([d_gate, g * silu], -1),)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, -1)
+    return torch.cat([-x2, x1], -1)
+
+
+def _rotate_half_t(x: torch.Tensor) -> torch.Tensor:
+    """The transpose of `_rotate_half` (its inverse): [u1, u2] -> [u2, -u1]."""
+    u1, u2 = x.chunk(2, -1)
+    return torch.cat([u2, -u1], -1)
+
+
+class _Rope(torch.autograd.Function):
+    """Q and K of the QKV output [s, b, g_l, a/g + 2, d], rotated into a new [s, b, a_l + g_l, d]."""
+
+    @staticmethod
+    def forward(ctx: Any, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,  # type: ignore[override]
+                shape: tuple[int, int, int, int, int]) -> torch.Tensor:
+        s, b, g_l, per, d = shape
+        x = qkv.view(s, b, g_l, per, d)
+        qk = torch.cat([x[:, :, :, : per - 2].reshape(s, b, g_l * (per - 2), d), x[:, :, :, per - 2]], 2)
+        ctx.cos, ctx.sin, ctx.shape = cos, sin, shape  # buffers on the context: nothing saved for backward
+        return qk * cos + _rotate_half(qk) * sin
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        s, b, g_l, per, d = ctx.shape
+        gqk = g * ctx.cos + _rotate_half_t(g * ctx.sin)
+        out = g.new_zeros(s, b, g_l, per, d)
+        out[:, :, :, : per - 2] = gqk[:, :, : g_l * (per - 2)].view(s, b, g_l, per - 2, d)
+        out[:, :, :, per - 2] = gqk[:, :, g_l * (per - 2):]
+        return out.view(s, b, g_l * per * d), None, None, None
+
+
+def _names(cfg: LlamaConfig) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]], dict[str, str]]:
+    """Op names, forward inputs and blocks from the planner's family module (one vocabulary)."""
+    from lynx.families.llama import layer
+
+    par = ParallelSpec(tp=cfg.tp, sequence_parallel=cfg.sequence_parallel, seq_length=cfg.seq_length,
+                       micro_batch_size=cfg.micro_batch_size, global_batch_size=cfg.micro_batch_size)
+    ops = layer(cfg.model_spec(1, 8), par).ops
+    return tuple(o.name for o in ops), {o.name: o.inputs for o in ops}, {o.name: o.block for o in ops}
+
+
+class LlamaLayer(torch.nn.Module):
+    """One LLaMA layer on one TP rank, executable op by op."""
+
+    def __init__(self, cfg: LlamaConfig, group: Any = None, layer_index: int = 0, device: Any = None,
+                 seed: int = 1234) -> None:
+        super().__init__()
+        t = tp.world(group)
+        h, a, g, f = cfg.hidden_size, cfg.num_attention_heads, cfg.groups, cfg.ffn_hidden_size
+        if t != cfg.tp:
+            raise ValueError(f"LlamaConfig.tp={cfg.tp} but the process group has {t} ranks")
+        if h % a or a % g or g % t or f % t or (h // a) % 2:
+            raise ValueError(f"hidden {h}, heads {a}, query groups {g}, ffn {f}: need h % a = a % g = g % TP = "
+                             f"ffn % TP = 0 and an even head dim (TP={t})")
+        if cfg.dropout_p:
+            raise ValueError("the LLaMA runtime layer has no dropout (dropout_p must be 0)")
+        self.cfg, self.group, self.layer_index, self.seed = cfg, group, layer_index, seed
+        self.head_dim, self.heads_local, self.groups_local = h // a, a // t, g // t
+        kw = {"device": device, "dtype": cfg.dtype}
+        base = seed * 1000 + layer_index * 10
+        out_std = tp.scaled_init_std(0.02, cfg.num_layers)
+        self.norm1 = torch.nn.Parameter(torch.ones(h, **kw))  # type: ignore[arg-type]
+        self.norm2 = torch.nn.Parameter(torch.ones(h, **kw))  # type: ignore[arg-type]
+        self.qkv = tp.ColumnParallelLinear(h, (a + 2 * g) * self.head_dim, group, seed=base + 1, **kw)
+        self.proj = tp.RowParallelLinear(a * self.head_dim, h, group, seed=base + 2, std=out_std, **kw)
+        self.gate_up = tp.ColumnParallelLinear(h, 2 * f, group, seed=base + 3, stride=2, **kw)
+        self.down = tp.RowParallelLinear(f, h, group, seed=base + 4, std=out_std, **kw)
+        for lin in (self.qkv, self.proj, self.gate_up, self.down):
+            lin.bias = None  # type: ignore[assignment]  # LLaMA linears have no biases
+        if cfg.sequence_parallel:  # norm grads are partial per rank: the model all-reduces them
+            self.norm1.sequence_parallel = True  # type: ignore[attr-defined]
+            self.norm2.sequence_parallel = True  # type: ignore[attr-defined]
+        d = self.head_dim
+        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        ang = torch.outer(torch.arange(cfg.seq_length, dtype=torch.float64), inv)
+        ang = torch.cat([ang, ang], -1)[:, None, None, :]  # [s, 1, 1, d]
+        self.register_buffer("cos", ang.cos().to(**kw), persistent=False)  # type: ignore[arg-type]
+        self.register_buffer("sin", ang.sin().to(**kw), persistent=False)  # type: ignore[arg-type]
+        self.op_names, self.op_inputs, self.op_blocks = _names(cfg)
+        self.window_hook: WindowHook | None = None
+
+    # -- windows -------------------------------------------------------------------------------------
+    def _window(self, direction: str, op: str, mb: int) -> tp.Window:
+        hook = self.window_hook
+        if hook is None:
+            return None
+        return lambda: hook(direction, op, mb)
+
+    # -- ops -----------------------------------------------------------------------------------------
+    def _column(self, lin: tp.ColumnParallelLinear, x: torch.Tensor, comm: str, mb: int) -> torch.Tensor:
+        if self.cfg.sequence_parallel:  # the backward collective is the all-gather's reduce-scatter
+            return tp.ColumnParallelLinearFn.apply(x, lin.weight, None, None, None)
+        return tp.ColumnParallelLinearFn.apply(x, lin.weight, None, self.group, self._window("bwd", comm, mb))
+
+    def _rope(self, qkv: torch.Tensor) -> torch.Tensor:
+        s, b = qkv.shape[0], qkv.shape[1]
+        per = self.heads_local // self.groups_local + 2
+        return _Rope.apply(qkv, self.cos[:s], self.sin[:s], (s, b, self.groups_local, per, self.head_dim))
+
+    def _core(self, rope: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        s, b = rope.shape[0], rope.shape[1]
+        a_l, g_l, d = self.heads_local, self.groups_local, self.head_dim
+        q = rope[:, :, :a_l].permute(1, 2, 0, 3)          # [b, a_l, s, d] views of the rope output
+        k = rope[:, :, a_l:].permute(1, 2, 0, 3)          # [b, g_l, s, d]
+        v = qkv.view(s, b, g_l, a_l // g_l + 2, d)[:, :, :, -1].permute(1, 2, 0, 3)  # a view of QKV
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=a_l != g_l)
+        return out.permute(2, 0, 1, 3).reshape(s, b, a_l * d)  # a view: the kernel writes [s, b, a_l, d]
+
+    def _fn(self, name: str, e: dict[str, torch.Tensor], mb: int) -> torch.Tensor:
+        ins = self.op_inputs[name]
+        x = e[ins[0]]
+        eps = self.cfg.norm_eps
+        if name == "rmsnorm1":
+            return _RMSNorm.apply(x, self.norm1, eps)
+        if name == "rmsnorm2":
+            return _RMSNorm.apply(x, self.norm2, eps)
+        if name in ("attn_allgather", "mlp_allgather"):
+            return tp.gather_from_sp(x, self.group, self._window("fwd", name, mb), self._window("bwd", name, mb))
+        if name == "qkv":
+            return self._column(self.qkv, x, "attn_allreduce", mb)
+        if name == "gate_up":
+            return self._column(self.gate_up, x, "mlp_allreduce", mb)
+        if name == "rope":
+            return self._rope(x)
+        if name == "core_attn":
+            return self._core(x, e["qkv"])
+        if name == "attn_proj":
+            return self.proj(x)
+        if name == "swiglu":
+            return _SwiGLU.apply(x)
+        if name == "down":
+            return self.down(x)
+        if name.endswith("_allreduce"):
+            return tp.reduce_from_tp(x, self.group, self._window("fwd", name, mb))
+        if name.endswith("_reducescatter"):
+            return tp.reduce_scatter_to_sp(x, self.group, self._window("fwd", name, mb), None)
+        if name in ("attn_residual", "mlp_residual"):
+            return e[ins[1]] + x
+        raise KeyError(name)
+
+    # -- public --------------------------------------------------------------------------------------
+    def run_op(self, name: str, env: dict[str, torch.Tensor], microbatch: int = 0) -> torch.Tensor:
+        """Compute op `name` from `env`; comm ops run their collective (windows via `window_hook`)."""
+        if name not in self.op_inputs:
+            raise KeyError(f"op {name!r} is not in this layer ({', '.join(self.op_names)})")
+        return self._fn(name, env, microbatch)
+
+    def forward(self, x: torch.Tensor, microbatch: int = 0) -> torch.Tensor:
+        env: dict[str, torch.Tensor] = {LAYER_INPUT: x}
+        for n in self.op_names:
+            env[n] = self.run_op(n, env, microbatch)
+        return env[self.op_names[-1]]
+
+
+class LlamaModel(torch.nn.Module):
+    """Embedding, a stack of `LlamaLayer`s, final RMSNorm, untied LM head, loss (replicated over TP like
+    `GPTModel`'s embedding and head); same interface as `GPTModel`."""
+
+    def __init__(self, cfg: LlamaConfig, num_layers: int, vocab_size: int, group: Any = None,
+                 device: Any = None, seed: int = 1234) -> None:
+        super().__init__()
+        from dataclasses import replace
+
+        cfg = replace(cfg, num_layers=num_layers)
+        self.cfg, self.group, self.seed = cfg, group, seed
+        h = cfg.hidden_size
+        gen = torch.Generator().manual_seed(seed)
+        kw = {"device": device, "dtype": cfg.dtype}
+        self.wte = torch.nn.Parameter(torch.empty(vocab_size, h).normal_(0, 0.02, generator=gen).to(**kw))
+        self.head = torch.nn.Parameter(torch.empty(vocab_size, h).normal_(0, 0.02, generator=gen).to(**kw))
+        self.norm_f = torch.nn.Parameter(torch.ones(h, **kw))  # type: ignore[arg-type]
+        self.layers = torch.nn.ModuleList(
+            LlamaLayer(cfg, group, layer_index=i, device=device, seed=seed) for i in range(num_layers)
+        )
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor, microbatch: int = 0,
+                engine: Any = None) -> torch.Tensor:
+        x = self.wte[tokens].transpose(0, 1).contiguous()  # [s, b, h]
+        if self.cfg.sequence_parallel:
+            x = tp.SplitSeqFn.apply(x, self.group, False)
+        if engine is not None:
+            x = engine.forward(x, microbatch)
+        else:
+            for layer in self.layers:
+                x = layer(x, microbatch)
+        if self.cfg.sequence_parallel:
+            x = tp.SplitSeqFn.apply(x, self.group, True)
+        logits = F.linear(_RMSNorm.apply(x, self.norm_f, self.cfg.norm_eps), self.head)
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.transpose(0, 1).flatten())
+
+    def allreduce_sp_grads(self) -> None:
+        """Sum the partial RMSNorm weight gradients of the sequence-parallel region over the TP group."""
+        import torch.distributed as dist
+
+        if not self.cfg.sequence_parallel or tp.world(self.group) == 1:
+            return
+        for p in self.parameters():
+            if getattr(p, "sequence_parallel", False) and p.grad is not None:
+                dist.all_reduce(p.grad, group=self.group)
+
+
+def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: bool) -> LlamaConfig:
+    if model.attention != "flash" or (model.dropout and (model.hidden_dropout or model.attention_dropout)):
+        raise ValueError(f"{model.name}: the LLaMA runtime layer runs flash attention without dropout "
+                         f"(attention {model.attention}, dropout {model.dropout})")
+    return LlamaConfig(hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
+                       ffn_hidden_size=model.ffn_hidden_size, seq_length=par.seq_length,
+                       micro_batch_size=par.micro_batch_size, num_query_groups=model.num_query_groups,
+                       tp=par.tp, sequence_parallel=par.sequence_parallel, dtype=dtype, num_layers=model.num_layers)
+
+
+RUNTIME = RuntimeFamily(config=_config, layer=LlamaLayer, model=LlamaModel, op_names=lambda cfg: _names(cfg)[0])
