@@ -143,13 +143,16 @@ class RecomputePolicy:
 
 @dataclass(frozen=True, slots=True)
 class StageContext:
-    """Everything a per-stage policy algorithm needs to know about its stage, besides the graph."""
+    """Everything a per-stage policy algorithm needs to know about its stage (a pipeline rank, with all
+    its model chunks when interleaved), besides the graph. The schedule facts in it come from
+    `lynx.schedule.derive_facts`; a stand-alone context (``lynx solve``, tests) states them directly."""
 
     stage: int
     num_stages: int
     num_layers: int
     in_flight: int
-    """Micro-batches whose activations the stage holds at its peak under 1F1B: min(p - s, m)."""
+    """Micro-batches whose activations the stage holds at its peak (the schedule's facts; with chunks,
+    the largest chunk's)."""
     num_microbatches: int
     budget_bytes: float
     """Usable device memory (capacity minus the documented reserve)."""
@@ -163,22 +166,58 @@ class StageContext:
     """Gradient buffers alive during a layer's backward."""
     subtract_wgrad: bool = True
     """Backward windows offer only comm - wgrad (Megatron overlaps wgrad with the dgrad all-reduce)."""
+    fwd_windows: bool | None = None
+    """Some forward runs between F(j) and B(j) on every chunk of the stage (schedule facts); None: a
+    stand-alone stage, which has them when more than one micro-batch is in flight."""
+    cooldown_microbatches: int | None = None
+    """Backwards with forward windows but no forward of their own to host phase-1/2 work (schedule facts);
+    None: a stand-alone stage, in_flight - 1 of them (1F1B's warm-up depth)."""
+    chunk_layers: tuple[int, ...] = ()
+    """Interleaved: layers of each model chunk on the stage, chunk 0 first (empty: one chunk)."""
+    chunk_in_flight: tuple[int, ...] = ()
+    """Interleaved: micro-batches in flight at each chunk's peak (empty: one chunk, `in_flight`)."""
 
     @property
-    def is_last(self) -> bool:
-        return self.stage == self.num_stages - 1
+    def num_chunks(self) -> int:
+        return max(1, len(self.chunk_layers))
 
     @property
     def has_fwd_windows(self) -> bool:
         """Phases 1, 2 need a forward between F(j) and B(j): not on the last stage, nor with PP = 1."""
-        return not self.is_last and self.in_flight > 1
+        return self.in_flight > 1 if self.fwd_windows is None else self.fwd_windows
+
+    @property
+    def cooldown_count(self) -> int:
+        if not self.has_fwd_windows:
+            return 0
+        return max(0, self.in_flight - 1) if self.cooldown_microbatches is None else self.cooldown_microbatches
+
+    @property
+    def extra_in_flight(self) -> int:
+        """Micro-batches holding the non-layer retained bytes (those of the first virtual stage)."""
+        return self.chunk_in_flight[0] if self.chunk_in_flight else self.in_flight
+
+    def layer_microbatches(self) -> int:
+        """Sum over the stage's layers of the micro-batches in flight of the layer's chunk."""
+        if not self.chunk_layers:
+            return self.in_flight * self.num_layers
+        return sum(n * f for n, f in zip(self.chunk_layers, self.chunk_in_flight, strict=True))
+
+    def chunk_slices(self) -> tuple[tuple[int, int], ...]:
+        """(first layer, end) of each chunk in the stage's layer list."""
+        counts = self.chunk_layers or (self.num_layers,)
+        out, start = [], 0
+        for n in counts:
+            out.append((start, start + n))
+            start += n
+        return tuple(out)
 
     @property
     def activation_budget_bytes(self) -> float:
         """What is left for activations after static memory and the non-layer terms."""
         return (
             self.budget_bytes - self.static_bytes - self.extra_transient_bytes - self.grad_workspace_bytes
-            - self.in_flight * self.extra_retained_bytes
+            - self.extra_in_flight * self.extra_retained_bytes
         )
 
 

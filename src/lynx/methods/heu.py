@@ -7,17 +7,15 @@ from __future__ import annotations
 import math
 import time
 
-from lynx.costmodel import edge_times
 from lynx.errors import InfeasibleError
 from lynx.graph import LayerGraph
-from lynx.methods import base_partition, register
+from lynx.methods.common import base_partition, edge_times_per_stage, iteration_time
 from lynx.partition.base import Partition
 from lynx.partition.lynx import search_partitions
 from lynx.policy.base import RecomputePolicy, StageContext
 from lynx.policy.heu import HeuCache, HeuOptions, infeasible
 from lynx.policy.heu_mixed import mixed_policy
 from lynx.problem import PlanProblem, PlanResult
-from lynx.simulate import simulate
 
 
 def heu_options(problem: PlanProblem, method: str) -> HeuOptions:
@@ -79,12 +77,9 @@ def _refine(problem: PlanProblem, part: Partition, best_t: float, cache: HeuCach
     return found
 
 
-def _iteration(problem: PlanProblem, part: Partition, pols: tuple[RecomputePolicy, ...]) -> float:
-    sim = simulate(problem, part, pols, record=False)
-    return math.inf if sim.oom else sim.iteration_time_s
+_iteration = iteration_time
 
 
-@register("lynx-heu", "Lynx-HEU per stage on dp partitioning (the paper's breakdown: HEU alone)")
 def lynx_heu(problem: PlanProblem) -> PlanResult:
     t0 = time.perf_counter()
     cache = HeuCache(problem.graph, heu_options(problem, "lynx-heu"))
@@ -100,18 +95,17 @@ def lynx_search(problem: PlanProblem, method: str) -> tuple[PlanResult, HeuCache
     result is never slower than dp partitioning with HEU)."""
     t0 = time.perf_counter()
     cache = HeuCache(problem.graph, heu_options(problem, method))
-    if problem.options.layers_per_stage is not None:  # the user's partition is not second-guessed
+    if problem.options.layers_per_stage is not None or problem.options.vpp > 1:
+        # the user's partition is not second-guessed; interleaved chunks keep the dp split (the
+        # recomputation-aware search moves whole layers between ranks, not between chunks: not done yet)
         part = base_partition(problem)
-        return PlanResult(method, part, policies_for(problem, part, cache), ("explicit partition",),
+        note = "explicit partition" if problem.options.vpp == 1 else "interleaved: dp partition of the chunks"
+        return PlanResult(method, part, policies_for(problem, part, cache), (note,),
                           time.perf_counter() - t0), cache
 
     par = problem.parallel
     # The first and last stages also run the embedding and the LM head + loss (as the simulator charges).
-    et = edge_times(problem.model, problem.hardware, par)
-    edge = [0.0] * par.pp
-    if problem.options.include_edges:
-        edge[0] += et.embedding_fwd + et.embedding_bwd
-        edge[-1] += et.head_fwd + et.head_bwd
+    edge = edge_times_per_stage(problem)
 
     def cost(stage: int, n: int) -> float:
         ctx = problem.stage_context(stage, n)
@@ -157,17 +151,19 @@ def lynx_search(problem: PlanProblem, method: str) -> tuple[PlanResult, HeuCache
     return PlanResult(method, chosen, pols, notes, time.perf_counter() - t0), cache
 
 
-@register("lynx", "Lynx: HEU recomputation scheduling + recomputation-aware partitioning (paper sec. 4.2, 5)")
 def lynx(problem: PlanProblem) -> PlanResult:
     return lynx_search(problem, "lynx")[0]
 
 
-@register("lynx-mixed", "lynx, then two layer policies (k layers each) on the bottleneck stages where that helps")
 def lynx_mixed(problem: PlanProblem) -> PlanResult:
     """Mixed policies refine the slowest stage first, then whichever stage is now the slowest, until the
     slowest has been refined (other stages hardly move the iteration time). The simulator judges."""
     t0 = time.perf_counter()
     base, cache = lynx_search(problem, "lynx-mixed")
+    if problem.options.vpp > 1:
+        note = "mixed policies: not searched for interleaved chunks (the lynx plan)"
+        return PlanResult("lynx-mixed", base.partition, base.policies, (*base.notes, note),
+                          time.perf_counter() - t0)
     g = problem.graph
     ctxs = problem.stage_contexts(base.partition)
     pols = list(base.policies)
