@@ -13,6 +13,7 @@ from typing import Any
 
 from lynx.errors import PlanFormatError
 from lynx.graph import LAYER_INPUT, LayerGraph
+from lynx.schedule import ChunkFacts, facts_1f1b
 
 
 class Phase(IntEnum):
@@ -168,10 +169,10 @@ class StageContext:
     """Backward windows offer only comm - wgrad (Megatron overlaps wgrad with the dgrad all-reduce)."""
     fwd_windows: bool | None = None
     """Some forward runs between F(j) and B(j) on every chunk of the stage (schedule facts); None: a
-    stand-alone stage, which has them when more than one micro-batch is in flight."""
+    stand-alone stage, read from the facts of stage `stage` of a 1F1B schedule."""
     cooldown_microbatches: int | None = None
     """Backwards with forward windows but no forward of their own to host phase-1/2 work (schedule facts);
-    None: a stand-alone stage, in_flight - 1 of them (1F1B's warm-up depth)."""
+    None: a stand-alone stage, read from the facts of stage `stage` of a 1F1B schedule."""
     chunk_layers: tuple[int, ...] = ()
     """Interleaved: layers of each model chunk on the stage, chunk 0 first (empty: one chunk)."""
     chunk_in_flight: tuple[int, ...] = ()
@@ -181,16 +182,23 @@ class StageContext:
     def num_chunks(self) -> int:
         return max(1, len(self.chunk_layers))
 
+    def _facts(self) -> ChunkFacts:
+        return facts_1f1b(self.num_stages, self.num_microbatches).of(self.stage)
+
     @property
     def has_fwd_windows(self) -> bool:
         """Phases 1, 2 need a forward between F(j) and B(j): not on the last stage, nor with PP = 1."""
-        return self.in_flight > 1 if self.fwd_windows is None else self.fwd_windows
+        if self.fwd_windows is not None:
+            return self.fwd_windows
+        return self.in_flight > 1 and self._facts().has_fwd_windows
 
     @property
     def cooldown_count(self) -> int:
         if not self.has_fwd_windows:
             return 0
-        return max(0, self.in_flight - 1) if self.cooldown_microbatches is None else self.cooldown_microbatches
+        if self.cooldown_microbatches is not None:
+            return self.cooldown_microbatches
+        return self._facts().cooldown_count
 
     @property
     def extra_in_flight(self) -> int:
