@@ -118,6 +118,16 @@ def max_chunk_working_set(graph: LayerGraph, layers: tuple[LayerPolicy, ...]) ->
     return best
 
 
+def fixed_bytes(ctx: StageContext, num_layers: int, input_bytes: float) -> float:
+    """Memory of a stage that no recomputation decision changes: static, non-layer terms, and the layer
+    inputs (always stored) of every in-flight micro-batch. OPT's memory rows and replay start from it."""
+    if not ctx.chunk_layers:
+        return (ctx.static_bytes + ctx.extra_transient_bytes + ctx.grad_workspace_bytes
+                + ctx.in_flight * (ctx.extra_retained_bytes + num_layers * input_bytes))
+    return (ctx.static_bytes + ctx.extra_transient_bytes + ctx.grad_workspace_bytes
+            + ctx.extra_in_flight * ctx.extra_retained_bytes + ctx.layer_microbatches() * input_bytes)
+
+
 def held_bytes(mems: list[LayerMemory], ctx: StageContext) -> float:
     """Activations the stage holds for backward at its peak: each chunk's in-flight micro-batches times
     its layers' retained bytes, plus the non-layer retained bytes (the schedule's facts give the counts)."""

@@ -137,7 +137,8 @@ def plan_cmd(
         )
     if method == "lynx" and "lynx" not in available_methods():
         method = "full"
-    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp} PP {pp}{f' VPP {vpp}' if vpp > 1 else ''} DP {dp}"
+    vpp_text = f" VPP {vpp}" if vpp > 1 else ""
+    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp} PP {pp}{vpp_text} DP {dp}"
              f"{' SP' if sp else ''}, micro-batch {micro_batch}, global batch {global_batch}, seq {seq_len}, "
              f"{problem.parallel.num_microbatches} micro-batches")
     if compare:

@@ -10,15 +10,15 @@ import torch
 
 from lynx.api import make_problem
 from lynx.graph import LayerGraph
-from lynx.methods import get_method
 from lynx.memory import layer_memory
 from lynx.memory import predicted_activation_bytes as _predicted
+from lynx.methods import get_method
 from lynx.policy.base import RecomputePolicy
 from lynx.problem import PlanOptions, PlanProblem
-from lynx.schedule import Action, ActionKind, derive_facts, schedule_1f1b
 from lynx.runtime.engine import RecomputeEngine
 from lynx.runtime.layer import LayerConfig
 from lynx.runtime.model import GPTModel, synthetic_batch
+from lynx.schedule import Action, ActionKind, derive_facts, schedule_1f1b
 from lynx.spec import ModelSpec, ParallelSpec, load_hardware
 
 
