@@ -19,7 +19,7 @@ from lynx.schedule import Schedule, ScheduleFacts, derive_facts, make_schedule
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PlanOptions:
     """Knobs that every method sees. Method-specific options live with the method."""
 

@@ -14,6 +14,7 @@ from lynx.cli.common import JsonOpt, console, print_json
 from lynx.errors import PlanFormatError, SpecError
 from lynx.graph import LayerGraph
 from lynx.memory import stage_peak_bytes
+from lynx.milp import Backend
 from lynx.policy.base import StageContext
 from lynx.schedule import facts_1f1b
 from lynx.spec import GiB
@@ -70,12 +71,13 @@ def solve_cmd(
                        cooldown_microbatches=facts.cooldown_count)
     if ctx.has_fwd_windows == last_stage and in_flight > 1:
         raise SpecError("internal: stage context does not match --last-stage")  # pragma: no cover
-    if backend not in ("highs", "gurobi"):
+    backends: dict[str, Backend] = {"highs": "highs", "gurobi": "gurobi"}
+    if backend not in backends:
         raise SpecError(f"--backend {backend!r}: expected highs or gurobi")
     if backend == "gurobi" and importlib.util.find_spec("gurobipy") is None:
         raise SpecError("--backend gurobi needs gurobipy, which is not installed (HiGHS is the default)")
     # Always solve the ILP here: the user asked for its objective, solve time and size.
-    opts = HeuOptions(cooldown_overlap=not no_cooldown_overlap, backend=backend, time_limit_s=time_limit,
+    opts = HeuOptions(cooldown_overlap=not no_cooldown_overlap, backend=backends[backend], time_limit_s=time_limit,
                       skip_when_all_fit=False)
     pol = (mixed_policy if mixed else heu_policy)(ctx, graph, opts)
     st = pol.stats

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Any, Literal, get_args
 
 from lynx.errors import PlanFormatError
 from lynx.graph import LAYER_INPUT, LayerGraph
@@ -30,6 +30,10 @@ class Phase(IntEnum):
     ON_DEMAND = 5
     """Right before the backward that needs it: on the critical path."""
 
+
+SolveStatus = Literal["optimal", "time_limit", "feasible", "rule", "infeasible", "no_solution", "error"]
+"""How a policy was found: an exact optimum, the best within a time limit, a feasible one, a rule with no
+search; the last three only in a MILP's own result (a policy is never built from them)."""
 
 FWD_PHASES = (Phase.FWD_ATTN, Phase.FWD_MLP)
 BWD_PHASES = (Phase.BWD_MLP, Phase.BWD_ATTN)
@@ -89,7 +93,7 @@ class SolveStats:
     """What a solver reports, whichever solver it is (Checkmate's ScheduledResult spirit)."""
 
     solver: str
-    status: str
+    status: SolveStatus
     """"optimal", "time_limit" (best found, see gap), "feasible", "rule" (no search)."""
     objective: float = 0.0
     solve_time_s: float = 0.0
@@ -136,10 +140,17 @@ class RecomputePolicy:
                 method=str(d["method"]),
                 layers=tuple(layers),
                 cooldown_overlap=bool(d.get("cooldown_overlap", False)),
-                stats=SolveStats(**d.get("stats", {"solver": "rule", "status": "rule"})),
+                stats=_stats_from_dict(d.get("stats", {"solver": "rule", "status": "rule"})),
             )
         except (KeyError, TypeError) as e:
             raise PlanFormatError(f"policy: missing or malformed field ({e})") from None
+
+
+def _stats_from_dict(d: Mapping[str, Any]) -> SolveStats:
+    if d.get("status") not in get_args(SolveStatus):
+        raise PlanFormatError(f"policy: stats.status {d.get('status')!r}, expected one of "
+                              + ", ".join(get_args(SolveStatus)))
+    return SolveStats(**d)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from lynx.errors import InfeasibleError
 from lynx.graph import LAYER_INPUT, LayerGraph
 from lynx.memory import stage_peak_bytes
-from lynx.milp import Milp, MilpSolution
+from lynx.milp import Backend, Milp, MilpSolution
 from lynx.policy.base import (
     BWD_PHASES,
     FWD_PHASES,
@@ -45,7 +45,7 @@ OBJ_SCALE = 1e6
 be a large fraction of a recomputation-time objective of a few milliseconds."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HeuOptions:
     """Knobs of Lynx-HEU."""
 
@@ -56,7 +56,7 @@ class HeuOptions:
     """Weight of total recomputation time in the objective: among policies with equal critical time,
     prefer recomputing less (less energy, less exposure to window-time misprediction)."""
     time_limit_s: float = 10.0
-    backend: str = "auto"
+    backend: Backend = "auto"
     skip_when_all_fit: bool = True
     """Answer without an ILP when keeping every activation fits (objective 0 is then optimal)."""
     method: str = "lynx-heu"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from lynx.errors import InfeasibleError, LynxError
 from lynx.graph import LayerGraph
 from lynx.memory import stage_peak_bytes
-from lynx.milp import MilpSolution
+from lynx.milp import Backend, MilpSolution
 from lynx.policy.base import (
     LayerPolicy,
     Phase,
@@ -40,12 +40,12 @@ class SolverTimeoutError(LynxError):
     """The MILP found no schedule at all within its time limit."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OptOptions:
     overlap: bool = True
     """True: Lynx-OPT (windows hide recomputation). False: Checkmate (no overlap)."""
     time_limit_s: float = 30.0
-    backend: str = "auto"
+    backend: Backend = "auto"
     method: str = "lynx-opt"
     cooldown_overlap: bool = True
     progress: Progress | None = None
