@@ -28,6 +28,7 @@ from lynx.cli.common import (
 from lynx.errors import SpecError
 
 if TYPE_CHECKING:
+    from lynx.plan import Plan
     from lynx.problem import PlanProblem, PlanResult
     from lynx.schedule import Schedule
 
@@ -69,6 +70,51 @@ def _emit_plots(plan: Any, gantt: Path | None, memory_png: Path | None) -> None:
     if memory_png is not None:
         memory_plot(plan, memory_png)
         err_console.print(f"wrote {memory_png}")
+
+
+def _compare(problem: PlanProblem, method: str, title: str, as_json: bool, plots: bool) -> Plan | None:
+    """Every method side by side; returns `method`'s plan (with its timeline when plots are wanted)."""
+    from lynx.api import compare as compare_methods
+    from lynx.plan import Plan
+    from lynx.report.tables import compare_table
+
+    with err_console.status("planning...") as status:
+        rows = compare_methods(problem, progress=lambda n: status.update(f"planning with {n}..."))
+    chosen = next((r.plan for r in rows if r.method == method and r.plan is not None), None)
+    if as_json:
+        interleaved = problem.options.vpp > 1
+        print_json({"title": title, "methods": [
+            {"method": r.method, "error": r.error, **(r.plan.prediction.to_dict() if r.plan else {}),
+             "partition": list(r.plan.result.partition.layers_per_stage) if r.plan else None,
+             **({"chunks": list(r.plan.result.partition.chunks)} if r.plan and interleaved else {})}
+            for r in rows]})
+    else:
+        console.print(compare_table(rows, title))
+    if chosen is not None and plots:
+        chosen = Plan.evaluate(chosen.problem, chosen.result)  # with the timeline the plots need
+    return chosen
+
+
+def _single(problem: PlanProblem, method: str, title: str, as_json: bool) -> Plan:
+    from lynx.api import plan as plan_one
+    from lynx.report.tables import policy_table, stage_table
+
+    plan = plan_one(problem, method)
+    if as_json:
+        print_json(plan.to_dict() | {"graph": "(omitted; see --out)"})
+        return plan
+    console.print(f"[bold]{title}[/bold]")
+    console.print(f"method [bold]{plan.result.method}[/bold], partition {plan.result.partition} "
+                  f"({plan.result.partition.method}), search {plan.result.search_time_s:.2f} s")
+    for note in plan.result.notes:
+        console.print(f"  note: {note}")
+    s = plan.sim
+    console.print(f"iteration {s.iteration_time_s:.3f} s, {s.samples_per_s:.2f} samples/s, "
+                  f"{s.model_tflops_per_gpu:.1f} model TFLOP/s per GPU (MFU {s.mfu:.1%}), "
+                  f"bubble {s.bubble_fraction:.1%}" + ("  [red]OOM[/red]" if s.oom else ""))
+    console.print(stage_table(plan))
+    console.print(policy_table(plan))
+    return plan
 
 
 @app.command("plan")
@@ -118,11 +164,7 @@ def plan_cmd(
     ] = None,
 ) -> None:
     """Plan recomputation and partitioning for a model on a cluster, and predict its iteration."""
-    from lynx.api import compare as compare_methods
-    from lynx.api import plan as plan_one
     from lynx.methods import available_methods
-    from lynx.plan import Plan
-    from lynx.report.tables import compare_table, policy_table, stage_table
 
     graph = _load_profile_graph(profile, db) if profile else None
     problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
@@ -141,37 +183,8 @@ def plan_cmd(
     title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp} PP {pp}{vpp_text} DP {dp}"
              f"{' SP' if sp else ''}, micro-batch {micro_batch}, global batch {global_batch}, seq {seq_len}, "
              f"{problem.parallel.num_microbatches} micro-batches")
-    if compare:
-        with err_console.status("planning...") as status:
-            rows = compare_methods(problem, progress=lambda n: status.update(f"planning with {n}..."))
-        chosen = next((r.plan for r in rows if r.method == method and r.plan is not None), None)
-        if as_json:
-            print_json({"title": title, "methods": [
-                {"method": r.method, "error": r.error, **(r.plan.prediction.to_dict() if r.plan else {}),
-                 "partition": list(r.plan.result.partition.layers_per_stage) if r.plan else None,
-                 **({"chunks": list(r.plan.result.partition.chunks)} if r.plan and vpp > 1 else {})}
-                for r in rows]})
-        else:
-            console.print(compare_table(rows, title))
-        plan = chosen
-        if plan is not None and (gantt is not None or memory_png is not None):
-            plan = Plan.evaluate(plan.problem, plan.result)  # with the timeline the plots need
-    else:
-        plan = plan_one(problem, method)
-        if as_json:
-            print_json(plan.to_dict() | {"graph": "(omitted; see --out)"})
-        else:
-            console.print(f"[bold]{title}[/bold]")
-            console.print(f"method [bold]{plan.result.method}[/bold], partition {plan.result.partition} "
-                          f"({plan.result.partition.method}), search {plan.result.search_time_s:.2f} s")
-            for note in plan.result.notes:
-                console.print(f"  note: {note}")
-            s = plan.sim
-            console.print(f"iteration {s.iteration_time_s:.3f} s, {s.samples_per_s:.2f} samples/s, "
-                          f"{s.model_tflops_per_gpu:.1f} model TFLOP/s per GPU (MFU {s.mfu:.1%}), "
-                          f"bubble {s.bubble_fraction:.1%}" + ("  [red]OOM[/red]" if s.oom else ""))
-            console.print(stage_table(plan))
-            console.print(policy_table(plan))
+    plan = _compare(problem, method, title, as_json, gantt is not None or memory_png is not None) if compare \
+        else _single(problem, method, title, as_json)
     if plan is not None:
         if out is not None:
             plan.save(out)
