@@ -133,10 +133,9 @@ def held_bytes(mems: list[LayerMemory], ctx: StageContext) -> float:
     its layers' retained bytes, plus the non-layer retained bytes (the schedule's facts give the counts)."""
     if not ctx.chunk_layers:
         return ctx.in_flight * (sum(m.retained for m in mems) + ctx.extra_retained_bytes)
-    held = ctx.extra_in_flight * ctx.extra_retained_bytes
-    for (lo, hi), f in zip(ctx.chunk_slices(), ctx.chunk_in_flight, strict=True):
-        held += f * sum(m.retained for m in mems[lo:hi])
-    return held
+    per_chunk = [sum(m.retained for m in mems[lo:hi]) for lo, hi in ctx.chunk_slices()]
+    per_chunk[0] += ctx.extra_retained_bytes  # the first virtual stage's embedding mask
+    return ctx.peak_weighted(tuple(per_chunk))
 
 
 def stage_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> float:

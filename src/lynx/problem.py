@@ -102,6 +102,7 @@ class PlanProblem:
             cooldown_microbatches=max(c.cooldown_count for c in chunks),
             chunk_layers=chunk_layers if len(chunks) > 1 else (),
             chunk_in_flight=in_flight if len(chunks) > 1 else (),
+            live_vectors=f.live[stage] if len(chunks) > 1 else (),
         )
 
     def stage_contexts(self, partition: Partition, facts: ScheduleFacts | None = None) -> tuple[StageContext, ...]:

@@ -131,3 +131,16 @@ def test_interleaved_facts_first_rank_holds_more() -> None:
     # a forward of another chunk can run between F(j) and B(j): rank 0 chunk 0, micro-batch 0
     assert any(ch == 1 for ch, _ in f.of(0, 0).between[0])
     assert not f.of(3, 1).has_fwd_windows  # the last virtual stage alternates F(j) B(j)
+
+
+def test_live_vectors_bound_every_step() -> None:
+    """The Pareto-maximal in-flight vectors dominate the live counts at every step of the rank's list."""
+    s = schedule_interleaved(4, 8, 2)
+    f = derive_facts(s)
+    assert f.live[0] == ((7, 4), (8, 3))  # never 8 of chunk 0 and 4 of chunk 1 at once
+    for r, acts in enumerate(s):
+        count = [0, 0]
+        for a in acts:
+            count[a.chunk] += 1 if a.kind is F else -1
+            assert any(all(v >= c for v, c in zip(vec, count, strict=True)) for vec in f.live[r])
+    assert derive_facts(schedule_1f1b(4, 8)).live == (((4,),), ((3,),), ((2,),), ((1,),))

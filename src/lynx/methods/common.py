@@ -31,7 +31,8 @@ def chunk_contexts(ctx: StageContext) -> tuple[StageContext, ...]:
     options to each chunk's block of layers); the stage itself when it has one chunk."""
     if not ctx.chunk_layers:
         return (ctx,)
-    return tuple(dataclasses.replace(ctx, num_layers=n, chunk_layers=(), chunk_in_flight=(), in_flight=f)
+    return tuple(dataclasses.replace(ctx, num_layers=n, chunk_layers=(), chunk_in_flight=(),
+                                live_vectors=(), in_flight=f)
                  for n, f in zip(ctx.chunk_layers, ctx.chunk_in_flight, strict=True))
 
 

@@ -188,6 +188,9 @@ class StageContext:
     """Interleaved: layers of each model chunk on the stage, chunk 0 first (empty: one chunk)."""
     chunk_in_flight: tuple[int, ...] = ()
     """Interleaved: micro-batches in flight at each chunk's peak (empty: one chunk, `in_flight`)."""
+    live_vectors: tuple[tuple[int, ...], ...] = ()
+    """Interleaved: the schedule's Pareto-maximal in-flight counts per chunk (the rank's peak of any
+    per-chunk weighting is at one of them); empty: each chunk's own peak, summed (an upper bound)."""
 
     @property
     def num_chunks(self) -> int:
@@ -220,7 +223,12 @@ class StageContext:
         """Sum over the stage's layers of the micro-batches in flight of the layer's chunk."""
         if not self.chunk_layers:
             return self.in_flight * self.num_layers
-        return sum(n * f for n, f in zip(self.chunk_layers, self.chunk_in_flight, strict=True))
+        return round(self.peak_weighted(tuple(float(n) for n in self.chunk_layers)))
+
+    def peak_weighted(self, per_chunk: tuple[float, ...]) -> float:
+        """The largest sum over chunks of (micro-batches in flight x `per_chunk` bytes) the schedule reaches."""
+        vectors = self.live_vectors or (self.chunk_in_flight,)
+        return max(sum(f * x for f, x in zip(vec, per_chunk, strict=True)) for vec in vectors)
 
     def chunk_slices(self) -> tuple[tuple[int, int], ...]:
         """(first layer, end) of each chunk in the stage's layer list."""

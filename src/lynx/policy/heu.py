@@ -362,7 +362,7 @@ def _quiet_solve(ctx: StageContext, graph: LayerGraph, opts: HeuOptions) -> Reco
     return solve_stage(ctx, graph, opts, explain=False)
 
 
-CacheKey = tuple[int, int, int, bool, bool, int, float, tuple[int, ...], tuple[int, ...]]
+CacheKey = tuple[int, int, int, bool, bool, int, float, tuple[int, ...], int]
 
 
 @dataclass
@@ -384,7 +384,7 @@ class HeuCache:
     def key(self, ctx: StageContext) -> CacheKey:
         return (ctx.num_layers, ctx.in_flight, round(ctx.activation_budget_bytes), ctx.has_fwd_windows,
                 ctx.subtract_wgrad, ctx.cooldown_count, cooldown_weight(ctx, self.opts.cooldown_overlap),
-                ctx.chunk_layers, ctx.chunk_in_flight)
+                ctx.chunk_layers, ctx.layer_microbatches())
 
     def get(self, ctx: StageContext) -> RecomputePolicy | InfeasibleError:
         k = self.key(ctx)

@@ -14,6 +14,7 @@ the runtime's predictor) reads these; nobody re-derives them from p and s.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from lynx.schedule.actions import Action, ActionKind, Schedule
@@ -57,6 +58,9 @@ class ScheduleFacts:
     schedule: Schedule
     chunks: tuple[tuple[ChunkFacts, ...], ...]
     """Per rank, per chunk."""
+    live: tuple[tuple[tuple[int, ...], ...], ...]
+    """Per rank, the Pareto-maximal vectors of micro-batches in flight per chunk over the rank's list (the
+    rank's peak of any per-chunk weighting is reached at one of them; one chunk: ((in_flight,),))."""
 
     def of(self, rank: int, chunk: int = 0) -> ChunkFacts:
         return self.chunks[rank][chunk]
@@ -70,11 +74,30 @@ class ScheduleFacts:
         return {f: b for b, f in self.host_of(rank).items()}
 
 
+def _live_vectors(acts: tuple[Action, ...], v: int) -> tuple[tuple[int, ...], ...]:
+    count = [0] * v
+    seen: set[tuple[int, ...]] = set()
+    for a in acts:
+        if a.kind is F:
+            count[a.chunk] += 1
+            seen.add(tuple(count))
+        elif a.kind in (B, W):
+            count[a.chunk] -= 1
+    if v == 1:
+        return (max(seen, default=(0,)),)
+
+    def dominated(x: tuple[int, ...]) -> bool:
+        return any(y != x and all(b >= c for b, c in zip(y, x, strict=True)) for y in seen)
+
+    return tuple(sorted(x for x in seen if not dominated(x)))
+
+
 def _rank_facts(acts: tuple[Action, ...], rank: int, v: int, m: int) -> tuple[ChunkFacts, ...]:
     live: list[set[int]] = [set() for _ in range(v)]
     peak = [0] * v
     opened: dict[ChunkMb, int] = {}
-    fwd_pos: list[tuple[int, ChunkMb]] = []
+    fwd_pos: list[int] = []
+    fwd_key: list[ChunkMb] = []
     between: list[list[tuple[ChunkMb, ...]]] = [[() for _ in range(m)] for _ in range(v)]
     hosts: list[list[tuple[int, ChunkMb]]] = [[] for _ in range(v)]
     for i, a in enumerate(acts):
@@ -83,11 +106,13 @@ def _rank_facts(acts: tuple[Action, ...], rank: int, v: int, m: int) -> tuple[Ch
             live[a.chunk].add(a.microbatch)
             peak[a.chunk] = max(peak[a.chunk], len(live[a.chunk]))
             opened[key] = i
-            fwd_pos.append((i, key))
+            fwd_pos.append(i)
+            fwd_key.append(key)
             continue
         if a.kind in (B, I):
             start = opened.get(key, i)
-            between[a.chunk][a.microbatch] = tuple(k for p, k in fwd_pos if start < p < i)
+            lo = bisect.bisect_right(fwd_pos, start)  # forwards strictly after F(j), all before this action
+            between[a.chunk][a.microbatch] = tuple(fwd_key[lo:])
             prev = acts[i - 1] if i > 0 else None
             if prev is not None and prev.kind is F and (prev.chunk, prev.microbatch) != key:
                 hosts[a.chunk].append((a.microbatch, (prev.chunk, prev.microbatch)))
@@ -98,5 +123,6 @@ def _rank_facts(acts: tuple[Action, ...], rank: int, v: int, m: int) -> tuple[Ch
 
 def derive_facts(sched: Schedule) -> ScheduleFacts:
     """Facts of a (validated) schedule."""
-    m = sched.num_microbatches
-    return ScheduleFacts(sched, tuple(_rank_facts(acts, r, sched.num_chunks, m) for r, acts in enumerate(sched)))
+    m, v = sched.num_microbatches, sched.num_chunks
+    return ScheduleFacts(sched, tuple(_rank_facts(acts, r, v, m) for r, acts in enumerate(sched)),
+                         tuple(_live_vectors(acts, v) for acts in sched))
