@@ -23,7 +23,7 @@ RANKS: dict[str, int] = {
     "lynx.memory": 4,
     "lynx.policy.heu": 5, "lynx.policy.heu_mixed": 5, "lynx.policy.opt": 5, "lynx.policy.opt_model": 5,
     "lynx.policy.opt_check": 5, "lynx.policy.opt_timeline": 5, "lynx.policy.rules": 5,
-    "lynx.policy.adapipe": 5, "lynx.partition": 5,
+    "lynx.policy.adapipe": 5, "lynx.policy.heu_objective": 5, "lynx.partition": 5,
     "lynx.problem": 6,
     "lynx.simulate": 7,
     "lynx.methods": 8,
@@ -32,8 +32,8 @@ RANKS: dict[str, int] = {
     "lynx.report": 11, "lynx.profile": 11, "lynx.runtime": 11,
     "lynx.cli": 12, "lynx.__main__": 12,
 }
-SOLVERS = ("lynx.policy.heu", "lynx.policy.heu_mixed", "lynx.policy.opt", "lynx.policy.rules",
-           "lynx.policy.adapipe")
+SOLVERS = ("lynx.policy.heu", "lynx.policy.heu_objective", "lynx.policy.heu_mixed", "lynx.policy.opt",
+           "lynx.policy.rules", "lynx.policy.adapipe")
 SOLVER_MAY_IMPORT = ("lynx.errors", "lynx.graph", "lynx.spec", "lynx.memory", "lynx.milp", "lynx.policy",
                      "lynx.schedule")
 
