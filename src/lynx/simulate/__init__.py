@@ -75,7 +75,7 @@ def simulate(
         check_policy(problem.graph, pol, ctx)
     costs = _costs(problem, policies, ctxs)
     ranks = [RankState(costs[r], ctxs[r], policies[r], StageMemory(problem.graph, policies[r], ctxs[r], record),
-                       facts.host_of(r), facts.hosted_by(r)) for r in range(p)]
+                       facts.host_of(r), facts.hosted_by(r), ctxs[r].has_fwd_windows) for r in range(p)]
     loop = Loop(facts, ranks, _p2p(problem) if p2p_s is None else p2p_s, record)
     loop.run()
     return _result(problem, ctxs, loop)
