@@ -62,6 +62,9 @@ def test_cli_schedule_plan_and_simulate(tmp_path: Path) -> None:
     args = ("plan", "--vpp", "2", "--micro-batch", "4", "--global-batch", "32", "--method", "lynx")
     r = lynx(*args, "--out", str(out))
     assert r.returncode == 0, r.stderr
+    r = lynx("schedule", "--plan", str(out), "--csv", str(tmp_path / "plan.csv"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "plan.csv").read_text() == (tmp_path / "s.csv").read_text()  # the plan's own schedule
     sim = lynx("simulate", str(out), "--schedule", str(tmp_path / "s.csv"), "--json")
     assert sim.returncode == 0, sim.stderr
     assert json.loads(sim.stdout)["iteration_time_s"] == json.loads(out.read_text())["prediction"]["iteration_time_s"]

@@ -22,6 +22,8 @@ def schedule_cmd(
     csv: Annotated[Path | None, typer.Option("--csv", help="Write the schedule as CSV (torch's compute-only "
                                              "format, loadable by _PipelineScheduleRuntime._load_csv).")] = None,
     load: Annotated[Path | None, typer.Option("--load", help="Read and validate a CSV schedule instead.")] = None,
+    plan: Annotated[Path | None, typer.Option("--plan", help="The schedule a saved plan runs (its pp, "
+                                              "micro-batches and vpp), e.g. to hand to the runtime as CSV.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Print the step x rank grid of a pipeline schedule (actions as torch prints them: 2F0 = global stage 2,
@@ -31,8 +33,14 @@ def schedule_cmd(
     from lynx.errors import SpecError
     from lynx.schedule import derive_facts, load_csv, make_schedule, save_csv, schedule_gpipe, validate
 
+    if load is not None and plan is not None:
+        raise SpecError("--load and --plan name two schedules; give one")
     if load is not None:
         sched = load_csv(load)
+    elif plan is not None:
+        from lynx.plan import load_plan
+
+        sched = load_plan(plan)[0].schedule
     elif kind == "gpipe":
         if vpp != 1:
             raise SpecError("--kind gpipe has one chunk per rank; drop --vpp")
