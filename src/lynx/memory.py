@@ -138,6 +138,18 @@ def held_bytes(mems: list[LayerMemory], ctx: StageContext) -> float:
     return ctx.peak_weighted(tuple(per_chunk))
 
 
+def backward_working_set(mems: list[LayerMemory], fwd_windows: bool) -> float:
+    """Largest over layers l of on_demand(l) + bwd_window(l) + bwd_window(l - 1) (+ its phase-1/2 tensors
+    when no forward window rebuilt them): layer l's backward runs with its own recomputed tensors while
+    the windows of its collectives recompute for the layer below."""
+    work_b = 0.0
+    for i, m in enumerate(mems):
+        below = mems[i - 1].bwd_window if i > 0 else 0.0
+        own = m.on_demand + m.bwd_window + (0.0 if fwd_windows else m.fwd_window)
+        work_b = max(work_b, own + below)
+    return work_b
+
+
 def stage_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> float:
     """Closed-form peak of a stage (an upper bound the simulator confirms):
 
@@ -153,12 +165,7 @@ def stage_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: St
     mems = [layer_memory(graph, lp) for lp in layers]
     held_fwd = sum(m.fwd_window for m in mems) if ctx.has_fwd_windows else 0.0
     work_f = max((m.dropped for m in mems), default=0.0)
-    work_b = 0.0
-    for i, m in enumerate(mems):
-        below = mems[i - 1].bwd_window if i > 0 else 0.0
-        own = m.on_demand + m.bwd_window + (0.0 if ctx.has_fwd_windows else m.fwd_window)
-        work_b = max(work_b, own + below)
-    work_b = max(work_b, max_chunk_working_set(graph, layers))
+    work_b = max(backward_working_set(mems, ctx.has_fwd_windows), max_chunk_working_set(graph, layers))
     return (
         ctx.static_bytes + ctx.extra_transient_bytes + ctx.grad_workspace_bytes
         + held_bytes(mems, ctx) + held_fwd + max(work_f, work_b)
@@ -173,9 +180,4 @@ def predicted_activation_bytes(mems: list[LayerMemory], extra_per_layer: list[fl
     retained = sum(m.retained for m in mems) + sum(extra_per_layer)
     held_fwd = sum(m.fwd_window for m in mems) if fwd_windows else 0.0
     after_fwd = in_flight * retained + held_fwd
-    work_b = 0.0
-    for i, m in enumerate(mems):
-        below = mems[i - 1].bwd_window if i > 0 else 0.0
-        own = m.on_demand + m.bwd_window + (0.0 if fwd_windows else m.fwd_window)
-        work_b = max(work_b, own + below)
-    return after_fwd, after_fwd + work_b
+    return after_fwd, after_fwd + backward_working_set(mems, fwd_windows)
