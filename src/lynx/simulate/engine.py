@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lynx.policy.base import RecomputePolicy, StageContext
-from lynx.schedule import ActionKind, ScheduleFacts
+from lynx.schedule import ActionKind, ScheduleError, ScheduleFacts
 from lynx.simulate.memory_replay import StageMemory
 from lynx.simulate.pricing import ChunkCosts
 from lynx.simulate.results import Segment, SegmentKind
@@ -56,8 +56,8 @@ class Loop:
         for acts in sched:
             for a in acts:
                 if a.kind is not ActionKind.F and a.kind is not ActionKind.B:
-                    raise ValueError(f"the simulator prices F and B actions; {a.text(sched.pp)} (split "
-                                     "backward) is not modelled yet")
+                    raise ScheduleError(f"the simulator prices F and B actions; {a.text(sched.pp)} (a split "
+                                        "backward, I/W) is not modelled yet")
             self.steps.append([(a.kind is ActionKind.F, a.chunk, a.microbatch, a.virtual_stage(sched.pp))
                                for a in acts])
 
