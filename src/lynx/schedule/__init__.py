@@ -18,7 +18,7 @@ from lynx.schedule.generators import (
     schedule_interleaved,
     warmup_count,
 )
-from lynx.schedule.validate import dependencies_met, format_grid, validate
+from lynx.schedule.validate import format_grid, validate
 
 
 @functools.lru_cache(maxsize=64)
@@ -41,7 +41,7 @@ def carrier_of(stage: int, num_stages: int, num_microbatches: int) -> dict[int, 
 
 __all__ = [
     "Action", "ActionKind", "ChunkFacts", "Schedule", "ScheduleError", "ScheduleFacts", "carrier_of",
-    "dependencies_met", "derive_facts", "dumps", "facts_1f1b", "format_grid", "interleaved_rank", "load_csv", "loads",
+    "derive_facts", "dumps", "facts_1f1b", "format_grid", "interleaved_rank", "load_csv", "loads",
     "make_schedule", "one_f_one_b", "parse_action", "save_csv", "schedule", "schedule_1f1b", "schedule_gpipe",
     "schedule_interleaved", "validate", "warmup_count",
 ]

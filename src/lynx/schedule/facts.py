@@ -38,7 +38,7 @@ class ChunkFacts:
     @property
     def has_fwd_windows(self) -> bool:
         """Some forward runs between F(j) and B(j) (not on the last stage, nor with one micro-batch)."""
-        return self.in_flight > 1 or any(self.between)
+        return any(self.between)
 
     @property
     def cooldown(self) -> frozenset[int]:

@@ -72,11 +72,6 @@ def _ready(a: Action, pp: int, last: int, done: set[tuple[int, ActionKind, int]]
     return (vs + 1, B, a.microbatch) in done or (vs + 1, I, a.microbatch) in done
 
 
-def dependencies_met(a: Action, pp: int, num_virtual: int, done: set[tuple[int, ActionKind, int]]) -> bool:
-    """Whether `a` may start once the actions in `done` (virtual stage, kind, micro-batch) have finished."""
-    return _ready(a, pp, num_virtual - 1, done)
-
-
 def validate(sched: Schedule) -> Schedule:
     """Raise ScheduleError (with the grid) unless `sched` is a complete, deadlock-free schedule."""
     if sched.pp < 1:
