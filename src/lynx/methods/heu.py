@@ -49,8 +49,10 @@ def _refine(problem: PlanProblem, part: Partition, best_t: float, cache: HeuCach
             max_sims: int = 40) -> tuple[float, Partition, tuple[RecomputePolicy, ...]] | None:
     """Beyond min-max: the stage-time proxy ignores pipeline fill and drain, which matter when micro-
     batches are few. Local search with the event simulator as the judge: move one layer between any two
-    stages, take the first improvement, repeat (at most `max_sims` simulations)."""
-    counts = list(part.layers_per_stage)
+    stages (virtual stages when interleaved), take the first improvement, repeat (at most `max_sims`
+    simulations)."""
+    counts = list(part.virtual_layers())
+    pp = problem.parallel.pp
     found: tuple[float, Partition, tuple[RecomputePolicy, ...]] | None = None
     sims, improved = 0, True
     while improved and sims < max_sims:
@@ -62,7 +64,7 @@ def _refine(problem: PlanProblem, part: Partition, best_t: float, cache: HeuCach
                 cand = list(counts)
                 cand[a] -= 1
                 cand[b] += 1
-                new = Partition(tuple(cand), method="lynx-refined")
+                new = Partition.interleaved(tuple(cand), pp, method="lynx-refined")
                 try:
                     pols = policies_for(problem, new, cache, explain=False)
                 except InfeasibleError:
@@ -89,19 +91,40 @@ def lynx_heu(problem: PlanProblem) -> PlanResult:
     return PlanResult("lynx-heu", part, pols, (note,), time.perf_counter() - t0)
 
 
+def _interleaved_search(problem: PlanProblem, method: str, cache: HeuCache, t0: float) -> PlanResult:
+    """Interleaved chunks: HEU on the dp split of the virtual stages, then (where one simulation is cheap)
+    the simulator-judged local search moving one layer between virtual stages. The greedy / exact min-max
+    searches over per-rank layer counts do not apply to chunks."""
+    par = problem.parallel
+    dp = base_partition(problem)
+    pols = policies_for(problem, dp, cache)
+    best_t, part, label = math.inf, dp, "dp"
+    if par.pp * par.num_microbatches * problem.options.vpp <= REFINE_MAX_ACTIONS:
+        best_t = _iteration(problem, dp, pols)
+        refined = _refine(problem, dp, best_t, cache)
+        if refined is not None:
+            best_t, part, pols = refined
+            label = "refined"
+    notes = (f"interleaved: dp split of the {len(dp.chunks)} virtual stages {dp}"
+             + (f", refined by simulation to {part} ({best_t:.3f} s)" if label == "refined" else ""),
+             f"HEU: {cache.solves} distinct stage problems ({cache.hits} cache hits), "
+             f"{cache.solve_time_s * 1e3:.1f} ms solving")
+    chosen = Partition(part.layers_per_stage, f"lynx-{label}" if label != "dp" else "dp", part.chunks)
+    return PlanResult(method, chosen, pols, notes, time.perf_counter() - t0)
+
+
 def lynx_search(problem: PlanProblem, method: str) -> tuple[PlanResult, HeuCache]:
     """HEU + recomputation-aware partitioning: dp, the paper's greedy loop and the exact min-max search
     each give a partition; the event simulator measures all three and the fastest that fits wins (so the
     result is never slower than dp partitioning with HEU)."""
     t0 = time.perf_counter()
     cache = HeuCache(problem.graph, heu_options(problem, method))
-    if problem.options.layers_per_stage is not None or problem.options.vpp > 1:
-        # the user's partition is not second-guessed; interleaved chunks keep the dp split (the
-        # recomputation-aware search moves whole layers between ranks, not between chunks: not done yet)
+    if problem.options.layers_per_stage is not None:  # the user's partition is not second-guessed
         part = base_partition(problem)
-        note = "explicit partition" if problem.options.vpp == 1 else "interleaved: dp partition of the chunks"
-        return PlanResult(method, part, policies_for(problem, part, cache), (note,),
+        return PlanResult(method, part, policies_for(problem, part, cache), ("explicit partition",),
                           time.perf_counter() - t0), cache
+    if problem.options.vpp > 1:
+        return _interleaved_search(problem, method, cache, t0), cache
 
     par = problem.parallel
     # The first and last stages also run the embedding and the LM head + loss (as the simulator charges).
