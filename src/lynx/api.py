@@ -33,11 +33,30 @@ def make_problem(
                 f"--layers-per-stage {','.join(map(str, lps))}: needs {parallel.pp} positive entries "
                 f"summing to {model.num_layers}"
             )
+    _check_vpp(opts.vpp, model, parallel, opts.layers_per_stage is not None)
     if graph is None:
         graph = build_layer_graph(model, hardware, parallel)
     else:
         _check_graph_matches(graph, model, parallel)
     return PlanProblem(model, hardware, parallel, graph, opts)
+
+
+def _check_vpp(vpp: int, model: ModelSpec, par: ParallelSpec, explicit: bool) -> None:
+    """Interleaved 1F1B needs Megatron's conditions: pp > 1, a multiple of pp micro-batches, a layer per
+    virtual stage (the schedule package states the micro-batch rule too; this names the options)."""
+    if vpp < 1:
+        raise SpecError(f"--vpp must be at least 1, got {vpp}")
+    if vpp == 1:
+        return
+    if par.pp < 2:
+        raise SpecError(f"--vpp {vpp} needs pipeline parallelism (--pp >= 2), got --pp {par.pp}")
+    if par.num_microbatches % par.pp:
+        raise SpecError(f"--vpp {vpp}: interleaved 1F1B needs the number of micro-batches ({par.num_microbatches}) "
+                        f"to be a multiple of --pp {par.pp} (Megatron-Core's rule)")
+    if model.num_layers < par.pp * vpp:
+        raise SpecError(f"--vpp {vpp}: {model.num_layers} layers cannot fill {par.pp} x {vpp} virtual stages")
+    if explicit:
+        raise SpecError("--layers-per-stage cannot be combined with --vpp > 1 (chunks are split by lynx)")
 
 
 def _check_graph_matches(graph: LayerGraph, model: ModelSpec, par: ParallelSpec) -> None:

@@ -31,27 +31,29 @@ class ActivationTerms:
     restores (including a uniform chunk's re-forward)."""
     grad_workspace: float
     """Gradient buffers alive during one op's backward."""
+    held: float
+    """The layers' retained bytes of every in-flight micro-batch (interleaved: each chunk's own count)."""
     embedding_per_microbatch: float
     """The first stage's embedding dropout mask, per in-flight micro-batch."""
+    embedding: float
+    """The embedding masks of every in-flight micro-batch."""
     logits: float
     """The last stage's logits and their fp32 copy for the loss."""
 
 
 def activation_terms(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> ActivationTerms:
-    """The adapter over `lynx.memory` (MERGE(issue 9): re-point at the new memory module's terms)."""
-    from lynx.memory import layer_memory, max_chunk_working_set
+    """The closed form's activation terms, from `lynx.memory`'s pieces (the ones `stage_peak_bytes` adds)."""
+    from lynx.memory import backward_working_set, held_bytes, layer_memory, max_chunk_working_set
 
     mems = [layer_memory(graph, lp) for lp in layers]
     work_f = max((m.dropped for m in mems), default=0.0)
-    work_b = 0.0
-    for i, m in enumerate(mems):
-        below = mems[i - 1].bwd_window if i > 0 else 0.0
-        own = m.on_demand + m.bwd_window + (0.0 if ctx.has_fwd_windows else m.fwd_window)
-        work_b = max(work_b, own + below)
-    work_b = max(work_b, max_chunk_working_set(graph, layers))
+    work_b = max(backward_working_set(mems, ctx.has_fwd_windows), max_chunk_working_set(graph, layers))
+    embedding = ctx.extra_in_flight * ctx.extra_retained_bytes
     return ActivationTerms(
         per_microbatch=sum(m.retained for m in mems),
         in_flight=ctx.in_flight,
+        held=held_bytes(mems, ctx) - embedding,
+        embedding=embedding,
         fwd_window=sum(m.fwd_window for m in mems) if ctx.has_fwd_windows else 0.0,
         working_set=max(work_f, work_b),
         grad_workspace=ctx.grad_workspace_bytes,
@@ -74,7 +76,7 @@ class StageMemory:
 
     @property
     def activations(self) -> float:
-        return self.act.in_flight * self.act.per_microbatch
+        return self.act.held
 
     @property
     def transient(self) -> float:
@@ -82,7 +84,7 @@ class StageMemory:
 
     @property
     def embedding_logits(self) -> float:
-        return self.act.in_flight * self.act.embedding_per_microbatch + self.act.logits
+        return self.act.embedding + self.act.logits
 
     def terms(self) -> dict[str, float]:
         """The stacked terms, bottom first; they sum to `peak`."""

@@ -109,28 +109,66 @@ def max_chunk_working_set(graph: LayerGraph, layers: tuple[LayerPolicy, ...]) ->
     return best
 
 
-def stage_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> float:
-    """Closed-form peak of a stage under 1F1B (an upper bound the simulator confirms):
+def fixed_bytes(ctx: StageContext, num_layers: int, input_bytes: float) -> float:
+    """Memory of a stage that no recomputation decision changes: static, non-layer terms, and the layer
+    inputs (always stored) of every in-flight micro-batch. OPT's memory rows and replay start from it."""
+    if not ctx.chunk_layers:
+        return (ctx.static_bytes + ctx.extra_transient_bytes + ctx.grad_workspace_bytes
+                + ctx.in_flight * (ctx.extra_retained_bytes + num_layers * input_bytes))
+    return (ctx.static_bytes + ctx.extra_transient_bytes + ctx.grad_workspace_bytes
+            + ctx.extra_in_flight * ctx.extra_retained_bytes + ctx.layer_microbatches() * input_bytes)
 
-    static + extra + in_flight * (sum of retained) + (sum of forward-window held)
-           + max(forward working set, backward working set) + gradient workspace
+
+def held_bytes(mems: list[LayerMemory], ctx: StageContext) -> float:
+    """Activations the stage holds for backward at its peak: each chunk's in-flight micro-batches times
+    its layers' retained bytes, plus the non-layer retained bytes (the schedule's facts give the counts)."""
+    if not ctx.chunk_layers:
+        return ctx.in_flight * (sum(m.retained for m in mems) + ctx.extra_retained_bytes)
+    per_chunk = [sum(m.retained for m in mems[lo:hi]) for lo, hi in ctx.chunk_slices()]
+    per_chunk[0] += ctx.extra_retained_bytes  # the first virtual stage's embedding mask
+    return ctx.peak_weighted(tuple(per_chunk))
+
+
+def backward_working_set(mems: list[LayerMemory], fwd_windows: bool) -> float:
+    """Largest over layers l of on_demand(l) + bwd_window(l) + bwd_window(l - 1) (+ its phase-1/2 tensors
+    when no forward window rebuilt them): layer l's backward runs with its own recomputed tensors while
+    the windows of its collectives recompute for the layer below."""
+    work_b = 0.0
+    for i, m in enumerate(mems):
+        below = mems[i - 1].bwd_window if i > 0 else 0.0
+        own = m.on_demand + m.bwd_window + (0.0 if fwd_windows else m.fwd_window)
+        work_b = max(work_b, own + below)
+    return work_b
+
+
+def stage_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> float:
+    """Closed-form peak of a stage (an upper bound the simulator confirms):
+
+    static + extra + sum over chunks of in_flight(chunk) * (sum of its layers' retained)
+           + (sum of forward-window held) + max(forward working set, backward working set) + gradient workspace
 
     forward working set  = max over layers of the outputs a layer produces and drops;
     backward working set = max over layers l of on_demand(l) + bwd_window(l) + bwd_window(l - 1)
     (layer l's backward runs with its own recomputed tensors while the windows of its collectives
     recompute for the layer below). The top layer's phase-3/4 work runs on demand (no layer above).
+    With one chunk, in_flight is the schedule's min(p - s, m) for 1F1B.
     """
     mems = [layer_memory(graph, lp) for lp in layers]
     held_fwd = sum(m.fwd_window for m in mems) if ctx.has_fwd_windows else 0.0
-    retained = sum(m.retained for m in mems)
     work_f = max((m.dropped for m in mems), default=0.0)
-    work_b = 0.0
-    for i, m in enumerate(mems):
-        below = mems[i - 1].bwd_window if i > 0 else 0.0
-        own = m.on_demand + m.bwd_window + (0.0 if ctx.has_fwd_windows else m.fwd_window)
-        work_b = max(work_b, own + below)
-    work_b = max(work_b, max_chunk_working_set(graph, layers))
+    work_b = max(backward_working_set(mems, ctx.has_fwd_windows), max_chunk_working_set(graph, layers))
     return (
         ctx.static_bytes + ctx.extra_transient_bytes + ctx.grad_workspace_bytes
-        + ctx.in_flight * (retained + ctx.extra_retained_bytes) + held_fwd + max(work_f, work_b)
+        + held_bytes(mems, ctx) + held_fwd + max(work_f, work_b)
     )
+
+
+def predicted_activation_bytes(mems: list[LayerMemory], extra_per_layer: list[float], in_flight: int,
+                               fwd_windows: bool) -> tuple[float, float]:
+    """What a runtime stage holds for backward: (after the forwards in flight, peak including what backward
+    restores). The same terms as `stage_peak_bytes` without static and non-layer memory; `extra_per_layer`
+    adds bytes the runtime holds per kept op beyond the graph (e.g. LayerNorm statistics)."""
+    retained = sum(m.retained for m in mems) + sum(extra_per_layer)
+    held_fwd = sum(m.fwd_window for m in mems) if fwd_windows else 0.0
+    after_fwd = in_flight * retained + held_fwd
+    return after_fwd, after_fwd + backward_working_set(mems, fwd_windows)

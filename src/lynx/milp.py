@@ -12,15 +12,19 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 INF = math.inf
 Expr = Mapping[int, float]
+MilpStatus = Literal["optimal", "time_limit", "infeasible", "no_solution", "error"]
+"""time_limit: a feasible incumbent exists; no_solution: the limit hit before any."""
+Backend = Literal["auto", "highs", "gurobi"]
+"""auto is HiGHS; gurobi only where gurobipy is importable."""
 
 
 @dataclass(frozen=True, slots=True)
 class MilpSolution:
-    status: str
-    """"optimal", "time_limit" (a feasible incumbent exists), "infeasible", "no_solution", "error"."""
+    status: MilpStatus
     objective: float
     values: tuple[float, ...]
     solve_time_s: float
@@ -94,7 +98,7 @@ class Milp:
     def num_constraints(self) -> int:
         return len(self.rows)
 
-    def solve(self, time_limit_s: float = 30.0, mip_gap: float = 1e-6, backend: str = "auto",
+    def solve(self, time_limit_s: float = 30.0, mip_gap: float = 1e-6, backend: Backend = "auto",
               progress: Callable[[str], None] | None = None, start: Expr | None = None) -> MilpSolution:
         """Solve with HiGHS ("auto", "highs") or Gurobi ("gurobi", only when gurobipy is importable).
         `start`: values of some variables of a known feasible solution (HiGHS completes the rest; a start
@@ -158,6 +162,7 @@ def _solve_highs(m: Milp, time_limit_s: float, mip_gap: float,
     info = h.getInfo()
     status_text = h.modelStatusToString(ms).lower()
     has_primal = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    status: MilpStatus
     if ms == highspy.HighsModelStatus.kOptimal:
         status = "optimal"
     elif ms == highspy.HighsModelStatus.kInfeasible:
@@ -223,7 +228,7 @@ def _solve_gurobi(m: Milp, time_limit_s: float, mip_gap: float) -> MilpSolution:
     model.optimize()
     st = model.Status
     ok = model.SolCount > 0
-    status = "optimal" if st == gp.GRB.OPTIMAL else ("infeasible" if st == gp.GRB.INFEASIBLE else
+    status: MilpStatus = "optimal" if st == gp.GRB.OPTIMAL else ("infeasible" if st == gp.GRB.INFEASIBLE else
                                                      ("time_limit" if ok else "no_solution"))
     values = tuple(x.X for x in xs) if ok else tuple([0.0] * len(xs))
     return MilpSolution(status, model.ObjVal if ok else math.inf, values, time.perf_counter() - t0,

@@ -17,6 +17,7 @@ from lynx.graph import LayerGraph
 from lynx.partition.base import Partition
 from lynx.policy.base import RecomputePolicy
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
+from lynx.schedule import Schedule
 from lynx.simulate import SimResult, simulate
 from lynx.spec import (
     hardware_from_dict,
@@ -27,7 +28,55 @@ from lynx.spec import (
     parallel_to_dict,
 )
 
-PLAN_SCHEMA_VERSION = 1
+PLAN_SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+"""Version 2 added ``options.vpp``, ``partition.chunks`` and ``schedule`` (interleaved 1F1B); a version-1
+file reads as vpp 1."""
+
+
+@dataclass(frozen=True, slots=True)
+class StagePrediction:
+    stage: int
+    num_layers: int
+    peak_memory_bytes: float
+    budget_bytes: float
+    static_bytes: float
+    oom: bool
+    recompute_critical_s: float
+    recompute_overlapped_s: float
+    fwd_time_s: float
+    bwd_time_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """What the simulator predicts for a plan (stored in the plan file, recomputed on reading)."""
+
+    iteration_time_s: float
+    samples_per_s: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    mfu: float
+    bubble_fraction: float
+    oom: bool
+    stages: tuple[StagePrediction, ...]
+
+    @staticmethod
+    def of(s: SimResult) -> Prediction:
+        return Prediction(
+            iteration_time_s=s.iteration_time_s, samples_per_s=s.samples_per_s, tokens_per_s=s.tokens_per_s,
+            model_tflops_per_gpu=s.model_tflops_per_gpu, mfu=s.mfu, bubble_fraction=s.bubble_fraction, oom=s.oom,
+            stages=tuple(StagePrediction(
+                stage=st.stage, num_layers=st.num_layers, peak_memory_bytes=st.peak_memory_bytes,
+                budget_bytes=st.budget_bytes, static_bytes=st.static_bytes, oom=st.oom,
+                recompute_critical_s=st.recompute_critical_s, recompute_overlapped_s=st.recompute_overlapped_s,
+                fwd_time_s=st.fwd_time_s, bwd_time_s=st.bwd_time_s) for st in s.stages),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["stages"] = [asdict(st) for st in self.stages]
+        return d
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,36 +86,16 @@ class Plan:
     sim: SimResult
 
     @staticmethod
-    def evaluate(problem: PlanProblem, result: PlanResult, record: bool = True) -> Plan:
-        """Simulate a planning result; `record=False` skips the Gantt segments and memory curves."""
-        return Plan(problem, result, simulate(problem, result.partition, result.policies, record=record))
+    def evaluate(problem: PlanProblem, result: PlanResult, record: bool = True,
+                 schedule: Schedule | None = None) -> Plan:
+        """Simulate a planning result (under the problem's schedule unless `schedule` is given);
+        `record=False` skips the Gantt segments and memory curves."""
+        sim = simulate(problem, result.partition, result.policies, record=record, schedule=schedule)
+        return Plan(problem, result, sim)
 
-    def prediction(self) -> dict[str, Any]:
-        s = self.sim
-        return {
-            "iteration_time_s": s.iteration_time_s,
-            "samples_per_s": s.samples_per_s,
-            "tokens_per_s": s.tokens_per_s,
-            "model_tflops_per_gpu": s.model_tflops_per_gpu,
-            "mfu": s.mfu,
-            "bubble_fraction": s.bubble_fraction,
-            "oom": s.oom,
-            "stages": [
-                {
-                    "stage": st.stage,
-                    "num_layers": st.num_layers,
-                    "peak_memory_bytes": st.peak_memory_bytes,
-                    "budget_bytes": st.budget_bytes,
-                    "static_bytes": st.static_bytes,
-                    "oom": st.oom,
-                    "recompute_critical_s": st.recompute_critical_s,
-                    "recompute_overlapped_s": st.recompute_overlapped_s,
-                    "fwd_time_s": st.fwd_time_s,
-                    "bwd_time_s": st.bwd_time_s,
-                }
-                for st in s.stages
-            ],
-        }
+    @property
+    def prediction(self) -> Prediction:
+        return Prediction.of(self.sim)
 
     def to_dict(self) -> dict[str, Any]:
         p, r = self.problem, self.result
@@ -80,11 +109,13 @@ class Plan:
             "hardware": hardware_to_dict(p.hardware),
             "parallel": parallel_to_dict(p.parallel),
             "options": opts,
-            "partition": {"method": r.partition.method, "layers_per_stage": list(r.partition.layers_per_stage)},
+            "partition": {"method": r.partition.method, "layers_per_stage": list(r.partition.layers_per_stage),
+                          "chunks": list(r.partition.chunks)},
+            "schedule": {"name": p.schedule.name, "vpp": p.options.vpp},
             "stages": [pol.to_dict(p.graph) for pol in r.policies],
             "notes": list(r.notes),
             "search_time_s": r.search_time_s,
-            "prediction": self.prediction(),
+            "prediction": self.prediction.to_dict(),
             "graph": p.graph.to_dict(),
         }
 
@@ -97,9 +128,10 @@ class Plan:
 
 def plan_from_dict(d: Mapping[str, Any]) -> tuple[PlanProblem, PlanResult]:
     """Read a plan back (the prediction is recomputed by whoever needs it, never trusted)."""
-    if d.get("schema_version") != PLAN_SCHEMA_VERSION:
+    if d.get("schema_version") not in READABLE_VERSIONS:
         raise PlanFormatError(
-            f"plan: schema_version {d.get('schema_version')!r}, this lynx reads {PLAN_SCHEMA_VERSION}"
+            f"plan: schema_version {d.get('schema_version')!r}, this lynx reads "
+            + " and ".join(map(str, READABLE_VERSIONS))
         )
     try:
         opts = dict(d.get("options", {}))
@@ -112,7 +144,11 @@ def plan_from_dict(d: Mapping[str, Any]) -> tuple[PlanProblem, PlanResult]:
             graph=LayerGraph.from_dict(d["graph"]),
             options=PlanOptions(**opts),
         )
-        part = Partition(tuple(d["partition"]["layers_per_stage"]), d["partition"].get("method", "explicit"))
+        part = Partition(tuple(d["partition"]["layers_per_stage"]), d["partition"].get("method", "explicit"),
+                         tuple(d["partition"].get("chunks", ())))
+        if part.num_chunks != problem.options.vpp:
+            raise PlanFormatError(f"plan: partition has {part.num_chunks} chunks per stage, options.vpp "
+                                  f"{problem.options.vpp}")
         pols = tuple(RecomputePolicy.from_dict(s) for s in d["stages"])
         result = PlanResult(str(d["method"]), part, pols, tuple(d.get("notes", ())),
                             float(d.get("search_time_s", 0.0)))

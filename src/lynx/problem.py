@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from lynx.graph import LayerGraph
@@ -13,11 +14,12 @@ from lynx.memory import (
 )
 from lynx.partition.base import Partition
 from lynx.policy.base import RecomputePolicy, StageContext
+from lynx.schedule import Schedule, ScheduleFacts, derive_facts, make_schedule
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
 from lynx.static_memory import PrecisionName, Recipe, recipe_for
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PlanOptions:
     """Knobs that every method sees. Method-specific options live with the method."""
 
@@ -45,6 +47,13 @@ class PlanOptions:
     nodes: int | None = None
     layers_per_stage: tuple[int, ...] | None = None
     """A user's explicit partition (--layers-per-stage); methods that do not partition use it."""
+    vpp: int = 1
+    """Model chunks per rank: 1 is 1F1B, more is Megatron's interleaved 1F1B (--vpp)."""
+
+
+@functools.lru_cache(maxsize=32)
+def _facts(pp: int, num_microbatches: int, vpp: int) -> ScheduleFacts:
+    return derive_facts(make_schedule(pp, num_microbatches, vpp))
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,15 +74,33 @@ class PlanProblem:
         b = self.options.budget_bytes
         return self.hardware.device.usable_bytes if b is None else b
 
-    def stage_context(self, stage: int, num_layers: int) -> StageContext:
+    @property
+    def schedule(self) -> Schedule:
+        """The action list lynx plans for (1F1B, or interleaved 1F1B with options.vpp chunks per rank)."""
+        return self.facts.schedule
+
+    @property
+    def facts(self) -> ScheduleFacts:
+        return _facts(self.parallel.pp, self.parallel.num_microbatches, self.options.vpp)
+
+    def stage_context(self, stage: int, num_layers: int, chunk_layers: tuple[int, ...] = (),
+                      facts: ScheduleFacts | None = None) -> StageContext:
+        """The context of rank `stage` with `num_layers` layers (split over its chunks as `chunk_layers`
+        when interleaved); micro-batches in flight, forward windows and cool-down from the schedule's facts
+        (`facts`: a user's schedule; default the problem's own)."""
         par = self.parallel
-        m = par.num_microbatches
+        f = facts or self.facts
+        chunks = f.chunks[stage]
+        if len(chunks) > 1 and len(chunk_layers) != len(chunks):
+            raise ValueError(f"stage {stage}: {len(chunks)} chunks in the schedule, layers given for "
+                             f"{len(chunk_layers)}")
+        in_flight = tuple(c.in_flight for c in chunks)
         return StageContext(
             stage=stage,
             num_stages=par.pp,
             num_layers=num_layers,
-            in_flight=min(par.pp - stage, m),
-            num_microbatches=m,
+            in_flight=max(in_flight),
+            num_microbatches=par.num_microbatches,
             budget_bytes=self.budget_bytes,
             static_bytes=static_bytes(self.model, par, stage, num_layers, self.options.bytes_per_param,
                                       self.options.precision, self.options.distributed_optimizer),
@@ -81,10 +108,16 @@ class PlanProblem:
             extra_transient_bytes=extra_transient_bytes(self.model, par, stage),
             grad_workspace_bytes=grad_workspace_bytes(self.graph),
             subtract_wgrad=self.options.subtract_wgrad,
+            fwd_windows=all(c.has_fwd_windows for c in chunks),
+            cooldown_microbatches=max(c.cooldown_count for c in chunks),
+            chunk_layers=chunk_layers if len(chunks) > 1 else (),
+            chunk_in_flight=in_flight if len(chunks) > 1 else (),
+            live_vectors=f.live[stage] if len(chunks) > 1 else (),
         )
 
-    def stage_contexts(self, partition: Partition) -> tuple[StageContext, ...]:
-        return tuple(self.stage_context(s, n) for s, n in enumerate(partition.layers_per_stage))
+    def stage_contexts(self, partition: Partition, facts: ScheduleFacts | None = None) -> tuple[StageContext, ...]:
+        return tuple(self.stage_context(s, n, partition.chunk_layers(s) if partition.chunks else (), facts)
+                     for s, n in enumerate(partition.layers_per_stage))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from lynx.schedule import Action, carrier_of, format_grid, one_f_one_b, parse_ac
 
 
 def test_action_text_roundtrip() -> None:
-    a = Action(2, "F", 0)
+    a = Action(2, 0, "F", 0)
     assert str(a) == "2F0"
     assert parse_action("2F0") == a
     with pytest.raises(ValueError, match="not an action"):
@@ -43,7 +43,7 @@ def test_carrier_is_the_forward_just_before(p: int, m: int) -> None:
         car = carrier_of(s, p, m)
         for i, a in enumerate(acts):
             if a.kind == "B" and a.microbatch in car:
-                assert acts[i - 1] == Action(s, "F", car[a.microbatch])
+                assert acts[i - 1] == Action(s, 0, "F", car[a.microbatch])
 
 
 def test_grid_marks_error() -> None:

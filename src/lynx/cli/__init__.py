@@ -26,6 +26,7 @@ app = typer.Typer(
 # Subcommand modules: each adds its commands to `app` when imported. Keep one line per module.
 from lynx.cli import memory as _memory  # noqa: E402,F401
 from lynx.cli import plan as _plan  # noqa: E402,F401
+from lynx.cli import schedule as _schedule  # noqa: E402,F401
 
 _OPTIONAL_COMMANDS = (
     "lynx.cli.solve",    # lynx solve (Lynx-HEU on a user's graph)

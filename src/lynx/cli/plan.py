@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -31,6 +31,28 @@ from lynx.cli.common import (
 )
 from lynx.errors import SpecError
 
+if TYPE_CHECKING:
+    from lynx.plan import Plan
+    from lynx.problem import PlanProblem, PlanResult
+    from lynx.schedule import Schedule
+
+
+def with_vpp(problem: PlanProblem, vpp: int) -> PlanProblem:
+    """The problem planned with `vpp` model chunks per rank (validated like every other layout option)."""
+    from dataclasses import replace
+
+    from lynx.api import make_problem
+
+    return make_problem(problem.model, problem.hardware, problem.parallel, replace(problem.options, vpp=vpp),
+                        problem.graph)
+
+
+def check_schedule_fits(sched: Schedule, problem: PlanProblem, result: PlanResult) -> None:
+    par, part = problem.parallel, result.partition
+    if sched.pp != par.pp or sched.num_chunks != part.num_chunks or sched.num_microbatches != par.num_microbatches:
+        raise SpecError(f"--schedule: {sched.pp} ranks x {sched.num_chunks} chunks x {sched.num_microbatches} "
+                        f"micro-batches; the plan has {par.pp} x {part.num_chunks} x {par.num_microbatches}")
+
 
 def _load_profile_graph(profile: str, db: Path | None) -> Any:
     try:
@@ -54,6 +76,51 @@ def _emit_plots(plan: Any, gantt: Path | None, memory_png: Path | None) -> None:
         err_console.print(f"wrote {memory_png}")
 
 
+def _compare(problem: PlanProblem, method: str, title: str, as_json: bool, plots: bool) -> Plan | None:
+    """Every method side by side; returns `method`'s plan (with its timeline when plots are wanted)."""
+    from lynx.api import compare as compare_methods
+    from lynx.plan import Plan
+    from lynx.report.tables import compare_table
+
+    with err_console.status("planning...") as status:
+        rows = compare_methods(problem, progress=lambda n: status.update(f"planning with {n}..."))
+    chosen = next((r.plan for r in rows if r.method == method and r.plan is not None), None)
+    if as_json:
+        interleaved = problem.options.vpp > 1
+        print_json({"title": title, "methods": [
+            {"method": r.method, "error": r.error, **(r.plan.prediction.to_dict() if r.plan else {}),
+             "partition": list(r.plan.result.partition.layers_per_stage) if r.plan else None,
+             **({"chunks": list(r.plan.result.partition.chunks)} if r.plan and interleaved else {})}
+            for r in rows]})
+    else:
+        console.print(compare_table(rows, title))
+    if chosen is not None and plots:
+        chosen = Plan.evaluate(chosen.problem, chosen.result)  # with the timeline the plots need
+    return chosen
+
+
+def _single(problem: PlanProblem, method: str, title: str, as_json: bool) -> Plan:
+    from lynx.api import plan as plan_one
+    from lynx.report.tables import policy_table, stage_table
+
+    plan = plan_one(problem, method)
+    if as_json:
+        print_json(plan.to_dict() | {"graph": "(omitted; see --out)"})
+        return plan
+    console.print(f"[bold]{title}[/bold]")
+    console.print(f"method [bold]{plan.result.method}[/bold], partition {plan.result.partition} "
+                  f"({plan.result.partition.method}), search {plan.result.search_time_s:.2f} s")
+    for note in plan.result.notes:
+        console.print(f"  note: {note}")
+    s = plan.sim
+    console.print(f"iteration {s.iteration_time_s:.3f} s, {s.samples_per_s:.2f} samples/s, "
+                  f"{s.model_tflops_per_gpu:.1f} model TFLOP/s per GPU (MFU {s.mfu:.1%}), "
+                  f"bubble {s.bubble_fraction:.1%}" + ("  [red]OOM[/red]" if s.oom else ""))
+    console.print(stage_table(plan))
+    console.print(policy_table(plan))
+    return plan
+
+
 @app.command("plan")
 def plan_cmd(
     model: ModelOpt = "gpt-7b",
@@ -69,6 +136,9 @@ def plan_cmd(
     method: Annotated[str, typer.Option(help="Planning method: lynx (default when available), none, full, "
                                         "selective, uniform, block, ... (see `lynx methods`).")] = "lynx",
     compare: Annotated[bool, typer.Option("--compare", help="Evaluate every method side by side.")] = False,
+    vpp: Annotated[int, typer.Option("--vpp", "--virtual-pipeline-model-parallel-size",
+                                     help="Model chunks per pipeline rank: 1 = 1F1B, more = Megatron's "
+                                     "interleaved 1F1B (needs a multiple of --pp micro-batches).")] = 1,
     layers_per_stage: Annotated[str | None, typer.Option(help="Explicit partition, e.g. 7,8,8,9.")] = None,
     budget_gb: Annotated[
         float | None, typer.Option(help="Usable memory per GPU in GiB (default: capacity minus reserve).")
@@ -99,17 +169,15 @@ def plan_cmd(
     ] = None,
 ) -> None:
     """Plan recomputation and partitioning for a model on a cluster, and predict its iteration."""
-    from lynx.api import compare as compare_methods
-    from lynx.api import plan as plan_one
     from lynx.methods import available_methods
-    from lynx.plan import Plan
-    from lynx.report.tables import compare_table, policy_table, stage_table
 
     graph = _load_profile_graph(profile, db) if profile else None
     problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
                             layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
                             no_wgrad_overlap, graph, time_limit, cooldown_overlap=not no_cooldown_overlap,
                             precision=precision, distributed_optimizer=distributed_optimizer, busbw_gbps=busbw)
+    if vpp != 1:
+        problem = with_vpp(problem, vpp)
     if graph is not None and graph.meta.device and graph.meta.device != problem.hardware.device.name:
         err_console.print(
             f"[yellow]warning:[/yellow] profile {profile} was measured on {graph.meta.device!r} "
@@ -117,39 +185,12 @@ def plan_cmd(
         )
     if method == "lynx" and "lynx" not in available_methods():
         method = "full"
-    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp} PP {pp} DP {dp}"
+    vpp_text = f" VPP {vpp}" if vpp > 1 else ""
+    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp} PP {pp}{vpp_text} DP {dp}"
              f"{' SP' if sp else ''}, micro-batch {micro_batch}, global batch {global_batch}, seq {seq_len}, "
              f"{problem.parallel.num_microbatches} micro-batches")
-    if compare:
-        with err_console.status("planning...") as status:
-            rows = compare_methods(problem, progress=lambda n: status.update(f"planning with {n}..."))
-        chosen = next((r.plan for r in rows if r.method == method and r.plan is not None), None)
-        if as_json:
-            print_json({"title": title, "methods": [
-                {"method": r.method, "error": r.error, **(r.plan.prediction() if r.plan else {}),
-                 "partition": list(r.plan.result.partition.layers_per_stage) if r.plan else None}
-                for r in rows]})
-        else:
-            console.print(compare_table(rows, title))
-        plan = chosen
-        if plan is not None and (gantt is not None or memory_png is not None):
-            plan = Plan.evaluate(plan.problem, plan.result)  # with the timeline the plots need
-    else:
-        plan = plan_one(problem, method)
-        if as_json:
-            print_json(plan.to_dict() | {"graph": "(omitted; see --out)"})
-        else:
-            console.print(f"[bold]{title}[/bold]")
-            console.print(f"method [bold]{plan.result.method}[/bold], partition {plan.result.partition} "
-                          f"({plan.result.partition.method}), search {plan.result.search_time_s:.2f} s")
-            for note in plan.result.notes:
-                console.print(f"  note: {note}")
-            s = plan.sim
-            console.print(f"iteration {s.iteration_time_s:.3f} s, {s.samples_per_s:.2f} samples/s, "
-                          f"{s.model_tflops_per_gpu:.1f} model TFLOP/s per GPU (MFU {s.mfu:.1%}), "
-                          f"bubble {s.bubble_fraction:.1%}" + ("  [red]OOM[/red]" if s.oom else ""))
-            console.print(stage_table(plan))
-            console.print(policy_table(plan))
+    plan = _compare(problem, method, title, as_json, gantt is not None or memory_png is not None) if compare \
+        else _single(problem, method, title, as_json)
     if plan is not None:
         if out is not None:
             plan.save(out)
@@ -163,15 +204,22 @@ def simulate_cmd(
     as_json: JsonOpt = False,
     gantt: Annotated[Path | None, typer.Option(help="Write the pipeline Gantt chart (PNG).")] = None,
     memory_png: Annotated[Path | None, typer.Option("--memory-png", help="Write memory per stage (PNG).")] = None,
+    schedule: Annotated[Path | None, typer.Option(
+        "--schedule", help="Run this action list instead of the plan's own (CSV, torch.distributed.pipelining's "
+        "compute-only format: one row per rank, e.g. 0F0,0F1,0B0,...).")] = None,
 ) -> None:
-    """Re-evaluate a saved plan with the event simulator."""
+    """Re-evaluate a saved plan with the event simulator (under its own schedule or a user's)."""
     from lynx.plan import Plan, load_plan
     from lynx.report.tables import stage_table
+    from lynx.schedule import load_csv
 
     problem, result = load_plan(plan_file)
-    plan = Plan.evaluate(problem, result)
+    sched = load_csv(schedule) if schedule is not None else None
+    if sched is not None:
+        check_schedule_fits(sched, problem, result)
+    plan = Plan.evaluate(problem, result, schedule=sched)
     if as_json:
-        print_json(plan.prediction())
+        print_json(plan.prediction.to_dict())
     else:
         s = plan.sim
         console.print(f"[bold]{plan_file}[/bold]: {result.method}, partition {result.partition}: iteration "

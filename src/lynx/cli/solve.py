@@ -14,7 +14,9 @@ from lynx.cli.common import JsonOpt, console, print_json
 from lynx.errors import PlanFormatError, SpecError
 from lynx.graph import LayerGraph
 from lynx.memory import stage_peak_bytes
+from lynx.milp import Backend
 from lynx.policy.base import StageContext
+from lynx.schedule import facts_1f1b
 from lynx.spec import GiB
 
 
@@ -33,7 +35,8 @@ def _policy_table(graph: LayerGraph, ops: dict[str, str], title: str) -> Table:
 def solve_cmd(
     graph_file: Annotated[Path, typer.Option("--graph", help="Layer graph JSON (`lynx graph --json` / --out).")],
     layers: Annotated[int, typer.Option("--layers", help="Layers on the stage.")],
-    in_flight: Annotated[int, typer.Option("--in-flight", help="Micro-batches in flight at the peak (p - s).")],
+    in_flight: Annotated[int, typer.Option("--in-flight", help="Micro-batches in flight at the peak "
+                                                "(1F1B: stages from this one to the last).")],
     budget_gb: Annotated[float, typer.Option("--budget-gb", help="Memory for the stage's activations and "
                                              "static state, GiB.")],
     static_gb: Annotated[float, typer.Option("--static-gb", help="Parameters, gradients, optimizer, GiB.")] = 0.0,
@@ -57,21 +60,24 @@ def solve_cmd(
     graph = LayerGraph.from_json(graph_file.read_text())
     if layers < 1 or in_flight < 1 or budget_gb <= 0:
         raise SpecError("--layers and --in-flight must be >= 1 and --budget-gb positive")
-    # A stage context that reproduces the flags: the last stage of a pipeline when --last-stage, else a
-    # stage with `in_flight` micro-batches in flight (stage p - in_flight of a p-stage pipeline).
-    num_stages = max(in_flight, 2) if not last_stage else in_flight
-    stage = num_stages - 1 if last_stage else num_stages - in_flight
-    ctx = StageContext(stage=stage, num_stages=num_stages, num_layers=layers, in_flight=in_flight,
-                       num_microbatches=max(microbatches, in_flight), budget_bytes=budget_gb * GiB,
-                       static_bytes=static_gb * GiB, subtract_wgrad=not no_wgrad_overlap)
+    # A stage context that reproduces the flags, with the schedule's facts of a 1F1B pipeline `in_flight`
+    # stages deep: its first stage (`in_flight` micro-batches in flight), or its last with --last-stage.
+    depth, m = max(in_flight, 2) if not last_stage else in_flight, max(microbatches, in_flight)
+    facts = facts_1f1b(depth, m).of(depth - 1 if last_stage else 0)
+    ctx = StageContext(stage=facts.rank, num_stages=depth, num_layers=layers, in_flight=in_flight,
+                       num_microbatches=m, budget_bytes=budget_gb * GiB,
+                       static_bytes=static_gb * GiB, subtract_wgrad=not no_wgrad_overlap,
+                       fwd_windows=facts.has_fwd_windows and in_flight > 1,
+                       cooldown_microbatches=facts.cooldown_count)
     if ctx.has_fwd_windows == last_stage and in_flight > 1:
         raise SpecError("internal: stage context does not match --last-stage")  # pragma: no cover
-    if backend not in ("highs", "gurobi"):
+    backends: dict[str, Backend] = {"highs": "highs", "gurobi": "gurobi"}
+    if backend not in backends:
         raise SpecError(f"--backend {backend!r}: expected highs or gurobi")
     if backend == "gurobi" and importlib.util.find_spec("gurobipy") is None:
         raise SpecError("--backend gurobi needs gurobipy, which is not installed (HiGHS is the default)")
     # Always solve the ILP here: the user asked for its objective, solve time and size.
-    opts = HeuOptions(cooldown_overlap=not no_cooldown_overlap, backend=backend, time_limit_s=time_limit,
+    opts = HeuOptions(cooldown_overlap=not no_cooldown_overlap, backend=backends[backend], time_limit_s=time_limit,
                       skip_when_all_fit=False)
     pol = (mixed_policy if mixed else heu_policy)(ctx, graph, opts)
     st = pol.stats

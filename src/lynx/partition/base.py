@@ -9,27 +9,60 @@ from lynx.errors import SpecError
 
 @dataclass(frozen=True, slots=True)
 class Partition:
-    """Contiguous layers per pipeline stage, first stage first."""
+    """Contiguous layers per pipeline stage, first stage first; with interleaving, `chunks` holds the
+    layers of every virtual stage in model order (virtual stage k = chunk * pp + rank runs on rank
+    k % pp: Megatron's and torch's layout), and `layers_per_stage` their sums per rank."""
 
     layers_per_stage: tuple[int, ...]
     method: str = "dp"
+    chunks: tuple[int, ...] = ()
+    """Layers per virtual stage in model order (len = pp * vpp); empty without interleaving."""
 
     def __post_init__(self) -> None:
         if not self.layers_per_stage or min(self.layers_per_stage) < 1:
             raise SpecError(f"partition {self.layers_per_stage}: every stage needs at least one layer")
+        if self.chunks:
+            pp = len(self.layers_per_stage)
+            if len(self.chunks) % pp or min(self.chunks) < 1:
+                raise SpecError(f"partition chunks {self.chunks}: need a positive multiple of {pp} entries, "
+                                "each at least one layer")
+            sums = tuple(sum(self.chunks[r::pp]) for r in range(pp))
+            if sums != self.layers_per_stage:
+                raise SpecError(f"partition chunks {self.chunks} give {sums} layers per stage, "
+                                f"not {self.layers_per_stage}")
+
+    @staticmethod
+    def interleaved(chunks: tuple[int, ...], pp: int, method: str = "dp") -> Partition:
+        """From layers per virtual stage (model order); one chunk per rank gives a plain partition."""
+        per_rank = tuple(sum(chunks[r::pp]) for r in range(pp))
+        return Partition(per_rank, method, chunks if len(chunks) > pp else ())
 
     @property
     def num_stages(self) -> int:
         return len(self.layers_per_stage)
 
     @property
+    def num_chunks(self) -> int:
+        return len(self.chunks) // self.num_stages if self.chunks else 1
+
+    @property
     def num_layers(self) -> int:
         return sum(self.layers_per_stage)
+
+    def chunk_layers(self, stage: int) -> tuple[int, ...]:
+        """Layers of each chunk on `stage`, chunk 0 first."""
+        return self.chunks[stage::self.num_stages] if self.chunks else (self.layers_per_stage[stage],)
+
+    def virtual_layers(self) -> tuple[int, ...]:
+        """Layers per virtual stage in model order (the plain partition when not interleaved)."""
+        return self.chunks or self.layers_per_stage
 
     def first_layer(self, stage: int) -> int:
         return sum(self.layers_per_stage[:stage])
 
     def __str__(self) -> str:
+        if self.chunks:
+            return "|".join(",".join(map(str, self.chunk_layers(s))) for s in range(self.num_stages))
         return ",".join(map(str, self.layers_per_stage))
 
 

@@ -5,17 +5,28 @@ from __future__ import annotations
 
 import functools
 
+from lynx.errors import SpecError
 from lynx.memory import embedding_params_per_rank, layer_params_per_rank
 from lynx.partition.base import Partition
 from lynx.spec import ModelSpec, ParallelSpec
 
 
 @functools.lru_cache(maxsize=64)
-def dp_partition(model: ModelSpec, par: ParallelSpec) -> Partition:
-    """Contiguous split minimizing the largest stage's parameter count (ties: the most even layer counts)."""
-    L, p = model.num_layers, par.pp
-    if p == 1:
-        return Partition((L,), method="dp")
+def dp_partition(model: ModelSpec, par: ParallelSpec, vpp: int = 1) -> Partition:
+    """Contiguous split minimizing the largest stage's parameter count (ties: the most even layer counts).
+    With `vpp` chunks per rank the split is over the pp * vpp virtual stages in model order (the embedding
+    on the first, the LM head on the last), Megatron's interleaved layout."""
+    if vpp > 1:
+        if model.num_layers < par.pp * vpp:
+            raise SpecError(f"--vpp {vpp}: {model.num_layers} layers cannot fill {par.pp * vpp} virtual stages")
+        return Partition.interleaved(_dp_counts(model, par, par.pp * vpp), par.pp)
+    if par.pp == 1:
+        return Partition((model.num_layers,), method="dp")
+    return Partition(_dp_counts(model, par, par.pp), method="dp")
+
+
+def _dp_counts(model: ModelSpec, par: ParallelSpec, p: int) -> tuple[int, ...]:
+    L = model.num_layers
     lw = layer_params_per_rank(model, par.tp)
     emb = embedding_params_per_rank(model, par.tp)
 
@@ -41,4 +52,4 @@ def dp_partition(model: ModelSpec, par: ParallelSpec) -> Partition:
     for s in range(p, 0, -1):
         counts.append(arg[s][k])
         k -= arg[s][k]
-    return Partition(tuple(reversed(counts)), method="dp")
+    return tuple(reversed(counts))

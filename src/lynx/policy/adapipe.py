@@ -15,7 +15,7 @@ so for every candidate W the problem is a knapsack: n layers, each picking one s
 <= W, minimizing the summed recomputation time under a budget on the summed retained bytes. The DP runs
 over (layers, retained bytes in granules of `granule_bytes`, rounded up so that it is never optimistic).
 
-Level 2 (across stages): `lynx.partition.adapipe`.
+Level 2 (across stages): `lynx.partition.adapipe`; the method that joins them: `lynx.methods.adapipe`.
 """
 
 from __future__ import annotations
@@ -27,16 +27,11 @@ from itertools import combinations
 
 import numpy as np
 
-from lynx.costmodel import edge_times
 from lynx.errors import InfeasibleError
 from lynx.graph import LayerGraph
 from lynx.memory import layer_memory
-from lynx.methods import base_partition, register
-from lynx.partition.adapipe import adapipe_partition
-from lynx.partition.base import Partition
 from lynx.policy.base import LayerPolicy, RecomputePolicy, SolveStats, StageContext
 from lynx.policy.rules import on_demand
-from lynx.problem import PlanProblem, PlanResult
 
 GiB = float(1 << 30)
 MAX_UNITS = 14
@@ -162,67 +157,3 @@ def adapipe_stage_policy(ctx: StageContext, dp: StageDP) -> RecomputePolicy:
     stats = SolveStats(solver="dp", status="optimal", objective=t, solve_time_s=time.perf_counter() - t0,
                        message=f"{len(dp.strategies)} unit strategies, on-demand recompute {t * 1e3:.3f} ms/mb")
     return RecomputePolicy("adapipe", layers, stats=stats)
-
-
-def _policies(problem: PlanProblem, part: Partition, dp: StageDP) -> tuple[RecomputePolicy, ...] | None:
-    try:
-        return tuple(adapipe_stage_policy(c, dp) for c in problem.stage_contexts(part))
-    except InfeasibleError:
-        return None
-
-
-def plan_adapipe(problem: PlanProblem) -> PlanResult:
-    from lynx.simulate import simulate  # the judge, imported late (it imports the problem types)
-
-    t0 = time.perf_counter()
-    par, g = problem.parallel, problem.graph
-    L, p, m = problem.model.num_layers, par.pp, par.num_microbatches
-    base = base_partition(problem)
-    # Stages with more than about twice the average layer count never minimize 1F1B time (the slowest stage
-    # would be twice the even split's); leaving them out keeps the DP tables small for 96-layer models.
-    cap = max(max(base.layers_per_stage), min(L - p + 1, 2 * math.ceil(L / p) + 2))
-    # 8 MiB granules, coarser on big devices so a table row stays <= 4096 granules (sizes still round up).
-    granule = max(float(8 << 20), problem.budget_bytes / 4096)
-    dp = StageDP(g, cap, problem.budget_bytes, granule)
-    lt = g.step_time(problem.options.subtract_wgrad)
-    edge = [0.0] * p  # the embedding on the first stage, the LM head and loss on the last (as simulated)
-    if problem.options.include_edges:
-        et = edge_times(problem.model, problem.hardware, par)
-        edge[0] += et.embedding_fwd + et.embedding_bwd
-        edge[-1] += et.head_fwd + et.head_bwd
-
-    def stage_time(s: int, n: int) -> float:
-        if n > dp.max_layers:
-            return math.inf
-        res = dp.solve(problem.stage_context(s, n))
-        return math.inf if res is None else edge[s] + n * lt + res[0]
-
-    cands: list[Partition] = []
-    if problem.options.layers_per_stage is None:
-        found = adapipe_partition(L, p, m, stage_time)
-        if found is not None:
-            cands.append(found)
-    cands.append(base)
-    best: tuple[float, Partition, tuple[RecomputePolicy, ...]] | None = None
-    for part in cands:
-        pols = _policies(problem, part, dp)
-        if pols is None:
-            continue
-        # The DP's pipeline formula approximates 1F1B; the candidates are compared by the simulator.
-        it = simulate(problem, part, pols, record=False).iteration_time_s
-        if best is None or it < best[0]:
-            best = (it, part, pols)
-    if best is None:
-        mins = tuple(dp.min_budget(c) for c in problem.stage_contexts(base))
-        parts = ", ".join(f"stage {s} needs {b / GiB:.2f} GiB" for s, b in enumerate(mins))
-        raise InfeasibleError(f"adapipe: no recomputation fits {problem.budget_bytes / GiB:.2f} GiB on any "
-                              f"partition; on {base}: {parts}", mins)
-    _, part, pols = best
-    note = f"partition {part} ({part.method}); {len(dp.strategies)} strategies per layer"
-    return PlanResult("adapipe", part, pols, (note,), time.perf_counter() - t0)
-
-
-@register("adapipe", "AdaPipe (ASPLOS'24): per-stage DP over sub-layer units + partitioning DP; "
-          "recomputation on demand")
-def _adapipe(problem: PlanProblem) -> PlanResult:
-    return plan_adapipe(problem)

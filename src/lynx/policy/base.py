@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Any, Literal, get_args
 
 from lynx.errors import PlanFormatError
 from lynx.graph import LAYER_INPUT, LayerGraph
+from lynx.schedule import ChunkFacts, facts_1f1b
 
 
 class Phase(IntEnum):
@@ -29,6 +30,10 @@ class Phase(IntEnum):
     ON_DEMAND = 5
     """Right before the backward that needs it: on the critical path."""
 
+
+SolveStatus = Literal["optimal", "time_limit", "feasible", "rule", "infeasible", "no_solution", "error"]
+"""How a policy was found: an exact optimum, the best within a time limit, a feasible one, a rule with no
+search; the last three only in a MILP's own result (a policy is never built from them)."""
 
 FWD_PHASES = (Phase.FWD_ATTN, Phase.FWD_MLP)
 BWD_PHASES = (Phase.BWD_MLP, Phase.BWD_ATTN)
@@ -88,7 +93,7 @@ class SolveStats:
     """What a solver reports, whichever solver it is (Checkmate's ScheduledResult spirit)."""
 
     solver: str
-    status: str
+    status: SolveStatus
     """"optimal", "time_limit" (best found, see gap), "feasible", "rule" (no search)."""
     objective: float = 0.0
     solve_time_s: float = 0.0
@@ -135,21 +140,31 @@ class RecomputePolicy:
                 method=str(d["method"]),
                 layers=tuple(layers),
                 cooldown_overlap=bool(d.get("cooldown_overlap", False)),
-                stats=SolveStats(**d.get("stats", {"solver": "rule", "status": "rule"})),
+                stats=_stats_from_dict(d.get("stats", {"solver": "rule", "status": "rule"})),
             )
         except (KeyError, TypeError) as e:
             raise PlanFormatError(f"policy: missing or malformed field ({e})") from None
 
 
+def _stats_from_dict(d: Mapping[str, Any]) -> SolveStats:
+    if d.get("status") not in get_args(SolveStatus):
+        raise PlanFormatError(f"policy: stats.status {d.get('status')!r}, expected one of "
+                              + ", ".join(get_args(SolveStatus)))
+    return SolveStats(**d)
+
+
 @dataclass(frozen=True, slots=True)
 class StageContext:
-    """Everything a per-stage policy algorithm needs to know about its stage, besides the graph."""
+    """Everything a per-stage policy algorithm needs to know about its stage (a pipeline rank, with all
+    its model chunks when interleaved), besides the graph. The schedule facts in it come from
+    `lynx.schedule.derive_facts`; a stand-alone context (``lynx solve``, tests) states them directly."""
 
     stage: int
     num_stages: int
     num_layers: int
     in_flight: int
-    """Micro-batches whose activations the stage holds at its peak under 1F1B: min(p - s, m)."""
+    """Micro-batches whose activations the stage holds at its peak (the schedule's facts; with chunks,
+    the largest chunk's)."""
     num_microbatches: int
     budget_bytes: float
     """Usable device memory (capacity minus the documented reserve)."""
@@ -163,22 +178,73 @@ class StageContext:
     """Gradient buffers alive during a layer's backward."""
     subtract_wgrad: bool = True
     """Backward windows offer only comm - wgrad (Megatron overlaps wgrad with the dgrad all-reduce)."""
+    fwd_windows: bool | None = None
+    """Some forward runs between F(j) and B(j) on every chunk of the stage (schedule facts); None: a
+    stand-alone stage, read from the facts of stage `stage` of a 1F1B schedule."""
+    cooldown_microbatches: int | None = None
+    """Backwards with forward windows but no forward of their own to host phase-1/2 work (schedule facts);
+    None: a stand-alone stage, read from the facts of stage `stage` of a 1F1B schedule."""
+    chunk_layers: tuple[int, ...] = ()
+    """Interleaved: layers of each model chunk on the stage, chunk 0 first (empty: one chunk)."""
+    chunk_in_flight: tuple[int, ...] = ()
+    """Interleaved: micro-batches in flight at each chunk's peak (empty: one chunk, `in_flight`)."""
+    live_vectors: tuple[tuple[int, ...], ...] = ()
+    """Interleaved: the schedule's Pareto-maximal in-flight counts per chunk (the rank's peak of any
+    per-chunk weighting is at one of them); empty: each chunk's own peak, summed (an upper bound)."""
 
     @property
-    def is_last(self) -> bool:
-        return self.stage == self.num_stages - 1
+    def num_chunks(self) -> int:
+        return max(1, len(self.chunk_layers))
+
+    def _facts(self) -> ChunkFacts:
+        return facts_1f1b(self.num_stages, self.num_microbatches).of(self.stage)
 
     @property
     def has_fwd_windows(self) -> bool:
         """Phases 1, 2 need a forward between F(j) and B(j): not on the last stage, nor with PP = 1."""
-        return not self.is_last and self.in_flight > 1
+        if self.fwd_windows is not None:
+            return self.fwd_windows
+        return self.in_flight > 1 and self._facts().has_fwd_windows
+
+    @property
+    def cooldown_count(self) -> int:
+        if not self.has_fwd_windows:
+            return 0
+        if self.cooldown_microbatches is not None:
+            return self.cooldown_microbatches
+        return self._facts().cooldown_count
+
+    @property
+    def extra_in_flight(self) -> int:
+        """Micro-batches holding the non-layer retained bytes (those of the first virtual stage)."""
+        return self.chunk_in_flight[0] if self.chunk_in_flight else self.in_flight
+
+    def layer_microbatches(self) -> int:
+        """Sum over the stage's layers of the micro-batches in flight of the layer's chunk."""
+        if not self.chunk_layers:
+            return self.in_flight * self.num_layers
+        return round(self.peak_weighted(tuple(float(n) for n in self.chunk_layers)))
+
+    def peak_weighted(self, per_chunk: tuple[float, ...]) -> float:
+        """The largest sum over chunks of (micro-batches in flight x `per_chunk` bytes) the schedule reaches."""
+        vectors = self.live_vectors or (self.chunk_in_flight,)
+        return max(sum(f * x for f, x in zip(vec, per_chunk, strict=True)) for vec in vectors)
+
+    def chunk_slices(self) -> tuple[tuple[int, int], ...]:
+        """(first layer, end) of each chunk in the stage's layer list."""
+        counts = self.chunk_layers or (self.num_layers,)
+        out, start = [], 0
+        for n in counts:
+            out.append((start, start + n))
+            start += n
+        return tuple(out)
 
     @property
     def activation_budget_bytes(self) -> float:
         """What is left for activations after static memory and the non-layer terms."""
         return (
             self.budget_bytes - self.static_bytes - self.extra_transient_bytes - self.grad_workspace_bytes
-            - self.in_flight * self.extra_retained_bytes
+            - self.extra_in_flight * self.extra_retained_bytes
         )
 
 

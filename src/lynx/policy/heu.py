@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from lynx.errors import InfeasibleError
 from lynx.graph import LAYER_INPUT, LayerGraph
 from lynx.memory import stage_peak_bytes
-from lynx.milp import Milp, MilpSolution
+from lynx.milp import Backend, Milp, MilpSolution
 from lynx.policy.base import (
     BWD_PHASES,
     FWD_PHASES,
@@ -37,7 +37,10 @@ from lynx.policy.base import (
     StageContext,
     validate_layer_policy,
 )
-from lynx.schedule import warmup_count
+from lynx.policy.heu_objective import cooldown_weight as cooldown_weight
+from lynx.policy.heu_objective import critical_recompute as critical_recompute
+from lynx.policy.heu_objective import recompute_time as recompute_time
+from lynx.policy.heu_objective import window_caps as window_caps
 
 GiB = float(1 << 30)
 PHASES: tuple[Phase, ...] = tuple(Phase)
@@ -46,7 +49,7 @@ OBJ_SCALE = 1e6
 be a large fraction of a recomputation-time objective of a few milliseconds."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HeuOptions:
     """Knobs of Lynx-HEU."""
 
@@ -57,7 +60,7 @@ class HeuOptions:
     """Weight of total recomputation time in the objective: among policies with equal critical time,
     prefer recomputing less (less energy, less exposure to window-time misprediction)."""
     time_limit_s: float = 10.0
-    backend: str = "auto"
+    backend: Backend = "auto"
     skip_when_all_fit: bool = True
     """Answer without an ILP when keeping every activation fits (objective 0 is then optimal)."""
     method: str = "lynx-heu"
@@ -70,46 +73,6 @@ class LayerVars:
     S: dict[str, int]
     R: dict[str, dict[Phase, int]]
     F: dict[str, int]
-
-
-def recompute_time(graph: LayerGraph, lp: LayerPolicy, phases: tuple[Phase, ...]) -> float:
-    return sum(graph.op(n).fwd_time for n in lp.recomputed(phases))
-
-
-def cooldown_weight(ctx: StageContext, cooldown_overlap: bool) -> float:
-    """Share of micro-batches whose backward has no forward before it (cool-down) on this stage; their
-    phase-1/2 work is on demand unless hidden in a stall."""
-    if cooldown_overlap or not ctx.has_fwd_windows:
-        return 0.0
-    return warmup_count(ctx.stage, ctx.num_stages, ctx.num_microbatches) / max(1, ctx.num_microbatches)
-
-
-def critical_recompute(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext,
-                       cooldown_overlap: bool = True) -> float:
-    """On-critical-path recomputation per micro-batch of a stage policy, priced as the simulator prices it:
-    phase 5, window overflow, the top layer's phase 3/4, and (without cool-down overlap) the cool-down share
-    of phase 1/2. The HEU objective without its tie-break term."""
-    win_f = (graph.fwd_window("attn"), graph.fwd_window("mlp"))
-    win_b = (graph.bwd_window("mlp", ctx.subtract_wgrad), graph.bwd_window("attn", ctx.subtract_wgrad))
-    lam = cooldown_weight(ctx, cooldown_overlap)
-    total = 0.0
-    for i, lp in enumerate(layers):
-        total += recompute_time(graph, lp, (Phase.ON_DEMAND,))
-        for k, ph in enumerate(FWD_PHASES):
-            load = recompute_time(graph, lp, (ph,))
-            total += max(0.0, load - win_f[k]) + lam * min(load, win_f[k])
-        for k, ph in enumerate(BWD_PHASES):
-            load = recompute_time(graph, lp, (ph,))
-            total += load if i == len(layers) - 1 else max(0.0, load - win_b[k])
-    return total
-
-
-def window_caps(graph: LayerGraph, subtract_wgrad: bool) -> dict[Phase, float]:
-    """CTime_t of eq. (5): idle time of the four windows; backward ones are comm - wgrad when Megatron
-    already overlaps the weight-gradient GEMM with the collective (ctx.subtract_wgrad)."""
-    return {Phase.FWD_ATTN: graph.fwd_window("attn"), Phase.FWD_MLP: graph.fwd_window("mlp"),
-            Phase.BWD_MLP: graph.bwd_window("mlp", subtract_wgrad),
-            Phase.BWD_ATTN: graph.bwd_window("attn", subtract_wgrad)}
 
 
 def allowed_phases(graph: LayerGraph, name: str, has_fwd_windows: bool,
@@ -206,12 +169,14 @@ def memory_rows(graph: LayerGraph, groups: list[Group], ctx: StageContext) -> li
     phase-3/4 tensors of layer l - 1, which l's backward windows rebuild while l's backward runs.
     """
     terms = [memory_terms(graph, lv) for lv, _ in groups]
-    n_layers = sum(c for _, c in groups)
+    # micro-batches in flight x layers, per group: the schedule's facts (one chunk: in_flight * count;
+    # interleaved, one group: each chunk's in-flight count times its layers; several groups: the largest)
+    held = [ctx.layer_microbatches() if len(groups) == 1 else ctx.in_flight * c for _, c in groups]
     base: dict[int, float] = {}
-    for t, (_, c) in zip(terms, groups, strict=True):
-        _acc(base, {v: ctx.in_flight * c * x for v, x in t["kept"].items()})
+    for t, (_, c), h in zip(terms, groups, held, strict=True):
+        _acc(base, {v: h * x for v, x in t["kept"].items()})
         _acc(base, {v: c * x for v, x in t["fwd"].items()})  # empty without forward windows
-    offset = ctx.in_flight * n_layers * graph.input_bytes
+    offset = sum(held) * graph.input_bytes
     rows: list[tuple[dict[int, float], float]] = []
     for g, t in enumerate(terms):
         # forward working set of a layer of group g: full - M_in - sum_i S_i M_i
@@ -238,10 +203,12 @@ def _acc(row: dict[int, float], more: dict[int, float]) -> None:
         row[v] = row.get(v, 0.0) + c
 
 
-def add_objective(m: Milp, graph: LayerGraph, groups: list[Group], lam: float, tie: float) -> None:
+def add_objective(m: Milp, graph: LayerGraph, groups: list[Group], lam: float, tie: float,
+                  tops: int = 1) -> None:
     """(2) minimize sum_l sum_i R_{5,i} C_i over the stage's layers, plus the top layer's R_{3,i} + R_{4,i}
-    (no layer above it lends its backward windows), plus lam * phase-1/2 work (the cool-down share when
-    stalls may not hide it), plus the tie-break on all recomputation."""
+    (no layer above it lends its backward windows; `tops` such layers, one per model chunk), plus lam *
+    phase-1/2 work (the cool-down share when stalls may not hide it), plus the tie-break on all
+    recomputation."""
     for g, (lv, count) in enumerate(groups):
         top = g == len(groups) - 1
         for n, r in lv.R.items():
@@ -251,7 +218,7 @@ def add_objective(m: Milp, graph: LayerGraph, groups: list[Group], lam: float, t
                 if t == Phase.ON_DEMAND:
                     w += count
                 elif t in BWD_PHASES and top:
-                    w += 1.0
+                    w += float(tops)
                 elif t in FWD_PHASES:
                     w += lam * count
                 m.add_cost(v, w * c * OBJ_SCALE)
@@ -284,7 +251,8 @@ def build_model(graph: LayerGraph, ctx: StageContext, opts: HeuOptions, counts: 
     else:
         for row, off in memory_rows(graph, groups, ctx):
             m.le(row, ctx.activation_budget_bytes - off)
-        add_objective(m, graph, groups, cooldown_weight(ctx, opts.cooldown_overlap), opts.tie_break)
+        add_objective(m, graph, groups, cooldown_weight(ctx, opts.cooldown_overlap), opts.tie_break,
+                      ctx.num_chunks)
     return m, lvs, z
 
 
@@ -357,14 +325,15 @@ def _quiet_solve(ctx: StageContext, graph: LayerGraph, opts: HeuOptions) -> Reco
     return solve_stage(ctx, graph, opts, explain=False)
 
 
-CacheKey = tuple[int, int, int, bool, bool, int, float]
+CacheKey = tuple[int, int, int, bool, bool, int, float, tuple[int, ...], int]
 
 
 @dataclass
 class HeuCache:
     """HEU results per distinct stage problem within one planning call (the partitioner asks many times).
     Key: (layers, in flight, activation budget in bytes, forward windows, wgrad overlap, cool-down
-    micro-batches, cool-down weight); the value is a policy or the InfeasibleError."""
+    micro-batches, cool-down weight, layers per chunk, in flight per chunk), all from the schedule's
+    facts; the value is a policy or the InfeasibleError."""
 
     graph: LayerGraph
     opts: HeuOptions = field(default_factory=HeuOptions)
@@ -377,8 +346,8 @@ class HeuCache:
 
     def key(self, ctx: StageContext) -> CacheKey:
         return (ctx.num_layers, ctx.in_flight, round(ctx.activation_budget_bytes), ctx.has_fwd_windows,
-                ctx.subtract_wgrad, warmup_count(ctx.stage, ctx.num_stages, ctx.num_microbatches),
-                cooldown_weight(ctx, self.opts.cooldown_overlap))
+                ctx.subtract_wgrad, ctx.cooldown_count, cooldown_weight(ctx, self.opts.cooldown_overlap),
+                ctx.chunk_layers, ctx.layer_microbatches())
 
     def get(self, ctx: StageContext) -> RecomputePolicy | InfeasibleError:
         k = self.key(ctx)
@@ -396,5 +365,3 @@ class HeuCache:
         self.entries[k] = res
         return res
 
-
-from lynx.policy import heu_methods as _heu_methods  # noqa: E402,F401  (registers lynx, lynx-heu, ...)

@@ -4,7 +4,7 @@
 the backward collectives of the layer above (phases 3, 4); ``checkmate`` is the same program without
 windows, so every recomputation is on the critical path (phase 5). Both return the common
 `RecomputePolicy`; the schedule is replayed by `lynx.policy.opt_check` before it is used, and the methods
-simulate the plan once more before they return it.
+(`lynx.methods.opt`) simulate the plan once more before they return it.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from lynx.errors import InfeasibleError, LynxError
 from lynx.graph import LayerGraph
 from lynx.memory import stage_peak_bytes
-from lynx.methods import per_stage, register
-from lynx.milp import MilpSolution
+from lynx.milp import Backend, MilpSolution
 from lynx.policy.base import (
     LayerPolicy,
     Phase,
@@ -32,7 +31,6 @@ from lynx.policy.opt_check import Schedule, check_schedule, policy_to_schedule
 from lynx.policy.opt_model import OptModel, build
 from lynx.policy.opt_timeline import Timeline, build_timeline
 from lynx.policy.rules import full_policy, none_policy
-from lynx.problem import PlanProblem, PlanResult
 
 GiB = float(1 << 30)
 Progress = Callable[[str], None]
@@ -42,12 +40,12 @@ class SolverTimeoutError(LynxError):
     """The MILP found no schedule at all within its time limit."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OptOptions:
     overlap: bool = True
     """True: Lynx-OPT (windows hide recomputation). False: Checkmate (no overlap)."""
     time_limit_s: float = 30.0
-    backend: str = "auto"
+    backend: Backend = "auto"
     method: str = "lynx-opt"
     cooldown_overlap: bool = True
     progress: Progress | None = None
@@ -218,35 +216,6 @@ def stderr_progress(prefix: str) -> Progress:
         print(f"{prefix}: {line}", file=sys.stderr, flush=True)
 
     return show
-
-
-def _plan(problem: PlanProblem, opts: OptOptions) -> PlanResult:
-    from lynx.simulate import simulate  # the judge; imported late (it imports the problem types)
-
-    def fn(ctx: StageContext, graph: LayerGraph) -> RecomputePolicy:
-        o = OptOptions(opts.overlap, problem.options.time_limit_s, opts.backend, opts.method,
-                       opts.cooldown_overlap and problem.options.cooldown_overlap,
-                       opts.progress or stderr_progress(f"{opts.method} stage {ctx.stage} (ms)"))
-        return solve_stage(ctx, graph, o).policy
-
-    res = per_stage(problem, opts.method, fn)
-    sim = simulate(problem, res.partition, res.policies, record=False)
-    if sim.oom:  # the closed form is an upper bound of the simulator's memory: this is a bug
-        raise AssertionError(f"{opts.method}: the simulator finds the plan out of memory")
-    notes = tuple(f"stage {s}: {p.stats.status}, {p.stats.message}" for s, p in enumerate(res.policies))
-    return PlanResult(res.method, res.partition, res.policies, notes, res.search_time_s)
-
-
-@register("lynx-opt", "Lynx-OPT: phase-indexed MILP over the stage's op timeline, overlap in TP windows "
-          "(slow: --time-limit per stage)", in_compare=False)
-def _lynx_opt(problem: PlanProblem) -> PlanResult:
-    return _plan(problem, OptOptions())
-
-
-@register("checkmate", "Checkmate MILP (Jain et al. 2020): optimal recomputation without overlap "
-          "(slow: --time-limit per stage)", in_compare=False)
-def _checkmate(problem: PlanProblem) -> PlanResult:
-    return _plan(problem, checkmate_options())
 
 
 __all__ = ["OptOptions", "OptResult", "SolverTimeoutError", "checkmate_options",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lynx.memory import fixed_bytes
 from lynx.policy.base import LayerPolicy, StageContext
 from lynx.policy.opt_timeline import Timeline
 
@@ -40,8 +41,7 @@ def check_schedule(sched: Schedule, ctx: StageContext) -> ScheduleCheck:
     errs: list[str] = []
     kept = {v for (t, v) in sched.S if t == tl.first_post}
     others = (ctx.in_flight - 1) * sum(tl.mem(v) for v in kept)
-    base = (ctx.static_bytes + ctx.extra_transient_bytes + ctx.grad_workspace_bytes
-            + ctx.in_flight * (ctx.extra_retained_bytes + tl.num_layers * tl.graph.input_bytes) + others)
+    base = fixed_bytes(ctx, tl.num_layers, tl.graph.input_bytes) + others
     S_at: dict[int, set[int]] = {}
     for t, v in sched.S:
         S_at.setdefault(t, set()).add(v)

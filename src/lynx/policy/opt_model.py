@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lynx.memory import fixed_bytes
 from lynx.milp import Milp
 from lynx.policy.base import Phase, StageContext
 from lynx.policy.opt_timeline import Timeline
@@ -62,8 +63,7 @@ class OptModel:
 def base_bytes(tl: Timeline, ctx: StageContext) -> float:
     """In MiB: memory of a stage that no decision changes: static, non-layer terms, and the layer inputs (always
     stored) of every in-flight micro-batch."""
-    return (ctx.static_bytes + ctx.extra_transient_bytes + ctx.grad_workspace_bytes
-            + ctx.in_flight * (ctx.extra_retained_bytes + tl.num_layers * tl.graph.input_bytes)) / MIB
+    return fixed_bytes(ctx, tl.num_layers, tl.graph.input_bytes) / MIB
 
 
 def build(tl: Timeline, ctx: StageContext, budget: float | None = None) -> OptModel:

@@ -6,10 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from lynx.plan import Plan
+from lynx.simulate import SegmentKind
 
-_COLORS = {"F": "#4C72B0", "B": "#55A868", "recompute": "#C44E52", "overlap": "#DD8452", "stall": "#DDDDDD"}
-_LABELS = {"F": "forward", "B": "backward", "recompute": "recompute (on demand)",
-           "overlap": "recompute (overlapped)", "stall": "stall"}
+K = SegmentKind
+_COLORS = {K.F: "#4C72B0", K.B: "#55A868", K.RECOMPUTE: "#C44E52", K.OVERLAP: "#DD8452", K.STALL: "#DDDDDD"}
+_LABELS = {K.F: "forward", K.B: "backward", K.RECOMPUTE: "recompute (on demand)",
+           K.OVERLAP: "recompute (overlapped)", K.STALL: "stall"}
 
 
 def _plt() -> Any:
@@ -30,12 +32,12 @@ def gantt(plan: Plan, path: str | Path) -> None:
     fig, ax = plt.subplots(figsize=(14, 0.7 * p + 1.6))
     for seg in sim.segments:
         y = p - 1 - seg.stage
-        if seg.kind == "overlap":
-            ax.barh(y - 0.32, seg.end - seg.start, left=seg.start, height=0.16, color=_COLORS["overlap"])
+        if seg.kind is K.OVERLAP:
+            ax.barh(y - 0.32, seg.end - seg.start, left=seg.start, height=0.16, color=_COLORS[K.OVERLAP])
         else:
             ax.barh(y, seg.end - seg.start, left=seg.start, height=0.6, color=_COLORS[seg.kind],
-                    edgecolor="white" if seg.kind in ("F", "B") else None, linewidth=0.3)
-            if seg.kind in ("F", "B") and (seg.end - seg.start) > sim.pipeline_time_s / 60:
+                    edgecolor="white" if seg.kind in (K.F, K.B) else None, linewidth=0.3)
+            if seg.kind in (K.F, K.B) and (seg.end - seg.start) > sim.pipeline_time_s / 60:
                 ax.text((seg.start + seg.end) / 2, y, str(seg.microbatch), ha="center", va="center",
                         fontsize=6, color="white")
     ax.set_yticks(range(p))

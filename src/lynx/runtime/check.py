@@ -10,12 +10,15 @@ import torch
 
 from lynx.api import make_problem
 from lynx.graph import LayerGraph
+from lynx.memory import layer_memory
+from lynx.memory import predicted_activation_bytes as _predicted
 from lynx.methods import get_method
 from lynx.policy.base import RecomputePolicy
 from lynx.problem import PlanOptions, PlanProblem
 from lynx.runtime.engine import RecomputeEngine
 from lynx.runtime.layer import LayerConfig
 from lynx.runtime.model import GPTModel, synthetic_batch
+from lynx.schedule import Action, ActionKind, derive_facts, schedule_1f1b
 from lynx.spec import ModelSpec, ParallelSpec, load_hardware
 
 
@@ -59,20 +62,24 @@ def train_step(model: GPTModel, num_microbatches: int, engine: RecomputeEngine |
                    for j in range(num_microbatches)]
     losses: dict[int, torch.Tensor] = {}
     total = 0.0
-    nxt = 0
-    k = max(1, min(in_flight, num_microbatches))
-    for j in range(num_microbatches):
-        while nxt < num_microbatches and nxt < j + k:
-            tok, lab = batches[nxt]
-            losses[nxt] = model(tok, lab, nxt, engine)
-            nxt += 1
-        loss = losses.pop(j)
+    for a in stage_order(num_microbatches, in_flight):
+        if a.kind is ActionKind.F:
+            tok, lab = batches[a.microbatch]
+            losses[a.microbatch] = model(tok, lab, a.microbatch, engine)
+            continue
+        loss = losses.pop(a.microbatch)
         (loss / num_microbatches).backward()
         total += float(loss.detach())
     if engine is not None:
         engine.end_step()
     model.allreduce_sp_grads()
     return total / num_microbatches
+
+
+def stage_order(num_microbatches: int, in_flight: int) -> tuple[Action, ...]:
+    """The action list of the first stage of a 1F1B pipeline `in_flight` stages deep (lynx.schedule's)."""
+    k = max(1, min(in_flight, num_microbatches))
+    return schedule_1f1b(k, num_microbatches)[0]
 
 
 def grads_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -100,20 +107,12 @@ def layernorm_stats_bytes(cfg: Any, keep: frozenset[str]) -> int:
 
 def predicted_activation_bytes(graph: LayerGraph, policy: RecomputePolicy, cfg: LayerConfig,
                                in_flight: int = 1) -> tuple[float, float]:
-    """The planner's view of what the engine measures, from `lynx.memory.layer_memory` on `graph` (bytes
-    in the runtime's dtype): (held after the forward passes in flight, peak held including what backward
-    restores: the top layer's own recomputation plus, for a layer below, what the windows of the layer
-    above restore for it). LayerNorm statistics are added as the runtime holds them."""
-    from lynx.memory import layer_memory
-
+    """The planner's view of what the engine measures, from `lynx.memory` on `graph` (bytes in the
+    runtime's dtype): (held after the forward passes in flight, peak held including what backward
+    restores). In-flight count and forward windows are the schedule's facts for the first stage of an
+    `in_flight`-deep 1F1B pipeline. LayerNorm statistics are added as the runtime holds them."""
+    k = max(1, in_flight)
+    facts = derive_facts(schedule_1f1b(k, k)).of(0)
     mems = [layer_memory(graph, lp) for lp in policy.layers]
-    ln = [layernorm_stats_bytes(cfg, lp.keep) for lp in policy.layers]
-    retained = sum(m.retained for m in mems) + sum(ln)
-    held_fwd = sum(m.fwd_window for m in mems) if in_flight > 1 else 0.0
-    after_fwd = in_flight * retained + held_fwd
-    work_b = 0.0
-    for i, m in enumerate(mems):
-        below = mems[i - 1].bwd_window if i > 0 else 0.0
-        own = m.on_demand + m.bwd_window + (0.0 if in_flight > 1 else m.fwd_window)
-        work_b = max(work_b, own + below)
-    return after_fwd, after_fwd + work_b
+    ln = [float(layernorm_stats_bytes(cfg, lp.keep)) for lp in policy.layers]
+    return _predicted(mems, ln, facts.in_flight, facts.has_fwd_windows)

@@ -7,17 +7,15 @@ from __future__ import annotations
 import math
 import time
 
-from lynx.costmodel import edge_times
 from lynx.errors import InfeasibleError
 from lynx.graph import LayerGraph
-from lynx.methods import base_partition, register
+from lynx.methods.common import base_partition, edge_times_per_stage, iteration_time
 from lynx.partition.base import Partition
 from lynx.partition.lynx import search_partitions
 from lynx.policy.base import RecomputePolicy, StageContext
 from lynx.policy.heu import HeuCache, HeuOptions, infeasible
 from lynx.policy.heu_mixed import mixed_policy
 from lynx.problem import PlanProblem, PlanResult
-from lynx.simulate import simulate
 
 
 def heu_options(problem: PlanProblem, method: str) -> HeuOptions:
@@ -51,8 +49,10 @@ def _refine(problem: PlanProblem, part: Partition, best_t: float, cache: HeuCach
             max_sims: int = 40) -> tuple[float, Partition, tuple[RecomputePolicy, ...]] | None:
     """Beyond min-max: the stage-time proxy ignores pipeline fill and drain, which matter when micro-
     batches are few. Local search with the event simulator as the judge: move one layer between any two
-    stages, take the first improvement, repeat (at most `max_sims` simulations)."""
-    counts = list(part.layers_per_stage)
+    stages (virtual stages when interleaved), take the first improvement, repeat (at most `max_sims`
+    simulations)."""
+    counts = list(part.virtual_layers())
+    pp = problem.parallel.pp
     found: tuple[float, Partition, tuple[RecomputePolicy, ...]] | None = None
     sims, improved = 0, True
     while improved and sims < max_sims:
@@ -64,7 +64,7 @@ def _refine(problem: PlanProblem, part: Partition, best_t: float, cache: HeuCach
                 cand = list(counts)
                 cand[a] -= 1
                 cand[b] += 1
-                new = Partition(tuple(cand), method="lynx-refined")
+                new = Partition.interleaved(tuple(cand), pp, method="lynx-refined")
                 try:
                     pols = policies_for(problem, new, cache, explain=False)
                 except InfeasibleError:
@@ -79,12 +79,9 @@ def _refine(problem: PlanProblem, part: Partition, best_t: float, cache: HeuCach
     return found
 
 
-def _iteration(problem: PlanProblem, part: Partition, pols: tuple[RecomputePolicy, ...]) -> float:
-    sim = simulate(problem, part, pols, record=False)
-    return math.inf if sim.oom else sim.iteration_time_s
+_iteration = iteration_time
 
 
-@register("lynx-heu", "Lynx-HEU per stage on dp partitioning (the paper's breakdown: HEU alone)")
 def lynx_heu(problem: PlanProblem) -> PlanResult:
     t0 = time.perf_counter()
     cache = HeuCache(problem.graph, heu_options(problem, "lynx-heu"))
@@ -92,6 +89,28 @@ def lynx_heu(problem: PlanProblem) -> PlanResult:
     pols = policies_for(problem, part, cache)
     note = f"HEU: {cache.solves} stage problems, {cache.solve_time_s * 1e3:.1f} ms solving"
     return PlanResult("lynx-heu", part, pols, (note,), time.perf_counter() - t0)
+
+
+def _interleaved_search(problem: PlanProblem, method: str, cache: HeuCache, t0: float) -> PlanResult:
+    """Interleaved chunks: HEU on the dp split of the virtual stages, then (where one simulation is cheap)
+    the simulator-judged local search moving one layer between virtual stages. The greedy / exact min-max
+    searches over per-rank layer counts do not apply to chunks."""
+    par = problem.parallel
+    dp = base_partition(problem)
+    pols = policies_for(problem, dp, cache)
+    best_t, part, label = math.inf, dp, "dp"
+    if par.pp * par.num_microbatches * problem.options.vpp <= REFINE_MAX_ACTIONS:
+        best_t = _iteration(problem, dp, pols)
+        refined = _refine(problem, dp, best_t, cache)
+        if refined is not None:
+            best_t, part, pols = refined
+            label = "refined"
+    notes = (f"interleaved: dp split of the {len(dp.chunks)} virtual stages {dp}"
+             + (f", refined by simulation to {part} ({best_t:.3f} s)" if label == "refined" else ""),
+             f"HEU: {cache.solves} distinct stage problems ({cache.hits} cache hits), "
+             f"{cache.solve_time_s * 1e3:.1f} ms solving")
+    chosen = Partition(part.layers_per_stage, f"lynx-{label}" if label != "dp" else "dp", part.chunks)
+    return PlanResult(method, chosen, pols, notes, time.perf_counter() - t0)
 
 
 def lynx_search(problem: PlanProblem, method: str) -> tuple[PlanResult, HeuCache]:
@@ -104,14 +123,12 @@ def lynx_search(problem: PlanProblem, method: str) -> tuple[PlanResult, HeuCache
         part = base_partition(problem)
         return PlanResult(method, part, policies_for(problem, part, cache), ("explicit partition",),
                           time.perf_counter() - t0), cache
+    if problem.options.vpp > 1:
+        return _interleaved_search(problem, method, cache, t0), cache
 
     par = problem.parallel
     # The first and last stages also run the embedding and the LM head + loss (as the simulator charges).
-    et = edge_times(problem.model, problem.hardware, par)
-    edge = [0.0] * par.pp
-    if problem.options.include_edges:
-        edge[0] += et.embedding_fwd + et.embedding_bwd
-        edge[-1] += et.head_fwd + et.head_bwd
+    edge = edge_times_per_stage(problem)
 
     def cost(stage: int, n: int) -> float:
         ctx = problem.stage_context(stage, n)
@@ -157,17 +174,19 @@ def lynx_search(problem: PlanProblem, method: str) -> tuple[PlanResult, HeuCache
     return PlanResult(method, chosen, pols, notes, time.perf_counter() - t0), cache
 
 
-@register("lynx", "Lynx: HEU recomputation scheduling + recomputation-aware partitioning (paper sec. 4.2, 5)")
 def lynx(problem: PlanProblem) -> PlanResult:
     return lynx_search(problem, "lynx")[0]
 
 
-@register("lynx-mixed", "lynx, then two layer policies (k layers each) on the bottleneck stages where that helps")
 def lynx_mixed(problem: PlanProblem) -> PlanResult:
     """Mixed policies refine the slowest stage first, then whichever stage is now the slowest, until the
     slowest has been refined (other stages hardly move the iteration time). The simulator judges."""
     t0 = time.perf_counter()
     base, cache = lynx_search(problem, "lynx-mixed")
+    if problem.options.vpp > 1:
+        note = "mixed policies: not searched for interleaved chunks (the lynx plan)"
+        return PlanResult("lynx-mixed", base.partition, base.policies, (*base.notes, note),
+                          time.perf_counter() - t0)
     g = problem.graph
     ctxs = problem.stage_contexts(base.partition)
     pols = list(base.policies)

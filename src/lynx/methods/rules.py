@@ -1,0 +1,65 @@
+"""Megatron's baselines as planning methods: none, full, selective, uniform(n), block(n)."""
+
+from __future__ import annotations
+
+from lynx.memory import stage_peak_bytes
+from lynx.methods.common import MethodFn, StagePolicyFn, base_partition, per_stage, stage_policy
+from lynx.policy.megatron_modules import modules_policy
+from lynx.policy.rules import block_policy, full_policy, none_policy, selective_policy, uniform_policy
+from lynx.problem import PlanProblem, PlanResult
+
+
+def plan_none(problem: PlanProblem) -> PlanResult:
+    return per_stage(problem, "none", none_policy)
+
+
+def plan_full(problem: PlanProblem) -> PlanResult:
+    return per_stage(problem, "full", full_policy)
+
+
+def plan_selective(problem: PlanProblem) -> PlanResult:
+    return per_stage(problem, "selective", selective_policy)
+
+
+def plan_uniform(problem: PlanProblem) -> PlanResult:
+    n = problem.options.recompute_num_layers or 1
+    return per_stage(problem, "uniform", lambda c, g: uniform_policy(c, g, n))
+
+
+def _block_fn(n: int) -> StagePolicyFn:
+    return lambda c, g: block_policy(c, g, n)
+
+
+def plan_block(problem: PlanProblem) -> PlanResult:
+    """Megatron block(N): the first N layers of each stage (each model chunk when interleaved) recompute
+    fully; N from the user, else the smallest that fits every stage by the closed-form peak."""
+    n = problem.options.recompute_num_layers
+    part = base_partition(problem)
+    if n is None:
+        ctxs = problem.stage_contexts(part)
+        n = max(part.layers_per_stage)
+        for cand in range(0, n + 1):
+            pols = [stage_policy(_block_fn(cand), c, problem.graph) for c in ctxs]
+            peaks = [stage_peak_bytes(problem.graph, p.layers, c) for p, c in zip(pols, ctxs, strict=True)]
+            if all(pk <= c.budget_bytes for pk, c in zip(peaks, ctxs, strict=True)):
+                n = cand
+                break
+    res = per_stage(problem, "block", _block_fn(n), part)
+    return PlanResult(res.method, res.partition, res.policies, (f"--recompute-num-layers {n}",), res.search_time_s)
+
+
+MEGATRON_MODULE_LISTS: tuple[tuple[str, ...], ...] = (
+    ("core_attn",), ("mlp",), ("layernorm",), ("core_attn", "mlp"), ("mlp", "layernorm"),
+    ("core_attn", "mlp", "layernorm"),
+)
+"""The Megatron-Core --recompute-modules lists users set today, one baseline method each."""
+
+
+def plan_modules(mods: tuple[str, ...]) -> MethodFn:
+    """Megatron-Core --recompute-modules MODS on every stage (recomputed on demand, as Megatron does)."""
+    name = "mc-" + "+".join(mods)
+
+    def fn(problem: PlanProblem) -> PlanResult:
+        return per_stage(problem, name, lambda c, g: modules_policy(c, g, mods))
+
+    return fn

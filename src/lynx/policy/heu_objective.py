@@ -1,0 +1,50 @@
+"""How Lynx-HEU prices a stage policy, the way the simulator charges it: critical recomputation per
+micro-batch (phase 5, window overflow, each chunk's top layer's phases 3/4, the cool-down share of phases
+1/2), and the window capacities CTime_t of eq. (5). Used by the HEU model (`lynx.policy.heu`) and by
+whoever compares policies."""
+
+from __future__ import annotations
+
+from lynx.graph import LayerGraph
+from lynx.policy.base import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase, StageContext
+
+
+def recompute_time(graph: LayerGraph, lp: LayerPolicy, phases: tuple[Phase, ...]) -> float:
+    return sum(graph.op(n).fwd_time for n in lp.recomputed(phases))
+
+
+def cooldown_weight(ctx: StageContext, cooldown_overlap: bool) -> float:
+    """Share of micro-batches whose backward has no forward before it (cool-down) on this stage; their
+    phase-1/2 work is on demand unless hidden in a stall."""
+    if cooldown_overlap or not ctx.has_fwd_windows:
+        return 0.0
+    return ctx.cooldown_count / max(1, ctx.num_microbatches)
+
+
+def critical_recompute(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext,
+                       cooldown_overlap: bool = True) -> float:
+    """On-critical-path recomputation per micro-batch of a stage policy, priced as the simulator prices it:
+    phase 5, window overflow, the top layer's phase 3/4, and (without cool-down overlap) the cool-down share
+    of phase 1/2. The HEU objective without its tie-break term."""
+    win_f = (graph.fwd_window("attn"), graph.fwd_window("mlp"))
+    win_b = (graph.bwd_window("mlp", ctx.subtract_wgrad), graph.bwd_window("attn", ctx.subtract_wgrad))
+    lam = cooldown_weight(ctx, cooldown_overlap)
+    tops = {hi - 1 for _, hi in ctx.chunk_slices()} if ctx.chunk_layers else {len(layers) - 1}
+    total = 0.0
+    for i, lp in enumerate(layers):
+        total += recompute_time(graph, lp, (Phase.ON_DEMAND,))
+        for k, ph in enumerate(FWD_PHASES):
+            load = recompute_time(graph, lp, (ph,))
+            total += max(0.0, load - win_f[k]) + lam * min(load, win_f[k])
+        for k, ph in enumerate(BWD_PHASES):
+            load = recompute_time(graph, lp, (ph,))
+            total += load if i in tops else max(0.0, load - win_b[k])
+    return total
+
+
+def window_caps(graph: LayerGraph, subtract_wgrad: bool) -> dict[Phase, float]:
+    """CTime_t of eq. (5): idle time of the four windows; backward ones are comm - wgrad when Megatron
+    already overlaps the weight-gradient GEMM with the collective (ctx.subtract_wgrad)."""
+    return {Phase.FWD_ATTN: graph.fwd_window("attn"), Phase.FWD_MLP: graph.fwd_window("mlp"),
+            Phase.BWD_MLP: graph.bwd_window("mlp", subtract_wgrad),
+            Phase.BWD_ATTN: graph.bwd_window("attn", subtract_wgrad)}

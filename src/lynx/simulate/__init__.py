@@ -1,0 +1,111 @@
+"""The simulator: an interpreter of any valid action list (`lynx.schedule`) that judges every plan,
+whoever produced it (PyTorch's knapsack_evaluator spirit). Pricing per action (`pricing`), the event loop
+(`engine`), memory event by event (`memory_replay`) and the iteration's metrics (`metrics`) are separate
+pieces; docs/costmodel.md has the time model.
+
+Cool-down backwards have no later forward to host phase-1/2 work: it hides in the stall before them when
+the policy allows, else runs on demand. After the last backward: optional data-parallel gradient
+all-reduce and the optimizer step.
+"""
+
+from __future__ import annotations
+
+from lynx.costmodel import edge_times, p2p_time
+from lynx.partition.base import Partition
+from lynx.policy.base import RecomputePolicy, StageContext, check_policy
+from lynx.problem import PlanProblem
+from lynx.schedule import Schedule, ScheduleFacts, derive_facts, validate
+from lynx.simulate.engine import Loop, RankState
+from lynx.simulate.memory_replay import StageMemory
+from lynx.simulate.metrics import tail_time, throughput
+from lynx.simulate.pricing import ChunkCosts, stage_costs
+from lynx.simulate.results import Segment, SegmentKind, SimResult, StageResult
+
+__all__ = ["Segment", "SegmentKind", "SimResult", "StageResult", "simulate"]
+
+
+def _facts(problem: PlanProblem, partition: Partition, schedule: Schedule | None) -> ScheduleFacts:
+    p = problem.parallel.pp
+    if schedule is None:
+        return problem.facts
+    validate(schedule)
+    if schedule.pp != p or schedule.num_chunks != partition.num_chunks:
+        raise ValueError(f"schedule has {schedule.pp} ranks x {schedule.num_chunks} chunks; the plan "
+                         f"{p} x {partition.num_chunks}")
+    return derive_facts(schedule)
+
+
+def _p2p(problem: PlanProblem) -> float:
+    par = problem.parallel
+    tokens = par.seq_length * par.micro_batch_size
+    nbytes = 2.0 * tokens * problem.model.hidden_size / par.tp  # Megatron's scatter-gather send
+    link = problem.hardware.link_for_group(2, par.tp * par.dp)
+    return p2p_time(nbytes, link) if par.pp > 1 else 0.0
+
+
+def _costs(problem: PlanProblem, policies: tuple[RecomputePolicy, ...],
+           ctxs: tuple[StageContext, ...]) -> list[list[ChunkCosts]]:
+    costs = [stage_costs(problem.graph, pol, ctx) for pol, ctx in zip(policies, ctxs, strict=True)]
+    if problem.options.include_edges:  # embedding on the first virtual stage, LM head + loss on the last
+        et = edge_times(problem.model, problem.hardware, problem.parallel)
+        costs[0][0].fwd_plain += et.embedding_fwd
+        costs[0][0].bwd_base += et.embedding_bwd
+        costs[-1][-1].fwd_plain += et.head_fwd
+        costs[-1][-1].bwd_base += et.head_bwd
+    return costs
+
+
+def simulate(
+    problem: PlanProblem,
+    partition: Partition,
+    policies: tuple[RecomputePolicy, ...],
+    p2p_s: float | None = None,
+    record: bool = True,
+    schedule: Schedule | None = None,
+) -> SimResult:
+    """Simulate one training iteration of `policies` on `partition` under `schedule` (default: the problem's
+    own, 1F1B or interleaved 1F1B); validates every policy and a given schedule first."""
+    par = problem.parallel
+    p = par.pp
+    if partition.num_stages != p or len(policies) != p:
+        raise ValueError(f"plan has {partition.num_stages} stages and {len(policies)} policies for PP {p}")
+    facts = _facts(problem, partition, schedule)
+    ctxs = problem.stage_contexts(partition, facts)
+    for pol, ctx in zip(policies, ctxs, strict=True):
+        check_policy(problem.graph, pol, ctx)
+    costs = _costs(problem, policies, ctxs)
+    ranks = [RankState(costs[r], ctxs[r], policies[r], StageMemory(problem.graph, policies[r], ctxs[r], record),
+                       facts.host_of(r), facts.hosted_by(r), ctxs[r].has_fwd_windows) for r in range(p)]
+    loop = Loop(facts, ranks, _p2p(problem) if p2p_s is None else p2p_s, record)
+    loop.run()
+    return _result(problem, ctxs, loop)
+
+
+def _result(problem: PlanProblem, ctxs: tuple[StageContext, ...], loop: Loop) -> SimResult:
+    par, ranks = problem.parallel, loop.ranks
+    ready = [st.ready for st in ranks]
+    pipeline_time = max(ready)
+    tail = 0.0
+    if problem.options.include_dp_allreduce:
+        tail = tail_time(problem.model, problem.hardware, par, ctxs, ready, problem.static_recipe,
+                         problem.options.distributed_optimizer)
+    iteration = pipeline_time + tail
+    samples, tflops, mfu = throughput(problem.model, problem.hardware, par, iteration)
+    stages = tuple(
+        StageResult(
+            stage=s, num_layers=ctxs[s].num_layers, fwd_time_s=sum(c.fwd_plain for c in st.costs),
+            bwd_time_s=sum(c.bwd_base for c in st.costs), busy_time_s=st.busy,
+            peak_memory_bytes=st.memory.peak, budget_bytes=ctxs[s].budget_bytes,
+            static_bytes=ctxs[s].static_bytes, recompute_critical_s=st.crit, recompute_overlapped_s=st.hidden,
+            recompute_total_s=st.crit + st.hidden,
+        )
+        for s, st in enumerate(ranks)
+    )
+    busy = sum(st.busy for st in ranks)
+    bubble = 1.0 - busy / (par.pp * pipeline_time) if pipeline_time > 0 else 0.0
+    return SimResult(
+        iteration_time_s=iteration, pipeline_time_s=pipeline_time, samples_per_s=samples,
+        tokens_per_s=samples * par.seq_length, model_tflops_per_gpu=tflops, mfu=mfu, bubble_fraction=bubble,
+        stages=stages, segments=tuple(loop.segments),
+        memory_curves=tuple(tuple(st.memory.curve) for st in ranks) if loop.record else (),
+    )

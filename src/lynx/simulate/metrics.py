@@ -1,0 +1,32 @@
+"""Iteration metrics: the data-parallel gradient all-reduce and optimizer step after the pipeline, and the
+throughput figures derived from the iteration time."""
+
+from __future__ import annotations
+
+from lynx.costmodel import model_flops_per_iteration
+from lynx.policy.base import StageContext
+from lynx.spec import Hardware, ModelSpec, ParallelSpec
+from lynx.static_memory import Recipe, dp_sync_time
+
+
+def tail_time(model: ModelSpec, hw: Hardware, par: ParallelSpec, ctxs: tuple[StageContext, ...],
+              ready: list[float], recipe: Recipe, distributed_optimizer: bool) -> float:
+    """Time after the pipeline's last backward until every stage has reduced its gradients and stepped."""
+    pipeline_time = max(ready)
+    tail = 0.0
+    for s, ctx in enumerate(ctxs):
+        dp_link = hw.link_for_group(par.dp, par.tp)
+        ar = dp_sync_time(model, par, s, ctx.num_layers, recipe, dp_link, distributed_optimizer)
+        dev = hw.device
+        # Adam step: read/write fp32 master, m, v and read fp16 grads, write fp16 params (~ 2x static bytes)
+        opt = 2.0 * ctx.static_bytes / (dev.memory_bandwidth_Bps * dev.memory_efficiency)
+        tail = max(tail, ready[s] - pipeline_time + ar + opt)
+    return tail
+
+
+def throughput(model: ModelSpec, hw: Hardware, par: ParallelSpec, iteration: float) -> tuple[float, float, float]:
+    """(samples/s, model TFLOP/s per GPU, MFU) of one iteration."""
+    samples = par.global_batch_size / iteration
+    flops = model_flops_per_iteration(model, par)
+    tflops = flops / iteration / par.world_size / 1e12
+    return samples, tflops, tflops * 1e12 / hw.device.peak_flops

@@ -1,0 +1,136 @@
+"""Dependencies point one way (design.md's data flow): an ast walk of src/lynx fails on an import cycle
+or on a module importing a layer above its own; and the solvers load without the layers above them."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lynx
+
+ROOT = Path(lynx.__file__).parent
+
+# Layers, bottom first (longest module prefix wins). Same layer may import each other (cycles are checked
+# separately). Modules not listed (e.g. new packages) are checked for cycles only.
+RANKS: dict[str, int] = {
+    "lynx.errors": 0,
+    "lynx.spec": 1, "lynx.graph": 1, "lynx.schedule": 1, "lynx.presets": 1, "lynx.families": 1,
+    "lynx.topology": 1,
+    "lynx.costmodel": 2, "lynx.milp": 2,
+    "lynx.policy.base": 3, "lynx.policy": 3,
+    "lynx.memory": 4, "lynx.static_memory": 4,
+    "lynx.policy.heu": 5, "lynx.policy.heu_mixed": 5, "lynx.policy.opt": 5, "lynx.policy.opt_model": 5,
+    "lynx.policy.opt_check": 5, "lynx.policy.opt_timeline": 5, "lynx.policy.rules": 5,
+    "lynx.policy.adapipe": 5, "lynx.policy.heu_objective": 5, "lynx.partition": 5,
+    "lynx.policy.megatron_modules": 5,
+    "lynx.problem": 6,
+    "lynx.simulate": 7,
+    "lynx.methods": 8,
+    "lynx.plan": 9,
+    "lynx.api": 10, "lynx.breakdown": 10,
+    "lynx.report": 11, "lynx.profile": 11, "lynx.runtime": 11,
+    "lynx.cli": 12, "lynx.__main__": 12,
+}
+SOLVERS = ("lynx.policy.heu", "lynx.policy.heu_objective", "lynx.policy.heu_mixed", "lynx.policy.opt",
+           "lynx.policy.rules", "lynx.policy.adapipe", "lynx.policy.megatron_modules")
+SOLVER_MAY_IMPORT = ("lynx.errors", "lynx.graph", "lynx.spec", "lynx.memory", "lynx.milp", "lynx.policy",
+                     "lynx.schedule")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for f in ROOT.rglob("*.py"):
+        rel = f.relative_to(ROOT.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = f
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(path: Path, top_level_only: bool) -> set[str]:
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found: set[str] = set()
+    for n in nodes:
+        if isinstance(n, ast.Import):
+            names = [a.name for a in n.names]
+        elif isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+            names = [f"{n.module}.{a.name}" for a in n.names]
+        else:
+            continue
+        for name in names:
+            if name.startswith("lynx"):
+                mod = _resolve(name)
+                if mod is not None:
+                    found.add(mod)
+    return found
+
+
+def _rank(mod: str) -> int | None:
+    best = max((p for p in RANKS if mod == p or mod.startswith(p + ".")), key=len, default=None)
+    return None if best is None else RANKS[best]
+
+
+def test_no_upward_imports() -> None:
+    bad = []
+    for mod, path in MODULES.items():
+        r = _rank(mod)
+        for dep in _imports(path, top_level_only=False):
+            d = _rank(dep)
+            if r is not None and d is not None and d > r:
+                bad.append(f"{mod} (layer {r}) imports {dep} (layer {d})")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_solvers_import_only_graph_specs_memory_milp_and_their_types() -> None:
+    bad = [f"{mod} imports {dep}" for mod in SOLVERS for dep in _imports(MODULES[mod], top_level_only=False)
+           if not any(dep == ok or dep.startswith(ok + ".") for ok in SOLVER_MAY_IMPORT)]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles() -> None:
+    graph = {m: _imports(p, top_level_only=True) - {m} for m, p in MODULES.items()}
+    # a package's __init__ importing its own submodules is how packages re-export: not a cycle
+    for m in graph:
+        graph[m] = {d for d in graph[m] if not (d.startswith(m + ".") and MODULES[m].name == "__init__.py")}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                cycle = stack[stack.index(d):] + [d]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_heu_loads_without_the_layers_above() -> None:
+    code = "import sys, lynx.policy.heu; print(' '.join(sorted(m for m in sys.modules if m.startswith('lynx'))))"
+    env = dict(os.environ)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    loaded = set(out.split())
+    assert "lynx.policy.heu" in loaded
+    for above in ("lynx.simulate", "lynx.methods", "lynx.problem", "lynx.plan", "lynx.api"):
+        assert not any(m == above or m.startswith(above + ".") for m in loaded), (above, sorted(loaded))
