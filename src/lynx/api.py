@@ -8,12 +8,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lynx.costmodel import build_layer_graph
-from lynx.errors import InfeasibleError, LynxError, SpecError
+from lynx.checks import check_graph_matches, check_inputs
+from lynx.errors import InfeasibleError, LynxError
 from lynx.graph import LayerGraph
 from lynx.methods import available_methods, get_method
 from lynx.plan import Plan
 from lynx.problem import PlanOptions, PlanProblem
-from lynx.spec import Hardware, ModelSpec, ParallelSpec, validate_layout
+from lynx.spec import Hardware, ModelSpec, ParallelSpec
 
 
 def make_problem(
@@ -25,29 +26,12 @@ def make_problem(
 ) -> PlanProblem:
     """Validate the layout and build the layer graph (analytic unless a profiled graph is given)."""
     opts = options or PlanOptions()
-    validate_layout(model, hardware, parallel, opts.nodes)
-    if opts.layers_per_stage is not None:
-        lps = opts.layers_per_stage
-        if len(lps) != parallel.pp or sum(lps) != model.num_layers or min(lps) < 1:
-            raise SpecError(
-                f"--layers-per-stage {','.join(map(str, lps))}: needs {parallel.pp} positive entries "
-                f"summing to {model.num_layers}"
-            )
+    check_inputs(model, hardware, parallel, opts)
     if graph is None:
         graph = build_layer_graph(model, hardware, parallel)
     else:
-        _check_graph_matches(graph, model, parallel)
+        check_graph_matches(graph, model, parallel)
     return PlanProblem(model, hardware, parallel, graph, opts)
-
-
-def _check_graph_matches(graph: LayerGraph, model: ModelSpec, par: ParallelSpec) -> None:
-    m = graph.meta
-    want = {"hidden_size": model.hidden_size, "num_attention_heads": model.num_attention_heads,
-            "seq_length": par.seq_length, "micro_batch_size": par.micro_batch_size, "tp": par.tp,
-            "sequence_parallel": par.sequence_parallel}
-    bad = [f"{k} {getattr(m, k)} (layout: {v})" for k, v in want.items() if getattr(m, k) not in (v, 0)]
-    if bad:
-        raise SpecError("the profiled graph does not match the layout: " + ", ".join(bad))
 
 
 def plan(problem: PlanProblem, method: str, record: bool = True) -> Plan:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from lynx.errors import PlanFormatError
+from lynx.validate import build, check_field
 
 LAYER_INPUT = "input"
 GRAPH_SCHEMA_VERSION = 1
@@ -204,13 +205,9 @@ class LayerGraph:
                 raise PlanFormatError(
                     f"graph: schema_version {d.get('schema_version')!r}, expected {GRAPH_SCHEMA_VERSION}"
                 )
-            ops = []
-            for od in d["ops"]:
-                od = dict(od)
-                od["inputs"] = tuple(od["inputs"])
-                od["saved"] = tuple(od.get("saved", ()))
-                ops.append(Op(**od))
-            return LayerGraph(tuple(ops), float(d["input_bytes"]), GraphMeta(**d.get("meta", {})))
+            ops = [build(Op, od, f"graph: ops[{i}]", PlanFormatError) for i, od in enumerate(d["ops"])]
+            return LayerGraph(tuple(ops), check_field(d["input_bytes"], float, "graph: input_bytes"),
+                              build(GraphMeta, d.get("meta", {}), "graph: meta", PlanFormatError))
         except (KeyError, TypeError) as e:
             raise PlanFormatError(f"graph: missing or malformed field ({e})") from None
 

@@ -15,15 +15,16 @@ from lynx.memory import (
 from lynx.partition.base import Partition
 from lynx.policy.base import RecomputePolicy, StageContext
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
+from lynx.validate import rng
 
 
 @dataclass(frozen=True, slots=True)
 class PlanOptions:
     """Knobs that every method sees. Method-specific options live with the method."""
 
-    bytes_per_param: float = DEFAULT_BYTES_PER_PARAM
+    bytes_per_param: float = field(default=DEFAULT_BYTES_PER_PARAM, metadata=rng(gt=0))
     """Static bytes per parameter (16: fp16 params + grads + fp32 Adam states; 18 with fp32 grads)."""
-    budget_bytes: float | None = None
+    budget_bytes: float | None = field(default=None, metadata=rng(gt=0))
     """Usable memory per device; None means the device's capacity minus its reserve."""
     subtract_wgrad: bool = True
     """Backward windows offer comm - wgrad only (Megatron overlaps the wgrad GEMM already)."""
@@ -36,10 +37,10 @@ class PlanOptions:
     """Add the data-parallel gradient all-reduce and the optimizer step to the iteration."""
     include_edges: bool = True
     """Charge the first stage's embedding and the last stage's LM head and loss (off: layers only)."""
-    time_limit_s: float = 30.0
+    time_limit_s: float = field(default=30.0, metadata=rng(gt=0))
     """Per solver call, for the MILP methods."""
-    nodes: int | None = None
-    layers_per_stage: tuple[int, ...] | None = None
+    nodes: int | None = field(default=None, metadata=rng(gt=0))
+    layers_per_stage: tuple[int, ...] | None = field(default=None, metadata=rng(gt=0))
     """A user's explicit partition (--layers-per-stage); methods that do not partition use it."""
 
 

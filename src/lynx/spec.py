@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
 from lynx.errors import SpecError
+from lynx.paths import read_text
+from lynx.validate import build, check_instance, rng
 
 GB = 1e9
 GiB = float(1 << 30)
@@ -25,18 +27,20 @@ class ModelSpec:
     """A GPT-style decoder: `num_layers` identical transformer layers plus embeddings and LM head."""
 
     name: str
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
+    num_layers: int = field(metadata=rng(gt=0))
+    hidden_size: int = field(metadata=rng(gt=0))
+    num_attention_heads: int = field(metadata=rng(gt=0))
     ffn_hidden_size: int = 0
     """MLP inner width; 0 means 4 * hidden_size (GPT)."""
-    vocab_size: int = 51200
+    vocab_size: int = field(default=51200, metadata=rng(gt=0))
     """Megatron pads GPT-2's 50257 tokens to a multiple of 128 * TP; 51200 covers TP <= 8."""
-    max_position_embeddings: int = 2048
+    max_position_embeddings: int = field(default=2048, metadata=rng(gt=0))
+    """The longest sequence the model takes (learned position embeddings); --seq-len may not exceed it."""
     dropout: bool = True
     """Dropout after attention probabilities and after each block (GPT-3 style); adds 1-byte masks."""
 
     def __post_init__(self) -> None:
+        check_instance(self, f"model {self.name!r}")
         if self.ffn_hidden_size == 0:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
         for f in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
@@ -72,13 +76,14 @@ class ModelSpec:
 class LinkSpec:
     """One kind of link, for an alpha-beta model: time = latency + bytes / (bandwidth * efficiency)."""
 
-    bandwidth_Bps: float
+    bandwidth_Bps: float = field(metadata=rng(gt=0))
     """Unidirectional bandwidth per device in bytes/s."""
     latency_s: float
-    efficiency: float = 0.8
+    efficiency: float = field(default=0.8, metadata=rng(gt=0, le=1))
     """Fraction of the link bandwidth a large NCCL collective reaches (bus bandwidth / link bandwidth)."""
 
     def __post_init__(self) -> None:
+        check_instance(self, "link")
         if self.bandwidth_Bps <= 0 or self.latency_s < 0 or not 0 < self.efficiency <= 1:
             raise SpecError("link: bandwidth must be > 0, latency >= 0, 0 < efficiency <= 1")
 
@@ -88,20 +93,22 @@ class DeviceSpec:
     """One accelerator."""
 
     name: str
-    memory_bytes: float
-    peak_flops: float
+    memory_bytes: float = field(metadata=rng(gt=0))
+    peak_flops: float = field(metadata=rng(gt=0))
     """Dense 16-bit tensor-core peak, FLOP/s."""
-    memory_bandwidth_Bps: float
-    matmul_efficiency: float = 0.75
+    memory_bandwidth_Bps: float = field(metadata=rng(gt=0))
+    matmul_efficiency: float = field(default=0.75, metadata=rng(gt=0, le=1))
     """Fraction of peak that large GEMMs reach (documented in docs/costmodel.md)."""
-    memory_efficiency: float = 0.7
+    memory_efficiency: float = field(default=0.7, metadata=rng(gt=0, le=1))
     """Fraction of HBM bandwidth that elementwise / softmax / layernorm kernels reach."""
     reserved_bytes: float = 2.0 * GiB
     """Memory the budget leaves out: CUDA context, NCCL buffers, allocator fragmentation."""
 
     def __post_init__(self) -> None:
+        check_instance(self, f"device {self.name!r}")
         if self.memory_bytes <= self.reserved_bytes:
-            raise SpecError(f"device {self.name!r}: memory must exceed the reserve")
+            raise SpecError(f"device {self.name!r}: memory_bytes {self.memory_bytes:g} must exceed "
+                            f"reserved_bytes {self.reserved_bytes:g}")
         if self.peak_flops <= 0 or self.memory_bandwidth_Bps <= 0:
             raise SpecError(f"device {self.name!r}: peak_flops and memory bandwidth must be positive")
         if not (0 < self.matmul_efficiency <= 1 and 0 < self.memory_efficiency <= 1):
@@ -118,16 +125,17 @@ class Hardware:
 
     name: str
     device: DeviceSpec
-    devices_per_node: int
+    devices_per_node: int = field(metadata=rng(gt=0))
     intra_node: LinkSpec
     inter_node: LinkSpec
     intra_group_size: int = 0
     """Devices that share the fast intra-node link (e.g. a 4-NPU board); 0 means the whole node."""
     inter_group: LinkSpec | None = None
     """Link between such groups inside one node; None means `inter_node`."""
-    max_nodes: int = 4
+    max_nodes: int = field(default=4, metadata=rng(gt=0))
 
     def __post_init__(self) -> None:
+        check_instance(self, f"hardware {self.name!r}")
         if self.devices_per_node <= 0:
             raise SpecError(f"hardware {self.name!r}: devices_per_node must be positive")
         if self.intra_group_size == 0:
@@ -149,15 +157,16 @@ class Hardware:
 class ParallelSpec:
     """Parallel layout and batch shape, with Megatron's names."""
 
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
+    tp: int = field(default=1, metadata=rng(gt=0))
+    pp: int = field(default=1, metadata=rng(gt=0))
+    dp: int = field(default=1, metadata=rng(gt=0))
     sequence_parallel: bool = False
-    micro_batch_size: int = 1
-    global_batch_size: int = 1
-    seq_length: int = 1024
+    micro_batch_size: int = field(default=1, metadata=rng(gt=0))
+    global_batch_size: int = field(default=1, metadata=rng(gt=0))
+    seq_length: int = field(default=1024, metadata=rng(gt=0))
 
     def __post_init__(self) -> None:
+        check_instance(self, "parallel layout")
         for f in ("tp", "pp", "dp", "micro_batch_size", "global_batch_size", "seq_length"):
             if getattr(self, f) <= 0:
                 raise SpecError(f"{f} must be a positive integer, got {getattr(self, f)}")
@@ -186,6 +195,9 @@ def validate_layout(model: ModelSpec, hw: Hardware, par: ParallelSpec, nodes: in
         )
     if model.hidden_size % par.tp or model.ffn_hidden_size % par.tp:
         raise SpecError(f"{model.name}: hidden size {model.hidden_size} is not divisible by TP {par.tp}")
+    if par.seq_length > model.max_position_embeddings:
+        raise SpecError(f"{model.name}: --seq-len {par.seq_length} exceeds the model's max_position_embeddings "
+                        f"{model.max_position_embeddings}; valid: 1 to {model.max_position_embeddings}")
     if model.num_layers < par.pp:
         raise SpecError(f"{model.name}: {model.num_layers} layers cannot fill {par.pp} pipeline stages")
     cap = hw.max_nodes if nodes is None else nodes
@@ -207,27 +219,25 @@ def validate_layout(model: ModelSpec, hw: Hardware, par: ParallelSpec, nodes: in
 # Loading presets and user YAML
 # ---------------------------------------------------------------------------------------------------
 
-T = TypeVar("T")
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML without aliases: spec files never need them, and a few hundred bytes of nested aliases
+    (a "billion laughs" file) would otherwise expand into gigabytes."""
 
-
-def _build(cls: type[T], data: Mapping[str, Any], where: str) -> T:
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise SpecError(f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(fields)}")
-    try:
-        return cls(**data)
-    except TypeError as e:
-        raise SpecError(f"{where}: {e}") from None
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not allowed", mark)
+        return super().compose_node(parent, index)
 
 
 def _read_yaml(path: Path | str, text: str) -> Mapping[str, Any]:
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         pos = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        raise SpecError(f"{path}: malformed YAML{pos}") from None
+        why = getattr(e, "problem", None)
+        raise SpecError(f"{path}: malformed YAML{pos}{': ' + why if why else ''}") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping of fields at the top level")
     return data
@@ -240,39 +250,31 @@ def _preset_names(kind: str) -> list[str]:
 
 def _load(kind: str, name_or_path: str) -> tuple[str, Mapping[str, Any]]:
     p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or p.exists():
-        if not p.is_file():
-            raise SpecError(f"{name_or_path}: no such {kind[:-1]} file")
-        return str(p), _read_yaml(p, p.read_text())
+    what = kind[:-1]
+    if p.suffix in (".yaml", ".yml") or p.exists() or "/" in name_or_path:
+        return str(p), _read_yaml(p, read_text(p, f"{what} YAML"))
     names = _preset_names(kind)
     if name_or_path not in names:
-        raise SpecError(f"unknown {kind[:-1]} preset {name_or_path!r}; known: {', '.join(names)}")
+        raise SpecError(f"unknown {what} preset {name_or_path!r}; known: {', '.join(names)} (or a YAML file)")
     res = resources.files("lynx") / "presets" / kind / f"{name_or_path}.yaml"
     return f"preset {name_or_path}", _read_yaml(name_or_path, res.read_text())
+
+
+_build = build  # the loaders' old name, kept for callers elsewhere
 
 
 def load_model(name_or_path: str) -> ModelSpec:
     where, data = _load("models", name_or_path)
     data = dict(data)
     data.setdefault("name", name_or_path)
-    return _build(ModelSpec, data, where)
+    return build(ModelSpec, data, where)
 
 
 def load_hardware(name_or_path: str) -> Hardware:
     where, data = _load("hardware", name_or_path)
     data = dict(data)
     data.setdefault("name", name_or_path)
-    try:
-        data["device"] = _build(DeviceSpec, data["device"], f"{where}: device")
-        data["intra_node"] = _build(LinkSpec, data["intra_node"], f"{where}: intra_node")
-        data["inter_node"] = _build(LinkSpec, data["inter_node"], f"{where}: inter_node")
-        if data.get("inter_group") is not None:
-            data["inter_group"] = _build(LinkSpec, data["inter_group"], f"{where}: inter_group")
-    except KeyError as e:
-        raise SpecError(f"{where}: missing field {e.args[0]}") from None
-    except (TypeError, AttributeError):
-        raise SpecError(f"{where}: device and links must be mappings of fields") from None
-    return _build(Hardware, data, where)
+    return build(Hardware, data, where)
 
 
 def model_presets() -> list[str]:
@@ -296,18 +298,12 @@ def parallel_to_dict(p: ParallelSpec) -> dict[str, Any]:
 
 
 def model_from_dict(d: Mapping[str, Any]) -> ModelSpec:
-    return _build(ModelSpec, d, "plan: model")
+    return build(ModelSpec, d, "plan: model")
 
 
 def hardware_from_dict(d: Mapping[str, Any]) -> Hardware:
-    d = dict(d)
-    d["device"] = _build(DeviceSpec, d["device"], "plan: hardware.device")
-    d["intra_node"] = _build(LinkSpec, d["intra_node"], "plan: hardware.intra_node")
-    d["inter_node"] = _build(LinkSpec, d["inter_node"], "plan: hardware.inter_node")
-    if d.get("inter_group") is not None:
-        d["inter_group"] = _build(LinkSpec, d["inter_group"], "plan: hardware.inter_group")
-    return _build(Hardware, d, "plan: hardware")
+    return build(Hardware, d, "plan: hardware")
 
 
 def parallel_from_dict(d: Mapping[str, Any]) -> ParallelSpec:
-    return _build(ParallelSpec, d, "plan: parallel")
+    return build(ParallelSpec, d, "plan: parallel")

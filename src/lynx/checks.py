@@ -1,0 +1,50 @@
+"""The checks a planning problem and a planning result must pass, shared by `lynx plan` (on its inputs)
+and `lynx simulate` / `lynx train` (on a plan file), so a saved plan is validated exactly as a new one."""
+
+from __future__ import annotations
+
+from lynx.errors import PlanFormatError, SpecError
+from lynx.graph import LayerGraph
+from lynx.policy.base import check_policy
+from lynx.problem import PlanOptions, PlanProblem, PlanResult
+from lynx.spec import Hardware, ModelSpec, ParallelSpec, validate_layout
+from lynx.validate import check_instance
+
+
+def check_inputs(model: ModelSpec, hardware: Hardware, parallel: ParallelSpec, opts: PlanOptions) -> None:
+    """Layout against model and hardware, every option finite and in range, the explicit partition."""
+    check_instance(opts, "options")
+    validate_layout(model, hardware, parallel, opts.nodes)
+    if opts.layers_per_stage is not None:
+        lps = opts.layers_per_stage
+        if len(lps) != parallel.pp or sum(lps) != model.num_layers or min(lps) < 1:
+            raise SpecError(
+                f"--layers-per-stage {','.join(map(str, lps))}: needs {parallel.pp} positive entries "
+                f"summing to {model.num_layers}"
+            )
+
+
+def check_graph_matches(graph: LayerGraph, model: ModelSpec, par: ParallelSpec) -> None:
+    m = graph.meta
+    want = {"hidden_size": model.hidden_size, "num_attention_heads": model.num_attention_heads,
+            "seq_length": par.seq_length, "micro_batch_size": par.micro_batch_size, "tp": par.tp,
+            "sequence_parallel": par.sequence_parallel}
+    bad = [f"{k} {getattr(m, k)} (layout: {v})" for k, v in want.items() if getattr(m, k) not in (v, 0)]
+    if bad:
+        raise SpecError("the profiled graph does not match the layout: " + ", ".join(bad))
+
+
+def check_result(problem: PlanProblem, result: PlanResult, where: str = "plan") -> None:
+    """A partition with one entry per stage summing to the model's layers, and one valid policy per stage."""
+    lps = result.partition.layers_per_stage
+    pp, layers = problem.parallel.pp, problem.model.num_layers
+    if len(lps) != pp or sum(lps) != layers:
+        raise PlanFormatError(f"{where}: partition {','.join(map(str, lps))} must have {pp} entries (PP) "
+                              f"summing to {layers} layers")
+    if len(result.policies) != pp:
+        raise PlanFormatError(f"{where}: {len(result.policies)} stage policies for PP {pp}")
+    for s, (n, pol) in enumerate(zip(lps, result.policies, strict=True)):
+        try:
+            check_policy(problem.graph, pol, problem.stage_context(s, n))
+        except PlanFormatError as e:
+            raise PlanFormatError(f"{where}: {e}") from None
