@@ -200,6 +200,8 @@ class LayerGraph:
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> LayerGraph:
+        if not isinstance(d, Mapping):
+            raise PlanFormatError(f"graph: expected a JSON object, got {type(d).__name__}")
         try:
             if d.get("schema_version") != GRAPH_SCHEMA_VERSION:
                 raise PlanFormatError(

@@ -8,8 +8,9 @@ parsing it.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from lynx.errors import LynxError, SpecError
@@ -56,9 +57,6 @@ def check_output(path: Path | str | None, option: str, suffixes: Iterable[str] |
         return None
     p = Path(path)
     sfx = tuple(suffixes) if suffixes is not None else ()
-    if sfx and p.suffix.lower() not in sfx:
-        raise error(f"{option} {path}: unknown format {p.suffix or '(no extension)'!s}; "
-                    f"valid: {', '.join(sfx)}")
     resolved = p.resolve(strict=False)
     if any(str(resolved) == r or str(resolved).startswith(r + "/") for r in _FORBIDDEN_ROOTS):
         raise error(f"{option} {path}: cannot write under {resolved.parts[1] and '/' + resolved.parts[1]}")
@@ -66,6 +64,9 @@ def check_output(path: Path | str | None, option: str, suffixes: Iterable[str] |
         raise error(f"{option} {path}: is a directory; give a file name")
     if p.exists() and not p.is_file():
         raise error(f"{option} {path}: not a regular file")
+    if sfx and p.suffix.lower() not in sfx:
+        raise error(f"{option} {path}: unknown format {p.suffix or '(no extension)'!s}; "
+                    f"valid: {', '.join(sfx)}")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.exists():
         raise error(f"{option} {path}: directory {parent} does not exist")
@@ -78,16 +79,23 @@ def check_output(path: Path | str | None, option: str, suffixes: Iterable[str] |
     return p
 
 
-def write_text(path: Path | str, text: str, option: str, error: type[LynxError] = SpecError) -> None:
-    """Write a whole file atomically: a temporary file in the same directory renamed over the target,
-    so an interrupted or failed write never leaves half a file (or destroys the previous one)."""
+@contextlib.contextmanager
+def atomic_path(path: Path | str, option: str, error: type[LynxError] = SpecError) -> Iterator[Path]:
+    """A temporary path (same directory, same extension) to write; renamed over `path` when the block
+    succeeds, removed when it fails or is interrupted: never half a file, never a lost previous file."""
     p = Path(path)
-    tmp = p.with_name(f".{p.name}.lynx-tmp-{os.getpid()}")
+    tmp = p.with_name(f".{p.stem}.lynx-tmp-{os.getpid()}{p.suffix}")
     try:
-        tmp.write_text(text)
+        yield tmp
         os.replace(tmp, p)
     except OSError as e:
         raise error(f"{option} {path}: cannot write ({e.strerror or e})") from None
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def write_text(path: Path | str, text: str, option: str, error: type[LynxError] = SpecError) -> None:
+    """Write a whole text file atomically (see `atomic_path`)."""
+    with atomic_path(path, option, error) as tmp:
+        tmp.write_text(text)

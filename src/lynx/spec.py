@@ -250,7 +250,7 @@ def _preset_names(kind: str) -> list[str]:
 
 def _load(kind: str, name_or_path: str) -> tuple[str, Mapping[str, Any]]:
     p = Path(name_or_path)
-    what = kind[:-1]
+    what = {"models": "model", "hardware": "hardware"}.get(kind, kind)
     if p.suffix in (".yaml", ".yml") or p.exists() or "/" in name_or_path:
         return str(p), _read_yaml(p, read_text(p, f"{what} YAML"))
     names = _preset_names(kind)

@@ -11,6 +11,8 @@ from lynx.cli import app
 from lynx.cli.common import (
     DpOpt,
     GbOpt,
+    JSON_FORMATS,
+    PLOT_FORMATS,
     HardwareOpt,
     JsonOpt,
     MbOpt,
@@ -21,11 +23,17 @@ from lynx.cli.common import (
     SpOpt,
     TpOpt,
     build_problem,
+    check_outputs,
     console,
     err_console,
     print_json,
 )
 from lynx.errors import SpecError
+from lynx.paths import atomic_path, write_text
+from lynx.spec import GiB
+
+EXIT_NONE_FITS = 3
+"""`lynx plan --compare`: no method gives a plan that fits the budget (documented in README)."""
 
 
 def _load_profile_graph(profile: str, db: Path | None) -> Any:
@@ -43,11 +51,18 @@ def _emit_plots(plan: Any, gantt: Path | None, memory_png: Path | None) -> None:
     from lynx.report.plots import memory_plot
 
     if gantt is not None:
-        draw_gantt(plan, gantt)
+        with atomic_path(gantt, "--gantt") as tmp:
+            draw_gantt(plan, tmp)
         err_console.print(f"wrote {gantt}")
     if memory_png is not None:
-        memory_plot(plan, memory_png)
+        with atomic_path(memory_png, "--memory-png") as tmp:
+            memory_plot(plan, tmp)
         err_console.print(f"wrote {memory_png}")
+
+
+def _check_plan_outputs(out: Path | None, gantt: Path | None, memory_png: Path | None) -> None:
+    check_outputs(**{"--out": (out, JSON_FORMATS), "--gantt": (gantt, PLOT_FORMATS),
+                     "--memory-png": (memory_png, PLOT_FORMATS)})
 
 
 @app.command("plan")
@@ -93,13 +108,16 @@ def plan_cmd(
         Path | None, typer.Option("--memory-png", help="Write memory per stage over time (PNG).")
     ] = None,
 ) -> None:
-    """Plan recomputation and partitioning for a model on a cluster, and predict its iteration."""
+    """Plan recomputation and partitioning for a model on a cluster, and predict its iteration.
+
+    With --compare the exit code is 3 when no method fits the memory budget (the table says so)."""
     from lynx.api import compare as compare_methods
     from lynx.api import plan as plan_one
     from lynx.methods import available_methods
     from lynx.plan import Plan
     from lynx.report.tables import compare_table, policy_table, stage_table
 
+    _check_plan_outputs(out, gantt, memory_png)
     graph = _load_profile_graph(profile, db) if profile else None
     problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
                             layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
@@ -109,6 +127,7 @@ def plan_cmd(
             f"[yellow]warning:[/yellow] profile {profile} was measured on {graph.meta.device!r} "
             f"({graph.meta.dtype}); planning for {problem.hardware.device.name} memory with its times and sizes"
         )
+    none_fits = False
     if method == "lynx" and "lynx" not in available_methods():
         method = "full"
     title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp} PP {pp} DP {dp}"
@@ -126,6 +145,10 @@ def plan_cmd(
         else:
             console.print(compare_table(rows, title))
         plan = chosen
+        none_fits = not any(r.plan is not None and not r.plan.sim.oom for r in rows)
+        if none_fits:
+            err_console.print(f"lynx: no method fits the memory budget ({problem.budget_bytes / GiB:.2f} GiB per "
+                              f"device); exit code {EXIT_NONE_FITS}")
         if plan is not None and (gantt is not None or memory_png is not None):
             plan = Plan.evaluate(plan.problem, plan.result)  # with the timeline the plots need
     else:
@@ -149,6 +172,8 @@ def plan_cmd(
             plan.save(out)
             err_console.print(f"wrote {out}")
         _emit_plots(plan, gantt, memory_png)
+    if none_fits:
+        raise typer.Exit(EXIT_NONE_FITS)
 
 
 @app.command("simulate")
@@ -162,6 +187,7 @@ def simulate_cmd(
     from lynx.plan import Plan, load_plan
     from lynx.report.tables import stage_table
 
+    _check_plan_outputs(None, gantt, memory_png)
     problem, result = load_plan(plan_file)
     plan = Plan.evaluate(problem, result)
     if as_json:
@@ -191,13 +217,14 @@ def graph_cmd(
     from lynx.report.tables import graph_table
     from lynx.spec import ParallelSpec, load_hardware, load_model, validate_layout
 
+    check_outputs(**{"--out": (out, JSON_FORMATS)})
     m, hw = load_model(model), load_hardware(hardware)
     par = ParallelSpec(tp=tp, sequence_parallel=sp, micro_batch_size=micro_batch, global_batch_size=micro_batch,
                        seq_length=seq_len)
     validate_layout(m, hw, par, nodes=max(1, -(-tp // hw.devices_per_node)))
     g = build_layer_graph(m, hw, par)
     if out is not None:
-        out.write_text(g.to_json())
+        write_text(out, g.to_json(), "--out")
         err_console.print(f"wrote {out}")
     if as_json:
         print_json(g.to_dict())
