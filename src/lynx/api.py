@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from lynx.costmodel import build_layer_graph
 from lynx.checks import check_graph_matches, check_inputs
+from lynx.costmodel import build_layer_graph
 from lynx.errors import InfeasibleError, LynxError
 from lynx.graph import LayerGraph
 from lynx.methods import available_methods, get_method

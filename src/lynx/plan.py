@@ -16,10 +16,10 @@ from lynx.checks import check_graph_matches, check_inputs, check_result
 from lynx.errors import LynxError, PlanFormatError
 from lynx.graph import LayerGraph
 from lynx.partition.base import Partition
+from lynx.paths import MAX_JSON_BYTES, read_text, write_text
 from lynx.policy.base import RecomputePolicy
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
 from lynx.simulate import SimResult, simulate
-from lynx.paths import MAX_JSON_BYTES, read_text, write_text
 from lynx.spec import (
     Hardware,
     ModelSpec,

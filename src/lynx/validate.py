@@ -208,8 +208,9 @@ def build(cls: type[T], data: Any, where: str, error: type[LynxError] = SpecErro
 
 def check_instance(obj: Any, where: str, error: type[LynxError] = SpecError) -> None:
     """Check a constructed dataclass's own field values (for objects built in code, not from files)."""
-    fields = _fields(type(obj))
-    hints = _hints(type(obj))
+    cls: type = type(obj)
+    fields = _fields(cls)
+    hints = _hints(cls)
     for name, f in fields.items():
         try:
             check_value(getattr(obj, name), hints.get(name, Any), field_range(f))

@@ -16,7 +16,7 @@ from lynx.graph import LayerGraph
 from lynx.paths import check_output
 from lynx.problem import PlanOptions, PlanProblem
 from lynx.spec import GiB, ParallelSpec, hardware_presets, load_hardware, load_model, model_presets
-from lynx.validate import NON_NEGATIVE, POSITIVE, Range, check_option
+from lynx.validate import POSITIVE, Range, check_option
 
 JSON_FORMATS = (".json",)
 PLOT_FORMATS = (".png", ".pdf", ".svg")

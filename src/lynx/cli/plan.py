@@ -9,10 +9,10 @@ import typer
 
 from lynx.cli import app
 from lynx.cli.common import (
-    DpOpt,
-    GbOpt,
     JSON_FORMATS,
     PLOT_FORMATS,
+    DpOpt,
+    GbOpt,
     HardwareOpt,
     JsonOpt,
     MbOpt,
