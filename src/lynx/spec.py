@@ -6,6 +6,7 @@ Presets are YAML under ``lynx/presets``; a user may point at their own YAML file
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -228,6 +229,11 @@ class _NoAliasLoader(yaml.SafeLoader):
             mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
             raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not allowed", mark)
         return super().compose_node(parent, index)
+
+
+# YAML 1.1 (PyYAML) reads `4.0e10` and `1e10` as strings; YAML 1.2 and every user mean numbers.
+_FLOAT_RE = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+_NoAliasLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_RE, list("-+0123456789"))
 
 
 def _read_yaml(path: Path | str, text: str) -> Mapping[str, Any]:

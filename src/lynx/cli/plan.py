@@ -23,6 +23,7 @@ from lynx.cli.common import (
     SpOpt,
     TpOpt,
     build_problem,
+    check_ints,
     check_outputs,
     console,
     err_console,
@@ -31,6 +32,7 @@ from lynx.cli.common import (
 from lynx.errors import SpecError
 from lynx.paths import atomic_path, write_text
 from lynx.spec import GiB
+from lynx.validate import POSITIVE
 
 EXIT_NONE_FITS = 3
 """`lynx plan --compare`: no method gives a plan that fits the budget (documented in README)."""
@@ -218,6 +220,7 @@ def graph_cmd(
     from lynx.spec import ParallelSpec, load_hardware, load_model, validate_layout
 
     check_outputs(**{"--out": (out, JSON_FORMATS)})
+    check_ints(**{"--tp": (tp, POSITIVE), "--micro-batch": (micro_batch, POSITIVE), "--seq-len": (seq_len, POSITIVE)})
     m, hw = load_model(model), load_hardware(hardware)
     par = ParallelSpec(tp=tp, sequence_parallel=sp, micro_batch_size=micro_batch, global_batch_size=micro_batch,
                        seq_length=seq_len)
