@@ -22,20 +22,26 @@ from lynx.validate import build, check_instance, rng
 GB = 1e9
 GiB = float(1 << 30)
 
+# Upper limits of what lynx plans in reasonable time (far above any published model): beyond them the
+# partitioner and the event simulator, which walk every layer and micro-batch, would run for minutes.
+MAX_LAYERS = 512
+MAX_STAGES = 128
+MAX_MICROBATCHES = 16384
+
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
     """A GPT-style decoder: `num_layers` identical transformer layers plus embeddings and LM head."""
 
     name: str
-    num_layers: int = field(metadata=rng(gt=0))
-    hidden_size: int = field(metadata=rng(gt=0))
-    num_attention_heads: int = field(metadata=rng(gt=0))
-    ffn_hidden_size: int = 0
+    num_layers: int = field(metadata=rng(gt=0, le=MAX_LAYERS))
+    hidden_size: int = field(metadata=rng(gt=0, le=1 << 20))
+    num_attention_heads: int = field(metadata=rng(gt=0, le=1 << 16))
+    ffn_hidden_size: int = field(default=0, metadata=rng(ge=0, le=1 << 24))
     """MLP inner width; 0 means 4 * hidden_size (GPT)."""
-    vocab_size: int = field(default=51200, metadata=rng(gt=0))
+    vocab_size: int = field(default=51200, metadata=rng(gt=0, le=1 << 27))
     """Megatron pads GPT-2's 50257 tokens to a multiple of 128 * TP; 51200 covers TP <= 8."""
-    max_position_embeddings: int = field(default=2048, metadata=rng(gt=0))
+    max_position_embeddings: int = field(default=2048, metadata=rng(gt=0, le=1 << 27))
     """The longest sequence the model takes (learned position embeddings); --seq-len may not exceed it."""
     dropout: bool = True
     """Dropout after attention probabilities and after each block (GPT-3 style); adds 1-byte masks."""
@@ -158,13 +164,13 @@ class Hardware:
 class ParallelSpec:
     """Parallel layout and batch shape, with Megatron's names."""
 
-    tp: int = field(default=1, metadata=rng(gt=0))
-    pp: int = field(default=1, metadata=rng(gt=0))
-    dp: int = field(default=1, metadata=rng(gt=0))
+    tp: int = field(default=1, metadata=rng(gt=0, le=1 << 16))
+    pp: int = field(default=1, metadata=rng(gt=0, le=MAX_STAGES))
+    dp: int = field(default=1, metadata=rng(gt=0, le=1 << 20))
     sequence_parallel: bool = False
-    micro_batch_size: int = field(default=1, metadata=rng(gt=0))
-    global_batch_size: int = field(default=1, metadata=rng(gt=0))
-    seq_length: int = field(default=1024, metadata=rng(gt=0))
+    micro_batch_size: int = field(default=1, metadata=rng(gt=0, le=1 << 20))
+    global_batch_size: int = field(default=1, metadata=rng(gt=0, le=1 << 30))
+    seq_length: int = field(default=1024, metadata=rng(gt=0, le=1 << 27))
 
     def __post_init__(self) -> None:
         check_instance(self, "parallel layout")
@@ -176,6 +182,9 @@ class ParallelSpec:
                 f"global batch {self.global_batch_size} is not divisible by micro-batch "
                 f"{self.micro_batch_size} x DP {self.dp}"
             )
+        if self.num_microbatches > MAX_MICROBATCHES:
+            raise SpecError(f"{self.num_microbatches} micro-batches per iteration (global batch / (micro-batch x "
+                            f"DP)); lynx simulates each one and plans at most {MAX_MICROBATCHES}")
         if self.sequence_parallel and self.seq_length % self.tp:
             raise SpecError(f"sequence parallelism needs seq_length {self.seq_length} divisible by TP {self.tp}")
 
