@@ -386,3 +386,18 @@ def test_unreachable_rendezvous_fails_with_one_line(files: Path) -> None:
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "could not join the process group" in lines[0] and "--timeout 3" in lines[0], lines
     assert f"127.0.0.1:{port}" in lines[0]
+
+
+def test_a_dying_local_rank_is_one_line_per_rank_and_exit_1(files: Path) -> None:
+    """TP 2 spawned locally, rank 1 vanishes mid-run: lynx's lines only (rank 0's, the launcher's), no
+    traceback, no torch log lines or C++ frames, exit 1 (a fault, not bad input)."""
+    pytest.importorskip("torch")
+    e = {**os.environ}
+    e.pop("LYNX_DEBUG", None)
+    r = subprocess.run([sys.executable, "-m", "lynx.runtime.train", "--plan", f"{files}/good.json", "--iters", "3",
+                        "--die-at", "1", "--die-rank", "1", "--timeout", "10", "--threads", "1", "--quiet"],
+                       capture_output=True, text=True, timeout=120, env=e)
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines and all(x.startswith(("lynx train: rank", "lynx: error: training failed")) for x in lines), lines
+    assert "exit code 17" in lines[-1]

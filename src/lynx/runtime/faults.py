@@ -28,6 +28,12 @@ class RuntimeArgError(LynxError):
     """A runtime argument that cannot work (checked before any process starts)."""
 
 
+class RankFailedError(LynxError):
+    """A local rank died or timed out (its own line is already on stderr): a fault, not bad input."""
+
+    exit_code = 1
+
+
 def debug() -> bool:
     return os.environ.get("LYNX_DEBUG", "") not in ("", "0", "false", "no")
 
@@ -38,6 +44,15 @@ def quiet_torch_logs() -> None:
     if not debug():
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
         os.environ.setdefault("TORCH_SHOW_CPP_STACKTRACES", "0")
+
+
+def quiet_spawn_logs() -> None:
+    """torch.multiprocessing.spawn logs a warning per surviving rank it terminates after one failed; the
+    failure itself is lynx's one line. Kept with --debug."""
+    if not debug():
+        import logging
+
+        logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
 
 
 def check_train_args(args: argparse.Namespace) -> None:

@@ -30,7 +30,13 @@ from lynx.plan import load_plan
 from lynx.policy.base import validate_layer_policy
 from lynx.runtime.check import predicted_activation_bytes, runtime_graph, train_step
 from lynx.runtime.engine import RecomputeEngine
-from lynx.runtime.faults import check_train_args, rank_failure, rendezvous_deadline
+from lynx.runtime.faults import (
+    RankFailedError,
+    check_train_args,
+    quiet_spawn_logs,
+    rank_failure,
+    rendezvous_deadline,
+)
 from lynx.runtime.layer import LayerConfig, op_names_for
 from lynx.runtime.model import GPTModel, synthetic_batch
 
@@ -246,10 +252,13 @@ def launch(args: argparse.Namespace) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    quiet_spawn_logs()
     try:
         mp.spawn(_rank_main, args=(cfg.tp, f"tcp://127.0.0.1:{port}", args), nprocs=cfg.tp, join=True)
     except Exception as e:
-        raise TrainError(f"training failed: {str(e).strip().splitlines()[0]}") from None
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        # A rank that raised: torch puts its traceback in the message; the last line is the error itself.
+        raise RankFailedError(f"training failed: {lines[-1] if 'following error' in lines[0] else lines[0]}") from None
 
 
 def main(argv: list[str] | None = None) -> None:
