@@ -222,3 +222,5 @@ class LayerGraph:
             return LayerGraph.from_dict(json.loads(text))
         except json.JSONDecodeError as e:
             raise PlanFormatError(f"graph: not JSON ({e.msg} at line {e.lineno})") from None
+        except RecursionError:
+            raise PlanFormatError("graph: nested too deeply; not a layer graph") from None

@@ -134,6 +134,8 @@ def load_plan(path: str | Path) -> tuple[PlanProblem, PlanResult]:
         d = json.loads(text)
     except json.JSONDecodeError as e:
         raise PlanFormatError(f"{path}: not a JSON plan ({e})") from None
+    except RecursionError:
+        raise PlanFormatError(f"{path}: nested too deeply; not a JSON plan") from None
     if not isinstance(d, dict):
         raise PlanFormatError(f"{path}: not a JSON plan object")
     return plan_from_dict(d, f"{path}")

@@ -253,6 +253,8 @@ def _read_yaml(path: Path | str, text: str) -> Mapping[str, Any]:
         pos = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         why = getattr(e, "problem", None)
         raise SpecError(f"{path}: malformed YAML{pos}{': ' + why if why else ''}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: nested too deeply; not a spec file") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping of fields at the top level")
     return data

@@ -80,6 +80,8 @@ FILES: dict[str, str | bytes] = {
                                          "intra_node: {bandwidth_Bps: 1.5e11, latency_s: .nan}"),
     "hw_str_devices.yaml": HW_OK.replace("devices_per_node: 8", "devices_per_node: eight"),
     "empty.txt": "",
+    "deep.yaml": "name: " + "[" * 50000 + "]" * 50000 + "\n",
+    "deep.json": "[" * 50000 + "]" * 50000,
     "exists.json": SENTINEL,
     "exists.png": SENTINEL,
     "g.txt": SENTINEL,
@@ -185,6 +187,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("yaml-huge", ["plan", "-m", "{f}/huge.yaml"], 2, "MiB"),
     ("yaml-malformed", ["plan", "-m", "{f}/malformed.yaml"], 2, "malformed YAML"),
     ("yaml-list", ["plan", "-m", "{f}/list.yaml"], 2, "mapping"),
+    ("yaml-deep", ["plan", "-m", "{f}/deep.yaml"], 2, "nested too deeply"),
     ("yaml-dir", ["plan", "-m", "{f}/adir.yaml"], 2, "adir.yaml"),
     ("yaml-missing-file", ["plan", "-m", "{f}/nope.yaml"], 2, "no such model"),
     ("yaml-dev-zero", ["plan", "-m", "/dev/zero"], 2, "/dev/zero"),
@@ -201,6 +204,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("simulate-nan-says-field", ["simulate", "{f}/nan_mem.json"], 2, "memory_bytes"),
     ("simulate-partition-says-field", ["simulate", "{f}/short_partition.json"], 2, "partition"),
     ("simulate-not-json", ["simulate", "{f}/notjson.json"], 2, "not a JSON plan"),
+    ("simulate-deep-json", ["simulate", "{f}/deep.json"], 2, "nested too deeply"),
     ("simulate-missing", ["simulate", "{f}/nope.json"], 2, "no such plan"),
     ("simulate-binary", ["simulate", "{f}/binary.yaml"], 2, "binary"),
     # output paths, checked before any work
@@ -220,6 +224,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     # lynx solve
     ("solve-nan-op", [*SOLVE[:2], "{f}/graph_nan.json", *SOLVE[3:]], 2, "fwd_time"),
     ("solve-graph-list", [*SOLVE[:2], "{f}/graph_list.json", *SOLVE[3:]], 2, "graph_list.json"),
+    ("solve-graph-deep", [*SOLVE[:2], "{f}/deep.json", *SOLVE[3:]], 2, "nested too deeply"),
     ("solve-budget-nan", [*SOLVE[:-1], "nan"], 2, "--budget-gb"),
     ("solve-time-limit", [*SOLVE, "--time-limit", "-1"], 2, "--time-limit"),
     ("solve-layers-zero", [*SOLVE[:3], "--layers", "0", *SOLVE[5:]], 2, "--layers"),

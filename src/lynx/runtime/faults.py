@@ -15,6 +15,7 @@ import threading
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from lynx.errors import LynxError
 from lynx.paths import check_output
@@ -53,6 +54,18 @@ def quiet_spawn_logs() -> None:
         import logging
 
         logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+
+
+def stop_ranks(processes: list[Any], grace_s: float = 5.0) -> None:
+    """Terminate local rank processes still running (SIGTERM, then SIGKILL after `grace_s`)."""
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    for p in processes:
+        p.join(grace_s)
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 def check_train_args(args: argparse.Namespace) -> None:

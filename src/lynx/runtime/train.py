@@ -34,6 +34,7 @@ from lynx.runtime.faults import (
     RankFailedError,
     check_train_args,
     quiet_spawn_logs,
+    stop_ranks,
     rank_failure,
     rendezvous_deadline,
 )
@@ -202,7 +203,10 @@ def _rank_main(rank: int, world: int, init_method: str, args: argparse.Namespace
             os._exit(0)
     except LynxError:
         raise
-    except KeyboardInterrupt:  # Ctrl-C reaches every local rank: leave quietly, the launcher reports it
+    except KeyboardInterrupt:
+        if world == 1:
+            raise  # this is the lynx process: `lynx: interrupted`, exit 130
+        print(f"lynx train: rank {rank}/{world} interrupted", file=sys.stderr, flush=True)
         os._exit(130)
     except Exception as e:  # a dead peer, a cut link, a timeout: one line, the rank and the cause
         print(rank_failure(e, rank, world, phase, args.timeout), file=sys.stderr, flush=True)
@@ -253,8 +257,14 @@ def launch(args: argparse.Namespace) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     quiet_spawn_logs()
+    ranks = mp.start_processes(_rank_main, args=(cfg.tp, f"tcp://127.0.0.1:{port}", args), nprocs=cfg.tp,
+                               join=False, start_method="spawn")
     try:
-        mp.spawn(_rank_main, args=(cfg.tp, f"tcp://127.0.0.1:{port}", args), nprocs=cfg.tp, join=True)
+        while not ranks.join():
+            pass
+    except KeyboardInterrupt:  # interrupted: stop the ranks too (a signal to lynx alone does not reach them)
+        stop_ranks(ranks.processes)
+        raise
     except Exception as e:
         lines = str(e).strip().splitlines() or [type(e).__name__]
         # A rank that raised: torch puts its traceback in the message; the last line is the error itself.
