@@ -34,9 +34,9 @@ from lynx.runtime.faults import (
     RankFailedError,
     check_train_args,
     quiet_spawn_logs,
-    stop_ranks,
     rank_failure,
     rendezvous_deadline,
+    stop_ranks,
 )
 from lynx.runtime.layer import LayerConfig, op_names_for
 from lynx.runtime.model import GPTModel, synthetic_batch
