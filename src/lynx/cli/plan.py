@@ -151,6 +151,9 @@ def plan_cmd(
         if none_fits:
             err_console.print(f"lynx: no method fits the memory budget ({problem.budget_bytes / GiB:.2f} GiB per "
                               f"device); exit code {EXIT_NONE_FITS}")
+        if plan is None and (out is not None or gantt is not None or memory_png is not None):
+            err_console.print(f"lynx: method {method} gave no plan, so no file was written (--method picks "
+                              "the plan that --out, --gantt and --memory-png write)")
         if plan is not None and (gantt is not None or memory_png is not None):
             plan = Plan.evaluate(plan.problem, plan.result)  # with the timeline the plots need
     else:
