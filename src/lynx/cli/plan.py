@@ -150,10 +150,9 @@ def plan_cmd(
         none_fits = not any(r.plan is not None and not r.plan.sim.oom for r in rows)
         if none_fits:
             err_console.print(f"lynx: no method fits the memory budget ({problem.budget_bytes / GiB:.2f} GiB per "
-                              f"device); exit code {EXIT_NONE_FITS}")
+                              f"device); exit code {EXIT_NONE_FITS}", soft_wrap=True)
         if plan is None and (out is not None or gantt is not None or memory_png is not None):
-            err_console.print(f"lynx: method {method} gave no plan, so no file was written (--method picks "
-                              "the plan that --out, --gantt and --memory-png write)")
+            err_console.print(f"lynx: method {method} gave no plan; no file written", soft_wrap=True)
         if plan is not None and (gantt is not None or memory_png is not None):
             plan = Plan.evaluate(plan.problem, plan.result)  # with the timeline the plots need
     else:
