@@ -102,6 +102,15 @@ def _is_interrupt(e: BaseException) -> bool:
     return False
 
 
+def _quiet_stdout() -> None:
+    """Stdout is broken or full: point it at /dev/null so the interpreter's final flush stays silent."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def _interrupted() -> None:
     typer.echo("lynx: interrupted", err=True)
     sys.exit(EXIT_INTERRUPTED)
@@ -136,6 +145,14 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit:
         raise
     except BrokenPipeError:  # `lynx ... | head`: the reader left; nothing to report
+        _quiet_stdout()
+        sys.exit(EXIT_BUG)
+    except OSError as e:  # the environment, not lynx: a full disk, a closed terminal
+        if debug:
+            traceback.print_exc()
+        where = f" ({e.filename})" if e.filename else ""
+        typer.echo(f"lynx: error: input/output failed{where}: {e.strerror or e}", err=True)
+        _quiet_stdout()
         sys.exit(EXIT_BUG)
     except Exception as e:
         if debug:
