@@ -77,7 +77,7 @@ def profile_cmd(
 
     check_ints(**{"--hidden": (hidden, POSITIVE), "--heads": (heads, POSITIVE), "--ffn": (ffn, POSITIVE),
                   "--micro-batch": (micro_batch, POSITIVE), "--seq-len": (seq_len, POSITIVE), "--tp": (tp, POSITIVE),
-                  "--warmup": (warmup, NON_NEGATIVE), "--repeats": (repeats, POSITIVE),
+                  "--warmup": (warmup, Range(ge=0, le=10_000)), "--repeats": (repeats, Range(gt=0, le=10_000)),
                   "--threads": (threads, NON_NEGATIVE)})
     check_floats(**{"--timeout": (timeout, Range(gt=0, le=86400))})
     if store:
