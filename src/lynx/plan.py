@@ -21,11 +21,11 @@ from lynx.policy.base import RecomputePolicy
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
 from lynx.simulate import SimResult, simulate
 from lynx.spec import (
-    Hardware,
-    ModelSpec,
-    ParallelSpec,
+    hardware_from_dict,
     hardware_to_dict,
+    model_from_dict,
     model_to_dict,
+    parallel_from_dict,
     parallel_to_dict,
 )
 from lynx.validate import NON_NEGATIVE, build, check_field
@@ -106,9 +106,10 @@ def plan_from_dict(d: Mapping[str, Any], where: str = "plan") -> tuple[PlanProbl
             f"{where}: schema_version {d.get('schema_version')!r}, this lynx reads {PLAN_SCHEMA_VERSION}"
         )
     try:
-        model = build(ModelSpec, d["model"], f"{where}: model", PlanFormatError)
-        hardware = build(Hardware, d["hardware"], f"{where}: hardware", PlanFormatError)
-        parallel = build(ParallelSpec, d["parallel"], f"{where}: parallel", PlanFormatError)
+        # The spec loaders (which may add defaults, e.g. a model family's) with this file's name in messages.
+        model = model_from_dict(d["model"], f"{where}: model")
+        hardware = hardware_from_dict(d["hardware"], f"{where}: hardware")
+        parallel = parallel_from_dict(d["parallel"], f"{where}: parallel")
         options = build(PlanOptions, d.get("options", {}), f"{where}: options", PlanFormatError)
         check_inputs(model, hardware, parallel, options)
         graph = LayerGraph.from_dict(d["graph"])

@@ -314,13 +314,13 @@ def parallel_to_dict(p: ParallelSpec) -> dict[str, Any]:
     return dataclasses.asdict(p)
 
 
-def model_from_dict(d: Mapping[str, Any]) -> ModelSpec:
-    return build(ModelSpec, d, "plan: model")
+def model_from_dict(d: Mapping[str, Any], where: str = "plan: model") -> ModelSpec:
+    return build(ModelSpec, d, where)
 
 
-def hardware_from_dict(d: Mapping[str, Any]) -> Hardware:
-    return build(Hardware, d, "plan: hardware")
+def hardware_from_dict(d: Mapping[str, Any], where: str = "plan: hardware") -> Hardware:
+    return build(Hardware, d, where)
 
 
-def parallel_from_dict(d: Mapping[str, Any]) -> ParallelSpec:
-    return build(ParallelSpec, d, "plan: parallel")
+def parallel_from_dict(d: Mapping[str, Any], where: str = "plan: parallel") -> ParallelSpec:
+    return build(ParallelSpec, d, where)
