@@ -126,6 +126,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     g = json.loads(graph.read_text())
     (root / "graph_nan.json").write_text(json.dumps(_tamper(g, ["ops", 2, "fwd_time"], math.nan)))
     (root / "graph_list.json").write_text("[1, 2]")
+    (root / "graph_neg_input.json").write_text(json.dumps(_tamper(g, ["input_bytes"], -1.0)))
     return root
 
 
@@ -219,6 +220,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     # lynx solve
     ("solve-nan-op", [*SOLVE[:2], "{f}/graph_nan.json", *SOLVE[3:]], 2, "fwd_time"),
     ("solve-graph-list", [*SOLVE[:2], "{f}/graph_list.json", *SOLVE[3:]], 2, "graph_list.json"),
+    ("solve-neg-input-bytes", [*SOLVE[:2], "{f}/graph_neg_input.json", *SOLVE[3:]], 2, "input_bytes"),
     ("solve-graph-deep", [*SOLVE[:2], "{f}/deep.json", *SOLVE[3:]], 2, "nested too deeply"),
     ("solve-budget-nan", [*SOLVE[:-1], "nan"], 2, "--budget-gb"),
     ("solve-time-limit", [*SOLVE, "--time-limit", "-1"], 2, "--time-limit"),
