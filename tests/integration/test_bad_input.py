@@ -296,6 +296,7 @@ def test_internal_error_is_one_line_and_debug_shows_traceback(monkeypatch: pytes
         raise ZeroDivisionError("division by zero")
 
     monkeypatch.setattr(lynx.api, "plan", boom)
+    monkeypatch.setenv("LYNX_DEBUG", "0")  # `--debug` below sets it for the process; restored afterwards
     code, _, err = run_main([*P], capsys)
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "internal error" in err and "ZeroDivisionError" in err and "report" in err and "--debug" in err
