@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     if debug:
         os.environ["LYNX_DEBUG"] = "1"  # read by the runtime's ranks (torch's C++ logs, tracebacks)
     click_error = _library_exception("ClickException")
-    abort = _library_exception("Abort")
+    abort: type[BaseException] = getattr(typer, "Abort", None) or _library_exception("Abort")
     try:
         _load_optional()
         rv = app(args=args, prog_name="lynx", standalone_mode=False)
