@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from lynx.errors import PlanFormatError
+from lynx.validate import build, check_field
 
 LAYER_INPUT = "input"
 GRAPH_SCHEMA_VERSION = 1
@@ -204,22 +205,22 @@ class LayerGraph:
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> LayerGraph:
+        if not isinstance(d, Mapping):
+            raise PlanFormatError(f"graph: expected a JSON object, got {type(d).__name__}")
         try:
             if d.get("schema_version") != GRAPH_SCHEMA_VERSION:
                 raise PlanFormatError(
                     f"graph: schema_version {d.get('schema_version')!r}, expected {GRAPH_SCHEMA_VERSION}"
                 )
             ops = []
-            for od in d["ops"]:
-                od = dict(od)
-                od["inputs"] = tuple(od["inputs"])
-                od["saved"] = tuple(od.get("saved", ()))
-                if "module" not in od:  # graphs stored before ops carried it are GPT graphs
+            for i, od in enumerate(d["ops"]):
+                if isinstance(od, Mapping) and "module" not in od:  # graphs stored before ops carried it are GPT
                     from lynx.families.gpt import MODULE_OF
 
-                    od["module"] = MODULE_OF.get(str(od.get("name")), "")
-                ops.append(Op(**od))
-            return LayerGraph(tuple(ops), float(d["input_bytes"]), GraphMeta(**d.get("meta", {})))
+                    od = {**od, "module": MODULE_OF.get(str(od.get("name")), "")}
+                ops.append(build(Op, od, f"graph: ops[{i}]", PlanFormatError))
+            return LayerGraph(tuple(ops), check_field(d["input_bytes"], float, "graph: input_bytes"),
+                              build(GraphMeta, d.get("meta", {}), "graph: meta", PlanFormatError))
         except (KeyError, TypeError) as e:
             raise PlanFormatError(f"graph: missing or malformed field ({e})") from None
 
@@ -232,3 +233,5 @@ class LayerGraph:
             return LayerGraph.from_dict(json.loads(text))
         except json.JSONDecodeError as e:
             raise PlanFormatError(f"graph: not JSON ({e.msg} at line {e.lineno})") from None
+        except RecursionError:
+            raise PlanFormatError("graph: nested too deeply; not a layer graph") from None

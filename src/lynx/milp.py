@@ -161,13 +161,17 @@ def _solve_highs(m: Milp, time_limit_s: float, mip_gap: float,
     ms = h.getModelStatus()
     info = h.getInfo()
     status_text = h.modelStatusToString(ms).lower()
+    if ms == getattr(highspy.HighsModelStatus, "kInterrupt", None) or "interrupt" in status_text:
+        # HiGHS stopped on Ctrl-C (we never ask it to interrupt itself): the user's interrupt, never a
+        # time-limit result that a caller could mistake for a plan.
+        raise KeyboardInterrupt
     has_primal = info.primal_solution_status == 2  # kSolutionStatusFeasible
     status: MilpStatus
     if ms == highspy.HighsModelStatus.kOptimal:
         status = "optimal"
     elif ms == highspy.HighsModelStatus.kInfeasible:
         status = "infeasible"
-    elif "time limit" in status_text or "interrupt" in status_text:
+    elif "time limit" in status_text:
         status = "time_limit" if has_primal else "no_solution"
     else:
         status = "time_limit" if has_primal else "error"

@@ -12,9 +12,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lynx.errors import PlanFormatError
+from lynx.checks import check_graph_matches, check_inputs, check_result
+from lynx.errors import LynxError, PlanFormatError
 from lynx.graph import LayerGraph
 from lynx.partition.base import Partition
+from lynx.paths import MAX_JSON_BYTES, read_text, write_text
 from lynx.policy.base import RecomputePolicy
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
 from lynx.schedule import Schedule
@@ -27,6 +29,7 @@ from lynx.spec import (
     parallel_from_dict,
     parallel_to_dict,
 )
+from lynx.validate import NON_NEGATIVE, build, check_field
 
 PLAN_SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -123,48 +126,53 @@ class Plan:
         return json.dumps(self.to_dict(), indent=2)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json())
+        write_text(path, self.to_json(), "plan")
 
 
-def plan_from_dict(d: Mapping[str, Any]) -> tuple[PlanProblem, PlanResult]:
-    """Read a plan back (the prediction is recomputed by whoever needs it, never trusted)."""
+def plan_from_dict(d: Mapping[str, Any], where: str = "plan") -> tuple[PlanProblem, PlanResult]:
+    """Read a plan back and validate it exactly as `lynx plan` validates its inputs (the prediction is
+    recomputed by whoever needs it, never trusted)."""
     if d.get("schema_version") not in READABLE_VERSIONS:
         raise PlanFormatError(
-            f"plan: schema_version {d.get('schema_version')!r}, this lynx reads "
+            f"{where}: schema_version {d.get('schema_version')!r}, this lynx reads "
             + " and ".join(map(str, READABLE_VERSIONS))
         )
     try:
-        opts = dict(d.get("options", {}))
-        if opts.get("layers_per_stage") is not None:
-            opts["layers_per_stage"] = tuple(opts["layers_per_stage"])
-        problem = PlanProblem(
-            model=model_from_dict(d["model"]),
-            hardware=hardware_from_dict(d["hardware"]),
-            parallel=parallel_from_dict(d["parallel"]),
-            graph=LayerGraph.from_dict(d["graph"]),
-            options=PlanOptions(**opts),
-        )
-        part = Partition(tuple(d["partition"]["layers_per_stage"]), d["partition"].get("method", "explicit"),
-                         tuple(d["partition"].get("chunks", ())))
+        # The spec loaders (which may add defaults, e.g. a model family's) with this file's name in messages.
+        model = model_from_dict(d["model"], f"{where}: model")
+        hardware = hardware_from_dict(d["hardware"], f"{where}: hardware")
+        parallel = parallel_from_dict(d["parallel"], f"{where}: parallel")
+        options = build(PlanOptions, d.get("options", {}), f"{where}: options", PlanFormatError)
+        check_inputs(model, hardware, parallel, options)
+        graph = LayerGraph.from_dict(d["graph"])
+        check_graph_matches(graph, model, parallel)
+        problem = PlanProblem(model=model, hardware=hardware, parallel=parallel, graph=graph, options=options)
+        part_d = d["partition"]
+        lps = check_field(part_d.get("layers_per_stage"), tuple[int, ...], f"{where}: partition.layers_per_stage")
+        chunks = check_field(part_d.get("chunks", ()), tuple[int, ...], f"{where}: partition.chunks")
+        part = Partition(lps, str(part_d.get("method", "explicit")), chunks)
         if part.num_chunks != problem.options.vpp:
-            raise PlanFormatError(f"plan: partition has {part.num_chunks} chunks per stage, options.vpp "
+            raise PlanFormatError(f"{where}: partition has {part.num_chunks} chunks per stage, options.vpp "
                                   f"{problem.options.vpp}")
         pols = tuple(RecomputePolicy.from_dict(s) for s in d["stages"])
-        result = PlanResult(str(d["method"]), part, pols, tuple(d.get("notes", ())),
-                            float(d.get("search_time_s", 0.0)))
-    except (KeyError, TypeError) as e:
-        raise PlanFormatError(f"plan: missing or malformed field ({e})") from None
+        search_s = check_field(d.get("search_time_s", 0.0), float, f"{where}: search_time_s", NON_NEGATIVE)
+        result = PlanResult(str(d["method"]), part, pols, tuple(map(str, d.get("notes", ()))), search_s)
+        check_result(problem, result, where)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise PlanFormatError(f"{where}: missing or malformed field ({e})") from None
+    except LynxError as e:  # layout, graph and policy checks: name the file
+        raise PlanFormatError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
     return problem, result
 
 
 def load_plan(path: str | Path) -> tuple[PlanProblem, PlanResult]:
-    p = Path(path)
-    if not p.is_file():
-        raise PlanFormatError(f"{path}: no such plan file")
+    text = read_text(path, "plan", MAX_JSON_BYTES, PlanFormatError)
     try:
-        d = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
         raise PlanFormatError(f"{path}: not a JSON plan ({e})") from None
+    except RecursionError:
+        raise PlanFormatError(f"{path}: nested too deeply; not a JSON plan") from None
     if not isinstance(d, dict):
         raise PlanFormatError(f"{path}: not a JSON plan object")
-    return plan_from_dict(d)
+    return plan_from_dict(d, f"{path}")

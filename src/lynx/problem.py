@@ -17,19 +17,20 @@ from lynx.policy.base import RecomputePolicy, StageContext
 from lynx.schedule import Schedule, ScheduleFacts, derive_facts, make_schedule
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
 from lynx.static_memory import PrecisionName, Recipe, recipe_for
+from lynx.validate import rng
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlanOptions:
     """Knobs that every method sees. Method-specific options live with the method."""
 
-    bytes_per_param: float | None = None
+    bytes_per_param: float | None = field(default=None, metadata=rng(gt=0))
     """Override of the precision recipe's static bytes per parameter (the old --bytes-per-param)."""
     precision: PrecisionName = "paper"
     """Static-memory recipe (`lynx.static_memory`): paper 16 B, megatron-bf16 18 B, megatron-fp16 20 B, fp32 16 B."""
     distributed_optimizer: bool = False
     """Shard fp32 main weights and optimizer state over DP (Megatron --use-distributed-optimizer)."""
-    budget_bytes: float | None = None
+    budget_bytes: float | None = field(default=None, metadata=rng(gt=0))
     """Usable memory per device; None means the device's capacity minus its reserve."""
     subtract_wgrad: bool = True
     """Backward windows offer comm - wgrad only (Megatron overlaps the wgrad GEMM already)."""
@@ -42,10 +43,10 @@ class PlanOptions:
     """Add the data-parallel gradient all-reduce and the optimizer step to the iteration."""
     include_edges: bool = True
     """Charge the first stage's embedding and the last stage's LM head and loss (off: layers only)."""
-    time_limit_s: float = 30.0
+    time_limit_s: float = field(default=30.0, metadata=rng(gt=0))
     """Per solver call, for the MILP methods."""
-    nodes: int | None = None
-    layers_per_stage: tuple[int, ...] | None = None
+    nodes: int | None = field(default=None, metadata=rng(gt=0))
+    layers_per_stage: tuple[int, ...] | None = field(default=None, metadata=rng(gt=0))
     """A user's explicit partition (--layers-per-stage); methods that do not partition use it."""
     vpp: int = 1
     """Model chunks per rank: 1 is 1F1B, more is Megatron's interleaved 1F1B (--vpp)."""

@@ -6,21 +6,28 @@ Presets are YAML under ``lynx/presets``; a user may point at their own YAML file
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
+from typing import Any, Literal, get_args
 
 import yaml
 
 from lynx.errors import SpecError
-
-if TYPE_CHECKING:
-    from lynx.topology import Topology
+from lynx.paths import read_text
+from lynx.topology import Topology
+from lynx.validate import build, check_instance, rng
 
 GB = 1e9
 GiB = float(1 << 30)
+
+# Upper limits of what lynx plans in reasonable time (far above any published model): beyond them the
+# partitioner and the event simulator, which walk every layer and micro-batch, would run for minutes.
+MAX_LAYERS = 512
+MAX_STAGES = 128
+MAX_MICROBATCHES = 16384
 
 
 Activation = Literal["gelu", "swiglu"]
@@ -36,14 +43,15 @@ class ModelSpec:
     defaults for the fields it leaves out (`load_model`)."""
 
     name: str
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    ffn_hidden_size: int = 0
+    num_layers: int = field(metadata=rng(gt=0, le=MAX_LAYERS))
+    hidden_size: int = field(metadata=rng(gt=0, le=1 << 20))
+    num_attention_heads: int = field(metadata=rng(gt=0, le=1 << 16))
+    ffn_hidden_size: int = field(default=0, metadata=rng(ge=0, le=1 << 24))
     """MLP inner width; 0 means 4 * hidden_size (GPT)."""
-    vocab_size: int = 51200
+    vocab_size: int = field(default=51200, metadata=rng(gt=0, le=1 << 27))
     """Megatron pads GPT-2's 50257 tokens to a multiple of 128 * TP; 51200 covers TP <= 8."""
-    max_position_embeddings: int = 2048
+    max_position_embeddings: int = field(default=2048, metadata=rng(gt=0, le=1 << 27))
+    """The longest sequence the model takes (learned position embeddings); --seq-len may not exceed it."""
     dropout: bool = True
     """Dropout after attention probabilities and after each block (GPT-3 style); adds 1-byte masks."""
     family: str = "gpt"
@@ -65,6 +73,7 @@ class ModelSpec:
     """Dropout rate on the attention probabilities (used when `dropout` is on)."""
 
     def __post_init__(self) -> None:
+        check_instance(self, f"model {self.name!r}")
         if self.ffn_hidden_size == 0:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
         if self.num_query_groups == 0:
@@ -118,16 +127,17 @@ class ModelSpec:
 class LinkSpec:
     """One kind of link, for an alpha-beta model: time = latency + bytes / (bandwidth * efficiency)."""
 
-    bandwidth_Bps: float
+    bandwidth_Bps: float = field(metadata=rng(gt=0))
     """Unidirectional bandwidth per device in bytes/s."""
     latency_s: float
-    efficiency: float = 0.8
+    efficiency: float = field(default=0.8, metadata=rng(gt=0, le=1))
     """Fraction of the link bandwidth a large NCCL all-reduce reaches (bus bandwidth / link bandwidth)."""
-    gather_efficiency: float | None = None
+    gather_efficiency: float | None = field(default=None, metadata=rng(gt=0, le=1))
     """The same for all-gather and reduce-scatter (NCCL rings without the reduction's extra pass); None:
     the all-reduce figure."""
 
     def __post_init__(self) -> None:
+        check_instance(self, "link")
         if self.bandwidth_Bps <= 0 or self.latency_s < 0 or not 0 < self.efficiency <= 1:
             raise SpecError("link: bandwidth must be > 0, latency >= 0, 0 < efficiency <= 1")
         if self.gather_efficiency is not None and not 0 < self.gather_efficiency <= 1:
@@ -148,20 +158,22 @@ class DeviceSpec:
     """One accelerator."""
 
     name: str
-    memory_bytes: float
-    peak_flops: float
+    memory_bytes: float = field(metadata=rng(gt=0))
+    peak_flops: float = field(metadata=rng(gt=0))
     """Dense 16-bit tensor-core peak, FLOP/s."""
-    memory_bandwidth_Bps: float
-    matmul_efficiency: float = 0.75
+    memory_bandwidth_Bps: float = field(metadata=rng(gt=0))
+    matmul_efficiency: float = field(default=0.75, metadata=rng(gt=0, le=1))
     """Fraction of peak that large GEMMs reach (documented in docs/costmodel.md)."""
-    memory_efficiency: float = 0.7
+    memory_efficiency: float = field(default=0.7, metadata=rng(gt=0, le=1))
     """Fraction of HBM bandwidth that elementwise / softmax / layernorm kernels reach."""
     reserved_bytes: float = 2.0 * GiB
     """Memory the budget leaves out: CUDA context, NCCL buffers, allocator fragmentation."""
 
     def __post_init__(self) -> None:
+        check_instance(self, f"device {self.name!r}")
         if self.memory_bytes <= self.reserved_bytes:
-            raise SpecError(f"device {self.name!r}: memory must exceed the reserve")
+            raise SpecError(f"device {self.name!r}: memory_bytes {self.memory_bytes:g} must exceed "
+                            f"reserved_bytes {self.reserved_bytes:g}")
         if self.peak_flops <= 0 or self.memory_bandwidth_Bps <= 0:
             raise SpecError(f"device {self.name!r}: peak_flops and memory bandwidth must be positive")
         if not (0 < self.matmul_efficiency <= 1 and 0 < self.memory_efficiency <= 1):
@@ -178,19 +190,20 @@ class Hardware:
 
     name: str
     device: DeviceSpec
-    devices_per_node: int
+    devices_per_node: int = field(metadata=rng(gt=0))
     intra_node: LinkSpec
     inter_node: LinkSpec
     intra_group_size: int = 0
     """Devices that share the fast intra-node link (e.g. a 4-NPU board); 0 means the whole node."""
     inter_group: LinkSpec | None = None
     """Link between such groups inside one node; None means `inter_node`."""
-    max_nodes: int = 4
+    max_nodes: int = field(default=4, metadata=rng(gt=0))
     topology: Topology | None = None
     """Per-pair links inside a node (boards without NVSwitch, PCIe switches, sockets); None: `intra_node`
     (and `inter_group` between boards of `intra_group_size`) for every group inside a node."""
 
     def __post_init__(self) -> None:
+        check_instance(self, f"hardware {self.name!r}")
         if self.devices_per_node <= 0:
             raise SpecError(f"hardware {self.name!r}: devices_per_node must be positive")
         if self.intra_group_size == 0:
@@ -260,15 +273,16 @@ class Hardware:
 class ParallelSpec:
     """Parallel layout and batch shape, with Megatron's names."""
 
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
+    tp: int = field(default=1, metadata=rng(gt=0, le=1 << 16))
+    pp: int = field(default=1, metadata=rng(gt=0, le=MAX_STAGES))
+    dp: int = field(default=1, metadata=rng(gt=0, le=1 << 20))
     sequence_parallel: bool = False
-    micro_batch_size: int = 1
-    global_batch_size: int = 1
-    seq_length: int = 1024
+    micro_batch_size: int = field(default=1, metadata=rng(gt=0, le=1 << 20))
+    global_batch_size: int = field(default=1, metadata=rng(gt=0, le=1 << 30))
+    seq_length: int = field(default=1024, metadata=rng(gt=0, le=1 << 27))
 
     def __post_init__(self) -> None:
+        check_instance(self, "parallel layout")
         for f in ("tp", "pp", "dp", "micro_batch_size", "global_batch_size", "seq_length"):
             if getattr(self, f) <= 0:
                 raise SpecError(f"{f} must be a positive integer, got {getattr(self, f)}")
@@ -277,6 +291,9 @@ class ParallelSpec:
                 f"global batch {self.global_batch_size} is not divisible by micro-batch "
                 f"{self.micro_batch_size} x DP {self.dp}"
             )
+        if self.num_microbatches > MAX_MICROBATCHES:
+            raise SpecError(f"{self.num_microbatches} micro-batches per iteration (global batch / (micro-batch x "
+                            f"DP)); lynx simulates each one and plans at most {MAX_MICROBATCHES}")
         if self.sequence_parallel and self.seq_length % self.tp:
             raise SpecError(f"sequence parallelism needs seq_length {self.seq_length} divisible by TP {self.tp}")
 
@@ -294,6 +311,9 @@ def validate_layout(model: ModelSpec, hw: Hardware, par: ParallelSpec, nodes: in
     from lynx.families import get_family
 
     get_family(model.family).check_layout(model, par.tp)
+    if par.seq_length > model.max_position_embeddings:
+        raise SpecError(f"{model.name}: --seq-len {par.seq_length} exceeds the model's max_position_embeddings "
+                        f"{model.max_position_embeddings}; valid: 1 to {model.max_position_embeddings}")
     if model.num_layers < par.pp:
         raise SpecError(f"{model.name}: {model.num_layers} layers cannot fill {par.pp} pipeline stages")
     cap = hw.max_nodes if nodes is None else nodes
@@ -315,27 +335,32 @@ def validate_layout(model: ModelSpec, hw: Hardware, par: ParallelSpec, nodes: in
 # Loading presets and user YAML
 # ---------------------------------------------------------------------------------------------------
 
-T = TypeVar("T")
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML without aliases: spec files never need them, and a few hundred bytes of nested aliases
+    (a "billion laughs" file) would otherwise expand into gigabytes."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not allowed", mark)
+        return super().compose_node(parent, index)
 
 
-def _build(cls: type[T], data: Mapping[str, Any], where: str) -> T:
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise SpecError(f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(fields)}")
-    try:
-        return cls(**data)
-    except TypeError as e:
-        raise SpecError(f"{where}: {e}") from None
+# YAML 1.1 (PyYAML) reads `4.0e10` and `1e10` as strings; YAML 1.2 and every user mean numbers.
+_FLOAT_RE = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+_NoAliasLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_RE, list("-+0123456789"))
 
 
 def _read_yaml(path: Path | str, text: str) -> Mapping[str, Any]:
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         pos = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        raise SpecError(f"{path}: malformed YAML{pos}") from None
+        why = getattr(e, "problem", None)
+        raise SpecError(f"{path}: malformed YAML{pos}{': ' + why if why else ''}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: nested too deeply; not a spec file") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping of fields at the top level")
     return data
@@ -348,13 +373,12 @@ def _preset_names(kind: str) -> list[str]:
 
 def _load(kind: str, name_or_path: str) -> tuple[str, Mapping[str, Any]]:
     p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or p.exists():
-        if not p.is_file():
-            raise SpecError(f"{name_or_path}: no such {kind[:-1]} file")
-        return str(p), _read_yaml(p, p.read_text())
+    what = {"models": "model", "hardware": "hardware"}.get(kind, kind)
+    if p.suffix in (".yaml", ".yml") or p.exists() or "/" in name_or_path:
+        return str(p), _read_yaml(p, read_text(p, f"{what} YAML"))
     names = _preset_names(kind)
     if name_or_path not in names:
-        raise SpecError(f"unknown {kind[:-1]} preset {name_or_path!r}; known: {', '.join(names)}")
+        raise SpecError(f"unknown {what} preset {name_or_path!r}; known: {', '.join(names)} (or a YAML file)")
     res = resources.files("lynx") / "presets" / kind / f"{name_or_path}.yaml"
     return f"preset {name_or_path}", _read_yaml(name_or_path, res.read_text())
 
@@ -364,6 +388,8 @@ def _with_family_defaults(data: Mapping[str, Any], where: str) -> dict[str, Any]
     RMSNorm, RoPE, untied embeddings, flash attention, no dropout)."""
     from lynx.families import get_family
 
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{where}: expected a mapping of fields, got {type(data).__name__}")
     fam = data.get("family", "gpt")
     if not isinstance(fam, str):
         raise SpecError(f"{where}: family must be a string, got {fam!r}")
@@ -374,32 +400,30 @@ def _with_family_defaults(data: Mapping[str, Any], where: str) -> dict[str, Any]
     return {**defaults, **data}
 
 
+def _with_topology(data: Any, where: str) -> Any:
+    """A hardware mapping whose `topology` is built (its own reader checks the pair matrix)."""
+    if not isinstance(data, Mapping) or data.get("topology") is None:
+        return data
+    from lynx.topology import build_topology
+
+    return {**data, "topology": build_topology(data["topology"], f"{where}: topology")}
+
+
+_build = build  # the loaders' old name, kept for callers elsewhere
+
+
 def load_model(name_or_path: str) -> ModelSpec:
     where, data = _load("models", name_or_path)
     data = _with_family_defaults(data, where)
     data.setdefault("name", name_or_path)
-    return _build(ModelSpec, data, where)
+    return build(ModelSpec, data, where)
 
 
 def load_hardware(name_or_path: str) -> Hardware:
     where, data = _load("hardware", name_or_path)
     data = dict(data)
     data.setdefault("name", name_or_path)
-    try:
-        data["device"] = _build(DeviceSpec, data["device"], f"{where}: device")
-        data["intra_node"] = _build(LinkSpec, data["intra_node"], f"{where}: intra_node")
-        data["inter_node"] = _build(LinkSpec, data["inter_node"], f"{where}: inter_node")
-        if data.get("inter_group") is not None:
-            data["inter_group"] = _build(LinkSpec, data["inter_group"], f"{where}: inter_group")
-        if data.get("topology") is not None:
-            from lynx.topology import build_topology
-
-            data["topology"] = build_topology(data["topology"], f"{where}: topology")
-    except KeyError as e:
-        raise SpecError(f"{where}: missing field {e.args[0]}") from None
-    except (TypeError, AttributeError):
-        raise SpecError(f"{where}: device and links must be mappings of fields") from None
-    return _build(Hardware, data, where)
+    return build(Hardware, _with_topology(data, where), where)
 
 
 def model_presets() -> list[str]:
@@ -422,23 +446,13 @@ def parallel_to_dict(p: ParallelSpec) -> dict[str, Any]:
     return dataclasses.asdict(p)
 
 
-def model_from_dict(d: Mapping[str, Any]) -> ModelSpec:
-    return _build(ModelSpec, _with_family_defaults(d, "plan: model"), "plan: model")
+def model_from_dict(d: Mapping[str, Any], where: str = "plan: model") -> ModelSpec:
+    return build(ModelSpec, _with_family_defaults(d, where), where)
 
 
-def hardware_from_dict(d: Mapping[str, Any]) -> Hardware:
-    d = dict(d)
-    d["device"] = _build(DeviceSpec, d["device"], "plan: hardware.device")
-    d["intra_node"] = _build(LinkSpec, d["intra_node"], "plan: hardware.intra_node")
-    d["inter_node"] = _build(LinkSpec, d["inter_node"], "plan: hardware.inter_node")
-    if d.get("inter_group") is not None:
-        d["inter_group"] = _build(LinkSpec, d["inter_group"], "plan: hardware.inter_group")
-    if d.get("topology") is not None:
-        from lynx.topology import build_topology
-
-        d["topology"] = build_topology(d["topology"], "plan: hardware.topology")
-    return _build(Hardware, d, "plan: hardware")
+def hardware_from_dict(d: Mapping[str, Any], where: str = "plan: hardware") -> Hardware:
+    return build(Hardware, _with_topology(d, where), where)
 
 
-def parallel_from_dict(d: Mapping[str, Any]) -> ParallelSpec:
-    return _build(ParallelSpec, d, "plan: parallel")
+def parallel_from_dict(d: Mapping[str, Any], where: str = "plan: parallel") -> ParallelSpec:
+    return build(ParallelSpec, d, where)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lynx.errors import SpecError
-from lynx.spec import LinkSpec
-from lynx.spec import _build as build_spec
+
+if TYPE_CHECKING:  # spec.py imports this module for Hardware.topology; LinkSpec is read lazily
+    from lynx.spec import LinkSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,9 @@ def build_topology(data: Any, where: str) -> Topology:
     raw = data.get("links")
     items = list(raw.items()) if isinstance(raw, Mapping) else list(raw or ())
     try:
+        from lynx.spec import LinkSpec
+        from lynx.validate import build as build_spec
+
         links = tuple((str(n), build_spec(LinkSpec, f, f"{where}: links.{n}")) for n, f in items)
         matrix = tuple(tuple(str(c) for c in row) for row in data["matrix"])
     except (KeyError, TypeError, ValueError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,11 +21,31 @@ def lynx(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str
                           cwd=cwd, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
 
 
+def _compare_rows(stdout: str) -> dict[str, list[str]]:
+    """The rows of the --compare table: method -> its cells."""
+    rows = {}
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("│").split("│")]
+        if len(cells) >= 9 and re.fullmatch(r"[a-z][a-z-]*", cells[0]) and cells[0] != "method":
+            rows[cells[0]] = cells
+    return rows
+
+
 def test_readme_compare_command() -> None:
+    """The README's first command: every compared method gives a plan with numbers, the full-recompute
+    baseline and Lynx fit, and Lynx is at least as fast as every baseline that fits (the product's claim)."""
     r = lynx(*README_ARGS, "--compare")
     assert r.returncode == 0, r.stderr
-    for m in ("none", "full", "selective", "uniform", "block"):
-        assert m in r.stdout
+    rows = _compare_rows(r.stdout)
+    assert {"none", "full", "selective", "uniform", "block", "lynx"} <= set(rows), r.stdout
+    iter_s = {}
+    for m, cells in rows.items():
+        iter_s[m] = float(cells[2])  # "iter s": a number, not an error message
+        assert iter_s[m] > 0 and float(cells[3]) > 0, cells
+        assert len(cells[7].split("/")) == 4 and cells[8] in ("yes", "no"), cells
+    assert rows["full"][8] == "yes" and rows["lynx"][8] == "yes"
+    fitting = [m for m, c in rows.items() if c[8] == "yes"]
+    assert all(iter_s["lynx"] <= iter_s[m] * (1 + 1e-3) for m in fitting), iter_s
 
 
 def test_compare_json_orders_methods() -> None:
@@ -78,7 +99,7 @@ def test_graph_json_is_a_layer_graph(tmp_path: Path) -> None:
         (["plan", "--method", "magic"], "unknown method 'magic'"),
         (["plan", "--pp", "64", "--tp", "1", "--nodes", "64"], "cannot fill 64 pipeline stages"),
         (["simulate", "/nonexistent/plan.json"], "no such plan file"),
-        (["plan", "--budget-gb", "-1"], "--budget-gb must be positive"),
+        (["plan", "--budget-gb", "-1"], "--budget-gb must be > 0"),
     ],
 )
 def test_bad_input_is_one_clear_line(args: list[str], message: str) -> None:

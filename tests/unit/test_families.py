@@ -145,7 +145,7 @@ def test_validation_errors() -> None:
         ModelSpec("x", 2, 64, 8, num_query_groups=2)
     with pytest.raises(SpecError, match="unknown model family"):
         ModelSpec("x", 2, 64, 8, family="mamba")
-    with pytest.raises(SpecError, match="attention 'fast'"):
+    with pytest.raises(SpecError, match="attention must be one of standard, flash"):
         ModelSpec("x", 2, 64, 8, attention="fast")  # type: ignore[arg-type]
 
 

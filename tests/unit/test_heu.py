@@ -16,7 +16,7 @@ from lynx.cli import app
 from lynx.errors import InfeasibleError
 from lynx.memory import stage_peak_bytes
 from lynx.methods import available_methods, base_partition
-from lynx.policy.base import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase, StageContext, check_policy
+from lynx.policy.base import FWD_PHASES, LayerPolicy, Phase, StageContext, check_policy
 from lynx.policy.heu import HeuCache, critical_recompute, heu_policy
 from lynx.policy.heu_mixed import mixed_policy
 from lynx.problem import PlanOptions, PlanProblem
@@ -45,7 +45,6 @@ def test_stage_policies_valid_and_fit(hw: str, tp: int) -> None:
             assert all(lp.keep == p.graph.needed() and not lp.recompute for lp in pol.layers)
         else:
             assert pol.stats.num_variables > 0 and pol.stats.num_constraints > 0
-        assert pol.stats.solve_time_s < 1.0
         for lp in pol.layers:
             for name, ph in lp.recompute:
                 if p.graph.op(name).is_comm:  # eq. (6)
@@ -144,10 +143,6 @@ def test_infeasible_names_min_budget_per_stage() -> None:
     assert "stage 0" in str(e.value) and "needs" in str(e.value)
     ok = problem("gpt-7b", opts=PlanOptions(budget_bytes=max(e.value.min_budget_bytes) * 1.001))
     assert not plan(ok, "lynx-heu").sim.oom
-
-
-def test_backward_phases_order() -> None:
-    assert BWD_PHASES == (Phase.BWD_MLP, Phase.BWD_ATTN)
 
 
 def test_cli_solve(tmp_path: Path) -> None:

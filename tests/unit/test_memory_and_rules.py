@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from lynx.errors import PlanFormatError
 from lynx.graph import CORE_ATTENTION_OPS
-from lynx.memory import layer_params_per_rank, static_bytes
+from lynx.memory import embedding_params_per_rank, layer_params_per_rank, static_bytes
 from lynx.partition import dp_partition, even_partition, explicit_partition
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, check_policy, validate_layer_policy
 from lynx.policy.rules import block_policy, full_layer, keep_all, selective_layer, uniform_policy
@@ -78,9 +80,32 @@ def test_policy_dict_roundtrip(gpt7b_problem: PlanProblem) -> None:
         assert RecomputePolicy.from_dict(pol.to_dict(g)) == pol
 
 
+def _compositions(n: int, parts: int) -> list[tuple[int, ...]]:
+    """Every split of n layers into `parts` contiguous non-empty stages."""
+    return [tuple(b - a for a, b in zip((0, *cut), (*cut, n), strict=True))
+            for cut in itertools.combinations(range(1, n), parts - 1)]
+
+
+@pytest.mark.parametrize(("model", "tp", "pp"), [("gpt-7b", 4, 4), ("gpt-7b", 1, 3), ("gpt-1.3b", 2, 4),
+                                                 ("gpt-13b", 8, 2), ("gpt-tiny", 1, 3)])
+def test_dp_partition_is_min_max_optimal(model: str, tp: int, pp: int) -> None:
+    """dp's property, not its output: against every contiguous split, no other has a lighter heaviest stage
+    (parameters, embeddings on the first and last stage), and among those as light none is more even."""
+    m = load_model(model)
+    lw, emb = layer_params_per_rank(m, tp), embedding_params_per_rank(m, tp)
+
+    def key(counts: tuple[int, ...]) -> tuple[float, int]:
+        w = [n * lw + (emb if s == 0 else 0) + (emb if s == len(counts) - 1 else 0) for s, n in enumerate(counts)]
+        return max(w), sum(n * n for n in counts)
+
+    got = dp_partition(m, ParallelSpec(tp=tp, pp=pp)).layers_per_stage
+    assert len(got) == pp and sum(got) == m.num_layers and min(got) >= 1
+    best = min(key(c) for c in _compositions(m.num_layers, pp))
+    assert key(got)[0] == pytest.approx(best[0], rel=1e-12) and key(got)[1] == best[1]
+
+
 def test_partitions() -> None:
     m = load_model("gpt-7b")
-    assert dp_partition(m, ParallelSpec(tp=4, pp=4)).layers_per_stage == (7, 9, 9, 7)
     assert dp_partition(m, ParallelSpec(pp=1)).layers_per_stage == (32,)
     assert even_partition(50, 4).layers_per_stage == (12, 13, 13, 12)
     assert explicit_partition("7,8,8,9", 32, 4).layers_per_stage == (7, 8, 8, 9)

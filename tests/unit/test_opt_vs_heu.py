@@ -13,11 +13,10 @@ from __future__ import annotations
 import pytest
 from test_opt import _ctx
 
+from lynx.policy import heu
 from lynx.policy.opt import OptOptions, solve_stage
 from lynx.policy.opt_check import check_schedule, policy_to_schedule
 from lynx.policy.opt_timeline import build_timeline
-
-heu = pytest.importorskip("lynx.policy.heu", reason="Lynx-HEU (lynx.policy.heu) is not installed")
 
 
 @pytest.mark.parametrize(("stage", "layers", "frac"), [

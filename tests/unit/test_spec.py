@@ -89,7 +89,7 @@ def test_user_yaml_and_malformed_yaml(tmp_path: Path) -> None:
         load_model(str(heads))
     hw = tmp_path / "hw.yaml"
     hw.write_text("name: h\ndevices_per_node: 2\n")
-    with pytest.raises(SpecError, match="missing field device"):
+    with pytest.raises(SpecError, match="missing required field.s. device"):
         load_hardware(str(hw))
 
 

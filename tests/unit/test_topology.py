@@ -112,7 +112,7 @@ def test_topology_validation_and_round_trip() -> None:
         Topology((("A", link),), (("X", "C"), ("C", "X")))
     with pytest.raises(SpecError, match="diagonal"):
         Topology((("A", link),), (("A", "A"), ("A", "A")))
-    with pytest.raises(SpecError, match="0 < gather_efficiency"):
+    with pytest.raises(SpecError, match="gather_efficiency must be > 0 and <= 1"):
         LinkSpec(1e11, 5e-6, gather_efficiency=1.5)
     hw = load_hardware("a100-40g-nvlink")
     back = hardware_from_dict(hardware_to_dict(hw))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -12,8 +13,33 @@ from rich.console import Console
 
 from lynx.errors import SpecError
 from lynx.graph import LayerGraph
+from lynx.paths import check_output
 from lynx.problem import PlanOptions, PlanProblem
 from lynx.spec import GiB, ParallelSpec, hardware_presets, load_hardware, load_model, model_presets
+from lynx.validate import POSITIVE, Range, check_option
+
+JSON_FORMATS = (".json",)
+PLOT_FORMATS = (".png", ".pdf", ".svg")
+"""What matplotlib writes without extra packages; the extension picks the format."""
+BUDGET_GB = Range(gt=0, le=1e6)
+"""Up to 1 PiB per device: beyond that a typo, and GiB -> bytes would overflow to inf further on."""
+BYTES_PER_PARAM = Range(gt=0, le=1e3)
+
+
+def check_outputs(**paths: tuple[Path | None, tuple[str, ...]]) -> None:
+    """Every output option checked before any work: `check_outputs(**{"--out": (out, JSON_FORMATS)})`."""
+    for option, (path, formats) in paths.items():
+        check_output(path, option, formats)
+
+
+def check_ints(**values: tuple[int | None, Range]) -> None:
+    for option, (v, r) in values.items():
+        check_option(option, v, r, integer=True)
+
+
+def check_floats(**values: tuple[float | None, Range]) -> None:
+    for option, (v, r) in values.items():
+        check_option(option, v, r)
 
 # rich wraps at 80 columns when stdout is not a terminal (pipes, CI logs); tables are wider than that.
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
@@ -70,8 +96,11 @@ def build_problem(
     from lynx.api import make_problem
     from lynx.static_memory import parse_precision, recipe_for
 
-    if budget_gb is not None and budget_gb <= 0:
-        raise SpecError(f"--budget-gb must be positive, got {budget_gb}")
+    check_floats(**{"--budget-gb": (budget_gb, BUDGET_GB), "--bytes-per-param": (bytes_per_param, BYTES_PER_PARAM),
+                    "--time-limit": (time_limit_s, POSITIVE), "--busbw": (busbw_gbps, POSITIVE)})
+    check_ints(**{"--recompute-num-layers": (recompute_num_layers, POSITIVE), "--nodes": (nodes, POSITIVE),
+                  "--tp": (tp, POSITIVE), "--pp": (pp, POSITIVE), "--dp": (dp, POSITIVE),
+                  "--micro-batch": (mb, POSITIVE), "--global-batch": (gb, POSITIVE), "--seq-len": (seq, POSITIVE)})
     recipe_for(parse_precision(precision), bytes_per_param)  # one clear line on a bad recipe
     hw = load_hardware(hardware)
     if busbw_gbps is not None:

@@ -9,6 +9,8 @@ import typer
 
 from lynx.cli import app
 from lynx.cli.common import (
+    JSON_FORMATS,
+    PLOT_FORMATS,
     BusbwOpt,
     BytesPerParamOpt,
     DistOptOpt,
@@ -25,11 +27,19 @@ from lynx.cli.common import (
     SpOpt,
     TpOpt,
     build_problem,
+    check_ints,
+    check_outputs,
     console,
     err_console,
     print_json,
 )
 from lynx.errors import SpecError
+from lynx.paths import atomic_path, write_text
+from lynx.spec import GiB
+from lynx.validate import POSITIVE
+
+EXIT_NONE_FITS = 3
+"""`lynx plan --compare`: no method gives a plan that fits the budget (documented in README)."""
 
 if TYPE_CHECKING:
     from lynx.plan import Plan
@@ -69,15 +79,18 @@ def _emit_plots(plan: Any, gantt: Path | None, memory_png: Path | None) -> None:
     from lynx.report.plots import memory_plot
 
     if gantt is not None:
-        draw_gantt(plan, gantt)
+        with atomic_path(gantt, "--gantt") as tmp:
+            draw_gantt(plan, tmp)
         err_console.print(f"wrote {gantt}")
     if memory_png is not None:
-        memory_plot(plan, memory_png)
+        with atomic_path(memory_png, "--memory-png") as tmp:
+            memory_plot(plan, tmp)
         err_console.print(f"wrote {memory_png}")
 
 
-def _compare(problem: PlanProblem, method: str, title: str, as_json: bool, plots: bool) -> Plan | None:
-    """Every method side by side; returns `method`'s plan (with its timeline when plots are wanted)."""
+def _compare(problem: PlanProblem, method: str, title: str, as_json: bool, plots: bool) -> tuple[Plan | None, bool]:
+    """Every method side by side; returns `method`'s plan (with its timeline when plots are wanted) and
+    whether no method fits the budget."""
     from lynx.api import compare as compare_methods
     from lynx.plan import Plan
     from lynx.report.tables import compare_table
@@ -94,9 +107,15 @@ def _compare(problem: PlanProblem, method: str, title: str, as_json: bool, plots
             for r in rows]})
     else:
         console.print(compare_table(rows, title))
-    if chosen is not None and plots:
+    none_fits = not any(r.plan is not None and not r.plan.sim.oom for r in rows)
+    if none_fits:
+        err_console.print(f"lynx: no method fits the memory budget ({problem.budget_bytes / GiB:.2f} GiB per "
+                          f"device); exit code {EXIT_NONE_FITS}", soft_wrap=True)
+    if chosen is None:
+        err_console.print(f"lynx: method {method} gave no plan; no file written", soft_wrap=True)
+    elif plots:
         chosen = Plan.evaluate(chosen.problem, chosen.result)  # with the timeline the plots need
-    return chosen
+    return chosen, none_fits
 
 
 def _single(problem: PlanProblem, method: str, title: str, as_json: bool) -> Plan:
@@ -119,6 +138,11 @@ def _single(problem: PlanProblem, method: str, title: str, as_json: bool) -> Pla
     console.print(stage_table(plan))
     console.print(policy_table(plan))
     return plan
+
+
+def _check_plan_outputs(out: Path | None, gantt: Path | None, memory_png: Path | None) -> None:
+    check_outputs(**{"--out": (out, JSON_FORMATS), "--gantt": (gantt, PLOT_FORMATS),
+                     "--memory-png": (memory_png, PLOT_FORMATS)})
 
 
 @app.command("plan")
@@ -168,9 +192,12 @@ def plan_cmd(
         Path | None, typer.Option("--memory-png", help="Write memory per stage over time (PNG).")
     ] = None,
 ) -> None:
-    """Plan recomputation and partitioning for a model on a cluster, and predict its iteration."""
+    """Plan recomputation and partitioning for a model on a cluster, and predict its iteration.
+
+    With --compare the exit code is 3 when no method fits the memory budget (the table says so)."""
     from lynx.methods import available_methods
 
+    _check_plan_outputs(out, gantt, memory_png)
     graph = _load_profile_graph(profile, db) if profile else None
     problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
                             layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
@@ -183,19 +210,24 @@ def plan_cmd(
             f"[yellow]warning:[/yellow] profile {profile} was measured on {graph.meta.device!r} "
             f"({graph.meta.dtype}); planning for {problem.hardware.device.name} memory with its times and sizes"
         )
+    none_fits = False
     if method == "lynx" and "lynx" not in available_methods():
         method = "full"
     vpp_text = f" VPP {vpp}" if vpp > 1 else ""
     title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp} PP {pp}{vpp_text} DP {dp}"
              f"{' SP' if sp else ''}, micro-batch {micro_batch}, global batch {global_batch}, seq {seq_len}, "
              f"{problem.parallel.num_microbatches} micro-batches")
-    plan = _compare(problem, method, title, as_json, gantt is not None or memory_png is not None) if compare \
-        else _single(problem, method, title, as_json)
+    if compare:
+        plan, none_fits = _compare(problem, method, title, as_json, gantt is not None or memory_png is not None)
+    else:
+        plan = _single(problem, method, title, as_json)
     if plan is not None:
         if out is not None:
             plan.save(out)
             err_console.print(f"wrote {out}")
         _emit_plots(plan, gantt, memory_png)
+    if none_fits:
+        raise typer.Exit(EXIT_NONE_FITS)
 
 
 @app.command("simulate")
@@ -213,6 +245,7 @@ def simulate_cmd(
     from lynx.report.tables import stage_table
     from lynx.schedule import load_csv
 
+    _check_plan_outputs(None, gantt, memory_png)
     problem, result = load_plan(plan_file)
     sched = load_csv(schedule) if schedule is not None else None
     if sched is not None:
@@ -245,13 +278,15 @@ def graph_cmd(
     from lynx.report.tables import graph_table
     from lynx.spec import ParallelSpec, load_hardware, load_model, validate_layout
 
+    check_outputs(**{"--out": (out, JSON_FORMATS)})
+    check_ints(**{"--tp": (tp, POSITIVE), "--micro-batch": (micro_batch, POSITIVE), "--seq-len": (seq_len, POSITIVE)})
     m, hw = load_model(model), load_hardware(hardware)
     par = ParallelSpec(tp=tp, sequence_parallel=sp, micro_batch_size=micro_batch, global_batch_size=micro_batch,
                        seq_length=seq_len)
     validate_layout(m, hw, par, nodes=max(1, -(-tp // hw.devices_per_node)))
     g = build_layer_graph(m, hw, par)
     if out is not None:
-        out.write_text(g.to_json())
+        write_text(out, g.to_json(), "--out")
         err_console.print(f"wrote {out}")
     if as_json:
         print_json(g.to_dict())

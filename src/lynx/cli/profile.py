@@ -11,9 +11,24 @@ import typer
 from rich.table import Table
 
 from lynx.cli import app
-from lynx.cli.common import JsonOpt, MbOpt, ModelOpt, SeqOpt, SpOpt, TpOpt, console, err_console, print_json
-from lynx.profile.errors import ProfileError
+from lynx.cli.common import (
+    JSON_FORMATS,
+    JsonOpt,
+    MbOpt,
+    ModelOpt,
+    SeqOpt,
+    SpOpt,
+    TpOpt,
+    check_floats,
+    check_ints,
+    check_outputs,
+    console,
+    err_console,
+    print_json,
+)
+from lynx.paths import check_output, write_text
 from lynx.profile.store import ProfileRecord, ProfileStore, default_db_path
+from lynx.validate import NON_NEGATIVE, POSITIVE, Range
 
 profile_app = typer.Typer(
     help="Measure one real transformer layer into a LayerGraph and keep it in the profile store.\n\n"
@@ -54,9 +69,19 @@ def profile_cmd(
     """Measure one layer (forward, input- and weight-gradient time, bytes, dependencies) and store it."""
     if ctx.invoked_subcommand is not None:
         return
+    from lynx.runtime.faults import quiet_torch_logs
+
+    quiet_torch_logs()  # before the profiler imports torch: its C++ logs only with --debug
     from lynx.profile.profiler import ProfileConfig, prepare, profile
     from lynx.spec import load_model
 
+    check_ints(**{"--hidden": (hidden, POSITIVE), "--heads": (heads, POSITIVE), "--ffn": (ffn, POSITIVE),
+                  "--micro-batch": (micro_batch, POSITIVE), "--seq-len": (seq_len, POSITIVE), "--tp": (tp, POSITIVE),
+                  "--warmup": (warmup, Range(ge=0, le=10_000)), "--repeats": (repeats, Range(gt=0, le=10_000)),
+                  "--threads": (threads, NON_NEGATIVE)})
+    check_floats(**{"--timeout": (timeout, Range(gt=0, le=86400))})
+    if store:
+        _check_db_writable(db)
     m = load_model(model)
     h = hidden or m.hidden_size
     a = heads or m.num_attention_heads
@@ -67,8 +92,6 @@ def profile_cmd(
                         micro_batch_size=micro_batch, tp=tp, sequence_parallel=sp, dtype=dtype, device=device,
                         dropout_p=m.hidden_dropout if m.dropout else 0.0, warmup=warmup, repeats=repeats,
                         threads=threads, family=m.family, num_query_groups=groups)
-    if timeout <= 0:
-        raise ProfileError(f"--timeout must be positive, got {timeout}")
     prepare(cfg)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -95,6 +118,17 @@ def profile_cmd(
     _print_record(rec)
     where = f"stored as profile {pid} in {db or default_db_path()}" if pid is not None else "not stored"
     console.print(f"{where} ({res.info.wall_s:.1f} s)")
+
+
+def _check_db_writable(db: Path | None) -> None:
+    """Before measuring: the database the result goes to is ours and writable (or can be created)."""
+    p = db or default_db_path()
+    if p.exists():
+        with ProfileStore.open(p):  # a foreign or corrupt file fails here, in a millisecond
+            pass
+        check_output(p, "--db")
+    elif db is not None:
+        check_output(db, "--db")
 
 
 def _ms(x: float) -> str:
@@ -190,11 +224,12 @@ def export_cmd(
     """Export a stored profile as JSON (the whole record, or --graph-only)."""
     import json
 
+    check_outputs(**{"--out": (out, JSON_FORMATS)})
     with ProfileStore.open(db) as st:
         rec = st.get(profile_id)
     text = json.dumps(rec.graph.to_dict() if graph_only else rec.to_dict(), indent=2)
     if out is not None:
-        out.write_text(text + "\n")
+        write_text(out, text + "\n", "--out")
         err_console.print(f"wrote {out}")
     else:
         typer.echo(text)

@@ -10,14 +10,16 @@ import typer
 from rich.table import Table
 
 from lynx.cli import app
-from lynx.cli.common import JsonOpt, console, print_json
+from lynx.cli.common import BUDGET_GB, JsonOpt, check_floats, check_ints, console, print_json
 from lynx.errors import PlanFormatError, SpecError
 from lynx.graph import LayerGraph
 from lynx.memory import stage_peak_bytes
 from lynx.milp import Backend
+from lynx.paths import MAX_JSON_BYTES, read_text
 from lynx.policy.base import StageContext
 from lynx.schedule import facts_1f1b
 from lynx.spec import GiB
+from lynx.validate import POSITIVE, Range
 
 
 def _policy_table(graph: LayerGraph, ops: dict[str, str], title: str) -> Table:
@@ -55,11 +57,17 @@ def solve_cmd(
     from lynx.policy.heu import HeuOptions, critical_recompute, heu_policy
     from lynx.policy.heu_mixed import mixed_policy
 
-    if not graph_file.is_file():
-        raise PlanFormatError(f"{graph_file}: no such graph file")
-    graph = LayerGraph.from_json(graph_file.read_text())
-    if layers < 1 or in_flight < 1 or budget_gb <= 0:
-        raise SpecError("--layers and --in-flight must be >= 1 and --budget-gb positive")
+    check_ints(**{"--layers": (layers, POSITIVE), "--in-flight": (in_flight, POSITIVE),
+                  "--microbatches": (microbatches, POSITIVE)})
+    check_floats(**{"--budget-gb": (budget_gb, BUDGET_GB), "--static-gb": (static_gb, Range(ge=0, le=1e6)),
+                    "--time-limit": (time_limit, POSITIVE)})
+    if static_gb >= budget_gb:
+        raise SpecError(f"--static-gb {static_gb:g} must be below --budget-gb {budget_gb:g}")
+    text = read_text(graph_file, "graph", MAX_JSON_BYTES, PlanFormatError)
+    try:
+        graph = LayerGraph.from_json(text)
+    except PlanFormatError as e:
+        raise PlanFormatError(f"{graph_file}: {e}") from None
     # A stage context that reproduces the flags, with the schedule's facts of a 1F1B pipeline `in_flight`
     # stages deep: its first stage (`in_flight` micro-batches in flight), or its last with --last-stage.
     depth, m = max(in_flight, 2) if not last_stage else in_flight, max(microbatches, in_flight)

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from lynx.cli import app
+from lynx.errors import SpecError
 
 
 @app.command("train")
@@ -28,7 +29,11 @@ def train_cmd(
     """Train a plan for N iterations with its recomputation policy; report time, loss, activation memory
     and on-demand versus windowed recomputation per iteration. TP>1 spawns local ranks on 127.0.0.1
     unless launched by torchrun. PP=1 plans only."""
-    from lynx.runtime.train import launch, parser
+    if device not in ("auto", "cpu", "cuda"):
+        raise SpecError(f"--device {device!r}: expected auto, cpu or cuda")
+    if dtype not in ("float32", "bfloat16"):
+        raise SpecError(f"--dtype {dtype!r}: expected float32 or bfloat16")
+    from lynx.runtime.train import launch, parser  # lynx.runtime quiets torch's C++ logs before torch loads
 
     argv = ["--plan", str(plan), "--iters", str(iters), "--warmup", str(warmup), "--timeout", str(timeout),
             "--threads", str(threads), "--device", device, "--dtype", dtype, "--seed", str(seed)]

@@ -14,6 +14,8 @@ from typing import Any, Literal, get_args
 from lynx.errors import PlanFormatError
 from lynx.graph import LAYER_INPUT, LayerGraph
 from lynx.schedule import ChunkFacts, facts_1f1b
+from lynx.spec import MAX_LAYERS
+from lynx.validate import Range, check_field
 
 
 class Phase(IntEnum):
@@ -133,16 +135,18 @@ class RecomputePolicy:
     def from_dict(d: Mapping[str, Any]) -> RecomputePolicy:
         try:
             layers: list[LayerPolicy] = []
-            for g in d["layers"]:
-                lp = LayerPolicy.from_dict(g["ops"])
-                layers.extend([lp] * int(g["count"]))
+            for i, g in enumerate(d["layers"]):
+                ops = check_field(g["ops"], dict[str, str], f"policy: layers[{i}].ops")
+                lp = LayerPolicy.from_dict(ops)
+                layers.extend([lp] * check_field(g["count"], int, f"policy: layers[{i}].count",
+                                                 Range(gt=0, le=MAX_LAYERS)))
             return RecomputePolicy(
                 method=str(d["method"]),
                 layers=tuple(layers),
                 cooldown_overlap=bool(d.get("cooldown_overlap", False)),
                 stats=_stats_from_dict(d.get("stats", {"solver": "rule", "status": "rule"})),
             )
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, AttributeError) as e:
             raise PlanFormatError(f"policy: missing or malformed field ({e})") from None
 
 

@@ -273,7 +273,9 @@ def _stats(sol: MilpSolution, msg: str = "") -> SolveStats:
 
 def infeasible(graph: LayerGraph, ctxs: list[StageContext], opts: HeuOptions) -> InfeasibleError:
     mins = tuple(min_budget_bytes(graph, c, opts) for c in ctxs)
-    parts = ", ".join(f"stage {c.stage} ({c.num_layers} layers) needs {b / GiB:.2f} GiB"
+    parts = ", ".join(f"stage {c.stage} ({c.num_layers} layers) needs {b / GiB:.2f} GiB" if math.isfinite(b) else
+                      f"stage {c.stage} ({c.num_layers} layers) fits no budget the solver could find (its "
+                      "activations are too large to bound; reduce --seq-len, --micro-batch or the model)"
                       for c, b in zip(ctxs, mins, strict=True))
     budget = ctxs[0].budget_bytes / GiB if ctxs else 0.0
     return InfeasibleError(f"no recomputation policy fits the budget of {budget:.2f} GiB: {parts}", mins)

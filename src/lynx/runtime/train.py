@@ -25,11 +25,20 @@ import torch
 import torch.distributed as dist
 
 from lynx.errors import LynxError, PlanFormatError
+from lynx.paths import write_text
 from lynx.plan import load_plan
 from lynx.policy.base import validate_layer_policy
 from lynx.runtime.check import predicted_activation_bytes, runtime_graph, train_step
 from lynx.runtime.engine import RecomputeEngine
 from lynx.runtime.family import runtime_for
+from lynx.runtime.faults import (
+    RankFailedError,
+    check_train_args,
+    quiet_spawn_logs,
+    rank_failure,
+    rendezvous_deadline,
+    stop_ranks,
+)
 from lynx.runtime.layer import LayerConfig
 from lynx.runtime.model import synthetic_batch
 
@@ -156,7 +165,7 @@ def _finish(report: dict[str, Any] | None, args: argparse.Namespace) -> None:
     if report is None:
         return
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2))
+        write_text(args.out, json.dumps(report, indent=2), "--out", TrainError)
     if not args.quiet:
         print(f"median iteration {report['median_time_s']:.3f} s (the plan predicts "
               f"{report['predicted_iteration_time_s']:.4g} s on its hardware); "
@@ -178,8 +187,11 @@ def _rank_main(rank: int, world: int, init_method: str, args: argparse.Namespace
     """Entry of one rank (spawned locally, under torchrun, or inside a testbed namespace)."""
     if args.threads:
         torch.set_num_threads(args.threads)
+    phase = "rendezvous"
     try:
-        group = _init(args, rank, world, init_method) if world > 1 else None
+        with rendezvous_deadline(rank, world, args.timeout):
+            group = _init(args, rank, world, init_method) if world > 1 else None
+        phase = "training"
         _finish(run(args, rank, world, group), args)
         if group is not None:
             # Tear down together, then leave without running gloo's destructors: a rank whose peer closed
@@ -191,9 +203,13 @@ def _rank_main(rank: int, world: int, init_method: str, args: argparse.Namespace
             os._exit(0)
     except LynxError:
         raise
+    except KeyboardInterrupt:
+        if world == 1:
+            raise  # this is the lynx process: `lynx: interrupted`, exit 130
+        print(f"lynx train: rank {rank}/{world} interrupted", file=sys.stderr, flush=True)
+        os._exit(130)
     except Exception as e:  # a dead peer, a cut link, a timeout: one line, the rank and the cause
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"lynx train: rank {rank}/{world} failed: {type(e).__name__}: {msg}", file=sys.stderr, flush=True)
+        print(rank_failure(e, rank, world, phase, args.timeout), file=sys.stderr, flush=True)
         os._exit(1)
 
 
@@ -220,12 +236,16 @@ def parser() -> argparse.ArgumentParser:
 def launch(args: argparse.Namespace) -> None:
     """Under torchrun (RANK set): this process is one rank. Otherwise TP=1 runs here and TP>1 spawns TP
     local processes on 127.0.0.1."""
+    check_train_args(args)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         _rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://", args)
         return
     _, _, cfg, _ = _config(args.plan, torch.float32, args.core_attn)
+    if args.data and Path(args.data).stat().st_size < cfg.seq_length + 1:
+        raise TrainError(f"--data {args.data}: {Path(args.data).stat().st_size} bytes; the plan's sequence "
+                         f"length needs at least {cfg.seq_length + 1}")
     if cfg.tp == 1:
         _rank_main(0, 1, "", args)
         return
@@ -236,10 +256,19 @@ def launch(args: argparse.Namespace) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    quiet_spawn_logs()
+    ranks = mp.start_processes(_rank_main, args=(cfg.tp, f"tcp://127.0.0.1:{port}", args), nprocs=cfg.tp,
+                               join=False, start_method="spawn")
     try:
-        mp.spawn(_rank_main, args=(cfg.tp, f"tcp://127.0.0.1:{port}", args), nprocs=cfg.tp, join=True)
+        while not ranks.join():
+            pass
+    except KeyboardInterrupt:  # interrupted: stop the ranks too (a signal to lynx alone does not reach them)
+        stop_ranks(ranks.processes)
+        raise
     except Exception as e:
-        raise TrainError(f"training failed: {str(e).strip().splitlines()[0]}") from None
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        # A rank that raised: torch puts its traceback in the message; the last line is the error itself.
+        raise RankFailedError(f"training failed: {lines[-1] if 'following error' in lines[0] else lines[0]}") from None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,70 @@
+"""The checks a planning problem and a planning result must pass, shared by `lynx plan` (on its inputs)
+and `lynx simulate` / `lynx train` (on a plan file), so a saved plan is validated exactly as a new one."""
+
+from __future__ import annotations
+
+from lynx.errors import PlanFormatError, SpecError
+from lynx.graph import LayerGraph
+from lynx.policy.base import check_policy
+from lynx.problem import PlanOptions, PlanProblem, PlanResult
+from lynx.spec import Hardware, ModelSpec, ParallelSpec, validate_layout
+from lynx.validate import check_instance
+
+
+def check_inputs(model: ModelSpec, hardware: Hardware, parallel: ParallelSpec, opts: PlanOptions) -> None:
+    """Layout against model and hardware, every option finite and in range, the explicit partition."""
+    check_instance(opts, "options")
+    validate_layout(model, hardware, parallel, opts.nodes)
+    if opts.layers_per_stage is not None:
+        lps = opts.layers_per_stage
+        if len(lps) != parallel.pp or sum(lps) != model.num_layers or min(lps) < 1:
+            raise SpecError(
+                f"--layers-per-stage {','.join(map(str, lps))}: needs {parallel.pp} positive entries "
+                f"summing to {model.num_layers}"
+            )
+    check_vpp(opts.vpp, model, parallel, opts.layers_per_stage is not None)
+
+
+def check_vpp(vpp: int, model: ModelSpec, par: ParallelSpec, explicit: bool) -> None:
+    """Interleaved 1F1B needs Megatron's conditions: pp > 1, a multiple of pp micro-batches, a layer per
+    virtual stage (the schedule package states the micro-batch rule too; this names the options)."""
+    if vpp < 1:
+        raise SpecError(f"--vpp must be at least 1, got {vpp}")
+    if vpp == 1:
+        return
+    if par.pp < 2:
+        raise SpecError(f"--vpp {vpp} needs pipeline parallelism (--pp >= 2), got --pp {par.pp}")
+    if par.num_microbatches % par.pp:
+        raise SpecError(f"--vpp {vpp}: interleaved 1F1B needs the number of micro-batches ({par.num_microbatches}) "
+                        f"to be a multiple of --pp {par.pp} (Megatron-Core's rule)")
+    if model.num_layers < par.pp * vpp:
+        raise SpecError(f"--vpp {vpp}: {model.num_layers} layers cannot fill {par.pp} x {vpp} virtual stages")
+    if explicit:
+        raise SpecError("--layers-per-stage cannot be combined with --vpp > 1 (chunks are split by lynx)")
+
+
+def check_graph_matches(graph: LayerGraph, model: ModelSpec, par: ParallelSpec) -> None:
+    m = graph.meta
+    want = {"hidden_size": model.hidden_size, "num_attention_heads": model.num_attention_heads,
+            "seq_length": par.seq_length, "micro_batch_size": par.micro_batch_size, "tp": par.tp,
+            "sequence_parallel": par.sequence_parallel, "family": model.family,
+            "num_query_groups": model.num_query_groups}
+    bad = [f"{k} {getattr(m, k)} (layout: {v})" for k, v in want.items() if getattr(m, k) not in (v, 0)]
+    if bad:
+        raise SpecError("the profiled graph does not match the layout: " + ", ".join(bad))
+
+
+def check_result(problem: PlanProblem, result: PlanResult, where: str = "plan") -> None:
+    """A partition with one entry per stage summing to the model's layers, and one valid policy per stage."""
+    lps = result.partition.layers_per_stage
+    pp, layers = problem.parallel.pp, problem.model.num_layers
+    if len(lps) != pp or sum(lps) != layers:
+        raise PlanFormatError(f"{where}: partition {','.join(map(str, lps))} must have {pp} entries (PP) "
+                              f"summing to {layers} layers")
+    if len(result.policies) != pp:
+        raise PlanFormatError(f"{where}: {len(result.policies)} stage policies for PP {pp}")
+    for pol, ctx in zip(result.policies, problem.stage_contexts(result.partition), strict=True):
+        try:
+            check_policy(problem.graph, pol, ctx)
+        except PlanFormatError as e:
+            raise PlanFormatError(f"{where}: {e}") from None

@@ -1,0 +1,127 @@
+"""Distributed faults as one line: argument checks before any process group, torch's C++ logs kept out of
+the terminal, and a failure on a rank described by what it was doing (joining the rendezvous, a
+collective) and the timeout that bounded it. No torch import here: this runs before torch is loaded.
+
+`--debug` (LYNX_DEBUG=1) keeps torch's own logs and prints the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import threading
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from lynx.errors import LynxError
+from lynx.paths import check_output
+from lynx.validate import NON_NEGATIVE, POSITIVE, Range, check_option
+
+TIMEOUT_RANGE = Range(gt=0, le=86400)
+"""A process-group timeout: positive, at most a day (torch turns it into milliseconds)."""
+
+
+class RuntimeArgError(LynxError):
+    """A runtime argument that cannot work (checked before any process starts)."""
+
+
+class RankFailedError(LynxError):
+    """A local rank died or timed out (its own line is already on stderr): a fault, not bad input."""
+
+    exit_code = 1
+
+
+def debug() -> bool:
+    return os.environ.get("LYNX_DEBUG", "") not in ("", "0", "false", "no")
+
+
+def quiet_torch_logs() -> None:
+    """Keep c10's warning and error logs (with their C++ frames) off stderr unless --debug: the failure
+    is reported as one line by `rank_failure`. Must run before torch is imported; spawned ranks inherit it."""
+    if not debug():
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+        os.environ.setdefault("TORCH_SHOW_CPP_STACKTRACES", "0")
+
+
+def quiet_spawn_logs() -> None:
+    """torch.multiprocessing.spawn logs a warning per surviving rank it terminates after one failed; the
+    failure itself is lynx's one line. Kept with --debug."""
+    if not debug():
+        import logging
+
+        logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+
+
+def stop_ranks(processes: list[Any], grace_s: float = 5.0) -> None:
+    """Terminate local rank processes still running (SIGTERM, then SIGKILL after `grace_s`)."""
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    for p in processes:
+        p.join(grace_s)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def check_train_args(args: argparse.Namespace) -> None:
+    """Everything about `lynx train`'s arguments that can be checked before a process group exists."""
+    check_option("--iters", args.iters, POSITIVE, integer=True)
+    check_option("--warmup", args.warmup, NON_NEGATIVE, integer=True)
+    check_option("--timeout", args.timeout, TIMEOUT_RANGE)
+    check_option("--threads", args.threads, NON_NEGATIVE, integer=True)
+    check_option("--lr", args.lr, Range(gt=0, le=1e3))
+    if args.out:
+        check_output(args.out, "--out", (".json",), RuntimeArgError)
+    if args.data:
+        p = Path(args.data)
+        if not p.is_file():
+            raise RuntimeArgError(f"--data {args.data}: no such file (a text file of training bytes)")
+        if not os.access(p, os.R_OK):
+            raise RuntimeArgError(f"--data {args.data}: not readable (permission denied)")
+        if p.stat().st_size == 0:
+            raise RuntimeArgError(f"--data {args.data}: empty file; give a text file of training bytes")
+
+
+def rank_failure(e: BaseException, rank: int, world: int, phase: str, timeout_s: float) -> str:
+    """One line for a failed rank: its phase, the timeout, torch's first message line."""
+    if debug():
+        traceback.print_exception(e, file=sys.stderr)
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else type(e).__name__
+    if phase == "rendezvous":
+        where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}" \
+            if "MASTER_ADDR" in os.environ else "the rendezvous"
+        what = f"could not join the process group at {where} within --timeout {timeout_s:g} s"
+    else:
+        what = f"failed during {phase} (collectives time out after --timeout {timeout_s:g} s)"
+    return f"lynx train: rank {rank}/{world} {what}: {type(e).__name__}: {first}"
+
+
+RENDEZVOUS_GRACE_S = 1.0
+
+
+@contextlib.contextmanager
+def rendezvous_deadline(rank: int, world: int, timeout_s: float) -> Iterator[None]:
+    """Bound joining the process group by `timeout_s` (+1 s): torch's TCPStore client retries with
+    back-off past its own timeout (11 s for 8 s measured with torch 2.13), so a watchdog ends the rank
+    with the same one line if the join outlives the timeout."""
+    where = (f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}" if "MASTER_ADDR" in os.environ
+             else "the rendezvous")
+
+    def expire() -> None:
+        print(f"lynx train: rank {rank}/{world} could not join the process group at {where} within --timeout "
+              f"{timeout_s:g} s", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    timer = threading.Timer(timeout_s + RENDEZVOUS_GRACE_S, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
