@@ -1,0 +1,139 @@
+"""`lynx export megatron`: a plan as Megatron-Core launcher arguments, a per-rank plugin, and the price of
+what stock Megatron cannot express (docs/export.md)."""
+
+from __future__ import annotations
+
+import pprint
+import shlex
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from lynx.errors import LynxError
+from lynx.export.layout import first_last_counts, megatron_layout
+from lynx.export.megatron_recompute import MegatronRecompute, chunk_setting, collapse
+from lynx.export.simulate import Figures, simulate_lynx, simulate_per_stage, simulate_stock
+from lynx.export.source import ExportSource
+
+ARGS_FILE = "megatron_args.txt"
+PLUGIN_FILE = "lynx_megatron_plugin.py"
+REPORT_FILE = "megatron_report.json"
+_PLAN_MARKER = "LYNX_PLAN: dict[str, Any] = {}  # lynx:plan-table (filled in by `lynx export megatron`)"
+
+
+@dataclass(frozen=True, slots=True)
+class MegatronExport:
+    source: ExportSource
+    args: tuple[tuple[str, ...], ...]
+    """One flag with its values per entry, in launcher order."""
+    per_stage: tuple[MegatronRecompute, ...]
+    """The plugin's setting per virtual stage."""
+    stock: MegatronRecompute
+    notes: tuple[str, ...]
+    figures: tuple[Figures, ...]
+    """lynx's plan, Megatron with the plugin, stock Megatron (empty when the layout cannot be simulated)."""
+    sim_note: str = ""
+
+    def args_text(self) -> str:
+        """One flag per line, shell-quoted: paste into a launcher or `lynx plan --from-megatron "$(cat ...)"`."""
+        return "\n".join(" ".join(shlex.quote(t) for t in flag) for flag in self.args) + "\n"
+
+    def argv(self) -> list[str]:
+        return [t for flag in self.args for t in flag]
+
+    def plugin_table(self) -> dict[str, Any]:
+        lay = self.source.layout
+        stages = []
+        for v, rec in enumerate(self.per_stage):
+            stages.append({"virtual_stage": v, "pp_rank": v % lay.pp, "vp_rank": v // lay.pp,
+                           "num_layers": lay.layers[v], "first_layer": lay.first_layer(v), **rec.to_dict()})
+        return {"pp": lay.pp, "vpp": lay.vpp, "num_layers": lay.num_layers, "method": self.source.result.method,
+                "stages": stages}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"args": self.argv(), "stock": self.stock.to_dict(), "plugin": self.plugin_table(),
+                "notes": list(self.notes), "figures": [f.to_dict() for f in self.figures],
+                "simulation_note": self.sim_note}
+
+
+def model_flags(src: ExportSource) -> list[tuple[str, ...]]:
+    m, par = src.problem.model, src.problem.parallel
+    drop = "0.1" if m.dropout else "0.0"
+    flags: list[tuple[str, ...]] = [
+        ("--num-layers", str(m.num_layers)), ("--hidden-size", str(m.hidden_size)),
+        ("--ffn-hidden-size", str(m.ffn_hidden_size)), ("--num-attention-heads", str(m.num_attention_heads)),
+        ("--seq-length", str(par.seq_length)), ("--max-position-embeddings", str(m.max_position_embeddings)),
+        ("--vocab-size", str(m.vocab_size)), ("--attention-dropout", drop), ("--hidden-dropout", drop),
+    ]
+    if src.family == "llama":  # the LLaMA family (issue 10); GPT is Megatron's default architecture
+        flags += [("--swiglu",), ("--normalization", "RMSNorm"), ("--position-embedding-type", "rope"),
+                  ("--disable-bias-linear",), ("--untie-embeddings-and-output-weights",)]
+        groups = getattr(m, "num_query_groups", None) or getattr(m, "num_kv_heads", None)
+        if groups and int(groups) != m.num_attention_heads:
+            flags += [("--group-query-attention",), ("--num-query-groups", str(int(groups)))]
+    return flags
+
+
+def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
+    graph, lay, par = src.problem.graph, src.layout, src.problem.parallel
+    per_stage: list[MegatronRecompute] = []
+    notes: list[str] = []
+    for v, pol in enumerate(src.policies):
+        rec, n = chunk_setting(graph, pol, f"stage {v}" if lay.vpp == 1 else f"virtual stage {v}")
+        per_stage.append(rec)
+        notes += n
+    stock, n = collapse(per_stage, lay.layers)
+    notes += n
+    args: list[tuple[str, ...]] = [
+        ("--tensor-model-parallel-size", str(par.tp)), ("--pipeline-model-parallel-size", str(par.pp)),
+        *([("--sequence-parallel",)] if par.sequence_parallel else []),
+        ("--pipeline-model-parallel-layout", megatron_layout(lay)),
+        ("--micro-batch-size", str(par.micro_batch_size)), ("--global-batch-size", str(par.global_batch_size)),
+        *model_flags(src), ("--bf16",), *_as_flags(stock.flags()),
+    ]
+    fl = first_last_counts(lay)
+    if fl is not None:
+        notes.append(f"layout alternative: --decoder-first-pipeline-num-layers {fl[0]} "
+                     f"--decoder-last-pipeline-num-layers {fl[1]}")
+    figures: tuple[Figures, ...] = ()
+    sim_note = ""
+    if simulate:
+        try:
+            figures = (simulate_lynx(src.problem, src.result), simulate_per_stage(src.problem, lay, per_stage),
+                       simulate_stock(src.problem, lay, stock))
+        except LynxError as e:
+            sim_note = f"not simulated: {e}"
+    return MegatronExport(src, tuple(args), tuple(per_stage), stock, tuple(notes), figures, sim_note)
+
+
+def _as_flags(tokens: list[str]) -> list[tuple[str, ...]]:
+    out: list[tuple[str, ...]] = []
+    for t in tokens:
+        if t.startswith("--"):
+            out.append((t,))
+        else:
+            out[-1] = (*out[-1], t)
+    return out
+
+
+def render_plugin(table: dict[str, Any]) -> str:
+    src = (resources.files("lynx.export") / "megatron_plugin.py").read_text()
+    if _PLAN_MARKER not in src:
+        raise RuntimeError("lynx.export.megatron_plugin lost its plan-table marker")
+    body = pprint.pformat(table, width=110, sort_dicts=False)
+    return src.replace(_PLAN_MARKER, f"LYNX_PLAN: dict[str, Any] = {body}  # written by `lynx export megatron`")
+
+
+def write_megatron(exp: MegatronExport, out_dir: Path) -> list[Path]:
+    import json
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {ARGS_FILE: exp.args_text(), PLUGIN_FILE: render_plugin(exp.plugin_table()),
+             REPORT_FILE: json.dumps(exp.to_dict(), indent=2) + "\n"}
+    paths = []
+    for name, text in files.items():
+        p = out_dir / name
+        p.write_text(text)
+        paths.append(p)
+    return paths

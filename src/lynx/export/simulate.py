@@ -1,0 +1,117 @@
+"""Price a plan and the Megatron configurations that approximate it, with lynx's own simulator.
+
+This module is export/'s only door into the planner (lynx.api, lynx.plan): `_run` is the one function that
+calls it, and it reads results through `Plan.prediction()`, the plan file's documented prediction block, so
+a refactor of the simulator's internals does not reach here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from lynx.errors import SpecError
+from lynx.export.layout import ChunkLayout
+from lynx.export.megatron_recompute import MegatronRecompute, layer_policies
+from lynx.problem import PlanProblem, PlanResult
+
+
+@dataclass(frozen=True, slots=True)
+class StageFigures:
+    stage: int
+    num_layers: int
+    peak_bytes: float
+    budget_bytes: float
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.budget_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """What the simulator predicts for one configuration."""
+
+    label: str
+    setting: str
+    iteration_time_s: float
+    samples_per_s: float
+    stages: tuple[StageFigures, ...]
+
+    @property
+    def fits(self) -> bool:
+        return all(s.fits for s in self.stages)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "setting": self.setting, "iteration_time_s": self.iteration_time_s,
+                "samples_per_s": self.samples_per_s, "fits": self.fits,
+                "stages": [{"stage": s.stage, "num_layers": s.num_layers, "peak_memory_bytes": s.peak_bytes,
+                            "budget_bytes": s.budget_bytes, "fits": s.fits} for s in self.stages]}
+
+
+def _figures(label: str, setting: str, pred: Mapping[str, Any]) -> Figures:
+    stages = tuple(StageFigures(int(s["stage"]), int(s["num_layers"]), float(s["peak_memory_bytes"]),
+                                float(s["budget_bytes"])) for s in pred["stages"])
+    return Figures(label, setting, float(pred["iteration_time_s"]), float(pred["samples_per_s"]), stages)
+
+
+# A Megatron setting the method registry already knows: (method, --recompute-num-layers).
+def _registry_method(rec: MegatronRecompute) -> tuple[str, int | None] | None:
+    if rec.granularity is None:
+        return "none", None
+    if rec.granularity == "selective":
+        return ("selective", None) if rec.modules == ("core_attn",) else None
+    return str(rec.method), rec.num_layers
+
+
+def _run(problem: PlanProblem, layers: Sequence[int], how: PlanResult | MegatronRecompute
+         | Sequence[MegatronRecompute]) -> Mapping[str, Any]:
+    """The one call into the planner: simulate a lynx result, one global Megatron setting (through the
+    method registry when it has that baseline), or one setting per stage (policies built here)."""
+    from lynx.api import plan as plan_with
+    from lynx.plan import Plan
+
+    if isinstance(how, PlanResult):
+        return Plan.evaluate(problem, how, record=False).prediction()
+    if isinstance(how, MegatronRecompute):
+        known = _registry_method(how)
+        if known is not None:
+            method, n = known
+            opts = replace(problem.options, layers_per_stage=tuple(layers), recompute_num_layers=n)
+            return plan_with(replace(problem, options=opts), method, record=False).prediction()
+        how = [how] * len(layers)
+    # Per-stage settings, or a module set the registry has no baseline for (issue 10 adds
+    # --recompute-modules baselines; this branch then serves only the per-stage plugin).
+    from lynx.partition.base import Partition
+    from lynx.policy.base import RecomputePolicy
+
+    pols = tuple(RecomputePolicy("megatron", layer_policies(problem.graph, rec, n))
+                 for rec, n in zip(how, layers, strict=True))
+    res = PlanResult("megatron", Partition(tuple(layers), "explicit"), pols)
+    return Plan.evaluate(problem, res, record=False).prediction()
+
+
+def _check_simulable(problem: PlanProblem, layout: ChunkLayout) -> None:
+    if layout.vpp != 1:
+        raise SpecError(f"the simulator runs non-interleaved 1F1B only; this layout has vpp {layout.vpp}")
+    if layout.pp != problem.parallel.pp or min(layout.layers) < 1:
+        raise SpecError(f"layout {layout.layers} does not fit PP {problem.parallel.pp}")
+
+
+def simulate_lynx(problem: PlanProblem, result: PlanResult) -> Figures:
+    """The lynx plan as lynx's runtime runs it (recomputation overlapped with collectives and stalls)."""
+    return _figures("lynx", f"{result.method} (per-stage, overlapped)", _run(problem, (), result))
+
+
+def simulate_stock(problem: PlanProblem, layout: ChunkLayout, rec: MegatronRecompute) -> Figures:
+    """Stock Megatron-Core: the layout and one global recomputation setting."""
+    _check_simulable(problem, layout)
+    return _figures("megatron", rec.describe(), _run(problem, layout.layers, rec))
+
+
+def simulate_per_stage(problem: PlanProblem, layout: ChunkLayout, settings: Sequence[MegatronRecompute]) -> Figures:
+    """Megatron-Core with the lynx plugin: each stage its own setting, every recomputation on demand."""
+    _check_simulable(problem, layout)
+    label = "; ".join(f"{i}: {s.describe()}" for i, s in enumerate(settings))
+    return _figures("megatron+plugin", label, _run(problem, layout.layers, settings))
