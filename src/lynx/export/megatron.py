@@ -13,7 +13,7 @@ from typing import Any
 from lynx.errors import LynxError
 from lynx.export.layout import first_last_counts, megatron_layout
 from lynx.export.megatron_recompute import MegatronRecompute, chunk_setting, collapse
-from lynx.export.simulate import Figures, simulate_lynx, simulate_per_stage, simulate_stock
+from lynx.export.pricing import Figures, simulate_lynx, simulate_per_stage, simulate_stock
 from lynx.export.source import ExportSource
 
 ARGS_FILE = "megatron_args.txt"

@@ -7,14 +7,18 @@ a refactor of the simulator's internals does not reach here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from lynx.errors import SpecError
 from lynx.export.layout import ChunkLayout
 from lynx.export.megatron_recompute import MegatronRecompute, layer_policies
-from lynx.problem import PlanProblem, PlanResult
+from lynx.problem import PlanOptions, PlanProblem, PlanResult
+from lynx.spec import ModelSpec, ParallelSpec
+
+if TYPE_CHECKING:
+    from lynx.plan import Plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +42,8 @@ class Figures:
     iteration_time_s: float
     samples_per_s: float
     stages: tuple[StageFigures, ...]
+    plan: Plan | None = field(default=None, compare=False, repr=False)
+    """The simulated plan (to save with --out)."""
 
     @property
     def fits(self) -> bool:
@@ -50,10 +56,11 @@ class Figures:
                             "budget_bytes": s.budget_bytes, "fits": s.fits} for s in self.stages]}
 
 
-def _figures(label: str, setting: str, pred: Mapping[str, Any]) -> Figures:
+def _figures(label: str, setting: str, plan: Plan) -> Figures:
+    pred = plan.prediction()
     stages = tuple(StageFigures(int(s["stage"]), int(s["num_layers"]), float(s["peak_memory_bytes"]),
                                 float(s["budget_bytes"])) for s in pred["stages"])
-    return Figures(label, setting, float(pred["iteration_time_s"]), float(pred["samples_per_s"]), stages)
+    return Figures(label, setting, float(pred["iteration_time_s"]), float(pred["samples_per_s"]), stages, plan)
 
 
 # A Megatron setting the method registry already knows: (method, --recompute-num-layers).
@@ -65,21 +72,24 @@ def _registry_method(rec: MegatronRecompute) -> tuple[str, int | None] | None:
     return str(rec.method), rec.num_layers
 
 
-def _run(problem: PlanProblem, layers: Sequence[int], how: PlanResult | MegatronRecompute
-         | Sequence[MegatronRecompute]) -> Mapping[str, Any]:
-    """The one call into the planner: simulate a lynx result, one global Megatron setting (through the
-    method registry when it has that baseline), or one setting per stage (policies built here)."""
+def _run(problem: PlanProblem, layers: Sequence[int],
+         how: str | PlanResult | MegatronRecompute | Sequence[MegatronRecompute]) -> Plan:
+    """The one call into the planner: plan with a registered method, simulate a lynx result, one global
+    Megatron setting (through the method registry when it has that baseline), or one setting per stage
+    (policies built here)."""
     from lynx.api import plan as plan_with
     from lynx.plan import Plan
 
+    if isinstance(how, str):
+        return plan_with(problem, how, record=False)
     if isinstance(how, PlanResult):
-        return Plan.evaluate(problem, how, record=False).prediction()
+        return Plan.evaluate(problem, how, record=False)
     if isinstance(how, MegatronRecompute):
         known = _registry_method(how)
         if known is not None:
             method, n = known
             opts = replace(problem.options, layers_per_stage=tuple(layers), recompute_num_layers=n)
-            return plan_with(replace(problem, options=opts), method, record=False).prediction()
+            return plan_with(replace(problem, options=opts), method, record=False)
         how = [how] * len(layers)
     # Per-stage settings, or a module set the registry has no baseline for (issue 10 adds
     # --recompute-modules baselines; this branch then serves only the per-stage plugin).
@@ -89,7 +99,7 @@ def _run(problem: PlanProblem, layers: Sequence[int], how: PlanResult | Megatron
     pols = tuple(RecomputePolicy("megatron", layer_policies(problem.graph, rec, n))
                  for rec, n in zip(how, layers, strict=True))
     res = PlanResult("megatron", Partition(tuple(layers), "explicit"), pols)
-    return Plan.evaluate(problem, res, record=False).prediction()
+    return Plan.evaluate(problem, res, record=False)
 
 
 def _check_simulable(problem: PlanProblem, layout: ChunkLayout) -> None:
@@ -104,6 +114,12 @@ def simulate_lynx(problem: PlanProblem, result: PlanResult) -> Figures:
     return _figures("lynx", f"{result.method} (per-stage, overlapped)", _run(problem, (), result))
 
 
+def plan_method(problem: PlanProblem, method: str) -> Figures:
+    """Plan the problem afresh with a registered method (lynx's answer to an imported config)."""
+    plan = _run(problem, (), method)
+    return _figures(method, f"{plan.result.method}, partition {plan.result.partition}", plan)
+
+
 def simulate_stock(problem: PlanProblem, layout: ChunkLayout, rec: MegatronRecompute) -> Figures:
     """Stock Megatron-Core: the layout and one global recomputation setting."""
     _check_simulable(problem, layout)
@@ -115,3 +131,16 @@ def simulate_per_stage(problem: PlanProblem, layout: ChunkLayout, settings: Sequ
     _check_simulable(problem, layout)
     label = "; ".join(f"{i}: {s.describe()}" for i, s in enumerate(settings))
     return _figures("megatron+plugin", label, _run(problem, layout.layers, settings))
+
+
+def imported_problem(model: ModelSpec, parallel: ParallelSpec, layout: ChunkLayout, hardware: str,
+                     options: PlanOptions) -> PlanProblem:
+    """A lynx problem for a configuration read from another framework, with its partition fixed."""
+    from lynx.api import make_problem
+    from lynx.spec import load_hardware
+
+    if layout.vpp != 1:
+        raise SpecError(f"interleaved layouts (vpp {layout.vpp}) cannot be simulated yet: lynx's simulator runs "
+                        "non-interleaved 1F1B")
+    opts = replace(options, layers_per_stage=layout.layers)
+    return make_problem(model, load_hardware(hardware), parallel, opts)
