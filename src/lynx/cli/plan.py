@@ -92,8 +92,15 @@ def plan_cmd(
     memory_png: Annotated[
         Path | None, typer.Option("--memory-png", help="Write memory per stage over time (PNG).")
     ] = None,
+    from_megatron: Annotated[str | None, typer.Option(
+        "--from-megatron", help="Simulate a Megatron-LM command line (quoted) next to lynx's plan; sizes come "
+        "from it, --hardware/--dp/--nodes/--budget-gb from lynx's options (docs/export.md).")] = None,
 ) -> None:
     """Plan recomputation and partitioning for a model on a cluster, and predict its iteration."""
+    if from_megatron is not None:  # issue 12: the import path lives in lynx.cli.export
+        from lynx.cli.export import plan_from_megatron
+
+        return plan_from_megatron(from_megatron, hardware, dp, nodes, budget_gb, bytes_per_param, as_json, out)
     from lynx.api import compare as compare_methods
     from lynx.api import plan as plan_one
     from lynx.methods import available_methods

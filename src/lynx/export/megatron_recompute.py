@@ -78,6 +78,13 @@ class MegatronRecompute:
     def describe(self) -> str:
         return " ".join(self.flags()) or "no recomputation"
 
+    def short(self) -> str:
+        if self.granularity is None:
+            return "none"
+        if self.granularity == "selective":
+            return "selective " + "+".join(self.modules)
+        return f"full {self.method} {self.num_layers}"
+
     def to_dict(self) -> dict[str, object]:
         return {"recompute_granularity": self.granularity, "recompute_method": self.method,
                 "recompute_num_layers": self.num_layers,

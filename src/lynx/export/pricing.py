@@ -129,7 +129,7 @@ def simulate_stock(problem: PlanProblem, layout: ChunkLayout, rec: MegatronRecom
 def simulate_per_stage(problem: PlanProblem, layout: ChunkLayout, settings: Sequence[MegatronRecompute]) -> Figures:
     """Megatron-Core with the lynx plugin: each stage its own setting, every recomputation on demand."""
     _check_simulable(problem, layout)
-    label = "; ".join(f"{i}: {s.describe()}" for i, s in enumerate(settings))
+    label = "per stage: " + " | ".join(s.short() for s in settings)
     return _figures("megatron+plugin", label, _run(problem, layout.layers, settings))
 
 
