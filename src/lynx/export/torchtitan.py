@@ -54,6 +54,14 @@ def layer_entry(graph: LayerGraph, lp: LayerPolicy) -> dict[str, Any]:
     return {"mode": "selective", "keep": keep, "recompute": [n for n, _ in lp.recompute]}
 
 
+def replayed_ops(graph: LayerGraph, family: str, entry: dict[str, Any]) -> frozenset[str]:
+    """The named ops a selective block reruns in backward: torch's checkpoint replays the block forward in
+    order and serves only MUST_SAVE outputs from its cache, so ops the plan leaves free (not needed by
+    backward) rerun too when a later op is replayed."""
+    named = {n for names in ORDER[family].values() for n in names} & set(graph.names)
+    return frozenset(named - set(entry["keep"])) if entry["mode"] == "selective" else frozenset()
+
+
 @dataclass(frozen=True, slots=True)
 class TorchtitanExport:
     source: ExportSource
@@ -69,6 +77,11 @@ def _notes(src: ExportSource, layers: list[dict[str, Any]]) -> list[str]:
     hidden = sum(1 for pol in src.policies for lp in pol.layers for _, p in lp.recompute if p != Phase.ON_DEMAND)
     if hidden:
         notes.append(f"{hidden} op recomputations lynx hides in collectives or stalls run on demand")
+    extra = sorted({n for e in layers for n in replayed_ops(src.problem.graph, src.family, e)}
+                   - {n for pol in src.policies for lp in pol.layers for n in lp.recomputed()}, key=src.problem.graph.index)
+    if extra:
+        notes.append(f"selective blocks also rerun ops the plan leaves free: {', '.join(extra)} (torch replays "
+                     "the block forward; only MUST_SAVE outputs come from its cache)")
     unpinned = sorted({n for e in layers if e["mode"] == "selective" for n in e["keep"]} - named)
     if unpinned:
         notes.append(f"kept ops without an aten mapping (recomputed instead): {', '.join(unpinned)}")
