@@ -26,7 +26,8 @@ def test_readme_layout_string() -> None:
     assert megatron_layout(ChunkLayout(2, 1, (1, 1))) == "Et|tL"
 
 
-@pytest.mark.parametrize("layout", [README, INTERLEAVED, ChunkLayout(1, 1, (32,)), ChunkLayout(2, 3, (1, 2, 3, 4, 5, 6))])
+@pytest.mark.parametrize("layout", [README, INTERLEAVED, ChunkLayout(1, 1, (32,)),
+                                    ChunkLayout(2, 3, (1, 2, 3, 4, 5, 6))])
 def test_own_round_trip(layout: ChunkLayout) -> None:
     assert parse_megatron_layout(megatron_layout(layout), layout.pp, layout.num_layers) == layout
 

@@ -50,7 +50,8 @@ def test_forms_defaults_and_ignored_flags() -> None:
     assert any("--lr --data-path" in w for w in cmd.warnings)
     assert any("--ffn-hidden-size 16384" in w for w in cmd.warnings)
     cmd = parse_megatron_args(BASE.split() + ["--recompute-granularity", "full", "--recompute-method", "block",
-                                              "--recompute-num-layers", "2", "--num-virtual-stages-per-pipeline-rank", "2"])
+                                              "--recompute-num-layers", "2",
+                                              "--num-virtual-stages-per-pipeline-rank", "2"])
     assert cmd.layout == ChunkLayout(4, 2, (4,) * 8)
     assert cmd.recompute == MegatronRecompute("full", "block", 2)
     sel = parse_megatron_args(BASE + " --recompute-granularity selective --recompute-modules mlp layernorm")

@@ -23,7 +23,6 @@ from torch import nn  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from lynx.api import plan as plan_with  # noqa: E402
-from lynx.export.source import source_from  # noqa: E402
 from lynx.export.torchtitan import ORDER, build_torchtitan, render_ac, replayed_ops  # noqa: E402
 from lynx.policy.base import RecomputePolicy  # noqa: E402
 from lynx.policy.rules import full_layer, keep_all, on_demand  # noqa: E402
@@ -128,7 +127,8 @@ def _plan_source() -> Any:
     from lynx.export.layout import ChunkLayout
     from lynx.export.source import ExportSource
 
-    return ExportSource(p.problem, p.result, ChunkLayout(2, 1, (2, 2)), pols), (keep_all(g), full_layer(g), sel_a, sel_b)
+    src = ExportSource(p.problem, p.result, ChunkLayout(2, 1, (2, 2)), pols)
+    return src, (keep_all(g), full_layer(g), sel_a, sel_b)
 
 
 def _block_run(block: Any, x: Any) -> tuple[int, set[str], list[Any]]:

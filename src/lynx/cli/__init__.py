@@ -24,8 +24,8 @@ app = typer.Typer(
 )
 
 # Subcommand modules: each adds its commands to `app` when imported. Keep one line per module.
-from lynx.cli import plan as _plan  # noqa: E402,F401
 from lynx.cli import export as _export  # noqa: E402,F401
+from lynx.cli import plan as _plan  # noqa: E402,F401
 
 _OPTIONAL_COMMANDS = (
     "lynx.cli.solve",    # lynx solve (Lynx-HEU on a user's graph)

@@ -150,7 +150,7 @@ def chunk_setting(graph: LayerGraph, policy: RecomputePolicy, where: str) -> tup
         exact = all(c == "selective" and ms == mods for c, ms in classes)
         if not exact:
             notes.append(f"{where}: per-layer keep sets differ; every layer recomputes {','.join(mods)}")
-        for lp, (c, ms) in zip(policy.layers, classes, strict=True):
+        for lp, (c, _ms) in zip(policy.layers, classes, strict=True):
             extra = covered_ops(graph, mods) - (graph.needed() - lp.keep)
             if c == "selective" and extra:
                 notes.append(f"{where}: keep set rounded to --recompute-modules {' '.join(mods)} "

@@ -77,8 +77,9 @@ def _notes(src: ExportSource, layers: list[dict[str, Any]]) -> list[str]:
     hidden = sum(1 for pol in src.policies for lp in pol.layers for _, p in lp.recompute if p != Phase.ON_DEMAND)
     if hidden:
         notes.append(f"{hidden} op recomputations lynx hides in collectives or stalls run on demand")
-    extra = sorted({n for e in layers for n in replayed_ops(src.problem.graph, src.family, e)}
-                   - {n for pol in src.policies for lp in pol.layers for n in lp.recomputed()}, key=src.problem.graph.index)
+    g = src.problem.graph
+    extra = sorted({n for e in layers for n in replayed_ops(g, src.family, e)}
+                   - {n for pol in src.policies for lp in pol.layers for n in lp.recomputed()}, key=g.index)
     if extra:
         notes.append(f"selective blocks also rerun ops the plan leaves free: {', '.join(extra)} (torch replays "
                      "the block forward; only MUST_SAVE outputs come from its cache)")
@@ -121,7 +122,7 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
 def render_ac(exp: TorchtitanExport) -> str:
     text = (resources.files("lynx.export") / "templates" / "torchtitan_ac.py.tmpl").read_text()
     cfg = {k: {f: v for f, v in d.items() if f != "pipeline_parallel_schedule_csv"} for k, d in exp.config.items()}
-    for marker, name, value in (("lynx:ac-table", "LYNX_AC", exp.ac_table), ("lynx:config-table", "LYNX_CONFIG", cfg),
+    for marker, _name, value in (("lynx:ac-table", "LYNX_AC", exp.ac_table), ("lynx:config-table", "LYNX_CONFIG", cfg),
                                 ("lynx:order-table", "ORDER", ORDER)):
         line = next((ln for ln in text.splitlines() if ln.endswith(f"# {marker}")), None)
         if line is None:
