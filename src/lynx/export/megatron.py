@@ -122,7 +122,7 @@ def render_plugin(table: dict[str, Any]) -> str:
     if _PLAN_MARKER not in src:
         raise RuntimeError("lynx.export.megatron_plugin lost its plan-table marker")
     body = pprint.pformat(table, width=110, sort_dicts=False)
-    return src.replace(_PLAN_MARKER, f"LYNX_PLAN: dict[str, Any] = {body}  # written by `lynx export megatron`")
+    return src.replace(_PLAN_MARKER, f"# written by `lynx export megatron`\nLYNX_PLAN: dict[str, Any] = {body}")
 
 
 def write_megatron(exp: MegatronExport, out_dir: Path) -> list[Path]:

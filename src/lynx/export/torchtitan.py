@@ -129,7 +129,7 @@ def render_ac(exp: TorchtitanExport) -> str:
             raise RuntimeError(f"torchtitan AC template lost its {marker} marker")
         typ = line.split("=", 1)[0]
         body = pprint.pformat(value, width=110, sort_dicts=False, compact=True)
-        text = text.replace(line, f"{typ}= {body}  # written by `lynx export torchtitan`")
+        text = text.replace(line, f"# written by `lynx export torchtitan`\n{typ}= {body}")
     return text
 
 
