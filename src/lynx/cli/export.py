@@ -57,8 +57,9 @@ def megatron_cmd(
     from lynx.export.megatron import build_megatron, write_megatron
     from lynx.export.source import load_source
 
+    out = _out_dir(out)
     exp = build_megatron(load_source(plan_file))
-    paths = write_megatron(exp, _out_dir(out))
+    paths = write_megatron(exp, out)
     if as_json:
         print_json(exp.to_dict() | {"files": [str(p) for p in paths]})
         return
@@ -85,8 +86,9 @@ def torchtitan_cmd(
     from lynx.export.source import load_source
     from lynx.export.torchtitan import build_torchtitan, write_torchtitan
 
+    out = _out_dir(out)
     exp = build_torchtitan(load_source(plan_file))
-    paths = write_torchtitan(exp, _out_dir(out))
+    paths = write_torchtitan(exp, out)
     if as_json:
         print_json(exp.config | {"notes": list(exp.notes), "files": [str(p) for p in paths]})
         return
