@@ -32,7 +32,9 @@ ORDER: dict[str, dict[str, list[str]]] = {
     "gpt": {"norm": ["ln1", "ln2"], "mm": ["qkv", "attn_proj", "fc1", "fc2"],
             "bmm": ["attn_scores", "attn_context"], "softmax": ["softmax"], "sdpa": ["core_attn"],
             "dropout": ["attn_dropout", "attn_residual", "mlp_residual"], "gelu": ["gelu"]},
-    "llama": {"norm": ["rmsnorm1", "rmsnorm2"], "mm": ["qkv", "qkv", "qkv", "attn_proj", "gate_up", "gate_up", "down"],
+    # torchtitan 0.3.0's Llama3TransformerBlock: fused wqkv (fuse_qkv=True in every llama3 flavor), wo;
+    # feed_forward computes w2(silu(w1(x)) * w3(x)), so its matmuls run w1, w3, w2.
+    "llama": {"norm": ["rmsnorm1", "rmsnorm2"], "mm": ["qkv", "attn_proj", "gate_up", "gate_up", "down"],
               "sdpa": ["core_attn"], "silu": ["swiglu"]},
 }
 
