@@ -165,3 +165,23 @@ def test_plugin_sets_each_rank_on_megatron_transformer_config(tmp_path: Path) ->
         plugin.apply_lynx_plan(dataclasses.replace(base, num_layers=48), pp_rank=0, vp_rank=0)
     with pytest.raises(ValueError, match="outside"):
         plugin.apply_lynx_plan(base, pp_rank=4, vp_rank=0)
+
+
+def test_plugin_and_stock_settings_are_the_fastest_that_fit() -> None:
+    """Each stage's plugin setting fits and every cheaper Megatron setting does not; likewise the global one."""
+    from lynx.export.megatron_recompute import candidates, recompute_cost
+
+    exp = build_megatron(_source(16))
+    prob, lay, g = exp.source.problem, exp.source.layout, exp.source.problem.graph
+    for s, (rec, n) in enumerate(zip(exp.per_stage, lay.layers, strict=True)):
+        cands = candidates(g, n)
+        assert simulate_per_stage(prob, lay, exp.per_stage).stages[s].fits
+        for cheaper in cands[: cands.index(rec)]:
+            trial = [*exp.per_stage[:s], cheaper, *exp.per_stage[s + 1:]]
+            assert not simulate_per_stage(prob, lay, trial).stages[s].fits, cheaper.short()
+    cost = sum(recompute_cost(g, exp.stock, n) for n in lay.layers)
+    assert exp.figures[2].fits
+    for n in set(lay.layers):
+        for cand in candidates(g, n):
+            if sum(recompute_cost(g, cand, k) for k in lay.layers) < cost:
+                assert not simulate_per_stage(prob, lay, [cand] * len(lay.layers)).fits, cand.short()

@@ -12,8 +12,15 @@ from typing import Any
 
 from lynx.errors import LynxError
 from lynx.export.layout import first_last_counts, megatron_layout
-from lynx.export.megatron_recompute import MegatronRecompute, chunk_setting, collapse
-from lynx.export.pricing import Figures, simulate_lynx, simulate_per_stage, simulate_stock
+from lynx.export.megatron_recompute import MegatronRecompute, chunk_setting, collapse, hidden_note
+from lynx.export.pricing import (
+    Figures,
+    fastest_fitting,
+    fastest_fitting_global,
+    simulate_lynx,
+    simulate_per_stage,
+    simulate_stock,
+)
 from lynx.export.source import ExportSource
 
 ARGS_FILE = "megatron_args.txt"
@@ -79,12 +86,28 @@ def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
     graph, lay, par = src.problem.graph, src.layout, src.problem.parallel
     per_stage: list[MegatronRecompute] = []
     notes: list[str] = []
+    rounding: list[str] = []
     for v, pol in enumerate(src.policies):
-        rec, n = chunk_setting(graph, pol, f"stage {v}" if lay.vpp == 1 else f"virtual stage {v}")
+        where = f"stage {v}" if lay.vpp == 1 else f"virtual stage {v}"
+        rec, n = chunk_setting(graph, pol, where)
         per_stage.append(rec)
-        notes += n
+        rounding += n
+        notes += hidden_note(pol, where)
+    rounded = list(per_stage)
     stock, n = collapse(per_stage, lay.layers)
-    notes += n
+    rounding += n
+    figures: tuple[Figures, ...] = ()
+    sim_note = ""
+    try:
+        if not simulate:
+            raise LynxError("not asked to")
+        per_stage, stock, more = _fit(src, rounded, stock)
+        notes += more
+        figures = (simulate_lynx(src.problem, src.result), simulate_per_stage(src.problem, lay, per_stage),
+                   simulate_stock(src.problem, lay, stock))
+    except LynxError as e:  # no simulation: the plugin and stock flags are translations of lynx's keep sets
+        sim_note = f"not simulated: {e}"
+        notes += rounding
     args: list[tuple[str, ...]] = [
         ("--tensor-model-parallel-size", str(par.tp)), ("--pipeline-model-parallel-size", str(par.pp)),
         *([("--sequence-parallel",)] if par.sequence_parallel else []),
@@ -96,15 +119,28 @@ def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
     if fl is not None:
         notes.append(f"layout alternative: --decoder-first-pipeline-num-layers {fl[0]} "
                      f"--decoder-last-pipeline-num-layers {fl[1]}")
-    figures: tuple[Figures, ...] = ()
-    sim_note = ""
-    if simulate:
-        try:
-            figures = (simulate_lynx(src.problem, src.result), simulate_per_stage(src.problem, lay, per_stage),
-                       simulate_stock(src.problem, lay, stock))
-        except LynxError as e:
-            sim_note = f"not simulated: {e}"
     return MegatronExport(src, tuple(args), tuple(per_stage), stock, tuple(notes), figures, sim_note)
+
+
+def _fit(src: ExportSource, rounded: list[MegatronRecompute], collapsed: MegatronRecompute
+         ) -> tuple[list[MegatronRecompute], MegatronRecompute, list[str]]:
+    """Megatron cannot keep lynx's exact op sets, so each stage gets the fastest setting Megatron can express
+    that the simulator says fits (the rounded translation is the fallback); stock Megatron gets the fastest
+    single setting that fits every stage."""
+    notes: list[str] = []
+    per_stage, found = fastest_fitting(src.problem, src.layout, rounded)
+    for v, (a, b, ok) in enumerate(zip(rounded, per_stage, found, strict=True)):
+        if not ok:
+            notes.append(f"stage {v}: no Megatron setting fits; kept the translation {a.short()}")
+        elif a != b:
+            notes.append(f"stage {v}: plugin uses {b.short()}, the fastest Megatron setting that fits "
+                         f"(the translation of lynx's keep set would be {a.short()})")
+    stock = fastest_fitting_global(src.problem, src.layout)
+    if stock is None:
+        notes.append(f"stock: no single setting fits every stage; showing the most frugal translation "
+                     f"{collapsed.short()}")
+        stock = collapsed
+    return per_stage, stock, notes
 
 
 def _as_flags(tokens: list[str]) -> list[tuple[str, ...]]:

@@ -135,9 +135,6 @@ def chunk_setting(graph: LayerGraph, policy: RecomputePolicy, where: str) -> tup
     """The Megatron setting for one (virtual) stage of a lynx plan, and notes on what it could not keep."""
     notes: list[str] = []
     classes = [classify_layer(graph, lp) for lp in policy.layers]
-    hidden = sum(1 for lp in policy.layers for _, p in lp.recompute if p != Phase.ON_DEMAND)
-    if hidden:
-        notes.append(f"{where}: {hidden} op recomputations lynx hides in collectives or stalls run on demand")
     n = len(classes)
     kinds = {c for c, _ in classes}
     if kinds == {"none"} or n == 0:
@@ -163,6 +160,12 @@ def chunk_setting(graph: LayerGraph, policy: RecomputePolicy, where: str) -> tup
     if any(c != "none" for c, _ in classes[k:]):
         notes.append(f"{where}: Megatron's block recomputes the first {k} layers; lynx chose other positions")
     return MegatronRecompute("full", "block", k), notes
+
+
+def hidden_note(policy: RecomputePolicy, where: str) -> list[str]:
+    """What Megatron loses outright: lynx's recomputation inside collectives and stalls runs on demand."""
+    hidden = sum(1 for lp in policy.layers for _, p in lp.recompute if p != Phase.ON_DEMAND)
+    return [f"{where}: {hidden} op recomputations lynx hides in collectives or stalls run on demand"] if hidden else []
 
 
 def _chunk_runs(layers: Sequence[LayerPolicy]) -> list[int]:
@@ -206,3 +209,20 @@ def layer_policies(graph: LayerGraph, rec: MegatronRecompute, num_layers: int) -
         return tuple(full if i < k else keep_all(graph) for i in range(num_layers))
     chunked = LayerPolicy(keep=full.keep, recompute=full.recompute, input_checkpoint=False)
     return tuple(full if i % k == 0 else chunked for i in range(num_layers))
+
+
+def candidates(graph: LayerGraph, num_layers: int) -> list[MegatronRecompute]:
+    """Every setting Megatron can express for a chunk of `num_layers` layers, cheapest recomputation first
+    (cost: forward time of the ops rerun on demand, the simulator decides what fits)."""
+    useful = [m for m in MODULE_ORDER if covered_ops(graph, (m,))]
+    out = [NONE]
+    out += [MegatronRecompute("selective", modules=c) for k in range(1, len(useful) + 1)
+            for c in combinations(useful, k)]
+    out += [MegatronRecompute("full", "block", k) for k in range(1, num_layers + 1)]
+    out += [MegatronRecompute("full", "uniform", k) for k in range(2, num_layers + 1)]
+    return sorted(out, key=lambda r: recompute_cost(graph, r, num_layers))
+
+
+def recompute_cost(graph: LayerGraph, rec: MegatronRecompute, num_layers: int) -> float:
+    """Seconds of forward work rerun per micro-batch (ties: the order `candidates` lists them in)."""
+    return sum(graph.op(n).fwd_time for lp in layer_policies(graph, rec, num_layers) for n in lp.recomputed())

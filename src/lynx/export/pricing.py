@@ -144,3 +144,34 @@ def imported_problem(model: ModelSpec, parallel: ParallelSpec, layout: ChunkLayo
                         "non-interleaved 1F1B")
     opts = replace(options, layers_per_stage=layout.layers)
     return make_problem(model, load_hardware(hardware), parallel, opts)
+
+
+def fastest_fitting(problem: PlanProblem, layout: ChunkLayout,
+                    start: Sequence[MegatronRecompute]) -> tuple[list[MegatronRecompute], list[bool]]:
+    """Per stage, the cheapest Megatron setting with which the simulator says that stage fits (the other
+    stages' settings do not change a stage's memory); a stage where none fits keeps its `start` setting.
+    Returns the settings and, per stage, whether one was found."""
+    from lynx.export.megatron_recompute import candidates
+
+    _check_simulable(problem, layout)
+    chosen, found = list(start), [False] * len(start)
+    for s, n in enumerate(layout.layers):
+        for cand in candidates(problem.graph, n):
+            trial = [*chosen[:s], cand, *chosen[s + 1:]]
+            if simulate_per_stage(problem, layout, trial).stages[s].fits:
+                chosen[s], found[s] = cand, True
+                break
+    return chosen, found
+
+
+def fastest_fitting_global(problem: PlanProblem, layout: ChunkLayout) -> MegatronRecompute | None:
+    """The cheapest single setting with which every stage fits (what a stock-Megatron user would tune to)."""
+    from lynx.export.megatron_recompute import candidates, recompute_cost
+
+    _check_simulable(problem, layout)
+    g = problem.graph
+    pool = {c for n in set(layout.layers) for c in candidates(g, n)}
+    for cand in sorted(pool, key=lambda r: (sum(recompute_cost(g, r, n) for n in layout.layers), r.short())):
+        if simulate_per_stage(problem, layout, [cand] * len(layout.layers)).fits:
+            return cand
+    return None
