@@ -185,3 +185,22 @@ def test_plugin_and_stock_settings_are_the_fastest_that_fit() -> None:
         for cand in candidates(g, n):
             if sum(recompute_cost(g, cand, k) for k in lay.layers) < cost:
                 assert not simulate_per_stage(prob, lay, [cand] * len(lay.layers)).fits, cand.short()
+
+
+def test_interleaved_plan_per_rank_policies_split_into_chunks() -> None:
+    """Issue 9's interleaved plans carry `partition.chunks` and one policy per rank (chunk 0 first); the
+    exporter reads them as one policy per virtual stage. Emulated here with a stand-in partition object."""
+    p = plan_with(problem_for(mb=16), "lynx", record=False)
+    g = p.problem.graph
+    chunks = (3, 4, 4, 4, 4, 4, 4, 5)
+    per_rank = []
+    for r in range(4):
+        a, b = chunks[r], chunks[4 + r]
+        per_rank.append(RecomputePolicy("x", (full_layer(g),) * a + (keep_all(g),) * b))
+    part = dataclasses.make_dataclass("P", [("layers_per_stage", tuple), ("chunks", tuple), ("method", str)])(
+        tuple(chunks[r] + chunks[4 + r] for r in range(4)), chunks, "x")
+    res = dataclasses.replace(p.result, partition=part, policies=tuple(per_rank))
+    src = source_from(p.problem, res)
+    assert src.layout == ChunkLayout(4, 2, chunks)
+    assert [classify_layer(g, pol.layers[0])[0] for pol in src.policies] == ["full"] * 4 + ["none"] * 4
+    assert [len(pol.layers) for pol in src.policies] == list(chunks)

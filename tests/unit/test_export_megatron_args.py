@@ -79,3 +79,35 @@ def test_missing_sizes_are_named() -> None:
     with pytest.raises(SpecError, match="split"):
         parse_megatron_args("--num-layers 32 --num-attention-heads 32 --seq-length 1024 --micro-batch-size 1 "
                             "--hidden-size 1024 --global-batch-size 8 --pipeline-model-parallel-size 3 --bf16")
+
+
+def test_llama_fields_become_megatron_flags() -> None:
+    """The LLaMA fields issue 10 adds to ModelSpec, read by getattr (a stand-in object here)."""
+    from types import SimpleNamespace
+
+    from lynx.export.megatron_model import model_flags
+
+    llama = SimpleNamespace(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
+                            max_position_embeddings=8192, vocab_size=128256, dropout=False, family="llama",
+                            activation="swiglu", normalization="rmsnorm", position_embedding="rope",
+                            tie_embeddings=False, num_query_groups=8, attention="flash")
+    flags = {f[0]: f[1:] for f in model_flags(llama, 8192)}  # type: ignore[arg-type]
+    for f in ("--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--group-query-attention"):
+        assert flags[f] == ()
+    assert flags["--normalization"] == ("RMSNorm",) and flags["--position-embedding-type"] == ("rope",)
+    assert flags["--num-query-groups"] == ("8",) and flags["--attention-backend"] == ("flash",)
+    assert flags["--attention-dropout"] == ("0",) and flags["--hidden-dropout"] == ("0",)
+    args = " ".join(" ".join(f) for f in model_flags(llama, 8192))  # type: ignore[arg-type]
+    cmd = (f"{args} --micro-batch-size 1 --global-batch-size 64 --tensor-model-parallel-size 8 "
+           "--pipeline-model-parallel-size 4 --bf16")
+    import dataclasses
+
+    from lynx.spec import ModelSpec
+
+    if "family" not in {f.name for f in dataclasses.fields(ModelSpec)}:
+        with pytest.raises(SpecError, match="LLaMA family"):
+            parse_megatron_args(cmd)
+        return
+    m = parse_megatron_args(cmd).model  # after issue 10: the same model back
+    assert (m.family, m.num_query_groups, m.activation, m.normalization, m.position_embedding, m.tie_embeddings,
+            m.attention, m.dropout) == ("llama", 8, "swiglu", "rmsnorm", "rope", False, "flash", False)

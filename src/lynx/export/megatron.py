@@ -12,6 +12,7 @@ from typing import Any
 
 from lynx.errors import LynxError
 from lynx.export.layout import first_last_counts, megatron_layout
+from lynx.export.megatron_model import model_flags
 from lynx.export.megatron_recompute import MegatronRecompute, chunk_setting, collapse, hidden_note
 from lynx.export.pricing import (
     Figures,
@@ -64,24 +65,6 @@ class MegatronExport:
                 "simulation_note": self.sim_note}
 
 
-def model_flags(src: ExportSource) -> list[tuple[str, ...]]:
-    m, par = src.problem.model, src.problem.parallel
-    drop = "0.1" if m.dropout else "0.0"
-    flags: list[tuple[str, ...]] = [
-        ("--num-layers", str(m.num_layers)), ("--hidden-size", str(m.hidden_size)),
-        ("--ffn-hidden-size", str(m.ffn_hidden_size)), ("--num-attention-heads", str(m.num_attention_heads)),
-        ("--seq-length", str(par.seq_length)), ("--max-position-embeddings", str(m.max_position_embeddings)),
-        ("--vocab-size", str(m.vocab_size)), ("--attention-dropout", drop), ("--hidden-dropout", drop),
-    ]
-    if src.family == "llama":  # the LLaMA family (issue 10); GPT is Megatron's default architecture
-        flags += [("--swiglu",), ("--normalization", "RMSNorm"), ("--position-embedding-type", "rope"),
-                  ("--disable-bias-linear",), ("--untie-embeddings-and-output-weights",)]
-        groups = getattr(m, "num_query_groups", None) or getattr(m, "num_kv_heads", None)
-        if groups and int(groups) != m.num_attention_heads:
-            flags += [("--group-query-attention",), ("--num-query-groups", str(int(groups)))]
-    return flags
-
-
 def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
     graph, lay, par = src.problem.graph, src.layout, src.problem.parallel
     per_stage: list[MegatronRecompute] = []
@@ -113,7 +96,7 @@ def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
         *([("--sequence-parallel",)] if par.sequence_parallel else []),
         ("--pipeline-model-parallel-layout", megatron_layout(lay)),
         ("--micro-batch-size", str(par.micro_batch_size)), ("--global-batch-size", str(par.global_batch_size)),
-        *model_flags(src), ("--bf16",), *_as_flags(stock.flags()),
+        *model_flags(src.problem.model, par.seq_length), ("--bf16",), *_as_flags(stock.flags()),
     ]
     fl = first_last_counts(lay)
     if fl is not None:

@@ -14,6 +14,7 @@ from typing import Literal, cast
 
 from lynx.errors import SpecError
 from lynx.export.layout import ChunkLayout, even_layout, first_last_layout, parse_megatron_layout
+from lynx.export.megatron_model import model_from_flags
 from lynx.export.megatron_recompute import MegatronRecompute, RecomputeMethod
 from lynx.spec import ModelSpec, ParallelSpec
 
@@ -21,17 +22,14 @@ _INT = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-h
         "--max-position-embeddings", "--vocab-size", "--tensor-model-parallel-size",
         "--pipeline-model-parallel-size", "--micro-batch-size", "--global-batch-size", "--recompute-num-layers",
         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-        "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank")
+        "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank", "--num-query-groups")
 _FLOAT = ("--attention-dropout", "--hidden-dropout")
-_STR = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method")
+_STR = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--normalization",
+        "--position-embedding-type", "--attention-backend")
 _LIST = ("--recompute-modules",)
-_BOOL = ("--sequence-parallel", "--bf16", "--fp16", "--recompute-activations")
+_BOOL = ("--sequence-parallel", "--bf16", "--fp16", "--recompute-activations", "--swiglu", "--group-query-attention",
+         "--untie-embeddings-and-output-weights", "--disable-bias-linear")
 _REFUSED = {
-    "--swiglu": "SwiGLU MLPs (the LLaMA family comes with issue 10)",
-    "--normalization": "RMSNorm (the LLaMA family comes with issue 10)",
-    "--position-embedding-type": "rotary embeddings (the LLaMA family comes with issue 10)",
-    "--group-query-attention": "grouped-query attention (the LLaMA family comes with issue 10)",
-    "--num-query-groups": "grouped-query attention (the LLaMA family comes with issue 10)",
     "--num-experts": "mixture-of-experts layers",
     "--multi-latent-attention": "multi-latent attention",
     "--mtp-num-layers": "multi-token prediction layers",
@@ -179,13 +177,7 @@ def parse_megatron_args(args: str | Sequence[str]) -> MegatronCommand:
         warn.append("not given, assumed: " + ", ".join(defaults))
     if not (k.get("--bf16") or k.get("--fp16")):
         warn.append("neither --bf16 nor --fp16: lynx prices 16-bit training")
-    drops = {float(cast(float, k.get(f, 0.1))) for f in _FLOAT}
-    model = ModelSpec(
-        name="megatron-args", num_layers=layers, hidden_size=hidden,
-        num_attention_heads=_int(k, "--num-attention-heads"), ffn_hidden_size=_int(k, "--ffn-hidden-size", 4 * hidden),
-        vocab_size=_int(k, "--vocab-size", 51200), max_position_embeddings=_int(k, "--max-position-embeddings", seq),
-        dropout=any(d > 0 for d in drops),
-    )
+    model = model_from_flags(k, warn)
     pp = _int(k, "--pipeline-model-parallel-size", 1)
     return MegatronCommand(
         model=model, tp=_int(k, "--tensor-model-parallel-size", 1), pp=pp,

@@ -3,7 +3,7 @@ virtual stage, and the model family."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lynx.errors import PlanFormatError
@@ -29,23 +29,42 @@ class ExportSource:
 def source_from(problem: PlanProblem, result: PlanResult) -> ExportSource:
     """Read the layout off a planning result.
 
-    Today's plans have one chunk per stage (vpp = 1). Interleaved plans (issue 9) carry `vpp` and v chunks
-    per rank in Megatron's order (chunk c of rank r = virtual stage c * pp + r); the two `getattr`s below
-    are the only lines that depend on how those fields end up named.
+    Today's plans have one chunk per stage (vpp = 1). Interleaved plans (issue 9) carry
+    `partition.chunks`, the layers of every virtual stage in model order (chunk c of rank r = virtual stage
+    c * pp + r), and one policy per rank whose layers run chunk 0 first; this function is the only place
+    that reads those fields (by `getattr`), and splits each rank's policy into its chunks.
     """
     pp = problem.parallel.pp
     part = result.partition
-    counts = tuple(int(x) for x in (getattr(part, "layers_per_chunk", None) or part.layers_per_stage))
-    vpp = int(getattr(problem.parallel, "vpp", 0) or getattr(part, "vpp", 0) or max(1, len(counts) // pp))
+    counts = tuple(int(x) for x in (getattr(part, "chunks", ()) or part.layers_per_stage))
+    vpp = max(1, len(counts) // pp)
     if len(counts) != pp * vpp:
         raise PlanFormatError(f"plan: partition {counts} does not give {vpp} chunk(s) to each of {pp} stages")
-    if len(result.policies) != len(counts):
-        raise PlanFormatError(f"plan: {len(result.policies)} stage policies for {len(counts)} (virtual) stages")
-    for v, (pol, n) in enumerate(zip(result.policies, counts, strict=True)):
+    pols = result.policies
+    if vpp > 1 and len(pols) == pp:
+        pols = _split_by_chunk(pols, counts, pp, vpp)
+    if len(pols) != len(counts):
+        raise PlanFormatError(f"plan: {len(pols)} stage policies for {len(counts)} (virtual) stages")
+    for v, (pol, n) in enumerate(zip(pols, counts, strict=True)):
         if len(pol.layers) != n:
             raise PlanFormatError(f"plan: stage {v} policy covers {len(pol.layers)} layers, partition says {n}")
     family = str(getattr(problem.model, "family", "gpt"))
-    return ExportSource(problem, result, ChunkLayout(pp, vpp, counts), result.policies, family)
+    return ExportSource(problem, result, ChunkLayout(pp, vpp, counts), pols, family)
+
+
+def _split_by_chunk(pols: tuple[RecomputePolicy, ...], counts: tuple[int, ...], pp: int,
+                    vpp: int) -> tuple[RecomputePolicy, ...]:
+    """One policy per rank (chunk 0's layers first) -> one per virtual stage (v = chunk * pp + rank)."""
+    out: list[RecomputePolicy | None] = [None] * len(counts)
+    for r, pol in enumerate(pols):
+        lo = 0
+        for c in range(vpp):
+            n = counts[c * pp + r]
+            out[c * pp + r] = replace(pol, layers=pol.layers[lo:lo + n])
+            lo += n
+        if lo != len(pol.layers):
+            raise PlanFormatError(f"plan: stage {r} policy covers {len(pol.layers)} layers, its chunks {lo}")
+    return tuple(p for p in out if p is not None)
 
 
 def load_source(path: str | Path) -> ExportSource:
