@@ -111,3 +111,13 @@ def test_llama_fields_become_megatron_flags() -> None:
     m = parse_megatron_args(cmd).model  # after issue 10: the same model back
     assert (m.family, m.num_query_groups, m.activation, m.normalization, m.position_embedding, m.tie_embeddings,
             m.attention, m.dropout) == ("llama", 8, "swiglu", "rmsnorm", "rope", False, "flash", False)
+
+
+@pytest.mark.parametrize("method", ["none", "full", "uniform", "block", "lynx-heu"])
+def test_every_baseline_plan_round_trips(method: str) -> None:
+    p = plan_with(problem_for(mb=16), method, record=False)
+    exp = build_megatron(source_from(p.problem, p.result))
+    cmd = parse_megatron_args(exp.args_text())
+    prob = imported_problem(cmd.model, cmd.parallel(1), cmd.layout, "a100-40g-nvlink", PlanOptions())
+    again = simulate_stock(prob, cmd.layout, cmd.recompute)
+    assert again.iteration_time_s == pytest.approx(exp.figures[2].iteration_time_s, rel=1e-12)

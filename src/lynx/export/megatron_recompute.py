@@ -94,11 +94,19 @@ class MegatronRecompute:
 NONE = MegatronRecompute()
 
 
+def module_ops(graph: LayerGraph, module: str) -> frozenset[str]:
+    """The ops a Megatron module covers: the graph's own tags when its ops carry them (issue 10 adds
+    `Op.module`), else `MODULE_OPS`."""
+    if any(getattr(o, "module", "") for o in graph.ops):
+        return frozenset(o.name for o in graph.ops if getattr(o, "module", "") == module)
+    return MODULE_OPS[module]
+
+
 def covered_ops(graph: LayerGraph, modules: Sequence[str]) -> frozenset[str]:
     """The graph's backward-needed ops that these modules drop."""
     out: set[str] = set()
     for m in modules:
-        out |= MODULE_OPS[m]
+        out |= module_ops(graph, m)
     return frozenset(out) & graph.needed()
 
 
