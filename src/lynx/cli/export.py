@@ -95,8 +95,12 @@ def torchtitan_cmd(
     par = exp.config["parallelism"]
     console.print(f"[bold]torchtitan[/bold]: PP {par['pipeline_parallel_degree']}, "
                   f"{len(par['module_fqns_per_model_part'])} model parts, schedule {par['pipeline_parallel_schedule']}")
+    layers = exp.ac_table["layers"]
     for i, part in enumerate(par["module_fqns_per_model_part"]):
-        console.print(f"  part {i}: {part[0]} .. {part[-1]} ({len(part)} modules)", markup=False)
+        ids = [int(f.split(".")[1]) for f in part if f.startswith("layers.")]
+        modes = [layers[j]["mode"] for j in ids]
+        ac = ", ".join(f"{modes.count(m)} {m}" for m in ("none", "selective", "full") if modes.count(m))
+        console.print(f"  part {i}: {part[0]} .. {part[-1]} ({len(part)} modules); blocks: {ac}", markup=False)
     for n in exp.notes:
         console.print(f"  note: {n}", markup=False)
     for p in paths:
