@@ -208,3 +208,26 @@ def test_llama_matmul_order_matches_torchtitan_block() -> None:
     with torch.no_grad():
         block(torch.randn(1, 16, model.config.dim), model.get_attention_masks(pos), pos)
     assert order == ORDER["llama"]["mm"]
+
+
+def test_apply_lynx_config_sets_torchtitan_trainer_fields(tmp_path: Path) -> None:
+    """Field names checked by torchtitan's own slotted config classes (an unknown name raises)."""
+    registry = pytest.importorskip("torchtitan.models.llama3.config_registry")
+    src, _ = _plan_source()
+    exp = build_torchtitan(src)
+    ac = _load(render_ac(exp), tmp_path)
+    cfg = ac.apply_lynx_config(registry.llama3_debugmodel())
+    par = cfg.parallelism
+    assert par.pipeline_parallel_degree == 2 and par.tensor_parallel_degree == 4
+    assert par.module_fqns_per_model_part == exp.config["parallelism"]["module_fqns_per_model_part"]
+    assert par.pipeline_parallel_schedule_csv == str(tmp_path / "lynx_schedule.csv")
+    assert cfg.training.local_batch_size == 128 and isinstance(cfg.activation_checkpoint, ac.LynxPlanAC.Config)
+
+
+def test_a_plan_of_another_family_is_refused(tmp_path: Path) -> None:
+    registry = pytest.importorskip("torchtitan.models.llama3")
+    src, _ = _plan_source()  # a GPT plan
+    ac = _load(render_ac(build_torchtitan(src)), tmp_path)
+    model = registry.model_registry("debugmodel", attn_backend="flex").model.build()
+    with pytest.raises(ValueError, match="5 linear layers"):
+        ac.wrap_block(model.layers["2"], 2)

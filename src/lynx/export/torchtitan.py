@@ -105,7 +105,7 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
     layers = [layer_entry(graph, lp) for pol in src.policies for lp in pol.layers]
     config = {
         "parallelism": {
-            "pipeline_parallel_degree": par.pp, "tensor_parallel_degree": par.tp,
+            "pipeline_parallel_degree": lay.pp, "tensor_parallel_degree": par.tp,
             "enable_sequence_parallel": par.sequence_parallel,
             "data_parallel_replicate_degree": par.dp, "data_parallel_shard_degree": 1,
             "pipeline_parallel_schedule": "1F1B" if lay.vpp == 1 else "Interleaved1F1B",
