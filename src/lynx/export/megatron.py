@@ -80,16 +80,17 @@ def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
     stock, n = collapse(per_stage, lay.layers)
     rounding += n
     figures: tuple[Figures, ...] = ()
-    sim_note = ""
-    try:
-        if not simulate:
-            raise LynxError("not asked to")
-        per_stage, stock, more = _fit(src, rounded, stock)
-        notes += more
-        figures = (simulate_lynx(src.problem, src.result), simulate_per_stage(src.problem, lay, per_stage),
-                   simulate_stock(src.problem, lay, stock))
-    except LynxError as e:  # no simulation: the plugin and stock flags are translations of lynx's keep sets
-        sim_note = f"not simulated: {e}"
+    sim_note = "not simulated: not asked to"
+    if simulate:
+        try:
+            per_stage, stock, more = _fit(src, rounded, stock)
+            figures = (simulate_lynx(src.problem, src.result), simulate_per_stage(src.problem, lay, per_stage),
+                       simulate_stock(src.problem, lay, stock))
+            notes, sim_note = notes + more, ""
+        except LynxError as e:
+            sim_note = f"not simulated: {e}"
+    if not figures:  # the plugin and stock flags are then translations of lynx's keep sets
+        per_stage, stock = rounded, collapse(rounded, lay.layers)[0]
         notes += rounding
     args: list[tuple[str, ...]] = [
         ("--tensor-model-parallel-size", str(par.tp)), ("--pipeline-model-parallel-size", str(par.pp)),
