@@ -2,18 +2,22 @@
 compute action (``"2F0"``: stage 2, forward, micro-batch 0; stages are global virtual-stage indices), as
 `_PipelineScheduleRuntime._load_csv` and torchtitan's `pipeline_parallel_schedule_csv` read it.
 
-TEMPORARY (issue 12): `interleaved_rows` is a small stand-in to be replaced by lynx.schedule's interleaved
-generator and CSV writer when issue 9 merges; non-interleaved 1F1B already comes from lynx.schedule.
+`schedule_rows` uses lynx.schedule's own generator and CSV writer when they exist (issue 9:
+`make_schedule`, `dumps`); until then 1F1B comes from lynx.schedule's `one_f_one_b` and interleaved 1F1B
+from `interleaved_rows` below, a TEMPORARY stand-in (its rows equal issue 9's generator's for PP 4, VPP 2,
+8 micro-batches; delete it once issue 9 is merged).
 """
 
 from __future__ import annotations
 
+import importlib
+
 from lynx.errors import SpecError
-from lynx.schedule import schedule
+from lynx.schedule import one_f_one_b
 
 
 def one_f_one_b_rows(pp: int, m: int) -> list[list[str]]:
-    return [[str(a) for a in row] for row in schedule(pp, m)]
+    return [[str(a) for a in one_f_one_b(s, pp, m)] for s in range(pp)]
 
 
 def interleaved_rows(pp: int, vpp: int, m: int) -> list[list[str]]:
@@ -30,7 +34,8 @@ def interleaved_rows(pp: int, vpp: int, m: int) -> list[list[str]]:
         def bwd(k: int, r: int = r) -> str:
             return f"{(vpp - 1 - (k // pp) % vpp) * pp + r}B{(k // (pp * vpp)) * pp + k % pp}"
 
-        warm = min(2 * (pp - r - 1) + (vpp - 1) * pp, total)
+        # Megatron runs every forward first when there are exactly pp micro-batches
+        warm = total if m == pp else min(2 * (pp - r - 1) + (vpp - 1) * pp, total)
         row = [fwd(k) for k in range(warm)]
         for i in range(total - warm):
             row += [fwd(warm + i), bwd(i)]
@@ -40,6 +45,9 @@ def interleaved_rows(pp: int, vpp: int, m: int) -> list[list[str]]:
 
 
 def schedule_rows(pp: int, vpp: int, m: int) -> list[list[str]]:
+    sched = importlib.import_module("lynx.schedule")
+    if hasattr(sched, "make_schedule") and hasattr(sched, "dumps"):  # issue 9's generator and writer
+        return [line.split(",") for line in sched.dumps(sched.make_schedule(pp, m, vpp)).splitlines()]
     return one_f_one_b_rows(pp, m) if vpp == 1 else interleaved_rows(pp, vpp, m)
 
 
