@@ -87,7 +87,13 @@ def model_from_flags(k: Mapping[str, Any], warn: list[str]) -> ModelSpec:
     backend = k.get("--attention-backend")
     if backend is not None:
         extra["attention"] = "flash" if backend in ("flash", "fused") else "standard"
-    if extra.get("activation") == "swiglu" or extra.get("normalization") == "rmsnorm":
+    llama = {"--swiglu": extra.get("activation") == "swiglu", "--normalization RMSNorm": norm == "RMSNorm",
+             "--position-embedding-type rope": pos == "rope"}
+    if any(llama.values()):
+        if not all(llama.values()):
+            raise SpecError(f"--from-megatron: {', '.join(f for f, v in llama.items() if v)} without "
+                            f"{', '.join(f for f, v in llama.items() if not v)}: lynx models GPT (none of them) "
+                            "or the LLaMA family (all three)")
         extra["family"] = "llama"
     drops = {f: float(k.get(f, 0.1)) for f in ("--attention-dropout", "--hidden-dropout")}
     if _has("hidden_dropout"):

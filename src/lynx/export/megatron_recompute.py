@@ -18,6 +18,7 @@ layers. Every rounding is reported as a note.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
@@ -103,7 +104,14 @@ def module_ops(graph: LayerGraph, module: str) -> frozenset[str]:
 
 
 def covered_ops(graph: LayerGraph, modules: Sequence[str]) -> frozenset[str]:
-    """The graph's backward-needed ops that these modules drop."""
+    """The graph's backward-needed ops that these modules drop: lynx's own Megatron-module baseline rule
+    when it has one (issue 10's `lynx.policy.megatron_modules.dropped_ops`), else `module_ops`."""
+    try:
+        baseline = importlib.import_module("lynx.policy.megatron_modules")
+    except ModuleNotFoundError:
+        baseline = None
+    if baseline is not None and hasattr(baseline, "dropped_ops"):
+        return frozenset(baseline.dropped_ops(graph, tuple(modules))) & graph.needed()
     out: set[str] = set()
     for m in modules:
         out |= module_ops(graph, m)

@@ -68,7 +68,13 @@ def _registry_method(rec: MegatronRecompute) -> tuple[str, int | None] | None:
     if rec.granularity is None:
         return "none", None
     if rec.granularity == "selective":
-        return ("selective", None) if rec.modules == ("core_attn",) else None
+        if rec.modules == ("core_attn",):
+            return "selective", None
+        from lynx.methods import available_methods
+
+        # issue 10 registers Megatron module-list baselines as "mc-<modules>" (core_attn, mlp, layernorm order)
+        name = "mc-" + "+".join(m for m in ("core_attn", "mlp", "layernorm") if m in rec.modules)
+        return (name, None) if name in available_methods() else None
     return str(rec.method), rec.num_layers
 
 
