@@ -133,14 +133,23 @@ def _interleaved_source() -> ExportSource:
     return ExportSource(p.problem, p.result, lay, pols)
 
 
-def test_interleaved_export_is_not_simulated_but_complete() -> None:
+def test_interleaved_export_is_complete() -> None:
+    from lynx.export.pricing import _interleaving
+
     exp = build_megatron(_interleaved_source())
-    assert exp.figures == () and "vpp 2" in exp.sim_note
+    if _interleaving():  # issue 9's simulator prices interleaved 1F1B
+        assert len(exp.figures) == 3 and exp.sim_note == ""
+    else:
+        assert exp.figures == () and "vpp 2" in exp.sim_note
     flags = dict((f[0], f[1:]) for f in exp.args)
     assert parse_megatron_layout(flags["--pipeline-model-parallel-layout"][0], 4, 32).vpp == 2
     table = exp.plugin_table()
     assert [(s["pp_rank"], s["vp_rank"]) for s in table["stages"]][:5] == [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1)]
-    assert table["stages"][4]["recompute_granularity"] == "full"  # virtual stage 4 = rank 0, chunk 1
+    # each entry carries its virtual stage's setting (v = chunk * pp + rank)
+    assert [s["recompute_granularity"] for s in table["stages"]] == [r.granularity for r in exp.per_stage]
+    if not exp.figures:  # unsimulated: the translation of the synthetic policies (full, selective, keep, ln)
+        assert [r.short() for r in exp.per_stage[:4]] == ["full block 3", "selective core_attn", "none",
+                                                         "selective layernorm"]
 
 
 def test_plugin_sets_each_rank_on_megatron_transformer_config(tmp_path: Path) -> None:

@@ -121,3 +121,19 @@ def test_every_baseline_plan_round_trips(method: str) -> None:
     prob = imported_problem(cmd.model, cmd.parallel(1), cmd.layout, "a100-40g-nvlink", PlanOptions())
     again = simulate_stock(prob, cmd.layout, cmd.recompute)
     assert again.iteration_time_s == pytest.approx(exp.figures[2].iteration_time_s, rel=1e-12)
+
+
+def test_interleaved_plan_round_trips_when_the_simulator_interleaves() -> None:
+    from lynx.export.pricing import _interleaving
+
+    if not _interleaving():
+        pytest.skip("interleaved 1F1B is simulated once issue 9 is merged")
+    p = plan_with(problem_for(mb=16, vpp=2), "lynx", record=False)
+    exp = build_megatron(source_from(p.problem, p.result))
+    assert exp.source.layout.vpp == 2 and len(exp.figures) == 3
+    cmd = parse_megatron_args(exp.args_text())
+    assert cmd.layout == exp.source.layout
+    prob = imported_problem(cmd.model, cmd.parallel(1), cmd.layout, "a100-40g-nvlink", PlanOptions())
+    again = simulate_stock(prob, cmd.layout, cmd.recompute)
+    assert again.iteration_time_s == pytest.approx(exp.figures[2].iteration_time_s, rel=1e-12)
+    assert [s.peak_bytes for s in again.stages] == pytest.approx([s.peak_bytes for s in exp.figures[2].stages])

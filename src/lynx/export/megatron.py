@@ -112,18 +112,25 @@ def _fit(src: ExportSource, rounded: list[MegatronRecompute], collapsed: Megatro
     that the simulator says fits (the rounded translation is the fallback); stock Megatron gets the fastest
     single setting that fits every stage."""
     notes: list[str] = []
+    word = "stage" if src.layout.vpp == 1 else "virtual stage"
     per_stage, found = fastest_fitting(src.problem, src.layout, rounded)
     for v, (a, b, ok) in enumerate(zip(rounded, per_stage, found, strict=True)):
         if not ok:
-            notes.append(f"stage {v}: no Megatron setting fits; kept the translation {a.short()}")
+            notes.append(f"{word} {v}: no Megatron setting fits; kept the translation {a.short()}")
         elif a != b:
-            notes.append(f"stage {v}: plugin uses {b.short()}, the fastest Megatron setting that fits "
+            notes.append(f"{word} {v}: plugin uses {b.short()}, the fastest Megatron setting that fits "
                          f"(the translation of lynx's keep set would be {a.short()})")
     stock = fastest_fitting_global(src.problem, src.layout)
     if stock is None:
         notes.append(f"stock: no single setting fits every stage; showing the most frugal translation "
                      f"{collapsed.short()}")
         stock = collapsed
+    elif all(found):  # the plugin can always express the stock setting: never hand out a slower one
+        mine = simulate_per_stage(src.problem, src.layout, per_stage)
+        if simulate_stock(src.problem, src.layout, stock).iteration_time_s < mine.iteration_time_s:
+            notes.append(f"plugin: the per-stage choice simulates slower than {stock.short()} everywhere; "
+                         "using that on every rank")
+            per_stage = [stock] * len(per_stage)
     return per_stage, stock, notes
 
 

@@ -8,7 +8,7 @@ a refactor of the simulator's internals does not reach here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from lynx.errors import SpecError
@@ -56,8 +56,14 @@ class Figures:
                             "budget_bytes": s.budget_bytes, "fits": s.fits} for s in self.stages]}
 
 
+def _prediction(plan: Plan) -> dict[str, Any]:
+    """The plan file's prediction block (a method today; a property with `to_dict` after issue 9)."""
+    raw: Any = plan.prediction
+    return dict(raw() if callable(raw) else raw.to_dict())
+
+
 def _figures(label: str, setting: str, plan: Plan) -> Figures:
-    pred = plan.prediction()
+    pred = _prediction(plan)
     stages = tuple(StageFigures(int(s["stage"]), int(s["num_layers"]), float(s["peak_memory_bytes"]),
                                 float(s["budget_bytes"])) for s in pred["stages"])
     return Figures(label, setting, float(pred["iteration_time_s"]), float(pred["samples_per_s"]), stages, plan)
@@ -78,11 +84,19 @@ def _registry_method(rec: MegatronRecompute) -> tuple[str, int | None] | None:
     return str(rec.method), rec.num_layers
 
 
-def _run(problem: PlanProblem, layers: Sequence[int],
+def _interleaving() -> bool:
+    """Whether this lynx simulates interleaved 1F1B (issue 9: `PlanOptions.vpp`, `Partition.interleaved`)."""
+    from lynx.partition.base import Partition
+    from lynx.problem import PlanOptions
+
+    return hasattr(Partition, "interleaved") and "vpp" in {f.name for f in fields(PlanOptions)}
+
+
+def _run(problem: PlanProblem, layout: ChunkLayout | None,
          how: str | PlanResult | MegatronRecompute | Sequence[MegatronRecompute]) -> Plan:
     """The one call into the planner: plan with a registered method, simulate a lynx result, one global
-    Megatron setting (through the method registry when it has that baseline), or one setting per stage
-    (policies built here)."""
+    Megatron setting (through the method registry when it has that baseline), or one setting per virtual
+    stage (policies built here; with interleaving, one policy per rank, chunk 0's layers first)."""
     from lynx.api import plan as plan_with
     from lynx.plan import Plan
 
@@ -90,26 +104,32 @@ def _run(problem: PlanProblem, layers: Sequence[int],
         return plan_with(problem, how, record=False)
     if isinstance(how, PlanResult):
         return Plan.evaluate(problem, how, record=False)
+    assert layout is not None
     if isinstance(how, MegatronRecompute):
-        known = _registry_method(how)
+        known = _registry_method(how) if layout.vpp == 1 else None
         if known is not None:
             method, n = known
-            opts = replace(problem.options, layers_per_stage=tuple(layers), recompute_num_layers=n)
+            opts = replace(problem.options, layers_per_stage=layout.layers, recompute_num_layers=n)
             return plan_with(replace(problem, options=opts), method, record=False)
-        how = [how] * len(layers)
-    # Per-stage settings, or a module set the registry has no baseline for (issue 10 adds
-    # --recompute-modules baselines; this branch then serves only the per-stage plugin).
+        how = [how] * len(layout.layers)
     from lynx.partition.base import Partition
     from lynx.policy.base import RecomputePolicy
 
-    pols = tuple(RecomputePolicy("megatron", layer_policies(problem.graph, rec, n))
-                 for rec, n in zip(how, layers, strict=True))
-    res = PlanResult("megatron", Partition(tuple(layers), "explicit"), pols)
-    return Plan.evaluate(problem, res, record=False)
+    g, pp = problem.graph, layout.pp
+    chunk_pols = [layer_policies(g, rec, n) for rec, n in zip(how, layout.layers, strict=True)]
+    if layout.vpp == 1:
+        part = Partition(layout.layers, "explicit")
+        pols = tuple(RecomputePolicy("megatron", lps) for lps in chunk_pols)
+    else:
+        part = getattr(Partition, "interleaved")(layout.layers, pp, "explicit")  # noqa: B009 (issue 9 API)
+        pols = tuple(RecomputePolicy("megatron", tuple(lp for c in range(layout.vpp) for lp in chunk_pols[c * pp + r]))
+                     for r in range(pp))
+        problem = replace(problem, options=replace(problem.options, vpp=layout.vpp))  # type: ignore[call-arg,unused-ignore]
+    return Plan.evaluate(problem, PlanResult("megatron", part, pols), record=False)
 
 
 def _check_simulable(problem: PlanProblem, layout: ChunkLayout) -> None:
-    if layout.vpp != 1:
+    if layout.vpp != 1 and not _interleaving():
         raise SpecError(f"the simulator runs non-interleaved 1F1B only; this layout has vpp {layout.vpp}")
     if layout.pp != problem.parallel.pp or min(layout.layers) < 1:
         raise SpecError(f"layout {layout.layers} does not fit PP {problem.parallel.pp}")
@@ -117,26 +137,26 @@ def _check_simulable(problem: PlanProblem, layout: ChunkLayout) -> None:
 
 def simulate_lynx(problem: PlanProblem, result: PlanResult) -> Figures:
     """The lynx plan as lynx's runtime runs it (recomputation overlapped with collectives and stalls)."""
-    return _figures("lynx", f"{result.method} (per-stage, overlapped)", _run(problem, (), result))
+    return _figures("lynx", f"{result.method} (per-stage, overlapped)", _run(problem, None, result))
 
 
 def plan_method(problem: PlanProblem, method: str) -> Figures:
     """Plan the problem afresh with a registered method (lynx's answer to an imported config)."""
-    plan = _run(problem, (), method)
+    plan = _run(problem, None, method)
     return _figures(method, f"{plan.result.method}, partition {plan.result.partition}", plan)
 
 
 def simulate_stock(problem: PlanProblem, layout: ChunkLayout, rec: MegatronRecompute) -> Figures:
     """Stock Megatron-Core: the layout and one global recomputation setting."""
     _check_simulable(problem, layout)
-    return _figures("megatron", rec.describe(), _run(problem, layout.layers, rec))
+    return _figures("megatron", rec.describe(), _run(problem, layout, rec))
 
 
 def simulate_per_stage(problem: PlanProblem, layout: ChunkLayout, settings: Sequence[MegatronRecompute]) -> Figures:
     """Megatron-Core with the lynx plugin: each stage its own setting, every recomputation on demand."""
     _check_simulable(problem, layout)
     label = "per stage: " + " | ".join(s.short() for s in settings)
-    return _figures("megatron+plugin", label, _run(problem, layout.layers, settings))
+    return _figures("megatron+plugin", label, _run(problem, layout, settings))
 
 
 def imported_problem(model: ModelSpec, parallel: ParallelSpec, layout: ChunkLayout, hardware: str,
@@ -145,28 +165,51 @@ def imported_problem(model: ModelSpec, parallel: ParallelSpec, layout: ChunkLayo
     from lynx.api import make_problem
     from lynx.spec import load_hardware
 
-    if layout.vpp != 1:
+    if layout.vpp == 1:
+        opts = replace(options, layers_per_stage=layout.layers)
+    elif _interleaving():
+        opts = replace(options, vpp=layout.vpp)  # type: ignore[call-arg,unused-ignore]  # issue 9's field
+    else:
         raise SpecError(f"interleaved layouts (vpp {layout.vpp}) cannot be simulated yet: lynx's simulator runs "
                         "non-interleaved 1F1B")
-    opts = replace(options, layers_per_stage=layout.layers)
     return make_problem(model, load_hardware(hardware), parallel, opts)
 
 
 def fastest_fitting(problem: PlanProblem, layout: ChunkLayout,
                     start: Sequence[MegatronRecompute]) -> tuple[list[MegatronRecompute], list[bool]]:
-    """Per stage, the cheapest Megatron setting with which the simulator says that stage fits (the other
-    stages' settings do not change a stage's memory); a stage where none fits keeps its `start` setting.
-    Returns the settings and, per stage, whether one was found."""
-    from lynx.export.megatron_recompute import candidates
+    """Per (virtual) stage, the cheapest Megatron setting (forward work rerun) with which the simulator says
+    its rank fits; memory is per rank, so ranks are independent. Each rank first gets the cheapest setting
+    shared by all its chunks that fits (without interleaving that is exact); with interleaving each chunk
+    then tries cheaper settings of its own while the rank still fits. A rank where nothing fits keeps
+    `start`. Returns the settings and, per stage, whether they fit."""
+    from lynx.export.megatron_recompute import candidates, recompute_cost
 
     _check_simulable(problem, layout)
+    g, pp = problem.graph, layout.pp
     chosen, found = list(start), [False] * len(start)
-    for s, n in enumerate(layout.layers):
-        for cand in candidates(problem.graph, n):
-            trial = [*chosen[:s], cand, *chosen[s + 1:]]
-            if simulate_per_stage(problem, layout, trial).stages[s].fits:
-                chosen[s], found[s] = cand, True
+
+    def fits(trial: list[MegatronRecompute], rank: int) -> bool:
+        return simulate_per_stage(problem, layout, trial).stages[rank].fits
+
+    for r in range(pp):
+        vs = [c * pp + r for c in range(layout.vpp)]
+        pool = {c for v in vs for c in candidates(g, layout.layers[v])}
+        for cand in sorted(pool, key=lambda c: (sum(recompute_cost(g, c, layout.layers[v]) for v in vs), c.short())):
+            trial = [cand if i in vs else x for i, x in enumerate(chosen)]
+            if fits(trial, r):
+                chosen = trial
+                for v in vs:
+                    found[v] = True
                 break
+        for v in vs if layout.vpp > 1 and found[vs[0]] else []:
+            n = layout.layers[v]
+            for cand in candidates(g, n):
+                if recompute_cost(g, cand, n) >= recompute_cost(g, chosen[v], n):
+                    break
+                trial = [*chosen[:v], cand, *chosen[v + 1:]]
+                if fits(trial, r):
+                    chosen = trial
+                    break
     return chosen, found
 
 
