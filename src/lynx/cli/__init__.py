@@ -40,6 +40,7 @@ app = typer.Typer(
 )
 
 # Subcommand modules: each adds its commands to `app` when imported. Keep one line per module.
+from lynx.cli import export as _export  # noqa: E402,F401
 from lynx.cli import memory as _memory  # noqa: E402,F401
 from lynx.cli import plan as _plan  # noqa: E402,F401
 from lynx.cli import schedule as _schedule  # noqa: E402,F401

@@ -191,6 +191,9 @@ def plan_cmd(
     memory_png: Annotated[
         Path | None, typer.Option("--memory-png", help="Write memory per stage over time (PNG).")
     ] = None,
+    from_megatron: Annotated[str | None, typer.Option(
+        "--from-megatron", help="Simulate a Megatron-LM command line (quoted) next to lynx's plan; sizes come "
+        "from it, --hardware/--dp/--nodes/--budget-gb from lynx's options (docs/export.md).")] = None,
 ) -> None:
     """Plan recomputation and partitioning for a model on a cluster, and predict its iteration.
 
@@ -198,6 +201,10 @@ def plan_cmd(
     from lynx.methods import available_methods
 
     _check_plan_outputs(out, gantt, memory_png)
+    if from_megatron is not None:  # the import path lives in lynx.cli.export
+        from lynx.cli.export import plan_from_megatron
+
+        return plan_from_megatron(from_megatron, hardware, dp, nodes, budget_gb, bytes_per_param, as_json, out)
     graph = _load_profile_graph(profile, db) if profile else None
     problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
                             layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,

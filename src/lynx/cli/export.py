@@ -1,0 +1,139 @@
+"""`lynx export megatron|torchtitan` and the body of `lynx plan --from-megatron` (docs/export.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from lynx.cli import app
+from lynx.cli.common import JsonOpt, console, err_console, print_json
+from lynx.errors import SpecError
+from lynx.export.pricing import Figures
+
+export_app = typer.Typer(
+    help="Write a plan in a training framework's terms: Megatron-Core arguments and a per-rank plugin, or "
+         "torchtitan config pieces and an activation-checkpointing module.",
+    no_args_is_help=True,
+)
+app.add_typer(export_app, name="export")
+
+PlanArg = Annotated[Path, typer.Argument(help="A plan written by `lynx plan --out`.")]
+GiB = float(1 << 30)
+
+
+def _out_dir(out: Path) -> Path:
+    if out.exists() and not out.is_dir():
+        raise SpecError(f"--out {out}: exists and is not a directory")
+    return out
+
+
+def figures_table(rows: Sequence[Figures], title: str) -> Table:
+    t = Table(title=title, title_justify="left", caption="peak: GiB per stage, first stage first; red = over budget",
+              caption_justify="left")
+    for col in ("configuration", "recomputation", "iter s", "samples/s", "vs lynx", "peak GiB", "fits"):
+        t.add_column(col, justify="right" if col in ("iter s", "samples/s", "vs lynx") else "left")
+    base = rows[0].samples_per_s if rows else 0.0
+    for f in rows:
+        peaks = "/".join(f"[red]{s.peak_bytes / GiB:.1f}[/red]" if not s.fits else f"{s.peak_bytes / GiB:.1f}"
+                         for s in f.stages)
+        t.add_row(f.label, f.setting, f"{f.iteration_time_s:.3f}", f"{f.samples_per_s:.2f}",
+                  f"{f.samples_per_s / base:.2f}x" if base else "", peaks,
+                  "[green]yes[/green]" if f.fits else "[red]OOM[/red]")
+    return t
+
+
+@export_app.command("megatron")
+def megatron_cmd(
+    plan_file: PlanArg,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the files.")] = Path("lynx-megatron"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Megatron-Core launcher arguments, a per-rank recomputation plugin, and stock Megatron priced beside
+    the plan."""
+    from lynx.export.megatron import build_megatron, write_megatron
+    from lynx.export.source import load_source
+
+    out = _out_dir(out)
+    exp = build_megatron(load_source(plan_file))
+    paths = write_megatron(exp, out)
+    if as_json:
+        print_json(exp.to_dict() | {"files": [str(p) for p in paths]})
+        return
+    console.print("[bold]Megatron-Core arguments[/bold] (stock flags; the plugin refines recomputation per rank):")
+    console.print(exp.args_text().rstrip(), markup=False, highlight=False)
+    for n in exp.notes:
+        console.print(f"  note: {n}", markup=False)
+    if exp.figures:
+        console.print(figures_table(exp.figures, f"{plan_file}: predicted by lynx's simulator"))
+    else:
+        console.print(exp.sim_note)
+    for p in paths:
+        err_console.print(f"wrote {p}")
+
+
+@export_app.command("torchtitan")
+def torchtitan_cmd(
+    plan_file: PlanArg,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the files.")] = Path("lynx-torchtitan"),
+    as_json: JsonOpt = False,
+) -> None:
+    """torchtitan config pieces (pipeline degree, modules per model part, schedule CSV) and an
+    activation-checkpointing module that applies the plan per transformer block."""
+    from lynx.export.source import load_source
+    from lynx.export.torchtitan import build_torchtitan, write_torchtitan
+
+    out = _out_dir(out)
+    exp = build_torchtitan(load_source(plan_file))
+    paths = write_torchtitan(exp, out)
+    if as_json:
+        print_json(exp.config | {"notes": list(exp.notes), "files": [str(p) for p in paths]})
+        return
+    par = exp.config["parallelism"]
+    console.print(f"[bold]torchtitan[/bold]: PP {par['pipeline_parallel_degree']}, "
+                  f"{len(par['module_fqns_per_model_part'])} model parts, schedule {par['pipeline_parallel_schedule']}")
+    layers = exp.ac_table["layers"]
+    for i, part in enumerate(par["module_fqns_per_model_part"]):
+        ids = [int(f.split(".")[1]) for f in part if f.startswith("layers.")]
+        modes = [layers[j]["mode"] for j in ids]
+        ac = ", ".join(f"{modes.count(m)} {m}" for m in ("none", "selective", "full") if modes.count(m))
+        console.print(f"  part {i}: {part[0]} .. {part[-1]} ({len(part)} modules); blocks: {ac}", markup=False)
+    for n in exp.notes:
+        console.print(f"  note: {n}", markup=False)
+    for p in paths:
+        err_console.print(f"wrote {p}")
+
+
+def plan_from_megatron(args: str, hardware: str, dp: int, nodes: int | None, budget_gb: float | None,
+                       bytes_per_param: float | None, as_json: bool, out: Path | None) -> None:
+    """`lynx plan --from-megatron "ARGS"`: simulate the user's Megatron configuration and lynx's plan for the
+    same model, cluster and batch."""
+    from dataclasses import replace
+
+    from lynx.export.megatron_args import parse_megatron_args
+    from lynx.export.pricing import imported_problem, plan_method, simulate_stock
+    from lynx.problem import PlanOptions
+    from lynx.spec import GiB as SPEC_GIB
+
+    if budget_gb is not None and budget_gb <= 0:
+        raise SpecError(f"--budget-gb must be positive, got {budget_gb}")
+    cmd = parse_megatron_args(args)
+    opts = PlanOptions(bytes_per_param=bytes_per_param, nodes=nodes,
+                       budget_bytes=None if budget_gb is None else budget_gb * SPEC_GIB)
+    problem = imported_problem(cmd.model, cmd.parallel(dp), cmd.layout, hardware, opts)
+    mine = simulate_stock(problem, cmd.layout, cmd.recompute)
+    free = replace(problem, options=replace(problem.options, layers_per_stage=None))
+    lynx_row = plan_method(free, "lynx")
+    for w in cmd.warnings:
+        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+    if out is not None and mine.plan is not None:
+        mine.plan.save(out)
+        err_console.print(f"wrote {out}")
+    if as_json:
+        print_json({"megatron": mine.to_dict(), "lynx": lynx_row.to_dict(), "warnings": list(cmd.warnings)})
+        return
+    mine_row = replace(mine, label="your megatron", setting=f"{mine.setting}; layers {cmd.layout.layers}")
+    console.print(figures_table([lynx_row, mine_row], f"Megatron command line on {hardware}, DP {dp}"))

@@ -1,0 +1,166 @@
+"""`lynx export megatron`: a plan as Megatron-Core launcher arguments, a per-rank plugin, and the price of
+what stock Megatron cannot express (docs/export.md)."""
+
+from __future__ import annotations
+
+import pprint
+import shlex
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from lynx.errors import LynxError
+from lynx.export.layout import first_last_counts, megatron_layout
+from lynx.export.megatron_model import model_flags
+from lynx.export.megatron_recompute import MegatronRecompute, chunk_setting, collapse, hidden_note
+from lynx.export.pricing import (
+    Figures,
+    fastest_fitting,
+    fastest_fitting_global,
+    simulate_lynx,
+    simulate_per_stage,
+    simulate_stock,
+)
+from lynx.export.source import ExportSource
+
+ARGS_FILE = "megatron_args.txt"
+PLUGIN_FILE = "lynx_megatron_plugin.py"
+REPORT_FILE = "megatron_report.json"
+_PLAN_MARKER = "LYNX_PLAN: dict[str, Any] = {}  # lynx:plan-table (filled in by `lynx export megatron`)"
+
+
+@dataclass(frozen=True, slots=True)
+class MegatronExport:
+    source: ExportSource
+    args: tuple[tuple[str, ...], ...]
+    """One flag with its values per entry, in launcher order."""
+    per_stage: tuple[MegatronRecompute, ...]
+    """The plugin's setting per virtual stage."""
+    stock: MegatronRecompute
+    notes: tuple[str, ...]
+    figures: tuple[Figures, ...]
+    """lynx's plan, Megatron with the plugin, stock Megatron (empty when the layout cannot be simulated)."""
+    sim_note: str = ""
+
+    def args_text(self) -> str:
+        """One flag per line, shell-quoted: paste into a launcher or `lynx plan --from-megatron "$(cat ...)"`."""
+        return "\n".join(" ".join(shlex.quote(t) for t in flag) for flag in self.args) + "\n"
+
+    def argv(self) -> list[str]:
+        return [t for flag in self.args for t in flag]
+
+    def plugin_table(self) -> dict[str, Any]:
+        lay = self.source.layout
+        stages = []
+        for v, rec in enumerate(self.per_stage):
+            stages.append({"virtual_stage": v, "pp_rank": v % lay.pp, "vp_rank": v // lay.pp,
+                           "num_layers": lay.layers[v], "first_layer": lay.first_layer(v), **rec.to_dict()})
+        return {"pp": lay.pp, "vpp": lay.vpp, "num_layers": lay.num_layers, "method": self.source.result.method,
+                "stages": stages}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"args": self.argv(), "stock": self.stock.to_dict(), "plugin": self.plugin_table(),
+                "notes": list(self.notes), "figures": [f.to_dict() for f in self.figures],
+                "simulation_note": self.sim_note}
+
+
+def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
+    graph, lay, par = src.problem.graph, src.layout, src.problem.parallel
+    per_stage: list[MegatronRecompute] = []
+    notes: list[str] = []
+    rounding: list[str] = []
+    for v, pol in enumerate(src.policies):
+        where = f"stage {v}" if lay.vpp == 1 else f"virtual stage {v}"
+        rec, n = chunk_setting(graph, pol, where)
+        per_stage.append(rec)
+        rounding += n
+        notes += hidden_note(pol, where)
+    rounded = list(per_stage)
+    stock, n = collapse(per_stage, lay.layers)
+    rounding += n
+    figures: tuple[Figures, ...] = ()
+    sim_note = "not simulated: not asked to"
+    if simulate:
+        try:
+            per_stage, stock, more = _fit(src, rounded, stock)
+            figures = (simulate_lynx(src.problem, src.result), simulate_per_stage(src.problem, lay, per_stage),
+                       simulate_stock(src.problem, lay, stock))
+            notes, sim_note = notes + more, ""
+        except LynxError as e:
+            sim_note = f"not simulated: {e}"
+    if not figures:  # the plugin and stock flags are then translations of lynx's keep sets
+        per_stage, stock = rounded, collapse(rounded, lay.layers)[0]
+        notes += rounding
+    args: list[tuple[str, ...]] = [
+        ("--tensor-model-parallel-size", str(par.tp)), ("--pipeline-model-parallel-size", str(par.pp)),
+        *([("--sequence-parallel",)] if par.sequence_parallel else []),
+        ("--pipeline-model-parallel-layout", megatron_layout(lay)),
+        ("--micro-batch-size", str(par.micro_batch_size)), ("--global-batch-size", str(par.global_batch_size)),
+        *model_flags(src.problem.model, par.seq_length), ("--bf16",), *_as_flags(stock.flags()),
+    ]
+    fl = first_last_counts(lay)
+    if fl is not None:
+        notes.append(f"layout alternative: --decoder-first-pipeline-num-layers {fl[0]} "
+                     f"--decoder-last-pipeline-num-layers {fl[1]}")
+    return MegatronExport(src, tuple(args), tuple(per_stage), stock, tuple(notes), figures, sim_note)
+
+
+def _fit(src: ExportSource, rounded: list[MegatronRecompute], collapsed: MegatronRecompute
+         ) -> tuple[list[MegatronRecompute], MegatronRecompute, list[str]]:
+    """Megatron cannot keep lynx's exact op sets, so each stage gets the fastest setting Megatron can express
+    that the simulator says fits (the rounded translation is the fallback); stock Megatron gets the fastest
+    single setting that fits every stage."""
+    notes: list[str] = []
+    word = "stage" if src.layout.vpp == 1 else "virtual stage"
+    per_stage, found = fastest_fitting(src.problem, src.layout, rounded)
+    for v, (a, b, ok) in enumerate(zip(rounded, per_stage, found, strict=True)):
+        if not ok:
+            notes.append(f"{word} {v}: no Megatron setting fits; kept the translation {a.short()}")
+        elif a != b:
+            notes.append(f"{word} {v}: plugin uses {b.short()}, the fastest Megatron setting that fits "
+                         f"(the translation of lynx's keep set would be {a.short()})")
+    stock = fastest_fitting_global(src.problem, src.layout)
+    if stock is None:
+        notes.append(f"stock: no single setting fits every stage; showing the most frugal translation "
+                     f"{collapsed.short()}")
+        stock = collapsed
+    elif all(found):  # the plugin can always express the stock setting: never hand out a slower one
+        mine = simulate_per_stage(src.problem, src.layout, per_stage)
+        if simulate_stock(src.problem, src.layout, stock).iteration_time_s < mine.iteration_time_s:
+            notes.append(f"plugin: the per-stage choice simulates slower than {stock.short()} everywhere; "
+                         "using that on every rank")
+            per_stage = [stock] * len(per_stage)
+    return per_stage, stock, notes
+
+
+def _as_flags(tokens: list[str]) -> list[tuple[str, ...]]:
+    out: list[tuple[str, ...]] = []
+    for t in tokens:
+        if t.startswith("--"):
+            out.append((t,))
+        else:
+            out[-1] = (*out[-1], t)
+    return out
+
+
+def render_plugin(table: dict[str, Any]) -> str:
+    src = (resources.files("lynx.export") / "megatron_plugin.py").read_text()
+    if _PLAN_MARKER not in src:
+        raise RuntimeError("lynx.export.megatron_plugin lost its plan-table marker")
+    body = pprint.pformat(table, width=110, sort_dicts=False)
+    return src.replace(_PLAN_MARKER, f"# written by `lynx export megatron`\nLYNX_PLAN: dict[str, Any] = {body}")
+
+
+def write_megatron(exp: MegatronExport, out_dir: Path) -> list[Path]:
+    import json
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {ARGS_FILE: exp.args_text(), PLUGIN_FILE: render_plugin(exp.plugin_table()),
+             REPORT_FILE: json.dumps(exp.to_dict(), indent=2) + "\n"}
+    paths = []
+    for name, text in files.items():
+        p = out_dir / name
+        p.write_text(text)
+        paths.append(p)
+    return paths

@@ -1,0 +1,187 @@
+"""Read a Megatron-LM command line back into a lynx problem (`lynx plan --from-megatron "ARGS..."`).
+
+The flags that decide what lynx models (sizes, TP/PP/SP, batch shape, the layout, recomputation) are
+parsed; flags that change the model in ways lynx does not model are refused with one line naming them; every
+other flag (data, optimizer, logging, ...) is listed in a warning and ignored.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, cast
+
+from lynx.errors import SpecError
+from lynx.export.layout import ChunkLayout, even_layout, first_last_layout, parse_megatron_layout
+from lynx.export.megatron_model import model_from_flags
+from lynx.export.megatron_recompute import MegatronRecompute, RecomputeMethod
+from lynx.spec import ModelSpec, ParallelSpec
+
+_INT = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--seq-length",
+        "--max-position-embeddings", "--vocab-size", "--tensor-model-parallel-size",
+        "--pipeline-model-parallel-size", "--micro-batch-size", "--global-batch-size", "--recompute-num-layers",
+        "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+        "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank", "--num-query-groups")
+_FLOAT = ("--attention-dropout", "--hidden-dropout")
+_STR = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--normalization",
+        "--position-embedding-type", "--attention-backend")
+_LIST = ("--recompute-modules",)
+_BOOL = ("--sequence-parallel", "--bf16", "--fp16", "--recompute-activations", "--swiglu", "--group-query-attention",
+         "--untie-embeddings-and-output-weights", "--disable-bias-linear")
+_REFUSED = {
+    "--num-experts": "mixture-of-experts layers",
+    "--multi-latent-attention": "multi-latent attention",
+    "--mtp-num-layers": "multi-token prediction layers",
+    "--distribute-saved-activations": "activations distributed over the TP group",
+    "--account-for-embedding-in-pipeline-split": "the embedding counted as a layer in the split",
+    "--account-for-loss-in-pipeline-split": "the loss counted as a layer in the split",
+    "--cpu-offloading": "activation offloading to the host",
+}
+_REFUSED_ABOVE_ONE = ("--context-parallel-size", "--expert-model-parallel-size")
+_REQUIRED = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size",
+             "--global-batch-size")
+
+
+@dataclass(frozen=True, slots=True)
+class MegatronCommand:
+    """What lynx reads from a Megatron command line."""
+
+    model: ModelSpec
+    tp: int
+    pp: int
+    sequence_parallel: bool
+    micro_batch_size: int
+    global_batch_size: int
+    seq_length: int
+    layout: ChunkLayout
+    recompute: MegatronRecompute
+    warnings: tuple[str, ...] = ()
+
+    def parallel(self, dp: int) -> ParallelSpec:
+        return ParallelSpec(tp=self.tp, pp=self.pp, dp=dp, sequence_parallel=self.sequence_parallel,
+                            micro_batch_size=self.micro_batch_size, global_batch_size=self.global_batch_size,
+                            seq_length=self.seq_length)
+
+
+Value = int | float | str | bool | tuple[str, ...]
+
+
+def _tokens(args: str | Sequence[str]) -> list[str]:
+    if not isinstance(args, str):
+        return list(args)
+    try:
+        return shlex.split(args, comments=True)
+    except ValueError as e:
+        raise SpecError(f"--from-megatron: cannot split the command line ({e})") from None
+
+
+def _convert(flag: str, vals: list[str]) -> Value:
+    if flag in _BOOL:
+        if vals:
+            raise SpecError(f"--from-megatron: {flag} takes no value, got {' '.join(vals)}")
+        return True
+    if flag in _LIST:
+        return tuple(vals)
+    if len(vals) != 1:
+        raise SpecError(f"--from-megatron: {flag} needs exactly one value, got {len(vals)}")
+    try:
+        return int(vals[0]) if flag in _INT else float(vals[0]) if flag in _FLOAT else vals[0]
+    except ValueError:
+        kind = "an integer" if flag in _INT else "a number"
+        raise SpecError(f"--from-megatron: {flag} {vals[0]!r} is not {kind}") from None
+
+
+def _scan(tokens: list[str]) -> tuple[dict[str, Value], list[str]]:
+    """Split tokens into known flags (converted) and ignored flag names. Leading non-flag tokens (a
+    launcher and script, e.g. `torchrun ... pretrain_gpt.py`) are skipped."""
+    groups: list[tuple[str, list[str]]] = []
+    for t in tokens:
+        if t.startswith("--"):
+            name, eq, val = t.partition("=")
+            groups.append((name, [val] if eq else []))
+        elif groups:
+            groups[-1][1].append(t)
+    known: dict[str, Value] = {}
+    ignored: list[str] = []
+    for flag, vals in groups:
+        if flag in _REFUSED:
+            raise SpecError(f"--from-megatron: {flag} ({_REFUSED[flag]}) is not modelled by lynx")
+        if flag in _REFUSED_ABOVE_ONE:
+            if vals != ["1"]:
+                raise SpecError(f"--from-megatron: {flag} {' '.join(vals)}: lynx models a value of 1 only")
+            continue
+        if flag in (*_INT, *_FLOAT, *_STR, *_LIST, *_BOOL):
+            known[flag] = _convert(flag, vals)
+        else:
+            ignored.append(flag)
+    return known, ignored
+
+
+def _int(k: dict[str, Value], flag: str, default: int | None = None) -> int:
+    v = k.get(flag, default)
+    if v is None:
+        raise SpecError(f"--from-megatron: {flag} is required")
+    return int(cast(int, v))
+
+
+def _layout(k: dict[str, Value], pp: int, num_layers: int) -> ChunkLayout:
+    if "--pipeline-model-parallel-layout" in k:
+        return parse_megatron_layout(str(k["--pipeline-model-parallel-layout"]), pp, num_layers)
+    first, last = k.get("--decoder-first-pipeline-num-layers"), k.get("--decoder-last-pipeline-num-layers")
+    vpp = 1
+    if "--num-virtual-stages-per-pipeline-rank" in k:
+        vpp = _int(k, "--num-virtual-stages-per-pipeline-rank")
+    elif "--num-layers-per-virtual-pipeline-stage" in k:
+        per = _int(k, "--num-layers-per-virtual-pipeline-stage")
+        vpp = num_layers // (pp * per) if per > 0 and num_layers % (pp * per) == 0 else 0
+        if vpp < 1:
+            raise SpecError(f"--num-layers-per-virtual-pipeline-stage {per}: {num_layers} layers are not "
+                            f"a multiple of {pp} x {per}")
+    if first is not None or last is not None:
+        if vpp != 1:
+            raise SpecError("--decoder-first/last-pipeline-num-layers with virtual stages: give the layout")
+        return first_last_layout(pp, num_layers, cast(int | None, first), cast(int | None, last))
+    return even_layout(pp, vpp, num_layers, "--num-layers")
+
+
+def _recompute(k: dict[str, Value]) -> MegatronRecompute:
+    gran = k.get("--recompute-granularity")
+    if k.get("--recompute-activations") and gran is None:
+        gran = "selective"  # Megatron-LM's older alias for selective core-attention recomputation
+    if gran not in (None, "full", "selective"):
+        raise SpecError(f"--recompute-granularity {gran!r}: full or selective")
+    method = k.get("--recompute-method")
+    if method not in (None, "uniform", "block"):
+        raise SpecError(f"--recompute-method {method!r}: uniform or block")
+    mods = cast(tuple[str, ...], k.get("--recompute-modules", ("core_attn",) if gran == "selective" else ()))
+    if gran != "selective":
+        mods = ()
+    n = k.get("--recompute-num-layers")
+    return MegatronRecompute(cast(Literal["full", "selective"] | None, gran),
+                             cast(RecomputeMethod | None, method), None if n is None else int(cast(int, n)), mods)
+
+
+def parse_megatron_args(args: str | Sequence[str]) -> MegatronCommand:
+    k, ignored = _scan(_tokens(args))
+    missing = [f for f in _REQUIRED if f not in k]
+    if missing:
+        raise SpecError(f"--from-megatron: missing {', '.join(missing)} (lynx needs the model and batch sizes)")
+    warn: list[str] = []
+    if ignored:
+        warn.append("ignored (lynx does not model them): " + " ".join(ignored))
+    layers, hidden, seq = _int(k, "--num-layers"), _int(k, "--hidden-size"), _int(k, "--seq-length")
+    defaults = [f"{f} {d}" for f, d in (("--ffn-hidden-size", 4 * hidden), ("--vocab-size", 51200),
+                                          ("--max-position-embeddings", seq)) if f not in k]
+    if defaults:
+        warn.append("not given, assumed: " + ", ".join(defaults))
+    if not (k.get("--bf16") or k.get("--fp16")):
+        warn.append("neither --bf16 nor --fp16: lynx prices 16-bit training")
+    model = model_from_flags(k, warn)
+    pp = _int(k, "--pipeline-model-parallel-size", 1)
+    return MegatronCommand(
+        model=model, tp=_int(k, "--tensor-model-parallel-size", 1), pp=pp,
+        sequence_parallel=bool(k.get("--sequence-parallel", False)), micro_batch_size=_int(k, "--micro-batch-size"),
+        global_batch_size=_int(k, "--global-batch-size"), seq_length=seq, layout=_layout(k, pp, layers),
+        recompute=_recompute(k), warnings=tuple(warn),
+    )

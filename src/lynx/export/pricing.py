@@ -1,0 +1,210 @@
+"""Price a plan and the Megatron configurations that approximate it, with lynx's own simulator.
+
+This module is export/'s only door into the planner (lynx.api, lynx.plan): `_run` is the one function that
+calls it, and it reads results through `Plan.prediction()`, the plan file's documented prediction block, so
+a refactor of the simulator's internals does not reach here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from lynx.errors import SpecError
+from lynx.export.layout import ChunkLayout
+from lynx.export.megatron_recompute import MegatronRecompute, layer_policies
+from lynx.problem import PlanOptions, PlanProblem, PlanResult
+from lynx.spec import ModelSpec, ParallelSpec
+
+if TYPE_CHECKING:
+    from lynx.plan import Plan
+
+
+@dataclass(frozen=True, slots=True)
+class StageFigures:
+    stage: int
+    num_layers: int
+    peak_bytes: float
+    budget_bytes: float
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.budget_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """What the simulator predicts for one configuration."""
+
+    label: str
+    setting: str
+    iteration_time_s: float
+    samples_per_s: float
+    stages: tuple[StageFigures, ...]
+    plan: Plan | None = field(default=None, compare=False, repr=False)
+    """The simulated plan (to save with --out)."""
+
+    @property
+    def fits(self) -> bool:
+        return all(s.fits for s in self.stages)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "setting": self.setting, "iteration_time_s": self.iteration_time_s,
+                "samples_per_s": self.samples_per_s, "fits": self.fits,
+                "stages": [{"stage": s.stage, "num_layers": s.num_layers, "peak_memory_bytes": s.peak_bytes,
+                            "budget_bytes": s.budget_bytes, "fits": s.fits} for s in self.stages]}
+
+
+def _prediction(plan: Plan) -> dict[str, Any]:
+    """The plan file's prediction block (a method today; a property with `to_dict` after issue 9)."""
+    raw: Any = plan.prediction
+    return dict(raw() if callable(raw) else raw.to_dict())
+
+
+def _figures(label: str, setting: str, plan: Plan) -> Figures:
+    pred = _prediction(plan)
+    stages = tuple(StageFigures(int(s["stage"]), int(s["num_layers"]), float(s["peak_memory_bytes"]),
+                                float(s["budget_bytes"])) for s in pred["stages"])
+    return Figures(label, setting, float(pred["iteration_time_s"]), float(pred["samples_per_s"]), stages, plan)
+
+
+# A Megatron setting the method registry already knows: (method, --recompute-num-layers).
+def _registry_method(rec: MegatronRecompute) -> tuple[str, int | None] | None:
+    if rec.granularity is None:
+        return "none", None
+    if rec.granularity == "selective":
+        if rec.modules == ("core_attn",):
+            return "selective", None
+        from lynx.methods import available_methods
+
+        # the Megatron module-list baselines are registered as "mc-<modules>" (core_attn, mlp, layernorm order)
+        name = "mc-" + "+".join(m for m in ("core_attn", "mlp", "layernorm") if m in rec.modules)
+        return (name, None) if name in available_methods() else None
+    return str(rec.method), rec.num_layers
+
+
+def _run(problem: PlanProblem, layout: ChunkLayout | None,
+         how: str | PlanResult | MegatronRecompute | Sequence[MegatronRecompute]) -> Plan:
+    """The one call into the planner: plan with a registered method, simulate a lynx result, one global
+    Megatron setting (through the method registry when it has that baseline), or one setting per virtual
+    stage (policies built here; with interleaving, one policy per rank, chunk 0's layers first)."""
+    from lynx.api import plan as plan_with
+    from lynx.plan import Plan
+
+    if isinstance(how, str):
+        return plan_with(problem, how, record=False)
+    if isinstance(how, PlanResult):
+        return Plan.evaluate(problem, how, record=False)
+    assert layout is not None
+    if isinstance(how, MegatronRecompute):
+        known = _registry_method(how) if layout.vpp == 1 else None
+        if known is not None:
+            method, n = known
+            opts = replace(problem.options, layers_per_stage=layout.layers, recompute_num_layers=n)
+            return plan_with(replace(problem, options=opts), method, record=False)
+        how = [how] * len(layout.layers)
+    from lynx.partition.base import Partition
+    from lynx.policy.base import RecomputePolicy
+
+    g, pp = problem.graph, layout.pp
+    chunk_pols = [layer_policies(g, rec, n) for rec, n in zip(how, layout.layers, strict=True)]
+    if layout.vpp == 1:
+        part = Partition(layout.layers, "explicit")
+        pols = tuple(RecomputePolicy("megatron", lps) for lps in chunk_pols)
+    else:
+        part = Partition.interleaved(layout.layers, pp, "explicit")
+        pols = tuple(RecomputePolicy("megatron", tuple(lp for c in range(layout.vpp) for lp in chunk_pols[c * pp + r]))
+                     for r in range(pp))
+        problem = replace(problem, options=replace(problem.options, vpp=layout.vpp))
+    return Plan.evaluate(problem, PlanResult("megatron", part, pols), record=False)
+
+
+def _check_simulable(problem: PlanProblem, layout: ChunkLayout) -> None:
+    if layout.pp != problem.parallel.pp or min(layout.layers) < 1:
+        raise SpecError(f"layout {layout.layers} does not fit PP {problem.parallel.pp}")
+
+
+def simulate_lynx(problem: PlanProblem, result: PlanResult) -> Figures:
+    """The lynx plan as lynx's runtime runs it (recomputation overlapped with collectives and stalls)."""
+    return _figures("lynx", f"{result.method} (per-stage, overlapped)", _run(problem, None, result))
+
+
+def plan_method(problem: PlanProblem, method: str) -> Figures:
+    """Plan the problem afresh with a registered method (lynx's answer to an imported config)."""
+    plan = _run(problem, None, method)
+    return _figures(method, f"{plan.result.method}, partition {plan.result.partition}", plan)
+
+
+def simulate_stock(problem: PlanProblem, layout: ChunkLayout, rec: MegatronRecompute) -> Figures:
+    """Stock Megatron-Core: the layout and one global recomputation setting."""
+    _check_simulable(problem, layout)
+    return _figures("megatron", rec.describe(), _run(problem, layout, rec))
+
+
+def simulate_per_stage(problem: PlanProblem, layout: ChunkLayout, settings: Sequence[MegatronRecompute]) -> Figures:
+    """Megatron-Core with the lynx plugin: each stage its own setting, every recomputation on demand."""
+    _check_simulable(problem, layout)
+    label = "per stage: " + " | ".join(s.short() for s in settings)
+    return _figures("megatron+plugin", label, _run(problem, layout, settings))
+
+
+def imported_problem(model: ModelSpec, parallel: ParallelSpec, layout: ChunkLayout, hardware: str,
+                     options: PlanOptions) -> PlanProblem:
+    """A lynx problem for a configuration read from another framework, with its partition fixed."""
+    from lynx.api import make_problem
+    from lynx.spec import load_hardware
+
+    opts = replace(options, layers_per_stage=layout.layers) if layout.vpp == 1 else replace(options, vpp=layout.vpp)
+    return make_problem(model, load_hardware(hardware), parallel, opts)
+
+
+def fastest_fitting(problem: PlanProblem, layout: ChunkLayout,
+                    start: Sequence[MegatronRecompute]) -> tuple[list[MegatronRecompute], list[bool]]:
+    """Per (virtual) stage, the cheapest Megatron setting (forward work rerun) with which the simulator says
+    its rank fits; memory is per rank, so ranks are independent. Each rank first gets the cheapest setting
+    shared by all its chunks that fits (without interleaving that is exact); with interleaving each chunk
+    then tries cheaper settings of its own while the rank still fits. A rank where nothing fits keeps
+    `start`. Returns the settings and, per stage, whether they fit."""
+    from lynx.export.megatron_recompute import candidates, recompute_cost
+
+    _check_simulable(problem, layout)
+    g, pp = problem.graph, layout.pp
+    chosen, found = list(start), [False] * len(start)
+
+    def fits(trial: list[MegatronRecompute], rank: int) -> bool:
+        return simulate_per_stage(problem, layout, trial).stages[rank].fits
+
+    for r in range(pp):
+        vs = [c * pp + r for c in range(layout.vpp)]
+        pool = {c for v in vs for c in candidates(g, layout.layers[v])}
+        for cand in sorted(pool, key=lambda c: (sum(recompute_cost(g, c, layout.layers[v]) for v in vs), c.short())):
+            trial = [cand if i in vs else x for i, x in enumerate(chosen)]
+            if fits(trial, r):
+                chosen = trial
+                for v in vs:
+                    found[v] = True
+                break
+        for v in vs if layout.vpp > 1 and found[vs[0]] else []:
+            n = layout.layers[v]
+            for cand in candidates(g, n):
+                if recompute_cost(g, cand, n) >= recompute_cost(g, chosen[v], n):
+                    break
+                trial = [*chosen[:v], cand, *chosen[v + 1:]]
+                if fits(trial, r):
+                    chosen = trial
+                    break
+    return chosen, found
+
+
+def fastest_fitting_global(problem: PlanProblem, layout: ChunkLayout) -> MegatronRecompute | None:
+    """The cheapest single setting with which every stage fits (what a stock-Megatron user would tune to)."""
+    from lynx.export.megatron_recompute import candidates, recompute_cost
+
+    _check_simulable(problem, layout)
+    g = problem.graph
+    pool = {c for n in set(layout.layers) for c in candidates(g, n)}
+    for cand in sorted(pool, key=lambda r: (sum(recompute_cost(g, r, n) for n in layout.layers), r.short())):
+        if simulate_per_stage(problem, layout, [cand] * len(layout.layers)).fits:
+            return cand
+    return None

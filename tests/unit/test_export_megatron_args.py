@@ -1,0 +1,135 @@
+"""Reading a Megatron-LM command line back: the exported arguments reproduce the plan's problem and the
+stock-Megatron price; unsupported flags are refused with one line, unknown ones listed."""
+
+from __future__ import annotations
+
+import pytest
+
+from lynx.api import plan as plan_with
+from lynx.errors import SpecError
+from lynx.export.layout import ChunkLayout
+from lynx.export.megatron import build_megatron
+from lynx.export.megatron_args import parse_megatron_args
+from lynx.export.megatron_recompute import MegatronRecompute
+from lynx.export.pricing import imported_problem, simulate_stock
+from lynx.export.source import source_from
+from lynx.problem import PlanOptions
+from tests.conftest import problem_for
+
+BASE = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 1024 "
+        "--micro-batch-size 8 --global-batch-size 128 --tensor-model-parallel-size 4 "
+        "--pipeline-model-parallel-size 4 --bf16 --vocab-size 51200 --max-position-embeddings 2048")
+
+
+@pytest.mark.parametrize("mb", [8, 16])
+def test_exported_args_reproduce_the_stock_price(mb: int) -> None:
+    p = plan_with(problem_for(mb=mb), "lynx", record=False)
+    exp = build_megatron(source_from(p.problem, p.result))
+    cmd = parse_megatron_args(exp.args_text())
+    assert cmd.warnings == ()
+    assert cmd.layout == exp.source.layout and cmd.recompute == exp.stock
+    assert cmd.parallel(1) == p.problem.parallel
+    m, mine = cmd.model, p.problem.model
+    assert (m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, m.vocab_size,
+            m.max_position_embeddings, m.dropout) == (mine.num_layers, mine.hidden_size, mine.ffn_hidden_size,
+                                                      mine.num_attention_heads, mine.vocab_size,
+                                                      mine.max_position_embeddings, mine.dropout)
+    prob = imported_problem(m, cmd.parallel(1), cmd.layout, "a100-40g-nvlink", PlanOptions())
+    again = simulate_stock(prob, cmd.layout, cmd.recompute)
+    stock = exp.figures[2]
+    assert again.iteration_time_s == pytest.approx(stock.iteration_time_s, rel=1e-12)
+    assert [s.peak_bytes for s in again.stages] == pytest.approx([s.peak_bytes for s in stock.stages], rel=1e-12)
+
+
+def test_forms_defaults_and_ignored_flags() -> None:
+    cmd = parse_megatron_args(f"torchrun --nproc-per-node 16 pretrain_gpt.py {BASE} --lr=1e-4 --data-path /d "
+                              "--recompute-activations --decoder-first-pipeline-num-layers=7 "
+                              "--decoder-last-pipeline-num-layers 9")
+    assert cmd.layout == ChunkLayout(4, 1, (7, 8, 8, 9))
+    assert cmd.recompute == MegatronRecompute("selective", modules=("core_attn",))
+    assert any("--lr --data-path" in w for w in cmd.warnings)
+    assert any("--ffn-hidden-size 16384" in w for w in cmd.warnings)
+    cmd = parse_megatron_args(BASE.split() + ["--recompute-granularity", "full", "--recompute-method", "block",
+                                              "--recompute-num-layers", "2",
+                                              "--num-virtual-stages-per-pipeline-rank", "2"])
+    assert cmd.layout == ChunkLayout(4, 2, (4,) * 8)
+    assert cmd.recompute == MegatronRecompute("full", "block", 2)
+    sel = parse_megatron_args(BASE + " --recompute-granularity selective --recompute-modules mlp layernorm")
+    assert sel.recompute.modules == ("mlp", "layernorm")
+
+
+@pytest.mark.parametrize("extra, what", [
+    ("--swiglu", "--swiglu"), ("--context-parallel-size 2", "--context-parallel-size"),
+    ("--num-experts 8", "--num-experts"), ("--recompute-granularity full", "recompute-method"),
+    ("--recompute-granularity selective --recompute-modules moe", "recompute-modules"),
+    ("--recompute-granularity everything", "full or selective"), ("--sequence-parallel yes", "no value"),
+    ("--pipeline-model-parallel-layout Et*9|t*8|t*8|t*8L", "decoder layers"),
+    ("--decoder-first-pipeline-num-layers 9 --decoder-last-pipeline-num-layers 8", "evenly"),
+    ("--micro-batch-size eight", "integer"),
+])
+def test_bad_command_lines_fail_with_one_clear_line(extra: str, what: str) -> None:
+    with pytest.raises(SpecError, match=what):
+        parse_megatron_args(BASE + " " + extra)
+
+
+def test_missing_sizes_are_named() -> None:
+    with pytest.raises(SpecError, match="--hidden-size"):
+        parse_megatron_args("--num-layers 32 --num-attention-heads 32 --seq-length 1024 --micro-batch-size 1 "
+                            "--global-batch-size 8")
+    with pytest.raises(SpecError, match="split"):
+        parse_megatron_args("--num-layers 32 --num-attention-heads 32 --seq-length 1024 --micro-batch-size 1 "
+                            "--hidden-size 1024 --global-batch-size 8 --pipeline-model-parallel-size 3 --bf16")
+
+
+def test_llama_fields_become_megatron_flags() -> None:
+    """The LLaMA fields issue 10 adds to ModelSpec, read by getattr (a stand-in object here)."""
+    from types import SimpleNamespace
+
+    from lynx.export.megatron_model import model_flags
+
+    llama = SimpleNamespace(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
+                            max_position_embeddings=8192, vocab_size=128256, dropout=False, family="llama",
+                            activation="swiglu", normalization="rmsnorm", position_embedding="rope",
+                            tie_embeddings=False, num_query_groups=8, attention="flash")
+    flags = {f[0]: f[1:] for f in model_flags(llama, 8192)}  # type: ignore[arg-type]
+    for f in ("--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--group-query-attention"):
+        assert flags[f] == ()
+    assert flags["--normalization"] == ("RMSNorm",) and flags["--position-embedding-type"] == ("rope",)
+    assert flags["--num-query-groups"] == ("8",) and flags["--attention-backend"] == ("flash",)
+    assert flags["--attention-dropout"] == ("0",) and flags["--hidden-dropout"] == ("0",)
+    args = " ".join(" ".join(f) for f in model_flags(llama, 8192))  # type: ignore[arg-type]
+    cmd = (f"{args} --micro-batch-size 1 --global-batch-size 64 --tensor-model-parallel-size 8 "
+           "--pipeline-model-parallel-size 4 --bf16")
+    import dataclasses
+
+    from lynx.spec import ModelSpec
+
+    if "family" not in {f.name for f in dataclasses.fields(ModelSpec)}:
+        with pytest.raises(SpecError, match="LLaMA family"):
+            parse_megatron_args(cmd)
+        return
+    m = parse_megatron_args(cmd).model  # after issue 10: the same model back
+    assert (m.family, m.num_query_groups, m.activation, m.normalization, m.position_embedding, m.tie_embeddings,
+            m.attention, m.dropout) == ("llama", 8, "swiglu", "rmsnorm", "rope", False, "flash", False)
+
+
+@pytest.mark.parametrize("method", ["none", "full", "uniform", "block", "lynx-heu"])
+def test_every_baseline_plan_round_trips(method: str) -> None:
+    p = plan_with(problem_for(mb=16), method, record=False)
+    exp = build_megatron(source_from(p.problem, p.result))
+    cmd = parse_megatron_args(exp.args_text())
+    prob = imported_problem(cmd.model, cmd.parallel(1), cmd.layout, "a100-40g-nvlink", PlanOptions())
+    again = simulate_stock(prob, cmd.layout, cmd.recompute)
+    assert again.iteration_time_s == pytest.approx(exp.figures[2].iteration_time_s, rel=1e-12)
+
+
+def test_interleaved_plan_round_trips() -> None:
+    p = plan_with(problem_for(mb=16, vpp=2), "lynx", record=False)
+    exp = build_megatron(source_from(p.problem, p.result))
+    assert exp.source.layout.vpp == 2 and len(exp.figures) == 3
+    cmd = parse_megatron_args(exp.args_text())
+    assert cmd.layout == exp.source.layout
+    prob = imported_problem(cmd.model, cmd.parallel(1), cmd.layout, "a100-40g-nvlink", PlanOptions())
+    again = simulate_stock(prob, cmd.layout, cmd.recompute)
+    assert again.iteration_time_s == pytest.approx(exp.figures[2].iteration_time_s, rel=1e-12)
+    assert [s.peak_bytes for s in again.stages] == pytest.approx([s.peak_bytes for s in exp.figures[2].stages])
