@@ -74,3 +74,8 @@ class SimResult:
     @property
     def recompute_critical_s(self) -> float:
         return max((s.recompute_critical_s for s in self.stages), default=0.0)
+
+    @property
+    def recompute_hidden_s(self) -> float:
+        """Recomputation hidden in collective windows and pipeline stalls, on the stage that hides most."""
+        return max((s.recompute_overlapped_s for s in self.stages), default=0.0)
