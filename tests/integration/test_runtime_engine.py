@@ -6,8 +6,7 @@ TP = 1 in process; TP = 2 with two local gloo processes on 127.0.0.1 (torch.mult
 
 from __future__ import annotations
 
-import os
-import socket
+import functools
 
 import pytest
 
@@ -25,6 +24,7 @@ from lynx.runtime.check import (  # noqa: E402
 from lynx.runtime.engine import RecomputeEngine  # noqa: E402
 from lynx.runtime.layer import LayerConfig  # noqa: E402
 from lynx.runtime.model import GPTModel  # noqa: E402
+from tests.two_ranks import run_two_ranks  # noqa: E402
 
 LAYERS, VOCAB, MBS = 3, 64, 3
 RULES = ("none", "full", "selective", "uniform", "block")
@@ -150,47 +150,19 @@ def test_sequence_parallel_tp1_equal() -> None:
         assert r["loss_equal"] and not r["bad"], (name, r["bad"])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, port: int, sp: bool, outdir: str) -> None:
-    import datetime
-    import json
+def _tp2_summary(sp: bool, group: object) -> dict[str, object]:
     from dataclasses import replace
 
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=60))
-    torch.set_num_threads(1)
-    try:
-        cfg = replace(CFG, tp=2, sequence_parallel=sp)
-        res = compare_all(cfg, dist.group.WORLD, in_flight=1 if sp else 2)
-        summary = {k: {"loss_equal": v["loss_equal"], "bad": v["bad"], "bytes_equal": v["bytes_equal"],
-                       "win": v["stats"].restored_in_window} for k, v in res.items()}
-        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-            json.dump(summary, f)
-        dist.barrier()
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    # As `lynx train` does: gloo's destructors abort a rank now and then (SIGABRT, "terminate called without
-    # an active exception") after a clean run; the results are on disk and both ranks passed the barrier.
-    os._exit(0)
+    cfg = replace(CFG, tp=2, sequence_parallel=sp)
+    res = compare_all(cfg, group, in_flight=1 if sp else 2)
+    summary: dict[str, object] = {k: {"loss_equal": v["loss_equal"], "bad": v["bad"], "bytes_equal": v["bytes_equal"],
+                                      "win": v["stats"].restored_in_window} for k, v in res.items()}
+    return summary
 
 
 @pytest.mark.parametrize("sp", [False, True])
 def test_tp2_every_policy_bitwise_equal(sp: bool, tmp_path) -> None:
-    import json
-
-    import torch.multiprocessing as mp
-
-    mp.spawn(_worker, args=(_free_port(), sp, str(tmp_path)), nprocs=2, join=True)
-    for rank in (0, 1):
-        res = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    for rank, res in enumerate(run_two_ranks(functools.partial(_tp2_summary, sp), tmp_path)):
         assert len(res) >= 6
         for name, r in res.items():
             assert r["loss_equal"] and not r["bad"], (rank, name, r["bad"])
