@@ -25,7 +25,7 @@ micro-batch schedule its caller drives (F0 F1 B0 F2 B1 ... or F0 B0 F1 B1 ...).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,8 @@ from lynx.runtime.layer import GPTLayer
 
 _FWD_PHASE = {"attn": Phase.FWD_ATTN, "mlp": Phase.FWD_MLP}
 _BWD_PHASE = {"mlp": Phase.BWD_MLP, "attn": Phase.BWD_ATTN}
+_PLACE: dict[Phase | str, str] = {Phase.FWD_ATTN: "fwd_attn", Phase.FWD_MLP: "fwd_mlp", Phase.BWD_MLP: "bwd_mlp",
+                                  Phase.BWD_ATTN: "bwd_attn", "cooldown": "cooldown"}
 
 
 def _key(t: torch.Tensor) -> int:
@@ -80,8 +82,13 @@ class _Record:
 class EngineStats:
     ondemand_s: float = 0.0
     window_s: float = 0.0
+    """Seconds of recomputation inside collective windows (phases 1-4) and cool-down stalls."""
     restored_in_window: int = 0
     restored_on_demand: int = 0
+    cooldown_s: float = 0.0
+    """Of `window_s`: recomputation issued in a cool-down stall, before waiting for the next stage's gradient."""
+    by_window: dict[str, int] = field(default_factory=dict)
+    """Ops restored per place: "fwd_attn", "fwd_mlp", "bwd_mlp", "bwd_attn", "cooldown", "on_demand"."""
     peak_bytes: int = 0
     """Peak activation bytes held for backward (saved tensors kept, plus restored ones), all micro-batches."""
     fwd_end_bytes: list[int] = field(default_factory=list)
@@ -108,13 +115,20 @@ class RecomputeEngine:
         self._cur_k = 0
         self._registry: dict[int, tuple[int, str, torch.Tensor]] = {}
         self._replaying = 0
+        self._hosts: frozenset[int] | None = None
+        self.tracer: Callable[[str, float, float], None] | None = None
+        """Called as tracer(name, t0, t1) for every restoration (perf_counter seconds)."""
         for i, layer in enumerate(self.layers):
             layer.window_hook = self._make_hook(i)
 
     # -- forward -------------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, microbatch: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, microbatch: int = 0, hosts: Collection[int] | None = None) -> torch.Tensor:
+        """Forward `microbatch` through the stage. Its forward collectives restore the pending phase-1/2 ops
+        of the micro-batches in `hosts` (None: of every pending micro-batch, the PP = 1 behaviour)."""
+        self._hosts = None if hosts is None else frozenset(hosts)
         for li, layer in enumerate(self.layers):
             x = self._layer_forward(li, layer, x, microbatch)
+        self._hosts = None
         self._update_peak()
         self.stats.fwd_end_bytes.append(self.held_bytes())
         return x
@@ -183,7 +197,7 @@ class RecomputeEngine:
         return out.as_strided(h.size, h.stride, out.storage_offset() + h.offset)
 
     # -- restoring -----------------------------------------------------------------------------------
-    def _value(self, li: int, mb: int, dep: str, window: Phase | None) -> torch.Tensor:
+    def _value(self, li: int, mb: int, dep: str, window: Phase | str | None) -> torch.Tensor:
         rec = self._records[(li, mb)]
         if dep == LAYER_INPUT:
             if rec.input is not None:
@@ -196,8 +210,9 @@ class RecomputeEngine:
         self._ensure(li, mb, dep, window)
         return rec.restored[dep][0]
 
-    def _ensure(self, li: int, mb: int, op: str, window: Phase | None) -> None:
-        """Restore op `op` of (layer li, micro-batch mb) unless done; `window` None means on demand."""
+    def _ensure(self, li: int, mb: int, op: str, window: Phase | str | None) -> None:
+        """Restore op `op` of (layer li, micro-batch mb) unless done; `window` None means on demand,
+        "cooldown" a cool-down stall."""
         rec = self._records[(li, mb)]
         if op in rec.restored:
             return
@@ -224,13 +239,20 @@ class RecomputeEngine:
             raise RuntimeError(f"recompute of {op!r} (layer {li}) changed its layout {stride} -> {out.stride()}")
         rec.restored[op] = (out, [c.detach() for c in captured])
         self._free_intermediates(li, mb)
-        dt = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        dt = t1 - t0
+        place = _PLACE.get(window, str(window)) if window is not None else "on_demand"
+        self.stats.by_window[place] = self.stats.by_window.get(place, 0) + 1
         if window is None:
             self.stats.ondemand_s += dt
             self.stats.restored_on_demand += 1
         else:
             self.stats.window_s += dt
             self.stats.restored_in_window += 1
+            if window == "cooldown":
+                self.stats.cooldown_s += dt
+        if self.tracer is not None:
+            self.tracer(f"recompute {op} L{li} mb{mb} ({place})", t0, t1)
         self._update_peak()
 
     def _free_intermediates(self, li: int, mb: int) -> None:
@@ -255,7 +277,9 @@ class RecomputeEngine:
             block = "attn" if op.startswith("attn") else "mlp"
             if direction == "fwd":
                 phase = _FWD_PHASE[block]
-                todo = [t for t in self._pending_fwd if t[0] == li and t[3] == phase and t[1] != mb]
+                hosts = self._hosts
+                todo = [t for t in self._pending_fwd if t[0] == li and t[3] == phase and t[1] != mb
+                        and (hosts is None or t[1] in hosts)]
                 self._pending_fwd = [t for t in self._pending_fwd if t not in todo]
                 for tl, tmb, name, p in todo:
                     if (tl, tmb) in self._records:
@@ -266,6 +290,20 @@ class RecomputeEngine:
                     if p == phase:
                         self._ensure(li - 1, mb, name, p)
         return hook
+
+    def cooldown(self, mb: int) -> None:
+        """Restore now every pending phase-1/2 op of micro-batch `mb` (no later forward hosts them): called in
+        the cool-down stall before waiting for B(mb)'s gradient from the next stage (the paper's second
+        optimization), bottom layer first, as the windows would have."""
+        todo = sorted((t for t in self._pending_fwd if t[1] == mb), key=lambda t: (t[0], t[3].value))
+        self._pending_fwd = [t for t in self._pending_fwd if t[1] != mb]
+        for tl, tmb, name, _ in todo:
+            if (tl, tmb) in self._records:
+                self._ensure(tl, tmb, name, "cooldown")
+
+    def pending_forward_work(self, mb: int) -> int:
+        """How many phase-1/2 ops of micro-batch `mb` are still waiting for a window."""
+        return sum(1 for t in self._pending_fwd if t[1] == mb)
 
     # -- bookkeeping ---------------------------------------------------------------------------------
     def _release(self, li: int, mb: int) -> None:

@@ -212,7 +212,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--core-attn", action="store_true", help="scaled_dot_product_attention as core_attn")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--schedule", default=None,
+                   help="PP > 1: the action list to run (compute-only CSV, one row per pipeline rank); "
+                        "default 1F1B (interleaved with vpp > 1)")
+    p.add_argument("--trace", default=None, help="PP > 1: write the last iteration's timeline (Chrome trace)")
+    p.add_argument("--compare-trace", action="store_true",
+                   help="PP > 1: print the measured timeline beside the simulator's (needs --trace)")
     p.add_argument("--die-at", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--freeze-at", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--die-rank", type=int, default=1, help=argparse.SUPPRESS)
     return p
 
@@ -222,6 +229,13 @@ def launch(args: argparse.Namespace) -> None:
     local processes on 127.0.0.1."""
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    from lynx.runtime.pipeline_train import is_pipeline_plan
+
+    if is_pipeline_plan(args.plan):  # PP > 1 or DP > 1: the pipeline runtime
+        from lynx.runtime.pipeline_train import launch as launch_pipeline
+
+        launch_pipeline(args)
+        return
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         _rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://", args)
         return
