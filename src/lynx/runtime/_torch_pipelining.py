@@ -14,6 +14,7 @@ tests/unit/test_runtime_torch_pipelining.py fails when any private name below di
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,8 +25,7 @@ import torch
 TESTED_TORCH = ("2.13",)
 """major.minor versions whose schedules.py / stage.py this module was read against."""
 
-PRIVATE_NAMES = ("_PipelineScheduleRuntime", "_Action", "_ComputationType", "_PipelineContext",
-                 "_wait_batch_p2p")
+PRIVATE_NAMES = ("_PipelineScheduleRuntime", "_Action", "_ComputationType", "_PipelineContext")
 
 
 class TorchPipeliningError(RuntimeError):
@@ -68,12 +68,18 @@ class Hooks:
     before_grad_wait: Callable[[int, int], None] | None = None
     span: Callable[[str, float, float], None] | None = None
     peer_rank: Callable[[int], int] | None = None
+    timeout_s: float | None = None
+    """Bound on each p2p wait (gloo's receive otherwise waits forever for a frozen peer)."""
 
 
-def _wait(schedules: Any, ops: list[Any], what: str, peer_stage: int, hooks: Hooks) -> None:
+def _wait(ops: list[Any], what: str, peer_stage: int, hooks: Hooks) -> None:
     t0 = time.perf_counter()
     try:
-        schedules._wait_batch_p2p(ops)
+        for w in ops:  # what _wait_batch_p2p does, with a timeout
+            if hooks.timeout_s is None:
+                w.wait()
+            elif w.wait(datetime.timedelta(seconds=hooks.timeout_s)) is False:
+                raise TimeoutError(f"no answer within {hooks.timeout_s:g} s")
     except Exception as e:
         peer = hooks.peer_rank(peer_stage) if hooks.peer_rank else peer_stage
         cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -103,7 +109,7 @@ def build_schedule(stages: list[Any], num_microbatches: int, loss_fn: Callable[.
         s, mb = action.stage_index, action.microbatch_index
         stage = by_index[s]
         if not stage.is_first and s - 1 not in by_index:
-            _wait(schedules, sched.fwd_recv_ops.pop((s, mb)), f"activations of micro-batch {mb}", s - 1, hooks)
+            _wait(sched.fwd_recv_ops.pop((s, mb)), f"activations of micro-batch {mb}", s - 1, hooks)
         if hooks.before_forward is not None:
             hooks.before_forward(s, mb)
         t0 = time.perf_counter()
@@ -119,7 +125,7 @@ def build_schedule(stages: list[Any], num_microbatches: int, loss_fn: Callable[.
         if hooks.before_grad_wait is not None:
             hooks.before_grad_wait(s, mb)
         if not stage.is_last and s + 1 not in by_index:
-            _wait(schedules, sched.bwd_recv_ops.pop((s, mb)), f"gradient of micro-batch {mb}", s + 1, hooks)
+            _wait(sched.bwd_recv_ops.pop((s, mb)), f"gradient of micro-batch {mb}", s + 1, hooks)
         t0 = time.perf_counter()
         loss = sched._maybe_get_loss(stage, mb)
         sched.backward_counter[s] += 1

@@ -139,7 +139,8 @@ class PipelineRunner:
     and reduces the gradients (tied embedding, sequence-parallel LayerNorms, DP)."""
 
     def __init__(self, layout: PipelineLayout, rows: act.Rows, cfg: LayerConfig, vocab: int, rank: int,
-                 groups: Groups, device: torch.device, seed: int = 1234, workdir: str | None = None) -> None:
+                 groups: Groups, device: torch.device, seed: int = 1234, workdir: str | None = None,
+                 timeout_s: float | None = None) -> None:
         L = layout
         act.validate(rows, L.pp, L.num_stages, L.num_microbatches)
         cfg = replace(cfg, num_layers=sum(L.layers_per_stage))  # Megatron's scaled init reads the depth
@@ -163,7 +164,8 @@ class PipelineRunner:
         act.write_csv(rows, self._csv)
         hooks = tpp.Hooks(before_forward=self._before_forward, before_grad_wait=self._before_grad_wait,
                           span=lambda n, a, b: self._event("pipeline", n, a, b),
-                          peer_rank=lambda s: L.rank_of(s % L.pp, self.dp_rank, self.tp_rank))
+                          peer_rank=lambda s: L.rank_of(s % L.pp, self.dp_rank, self.tp_rank), timeout_s=timeout_s)
+        self.schedule_hooks = hooks
         self.schedule = tpp.build_schedule(stages, L.num_microbatches, make_loss_fn(L.num_microbatches, self.losses),
                                            str(self._csv), hooks)
 

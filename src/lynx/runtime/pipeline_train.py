@@ -88,6 +88,26 @@ def _batches(args: argparse.Namespace, cfg: LayerConfig, vocab: int, m: int, it:
                             device) for j in range(m)]
 
 
+def _inject_fault(args: argparse.Namespace, runner: PipelineRunner, rank: int, it: int) -> None:
+    """Tests: in iteration --die-at (--freeze-at), rank --die-rank exits (stops answering) in the middle of
+    its second forward, after its first micro-batch went downstream."""
+    die = args.die_at is not None and it == args.die_at
+    freeze = getattr(args, "freeze_at", None) is not None and it == args.freeze_at
+    if rank != args.die_rank or not (die or freeze):
+        return
+    orig = runner._before_forward
+
+    def faulty(stage: int, mb: int) -> None:
+        if mb == 1:
+            if die:
+                os._exit(17)
+            time.sleep(10 ** 6)
+        orig(stage, mb)
+
+    runner._before_forward = faulty  # type: ignore[method-assign]
+    runner.schedule_hooks.before_forward = faulty
+
+
 def _stage_record(runner: PipelineRunner) -> dict[str, Any]:
     out = {}
     for s, mod in runner.modules.items():
@@ -105,17 +125,15 @@ def run(args: argparse.Namespace, rank: int, world: int) -> dict[str, Any] | Non
     rows = action_rows(args, layout)
     device = torch.device(f"cuda:{torch.cuda.current_device()}") if args.device == "cuda" else torch.device("cpu")
     groups = make_groups(layout, rank)
-    runner = PipelineRunner(layout, rows, cfg, problem.model.vocab_size, rank, groups, device, args.seed)
+    runner = PipelineRunner(layout, rows, cfg, problem.model.vocab_size, rank, groups, device, args.seed,
+                            timeout_s=args.timeout)
     opt = torch.optim.AdamW(runner.parameters(), lr=args.lr)
     _, dp_rank, _ = layout.coords(rank)
     records: list[dict[str, Any]] = []
     events: list[trace_mod.Event] = []
     total = args.warmup + args.iters
     for it in range(total):
-        if args.die_at is not None and rank == args.die_rank and it == args.die_at:
-            os._exit(17)  # fault injection (tests): this rank vanishes mid-run
-        if getattr(args, "freeze_at", None) is not None and rank == args.die_rank and it == args.freeze_at:
-            time.sleep(10 ** 6)  # fault injection (tests): this rank stops answering
+        _inject_fault(args, runner, rank, it)
         for mod in runner.modules.values():
             if mod.engine is not None:
                 mod.engine.stats.reset()
@@ -146,6 +164,8 @@ def run(args: argparse.Namespace, rank: int, world: int) -> dict[str, Any] | Non
         if device.type == "cuda":
             rec["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
         records.append(rec)
+        if rank == 0 and not args.quiet:
+            print(f"iter {it:3d}{' (warmup)' if it < args.warmup else '':9s} time {dt:7.3f} s (rank 0)", flush=True)
     tp_mod.set_collective_tracer(None)
     mine = {"rank": rank, "stages": sorted(runner.modules), "records": records, "events": events,
             "predicted": _predicted(problem, layout, cfg, runner, dtype)}
@@ -209,9 +229,7 @@ def _finish(report: dict[str, Any] | None, args: argparse.Namespace) -> None:
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
     if not args.quiet:
-        for it in report["iterations"]:
-            print(f"iter {it['iter']:3d}{' (warmup)' if it['warmup'] else '':9s} time {it['time_s']:7.3f} s  "
-                  f"loss {it['loss']:7.4f}", flush=True)
+        print("losses " + " ".join(f"{it['loss']:.4f}" for it in report["iterations"]), flush=True)
         for s, st in report["stages"].items():
             print(f"stage {s}: act peak {st['measured_act_peak_bytes'] / 2**20:8.2f} MiB (predicted "
                   f"{st['predicted_act_peak_bytes'] / 2**20:8.2f}), recompute windows {st['window_s']:.4f} s "
