@@ -134,14 +134,14 @@ def interleaved_interim(pp: int, vpp: int, num_microbatches: int) -> Rows:
 
 
 def hosts(row: Sequence[PipeAction]) -> tuple[dict[tuple[int, int], frozenset[int]], frozenset[tuple[int, int]]]:
-    """For one rank's list: which micro-batches' phase-1/2 recomputation each forward F(s, k) hosts, and the
-    backwards (s, j) with no host (cool-down: nothing runs forward on stage s between F(s, j) and B(s, j)
-    except ... nothing after F(s, j)).
+    """For one rank's list: which micro-batch's phase-1/2 recomputation each forward F(s, k) hosts, and the
+    backwards (s, j) that no forward hosts (cool-down).
 
-    B(s, j) is hosted by the last forward of the same stage that runs after F(s, j) and before B(s, j): the
-    restored tensors are then held for the shortest time, and it is the forward the simulator's
-    `lynx.schedule.carrier_of` names for 1F1B (F(w + j) for B(j))."""
-    host: dict[tuple[int, int], set[int]] = {}
+    B(s, j) is hosted by the last forward of stage s that runs after F(s, j) and before B(s, j), if that
+    forward hosts no earlier backward: one backward per forward, as the plan's memory model counts one
+    micro-batch's phase-1/2 outputs held at a time (`M_fwd_comm`). For 1F1B this is exactly the simulator's
+    `lynx.schedule.carrier_of` (F(w + j) hosts B(j)); the rest are cool-down backwards."""
+    host: dict[tuple[int, int], frozenset[int]] = {}
     cool: set[tuple[int, int]] = set()
     pos = {a: i for i, a in enumerate(row)}
     for i, a in enumerate(row):
@@ -150,8 +150,9 @@ def hosts(row: Sequence[PipeAction]) -> tuple[dict[tuple[int, int], frozenset[in
         start = pos[PipeAction(a.stage, "F", a.microbatch)]
         carrier = next((row[k] for k in range(i - 1, start, -1)
                         if row[k].kind == "F" and row[k].stage == a.stage), None)
-        if carrier is None:
+        key = (carrier.stage, carrier.microbatch) if carrier is not None else None
+        if key is None or key in host:
             cool.add((a.stage, a.microbatch))
         else:
-            host.setdefault((carrier.stage, carrier.microbatch), set()).add(a.microbatch)
-    return {k: frozenset(v) for k, v in host.items()}, frozenset(cool)
+            host[key] = frozenset({a.microbatch})
+    return host, frozenset(cool)

@@ -152,8 +152,10 @@ class PipelineRunner:
         specs = [s for s in L.stage_specs() if s.index % L.pp == self.pp_rank]
         self.modules = {s.index: StageModule(s, cfg, vocab, groups.tp, device, seed) for s in specs}
         self.losses: list[float] = []
-        self.events: list[tuple[str, str, float, float]] = []
+        self.events: list[tuple[str, str, float, float, int]] = []
+        """(category, name, t0, t1, stage) while `tracing`: stage is the one whose action was running."""
         self.tracing = False
+        self.current_stage = -1
         stages = []
         for s, mod in self.modules.items():
             inp, out = mod.example_io(vocab, device)
@@ -172,12 +174,15 @@ class PipelineRunner:
     # -- hooks ---------------------------------------------------------------------------------------
     def _event(self, cat: str, name: str, t0: float, t1: float) -> None:
         if self.tracing:
-            self.events.append((cat, name, t0, t1))
+            stage = int(name.rsplit(" ", 1)[1]) if name[:1] in "FB" and " stage " in name else self.current_stage
+            self.events.append((cat, name, t0, t1, stage))
 
     def _before_forward(self, stage: int, mb: int) -> None:
+        self.current_stage = stage
         self.modules[stage].set_microbatch(mb, self.hosts.get((stage, mb), ()))
 
     def _before_grad_wait(self, stage: int, mb: int) -> None:
+        self.current_stage = stage
         mod = self.modules[stage]
         pol = mod.spec.policy
         # only a stage that waits for a gradient has a stall to fill (the last stage computes its own loss)

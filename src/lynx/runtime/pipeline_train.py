@@ -142,8 +142,8 @@ def run(args: argparse.Namespace, rank: int, world: int) -> dict[str, Any] | Non
         last = it == total - 1
         runner.tracing, runner.events = last and bool(args.trace), []
         tp_mod.set_collective_tracer(
-            (lambda k, a, b, c: runner.events.extend([("collective", f"{k} window", a, b),
-                                                      ("collective", f"wait {k}", b, c)]))
+            (lambda k, a, b, c: (runner._event("collective", f"{k} window", a, b),
+                                 runner._event("collective", f"wait {k}", b, c)))
             if runner.tracing else None)
         dist.barrier()
         if device.type == "cuda":
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace, rank: int, world: int) -> dict[str, Any] | Non
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         if runner.tracing:
-            events = [(c, n, a - t0, b - t0) for c, n, a, b in runner.events]
+            events = [(c, n, a - t0, b - t0, st) for c, n, a, b, st in runner.events]
         rec = {"iter": it, "warmup": it < args.warmup, "time_s": dt,
                "loss": sum(runner.losses) / len(runner.losses) if runner.losses else None,
                "stages": _stage_record(runner)}

@@ -19,7 +19,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-Event = tuple[str, str, float, float]
+Event = tuple[str, str, float, float, int]
+"""(category, name, t0, t1, stage)."""
 _TID = {"pipeline": 0, "recompute": 1, "collective": 2, "sim": 0}
 
 
@@ -29,9 +30,9 @@ def chrome_events(rank: int, label: str, events: Iterable[Event], origin: float)
         *({"ph": "M", "name": "thread_name", "pid": rank, "tid": t, "args": {"name": c}}
           for c, t in _TID.items() if c != "sim"),
     ]
-    for cat, name, t0, t1 in events:
+    for cat, name, t0, t1, stage in events:
         out.append({"ph": "X", "pid": rank, "tid": _TID.get(cat, 3), "cat": cat, "name": name,
-                    "ts": (t0 - origin) * 1e6, "dur": max(0.0, t1 - t0) * 1e6})
+                    "ts": (t0 - origin) * 1e6, "dur": max(0.0, t1 - t0) * 1e6, "args": {"stage": stage}})
     return out
 
 
@@ -51,31 +52,31 @@ def simulated_segments(plan_path: str | Path) -> tuple[float, list[tuple[int, st
 
 
 def _measured_by_stage(trace: dict[str, Any]) -> dict[int, dict[str, float]]:
-    """Per stage from the measured trace: sums of F, B, p2p waits, recomputation per window, collective
-    waits, and the stage's span."""
+    """Per stage from the measured trace (TP ranks of a stage summed, DP replicas too: divide by the
+    ranks of the stage to compare with one simulated stage): F, B, p2p waits, recomputation per place,
+    collective waits, and the number of ranks that ran the stage."""
     out: dict[int, dict[str, float]] = {}
-    stage_of_pid = {int(k): v for k, v in trace.get("otherData", {}).get("stages_of_rank", {}).items()}
+    ranks: dict[int, set[int]] = {}
     for e in trace["traceEvents"]:
-        if e.get("ph") != "X" or e["pid"] >= 1000:
+        if e.get("ph") != "X" or e["pid"] >= 1000 or e.get("args", {}).get("stage", -1) < 0:
             continue
-        stages = stage_of_pid.get(e["pid"], [e["pid"]])
-        name, dur = e["name"], e["dur"] / 1e6
-        if name[:1] in "FB" and " stage " in name:
-            stages = [int(name.rsplit(" ", 1)[1])]
-        for s in stages[:1] if len(stages) > 1 and not name[:1] in "FB" else stages:
-            d = out.setdefault(s, {"F": 0.0, "B": 0.0, "p2p_wait": 0.0, "window": 0.0, "cooldown": 0.0,
-                                   "on_demand": 0.0, "collective_wait": 0.0, "end": 0.0, "nF": 0, "nB": 0})
-            if name[:1] in "FB" and " stage " in name:
-                d[name[0]] += dur
-                d["n" + name[0]] += 1
-            elif name.startswith("p2p wait"):
-                d["p2p_wait"] += dur
-            elif e["cat"] == "recompute":
-                place = name.rsplit("(", 1)[1].rstrip(")")
-                d["cooldown" if place == "cooldown" else "on_demand" if place == "on_demand" else "window"] += dur
-            elif name.startswith("wait "):
-                d["collective_wait"] += dur
-            d["end"] = max(d["end"], (e["ts"] + e["dur"]) / 1e6)
+        s, name, dur = e["args"]["stage"], e["name"], e["dur"] / 1e6
+        ranks.setdefault(s, set()).add(e["pid"])
+        d = out.setdefault(s, dict.fromkeys(("F", "B", "p2p_wait", "window", "cooldown", "on_demand",
+                                             "collective_wait"), 0.0))
+        if e["cat"] == "pipeline" and name[:1] in "FB":
+            d[name[0]] += dur
+        elif name.startswith("p2p wait"):
+            d["p2p_wait"] += dur
+        elif e["cat"] == "recompute":
+            place = name.rsplit("(", 1)[1].rstrip(")")
+            d[place if place in ("cooldown", "on_demand") else "window"] += dur
+        elif name.startswith("wait "):
+            d["collective_wait"] += dur
+    for s, d in out.items():
+        n = len(ranks[s])
+        for k in d:
+            d[k] /= n
     return out
 
 
@@ -88,9 +89,8 @@ def compare(plan_path: str | Path, trace_path: str | Path) -> tuple[list[str], l
     sim: dict[int, dict[str, float]] = {}
     events: list[dict[str, Any]] = []
     for s, kind, mb, a, b in segs:
-        d = sim.setdefault(s, {"F": 0.0, "B": 0.0, "recompute": 0.0, "overlap": 0.0, "stall": 0.0, "end": 0.0})
+        d = sim.setdefault(s, {"F": 0.0, "B": 0.0, "recompute": 0.0, "overlap": 0.0, "stall": 0.0})
         d[kind] = d.get(kind, 0.0) + (b - a)
-        d["end"] = max(d["end"], b)
         if not any(ev.get("pid") == 1000 + s and ev.get("ph") == "M" for ev in events):
             events.append({"ph": "M", "name": "process_name", "pid": 1000 + s,
                            "args": {"name": f"simulated stage {s}"}})
