@@ -162,14 +162,15 @@ class PipelineRunner:
             stages.append(tpp.make_stage(mod, s, L.num_stages, device, inp, out, groups.pp))
             if mod.engine is not None:
                 mod.engine.tracer = lambda n, a, b: self._event("recompute", n, a, b)
-        self._csv = Path(workdir or tempfile.mkdtemp(prefix="lynx-pp-")) / f"actions-rank{rank}.csv"
-        act.write_csv(rows, self._csv)
         hooks = tpp.Hooks(before_forward=self._before_forward, before_grad_wait=self._before_grad_wait,
                           span=lambda n, a, b: self._event("pipeline", n, a, b),
                           peer_rank=lambda s: L.rank_of(s % L.pp, self.dp_rank, self.tp_rank), timeout_s=timeout_s)
         self.schedule_hooks = hooks
-        self.schedule = tpp.build_schedule(stages, L.num_microbatches, make_loss_fn(L.num_microbatches, self.losses),
-                                           str(self._csv), hooks)
+        with tempfile.TemporaryDirectory(prefix="lynx-pp-") as tmp:  # torch loads the list from a CSV file
+            csv_path = Path(workdir or tmp) / f"actions-rank{rank}.csv"
+            act.write_csv(rows, csv_path)
+            self.schedule = tpp.build_schedule(stages, L.num_microbatches,
+                                               make_loss_fn(L.num_microbatches, self.losses), str(csv_path), hooks)
 
     # -- hooks ---------------------------------------------------------------------------------------
     def _event(self, cat: str, name: str, t0: float, t1: float) -> None:
