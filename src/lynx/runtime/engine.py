@@ -76,6 +76,8 @@ class _Record:
     out_layout: dict[str, tuple[tuple[int, ...], int]] = field(default_factory=dict)
     out_handles: set[str] = field(default_factory=set)
     """Ops whose output (or a view of it) autograd holds as a handle: backward will ask for it."""
+    refs: dict[int, int] = field(default_factory=dict)
+    """storage key -> how many times this record counts it in the engine's running total."""
 
 
 @dataclass
@@ -116,6 +118,8 @@ class RecomputeEngine:
         self._registry: dict[int, tuple[int, str, torch.Tensor]] = {}
         self._replaying = 0
         self._hosts: frozenset[int] | None = None
+        self._live: dict[int, list[int]] = {}  # storage key -> [bytes, references from live records]
+        self._total = 0
         self.tracer: Callable[[str, float, float], None] | None = None
         """Called as tracer(name, t0, t1) for every restoration (perf_counter seconds)."""
         for i, layer in enumerate(self.layers):
@@ -138,6 +142,8 @@ class RecomputeEngine:
         ckpt = li == 0 or pol.input_checkpoint
         rec = _Record(input=x if ckpt else None, input_rg=x.requires_grad)
         self._records[(li, mb)] = rec
+        if ckpt:
+            self._acquire(rec, x)
         out_op = layer.op_names[-1]
         self._registry = {_key(x): (li - 1, out_op, x) if li > 0 else (0, LAYER_INPUT, x)}
         env: dict[str, torch.Tensor] = {LAYER_INPUT: x}
@@ -150,6 +156,7 @@ class RecomputeEngine:
                 rec.out_layout[name] = (tuple(out.stride()), out.storage_offset())
                 if name in pol.keep and name != out_op:  # the layer output is the next layer's input
                     rec.kept[name] = out
+                    self._acquire(rec, out)
         self._cur = (-1, -1, "")
         self._pending_fwd.extend((li, mb, n, p) for n, p in pol.recompute if p in _FWD_PHASE.values())
         if x.requires_grad:
@@ -177,13 +184,13 @@ class RecomputeEngine:
         if owner is not None:
             ol, oname, base = owner
             if oname == LAYER_INPUT or not self._dropped(ol, oname, True):
-                self._records[(li, mb)].held[key] = _nbytes(t)
+                self._hold(self._records[(li, mb)], key, t)
                 return t
             self._records[(ol, mb)].out_handles.add(oname)
             return _Handle(ol, mb, oname, -1, tuple(t.shape), tuple(t.stride()),
                            t.storage_offset() - base.storage_offset())
         if not self._dropped(li, cur, False):
-            self._records[(li, mb)].held[key] = _nbytes(t)
+            self._hold(self._records[(li, mb)], key, t)
             return t
         return _Handle(li, mb, cur, k)
 
@@ -238,6 +245,8 @@ class RecomputeEngine:
         if tuple(out.stride()) != stride:
             raise RuntimeError(f"recompute of {op!r} (layer {li}) changed its layout {stride} -> {out.stride()}")
         rec.restored[op] = (out, [c.detach() for c in captured])
+        for t in (out, *rec.restored[op][1]):
+            self._acquire(rec, t)
         self._free_intermediates(li, mb)
         t1 = time.perf_counter()
         dt = t1 - t0
@@ -267,6 +276,7 @@ class RecomputeEngine:
                 continue
             users = [c for c, ins in layer.op_inputs.items() if name in ins]
             if all(c in rec.restored or c in pol.keep or c not in planned for c in users):
+                self._unref(rec, _key(out))
                 rec.restored[name] = (out.new_empty(0), saved)
 
     def _make_hook(self, li: int):
@@ -308,17 +318,62 @@ class RecomputeEngine:
     # -- bookkeeping ---------------------------------------------------------------------------------
     def _release(self, li: int, mb: int) -> None:
         self._update_peak()
-        self._records.pop((li, mb), None)
+        rec = self._records.pop((li, mb), None)
+        if rec is not None:
+            self._forget(rec)
         self._pending_fwd = [t for t in self._pending_fwd if (t[0], t[1]) != (li, mb)]
 
     def end_step(self) -> None:
         """Forget everything (call after the last backward of an iteration)."""
         self._update_peak()
+        for rec in self._records.values():
+            self._forget(rec)
         self._records.clear()
         self._pending_fwd.clear()
 
+    # A running total of the bytes in live records (each storage once), kept up to date as records gain and
+    # lose tensors: recomputing it by scanning every record after each restoration cost more Python time
+    # than some restorations themselves (issue 14, item 9). `held_bytes_scan` is the definition.
+    def _hold(self, rec: _Record, key: int, t: torch.Tensor) -> None:
+        rec.held[key] = _nbytes(t)
+        self._ref(rec, key, rec.held[key])
+
+    def _acquire(self, rec: _Record, t: torch.Tensor) -> None:
+        key = _key(t)
+        if key not in self._param_keys and t.numel():
+            self._ref(rec, key, _nbytes(t))
+
+    def _ref(self, rec: _Record, key: int, nbytes: int) -> None:
+        rec.refs[key] = rec.refs.get(key, 0) + 1
+        live = self._live.get(key)
+        if live is None:
+            self._live[key] = [nbytes, 1]
+            self._total += nbytes
+        else:
+            live[1] += 1
+
+    def _unref(self, rec: _Record, key: int, count: int = 1) -> None:
+        if rec.refs.get(key, 0) < count:
+            return
+        rec.refs[key] -= count
+        if not rec.refs[key]:
+            del rec.refs[key]
+        live = self._live[key]
+        live[1] -= count
+        if live[1] <= 0:
+            self._total -= live[0]
+            del self._live[key]
+
+    def _forget(self, rec: _Record) -> None:
+        for key, count in list(rec.refs.items()):
+            self._unref(rec, key, count)
+
     def held_bytes(self) -> int:
         """Activation bytes the engine holds for backward now (each storage once)."""
+        return self._total
+
+    def held_bytes_scan(self) -> int:
+        """`held_bytes` by scanning every live record (the definition; tests compare the two)."""
         seen: dict[int, int] = {}
         for rec in self._records.values():
             seen.update(rec.held)

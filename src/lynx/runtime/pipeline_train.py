@@ -29,6 +29,7 @@ from lynx.runtime import actions as act
 from lynx.runtime import tp as tp_mod
 from lynx.runtime import trace as trace_mod
 from lynx.runtime.check import predicted_activation_bytes, runtime_graph
+from lynx.runtime.cpu_alloc import keep_freed_memory
 from lynx.runtime.layer import LayerConfig, op_names_for
 from lynx.runtime.model import synthetic_batch
 from lynx.runtime.pipeline import PipelineLayout, PipelineRunner, check_world, make_groups
@@ -244,6 +245,8 @@ def _finish(report: dict[str, Any] | None, args: argparse.Namespace) -> None:
 def rank_main(rank: int, world: int, init_method: str, args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device == "cpu":
+        keep_freed_memory()  # page faults from re-allocation are not recomputation (cpu_alloc.py)
     try:
         if args.device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())

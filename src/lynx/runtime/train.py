@@ -178,6 +178,10 @@ def _rank_main(rank: int, world: int, init_method: str, args: argparse.Namespace
     """Entry of one rank (spawned locally, under torchrun, or inside a testbed namespace)."""
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device == "cpu":
+        from lynx.runtime.cpu_alloc import keep_freed_memory
+
+        keep_freed_memory()  # page faults from re-allocation are not recomputation (cpu_alloc.py)
     try:
         group = _init(args, rank, world, init_method) if world > 1 else None
         _finish(run(args, rank, world, group), args)
