@@ -25,9 +25,9 @@ from lynx.runtime.pipeline_check import PipelineCase, compare_with_reference  # 
 M = 4  # micro-batches (a multiple of PP for interleaving)
 
 
-def _cfg(tp: int) -> LayerConfig:
+def _cfg(tp: int, sp: bool = False) -> LayerConfig:
     return LayerConfig(hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, seq_length=16,
-                       micro_batch_size=2, tp=tp)
+                       micro_batch_size=2, tp=tp, sequence_parallel=sp)
 
 
 def _free_port() -> int:
@@ -123,6 +123,12 @@ def test_pp4_full_bitwise(tmp_path) -> None:
 ])
 def test_grid_bitwise(method: str, tp: int, pp: int, vpp: int, partition: tuple[int, ...], tmp_path) -> None:
     run_case(PipelineCase(_cfg(tp), partition, pp=pp, vpp=vpp, method=method, num_microbatches=M), tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["selective", "lynx"])
+def test_sequence_parallel_inside_stages_bitwise(method: str, tmp_path) -> None:
+    run_case(PipelineCase(_cfg(2, sp=True), (2, 1), pp=2, vpp=1, method=method, num_microbatches=M), tmp_path)
 
 
 def test_wrong_masks_in_restorations_break_equality(tmp_path) -> None:

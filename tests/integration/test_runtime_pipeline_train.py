@@ -148,3 +148,30 @@ def test_cut_pipeline_link_fails_both_stages_within_timeout(tmp_path: Path) -> N
     assert [p.returncode for p in procs] == [1, 1], [e[-1000:] for e in errs]
     assert "rank 0/2 failed" in errs[0] and "rank 1/2 failed" in errs[1]
     assert waited < timeout + 30
+
+
+def test_the_runtime_executes_the_given_action_list(tmp_path: Path) -> None:
+    """A GPipe order (all forwards, then all backwards) given as CSV is what every rank runs, in that order."""
+    plan = write_plan(tmp_path / "plan.json", "selective")
+    rows = [["0F0", "0F1", "0B0", "0B1"], ["1F0", "1F1", "1B1", "1B0"]]
+    csv = tmp_path / "gpipe.csv"
+    csv.write_text("\n".join(",".join(r) for r in rows) + "\n")
+    trace = tmp_path / "t.json"
+    p = _train("--plan", str(plan), "--iters", "1", "--warmup", "0", "--threads", "1", "--quiet",
+               "--schedule", str(csv), "--trace", str(trace))
+    assert p.returncode == 0, p.stderr[-2000:]
+    events = json.loads(trace.read_text())["traceEvents"]
+    for rank, row in enumerate(rows):
+        ran = [e for e in events if e["ph"] == "X" and e["pid"] == rank and e["cat"] == "pipeline"
+               and e["name"][:1] in "FB"]
+        ran.sort(key=lambda e: e["ts"])
+        assert [f"{e['args']['stage']}{e['name'].split()[0]}" for e in ran] == row
+
+
+def test_a_bad_action_list_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    plan = write_plan(tmp_path / "plan.json", "none")
+    csv = tmp_path / "bad.csv"
+    csv.write_text("0F0,0F1,0B0,0B1\n1F0,1B0,1F1\n")
+    p = _train("--plan", str(plan), "--schedule", str(csv), timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "missing 1B1" in p.stderr

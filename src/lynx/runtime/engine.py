@@ -271,13 +271,32 @@ class RecomputeEngine:
         rec, layer, pol = self._records[(li, mb)], self.layers[li], self.policies[li]
         planned = set(pol.recomputed())
         chunk_top = li + 1 < len(self.layers) and not self.policies[li + 1].input_checkpoint
+        # still to restore: planned ops and ops whose output backward will unpack (a dropped comm op, e.g.
+        # the SP all-gather whose output the next GEMM saved, is restored on demand through its inputs)
+        pending = (planned | rec.out_handles) - set(rec.restored)
         for name, (out, saved) in list(rec.restored.items()):
             if not out.numel() or name in rec.out_handles or (chunk_top and name == layer.op_names[-1]):
                 continue
-            users = [c for c, ins in layer.op_inputs.items() if name in ins]
-            if all(c in rec.restored or c in pol.keep or c not in planned for c in users):
+            if not self._still_read(rec, layer, pol, name, pending):
                 self._unref(rec, _key(out))
                 rec.restored[name] = (out.new_empty(0), saved)
+
+    @staticmethod
+    def _still_read(rec: _Record, layer: GPTLayer, pol: LayerPolicy, name: str, pending: set[str]) -> bool:
+        """Does restoring a pending op read `name`, directly or through ops that are neither kept nor
+        restored (they would be restored on the way)?"""
+        stack, seen = list(pending), set()
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            for d in layer.op_inputs[op]:
+                if d == name:
+                    return True
+                if d != LAYER_INPUT and d not in rec.restored and d not in pol.keep:
+                    stack.append(d)
+        return False
 
     def _make_hook(self, li: int):
         def hook(direction: str, op: str, mb: int) -> None:

@@ -32,7 +32,7 @@ from lynx.runtime.check import predicted_activation_bytes, runtime_graph
 from lynx.runtime.cpu_alloc import keep_freed_memory
 from lynx.runtime.layer import LayerConfig, op_names_for
 from lynx.runtime.model import synthetic_batch
-from lynx.runtime.pipeline import PipelineLayout, PipelineRunner, check_world, make_groups
+from lynx.runtime.pipeline import LayoutError, PipelineLayout, PipelineRunner, check_world, make_groups
 
 
 def is_pipeline_plan(path: str) -> bool:
@@ -62,7 +62,7 @@ def plan_layout(plan_path: str, dtype: torch.dtype, core_attn: bool) -> tuple[An
         layout = PipelineLayout(tp=par.tp, pp=par.pp, dp=par.dp, vpp=vpp,
                                 layers_per_stage=tuple(result.partition.layers_per_stage),
                                 policies=tuple(result.policies), num_microbatches=par.num_microbatches)
-    except ValueError as e:
+    except LayoutError as e:
         raise PlanFormatError(f"{plan_path}: {e}") from None
     for s, pol in enumerate(result.policies):
         for i, lp in enumerate(pol.layers):
@@ -267,6 +267,11 @@ def launch(args: argparse.Namespace) -> None:
     """Under torchrun (RANK set) this process is one rank; otherwise spawn the layout's ranks locally."""
     from lynx.runtime.train import TrainError
 
+    if getattr(args, "compare_trace", False) and not args.trace:
+        raise TrainError("--compare-trace needs --trace FILE (the measured timeline to compare)")
+    for opt, path in (("--trace", args.trace), ("--out", args.out)):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise TrainError(f"{opt} {path}: directory {Path(path).resolve().parent} does not exist")
     _, layout, _ = plan_layout(args.plan, torch.float32, args.core_attn)
     act.validate(action_rows(args, layout), layout.pp, layout.num_stages, layout.num_microbatches,
                  getattr(args, "schedule", None) or "action list")

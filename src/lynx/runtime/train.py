@@ -240,6 +240,8 @@ def launch(args: argparse.Namespace) -> None:
 
         launch_pipeline(args)
         return
+    if args.schedule or args.trace or args.compare_trace:
+        raise TrainError(f"{args.plan}: --schedule, --trace and --compare-trace are for PP > 1 or DP > 1 plans")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         _rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://", args)
         return
