@@ -210,11 +210,21 @@ def _report(args: argparse.Namespace, problem: Any, layout: PipelineLayout, rank
                                   "cooldown_s": sum(x.get("cooldown_s", 0.0) for x in recs) / len(recs),
                                   "ondemand_s": sum(x.get("ondemand_s", 0.0) for x in recs) / len(recs),
                                   "restored": recs[-1].get("restored", {})})
-    pred_t = json.loads(Path(args.plan).read_text()).get("prediction", {}).get("iteration_time_s")
+    prediction = json.loads(Path(args.plan).read_text()).get("prediction", {})
+    pred_t = prediction.get("iteration_time_s")
+    cuda: dict[str, Any] = {}
+    for r in ranks:  # on CUDA: the allocator's peak per rank against the plan's per-stage peak (static included)
+        peaks = [rec.get("cuda_max_allocated_bytes") for rec in r["records"][-len(timed):]]
+        if peaks and peaks[0] is not None:
+            pp_rank, sim = layout.coords(r["rank"])[0], prediction.get("stages", [])
+            cuda[str(r["rank"])] = {"max_allocated_bytes": max(peaks), "predicted_peak_memory_bytes":
+                                    sim[pp_rank]["peak_memory_bytes"] if pp_rank < len(sim) else None}
     report = {"plan": str(args.plan), "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp,
               "num_microbatches": layout.num_microbatches, "iterations": iters,
               "median_time_s": sorted(r["time_s"] for r in timed)[len(timed) // 2],
               "predicted_iteration_time_s": pred_t, "stages": dict(sorted(stages.items(), key=lambda kv: int(kv[0])))}
+    if cuda:
+        report["cuda_per_rank"] = cuda
     if args.trace:
         evs: list[dict[str, Any]] = []
         for r in ranks:
