@@ -108,8 +108,15 @@ def test_pp2_tp2_lynx_bitwise(tmp_path) -> None:
     run_case(PipelineCase(_cfg(2), (1, 2), pp=2, vpp=1, method="lynx", num_microbatches=M), tmp_path)
 
 
-def test_interleaved_pp2_vpp2_selective_bitwise(tmp_path) -> None:
-    run_case(PipelineCase(_cfg(1), (1, 2, 1, 1), pp=2, vpp=2, method="selective", num_microbatches=M), tmp_path)
+def test_interleaved_pp2_vpp2_cross_chunk_hosts_bitwise(tmp_path) -> None:
+    """Interleaved 1F1B: on rank 0, F(2, 2) and F(2, 3) run just before B(0, 0) and B(0, 1) and host their
+    phase-1/2 work in chunk 1's windows (and F(0, 2), F(0, 3) host B(2, 0), B(2, 1)); B(0, 2), B(0, 3) have no
+    host and restore in the cool-down stall."""
+    out = run_case(PipelineCase(_cfg(1), (1, 2, 1, 1), pp=2, vpp=2, method="overlapped", num_microbatches=M),
+                   tmp_path)
+    for stage in (0, 2):
+        r = _restored(out, stage)
+        assert (r.get("fwd_attn"), r.get("fwd_mlp"), r.get("cooldown")) == (2 * 3, 2 * 1, 2 * 4), (stage, r)
 
 
 def test_pp4_full_bitwise(tmp_path) -> None:

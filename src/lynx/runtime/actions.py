@@ -90,9 +90,13 @@ def write_csv(rows: Rows, path: str | Path) -> None:
 
 
 def one_f_one_b(pp: int, num_microbatches: int) -> Rows:
-    """The non-interleaved 1F1B list the simulator prices (`lynx.schedule.schedule`)."""
-    return tuple(tuple(PipeAction(a.stage, a.kind, a.microbatch) for a in stage)
-                 for stage in one_f_one_b_schedule(pp, num_microbatches))
+    """The non-interleaved 1F1B list the simulator prices (`lynx.schedule.schedule`). Reads either the
+    tuple-of-tuples or issue 9's `Schedule` (rows of actions with rank, chunk and an enum kind)."""
+    rows = []
+    for row in one_f_one_b_schedule(pp, num_microbatches):
+        rows.append(tuple(PipeAction(getattr(a, "chunk", 0) * pp + a.stage, str(getattr(a.kind, "value", a.kind)),
+                                     a.microbatch) for a in row))
+    return tuple(rows)
 
 
 def interleaved_interim(pp: int, vpp: int, num_microbatches: int) -> Rows:
@@ -111,7 +115,8 @@ def interleaved_interim(pp: int, vpp: int, num_microbatches: int) -> Rows:
 
     rows = []
     for r in range(pp):
-        warm = min((pp - r - 1) * 2 + (vpp - 1) * pp, total)
+        # Megatron-Core: with exactly pp micro-batches every forward runs first
+        warm = total if num_microbatches == pp else min((pp - r - 1) * 2 + (vpp - 1) * pp, total)
         acts: list[PipeAction] = []
 
         def f(k: int, r: int = r, acts: list[PipeAction] = acts) -> None:
@@ -133,26 +138,27 @@ def interleaved_interim(pp: int, vpp: int, num_microbatches: int) -> Rows:
     return tuple(rows)
 
 
-def hosts(row: Sequence[PipeAction]) -> tuple[dict[tuple[int, int], frozenset[int]], frozenset[tuple[int, int]]]:
-    """For one rank's list: which micro-batch's phase-1/2 recomputation each forward F(s, k) hosts, and the
-    backwards (s, j) that no forward hosts (cool-down).
+def hosts(row: Sequence[PipeAction]) -> tuple[dict[tuple[int, int], tuple[int, int]], frozenset[tuple[int, int]]]:
+    """For one rank's list: the backward (stage, j) whose phase-1/2 recomputation each forward (stage', k)
+    hosts, and the backwards that no forward hosts but that wait with a forward between F(j) and B(j)
+    (cool-down).
 
-    B(s, j) is hosted by the last forward of stage s that runs after F(s, j) and before B(s, j), if that
-    forward hosts no earlier backward: one backward per forward, as the plan's memory model counts one
-    micro-batch's phase-1/2 outputs held at a time (`M_fwd_comm`). For 1F1B this is exactly the simulator's
-    `lynx.schedule.carrier_of` (F(w + j) hosts B(j)); the rest are cool-down backwards."""
-    host: dict[tuple[int, int], frozenset[int]] = {}
-    cool: set[tuple[int, int]] = set()
+    B(s, j) is hosted by the action just before it when that is a forward of another (stage, micro-batch),
+    of any chunk: the rule of issue 9's `lynx.schedule.derive_facts`, which the simulator prices. For 1F1B it
+    is `carrier_of` (F(w + j) hosts B(j))."""
+    host: dict[tuple[int, int], tuple[int, int]] = {}
+    hosted: set[tuple[int, int]] = set()
+    windows: set[int] = set()  # stages with some forward between F(j) and B(j)
     pos = {a: i for i, a in enumerate(row)}
     for i, a in enumerate(row):
         if a.kind != "B":
             continue
-        start = pos[PipeAction(a.stage, "F", a.microbatch)]
-        carrier = next((row[k] for k in range(i - 1, start, -1)
-                        if row[k].kind == "F" and row[k].stage == a.stage), None)
-        key = (carrier.stage, carrier.microbatch) if carrier is not None else None
-        if key is None or key in host:
-            cool.add((a.stage, a.microbatch))
-        else:
-            host[key] = frozenset({a.microbatch})
-    return host, frozenset(cool)
+        if any(b.kind == "F" for b in row[pos[PipeAction(a.stage, "F", a.microbatch)] + 1:i]):
+            windows.add(a.stage)
+        prev = row[i - 1] if i else None
+        if prev is not None and prev.kind == "F" and (prev.stage, prev.microbatch) != (a.stage, a.microbatch):
+            host[(prev.stage, prev.microbatch)] = (a.stage, a.microbatch)
+            hosted.add((a.stage, a.microbatch))
+    cool = frozenset((a.stage, a.microbatch) for a in row
+                     if a.kind == "B" and a.stage in windows and (a.stage, a.microbatch) not in hosted)
+    return host, cool

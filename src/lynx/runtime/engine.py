@@ -118,6 +118,7 @@ class RecomputeEngine:
         self._registry: dict[int, tuple[int, str, torch.Tensor]] = {}
         self._replaying = 0
         self._hosts: frozenset[int] | None = None
+        self._guest: tuple[RecomputeEngine, int] | None = None
         self._live: dict[int, list[int]] = {}  # storage key -> [bytes, references from live records]
         self._total = 0
         self.tracer: Callable[[str, float, float], None] | None = None
@@ -126,13 +127,19 @@ class RecomputeEngine:
             layer.window_hook = self._make_hook(i)
 
     # -- forward -------------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, microbatch: int = 0, hosts: Collection[int] | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, microbatch: int = 0, hosts: Collection[int] | None = None,
+                guest: tuple[RecomputeEngine, int] | None = None) -> torch.Tensor:
         """Forward `microbatch` through the stage. Its forward collectives restore the pending phase-1/2 ops
-        of the micro-batches in `hosts` (None: of every pending micro-batch, the PP = 1 behaviour)."""
+        of the micro-batches in `hosts` (None: of every pending micro-batch, the PP = 1 behaviour), and with
+        `guest` = (engine, j) those of another chunk's engine for its micro-batch j (interleaved schedules:
+        guest layer g in this stage's layer g * n / n_guest)."""
         self._hosts = None if hosts is None else frozenset(hosts)
-        for li, layer in enumerate(self.layers):
-            x = self._layer_forward(li, layer, x, microbatch)
-        self._hosts = None
+        self._guest = guest
+        try:
+            for li, layer in enumerate(self.layers):
+                x = self._layer_forward(li, layer, x, microbatch)
+        finally:
+            self._hosts, self._guest = None, None
         self._update_peak()
         self.stats.fwd_end_bytes.append(self.held_bytes())
         return x
@@ -313,6 +320,10 @@ class RecomputeEngine:
                 for tl, tmb, name, p in todo:
                     if (tl, tmb) in self._records:
                         self._ensure(tl, tmb, name, p)
+                if self._guest is not None:
+                    eng, j = self._guest
+                    n, ng = len(self.layers), len(eng.layers)
+                    eng.restore_pending(j, phase, [g for g in range(ng) if g * n // ng == li])
             elif li > 0 and (li - 1, mb) in self._records:
                 phase = _BWD_PHASE[block]
                 for name, p in self.policies[li - 1].recompute:
@@ -329,6 +340,15 @@ class RecomputeEngine:
         for tl, tmb, name, _ in todo:
             if (tl, tmb) in self._records:
                 self._ensure(tl, tmb, name, "cooldown")
+
+    def restore_pending(self, mb: int, phase: Phase, layers: Collection[int]) -> None:
+        """Restore now the pending `phase` ops of micro-batch `mb` in `layers` (another chunk's forward window
+        hosts them)."""
+        todo = [t for t in self._pending_fwd if t[1] == mb and t[3] == phase and t[0] in layers]
+        self._pending_fwd = [t for t in self._pending_fwd if t not in todo]
+        for tl, tmb, name, p in todo:
+            if (tl, tmb) in self._records:
+                self._ensure(tl, tmb, name, p)
 
     def pending_forward_work(self, mb: int) -> int:
         """How many phase-1/2 ops of micro-batch `mb` are still waiting for a window."""

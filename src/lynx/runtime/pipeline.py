@@ -7,9 +7,10 @@ place it. Each rank holds one `StageModule` per chunk, each with its own `Recomp
 stage's policy.
 
 Where recomputation runs (docs/runtime.md, "Pipelines"): the action list says, per rank, which forward
-F(s, k) hosts the phase-1/2 work of which backward B(s, j) (`actions.hosts`); the engine restores only those
-in F(s, k)'s forward collectives. A backward with no host (cool-down) restores its phase-1/2 work before
-waiting for the next stage's gradient when the stage's policy has `cooldown_overlap`, else on demand.
+hosts the phase-1/2 work of which backward (`actions.hosts`: the forward just before it, any chunk); the
+engine restores only that in the forward's collectives. A backward with no host (cool-down) restores its
+phase-1/2 work before waiting for the next stage's gradient when the stage's policy has `cooldown_overlap`,
+else on demand.
 Phases 3/4 run in the backward collectives of the layer above and phase 5 on demand, as with PP = 1.
 """
 
@@ -180,7 +181,14 @@ class PipelineRunner:
 
     def _before_forward(self, stage: int, mb: int) -> None:
         self.current_stage = stage
-        self.modules[stage].set_microbatch(mb, self.hosts.get((stage, mb), ()))
+        hosted = self.hosts.get((stage, mb))
+        if hosted is None:
+            self.modules[stage].set_microbatch(mb)
+        elif hosted[0] == stage:
+            self.modules[stage].set_microbatch(mb, (hosted[1],))
+        else:  # interleaved: this forward hosts a backward of another chunk on this rank
+            self.modules[stage].set_microbatch(mb, (), (self.modules[hosted[0]].engine, hosted[1])
+                                               if self.modules[hosted[0]].engine is not None else None)
 
     def _before_grad_wait(self, stage: int, mb: int) -> None:
         self.current_stage = stage

@@ -64,16 +64,20 @@ class StageModule(torch.nn.Module):
         self.engine = RecomputeEngine(stack, spec.policy) if spec.policy is not None and stack else None
         self.microbatch = 0
         self.hosts: frozenset[int] = frozenset()
+        self.guest: tuple[RecomputeEngine, int] | None = None
 
-    def set_microbatch(self, microbatch: int, hosts: Collection[int] = ()) -> None:
-        self.microbatch, self.hosts = microbatch, frozenset(hosts)
+    def set_microbatch(self, microbatch: int, hosts: Collection[int] = (),
+                       guest: tuple[RecomputeEngine, int] | None = None) -> None:
+        """The next forward's micro-batch, the micro-batches of this stage whose phase-1/2 work its windows
+        host, and (engine, j) of another chunk's backward it hosts."""
+        self.microbatch, self.hosts, self.guest = microbatch, frozenset(hosts), guest
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mb = self.microbatch
         if self.spec.is_first:
             x = embed(self.wte, self.wpe, x, mb, self.cfg, self.seed, self.training, self.group)
         if self.engine is not None:
-            x = self.engine.forward(x, mb, self.hosts)
+            x = self.engine.forward(x, mb, self.hosts, self.guest)
         else:
             for layer in self.layers.values():
                 x = layer(x, mb)
