@@ -95,12 +95,10 @@ def choose_budget(model: Path, pid: int, db: Path, tp: int, pp: int) -> tuple[fl
 
 def make_plans(work: Path, model: Path, pid: int, db: Path, tp: int, pp: int, budget: float) -> dict[str, Path]:
     """The four methods' plans and, for each that recomputes in a window or a stall, its window control."""
-    from dataclasses import replace
+    from _window_control import save_control
 
     from lynx.methods import get_method
     from lynx.plan import Plan
-    from lynx.policy.base import Phase
-    from lynx.problem import PlanResult
 
     prob = _problem(model, pid, db, tp, pp, budget)
     out: dict[str, Path] = {}
@@ -108,14 +106,8 @@ def make_plans(work: Path, model: Path, pid: int, db: Path, tp: int, pp: int, bu
         res = get_method(m).fn(prob)
         out[m] = work / f"plan-{m}.json"
         Plan.evaluate(prob, res).save(out[m])
-        windowed = any(p != Phase.ON_DEMAND for pol in res.policies for lp in pol.layers for _, p in lp.recompute)
-        if windowed or any(pol.cooldown_overlap and pol.layers[0].recompute for pol in res.policies):
-            pols = tuple(replace(pol, cooldown_overlap=False, layers=tuple(
-                replace(lp, recompute=tuple((n, Phase.ON_DEMAND) for n, _ in lp.recompute)) for lp in pol.layers))
-                for pol in res.policies)
-            ctl = PlanResult(f"{m} (windows on demand)", res.partition, pols, ("window control",), 0.0)
+        if save_control(prob, res, work / f"plan-{m}-ondemand.json"):
             out[f"{m}/ondemand"] = work / f"plan-{m}-ondemand.json"
-            Plan.evaluate(prob, ctl).save(out[f"{m}/ondemand"])
     return out
 
 

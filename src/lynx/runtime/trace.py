@@ -73,16 +73,39 @@ def _measured_by_stage(trace: dict[str, Any]) -> dict[int, dict[str, float]]:
             d[place if place in ("cooldown", "on_demand") else "window"] += dur
         elif name.startswith("wait "):
             d["collective_wait"] += dur
+    for s, ov in _overlap(trace["traceEvents"]).items():
+        out.setdefault(s, {})["overlap"] = ov
     for s, d in out.items():
-        n = len(ranks[s])
+        n = len(ranks.get(s, {0}))
         for k in d:
             d[k] /= n
     return out
 
 
+def _overlap(events: list[dict[str, Any]]) -> dict[int, float]:
+    """Per stage: seconds of recomputation that ran while a collective of the same rank was in flight (the
+    intersection of each "recompute" event with that rank's "... window" collective events)."""
+    wins: dict[int, list[tuple[float, float]]] = {}
+    recs: list[tuple[int, int, float, float]] = []
+    for e in events:
+        if e.get("ph") != "X" or e["pid"] >= 1000:
+            continue
+        a, b = e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6
+        if e["cat"] == "collective" and e["name"].endswith(" window"):
+            wins.setdefault(e["pid"], []).append((a, b))
+        elif e["cat"] == "recompute":
+            recs.append((e["pid"], e.get("args", {}).get("stage", -1), a, b))
+    out: dict[int, float] = {}
+    for pid, stage, a, b in recs:
+        hit = sum(max(0.0, min(b, y) - max(a, x)) for x, y in wins.get(pid, ()))
+        out[stage] = out.get(stage, 0.0) + min(hit, b - a)
+    return out
+
+
 def compare(plan_path: str | Path, trace_path: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
     """Report lines (per stage: measured vs simulated forward, backward, hidden and exposed recomputation,
-    stalls) and the simulated stages as Chrome events (pids 1000 + stage)."""
+    stalls, and the measured seconds of recomputation that overlapped a collective in flight) and the
+    simulated stages as Chrome events (pids 1000 + stage)."""
     trace = json.loads(Path(trace_path).read_text())
     meas = _measured_by_stage(trace)
     t_sim, segs = simulated_segments(plan_path)
@@ -105,7 +128,7 @@ def compare(plan_path: str | Path, trace_path: str | Path) -> tuple[list[str], l
         lines.append(f"{s:>5} {m.get('F', 0):9.4f} {q.get('F', 0):9.4f} {m.get('B', 0):9.4f} "
                      f"{q.get('B', 0) + q.get('recompute', 0):9.4f} {m.get('window', 0) + m.get('cooldown', 0):12.4f} "
                      f"{q.get('overlap', 0):11.4f} {m.get('on_demand', 0):13.4f} {q.get('recompute', 0):12.4f} "
-                     f"{m.get('p2p_wait', 0):9.4f} {q.get('stall', 0):10.4f}")
+                     f"{m.get('p2p_wait', 0):9.4f} {q.get('stall', 0):10.4f} {m.get('overlap', 0):9.4f}")
     return lines, events
 
 
