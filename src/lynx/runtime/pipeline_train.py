@@ -48,7 +48,8 @@ def plan_layout(plan_path: str, dtype: torch.dtype, core_attn: bool) -> tuple[An
     problem, result = load_plan(plan_path)
     raw = json.loads(Path(plan_path).read_text())
     par, model = problem.parallel, problem.model
-    vpp = int(raw.get("parallel", {}).get("vpp", raw.get("vpp", 1)))
+    # vpp: issue 9's plans carry options.vpp and partition.chunks; older ones may carry a top-level vpp
+    vpp = int(getattr(problem.options, "vpp", 0) or raw.get("parallel", {}).get("vpp", raw.get("vpp", 1)))
     cfg = LayerConfig(
         hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
         ffn_hidden_size=model.ffn_hidden_size, seq_length=par.seq_length, micro_batch_size=par.micro_batch_size,
@@ -59,9 +60,10 @@ def plan_layout(plan_path: str, dtype: torch.dtype, core_attn: bool) -> tuple[An
         raise PlanFormatError(f"{plan_path}: the plan's layer ops ({', '.join(problem.graph.names)}) are not "
                               f"this runtime layer's ({', '.join(op_names_for(cfg))}); check --core-attn")
     try:
-        layout = PipelineLayout(tp=par.tp, pp=par.pp, dp=par.dp, vpp=vpp,
-                                layers_per_stage=tuple(result.partition.layers_per_stage),
-                                policies=tuple(result.policies), num_microbatches=par.num_microbatches)
+        virtual = tuple(getattr(result.partition, "chunks", ()) or result.partition.layers_per_stage)
+        layout = PipelineLayout(tp=par.tp, pp=par.pp, dp=par.dp, vpp=vpp, layers_per_stage=virtual,
+                                policies=_chunk_policies(tuple(result.policies), virtual, par.pp, vpp),
+                                num_microbatches=par.num_microbatches)
     except LayoutError as e:
         raise PlanFormatError(f"{plan_path}: {e}") from None
     for s, pol in enumerate(result.policies):
@@ -70,6 +72,25 @@ def plan_layout(plan_path: str, dtype: torch.dtype, core_attn: bool) -> tuple[An
             if errs:
                 raise PlanFormatError(f"{plan_path}: stage {s} layer {i}: " + "; ".join(errs))
     return problem, layout, cfg
+
+
+def _chunk_policies(pols: tuple[Any, ...], virtual: tuple[int, ...], pp: int, vpp: int) -> tuple[Any, ...]:
+    """One policy per virtual stage. A plan with one policy per rank (issue 9's format: the rank's layers,
+    chunk 0 first) is split into its chunks; one per virtual stage is taken as is."""
+    if vpp == 1 or len(pols) != pp or len(virtual) != pp * vpp:
+        return pols
+    from dataclasses import replace
+
+    out: list[Any] = [None] * (pp * vpp)
+    for r, pol in enumerate(pols):
+        first = 0
+        for c in range(vpp):
+            k = virtual[c * pp + r]
+            out[c * pp + r] = replace(pol, layers=pol.layers[first:first + k])
+            first += k
+        if first != len(pol.layers):
+            raise LayoutError(f"rank {r}: its chunks hold {first} layers, its policy {len(pol.layers)}")
+    return tuple(out)
 
 
 def action_rows(args: argparse.Namespace, layout: PipelineLayout) -> act.Rows:
