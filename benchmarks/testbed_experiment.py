@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _window_control import control_file
+
 MODEL_YAML = """name: testbed-gpt
 num_layers: 4
 hidden_size: 512
@@ -104,11 +106,19 @@ def run_rate(rate: float, work: Path, model: Path, iters: int, repeats: int, rou
         pid, db = profile(tb, work, model, repeats)
         budget, peaks = choose_budget(model, pid, db)
         plans = {m: plan(m, model, pid, db, budget, work / f"plan-{rate:g}-{m}.json") for m in METHODS}
+        names = list(METHODS)
+        for m in METHODS:  # the window control (issue 14, item 9): same plan, window work on demand
+            ctl = work / f"plan-{rate:g}-{m}-ondemand.json"
+            if control_file(work / f"plan-{rate:g}-{m}.json", ctl):
+                plans[f"{m}/ondemand"] = json.loads(ctl.read_text())
+                runs[f"{m}/ondemand"] = []
+                names.append(f"{m}/ondemand")
         for k in range(rounds):
-            for m in METHODS:
-                runs[m].append(train(tb, work / f"plan-{rate:g}-{m}.json", work / f"train-{rate:g}-{m}-{k}.json",
+            for m in names:
+                tag = m.replace("/", "-")
+                runs[m].append(train(tb, work / f"plan-{rate:g}-{tag}.json", work / f"train-{rate:g}-{tag}-{k}.json",
                                      iters))
-    for m in METHODS:
+    for m in names:
         p, rs = plans[m], runs[m]
         st = p["prediction"]["stages"][0]
         timed = [it for r in rs for it in r["iterations"] if not it["warmup"]]
@@ -132,6 +142,11 @@ def run_rate(rate: float, work: Path, model: Path, iters: int, repeats: int, rou
         row["vs_none"] = row["measured_s"] / t_none - 1
         row["hidden"] = (1 - max(0.0, row["measured_s"] - t_none) / row["recompute_s"]
                          if row["recompute_s"] > 0 else None)
+    for m in METHODS:
+        ctl = rows.get(f"{m}/ondemand")
+        if ctl is not None:  # what the windows hid, measured (interleaved runs) and predicted
+            rows[m]["control_delta_median_s"] = ctl["median_s"] - rows[m]["median_s"]
+            rows[m]["control_delta_predicted_s"] = ctl["predicted_s"] - rows[m]["predicted_s"]
     return {"rate_mbit": rate, "profile_id": pid, "budget_bytes": budget, "simulated_peaks": peaks, "rows": rows}
 
 
@@ -154,6 +169,12 @@ def table(res: dict) -> str:
             f"{r['predicted_act_after_fwd_bytes'] / mib:.2f} | {r['measured_act_bytes'] / mib:.2f} / "
             f"{r['predicted_act_bytes'] / mib:.2f} | {r['recompute_s']:.3f} | {pct(r['hidden'])} / "
             f"{pct(r['predicted_hidden'])} |")
+    ctl = [(m, r) for m, r in res["rows"].items() if "control_delta_median_s" in r]
+    if ctl:
+        lines += ["", "| window control | control - plan, median s (measured) | predicted | window s (engine) |",
+                  "|---|---|---|---|"]
+        lines += [f"| {m} | {r['control_delta_median_s']:+.3f} | {r['control_delta_predicted_s']:+.4f} | "
+                  f"{r['window_s']:.3f} |" for m, r in ctl]
     return "\n".join(lines)
 
 

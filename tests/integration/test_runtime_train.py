@@ -57,13 +57,6 @@ def test_train_text_file(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["iterations"][0]["loss"] > 0
 
 
-def test_pp_plan_is_a_clear_error(tmp_path: Path) -> None:
-    plan = write_plan(tmp_path / "plan.json", "full", pp=2)
-    p = subprocess.run([sys.executable, "-m", "lynx.runtime.train", "--plan", str(plan)],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "PP=2" in p.stderr and "Traceback" not in p.stderr
-
-
 def test_dead_rank_fails_fast_with_rank_and_cause(tmp_path: Path) -> None:
     plan = write_plan(tmp_path / "plan.json", "selective", tp=2)
     with socket.socket() as s:

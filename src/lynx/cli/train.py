@@ -25,10 +25,16 @@ def train_cmd(
     seed: Annotated[int, typer.Option(help="Model and data seed.")] = 1234,
     core_attn: Annotated[bool, typer.Option("--core-attn", help="Use scaled_dot_product_attention.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet")] = False,
+    schedule: Annotated[Path | None, typer.Option(
+        help="PP > 1: action list to run (compute-only CSV, a row per pipeline rank; default 1F1B).")] = None,
+    trace: Annotated[Path | None, typer.Option(help="PP > 1: write the last iteration's Chrome trace here.")] = None,
+    compare_trace: Annotated[bool, typer.Option(
+        "--compare-trace", help="PP > 1: print the trace beside the simulator's timeline (needs --trace).")] = False,
 ) -> None:
     """Train a plan for N iterations with its recomputation policy; report time, loss, activation memory
     and on-demand versus windowed recomputation per iteration. TP>1 spawns local ranks on 127.0.0.1
-    unless launched by torchrun. PP=1 plans only."""
+    unless launched by torchrun. PP > 1 or DP > 1 plans run on the pipeline runtime (TP x PP x DP ranks,
+    spawned locally or one per torchrun process)."""
     if device not in ("auto", "cpu", "cuda"):
         raise SpecError(f"--device {device!r}: expected auto, cpu or cuda")
     if dtype not in ("float32", "bfloat16"):
@@ -45,4 +51,10 @@ def train_cmd(
         argv.append("--core-attn")
     if quiet:
         argv.append("--quiet")
+    if schedule is not None:
+        argv += ["--schedule", str(schedule)]
+    if trace is not None:
+        argv += ["--trace", str(trace)]
+    if compare_trace:
+        argv.append("--compare-trace")
     launch(parser().parse_args(argv))

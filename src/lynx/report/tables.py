@@ -39,7 +39,8 @@ def compare_table(rows: Sequence[CompareRow], title: str) -> Table:
         )
         t.add_row(
             r.method, str(r.plan.result.partition), f"{s.iteration_time_s:.3f}", f"{s.samples_per_s:.2f}", speed,
-            f"{s.mfu:.1%}", f"{s.recompute_critical_s:.3f}", f"{s.recompute_hidden_s:.3f}", peaks, "[red]OOM[/red]" if s.oom else "[green]yes[/green]",
+            f"{s.mfu:.1%}", f"{s.recompute_critical_s:.3f}", f"{s.recompute_hidden_s:.3f}", peaks,
+            "[red]OOM[/red]" if s.oom else "[green]yes[/green]",
         )
     return t
 

@@ -25,7 +25,7 @@ micro-batch schedule its caller drives (F0 F1 B0 F2 B1 ... or F0 B0 F1 B1 ...).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,8 @@ from lynx.runtime.layer import GPTLayer
 
 _FWD_PHASE = {"attn": Phase.FWD_ATTN, "mlp": Phase.FWD_MLP}
 _BWD_PHASE = {"mlp": Phase.BWD_MLP, "attn": Phase.BWD_ATTN}
+_PLACE: dict[Phase | str, str] = {Phase.FWD_ATTN: "fwd_attn", Phase.FWD_MLP: "fwd_mlp", Phase.BWD_MLP: "bwd_mlp",
+                                  Phase.BWD_ATTN: "bwd_attn", "cooldown": "cooldown"}
 
 
 def _key(t: torch.Tensor) -> int:
@@ -74,14 +76,21 @@ class _Record:
     out_layout: dict[str, tuple[tuple[int, ...], int]] = field(default_factory=dict)
     out_handles: set[str] = field(default_factory=set)
     """Ops whose output (or a view of it) autograd holds as a handle: backward will ask for it."""
+    refs: dict[int, int] = field(default_factory=dict)
+    """storage key -> how many times this record counts it in the engine's running total."""
 
 
 @dataclass
 class EngineStats:
     ondemand_s: float = 0.0
     window_s: float = 0.0
+    """Seconds of recomputation inside collective windows (phases 1-4) and cool-down stalls."""
     restored_in_window: int = 0
     restored_on_demand: int = 0
+    cooldown_s: float = 0.0
+    """Of `window_s`: recomputation issued in a cool-down stall, before waiting for the next stage's gradient."""
+    by_window: dict[str, int] = field(default_factory=dict)
+    """Ops restored per place: "fwd_attn", "fwd_mlp", "bwd_mlp", "bwd_attn", "cooldown", "on_demand"."""
     peak_bytes: int = 0
     """Peak activation bytes held for backward (saved tensors kept, plus restored ones), all micro-batches."""
     fwd_end_bytes: list[int] = field(default_factory=list)
@@ -110,13 +119,29 @@ class RecomputeEngine:
         self._replaying = 0
         self._restoring: set[tuple[int, int, str]] = set()
         """(layer, micro-batch, op) restorations in progress: their inputs must not be freed meanwhile."""
+        self._hosts: frozenset[int] | None = None
+        self._guest: tuple[RecomputeEngine, int] | None = None
+        self._live: dict[int, list[int]] = {}  # storage key -> [bytes, references from live records]
+        self._total = 0
+        self.tracer: Callable[[str, float, float], None] | None = None
+        """Called as tracer(name, t0, t1) for every restoration (perf_counter seconds)."""
         for i, layer in enumerate(self.layers):
             layer.window_hook = self._make_hook(i)
 
     # -- forward -------------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, microbatch: int = 0) -> torch.Tensor:
-        for li, layer in enumerate(self.layers):
-            x = self._layer_forward(li, layer, x, microbatch)
+    def forward(self, x: torch.Tensor, microbatch: int = 0, hosts: Collection[int] | None = None,
+                guest: tuple[RecomputeEngine, int] | None = None) -> torch.Tensor:
+        """Forward `microbatch` through the stage. Its forward collectives restore the pending phase-1/2 ops
+        of the micro-batches in `hosts` (None: of every pending micro-batch, the PP = 1 behaviour), and with
+        `guest` = (engine, j) those of another chunk's engine for its micro-batch j (interleaved schedules:
+        guest layer g in this stage's layer g * n / n_guest)."""
+        self._hosts = None if hosts is None else frozenset(hosts)
+        self._guest = guest
+        try:
+            for li, layer in enumerate(self.layers):
+                x = self._layer_forward(li, layer, x, microbatch)
+        finally:
+            self._hosts, self._guest = None, None
         self._update_peak()
         self.stats.fwd_end_bytes.append(self.held_bytes())
         return x
@@ -126,6 +151,8 @@ class RecomputeEngine:
         ckpt = li == 0 or pol.input_checkpoint
         rec = _Record(input=x if ckpt else None, input_rg=x.requires_grad)
         self._records[(li, mb)] = rec
+        if ckpt:
+            self._acquire(rec, x)
         out_op = layer.op_names[-1]
         self._registry = {_key(x): (li - 1, out_op, x) if li > 0 else (0, LAYER_INPUT, x)}
         env: dict[str, torch.Tensor] = {LAYER_INPUT: x}
@@ -138,6 +165,7 @@ class RecomputeEngine:
                 rec.out_layout[name] = (tuple(out.stride()), out.storage_offset())
                 if name in pol.keep and name != out_op:  # the layer output is the next layer's input
                     rec.kept[name] = out
+                    self._acquire(rec, out)
         self._cur = (-1, -1, "")
         self._pending_fwd.extend((li, mb, n, p) for n, p in pol.recompute if p in _FWD_PHASE.values())
         if x.requires_grad:
@@ -165,13 +193,13 @@ class RecomputeEngine:
         if owner is not None:
             ol, oname, base = owner
             if oname == LAYER_INPUT or not self._dropped(ol, oname, True):
-                self._records[(li, mb)].held[key] = _nbytes(t)
+                self._hold(self._records[(li, mb)], key, t)
                 return t
             self._records[(ol, mb)].out_handles.add(oname)
             return _Handle(ol, mb, oname, -1, tuple(t.shape), tuple(t.stride()),
                            t.storage_offset() - base.storage_offset())
         if not self._dropped(li, cur, False):
-            self._records[(li, mb)].held[key] = _nbytes(t)
+            self._hold(self._records[(li, mb)], key, t)
             return t
         return _Handle(li, mb, cur, k)
 
@@ -185,7 +213,7 @@ class RecomputeEngine:
         return out.as_strided(h.size, h.stride, out.storage_offset() + h.offset)
 
     # -- restoring -----------------------------------------------------------------------------------
-    def _value(self, li: int, mb: int, dep: str, window: Phase | None) -> torch.Tensor:
+    def _value(self, li: int, mb: int, dep: str, window: Phase | str | None) -> torch.Tensor:
         rec = self._records[(li, mb)]
         if dep == LAYER_INPUT:
             if rec.input is not None:
@@ -198,8 +226,9 @@ class RecomputeEngine:
         self._ensure(li, mb, dep, window)
         return rec.restored[dep][0]
 
-    def _ensure(self, li: int, mb: int, op: str, window: Phase | None) -> None:
-        """Restore op `op` of (layer li, micro-batch mb) unless done; `window` None means on demand."""
+    def _ensure(self, li: int, mb: int, op: str, window: Phase | str | None) -> None:
+        """Restore op `op` of (layer li, micro-batch mb) unless done; `window` None means on demand,
+        "cooldown" a cool-down stall."""
         rec = self._records[(li, mb)]
         if op in rec.restored:
             return
@@ -229,14 +258,23 @@ class RecomputeEngine:
         if tuple(out.stride()) != stride:
             raise RuntimeError(f"recompute of {op!r} (layer {li}) changed its layout {stride} -> {out.stride()}")
         rec.restored[op] = (out, [c.detach() for c in captured])
+        for t in (out, *rec.restored[op][1]):
+            self._acquire(rec, t)
         self._free_intermediates(li, mb)
-        dt = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        dt = t1 - t0
+        place = _PLACE.get(window, str(window)) if window is not None else "on_demand"
+        self.stats.by_window[place] = self.stats.by_window.get(place, 0) + 1
         if window is None:
             self.stats.ondemand_s += dt
             self.stats.restored_on_demand += 1
         else:
             self.stats.window_s += dt
             self.stats.restored_in_window += 1
+            if window == "cooldown":
+                self.stats.cooldown_s += dt
+        if self.tracer is not None:
+            self.tracer(f"recompute {op} L{li} mb{mb} ({place})", t0, t1)
         self._update_peak()
 
     def _free_intermediates(self, li: int, mb: int) -> None:
@@ -246,14 +284,35 @@ class RecomputeEngine:
         rec, layer, pol = self._records[(li, mb)], self.layers[li], self.policies[li]
         planned = set(pol.recomputed())
         chunk_top = li + 1 < len(self.layers) and not self.policies[li + 1].input_checkpoint
+        # still to restore: planned ops and ops whose output backward will unpack (a dropped comm op, e.g.
+        # the SP all-gather whose output the next GEMM saved, is restored on demand through its inputs)
+        pending = (planned | rec.out_handles) - set(rec.restored)
         for name, (out, saved) in list(rec.restored.items()):
             if not out.numel() or name in rec.out_handles or (chunk_top and name == layer.op_names[-1]):
                 continue
             users = [c for c, ins in layer.op_inputs.items() if name in ins]
             if any((li, mb, c) in self._restoring for c in users):  # an op being restored reads it next
                 continue
-            if all(c in rec.restored or c in pol.keep or c not in planned for c in users):
+            if not self._still_read(rec, layer, pol, name, pending):
+                self._unref(rec, _key(out))
                 rec.restored[name] = (out.new_empty(0), saved)
+
+    @staticmethod
+    def _still_read(rec: _Record, layer: GPTLayer, pol: LayerPolicy, name: str, pending: set[str]) -> bool:
+        """Does restoring a pending op read `name`, directly or through ops that are neither kept nor
+        restored (they would be restored on the way)?"""
+        stack, seen = list(pending), set()
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            for d in layer.op_inputs[op]:
+                if d == name:
+                    return True
+                if d != LAYER_INPUT and d not in rec.restored and d not in pol.keep:
+                    stack.append(d)
+        return False
 
     def _make_hook(self, li: int):
         def hook(direction: str, op: str, mb: int) -> None:
@@ -263,11 +322,17 @@ class RecomputeEngine:
             block = self.layers[li].op_blocks[op]  # the family's block of this comm op
             if direction == "fwd":
                 phase = _FWD_PHASE[block]
-                todo = [t for t in self._pending_fwd if t[0] == li and t[3] == phase and t[1] != mb]
+                hosts = self._hosts
+                todo = [t for t in self._pending_fwd if t[0] == li and t[3] == phase and t[1] != mb
+                        and (hosts is None or t[1] in hosts)]
                 self._pending_fwd = [t for t in self._pending_fwd if t not in todo]
                 for tl, tmb, name, p in todo:
                     if (tl, tmb) in self._records:
                         self._ensure(tl, tmb, name, p)
+                if self._guest is not None:
+                    eng, j = self._guest
+                    n, ng = len(self.layers), len(eng.layers)
+                    eng.restore_pending(j, phase, [g for g in range(ng) if g * n // ng == li])
             elif li > 0 and (li - 1, mb) in self._records:
                 phase = _BWD_PHASE[block]
                 for name, p in self.policies[li - 1].recompute:
@@ -275,20 +340,88 @@ class RecomputeEngine:
                         self._ensure(li - 1, mb, name, p)
         return hook
 
+    def cooldown(self, mb: int) -> None:
+        """Restore now every pending phase-1/2 op of micro-batch `mb` (no later forward hosts them): called in
+        the cool-down stall before waiting for B(mb)'s gradient from the next stage (the paper's second
+        optimization), bottom layer first, as the windows would have."""
+        todo = sorted((t for t in self._pending_fwd if t[1] == mb), key=lambda t: (t[0], t[3].value))
+        self._pending_fwd = [t for t in self._pending_fwd if t[1] != mb]
+        for tl, tmb, name, _ in todo:
+            if (tl, tmb) in self._records:
+                self._ensure(tl, tmb, name, "cooldown")
+
+    def restore_pending(self, mb: int, phase: Phase, layers: Collection[int]) -> None:
+        """Restore now the pending `phase` ops of micro-batch `mb` in `layers` (another chunk's forward window
+        hosts them)."""
+        todo = [t for t in self._pending_fwd if t[1] == mb and t[3] == phase and t[0] in layers]
+        self._pending_fwd = [t for t in self._pending_fwd if t not in todo]
+        for tl, tmb, name, p in todo:
+            if (tl, tmb) in self._records:
+                self._ensure(tl, tmb, name, p)
+
+    def pending_forward_work(self, mb: int) -> int:
+        """How many phase-1/2 ops of micro-batch `mb` are still waiting for a window."""
+        return sum(1 for t in self._pending_fwd if t[1] == mb)
+
     # -- bookkeeping ---------------------------------------------------------------------------------
     def _release(self, li: int, mb: int) -> None:
         self._update_peak()
-        self._records.pop((li, mb), None)
+        rec = self._records.pop((li, mb), None)
+        if rec is not None:
+            self._forget(rec)
         self._pending_fwd = [t for t in self._pending_fwd if (t[0], t[1]) != (li, mb)]
 
     def end_step(self) -> None:
         """Forget everything (call after the last backward of an iteration)."""
         self._update_peak()
+        for rec in self._records.values():
+            self._forget(rec)
         self._records.clear()
         self._pending_fwd.clear()
 
+    # A running total of the bytes in live records (each storage once), kept up to date as records gain and
+    # lose tensors: recomputing it by scanning every record after each restoration cost more Python time
+    # than some restorations themselves (issue 14, item 9). `held_bytes_scan` is the definition.
+    def _hold(self, rec: _Record, key: int, t: torch.Tensor) -> None:
+        rec.held[key] = _nbytes(t)
+        self._ref(rec, key, rec.held[key])
+
+    def _acquire(self, rec: _Record, t: torch.Tensor) -> None:
+        key = _key(t)
+        if key not in self._param_keys and t.numel():
+            self._ref(rec, key, _nbytes(t))
+
+    def _ref(self, rec: _Record, key: int, nbytes: int) -> None:
+        rec.refs[key] = rec.refs.get(key, 0) + 1
+        live = self._live.get(key)
+        if live is None:
+            self._live[key] = [nbytes, 1]
+            self._total += nbytes
+        else:
+            live[1] += 1
+
+    def _unref(self, rec: _Record, key: int, count: int = 1) -> None:
+        if rec.refs.get(key, 0) < count:
+            return
+        rec.refs[key] -= count
+        if not rec.refs[key]:
+            del rec.refs[key]
+        live = self._live[key]
+        live[1] -= count
+        if live[1] <= 0:
+            self._total -= live[0]
+            del self._live[key]
+
+    def _forget(self, rec: _Record) -> None:
+        for key, count in list(rec.refs.items()):
+            self._unref(rec, key, count)
+
     def held_bytes(self) -> int:
         """Activation bytes the engine holds for backward now (each storage once)."""
+        return self._total
+
+    def held_bytes_scan(self) -> int:
+        """`held_bytes` by scanning every live record (the definition; tests compare the two)."""
         seen: dict[int, int] = {}
         for rec in self._records.values():
             seen.update(rec.held)

@@ -32,10 +32,10 @@ class GPTModel(torch.nn.Module):
         cfg = replace(cfg, num_layers=num_layers)
         self.cfg, self.group, self.seed = cfg, group, seed
         h = cfg.hidden_size
-        g = torch.Generator().manual_seed(seed)
         kw = {"device": device, "dtype": cfg.dtype}
-        self.wte = torch.nn.Parameter(torch.empty(vocab_size, h).normal_(0, 0.02, generator=g).to(**kw))
-        self.wpe = torch.nn.Parameter(torch.empty(cfg.seq_length, h).normal_(0, 0.02, generator=g).to(**kw))
+        wte, wpe = embedding_weights(cfg, vocab_size, seed)
+        self.wte = torch.nn.Parameter(wte.to(**kw))
+        self.wpe = torch.nn.Parameter(wpe.to(**kw))
         self.layers = torch.nn.ModuleList(
             GPTLayer(cfg, group, layer_index=i, device=device, seed=seed) for i in range(num_layers)
         )
@@ -43,15 +43,7 @@ class GPTModel(torch.nn.Module):
 
     def embed(self, tokens: torch.Tensor, microbatch: int) -> torch.Tensor:
         """tokens [b, s] -> [s, b, h] (with SP: this rank's [s/t, b, h])."""
-        x = (self.wte[tokens] + self.wpe[: tokens.shape[1]]).transpose(0, 1).contiguous()
-        p = self.cfg.dropout_p
-        if self.training and p > 0:
-            gen = torch.Generator(device=x.device).manual_seed(self.seed * 7919 + microbatch)
-            mask = torch.empty(x.shape, dtype=torch.bool, device=x.device).bernoulli_(1 - p, generator=gen)
-            x = x * mask * (1.0 / (1.0 - p))
-        if self.cfg.sequence_parallel:
-            x = tp.SplitSeqFn.apply(x, self.group, False)
-        return x
+        return embed(self.wte, self.wpe, tokens, microbatch, self.cfg, self.seed, self.training, self.group)
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor, microbatch: int = 0,
                 engine: RecomputeEngine | None = None) -> torch.Tensor:
@@ -62,10 +54,7 @@ class GPTModel(torch.nn.Module):
         else:
             for layer in self.layers:
                 x = layer(x, microbatch)
-        if self.cfg.sequence_parallel:
-            x = tp.SplitSeqFn.apply(x, self.group, True)
-        logits = F.linear(self.ln_f(x), self.wte)  # [s, b, V]
-        return F.cross_entropy(logits.flatten(0, 1).float(), labels.transpose(0, 1).flatten())
+        return lm_loss(head_logits(x, self.ln_f, self.wte, self.cfg, self.group), labels)
 
     def allreduce_sp_grads(self) -> None:
         """Sum the partial LayerNorm gradients of the sequence-parallel region over the TP group."""
@@ -74,6 +63,42 @@ class GPTModel(torch.nn.Module):
         for p in self.parameters():
             if getattr(p, "sequence_parallel", False) and p.grad is not None:
                 dist.all_reduce(p.grad, group=self.group)
+
+
+def embedding_weights(cfg: LayerConfig, vocab_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token and position embeddings (float32, CPU), drawn in this order from one seeded generator: a
+    pipeline's first stage builds the same tensors as the whole model."""
+    g = torch.Generator().manual_seed(seed)
+    wte = torch.empty(vocab_size, cfg.hidden_size).normal_(0, 0.02, generator=g)
+    wpe = torch.empty(cfg.seq_length, cfg.hidden_size).normal_(0, 0.02, generator=g)
+    return wte, wpe
+
+
+def embed(wte: torch.Tensor, wpe: torch.Tensor, tokens: torch.Tensor, microbatch: int, cfg: LayerConfig,
+          seed: int, training: bool, group: Any) -> torch.Tensor:
+    """tokens [b, s] -> [s, b, h] (with SP: this rank's [s/t, b, h]); dropout seeded by micro-batch."""
+    x = (wte[tokens] + wpe[: tokens.shape[1]]).transpose(0, 1).contiguous()
+    p = cfg.dropout_p
+    if training and p > 0:
+        gen = torch.Generator(device=x.device).manual_seed(seed * 7919 + microbatch)
+        mask = torch.empty(x.shape, dtype=torch.bool, device=x.device).bernoulli_(1 - p, generator=gen)
+        x = x * mask * (1.0 / (1.0 - p))
+    if cfg.sequence_parallel:
+        x = tp.SplitSeqFn.apply(x, group, False)
+    return x
+
+
+def head_logits(x: torch.Tensor, ln_f: torch.nn.Module, wte: torch.Tensor, cfg: LayerConfig,
+                group: Any) -> torch.Tensor:
+    """The final LayerNorm and the tied LM head: [s, b, h] -> logits [s, b, V]."""
+    if cfg.sequence_parallel:
+        x = tp.SplitSeqFn.apply(x, group, True)
+    return F.linear(ln_f(x), wte)
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy; labels [b, s]."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.transpose(0, 1).flatten())
 
 
 def synthetic_batch(vocab: int, micro_batch: int, seq: int, microbatch: int, seed: int = 0,

@@ -116,21 +116,24 @@ class Testbed:
 
     def popen(self, rank: int, argv: Sequence[str], port: int, env: dict[str, str] | None = None,
               world: int = 2) -> subprocess.Popen:
+        """Rank r runs in namespace r % 2 on CPU r % 2: with 4 ranks, ranks 0 and 2 share namespace a and
+        talk over its local address (unshaped), ranks 0 and 1 cross the shaped link."""
+        slot = rank % 2
         e = dict(os.environ, **(env or {}))
-        e.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR=self.addr[0],
+        e.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank // 2), MASTER_ADDR=self.addr[0],
                  MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                 GLOO_SOCKET_IFNAME=self.dev[rank])  # gloo would pick the interface of the host name
-        cmd = ["ip", "netns", "exec", self.ns[rank], "taskset", "-c", str(self.cpus[rank % len(self.cpus)]),
+                 GLOO_SOCKET_IFNAME=self.dev[slot])  # gloo would pick the interface of the host name
+        cmd = ["ip", "netns", "exec", self.ns[slot], "taskset", "-c", str(self.cpus[slot % len(self.cpus)]),
                *argv]
         return subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def run(self, argv: Sequence[str] | Sequence[Sequence[str]], timeout: float = 600.0,
-            env: dict[str, str] | None = None) -> list[RankResult]:
-        """Run one command per rank (the same for both, or a list of two) and wait for both."""
-        per_rank = [list(argv), list(argv)] if isinstance(argv[0], str) else [list(a) for a in argv]
+            env: dict[str, str] | None = None, world: int = 2) -> list[RankResult]:
+        """Run one command per rank (the same for all, or a list of `world`) and wait for all."""
+        per_rank = [list(argv)] * world if isinstance(argv[0], str) else [list(a) for a in argv]
         port = 20000 + random.randrange(20000)
         t0 = time.monotonic()
-        procs = [self.popen(r, per_rank[r], port, env) for r in (0, 1)]
+        procs = [self.popen(r, per_rank[r], port, env, world) for r in range(world)]
         out: list[RankResult] = []
         try:
             for r, p in enumerate(procs):

@@ -18,6 +18,7 @@ stream), recomputation stays on the compute stream, and events order the two.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,16 @@ import torch.distributed as dist
 Window = Callable[[], None] | None
 
 _COMM_STREAMS: dict[int, Any] = {}
+CollectiveTracer = Callable[[str, float, float, float], None]
+_tracer: list[CollectiveTracer] = []
+
+
+def set_collective_tracer(fn: CollectiveTracer | None) -> None:
+    """Have every TP collective reported as fn(kind, launched, wait_started, done) (perf_counter seconds):
+    [launched, wait_started) is its window, [wait_started, done) the exposed wait. None switches it off."""
+    _tracer.clear()
+    if fn is not None:
+        _tracer.append(fn)
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
@@ -49,6 +60,7 @@ def run_collective(kind: str, x: torch.Tensor, group: Any, window: Window = None
     """Run `kind` in {"allreduce", "allgather", "reducescatter"} on dim 0 of `x` asynchronously, call
     `window` while it is in flight, wait, return the result. TP = 1: the result is `x` (or a copy)."""
     n = world(group)
+    t_launch = time.perf_counter()
     if n == 1:
         out = x.clone() if kind == "allreduce" else x
         if window is not None:
@@ -86,7 +98,10 @@ def run_collective(kind: str, x: torch.Tensor, group: Any, window: Window = None
             work = dist.all_reduce(full, group=group, async_op=True)
     if window is not None:
         window()
+    t_wait = time.perf_counter()
     work.wait()
+    if _tracer:
+        _tracer[0](kind, t_launch, t_wait, time.perf_counter())
     if side:  # the compute stream waits for the collective; the caching allocator learns who used what
         torch.cuda.current_stream(x.device).wait_stream(stream)
         out.record_stream(stream)

@@ -1,6 +1,6 @@
 """Train a plan: `lynx train --plan plan.json` or `torchrun --nproc-per-node TP -m lynx.runtime.train --plan ...`.
 
-Builds the plan's model for its TP layout (PP = 1: the pipeline runtime is a later issue), runs N
+Builds the plan's model for its TP layout (PP > 1 or DP > 1 plans go to `lynx.runtime.pipeline_train`), runs N
 iterations on synthetic tokens (or byte-level tokens of a text file) under stage 0's policy through the
 recompute engine, and reports per iteration: time, loss, activation bytes held for backward (peak, per
 rank), and seconds of recomputation on demand versus inside communication windows.
@@ -187,6 +187,11 @@ def _rank_main(rank: int, world: int, init_method: str, args: argparse.Namespace
     """Entry of one rank (spawned locally, under torchrun, or inside a testbed namespace)."""
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device == "cpu":
+        from lynx.runtime.cpu_alloc import keep_freed_memory
+
+        keep_freed_memory()  # page faults from re-allocation are not recomputation (cpu_alloc.py)
+
     phase = "rendezvous"
     try:
         with rendezvous_deadline(rank, world, args.timeout):
@@ -228,7 +233,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--core-attn", action="store_true", help="scaled_dot_product_attention as core_attn")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--schedule", default=None,
+                   help="PP > 1: the action list to run (compute-only CSV, one row per pipeline rank); "
+                        "default 1F1B (interleaved with vpp > 1)")
+    p.add_argument("--trace", default=None, help="PP > 1: write the last iteration's timeline (Chrome trace)")
+    p.add_argument("--compare-trace", action="store_true",
+                   help="PP > 1: print the measured timeline beside the simulator's (needs --trace)")
     p.add_argument("--die-at", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--freeze-at", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--die-rank", type=int, default=1, help=argparse.SUPPRESS)
     return p
 
@@ -239,6 +251,15 @@ def launch(args: argparse.Namespace) -> None:
     check_train_args(args)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    from lynx.runtime.pipeline_train import is_pipeline_plan
+
+    if is_pipeline_plan(args.plan):  # PP > 1 or DP > 1: the pipeline runtime
+        from lynx.runtime.pipeline_train import launch as launch_pipeline
+
+        launch_pipeline(args)
+        return
+    if args.schedule or args.trace or args.compare_trace:
+        raise TrainError(f"{args.plan}: --schedule, --trace and --compare-trace are for PP > 1 or DP > 1 plans")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         _rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://", args)
         return
@@ -249,6 +270,12 @@ def launch(args: argparse.Namespace) -> None:
     if cfg.tp == 1:
         _rank_main(0, 1, "", args)
         return
+    spawn_ranks(_rank_main, cfg.tp, args)
+
+
+def spawn_ranks(entry: Any, world: int, args: argparse.Namespace) -> None:
+    """`entry(rank, world, init_method, args)` on `world` local processes (127.0.0.1); a failed rank is one
+    line (the ranks print their own cause), Ctrl-C stops them all."""
     import socket
 
     import torch.multiprocessing as mp
@@ -257,7 +284,7 @@ def launch(args: argparse.Namespace) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     quiet_spawn_logs()
-    ranks = mp.start_processes(_rank_main, args=(cfg.tp, f"tcp://127.0.0.1:{port}", args), nprocs=cfg.tp,
+    ranks = mp.start_processes(entry, args=(world, f"tcp://127.0.0.1:{port}", args), nprocs=world,
                                join=False, start_method="spawn")
     try:
         while not ranks.join():

@@ -1,0 +1,38 @@
+"""The window control of a plan (issue 14, item 9): the same partition and the same kept/dropped ops, with
+every recomputation the plan places in a window (phases 1-4) or a cool-down stall moved on demand (phase 5).
+Held bytes after forward are the same; run interleaved with the plan, the time it adds is what the windows
+hid. Shared by benchmarks/testbed_experiment.py (TP) and benchmarks/pipeline_testbed.py (PP)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from lynx.plan import Plan, load_plan
+from lynx.policy.base import Phase
+from lynx.problem import PlanProblem, PlanResult
+
+
+def hides_anything(result: PlanResult) -> bool:
+    windowed = any(p != Phase.ON_DEMAND for pol in result.policies for lp in pol.layers for _, p in lp.recompute)
+    return windowed or any(pol.cooldown_overlap and any(lp.recompute for lp in pol.layers) for pol in result.policies)
+
+
+def control_of(result: PlanResult) -> PlanResult:
+    pols = tuple(replace(pol, cooldown_overlap=False, layers=tuple(
+        replace(lp, recompute=tuple((n, Phase.ON_DEMAND) for n, _ in lp.recompute)) for lp in pol.layers))
+        for pol in result.policies)
+    return PlanResult(f"{result.method} (windows on demand)", result.partition, pols, ("window control",), 0.0)
+
+
+def save_control(problem: PlanProblem, result: PlanResult, out: Path) -> bool:
+    """Write the control plan to `out`; False (nothing written) when the plan hides nothing."""
+    if not hides_anything(result):
+        return False
+    Plan.evaluate(problem, control_of(result)).save(out)
+    return True
+
+
+def control_file(plan_path: Path, out: Path) -> bool:
+    problem, result = load_plan(plan_path)
+    return save_control(problem, result, out)

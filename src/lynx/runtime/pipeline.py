@@ -1,0 +1,256 @@
+"""The pipeline runtime: a plan's TP x PP x DP layout on torch.distributed, executing the plan's action list
+with torch.distributed.pipelining (`_torch_pipelining` holds the private parts).
+
+Ranks are numbered as Megatron does, TP fastest, then DP, then PP: rank = (pp_rank * dp + dp_rank) * tp +
+tp_rank. Virtual stage s (chunk s // pp) lives on pipeline rank s % pp, as torch's interleaved schedules
+place it. Each rank holds one `StageModule` per chunk, each with its own `RecomputeEngine` under that
+stage's policy.
+
+Where recomputation runs (docs/runtime.md, "Pipelines"): the action list says, per rank, which forward
+hosts the phase-1/2 work of which backward (`actions.hosts`: the forward just before it, any chunk); the
+engine restores only that in the forward's collectives. A backward with no host (cool-down) restores its
+phase-1/2 work before waiting for the next stage's gradient when the stage's policy has `cooldown_overlap`,
+else on demand.
+Phases 3/4 run in the backward collectives of the layer above and phase 5 on demand, as with PP = 1.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lynx.errors import LynxError
+from lynx.policy.base import RecomputePolicy
+from lynx.runtime import _torch_pipelining as tpp
+from lynx.runtime import actions as act
+from lynx.runtime.layer import LayerConfig
+from lynx.runtime.stage_model import StageModule, StageSpec, make_loss_fn
+
+
+class LayoutError(LynxError):
+    """A plan whose layout this world cannot run."""
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineLayout:
+    tp: int
+    pp: int
+    dp: int
+    vpp: int
+    layers_per_stage: tuple[int, ...]
+    """Per virtual stage (pp * vpp entries)."""
+    policies: tuple[RecomputePolicy | None, ...]
+    """Per virtual stage; None runs the stage without the engine (the reference)."""
+    num_microbatches: int
+
+    def __post_init__(self) -> None:
+        n = self.pp * self.vpp
+        if len(self.layers_per_stage) != n or len(self.policies) != n:
+            raise LayoutError(f"PP={self.pp} x VPP={self.vpp} needs {n} stages, the plan has "
+                              f"{len(self.layers_per_stage)} partitions and {len(self.policies)} policies")
+        for s, (k, pol) in enumerate(zip(self.layers_per_stage, self.policies, strict=True)):
+            if k < 1:
+                raise LayoutError(f"stage {s} has {k} layers")
+            if pol is not None and len(pol.layers) != k:
+                raise LayoutError(f"stage {s}: {k} layers but its policy has {len(pol.layers)}")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.vpp
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(pp_rank, dp_rank, tp_rank) of a global rank."""
+        return rank // (self.tp * self.dp), (rank // self.tp) % self.dp, rank % self.tp
+
+    def rank_of(self, pp_rank: int, dp_rank: int, tp_rank: int) -> int:
+        return (pp_rank * self.dp + dp_rank) * self.tp + tp_rank
+
+    def stage_specs(self) -> tuple[StageSpec, ...]:
+        first, out = 0, []
+        for s, k in enumerate(self.layers_per_stage):
+            out.append(StageSpec(s, self.num_stages, first, k, self.policies[s]))
+            first += k
+        return tuple(out)
+
+
+def check_world(layout: PipelineLayout, world: int, where: str) -> None:
+    """Refuse a layout that does not match the world size, before any process group exists."""
+    if layout.world_size != world:
+        raise LayoutError(f"{where}: TP {layout.tp} x PP {layout.pp} x DP {layout.dp} = {layout.world_size} "
+                          f"ranks, but {world} were started (torchrun --nproc-per-node / --nnodes)")
+
+
+@dataclass
+class Groups:
+    tp: Any
+    pp: Any
+    dp: Any
+    embedding: Any
+    """The first and last pipeline ranks of this (dp, tp) column: the tied embedding's gradient."""
+
+
+def make_groups(layout: PipelineLayout, rank: int) -> Groups:
+    """Every rank creates every group in the same order (torch.distributed requires it)."""
+    L = layout
+    mine: dict[str, Any] = {}
+    for d in range(L.dp):
+        for p in range(L.pp):
+            g = dist.new_group([L.rank_of(p, d, t) for t in range(L.tp)])
+            if rank in [L.rank_of(p, d, t) for t in range(L.tp)]:
+                mine["tp"] = g
+    for d in range(L.dp):
+        for t in range(L.tp):
+            members = [L.rank_of(p, d, t) for p in range(L.pp)]
+            g = dist.new_group(members)
+            emb = dist.new_group(sorted({members[0], members[-1]}))
+            if rank in members:
+                mine["pp"], mine["embedding"] = g, emb
+    for p in range(L.pp):
+        for t in range(L.tp):
+            members = [L.rank_of(p, d, t) for d in range(L.dp)]
+            g = dist.new_group(members)
+            if rank in members:
+                mine["dp"] = g
+    return Groups(tp=mine["tp"] if L.tp > 1 else None, pp=mine["pp"], dp=mine["dp"] if L.dp > 1 else None,
+                  embedding=mine["embedding"] if L.pp > 1 else None)
+
+
+def in_flight(row: act.Rows | tuple[act.PipeAction, ...]) -> dict[int, int]:
+    """Per stage of one rank's list: the most micro-batches forwarded and not yet backwarded."""
+    live: dict[int, int] = {}
+    peak: dict[int, int] = {}
+    for a in row:  # type: ignore[union-attr]
+        live[a.stage] = live.get(a.stage, 0) + (1 if a.kind == "F" else -1)
+        peak[a.stage] = max(peak.get(a.stage, 0), live[a.stage])
+    return peak
+
+
+class PipelineRunner:
+    """This rank's stages and the schedule that runs them; `step` runs one iteration's forward and backward
+    and reduces the gradients (tied embedding, sequence-parallel LayerNorms, DP)."""
+
+    def __init__(self, layout: PipelineLayout, rows: act.Rows, cfg: LayerConfig, vocab: int, rank: int,
+                 groups: Groups, device: torch.device, seed: int = 1234, workdir: str | None = None,
+                 timeout_s: float | None = None) -> None:
+        L = layout
+        act.validate(rows, L.pp, L.num_stages, L.num_microbatches)
+        cfg = replace(cfg, num_layers=sum(L.layers_per_stage))  # Megatron's scaled init reads the depth
+        self.layout, self.cfg, self.vocab, self.rank, self.groups, self.device = L, cfg, vocab, rank, groups, device
+        self.pp_rank, self.dp_rank, self.tp_rank = L.coords(rank)
+        self.row = rows[self.pp_rank]
+        self.hosts, self.cool = act.hosts(self.row)
+        self.in_flight = in_flight(self.row)
+        specs = [s for s in L.stage_specs() if s.index % L.pp == self.pp_rank]
+        self.modules = {s.index: StageModule(s, cfg, vocab, groups.tp, device, seed) for s in specs}
+        self.losses: list[float] = []
+        self.events: list[tuple[str, str, float, float, int]] = []
+        """(category, name, t0, t1, stage) while `tracing`: stage is the one whose action was running."""
+        self.tracing = False
+        self.current_stage = -1
+        stages = []
+        for s, mod in self.modules.items():
+            inp, out = mod.example_io(vocab, device)
+            stages.append(tpp.make_stage(mod, s, L.num_stages, device, inp, out, groups.pp))
+            if mod.engine is not None:
+                mod.engine.tracer = lambda n, a, b: self._event("recompute", n, a, b)
+        hooks = tpp.Hooks(before_forward=self._before_forward, before_grad_wait=self._before_grad_wait,
+                          span=lambda n, a, b: self._event("pipeline", n, a, b),
+                          peer_rank=lambda s: L.rank_of(s % L.pp, self.dp_rank, self.tp_rank), timeout_s=timeout_s)
+        self.schedule_hooks = hooks
+        with tempfile.TemporaryDirectory(prefix="lynx-pp-") as tmp:  # torch loads the list from a CSV file
+            csv_path = Path(workdir or tmp) / f"actions-rank{rank}.csv"
+            act.write_csv(rows, csv_path)
+            self.schedule = tpp.build_schedule(stages, L.num_microbatches,
+                                               make_loss_fn(L.num_microbatches, self.losses), str(csv_path), hooks)
+
+    # -- hooks ---------------------------------------------------------------------------------------
+    def _event(self, cat: str, name: str, t0: float, t1: float) -> None:
+        if self.tracing:
+            stage = int(name.rsplit(" ", 1)[1]) if name[:1] in "FB" and " stage " in name else self.current_stage
+            self.events.append((cat, name, t0, t1, stage))
+
+    def _before_forward(self, stage: int, mb: int) -> None:
+        self.current_stage = stage
+        hosted = self.hosts.get((stage, mb))
+        if hosted is None:
+            self.modules[stage].set_microbatch(mb)
+        elif hosted[0] == stage:
+            self.modules[stage].set_microbatch(mb, (hosted[1],))
+        else:  # interleaved: this forward hosts a backward of another chunk on this rank
+            self.modules[stage].set_microbatch(mb, (), (self.modules[hosted[0]].engine, hosted[1])
+                                               if self.modules[hosted[0]].engine is not None else None)
+
+    def _before_grad_wait(self, stage: int, mb: int) -> None:
+        self.current_stage = stage
+        mod = self.modules[stage]
+        pol = mod.spec.policy
+        # only a stage that waits for a gradient has a stall to fill (the last stage computes its own loss)
+        if (mod.engine is not None and pol is not None and pol.cooldown_overlap and not mod.spec.is_last
+                and (stage, mb) in self.cool):
+            mod.engine.cooldown(mb)
+
+    # -- one iteration -------------------------------------------------------------------------------
+    @property
+    def has_first(self) -> bool:
+        return 0 in self.modules
+
+    @property
+    def has_last(self) -> bool:
+        return self.layout.num_stages - 1 in self.modules
+
+    def step(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Forward and backward of `batches` (one (tokens, labels) per micro-batch; only the first stage
+        reads tokens and the last labels), then the gradient reductions. No optimizer step."""
+        self.losses.clear()
+        for mod in self.modules.values():
+            mod.train()
+        tokens = torch.cat([t for t, _ in batches]) if self.has_first else None
+        labels = torch.cat([lab for _, lab in batches]) if self.has_last else None
+        args = (tokens,) if tokens is not None else ()
+        self.schedule.step(*args, target=labels, return_outputs=False)
+        for mod in self.modules.values():
+            if mod.engine is not None:
+                mod.engine.end_step()
+        self._reduce_grads()
+
+    def _reduce_grads(self) -> None:
+        t0 = time.perf_counter()
+        g = self.groups
+        params = [p for m in self.modules.values() for p in m.parameters() if p.grad is not None]
+        if g.tp is not None and self.cfg.sequence_parallel:
+            for p in params:
+                if getattr(p, "sequence_parallel", False):
+                    dist.all_reduce(p.grad, group=g.tp)
+        if g.embedding is not None:
+            for m in self.modules.values():
+                if (m.spec.is_first or m.spec.is_last) and m.wte.grad is not None:
+                    dist.all_reduce(m.wte.grad, group=g.embedding)
+        if g.dp is not None:
+            grads = [p.grad for p in params]
+            flat = torch._utils._flatten_dense_tensors(grads)
+            dist.all_reduce(flat, group=g.dp)
+            flat.div_(self.layout.dp)
+            for dst, src in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+                dst.copy_(src)
+        self._event("collective", "gradient all-reduce (tied embedding, SP, DP)", t0, time.perf_counter())
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for m in self.modules.values() for p in m.parameters()]
+
+    def named_grads(self) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for m in self.modules.values():
+            for n, p in m.named_parameters():
+                if p.grad is not None:
+                    out[n] = p.grad.detach().clone()
+        return out

@@ -1,0 +1,114 @@
+"""One pipeline stage (one chunk of one rank) as a module: the embedding on the first stage, a contiguous
+slice of the model's layers run through a `RecomputeEngine` under that stage's policy, and the final
+LayerNorm with the tied LM head on the last stage. Weights are drawn exactly as `GPTModel` draws them, so
+a pipeline's stages together are the single-process model (the correctness tests compare them bit for bit).
+
+The pipeline schedule calls `forward(x)`; the micro-batch and the micro-batches whose phase-1/2 work this
+forward hosts are set just before by the schedule's forward function (`set_microbatch`), because
+`PipelineStage` passes only tensors to the module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lynx.policy.base import RecomputePolicy
+from lynx.runtime.engine import RecomputeEngine
+from lynx.runtime.layer import GPTLayer, LayerConfig
+from lynx.runtime.model import embed, embedding_weights, head_logits, lm_loss
+
+
+@dataclass(frozen=True, slots=True)
+class StageSpec:
+    """What one virtual stage holds."""
+
+    index: int
+    num_stages: int
+    first_layer: int
+    num_layers: int
+    policy: RecomputePolicy | None
+    """None: no engine (every activation kept by autograd, the reference)."""
+
+    @property
+    def is_first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.index == self.num_stages - 1
+
+
+class StageModule(torch.nn.Module):
+    def __init__(self, spec: StageSpec, cfg: LayerConfig, vocab_size: int, group: Any = None,
+                 device: Any = None, seed: int = 1234) -> None:
+        super().__init__()
+        self.spec, self.cfg, self.group, self.seed = spec, cfg, group, seed
+        kw = {"device": device, "dtype": cfg.dtype}
+        if spec.is_first or spec.is_last:
+            wte, wpe = embedding_weights(cfg, vocab_size, seed)
+            self.wte = torch.nn.Parameter(wte.to(**kw))
+            if spec.is_first:
+                self.wpe = torch.nn.Parameter(wpe.to(**kw))
+        # keyed by the global layer index: parameter names equal GPTModel's ("layers.3.qkv.weight")
+        self.layers = torch.nn.ModuleDict({
+            str(i): GPTLayer(cfg, group, layer_index=i, device=device, seed=seed)
+            for i in range(spec.first_layer, spec.first_layer + spec.num_layers)
+        })
+        if spec.is_last:
+            self.ln_f = torch.nn.LayerNorm(cfg.hidden_size, **kw)
+        stack = list(self.layers.values())
+        self.engine = RecomputeEngine(stack, spec.policy) if spec.policy is not None and stack else None
+        self.microbatch = 0
+        self.hosts: frozenset[int] = frozenset()
+        self.guest: tuple[RecomputeEngine, int] | None = None
+
+    def set_microbatch(self, microbatch: int, hosts: Collection[int] = (),
+                       guest: tuple[RecomputeEngine, int] | None = None) -> None:
+        """The next forward's micro-batch, the micro-batches of this stage whose phase-1/2 work its windows
+        host, and (engine, j) of another chunk's backward it hosts."""
+        self.microbatch, self.hosts, self.guest = microbatch, frozenset(hosts), guest
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mb = self.microbatch
+        if self.spec.is_first:
+            x = embed(self.wte, self.wpe, x, mb, self.cfg, self.seed, self.training, self.group)
+        if self.engine is not None:
+            x = self.engine.forward(x, mb, self.hosts, self.guest)
+        else:
+            for layer in self.layers.values():
+                x = layer(x, mb)
+        if self.spec.is_last:
+            return head_logits(x, self.ln_f, self.wte, self.cfg, self.group)
+        return x
+
+    def example_io(self, vocab_size: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Input and output of one micro-batch (shapes, dtypes, requires_grad) for a static PipelineStage."""
+        c = self.cfg
+        s_local = c.seq_length // (c.tp if c.sequence_parallel else 1)
+        hidden = torch.empty(s_local, c.micro_batch_size, c.hidden_size, dtype=c.dtype, device=device)
+        if self.spec.is_first:
+            inp = torch.zeros(c.micro_batch_size, c.seq_length, dtype=torch.long, device=device)
+        else:
+            inp = hidden.clone().requires_grad_(True)
+        if self.spec.is_last:
+            out = torch.empty(c.seq_length, c.micro_batch_size, vocab_size, dtype=c.dtype, device=device)
+        else:
+            out = hidden.clone()
+        return inp, out.requires_grad_(True)
+
+
+def make_loss_fn(num_microbatches: int, record: list[float]) -> Any:
+    """The last stage's loss: mean cross-entropy / num_microbatches (a single-process run backpropagates
+    loss / m for each micro-batch; gradients are then equal without rescaling). Records each micro-batch's
+    mean cross-entropy in `record`."""
+
+    def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = lm_loss(logits, labels)
+        record.append(float(loss.detach()))
+        return loss / num_microbatches
+
+    return loss_fn

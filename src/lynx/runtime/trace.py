@@ -1,0 +1,159 @@
+"""Timelines: the measured one (Chrome-trace JSON, opens in Perfetto / chrome://tracing) and the
+simulator's for the same plan, side by side, with per-stage differences.
+
+A measured event is (category, name, t0, t1) in `time.perf_counter()` seconds of one rank; each rank's
+events are shifted by its own iteration start (after a barrier), so ranks line up within the barrier's
+skew. Categories: "pipeline" (F, B, p2p waits), "recompute" (each restored op, with its window),
+"collective" (each TP collective's window and wait, the gradient all-reduces).
+
+`python -m lynx.runtime.trace compare --plan plan.json --trace trace.json [--out both.json]` prints the
+comparison and writes one trace with the measured ranks and the simulated stages as separate processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+Event = tuple[str, str, float, float, int]
+"""(category, name, t0, t1, stage)."""
+_TID = {"pipeline": 0, "recompute": 1, "collective": 2, "sim": 0}
+
+
+def chrome_events(rank: int, label: str, events: Iterable[Event], origin: float) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": rank, "args": {"name": label}},
+        *({"ph": "M", "name": "thread_name", "pid": rank, "tid": t, "args": {"name": c}}
+          for c, t in _TID.items() if c != "sim"),
+    ]
+    for cat, name, t0, t1, stage in events:
+        out.append({"ph": "X", "pid": rank, "tid": _TID.get(cat, 3), "cat": cat, "name": name,
+                    "ts": (t0 - origin) * 1e6, "dur": max(0.0, t1 - t0) * 1e6, "args": {"stage": stage}})
+    return out
+
+
+def write_chrome(path: str | Path, events: list[dict[str, Any]], meta: dict[str, Any] | None = None) -> None:
+    Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms",
+                                      "otherData": meta or {}}))
+
+
+def simulated_segments(plan_path: str | Path) -> tuple[float, list[tuple[int, str, int, float, float]]]:
+    """The simulator's timeline for a plan: (iteration time, [(stage, kind, micro-batch, start, end)]).
+    The one place that calls lynx.simulate here (the simulator is being restructured, issue 9)."""
+    from lynx.plan import Plan, load_plan
+
+    problem, result = load_plan(plan_path)
+    sim = Plan.evaluate(problem, result, record=True).sim
+    return sim.iteration_time_s, [(s.stage, s.kind, s.microbatch, s.start, s.end) for s in sim.segments]
+
+
+def _measured_by_stage(trace: dict[str, Any]) -> dict[int, dict[str, float]]:
+    """Per stage from the measured trace (TP ranks of a stage summed, DP replicas too: divide by the
+    ranks of the stage to compare with one simulated stage): F, B, p2p waits, recomputation per place,
+    collective waits, and the number of ranks that ran the stage."""
+    out: dict[int, dict[str, float]] = {}
+    ranks: dict[int, set[int]] = {}
+    for e in trace["traceEvents"]:
+        if e.get("ph") != "X" or e["pid"] >= 1000 or e.get("args", {}).get("stage", -1) < 0:
+            continue
+        s, name, dur = e["args"]["stage"], e["name"], e["dur"] / 1e6
+        ranks.setdefault(s, set()).add(e["pid"])
+        d = out.setdefault(s, dict.fromkeys(("F", "B", "p2p_wait", "window", "cooldown", "on_demand",
+                                             "collective_wait"), 0.0))
+        if e["cat"] == "pipeline" and name[:1] in "FB":
+            d[name[0]] += dur
+        elif name.startswith("p2p wait"):
+            d["p2p_wait"] += dur
+        elif e["cat"] == "recompute":
+            place = name.rsplit("(", 1)[1].rstrip(")")
+            d[place if place in ("cooldown", "on_demand") else "window"] += dur
+        elif name.startswith("wait "):
+            d["collective_wait"] += dur
+    for s, ov in _overlap(trace["traceEvents"]).items():
+        out.setdefault(s, {})["overlap"] = ov
+    for s, d in out.items():
+        n = len(ranks.get(s, {0}))
+        for k in d:
+            d[k] /= n
+    return out
+
+
+def _overlap(events: list[dict[str, Any]]) -> dict[int, float]:
+    """Per stage: seconds of recomputation that ran while a collective of the same rank was in flight (the
+    intersection of each "recompute" event with that rank's "... window" collective events)."""
+    wins: dict[int, list[tuple[float, float]]] = {}
+    recs: list[tuple[int, int, float, float]] = []
+    for e in events:
+        if e.get("ph") != "X" or e["pid"] >= 1000:
+            continue
+        a, b = e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6
+        if e["cat"] == "collective" and e["name"].endswith(" window"):
+            wins.setdefault(e["pid"], []).append((a, b))
+        elif e["cat"] == "recompute":
+            recs.append((e["pid"], e.get("args", {}).get("stage", -1), a, b))
+    out: dict[int, float] = {}
+    for pid, stage, a, b in recs:
+        hit = sum(max(0.0, min(b, y) - max(a, x)) for x, y in wins.get(pid, ()))
+        out[stage] = out.get(stage, 0.0) + min(hit, b - a)
+    return out
+
+
+def compare(plan_path: str | Path, trace_path: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """Report lines (per stage: measured vs simulated forward, backward, hidden and exposed recomputation,
+    stalls, and the measured seconds of recomputation that overlapped a collective in flight) and the
+    simulated stages as Chrome events (pids 1000 + stage)."""
+    trace = json.loads(Path(trace_path).read_text())
+    meas = _measured_by_stage(trace)
+    t_sim, segs = simulated_segments(plan_path)
+    sim: dict[int, dict[str, float]] = {}
+    events: list[dict[str, Any]] = []
+    for s, kind, mb, a, b in segs:
+        d = sim.setdefault(s, {"F": 0.0, "B": 0.0, "recompute": 0.0, "overlap": 0.0, "stall": 0.0})
+        d[kind] = d.get(kind, 0.0) + (b - a)
+        if not any(ev.get("pid") == 1000 + s and ev.get("ph") == "M" for ev in events):
+            events.append({"ph": "M", "name": "process_name", "pid": 1000 + s,
+                           "args": {"name": f"simulated stage {s}"}})
+        events.append({"ph": "X", "pid": 1000 + s, "tid": 0, "cat": "sim", "name": f"{kind}{mb}",
+                       "ts": a * 1e6, "dur": (b - a) * 1e6})
+    lines = [f"iteration: measured {trace.get('otherData', {}).get('iteration_time_s', float('nan')):.4f} s, "
+             f"simulated {t_sim:.4f} s (on the plan's hardware)",
+             f"{'stage':>5} {'F meas':>9} {'F sim':>9} {'B meas':>9} {'B sim':>9} {'hidden meas':>12} "
+             f"{'hidden sim':>11} {'exposed meas':>13} {'exposed sim':>12} {'p2p wait':>9} {'stall sim':>10}"]
+    for s in sorted(set(meas) | set(sim)):
+        m, q = meas.get(s, {}), sim.get(s, {})
+        lines.append(f"{s:>5} {m.get('F', 0):9.4f} {q.get('F', 0):9.4f} {m.get('B', 0):9.4f} "
+                     f"{q.get('B', 0) + q.get('recompute', 0):9.4f} {m.get('window', 0) + m.get('cooldown', 0):12.4f} "
+                     f"{q.get('overlap', 0):11.4f} {m.get('on_demand', 0):13.4f} {q.get('recompute', 0):12.4f} "
+                     f"{m.get('p2p_wait', 0):9.4f} {q.get('stall', 0):10.4f} {m.get('overlap', 0):9.4f}")
+    return lines, events
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="lynx.runtime.trace")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compare", help="measured timeline beside the simulator's, per stage")
+    c.add_argument("--plan", required=True)
+    c.add_argument("--trace", required=True, help="a trace written by lynx train --trace")
+    c.add_argument("--out", default=None, help="write measured + simulated timelines as one Chrome trace")
+    a = p.parse_args(argv)
+    for path, what in ((a.plan, "--plan"), (a.trace, "--trace")):
+        if not Path(path).is_file():
+            print(f"lynx trace: error: {what} {path}: no such file", file=sys.stderr)
+            sys.exit(2)
+    try:
+        lines, sim_events = compare(a.plan, a.trace)
+    except (KeyError, ValueError, json.JSONDecodeError) as e:
+        print(f"lynx trace: error: {a.trace}: not a lynx trace ({e})", file=sys.stderr)
+        sys.exit(2)
+    print("\n".join(lines))
+    if a.out:
+        trace = json.loads(Path(a.trace).read_text())
+        write_chrome(a.out, trace["traceEvents"] + sim_events, trace.get("otherData"))
+
+
+if __name__ == "__main__":
+    main()
