@@ -1,5 +1,5 @@
 """The pipeline action list: CSV round trip, validation, which forward hosts which backward's phase-1/2
-recomputation (the simulator's carrier for 1F1B), and the interim interleaved order."""
+recomputation (the simulator's carrier for 1F1B), all read from lynx.schedule."""
 
 from __future__ import annotations
 
@@ -11,12 +11,10 @@ from lynx.schedule import carrier_of
 
 @pytest.mark.parametrize("pp,m", [(2, 4), (4, 4), (4, 8), (3, 3)])
 def test_1f1b_hosts_are_the_simulators_carriers(pp: int, m: int) -> None:
-    """(With fewer micro-batches than stages, m < pp, `carrier_of` names no host at all although F(1) runs
-    between F(0) and B(0); the runtime lets it host B(0). Not tested here: the simulator is being rebuilt.)"""
-    rows = act.one_f_one_b(pp, m)
+    rows = act.schedule_rows(pp, 1, m)
     act.validate(rows, pp, pp, m)
-    for s, row in enumerate(rows):
-        host, cool = act.hosts(row)
+    for s in range(pp):
+        host, cool = act.hosts(rows, s)
         got = {j: k for (_, k), (_, j) in host.items()}
         assert got == carrier_of(s, pp, m)
         # cool-down: unhosted backwards of a stage that has forward windows at all (not the last stage)
@@ -24,11 +22,11 @@ def test_1f1b_hosts_are_the_simulators_carriers(pp: int, m: int) -> None:
 
 
 @pytest.mark.parametrize("pp,v,m", [(2, 2, 4), (4, 2, 8), (2, 3, 4)])
-def test_interleaved_interim_is_valid(pp: int, v: int, m: int) -> None:
-    rows = act.interleaved_interim(pp, v, m)
+def test_interleaved_rows_are_valid(pp: int, v: int, m: int) -> None:
+    rows = act.schedule_rows(pp, v, m)
     act.validate(rows, pp, pp * v, m)
-    for row in rows:
-        host, cool = act.hosts(row)
+    for r, row in enumerate(rows):
+        host, cool = act.hosts(rows, r)
         pos = {a: i for i, a in enumerate(row)}
         for (s2, k), (s, j) in host.items():  # the host is the forward just before the backward (any chunk)
             assert pos[act.PipeAction(s2, "F", k)] + 1 == pos[act.PipeAction(s, "B", j)]
@@ -36,7 +34,7 @@ def test_interleaved_interim_is_valid(pp: int, v: int, m: int) -> None:
 
 
 def test_csv_round_trip(tmp_path) -> None:
-    rows = act.interleaved_interim(2, 2, 4)
+    rows = act.schedule_rows(2, 2, 4)
     act.write_csv(rows, tmp_path / "a.csv")
     assert act.read_csv(tmp_path / "a.csv") == rows
     assert (tmp_path / "a.csv").read_text().splitlines()[0].startswith("0F0,0F1,2F0")
@@ -51,10 +49,10 @@ def test_csv_round_trip(tmp_path) -> None:
 ])
 def test_bad_lists_name_the_problem(edit, msg: str) -> None:
     with pytest.raises(act.ActionListError, match=msg):
-        act.validate(edit(act.one_f_one_b(2, 2)), 2, 2, 2)
+        act.validate(edit(act.schedule_rows(2, 1, 2)), 2, 2, 2)
 
 
 def test_bad_cell_names_file_and_line(tmp_path) -> None:
     (tmp_path / "a.csv").write_text("0F0,0B0\n1F0,1SEND_F0\n")
-    with pytest.raises(act.ActionListError, match=r"a.csv:2: '1SEND_F0'"):
+    with pytest.raises(act.ActionListError, match=r"a.csv: rank 1, column 1: .*'1SEND_F0'"):
         act.read_csv(tmp_path / "a.csv")

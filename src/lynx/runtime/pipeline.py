@@ -148,7 +148,7 @@ class PipelineRunner:
         self.layout, self.cfg, self.vocab, self.rank, self.groups, self.device = L, cfg, vocab, rank, groups, device
         self.pp_rank, self.dp_rank, self.tp_rank = L.coords(rank)
         self.row = rows[self.pp_rank]
-        self.hosts, self.cool = act.hosts(self.row)
+        self.hosts, self.cool = act.hosts(rows, self.pp_rank)
         self.in_flight = in_flight(self.row)
         specs = [s for s in L.stage_specs() if s.index % L.pp == self.pp_rank]
         self.modules = {s.index: StageModule(s, cfg, vocab, groups.tp, device, seed) for s in specs}

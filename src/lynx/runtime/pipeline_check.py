@@ -85,7 +85,7 @@ class PipelineCase:
                               policies=pols, num_microbatches=self.num_microbatches)
 
     def rows(self) -> act.Rows:
-        return act.interleaved_interim(self.pp, self.vpp, self.num_microbatches)
+        return act.schedule_rows(self.pp, self.vpp, self.num_microbatches)
 
 
 def compare_with_reference(case: PipelineCase, rank: int, device: torch.device) -> dict[str, Any]:

@@ -97,7 +97,7 @@ def _chunk_policies(pols: tuple[Any, ...], virtual: tuple[int, ...], pp: int, vp
 def action_rows(args: argparse.Namespace, layout: PipelineLayout) -> act.Rows:
     if getattr(args, "schedule", None):
         return act.read_csv(args.schedule)
-    return act.interleaved_interim(layout.pp, layout.vpp, layout.num_microbatches)
+    return act.schedule_rows(layout.pp, layout.vpp, layout.num_microbatches)
 
 
 def _batches(args: argparse.Namespace, cfg: LayerConfig, vocab: int, m: int, it: int, dp_rank: int,
