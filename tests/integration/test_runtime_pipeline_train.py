@@ -174,4 +174,4 @@ def test_a_bad_action_list_is_one_line_and_exit_2(tmp_path: Path) -> None:
     csv.write_text("0F0,0F1,0B0,0B1\n1F0,1B0,1F1\n")
     p = _train("--plan", str(plan), "--schedule", str(csv), timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert "missing 1B1" in p.stderr
+    assert "micro-batch 1 of stage 1 needs one B" in p.stderr and len(p.stderr.strip().splitlines()) == 1

@@ -133,7 +133,12 @@ def main(argv: list[str] | None = None) -> None:
     except LynxError as e:
         if debug:
             traceback.print_exc()
-        typer.echo(f"lynx: error: {e}", err=True)
+        # One line; a schedule error's step x rank grid (the lines after it) only with --debug, or on
+        # stdout from `lynx schedule --load`, whose job is to show it.
+        first, _, detail = str(e).partition("\n")
+        typer.echo(f"lynx: error: {first}", err=True)
+        if debug and detail:
+            typer.echo(detail, err=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         _interrupted()

@@ -31,12 +31,16 @@ def schedule_cmd(
     from rich.table import Table
 
     from lynx.errors import SpecError
-    from lynx.schedule import derive_facts, load_csv, make_schedule, save_csv, schedule_gpipe, validate
+    from lynx.schedule import ScheduleError, derive_facts, load_csv, make_schedule, save_csv, schedule_gpipe, validate
 
     if load is not None and plan is not None:
         raise SpecError("--load and --plan name two schedules; give one")
     if load is not None:
-        sched = load_csv(load)
+        try:
+            sched = load_csv(load)
+        except ScheduleError as e:  # show where it fails: the grid with <-- ERROR HERE
+            console.print(str(e).partition("\n")[2], markup=False, highlight=False)
+            raise
     elif plan is not None:
         from lynx.plan import load_plan
 

@@ -74,7 +74,7 @@ def validate(rows: Rows, pp: int, num_stages: int, num_microbatches: int, where:
     try:
         validate_schedule(to_schedule(rows))  # cross-rank order: no deadlock
     except LynxError as e:
-        raise ActionListError(f"{where}: {e}") from None
+        raise ActionListError(f"{where}: {str(e).partition(chr(10))[0]}") from None
 
 
 def from_schedule(sched: Schedule) -> Rows:
@@ -95,8 +95,8 @@ def read_csv(path: str | Path) -> Rows:
     """A user's action list (torch's compute-only CSV), read and checked by `lynx.schedule`."""
     try:
         return from_schedule(load_csv(path))
-    except LynxError as e:
-        raise ActionListError(str(e)) from None
+    except LynxError as e:  # one line (`lynx schedule --load FILE` shows the grid)
+        raise ActionListError(str(e).partition("\n")[0]) from None
 
 
 def write_csv(rows: Rows, path: str | Path) -> None:
