@@ -191,10 +191,8 @@ def optimizer_step_bytes(recipe: Recipe) -> float:
     16-bit model copy written. The fp16 recipe also copies the gradient into its fp32 main gradient."""
     grad = recipe.main_grad_bytes or recipe.grad_bytes
     copy = recipe.grad_bytes + recipe.main_grad_bytes if recipe.main_grad_bytes else 0.0
-    if recipe.master_bytes:
-        weights = 2 * recipe.master_bytes + recipe.param_bytes
-    else:  # fp32 parameters are the main weights, updated in place
-        weights = 2 * recipe.param_bytes
+    # fp32 parameters are the main weights, updated in place
+    weights = 2 * recipe.master_bytes + recipe.param_bytes if recipe.master_bytes else 2 * recipe.param_bytes
     return copy + 2 * grad + weights + 2 * recipe.optimizer_bytes
 
 
