@@ -118,6 +118,24 @@ def held_bytes(mems: list[LayerMemory], ctx: StageContext) -> float:
     return ctx.peak_weighted(tuple(per_chunk))
 
 
+def linear_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> float:
+    """The linear form HEU's memory rows and OPT's M5 constrain: `stage_peak_bytes` with the forward-window
+    holdings and the backward working set replaced by sums of `keep_bytes` (phase-1/2 ops; per layer
+    on_demand(l) + bwd_window(l) + bwd_window(l - 1), plus phase 1/2 without forward windows). An upper bound
+    of `stage_peak_bytes` for policies whose layers all checkpoint their input (docs/costmodel.md, "The
+    solvers"; property-tested); uniform chunks are outside it."""
+    mems = [layer_memory(graph, lp) for lp in layers]
+    held_fwd = sum(m.fwd_window for m in mems) if ctx.has_fwd_windows else 0.0
+    work_b = 0.0
+    for i, m in enumerate(mems):
+        below = mems[i - 1].bwd_window if i > 0 else 0.0
+        own = m.on_demand + m.bwd_window + (0.0 if ctx.has_fwd_windows else m.fwd_window)
+        work_b = max(work_b, own + below)
+    work_f = max((m.dropped for m in mems), default=0.0)
+    return (ctx.static_bytes + ctx.extra_transient_bytes + ctx.grad_workspace_bytes
+            + held_bytes(mems, ctx) + held_fwd + max(work_f, work_b))
+
+
 def stage_lifetimes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> tuple[float, float]:
     """(forward-window holdings of one micro-batch, backward working set) from the activation-lifetime
     replay (`lynx.lifetime`), each chunk of an interleaved stage on its own."""

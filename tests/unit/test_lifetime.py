@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from lynx.api import make_problem
 from lynx.graph import LayerGraph
 from lynx.lifetime import backward_trace
-from lynx.memory import layer_memory, stage_peak_bytes
+from lynx.memory import layer_memory, linear_peak_bytes, stage_peak_bytes
 from lynx.partition.base import Partition
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, check_policy
 from lynx.policy.rules import full_policy, uniform_policy
@@ -77,6 +77,19 @@ def test_closed_form_bounds_the_event_simulation(case: tuple[PlanProblem, Partit
     r = simulate(prob, part, pols)
     for s, ctx in zip(r.stages, prob.stage_contexts(part), strict=True):
         assert s.peak_memory_bytes <= stage_peak_bytes(prob.graph, pols[s.stage].layers, ctx) * (1 + 1e-9)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_solvers_linear_form_bounds_the_rule(case: tuple[PlanProblem, Partition, tuple[RecomputePolicy, ...]]
+                                            ) -> None:
+    """HEU's rows and OPT's M5 (`linear_peak_bytes`) never under-state the lifetime rule for policies whose
+    layers all checkpoint their input (the solvers' policy space)."""
+    prob, part, pols = case
+    for ctx, pol in zip(prob.stage_contexts(part), pols, strict=True):
+        if all(lp.input_checkpoint for lp in pol.layers):
+            assert stage_peak_bytes(prob.graph, pol.layers, ctx) <= linear_peak_bytes(prob.graph, pol.layers, ctx) \
+                * (1 + 1e-9)
 
 
 def _graph() -> LayerGraph:
