@@ -46,22 +46,22 @@ HAND = {  # every phase: 1 and 2 in a later forward's windows, 3 and 4 in the la
 }
 
 
-def _model(family: str, cfg: Any, group: Any) -> torch.nn.Module:
-    return (GPTModel if family == "gpt" else LlamaModel)(cfg, LAYERS, VOCAB, group)
+def _model(family: str, cfg: Any, group: Any, layers: int = LAYERS) -> torch.nn.Module:
+    return (GPTModel if family == "gpt" else LlamaModel)(cfg, layers, VOCAB, group)
 
 
-def policy_set(family: str, cfg: Any) -> dict[str, RecomputePolicy]:
+def policy_set(family: str, cfg: Any, layers: int = LAYERS) -> dict[str, RecomputePolicy]:
     from lynx.methods import get_method
     from lynx.plan import Plan
 
-    prob = problem_for(cfg, LAYERS, VOCAB, MBS, recompute_num_layers=2)
+    prob = problem_for(cfg, layers, VOCAB, MBS, recompute_num_layers=2)
     out = {m: method_policy(m, prob) for m in METHODS}
     out["uniform(2)"] = method_policy("uniform", prob)
-    out["uniform(1)"] = method_policy("uniform", problem_for(cfg, LAYERS, VOCAB, MBS, recompute_num_layers=1))
+    out["uniform(1)"] = method_policy("uniform", problem_for(cfg, layers, VOCAB, MBS, recompute_num_layers=1))
     if not cfg.sequence_parallel:
-        out["phases-1..5"] = RecomputePolicy(method="hand", layers=(HAND[family],) * LAYERS)
+        out["phases-1..5"] = RecomputePolicy(method="hand", layers=(HAND[family],) * layers)
     peak = {m: Plan.evaluate(prob, get_method(m).fn(prob)).sim.stages[0].peak_memory_bytes for m in ("none", "full")}
-    tight = problem_for(cfg, LAYERS, VOCAB, MBS, budget_bytes=(peak["none"] + peak["full"]) / 2)
+    tight = problem_for(cfg, layers, VOCAB, MBS, budget_bytes=(peak["none"] + peak["full"]) / 2)
     out["lynx"] = method_policy("lynx", tight)
     assert out["lynx"].layers[0].recompute, "the budget should force lynx to recompute something"
     for pol in out.values():
@@ -70,13 +70,14 @@ def policy_set(family: str, cfg: Any) -> dict[str, RecomputePolicy]:
     return out
 
 
-def measure(family: str, cfg: Any, group: Any = None, in_flight: int = 2) -> dict[str, tuple[int, float]]:
+def measure(family: str, cfg: Any, group: Any = None, in_flight: int = 2,
+            layers: int = LAYERS) -> dict[str, tuple[int, float]]:
     """Per policy: (the engine's peak held bytes, the predicted peak)."""
-    graph = runtime_graph(problem_for(cfg, LAYERS, VOCAB, MBS).graph, cfg.dtype)
+    graph = runtime_graph(problem_for(cfg, layers, VOCAB, MBS).graph, cfg.dtype)
     out = {}
-    for name, pol in policy_set(family, cfg).items():
+    for name, pol in policy_set(family, cfg, layers).items():
         torch.manual_seed(0)
-        model = _model(family, cfg, group)
+        model = _model(family, cfg, group, layers)
         eng = RecomputeEngine(model.layers, pol)
         train_step(model, MBS, eng, in_flight)
         out[name] = (eng.stats.peak_bytes, predicted_activation_bytes(graph, pol, cfg, in_flight)[1])
@@ -99,6 +100,28 @@ def test_tp1_measured_peak_within_5_percent_below_predicted(family: str, sp: boo
     res = measure(family, cfg, in_flight=1 if sp else 2)
     assert len(res) >= 13
     check(res, f"{family} tp1 sp={sp}")
+
+
+def _preset_cfg(family: str) -> Any:
+    """The gpt-tiny / llama-tiny presets' layer shapes (4 layers, hidden 256, 8 heads), sequence 64."""
+    from lynx.spec import load_model
+
+    m = load_model(f"{family}-tiny")
+    if family == "gpt":
+        return LayerConfig(hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads,
+                           ffn_hidden_size=m.ffn_hidden_size, seq_length=64, micro_batch_size=2)
+    return LlamaConfig(hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads,
+                       num_query_groups=m.num_query_groups, ffn_hidden_size=m.ffn_hidden_size, seq_length=64,
+                       micro_batch_size=2)
+
+
+@pytest.mark.parametrize("family", ["gpt", "llama"])
+def test_tiny_presets_measured_peak_within_5_percent_below_predicted(family: str) -> None:
+    from lynx.spec import load_model
+
+    res = measure(family, _preset_cfg(family), layers=load_model(f"{family}-tiny").num_layers)
+    assert len(res) >= 14
+    check(res, f"{family}-tiny tp1")
 
 
 def test_uniform2_holds_both_layers() -> None:
