@@ -43,18 +43,18 @@ class ActivationTerms:
 
 def activation_terms(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> ActivationTerms:
     """The closed form's activation terms, from `lynx.memory`'s pieces (the ones `stage_peak_bytes` adds)."""
-    from lynx.memory import backward_working_set, held_bytes, layer_memory, max_chunk_working_set
+    from lynx.memory import held_bytes, layer_memory, stage_lifetimes
 
     mems = [layer_memory(graph, lp) for lp in layers]
     work_f = max((m.dropped for m in mems), default=0.0)
-    work_b = max(backward_working_set(mems, ctx.has_fwd_windows), max_chunk_working_set(graph, layers))
+    held_fwd, work_b = stage_lifetimes(graph, layers, ctx)
     embedding = ctx.extra_in_flight * ctx.extra_retained_bytes
     return ActivationTerms(
         per_microbatch=sum(m.retained for m in mems),
         in_flight=ctx.in_flight,
         held=held_bytes(mems, ctx) - embedding,
         embedding=embedding,
-        fwd_window=sum(m.fwd_window for m in mems) if ctx.has_fwd_windows else 0.0,
+        fwd_window=held_fwd,
         working_set=max(work_f, work_b),
         grad_workspace=ctx.grad_workspace_bytes,
         embedding_per_microbatch=ctx.extra_retained_bytes,

@@ -79,8 +79,12 @@ class _Pricer:
             # take the same time each way
             t = allreduce_time(o.comm_bytes, n, link, sc) if o.collective == "allreduce" \
                 else gather_time(o.comm_bytes, n, link, sc)
-            return Op(name=o.name, kind="comm", block=o.block, fwd_time=t, bwd_time=t, out_bytes=o.out_bytes,
-                      inputs=o.inputs, saved=(), overlaps_wgrad_of=o.overlaps_wgrad_of, module=o.module)
+            # SP: the all-gather's backward is the input gradient's reduce-scatter plus a re-gather of the
+            # sharded input for the weight gradient (Megatron-Core LinearWithGradAccumulationAndAsyncCommunication)
+            re = gather_time(o.comm_bytes, n, link, sc) if o.regather else 0.0
+            return Op(name=o.name, kind="comm", block=o.block, fwd_time=t, bwd_time=t + re, out_bytes=o.out_bytes,
+                      inputs=o.inputs, saved=(), overlaps_wgrad_of=o.overlaps_wgrad_of, module=o.module,
+                      regather_time=re)
         fwd = self._compute_time(o.flops, o.mem_bytes)
         return Op(name=o.name, kind="compute", block=o.block, fwd_time=fwd, bwd_time=o.bwd_factor * fwd,
                   out_bytes=o.out_bytes, mask_bytes=o.mask_bytes, inputs=o.inputs, saved=o.saved,

@@ -67,6 +67,9 @@ class Op:
     module: str = ""
     """Megatron-Core's --recompute-modules name the op belongs to ("layernorm", "core_attn", "mlp"; "" for
     none): how `--compare`'s module-list baselines and Megatron's selective recomputation pick ops."""
+    regather_time: float = 0.0
+    """Comm ops (SP all-gather): part of ``bwd_time`` re-gathering the sharded input for the weight gradient
+    of ``overlaps_wgrad_of``, in flight while that GEMM's input gradient is computed."""
 
     @property
     def is_comm(self) -> bool:
@@ -176,13 +179,19 @@ class LayerGraph:
         """Idle compute time of the block's backward collectives (phases 3 and 4).
 
         Megatron already runs the weight-gradient GEMM of the column-parallel linear while the
-        input-gradient all-reduce is in flight, so only ``comm - wgrad`` is idle.
+        input-gradient all-reduce (SP: reduce-scatter) is in flight, so only ``comm - wgrad`` is idle;
+        SP's re-gather of the input overlaps the input-gradient GEMM; the SP reduce-scatter's backward
+        all-gather overlaps nothing (`exposed_bwd_time`).
         """
-        idle = 0.0
-        for o in self.comm_ops(block):
-            w = self.op(o.overlaps_wgrad_of).wgrad_time if (subtract_wgrad and o.overlaps_wgrad_of) else 0.0
-            idle += max(0.0, o.bwd_time - w)
-        return idle
+        return sum(self.exposed_bwd_time(o, subtract_wgrad) for o in self.comm_ops(block))
+
+    def exposed_bwd_time(self, o: Op, subtract_wgrad: bool = True) -> float:
+        """Backward time of comm op `o` that no GEMM hides (Megatron-Core's overlaps, docs/costmodel.md)."""
+        if not (subtract_wgrad and o.overlaps_wgrad_of):
+            return o.bwd_time
+        g = self.op(o.overlaps_wgrad_of)
+        return max(0.0, o.bwd_time - o.regather_time - g.wgrad_time) \
+            + max(0.0, o.regather_time - (g.bwd_time - g.wgrad_time))
 
     def step_time(self, subtract_wgrad: bool = True) -> float:
         """Forward plus backward of one layer without recomputation, as the simulator charges them: compute,

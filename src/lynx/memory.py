@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from lynx.families import get_family
 from lynx.graph import LayerGraph
+from lynx.lifetime import backward_trace
 from lynx.policy.base import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase, StageContext
 from lynx.spec import ModelSpec, ParallelSpec
 
@@ -97,18 +98,6 @@ def layer_memory(graph: LayerGraph, lp: LayerPolicy) -> LayerMemory:
     )
 
 
-def max_chunk_working_set(graph: LayerGraph, layers: tuple[LayerPolicy, ...]) -> float:
-    """Megatron ``uniform`` chunks (layers whose input is not checkpointed): the chunk's forward is rerun
-    with every activation stored, then its backward runs; the largest chunk's activations are alive at once."""
-    full = graph.retained_bytes(graph.needed())
-    best, run = 0.0, 0
-    for i, lp in enumerate(layers):
-        run = run + 1 if (i > 0 and not lp.input_checkpoint) else 1
-        if run > 1:
-            best = max(best, run * full)
-    return best
-
-
 def fixed_bytes(ctx: StageContext, num_layers: int, input_bytes: float) -> float:
     """Memory of a stage that no recomputation decision changes: static, non-layer terms, and the layer
     inputs (always stored) of every in-flight micro-batch. OPT's memory rows and replay start from it."""
@@ -129,46 +118,69 @@ def held_bytes(mems: list[LayerMemory], ctx: StageContext) -> float:
     return ctx.peak_weighted(tuple(per_chunk))
 
 
-def backward_working_set(mems: list[LayerMemory], fwd_windows: bool) -> float:
-    """Largest over layers l of on_demand(l) + bwd_window(l) + bwd_window(l - 1) (+ its phase-1/2 tensors
-    when no forward window rebuilt them): layer l's backward runs with its own recomputed tensors while
-    the windows of its collectives recompute for the layer below."""
+def linear_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> float:
+    """The linear form HEU's memory rows and OPT's M5 constrain: `stage_peak_bytes` with the forward-window
+    holdings and the backward working set replaced by sums of `keep_bytes` (phase-1/2 ops; per layer
+    on_demand(l) + bwd_window(l) + bwd_window(l - 1), plus phase 1/2 without forward windows). An upper bound
+    of `stage_peak_bytes` for policies whose layers all checkpoint their input (docs/costmodel.md, "The
+    solvers"; property-tested); uniform chunks are outside it."""
+    mems = [layer_memory(graph, lp) for lp in layers]
+    held_fwd = sum(m.fwd_window for m in mems) if ctx.has_fwd_windows else 0.0
     work_b = 0.0
     for i, m in enumerate(mems):
         below = mems[i - 1].bwd_window if i > 0 else 0.0
-        own = m.on_demand + m.bwd_window + (0.0 if fwd_windows else m.fwd_window)
+        own = m.on_demand + m.bwd_window + (0.0 if ctx.has_fwd_windows else m.fwd_window)
         work_b = max(work_b, own + below)
-    return work_b
+    work_f = max((m.dropped for m in mems), default=0.0)
+    return (ctx.static_bytes + ctx.extra_transient_bytes + ctx.grad_workspace_bytes
+            + held_bytes(mems, ctx) + held_fwd + max(work_f, work_b))
+
+
+def stage_lifetimes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> tuple[float, float]:
+    """(forward-window holdings of one micro-batch, backward working set) from the activation-lifetime
+    replay (`lynx.lifetime`), each chunk of an interleaved stage on its own."""
+    slices = ctx.chunk_slices() if ctx.chunk_layers else ((0, len(layers)),)
+    held_fwd, work_b = 0.0, 0.0
+    for lo, hi in slices:
+        tr = backward_trace(graph, layers[lo:hi], ctx.has_fwd_windows)
+        held_fwd += sum(tr.fwd_held) if ctx.has_fwd_windows else 0.0
+        # one chunk: the pass's micro-batch is among the in-flight ones counted, so layers above release theirs
+        work_b = max(work_b, tr.restored_peak if ctx.chunk_layers else tr.peak)
+    return held_fwd, work_b
 
 
 def stage_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> float:
     """Closed-form peak of a stage (an upper bound the simulator confirms):
 
     static + extra + sum over chunks of in_flight(chunk) * (sum of its layers' retained)
-           + (sum of forward-window held) + max(forward working set, backward working set) + gradient workspace
+           + (forward-window holdings) + max(forward working set, backward working set) + gradient workspace
 
     forward working set  = max over layers of the outputs a layer produces and drops;
-    backward working set = max over layers l of on_demand(l) + bwd_window(l) + bwd_window(l - 1)
-    (layer l's backward runs with its own recomputed tensors while the windows of its collectives
-    recompute for the layer below). The top layer's phase-3/4 work runs on demand (no layer above).
+    backward working set = the largest total one micro-batch's backward restores at once, from the
+    activation-lifetime replay (`lynx.lifetime`: restored outputs freed once no pending backward or
+    recomputation reads them; a uniform chunk restores all its layers; phase-3/4 restores of layer l - 1
+    during layer l's backward); forward-window holdings = what the phase-1/2 restores leave alive.
     With one chunk, in_flight is the schedule's min(p - s, m) for 1F1B.
     """
     mems = [layer_memory(graph, lp) for lp in layers]
-    held_fwd = sum(m.fwd_window for m in mems) if ctx.has_fwd_windows else 0.0
+    held_fwd, work_b = stage_lifetimes(graph, layers, ctx)
     work_f = max((m.dropped for m in mems), default=0.0)
-    work_b = max(backward_working_set(mems, ctx.has_fwd_windows), max_chunk_working_set(graph, layers))
     return (
         ctx.static_bytes + ctx.extra_transient_bytes + ctx.grad_workspace_bytes
         + held_bytes(mems, ctx) + held_fwd + max(work_f, work_b)
     )
 
 
-def predicted_activation_bytes(mems: list[LayerMemory], extra_per_layer: list[float], in_flight: int,
-                               fwd_windows: bool) -> tuple[float, float]:
+def predicted_activation_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], extra_per_layer: list[float],
+                               in_flight: int, fwd_windows: bool,
+                               extra_per_op: dict[str, float] | None = None) -> tuple[float, float]:
     """What a runtime stage holds for backward: (after the forwards in flight, peak including what backward
     restores). The same terms as `stage_peak_bytes` without static and non-layer memory; `extra_per_layer`
-    adds bytes the runtime holds per kept op beyond the graph (e.g. LayerNorm statistics)."""
+    adds bytes the runtime holds per layer for its kept ops beyond the graph (e.g. LayerNorm statistics),
+    `extra_per_op` the same bytes per op for restored ones."""
+    mems = [layer_memory(graph, lp) for lp in layers]
     retained = sum(m.retained for m in mems) + sum(extra_per_layer)
-    held_fwd = sum(m.fwd_window for m in mems) if fwd_windows else 0.0
+    tr = backward_trace(graph, layers, fwd_windows, extra_per_op)
+    held_fwd = sum(tr.fwd_held) if fwd_windows else 0.0
     after_fwd = in_flight * retained + held_fwd
-    return after_fwd, after_fwd + backward_working_set(mems, fwd_windows)
+    return after_fwd, after_fwd + tr.peak

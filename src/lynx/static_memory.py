@@ -25,7 +25,7 @@ from lynx.costmodel import allreduce_time, gather_time
 from lynx.errors import SpecError
 from lynx.families import get_family
 from lynx.memory import embedding_params_per_rank, layer_params_per_rank
-from lynx.spec import LinkSpec, ModelSpec, ParallelSpec
+from lynx.spec import DeviceSpec, LinkSpec, ModelSpec, ParallelSpec
 
 PrecisionName = Literal["paper", "megatron-bf16", "megatron-fp16", "fp32"]
 
@@ -182,3 +182,23 @@ def dp_sync_time(
     if distributed_optimizer:
         return gather_time(n * recipe.grad_bytes, par.dp, link) + gather_time(n * recipe.param_bytes, par.dp, link)
     return allreduce_time(n * recipe.grad_bytes, par.dp, link)
+
+
+def optimizer_step_bytes(recipe: Recipe) -> float:
+    """HBM bytes one Adam step moves per parameter it updates (a fused multi-tensor Adam, memory-bound at
+    about 12 FLOPs per parameter): the gradient read twice (Megatron's gradient-norm clipping, default
+    --clip-grad 1.0, then the step), the fp32 main weight and both moments read and written, and the
+    16-bit model copy written. The fp16 recipe also copies the gradient into its fp32 main gradient."""
+    grad = recipe.main_grad_bytes or recipe.grad_bytes
+    copy = recipe.grad_bytes + recipe.main_grad_bytes if recipe.main_grad_bytes else 0.0
+    # fp32 parameters are the main weights, updated in place
+    weights = 2 * recipe.master_bytes + recipe.param_bytes if recipe.master_bytes else 2 * recipe.param_bytes
+    return copy + 2 * grad + weights + 2 * recipe.optimizer_bytes
+
+
+def optimizer_step_time(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int, recipe: Recipe,
+                        device: DeviceSpec, distributed_optimizer: bool = False) -> float:
+    """The optimizer step of one stage on one device: memory-bound over the parameters it updates (all local
+    ones, or with the distributed optimizer its 1/DP shard), at the device's streaming bandwidth."""
+    n = stage_params(model, par, stage, num_layers).total / (par.dp if distributed_optimizer else 1)
+    return n * optimizer_step_bytes(recipe) / (device.memory_bandwidth_Bps * device.memory_efficiency)

@@ -1,8 +1,9 @@
 """Lynx-HEU finds the optimum that brute force finds, on tiny graphs where every policy can be enumerated.
 
 The brute force knows nothing of the ILP: it enumerates every per-op decision (keep, free, recompute in
-phase 1-5), keeps those `validate_layer_policy` accepts and `memory.stage_peak_bytes` fits, and prices
-them with its own objective (the stage's critical recomputation per micro-batch, plus the tie-break).
+phase 1-5), keeps those `validate_layer_policy` accepts and `memory.linear_peak_bytes` fits (the linear
+upper bound of `memory.stage_peak_bytes` HEU's rows constrain), and prices them with its own objective (the
+stage's critical recomputation per micro-batch, plus the tie-break).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 
 from lynx.errors import InfeasibleError
 from lynx.graph import LayerGraph, Op
-from lynx.memory import stage_peak_bytes
+from lynx.memory import linear_peak_bytes, stage_peak_bytes
 from lynx.policy.base import LayerPolicy, Phase, StageContext, validate_layer_policy
 from lynx.policy.heu import HeuOptions, heu_policy, min_budget_bytes
 
@@ -90,7 +91,7 @@ def priced_policies(graph: LayerGraph, ctx: StageContext, tie: float) -> list[tu
         lp = LayerPolicy(keep, rec)
         if validate_layer_policy(graph, lp, ctx.has_fwd_windows) or not windows_ok(graph, lp):
             continue
-        out.append((stage_peak_bytes(graph, (lp,) * ctx.num_layers, ctx), objective(graph, lp, ctx.num_layers, tie)))
+        out.append((linear_peak_bytes(graph, (lp,) * ctx.num_layers, ctx), objective(graph, lp, ctx.num_layers, tie)))
     return out
 
 
@@ -101,7 +102,7 @@ def context(graph: LayerGraph, n: int, in_flight: int, last: bool, frac: float) 
     base = StageContext(stage, stages, n, in_flight, 8, budget_bytes=1e15, static_bytes=1e9)
     lo = min_budget_bytes(graph, base)
     keep_all = LayerPolicy(graph.needed())
-    hi = stage_peak_bytes(graph, (keep_all,) * n, base)
+    hi = linear_peak_bytes(graph, (keep_all,) * n, base)
     return StageContext(stage, stages, n, in_flight, 8, budget_bytes=lo + frac * (hi - lo), static_bytes=1e9)
 
 

@@ -64,6 +64,9 @@ class OpSpec:
     overlaps_wgrad_of: str | None = None
     module: str = ""
     """Megatron-Core's --recompute-modules name the op belongs to ("layernorm", "core_attn", "mlp")."""
+    regather: bool = False
+    """SP all-gather before a column-parallel GEMM: backward also re-gathers the sharded input for the weight
+    gradient (Megatron-Core saves the shard), overlapping the GEMM's input-gradient part."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +152,15 @@ class LayerBuilder:
         ))
 
     def comm(self, name: str, block: Block, collective: Collective, nbytes_full: float,
-             inputs: tuple[str, ...], out_bytes: float, wgrad_of: str, module: str = "") -> None:
+             inputs: tuple[str, ...], out_bytes: float, wgrad_of: str, module: str = "",
+             regather: bool = False) -> None:
+        """`wgrad_of`: the GEMM whose weight gradient runs while this op's backward collective is in flight
+        ("" when nothing hides it: the SP reduce-scatter's backward all-gather must finish before the
+        row-parallel GEMM's backward can start)."""
         self.ops.append(OpSpec(
             name=name, kind="comm", block=block, inputs=inputs, saved=(), out_bytes=out_bytes,
-            collective=collective, comm_bytes=nbytes_full, overlaps_wgrad_of=wgrad_of, module=module,
+            collective=collective, comm_bytes=nbytes_full, overlaps_wgrad_of=wgrad_of or None, module=module,
+            regather=regather,
         ))
 
     def spec(self, input_bytes: float) -> LayerSpec:

@@ -87,7 +87,8 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     b.elementwise("ln1", "attn", tok_ln * h, (LAYER_INPUT,), (LAYER_INPUT,), flops_per_elem=5, module="layernorm")
     qkv_in = "ln1"
     if sp:
-        b.comm("attn_allgather", "attn", "gather", ACT_BYTES * tok * h, ("ln1",), ACT_BYTES * tok * h, "qkv")
+        b.comm("attn_allgather", "attn", "gather", ACT_BYTES * tok * h, ("ln1",), ACT_BYTES * tok * h, "qkv",
+               regather=True)
         qkv_in = "attn_allgather"
     # Column-parallel QKV: [tok, h] @ [h, 3h/t]. Its backward reads the LN output (with SP the sharded one,
     # re-gathered in backward as Megatron does), so the saved tensor is always "ln1".
@@ -113,7 +114,7 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     fc1_in = "ln2"
     if sp:
         b.comm("mlp_allgather", "mlp", "gather", ACT_BYTES * tok * h, ("ln2",), ACT_BYTES * tok * h, "fc1",
-               module="mlp")
+               module="mlp", regather=True)
         fc1_in = "mlp_allgather"
     b.gemm("fc1", "mlp", tok, h, f / t, (fc1_in,), ("ln2",), module="mlp")
     b.elementwise("gelu", "mlp", tok * f / t, ("fc1",), ("fc1",), flops_per_elem=8, module="mlp")
@@ -126,10 +127,12 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
 
 def _reduce(b: LayerBuilder, sp: bool, blk: Block, src: str, tok: float, tok_ln: float, h: float,
             wgrad_of: str) -> str:
-    """The forward collective after a row-parallel GEMM: reduce-scatter with SP, else all-reduce."""
+    """The forward collective after a row-parallel GEMM: reduce-scatter with SP, else all-reduce. With SP its
+    backward is an all-gather of the output gradient that the row-parallel backward waits for (exposed:
+    Megatron-Core's _ReduceScatterToSequenceParallelRegion.backward gathers synchronously)."""
     if sp:
         name = f"{blk}_reducescatter"
-        b.comm(name, blk, "gather", ACT_BYTES * tok * h, (src,), ACT_BYTES * tok_ln * h, wgrad_of)
+        b.comm(name, blk, "gather", ACT_BYTES * tok * h, (src,), ACT_BYTES * tok_ln * h, "")
     else:
         name = f"{blk}_allreduce"
         b.comm(name, blk, "allreduce", ACT_BYTES * tok * h, (src,), ACT_BYTES * tok * h, wgrad_of)

@@ -76,7 +76,8 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
                   module="layernorm")
     qkv_in = "rmsnorm1"
     if sp:
-        b.comm("attn_allgather", "attn", "gather", ACT_BYTES * tok * h, ("rmsnorm1",), ACT_BYTES * tok * h, "qkv")
+        b.comm("attn_allgather", "attn", "gather", ACT_BYTES * tok * h, ("rmsnorm1",), ACT_BYTES * tok * h, "qkv",
+               regather=True)
         qkv_in = "attn_allgather"
     # Column-parallel QKV: [tok, h] @ [h, (a + 2g) d / t], per group [q .. q | k | v] (Megatron's layout).
     b.gemm("qkv", "attn", tok, h, (a_l + 2 * g_l) * d, (qkv_in,), ("rmsnorm1",))
@@ -93,7 +94,7 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     b.gemm("attn_proj", "attn", tok, a_l * d, h, (ctx,), (ctx,))
     red = "attn_reducescatter" if sp else "attn_allreduce"
     if sp:
-        b.comm(red, "attn", "gather", ACT_BYTES * tok * h, ("attn_proj",), ACT_BYTES * tok_ln * h, "qkv")
+        b.comm(red, "attn", "gather", ACT_BYTES * tok * h, ("attn_proj",), ACT_BYTES * tok_ln * h, "")  # exposed
     else:
         b.comm(red, "attn", "allreduce", ACT_BYTES * tok * h, ("attn_proj",), ACT_BYTES * tok * h, "qkv")
     b.elementwise("attn_residual", "attn", tok_ln * h, (red, LAYER_INPUT), ("attn_residual",) if drop_res else (),
@@ -105,7 +106,7 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     up_in = "rmsnorm2"
     if sp:
         b.comm("mlp_allgather", "mlp", "gather", ACT_BYTES * tok * h, ("rmsnorm2",), ACT_BYTES * tok * h,
-               "gate_up", module="mlp")
+               "gate_up", module="mlp", regather=True)
         up_in = "mlp_allgather"
     b.gemm("gate_up", "mlp", tok, h, 2 * f / t, (up_in,), ("rmsnorm2",), module="mlp")
     # Fused SwiGLU: silu(gate) * up from [tok, 2f/t] to [tok, f/t]; backward reads only its input.
@@ -114,7 +115,7 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     b.gemm("down", "mlp", tok, f / t, h, ("swiglu",), ("swiglu",), module="mlp")
     red = "mlp_reducescatter" if sp else "mlp_allreduce"
     if sp:
-        b.comm(red, "mlp", "gather", ACT_BYTES * tok * h, ("down",), ACT_BYTES * tok_ln * h, "gate_up")
+        b.comm(red, "mlp", "gather", ACT_BYTES * tok * h, ("down",), ACT_BYTES * tok_ln * h, "")  # exposed
     else:
         b.comm(red, "mlp", "allreduce", ACT_BYTES * tok * h, ("down",), ACT_BYTES * tok * h, "gate_up")
     b.elementwise("mlp_residual", "mlp", tok_ln * h, (red, "attn_residual"), ("mlp_residual",) if drop_res else (),

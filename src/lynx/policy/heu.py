@@ -157,7 +157,8 @@ Group = tuple[LayerVars, int]
 
 
 def memory_rows(graph: LayerGraph, groups: list[Group], ctx: StageContext) -> list[tuple[dict[int, float], float]]:
-    """(7)-(9) made exact for memory.stage_peak_bytes; each row reads ``expr + offset <= A`` with A the
+    """(7)-(9) made exact for memory.linear_peak_bytes (an upper bound of the lifetime rule,
+    memory.stage_peak_bytes, which checks the result); each row reads ``expr + offset <= A`` with A the
     stage's activation budget (budget minus static and non-layer terms):
 
     N_batch * sum_l (M_in + sum_i S_i M_i)                                  (8), M_fwd

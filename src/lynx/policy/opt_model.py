@@ -243,7 +243,8 @@ def _frees(om: OptModel, t: int, pos: int) -> dict[int, int]:
 
 
 def _memory_layers(om: OptModel, budget: float) -> None:
-    """(M5) The planner's layer-level peak (memory.stage_peak_bytes), which the event simulator confirms:
+    """(M5) The planner's layer-level peak in its linear form (memory.linear_peak_bytes, an upper bound of
+    the lifetime rule memory.stage_peak_bytes, which the event simulator confirms):
         base + in_flight * sum_l kept(l) + sum_l fwd_window(l) + W <= M_budget
         W >= full - input - kept(l)                              (forward working set of layer l)
         W >= on_demand(l) + bwd_window(l) + bwd_window(l - 1)    (backward working set of layer l)

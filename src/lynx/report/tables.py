@@ -87,17 +87,19 @@ def graph_table(g: LayerGraph) -> Table:
     t = Table(title=(f"layer graph ({m.source}): {m.model} h={m.hidden_size} a={m.num_attention_heads} "
                      f"s={m.seq_length} b={m.micro_batch_size} tp={m.tp} sp={m.sequence_parallel} on {m.device}"),
               title_justify="left")
-    for col in ("op", "kind", "block", "fwd (ms)", "bwd (ms)", "wgrad (ms)", "out MiB", "mask MiB", "keep MiB",
-                "inputs", "backward reads"):
+    for col in ("op", "kind", "block", "fwd (ms)", "bwd (ms)", "bwd exposed (ms)", "wgrad (ms)", "out MiB",
+                "mask MiB", "keep MiB", "inputs", "backward reads"):
         t.add_column(col, justify="left" if col in ("op", "kind", "block", "inputs", "backward reads") else "right")
     needed = g.needed()
     for o in g.ops:
         t.add_row(
             o.name, o.kind, o.block, f"{o.fwd_time * 1e3:.3f}", f"{o.bwd_time * 1e3:.3f}",
+            f"{g.exposed_bwd_time(o) * 1e3:.3f}" if o.is_comm else "-",
             f"{o.wgrad_time * 1e3:.3f}", f"{o.out_bytes / 2**20:.1f}", f"{o.mask_bytes / 2**20:.1f}",
             f"{g.keep_bytes(o.name) / 2**20:.1f}" if o.name in needed else "-",
             ",".join(o.inputs), ",".join(o.saved),
         )
     t.caption = (f"layer input {g.input_bytes / 2**20:.1f} MiB; no-recompute retained "
-                 f"{g.retained_bytes(needed) / 2**20:.1f} MiB per micro-batch; forward {g.fwd_time() * 1e3:.2f} ms")
+                 f"{g.retained_bytes(needed) / 2**20:.1f} MiB per micro-batch; forward {g.fwd_time() * 1e3:.2f} ms; "
+                 f"exposed backward collectives {g.exposed_bwd_comm() * 1e3:.3f} ms")
     return t

@@ -10,7 +10,6 @@ import torch
 
 from lynx.api import make_problem
 from lynx.graph import LayerGraph
-from lynx.memory import layer_memory
 from lynx.memory import predicted_activation_bytes as _predicted
 from lynx.methods import get_method
 from lynx.policy.base import RecomputePolicy
@@ -113,6 +112,7 @@ def predicted_activation_bytes(graph: LayerGraph, policy: RecomputePolicy, cfg: 
     `in_flight`-deep 1F1B pipeline. LayerNorm statistics are added as the runtime holds them."""
     k = max(1, in_flight)
     facts = derive_facts(schedule_1f1b(k, k)).of(0)
-    mems = [layer_memory(graph, lp) for lp in policy.layers]
     ln = [float(layernorm_stats_bytes(cfg, lp.keep)) for lp in policy.layers]
-    return _predicted(mems, ln, facts.in_flight, facts.has_fwd_windows)
+    per_op = {n: float(layernorm_stats_bytes(cfg, frozenset({n}))) for n in graph.names}
+    return _predicted(graph, policy.layers, ln, facts.in_flight, facts.has_fwd_windows,
+                      {n: b for n, b in per_op.items() if b})

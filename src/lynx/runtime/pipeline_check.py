@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from lynx.api import make_problem
+from lynx.memory import stage_peak_bytes
 from lynx.methods import get_method
-from lynx.plan import Plan
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
 from lynx.problem import PlanOptions, PlanProblem
 from lynx.runtime import actions as act
@@ -53,12 +53,15 @@ def overlapped_policy(num_layers: int, cooldown: bool = True) -> RecomputePolicy
 def stage_policies(method: str, cfg: LayerConfig, partition: tuple[int, ...], vocab: int,
                    num_microbatches: int) -> tuple[RecomputePolicy, ...]:
     """Per-stage policies of `method`; "lynx" / "lynx-heu" get a budget halfway between none's and full's
-    peak, so that they must recompute something; "overlapped" is `overlapped_policy` on every stage."""
+    closed-form peak (the bound the solvers constrain, so full fits it), so that they must recompute
+    something; "overlapped" is `overlapped_policy` on every stage."""
     if method == "overlapped":
         return tuple(overlapped_policy(k) for k in partition)
     prob = stage_problem(cfg, partition, vocab, num_microbatches)
     if method.startswith("lynx"):
-        peaks = {m: max(s.peak_memory_bytes for s in Plan.evaluate(prob, get_method(m).fn(prob)).sim.stages)
+        ctxs = prob.stage_contexts(get_method("none").fn(prob).partition)
+        peaks = {m: max(stage_peak_bytes(prob.graph, pol.layers, c)
+                        for pol, c in zip(get_method(m).fn(prob).policies, ctxs, strict=True))
                  for m in ("none", "full")}
         prob = stage_problem(cfg, partition, vocab, num_microbatches,
                              budget_bytes=(peaks["none"] + peaks["full"]) / 2)

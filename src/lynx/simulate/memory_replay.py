@@ -4,6 +4,7 @@ the same per-layer terms the closed form and the solvers use, replayed action by
 from __future__ import annotations
 
 from lynx.graph import LayerGraph
+from lynx.lifetime import BackwardTrace, backward_trace
 from lynx.memory import LayerMemory, layer_memory
 from lynx.policy.base import RecomputePolicy, StageContext
 
@@ -19,18 +20,12 @@ class StageMemory:
         self._patterns: dict[tuple[object, ...], Pattern] = {}
         self._points: list[tuple[float, float]] = []
         mems = [layer_memory(graph, lp) for lp in pol.layers]
-        full_needed = graph.retained_bytes(graph.needed())
         self.chunks: list[list[LayerMemory]] = []
-        self.uniform: list[list[float]] = []  # per layer: bytes of a uniform chunk rerun topped there
+        self.traces: list[dict[bool, BackwardTrace]] = []
+        """Per chunk: the activation-lifetime replay of one backward, phase-1/2 tensors held before or not."""
         for lo, hi in ctx.chunk_slices():
             self.chunks.append(mems[lo:hi])
-            run, tops = 0, []
-            for i, lp in enumerate(pol.layers[lo:hi]):
-                run = run + 1 if (i > 0 and not lp.input_checkpoint) else 1
-                tops.append(run)
-            self.uniform.append([
-                t * full_needed if t > 1 and (i == len(tops) - 1 or tops[i + 1] <= 1) else 0.0
-                for i, t in enumerate(tops)])
+            self.traces.append({w: backward_trace(graph, pol.layers[lo:hi], w) for w in (False, True)})
         self.last_chunk = len(self.chunks) - 1
         self.cur = ctx.static_bytes
         self.peak = self.cur
@@ -69,41 +64,31 @@ class StageMemory:
 
     def _forward_events(self, chunk: int, hosted: int | None) -> None:
         mems = self.chunks[chunk]
-        guest = self.chunks[hosted] if hosted is not None else []
+        guest = self.traces[hosted][True].fwd_held if hosted is not None else ()
         n = len(mems)
         if chunk == 0:
             self.cur += self.ctx.extra_retained_bytes
         for i, m in enumerate(mems):
             if i < len(guest):
-                self.cur += guest[i].fwd_window
+                self.cur += guest[i]
             self.cur += m.retained  # alive while the layer runs, together with what it drops
             self._touch((i + 1) / n, m.dropped)
-        self.cur += sum(g.fwd_window for g in guest[n:])
+        self.cur += sum(guest[n:])
         self._touch(1.0, self.ctx.extra_transient_bytes if chunk == self.last_chunk else 0.0)
 
     def _backward_events(self, chunk: int, carried: bool, prefetched: bool) -> None:
-        mems, uniform = self.chunks[chunk], self.uniform[chunk]
+        mems, held = self.chunks[chunk], carried or prefetched
+        tr = self.traces[chunk][held]
         transient = self.ctx.extra_transient_bytes if chunk == self.last_chunk else 0.0
         n = len(mems)
         if prefetched:
-            self.cur += sum(m.fwd_window for m in mems)
-        pending_bwd_window = 0.0
+            self.cur += sum(tr.fwd_held)
+        start = self.cur
         self._touch(0.0, transient + self.ctx.grad_workspace_bytes)
-        for i in range(n - 1, -1, -1):
-            m = mems[i]
-            own = m.on_demand + (m.bwd_window if i == n - 1 else 0.0)
-            if not (carried or prefetched):
-                own += m.fwd_window
-            if uniform[i]:
-                own += uniform[i]  # a uniform chunk rerun with everything stored
-            self.cur += own
-            below = mems[i - 1].bwd_window if i > 0 else 0.0
-            self.cur += below
+        for i in range(n - 1, -1, -1):  # layer i's backward: what the lifetime replay has alive at its peak
+            self.cur = start + tr.layer_peak[i]
             self._touch(1.0 - i / n, self.ctx.grad_workspace_bytes)
-            self.cur -= m.retained + own + pending_bwd_window
-            if carried or prefetched:
-                self.cur -= m.fwd_window
-            pending_bwd_window = below
+        self.cur = start - sum(m.retained for m in mems) - (sum(tr.fwd_held) if held else 0.0)
         if chunk == 0:
             self.cur -= self.ctx.extra_retained_bytes
         self._touch(1.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from lynx.costmodel import model_flops_per_iteration
 from lynx.policy.base import StageContext
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
-from lynx.static_memory import Recipe, dp_sync_time
+from lynx.static_memory import Recipe, dp_sync_time, optimizer_step_time
 
 
 def tail_time(model: ModelSpec, hw: Hardware, par: ParallelSpec, ctxs: tuple[StageContext, ...],
@@ -17,9 +17,7 @@ def tail_time(model: ModelSpec, hw: Hardware, par: ParallelSpec, ctxs: tuple[Sta
     for s, ctx in enumerate(ctxs):
         dp_link = hw.link_for_group(par.dp, par.tp)
         ar = dp_sync_time(model, par, s, ctx.num_layers, recipe, dp_link, distributed_optimizer)
-        dev = hw.device
-        # Adam step: read/write fp32 master, m, v and read fp16 grads, write fp16 params (~ 2x static bytes)
-        opt = 2.0 * ctx.static_bytes / (dev.memory_bandwidth_Bps * dev.memory_efficiency)
+        opt = optimizer_step_time(model, par, s, ctx.num_layers, recipe, hw.device, distributed_optimizer)
         tail = max(tail, ready[s] - pipeline_time + ar + opt)
     return tail
 

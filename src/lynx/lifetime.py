@@ -1,0 +1,194 @@
+"""Activation lifetimes during backward: what a layer policy actually holds while its layers' backward runs.
+
+An op-level replay of what the recompute engine (`lynx.runtime.engine`, like Megatron's checkpointed
+re-forward) does for one micro-batch, used by the one memory rule in `lynx.memory`:
+
+* backward visits a stage's layers top first and each layer's ops in reverse forward order; an op's
+  backward reads its ``saved`` tensors (its own mask or statistics when it has any), and a read of a dropped
+  tensor restores it on demand;
+* restoring op X first restores whatever of its inputs is neither kept nor restored (recursively; a layer
+  whose input is not checkpointed restores the layer below's output: a uniform chunk restores all its layers);
+* after every restore, outputs of the layer that no backward reads are freed once every op reading them is
+  restored, kept or never rebuilt, unless an op being restored reads them (masks and statistics stay), and a
+  chunk's top output stays until the layer above is done;
+* phase 1/2 ops are restored in a later forward's windows (the "forward holdings"), phase 3/4 ops of layer
+  l - 1 inside layer l's column-parallel backward (after the MLP's / attention's first GEMM backward), the rest
+  on demand; a layer's restored tensors are released when its backward ends.
+
+The memory is sampled after every restore (after the frees, as the engine measures) and at every release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from lynx.graph import LAYER_INPUT, LayerGraph
+from lynx.policy.base import FWD_PHASES, LayerPolicy, Phase
+
+_BWD_BLOCK = {Phase.BWD_MLP: "mlp", Phase.BWD_ATTN: "attn"}
+
+
+@dataclass
+class _Layer:
+    pol: LayerPolicy
+    ckpt: bool
+    chunk_top: bool
+    out: dict[str, float] = field(default_factory=dict)
+    """Restored op -> bytes of its output still alive (0 once freed)."""
+    side: dict[str, float] = field(default_factory=dict)
+    """Restored op -> its mask / statistics bytes (alive until release)."""
+
+    def total(self) -> float:
+        return sum(self.out.values()) + sum(self.side.values())
+
+
+class _Replay:
+    def __init__(self, graph: LayerGraph, layers: Sequence[LayerPolicy], extra: Mapping[str, float]) -> None:
+        self.g, self.extra = graph, extra
+        n = len(layers)
+        self.layers = [_Layer(lp, i == 0 or lp.input_checkpoint,
+                              i + 1 < n and not layers[i + 1].input_checkpoint) for i, lp in enumerate(layers)]
+        self.users = {o.name: tuple(u.name for u in graph.ops if o.name in u.inputs) for o in graph.ops}
+        self.read_out = frozenset(s for o in graph.ops for s in o.saved
+                                  if s != o.name or (o.mask_bytes == 0 and not extra.get(o.name)))
+        self.planned = [frozenset(lp.recomputed()) for lp in layers]
+        self.restoring: set[tuple[int, str]] = set()
+        self.peak = 0.0
+        self.released = 0.0
+        """Retained bytes of layers whose backward is done (freed with their record)."""
+
+    def total(self) -> float:
+        return sum(s.total() for s in self.layers) - self.released
+
+    def retained(self, li: int) -> float:
+        lp = self.layers[li].pol
+        kept = sum(self.g.keep_bytes(n) + self.extra.get(n, 0.0) for n in lp.keep)
+        return kept + (self.g.input_bytes if lp.input_checkpoint else 0.0)
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, self.total())
+
+    def ensure(self, li: int, op: str, as_input: bool = False) -> None:
+        """Restore `op` of layer `li` unless alive; `as_input`: the layer above reads this layer's output."""
+        st = self.layers[li]
+        if op in st.out or (op in st.pol.keep and not as_input):
+            return
+        self.restoring.add((li, op))
+        for d in self.g.op(op).inputs:
+            if d == LAYER_INPUT:
+                if not st.ckpt:
+                    self.ensure(li - 1, self.g.output_op, True)
+            else:
+                self.ensure(li, d)
+        self.restoring.discard((li, op))
+        o = self.g.op(op)
+        st.out[op] = o.out_bytes
+        st.side[op] = o.mask_bytes + self.extra.get(op, 0.0)
+        self.free(li)
+        self.sample()
+
+    def free(self, li: int) -> None:
+        st, out_op = self.layers[li], self.g.output_op
+        for name, b in st.out.items():
+            if not b or name in self.read_out or (st.chunk_top and name == out_op):
+                continue
+            users = self.users[name]
+            if any((li, c) in self.restoring for c in users):
+                continue
+            if all(c in st.out or c in st.pol.keep or c not in self.planned[li] for c in users):
+                st.out[name] = 0.0
+
+    def prefill(self, li: int) -> None:
+        """Phase 1/2 restores of a later forward's windows (attention's, then the MLP's)."""
+        for ph in FWD_PHASES:
+            for name, p in self.layers[li].pol.recompute:
+                if p == ph:
+                    self.ensure(li, name)
+
+    def backward(self, li: int) -> None:
+        st = self.layers[li]
+        trigger = {blk: self._window_op(blk) for blk in ("attn", "mlp")}
+        for o in reversed(self.g.ops):
+            for s in o.saved:
+                if s == LAYER_INPUT:
+                    if not st.ckpt:
+                        self.ensure(li - 1, self.g.output_op, True)
+                elif s not in st.pol.keep:
+                    self.ensure(li, s)
+            if self.extra.get(o.name) and o.name not in st.pol.keep:
+                self.ensure(li, o.name)
+            if li > 0:
+                for ph, blk in _BWD_BLOCK.items():
+                    if trigger[blk] == o.name:
+                        for name, p in self.layers[li - 1].pol.recompute:
+                            if p == ph:
+                                self.ensure(li - 1, name)
+        self.sample()
+        self.layers[li].out.clear()
+        self.layers[li].side.clear()
+        self.released += self.retained(li)
+
+    def _window_op(self, blk: str) -> str:
+        """The op whose backward opens the block's backward window: the column-parallel GEMM whose weight
+        gradient overlaps the block's backward collective (QKV, FC1)."""
+        for c in self.g.comm_ops():
+            if c.block == blk and c.overlaps_wgrad_of:
+                return c.overlaps_wgrad_of
+        return ""
+
+
+@dataclass(frozen=True, slots=True)
+class BackwardTrace:
+    """Bytes restored for backward (beyond what forward kept) in one micro-batch's pass through a stage."""
+
+    fwd_held: tuple[float, ...]
+    """Per layer: what its phase-1/2 restores leave alive (held from the later forward until backward)."""
+    layer_peak: tuple[float, ...]
+    """Per layer (bottom first): the largest restored total while its backward runs, relative to the start
+    of the pass (forward holdings included when they were restored before), less the retained bytes of the
+    layers above, released when their backward ended."""
+    layer_restored: tuple[float, ...]
+    """The same without the credit for released layers (for stages whose held count is not this pass's)."""
+
+    @property
+    def peak(self) -> float:
+        return max(self.layer_peak, default=0.0)
+
+    @property
+    def restored_peak(self) -> float:
+        return max(self.layer_restored, default=0.0)
+
+
+def forward_holdings(graph: LayerGraph, layers: Sequence[LayerPolicy],
+                     extra: Mapping[str, float] | None = None) -> tuple[float, ...]:
+    rep = _Replay(graph, layers, extra or {})
+    out = []
+    for li in range(len(layers)):
+        rep.prefill(li)
+        out.append(rep.layers[li].total())
+    return tuple(out)
+
+
+def backward_trace(graph: LayerGraph, layers: Sequence[LayerPolicy], fwd_windows: bool,
+                   extra: Mapping[str, float] | None = None) -> BackwardTrace:
+    """Replay one micro-batch's backward through `layers` (one stage or chunk, bottom first). With
+    `fwd_windows` the phase-1/2 ops were restored in a later forward (held, counted by `fwd_held`);
+    without, they are restored on demand like phase 5. `extra`: bytes per op beyond the graph (the runtime's
+    LayerNorm statistics), held with the op's mask."""
+    rep = _Replay(graph, layers, extra or {})
+    held = []
+    for li in range(len(layers)):
+        if fwd_windows:
+            rep.prefill(li)
+        held.append(rep.layers[li].total())
+    start = sum(held)
+    peaks, restored = [0.0] * len(layers), [0.0] * len(layers)
+    for li in range(len(layers) - 1, -1, -1):
+        rep.peak = rep.total()
+        before = rep.released
+        rep.backward(li)
+        peaks[li] = rep.peak - start
+        restored[li] = peaks[li] + before
+    return BackwardTrace(tuple(held), tuple(peaks), tuple(restored))
+
