@@ -165,6 +165,37 @@ def table(rows: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def targets(rows: dict[str, dict]) -> str:
+    """The issue's targets, each checked: measured median within 10% of the predicted iteration time and every
+    stage's activation peak within 5% (measured never above); lynx measurably faster than full (its slowest
+    timed iteration below full's fastest); each window control's added time within 25% of the plan's
+    recomputation of the predicted difference."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _targets import Targets
+
+    t = Targets()
+    lines = ["| plan | time within 10% | act. peak within 5% (never above) | control within 25% of recompute |",
+             "|---|---|---|---|"]
+    for name, r in rows.items():
+        time_ok = t.add(f"{name}: time", abs(r["median_s"] / r["predicted_s"] - 1) <= 0.10)
+        mem_ok = t.add(f"{name}: memory", all(x["act_peak_meas"] <= x["act_peak_pred"] * (1 + 1e-9)
+                                              and x["act_peak_meas"] >= 0.95 * x["act_peak_pred"]
+                                              for x in r["stages"].values()))
+        c = rows.get(f"{name}/ondemand")
+        ctrl = "-"
+        if c is not None:
+            recompute = sum(x["window_s"] + x["cooldown_s"] + x["ondemand_s"] for x in r["stages"].values())
+            delta, pred = c["median_s"] - r["median_s"], c["predicted_s"] - r["predicted_s"]
+            ctrl = t.add(f"{name}: control", recompute > 0 and abs(delta - pred) <= 0.25 * recompute)
+        lines.append(f"| {name} | {time_ok} | {mem_ok} | {ctrl} |")
+    if "lynx" in rows and "full" in rows:
+        faster = max(rows["lynx"]["times"]) < min(rows["full"]["times"])
+        lines.append(f"\nlynx measurably faster than full (every lynx iteration below full's fastest): "
+                     f"{t.add('lynx faster than full', faster)}")
+    return "\n".join(lines + ["", t.summary()]).replace("[green]", "").replace("[/green]", "").replace(
+        "[red]", "").replace("[/red]", "")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layout", choices=sorted(LAYOUTS), default="pp2")
@@ -173,7 +204,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over all plans and controls")
     ap.add_argument("--repeats", type=int, default=5, help="profiler repeats")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/pipeline_testbed.json"))
+    ap.add_argument("--from-json", type=Path, default=None, help="re-print the tables of a saved run")
     args = ap.parse_args()
+    if args.from_json is not None:
+        saved = json.loads(args.from_json.read_text())
+        print(table(saved["rows"]) + "\n\n" + targets(saved["rows"]))
+        print(f"\n{saved['meta']['command']}; {saved['meta']['date']}; load average before "
+              f"{saved['meta']['load_before']}, after {saved['meta']['load_after']}")
+        return
     from lynx.runtime.testbed import Testbed, unavailable
 
     reason = unavailable()
@@ -199,7 +237,7 @@ def main() -> None:
                                                        trace))
     load_after = os.getloadavg()
     rows = {n: summarize(n, json.loads(plans[n].read_text()), rs) for n, rs in runs.items()}
-    print(table(rows))
+    print(table(rows) + "\n\n" + targets(rows))
     print(f"\nload average before {load_before}, after {load_after}; traces in {work} "
           f"(python -m lynx.runtime.trace compare --plan {work}/plan-lynx.json --trace {work}/trace-lynx.json)")
     meta = {"command": " ".join(sys.argv), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
