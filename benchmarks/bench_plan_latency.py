@@ -18,10 +18,10 @@ from _targets import Targets
 from rich.table import Table
 
 README = ["plan", "--model", "gpt-7b", "--hardware", "a100-40g-nvlink", "--tp", "4", "--pp", "4",
-          "--micro-batch", "8", "--global-batch", "128", "--seq-len", "1024", "--compare"]
+          "--micro-batch", "16", "--global-batch", "128", "--seq-len", "1024", "--compare"]
 TARGET_S = 2.0
 CASES = [
-    ("gpt-7b, A100 NVLink TP4 PP4 mb8 (README)", README),
+    ("gpt-7b, A100 NVLink TP4 PP4 mb16 (README)", README),
     ("gpt-23b, A100 NVLink TP4 PP4 mb16", [*README[:2], "gpt-23b", *README[3:10], "16", *README[11:]]),
     ("gpt-175b, H100 8x8 TP8 PP8 mb1 gb512 s2048",
      ["plan", "--model", "gpt-175b", "--hardware", "h100-80g-nvlink", "--tp", "8", "--pp", "8", "--micro-batch", "1",

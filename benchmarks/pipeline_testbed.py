@@ -72,35 +72,51 @@ def profile(tb, work: Path, model: Path, tp: int, repeats: int) -> tuple[int, Pa
     return int(json.loads(res[0].stdout)["id"]), dbs[0]
 
 
-def _problem(model: Path, pid: int, db: Path, tp: int, pp: int, budget: float | None = None):
+def testbed_hardware(tp: int, pp: int, rate_mbit: float):
+    """The testbed as lynx hardware: the layer's times and TP collectives come from the profile; what the
+    hardware adds is the pipeline's point-to-point link. With TP = 1 the stages sit in two namespaces and
+    p2p crosses the shaped link; with TP 2 both stages of a TP rank share a namespace (loopback, ~free)."""
+    from dataclasses import replace
+
+    from lynx.spec import LinkSpec, load_hardware
+
+    hw = load_hardware("a100-40g-nvlink")
+    shaped = LinkSpec(bandwidth_Bps=rate_mbit * 1e6 / 8, latency_s=1e-4, efficiency=0.95)
+    link = shaped if tp == 1 else hw.intra_node
+    return replace(hw, name=f"testbed-{rate_mbit:g}mbit", devices_per_node=tp * pp, intra_group_size=tp * pp,
+                   intra_node=link, inter_node=link, inter_group=None, topology=None)
+
+
+def _problem(model: Path, pid: int, db: Path, tp: int, pp: int, rate: float, budget: float | None = None):
     from lynx.api import make_problem
     from lynx.problem import PlanOptions
     from lynx.profile.store import load_profile_graph
-    from lynx.spec import ParallelSpec, load_hardware, load_model
+    from lynx.spec import ParallelSpec, load_model
 
     par = ParallelSpec(tp=tp, pp=pp, micro_batch_size=MB, global_batch_size=GB, seq_length=SEQ)
-    return make_problem(load_model(str(model)), load_hardware("a100-40g-nvlink"), par,
+    return make_problem(load_model(str(model)), testbed_hardware(tp, pp, rate), par,
                         PlanOptions(budget_bytes=budget), graph=load_profile_graph(str(pid), db))
 
 
-def choose_budget(model: Path, pid: int, db: Path, tp: int, pp: int) -> tuple[float, dict[str, float]]:
+def choose_budget(model: Path, pid: int, db: Path, tp: int, pp: int, rate: float) -> tuple[float, dict[str, float]]:
     from lynx.methods import get_method
     from lynx.plan import Plan
 
-    prob = _problem(model, pid, db, tp, pp)
+    prob = _problem(model, pid, db, tp, pp, rate)
     peaks = {m: max(s.peak_memory_bytes for s in Plan.evaluate(prob, get_method(m).fn(prob)).sim.stages)
              for m in ("none", "full")}
     return peaks["full"] + 0.5 * (peaks["none"] - peaks["full"]), peaks
 
 
-def make_plans(work: Path, model: Path, pid: int, db: Path, tp: int, pp: int, budget: float) -> dict[str, Path]:
+def make_plans(work: Path, model: Path, pid: int, db: Path, tp: int, pp: int, rate: float,
+               budget: float) -> dict[str, Path]:
     """The four methods' plans and, for each that recomputes in a window or a stall, its window control."""
     from _window_control import save_control
 
     from lynx.methods import get_method
     from lynx.plan import Plan
 
-    prob = _problem(model, pid, db, tp, pp, budget)
+    prob = _problem(model, pid, db, tp, pp, rate, budget)
     out: dict[str, Path] = {}
     for m in METHODS:
         res = get_method(m).fn(prob)
@@ -227,8 +243,8 @@ def main() -> None:
     runs: dict[str, list[dict]] = {}
     with Testbed(args.rate) as tb:
         pid, db = profile(tb, work, model, lay["tp"], args.repeats)
-        budget, peaks = choose_budget(model, pid, db, lay["tp"], lay["pp"])
-        plans = make_plans(work, model, pid, db, lay["tp"], lay["pp"], budget)
+        budget, peaks = choose_budget(model, pid, db, lay["tp"], lay["pp"], args.rate)
+        plans = make_plans(work, model, pid, db, lay["tp"], lay["pp"], args.rate, budget)
         for k in range(args.rounds):
             for name, path in plans.items():
                 tag = name.replace("/", "-")

@@ -37,8 +37,10 @@ def _facts(problem: PlanProblem, partition: Partition, schedule: Schedule | None
 
 def _p2p(problem: PlanProblem) -> float:
     par = problem.parallel
-    tokens = par.seq_length * par.micro_batch_size
-    nbytes = 2.0 * tokens * problem.model.hidden_size / par.tp  # Megatron's scatter-gather send
+    # One layer input in the graph's own dtype (a profiled fp32 graph sends 4 bytes per element), split over
+    # the TP ranks: Megatron's scatter-gather send, or the sequence-parallel shard the layer already holds.
+    g = problem.graph
+    nbytes = g.input_bytes if par.sequence_parallel else g.input_bytes / par.tp
     link = problem.hardware.link_for_group(2, par.tp * par.dp)
     return p2p_time(nbytes, link) if par.pp > 1 else 0.0
 
