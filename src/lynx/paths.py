@@ -79,6 +79,23 @@ def check_output(path: Path | str | None, option: str, suffixes: Iterable[str] |
     return p
 
 
+def check_output_dir(path: Path | str, option: str, error: type[LynxError] = SpecError) -> Path:
+    """A directory an exporter fills (created if missing), checked before any work: not under /proc, /sys or
+    /dev, not an existing file, and its (first existing) parent writable."""
+    p = Path(path)
+    resolved = p.resolve(strict=False)
+    if any(str(resolved) == r or str(resolved).startswith(r + "/") for r in _FORBIDDEN_ROOTS):
+        raise error(f"{option} {path}: cannot write under {resolved.parts[1] and '/' + resolved.parts[1]}")
+    if p.exists() and not p.is_dir():
+        raise error(f"{option} {path}: exists and is not a directory")
+    probe = resolved
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise error(f"{option} {path}: {probe} is not a writable directory")
+    return p
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path | str, option: str, error: type[LynxError] = SpecError) -> Iterator[Path]:
     """A temporary path (same directory, same extension) to write; renamed over `path` when the block

@@ -235,6 +235,19 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("profile-db-not-ours", ["profile", "--db", "{f}/exists.json"], 2, "exists.json"),
     ("profile-export-out", ["profile", "export", "latest", "--db", "{f}/p.sqlite", "--out", "{f}/x.txt"], 2,
      ".json"),
+    # the commands of issues 9, 11 and 12
+    ("vpp-negative", [*P, "--vpp", "-1"], 2, "vpp"),
+    ("vpp-without-pp", [*P, "--pp", "1", "--vpp", "2"], 2, "--vpp"),
+    ("schedule-pp-zero", ["schedule", "--pp", "0", "--micro-batches", "4"], 2, "pp"),
+    ("schedule-interleaved-m", ["schedule", "--pp", "4", "--micro-batches", "6", "--vpp", "2"], 2, "multiple"),
+    ("memory-png-proc", ["memory", "--png", "/proc/m.png"], 2, "/proc"),
+    ("memory-png-ext", ["memory", "--png", "{f}/g.txt"], 2, ".png"),
+    ("memory-busbw-nan", ["memory", "--tp", "4", "--busbw", "nan"], 2, "--busbw"),
+    ("precision-bogus", [*P, "--precision", "bogus"], 2, "--precision"),
+    ("export-missing-plan", ["export", "megatron", "{f}/nope.json"], 2, "nope.json"),
+    ("export-out-proc", ["export", "torchtitan", "{f}/good.json", "--out", "/proc/x"], 2, "/proc"),
+    ("export-out-is-file", ["export", "megatron", "{f}/good.json", "--out", "{f}/exists.json"], 2, "not a directory"),
+    ("from-megatron-bad-int", [*P, "--from-megatron", "--num-layers abc"], 2, "--num-layers"),
 ]
 
 TRAIN_CASES: list[tuple[str, list[str], int, str]] = [

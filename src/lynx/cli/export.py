@@ -26,9 +26,9 @@ GiB = float(1 << 30)
 
 
 def _out_dir(out: Path) -> Path:
-    if out.exists() and not out.is_dir():
-        raise SpecError(f"--out {out}: exists and is not a directory")
-    return out
+    from lynx.paths import check_output_dir
+
+    return check_output_dir(out, "--out")
 
 
 def figures_table(rows: Sequence[Figures], title: str) -> Table:

@@ -29,7 +29,6 @@ from lynx.cli.common import (
     err_console,
     print_json,
 )
-from lynx.errors import SpecError
 
 
 @app.command("memory")
@@ -65,10 +64,10 @@ def memory_cmd(
     from lynx.api import plan as plan_one
     from lynx.breakdown import stage_memories
     from lynx.methods import available_methods
+    from lynx.paths import check_output
     from lynx.report.memory import memory_bars, memory_table
 
-    if png is not None and not png.parent.is_dir():
-        raise SpecError(f"--png {png}: directory {png.parent} does not exist")
+    check_output(png, "--png", (".png",))
     problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
                             layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
                             precision=precision, distributed_optimizer=distributed_optimizer, busbw_gbps=busbw)
