@@ -16,13 +16,13 @@ from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, validate_layer
 from lynx.runtime.check import (  # noqa: E402
     grads_of,
     method_policy,
-    predicted_activation_bytes,
     problem_for,
     runtime_graph,
     train_step,
 )
 from lynx.runtime.engine import RecomputeEngine  # noqa: E402
 from lynx.runtime.llama_layer import LlamaConfig, LlamaModel  # noqa: E402
+from tests.policy_equality import compare_policies  # noqa: E402
 from tests.two_ranks import run_two_ranks  # noqa: E402
 
 LAYERS, VOCAB, MBS = 3, 64, 3
@@ -63,26 +63,9 @@ def policies(cfg: LlamaConfig) -> dict[str, RecomputePolicy]:
 
 
 def compare_all(cfg: LlamaConfig, group=None, in_flight: int = 2) -> dict[str, dict]:
-    torch.manual_seed(0)
-    ref = LlamaModel(cfg, LAYERS, VOCAB, group)
-    loss0 = train_step(ref, MBS, None, in_flight)
-    g0 = grads_of(ref)
+    """Run the reference and every policy; return per policy what differed (empty when equal)."""
     graph = runtime_graph(problem_for(cfg, LAYERS, VOCAB, MBS).graph, cfg.dtype)
-    out = {}
-    for name, pol in policies(cfg).items():
-        model = LlamaModel(cfg, LAYERS, VOCAB, group)
-        eng = RecomputeEngine(model.layers, pol)
-        loss = train_step(model, MBS, eng, in_flight)
-        g = grads_of(model)
-        assert set(g) == set(g0)
-        out[name] = {
-            "loss_equal": loss == loss0,
-            "bad": sorted(n for n in g0 if not torch.equal(g0[n], g[n])),
-            "stats": eng.stats,
-            "bytes_equal": name == "overlapped" or max(eng.stats.fwd_end_bytes)
-            == predicted_activation_bytes(graph, pol, cfg, in_flight)[0],
-        }
-    return out
+    return compare_policies(lambda: LlamaModel(cfg, LAYERS, VOCAB, group), policies(cfg), cfg, graph, MBS, in_flight)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
