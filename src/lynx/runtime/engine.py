@@ -142,6 +142,7 @@ class RecomputeEngine:
                 x = self._layer_forward(li, layer, x, microbatch)
         finally:
             self._hosts, self._guest = None, None
+        self._registry = {}  # the last layer's outputs: kept, they would outlive the step
         self._update_peak()
         self.stats.fwd_end_bytes.append(self.held_bytes())
         return x
@@ -242,8 +243,11 @@ class RecomputeEngine:
         captured: list[torch.Tensor] = []
 
         def capture(t: torch.Tensor) -> torch.Tensor:
-            captured.append(t)
-            return t
+            # A detached alias: an op that saves its own output (softmax, ...) would otherwise tie the
+            # output to its grad_fn through the saved value, a cycle through C++ that Python's collector
+            # never frees; this replay's graph is never run backward, so nothing else breaks it.
+            captured.append(t.detach())
+            return captured[-1]
 
         rg = {d: (rec.input_rg if d == LAYER_INPUT else True) for d in env}
         env = {d: v.detach().requires_grad_(rg[d] and v.is_floating_point()) for d, v in env.items()}
@@ -257,7 +261,7 @@ class RecomputeEngine:
         stride, _ = rec.out_layout[op]
         if tuple(out.stride()) != stride:
             raise RuntimeError(f"recompute of {op!r} (layer {li}) changed its layout {stride} -> {out.stride()}")
-        rec.restored[op] = (out, [c.detach() for c in captured])
+        rec.restored[op] = (out, captured)
         for t in (out, *rec.restored[op][1]):
             self._acquire(rec, t)
         self._free_intermediates(li, mb)
