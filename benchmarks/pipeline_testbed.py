@@ -87,13 +87,14 @@ def testbed_hardware(tp: int, pp: int, rate_mbit: float):
                    intra_node=link, inter_node=link, inter_group=None, topology=None)
 
 
-def _problem(model: Path, pid: int, db: Path, tp: int, pp: int, rate: float, budget: float | None = None):
+def _problem(model: Path, pid: int, db: Path, tp: int, pp: int, rate: float, budget: float | None = None,
+             gb: int = GB):
     from lynx.api import make_problem
     from lynx.problem import PlanOptions
     from lynx.profile.store import load_profile_graph
     from lynx.spec import ParallelSpec, load_model
 
-    par = ParallelSpec(tp=tp, pp=pp, micro_batch_size=MB, global_batch_size=GB, seq_length=SEQ)
+    par = ParallelSpec(tp=tp, pp=pp, micro_batch_size=MB, global_batch_size=gb, seq_length=SEQ)
     return make_problem(load_model(str(model)), testbed_hardware(tp, pp, rate), par,
                         PlanOptions(budget_bytes=budget), graph=load_profile_graph(str(pid), db))
 
