@@ -135,25 +135,39 @@ def prediction_text(pred: dict[str, Any], rate: float) -> str:
             f"({100 * share:.1f}% of the iteration)")
 
 
-def train(tb: Any, plan_path: Path, out: Path, iters: int, world: int) -> dict[str, Any]:
+def train(tb: Any, plan_path: Path, out: Path, iters: int, world: int, trace: Path | None = None) -> dict[str, Any]:
     argv = [sys.executable, "-m", "lynx.runtime.train", "--plan", str(plan_path), "--iters", str(iters),
             "--warmup", "1", "--out", str(out), "--quiet", "--timeout", "300", "--threads", "1"]
+    if trace is not None:
+        argv += ["--trace", str(trace)]
     res = tb.run(argv, timeout=1800, world=world)
     pt._ok(res, f"training {plan_path.name}")
     return dict(json.loads(out.read_text()))
 
 
 def run_summary(report: dict[str, Any]) -> dict[str, Any]:
-    """Timed iteration times and the engine's recomputation seconds per stage and iteration (the pipeline
-    runner reports them per stage, averaged over timed iterations; the TP-only runner per iteration, rank 0)."""
+    """Timed iteration times and the engine's recomputation seconds per stage and iteration, split into
+    windows (phases 1-4), cool-down stalls and on demand (the pipeline runner reports them per stage, averaged
+    over timed iterations; the TP-only runner per iteration, rank 0, and has no cool-down)."""
     timed = [it for it in report["iterations"] if not it["warmup"]]
-    if "stages" in report:
-        stages = {s: {k: st[k] for k in ("window_s", "cooldown_s", "ondemand_s")} for s, st in report["stages"].items()}
+    if "stages" in report:  # the engine's window_s includes its cool-down_s: split them
+        stages = {s: {"window_s": st["window_s"] - st["cooldown_s"], "cooldown_s": st["cooldown_s"],
+                      "ondemand_s": st["ondemand_s"]} for s, st in report["stages"].items()}
     else:
         stages = {"0": {"window_s": statistics.fmean(it["recompute_window_s"] for it in timed), "cooldown_s": 0.0,
                         "ondemand_s": statistics.fmean(it["recompute_ondemand_s"] for it in timed)}}
     return {"times": [it["time_s"] for it in timed], "median_s": statistics.median(it["time_s"] for it in timed),
             "stages": stages}
+
+
+def timeline(trace: Path) -> dict[str, dict[str, float]]:
+    """Per stage, from a pipeline run's timeline (its last iteration): recomputation seconds per place and
+    the seconds of it that overlapped a collective in flight (`lynx.runtime.trace`)."""
+    from lynx.runtime.trace import _measured_by_stage
+
+    got = _measured_by_stage(json.loads(trace.read_text()))
+    return {str(s): {k: d.get(k, 0.0) for k in ("window", "cooldown", "on_demand", "overlap")}
+            for s, d in sorted(got.items())}
 
 
 def _engine(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -172,7 +186,8 @@ def analyse(rounds: list[dict[str, dict[str, Any]]], pred: dict[str, Any]) -> di
     eng_a, eng_b = _engine(a_runs), _engine(b_runs)
     ctl_recompute = sum(sum(x.values()) for x in eng_b.values())
     return {"measured_hidden_s": measured, "per_round_s": per_round, "noise_aa_s": noise,
-            "spread_s": max(per_round) - min(per_round), "predicted_hidden_s": pred["hidden_s"],
+            "spread_s": max(per_round) - min(per_round), "rounds_b_slower": sum(d > 0 for d in per_round),
+            "predicted_hidden_s": pred["hidden_s"],
             "plan_median_s": statistics.median(t for r in a_runs for t in r["times"]),
             "control_median_s": statistics.median(t for r in b_runs for t in r["times"]),
             "engine_plan": eng_a, "engine_control": eng_b, "control_recompute_s": ctl_recompute,
@@ -193,7 +208,8 @@ def report_text(an: dict[str, Any], pred: dict[str, Any]) -> str:
         "| plan A median s | control B median s | measured hidden s (B - A) | per round B - A s | noise |A - A'| s "
         "| predicted hidden s |", "|---|---|---|---|---|---|",
         f"| {an['plan_median_s']:.3f} | {an['control_median_s']:.3f} | {an['measured_hidden_s']:+.3f} | "
-        + ", ".join(f"{d:+.3f}" for d in an["per_round_s"]) + f" (spread {an['spread_s']:.3f}) | "
+        + ", ".join(f"{d:+.3f}" for d in an["per_round_s"])
+        + f" (spread {an['spread_s']:.3f}; B slower in {an['rounds_b_slower']} of {len(an['per_round_s'])}) | "
         f"{an['noise_aa_s']:.3f} | {an['predicted_hidden_s']:+.3f} |", "",
         "| run | engine recompute s per stage: window + cool-down / on demand | simulator hidden / critical s |",
         "|---|---|---|",
@@ -217,6 +233,8 @@ def from_json(path: Path) -> None:
         raise SystemExit(2) from None
     print(f"{meta['layout']}: " + prediction_text(pred, meta["rate_mbit"]) + "\n")
     print(report_text(analyse(rounds, pred), pred))
+    if saved.get("timeline"):
+        print(timeline_text(saved["timeline"]))
     print(f"\n{meta['command']}; {meta['date']}; {meta['machine']}; load average before {meta['load_before']}, "
           f"after {meta['load_after']}")
 
@@ -258,6 +276,32 @@ def parse() -> argparse.Namespace:
     return args
 
 
+def measure(tb: Any, work: Path, paths: dict[str, Path], lay: Layout, iters: int, n_rounds: int
+            ) -> tuple[list[dict[str, dict[str, Any]]], dict[str, Path]]:
+    """`n_rounds` rounds of A B A', each a fresh training run; the last round's A and B also write their
+    timeline when the runner can (PP > 1)."""
+    rounds: list[dict[str, dict[str, Any]]] = []
+    traces: dict[str, Path] = {}
+    for k in range(n_rounds):
+        rnd = {}
+        for x in ROLES:
+            tr = work / f"trace-{x}.json" if lay.pp > 1 and k == n_rounds - 1 and x != "A2" else None
+            rnd[x] = run_summary(train(tb, paths[x], work / f"train-{k}-{x}.json", iters, lay.world, tr))
+            if tr is not None:
+                traces[x] = tr
+        rounds.append(rnd)
+        print(f"round {k + 1}/{n_rounds}: " + ", ".join(f"{x} {rnd[x]['median_s']:.3f} s" for x in ROLES), flush=True)
+    return rounds, traces
+
+
+def timeline_text(lines: dict[str, dict[str, dict[str, float]]]) -> str:
+    return "\n".join(
+        f"timeline of the {'plan' if x == 'A' else 'control'} (last iteration; per stage: window + cool-down / on "
+        "demand s, of it overlapping a collective s): " + ", ".join(
+            f"{d['window']:.3f} + {d['cooldown']:.3f} / {d['on_demand']:.3f}, {d['overlap']:.3f}" for d in tl.values())
+        for x, tl in lines.items())
+
+
 def main() -> None:
     args = parse()
     if args.from_json is not None:
@@ -275,7 +319,6 @@ def main() -> None:
     model.write_text(pt.MODEL_YAML)
     load_before = os.getloadavg()
     start = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    rounds: list[dict[str, dict[str, Any]]] = []
     with Testbed(args.rate) as tb:
         pid, db = pt.profile(tb, work, model, lay.tp, args.repeats)
         pred, plan, ctl = choose(model, pid, db, lay, args.rate, args.budget_frac, args.method)
@@ -285,25 +328,24 @@ def main() -> None:
                   f"{args.min_signal:g} x {pred['plan_s']:.3f} s, too small to measure: change --budget-frac "
                   f"(or --rate)", file=sys.stderr)
             raise SystemExit(2)
-        paths = {"A": work / "plan.json", "B": work / "control.json"}
+        paths = {"A": work / "plan.json", "B": work / "control.json", "A2": work / "plan.json"}
         plan.save(paths["A"])
         ctl.save(paths["B"])
-        paths["A2"] = paths["A"]
-        for k in range(args.rounds):
-            rounds.append({x: run_summary(train(tb, paths[x], work / f"train-{k}-{x}.json", args.iters, lay.world))
-                           for x in ROLES})
-            print(f"round {k + 1}/{args.rounds}: " + ", ".join(f"{x} {rounds[-1][x]['median_s']:.3f} s"
-                                                               for x in ROLES), flush=True)
+        rounds, traces = measure(tb, work, paths, lay, args.iters, args.rounds)
     load_after = os.getloadavg()
+    lines = {x: timeline(tr) for x, tr in traces.items()}
     print("\n" + report_text(analyse(rounds, pred), pred))
+    if lines:
+        print(timeline_text(lines))
     meta = {"command": " ".join(sys.argv), "date": start, "layout": args.layout, "rate_mbit": args.rate,
             "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, {platform.node()}",
             "load_before": load_before, "load_after": load_after, "iters": args.iters, "rounds": args.rounds,
             "profile_id": pid, "workdir": str(work), "model": pt.MODEL_YAML}
-    print(f"\nload average before {load_before}, after {load_after}; plans and train reports in {work}")
+    print(f"\nload average before {load_before}, after {load_after}; plans, train reports and timelines in {work}")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"meta": meta, "prediction": pred, "rounds": rounds}, indent=2))
+        args.out.write_text(json.dumps({"meta": meta, "prediction": pred, "rounds": rounds, "timeline": lines},
+                                       indent=2))
         print(f"wrote {args.out}")
 
 
