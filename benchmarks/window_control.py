@@ -7,7 +7,8 @@
 
 Layouts: `tp2` is the set-up of testbed_experiment.py (TP 2, PP 1, 2 micro-batches of 2 x 256 tokens, the
 4-layer GPT), `pp2tp2` that of pipeline_testbed.py (PP 2 x TP 2, 4 micro-batches; both stages of a TP rank
-share its core). The layer is profiled inside the testbed, then one plan (A, `--method`, lynx by default) is
+share its core); both profile and train with one torch thread per rank and plan on pipeline_testbed's
+`testbed_hardware`. The layer is profiled inside the testbed, then one plan (A, `--method`, lynx by default) is
 made under a per-stage budget of full's simulated peak + F x (none's - full's), and its window control (B: the
 same policy and memory, every phase 1-4 recomputation and the cool-down stall moved on demand,
 benchmarks/_window_control.py). Before any training the script prints the predicted window (hidden)
@@ -15,22 +16,29 @@ recomputation and the predicted B - A, and refuses when B - A is under `--min-si
 iteration time. `--budget-frac auto` (the default) plans every F in 0.1 ... 0.9 (planning takes well under
 a second) and keeps the F with the largest predicted B - A.
 
-Why 400 Mbit/s by default, not a slower link: this model's whole forward compute per layer and micro-batch is
-~30 ms on this CPU, while a 1 MiB all-reduce takes ~86 ms at 100 Mbit/s. A slower link lengthens the
-windows, which are already far longer than what can be recomputed in them, and the iteration with them; the
-hidden seconds stay the same and shrink as a share of the iteration (planning only, profile of 2026-11-23:
-tp2 predicts B - A = 0.06 s of 3.3 s at 100 Mbit/s, 0.08 s of 1.36 s at 400 Mbit/s).
+Why 400 Mbit/s and F = auto by default (planning only, profiles taken in the testbed on 2026-11-23): this
+model's whole forward compute per layer and micro-batch is ~30 ms on this CPU, while a 1 MiB all-reduce takes
+~86 ms at 100 Mbit/s. A slower link lengthens windows that are already far longer than what is recomputed in
+them, and the iteration with them: the hidden seconds stay, their share shrinks (tp2: B - A predicted 0.06 s
+of 3.3 s at 100 Mbit/s, 0.08 s of 1.36 s at 400). A small F (0.1-0.2) makes lynx recompute much but put
+almost none of it in windows (a window restores tensors earlier, and that memory does not fit), so B - A is
+~0; the largest B - A comes at F 0.4-0.6: 5-7% of the predicted iteration (tp2 ~0.08 s, pp2tp2 ~0.11 s at
+400 Mbit/s). No F or rate tried (100-600 Mbit/s) reached 10% with this model, hence `--min-signal` 0.04.
 
 Design (A B A'): every round trains A, then B, then A again, each a fresh `python -m lynx.runtime.train` with
 `--iters` timed iterations after one warm-up; `--rounds` rounds. Measured hidden = median(B) - median(A and
 A'); noise = median over rounds of |median(A) - median(A')| (the same plan run twice, B's neighbours), beside
-the spread of the per-round B - A. Targets: (a) measured hidden > 3 x noise; (b) |measured - predicted| <=
-0.25 x the recomputation time, taken as the engine's measured recomputation of the control (all of it on
-demand; summed over stages) -- the predicted one is printed beside it.
+the spread of the per-round B - A and the number of rounds where B was slower. Targets: (a) measured hidden >
+3 x noise; (b) |measured - predicted| <= 0.25 x the recomputation time, taken as the engine's measured
+recomputation of the control (all of it on demand; summed over stages) -- the predicted one is printed beside
+it. The engine's seconds are split into windows (phases 1-4), cool-down and on demand per stage; for PP > 1
+the last round's A and B also write a timeline, summarised with the seconds of recomputation that overlapped
+a collective in flight (`lynx.runtime.trace`).
 
-Expected wall time at the defaults (10 iterations, 5 rounds, 15 training runs) on the 2-core VM, quiet:
-tp2 about 7 minutes (~1.5 s iterations), pp2tp2 about 12 minutes (~2.7 s iterations, both stages of a TP
-rank on one core), each plus ~1 minute of profiling and start-up.
+Expected wall time at the defaults (12 timed iterations, 6 rounds: 18 training runs) on the 2-core VM: tp2
+about 6 minutes (~1.25 s iterations, ~3 s start-up per run), pp2tp2 about 11 minutes (~2.2 s iterations with
+both stages of a TP rank on one core, ~8 s start-up per run), plus ~10 s of profiling; `--smoke` under a
+minute. Measured on a busy machine (smoke runs), so only a guide.
 """
 
 from __future__ import annotations
