@@ -13,8 +13,8 @@ made under a per-stage budget of full's simulated peak + F x (none's - full's), 
 same policy and memory, every phase 1-4 recomputation and the cool-down stall moved on demand,
 benchmarks/_window_control.py). Before any training the script prints the predicted window (hidden)
 recomputation and the predicted B - A, and refuses when B - A is under `--min-signal` of the predicted
-iteration time. `--budget-frac auto` (the default) plans every F in 0.1 ... 0.9 (planning takes well under
-a second) and keeps the F with the largest predicted B - A.
+iteration time. `--budget-frac auto` (the default) plans every F in 0.05, 0.075 ... 0.975 (about 2 s of
+planning) and keeps the F with the largest predicted B - A relative to the predicted iteration.
 
 Why 400 Mbit/s and F = auto by default (planning only, profiles taken in the testbed on 2026-11-23): this
 model's whole forward compute per layer and micro-batch is ~30 ms on this CPU, while a 1 MiB all-reduce takes
@@ -22,8 +22,10 @@ model's whole forward compute per layer and micro-batch is ~30 ms on this CPU, w
 them, and the iteration with them: the hidden seconds stay, their share shrinks (tp2: B - A predicted 0.06 s
 of 3.3 s at 100 Mbit/s, 0.08 s of 1.36 s at 400). A small F (0.1-0.2) makes lynx recompute much but put
 almost none of it in windows (a window restores tensors earlier, and that memory does not fit), so B - A is
-~0; the largest B - A comes at F 0.4-0.6: 5-7% of the predicted iteration (tp2 ~0.08 s, pp2tp2 ~0.11 s at
-400 Mbit/s). No F or rate tried (100-600 Mbit/s) reached 10% with this model, hence `--min-signal` 0.04.
+~0. Larger F gives more: tp2 at 400 Mbit/s reaches 0.08 s of 1.36 s (5.9%) at F 0.45-0.625, pp2tp2 0.21 s of
+1.66 s (12.5%) at F 0.75 and 0.85 -- but the planner's choice jumps with F (pp2tp2 at F 0.8: 0.08 s), which
+is why `auto` scans a fine grid and prints what it picked. tp2 reached no more than 6% at any F or rate tried
+(100-600 Mbit/s), hence `--min-signal` 0.04 rather than 0.1.
 
 Design (A B A'): every round trains A, then B, then A again, each a fresh `python -m lynx.runtime.train` with
 `--iters` timed iterations after one warm-up; `--rounds` rounds. Measured hidden = median(B) - median(A and
@@ -72,7 +74,7 @@ class Layout:
 
 
 LAYOUTS = {"tp2": Layout(2, 1, 4), "pp2tp2": Layout(2, 2, 8)}
-FRACS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+FRACS = tuple(round(0.025 * k, 3) for k in range(2, 40))  # 0.05, 0.075 ... 0.975
 ROLES = ("A", "B", "A2")  # plan, control, plan again
 
 
@@ -253,7 +255,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--rate", type=float, default=400.0, help="link rate, Mbit/s (default 400; see the docstring)")
     ap.add_argument("--budget-frac", default="auto",
                     help="F in (0, 1]: budget per stage = full's peak + F x (none's - full's); auto: the F in "
-                         "0.1..0.9 with the largest predicted control - plan")
+                         "0.05..0.975 (step 0.025) with the largest predicted control - plan")
     ap.add_argument("--method", default="lynx", choices=("lynx", "lynx-heu"))
     ap.add_argument("--min-signal", type=float, default=0.04,
                     help="refuse when predicted control - plan is below this share of the predicted iteration")
