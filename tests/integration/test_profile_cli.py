@@ -92,28 +92,6 @@ def test_tp2_two_gloo_processes() -> None:
     assert res.extra["split"]["attn_allreduce"] == "comm"
 
 
-def test_repeated_profiles_agree_within_their_spread() -> None:
-    """Two profiles of the same layer: medians agree within the spreads they report. The machine is shared,
-    so a little slack (10% of the median + 0.2 ms) is allowed on top, and 4 of 30 numbers may miss. One
-    thread: with two OpenMP threads on two busy cores, every op waits for a descheduled thread (measured here
-    under load 4.5: 84% of samples preempted and the layer 9x slower, against 9% with one thread)."""
-    from lynx.profile.profiler import ProfileConfig, profile
-
-    cfg = ProfileConfig("gpt-tiny", 512, 8, 2048, 128, 2, repeats=6, warmup=1, threads=1)
-    a, b = profile(cfg), profile(cfg)
-    misses = []
-    for sa, sb in zip(a.ops, b.ops, strict=True):
-        for f, s in (("fwd_s", "fwd_spread_s"), ("dgrad_s", "dgrad_spread_s")):
-            ma, mb = getattr(sa, f), getattr(sb, f)
-            if abs(ma - mb) > getattr(sa, s) + getattr(sb, s) + 0.1 * max(ma, mb) + 2e-4:
-                misses.append(f"{sa.name}.{f}: {ma * 1e3:.2f} vs {mb * 1e3:.2f} ms")
-    assert len(misses) <= 4, misses
-    for f in ("layer_fwd", "layer_bwd"):
-        ma, mb = a.extra[f + "_s"], b.extra[f + "_s"]
-        assert 0 < a.extra[f + "_spread_s"] < ma and 0 < b.extra[f + "_spread_s"] < mb  # a spread, not noise
-        assert abs(ma - mb) <= a.extra[f + "_spread_s"] + b.extra[f + "_spread_s"] + 0.15 * max(ma, mb), f
-
-
 def test_unreachable_rendezvous_is_a_clear_error_not_a_hang() -> None:
     from lynx.profile.errors import ProfileError
     from lynx.profile.profiler import ProfileConfig, profile
