@@ -8,8 +8,10 @@ Side by side in one process, per recomputed op:
 * ``engine``: what one restoration of that op costs inside the engine (`RecomputeEngine.tracer`), per policy,
 
 then per policy the iteration time (forward + backward of 4 micro-batches, no optimizer) against the plain
-model's, the recomputation the engine timed, and the rest (``extra``: time the plan's recomputation does not
-explain). ``--cprofile`` adds the engine's own Python functions (tottime) for one iteration of each policy.
+model's, the recomputation the engine timed, the rest (``extra``: time the plan's recomputation, priced as the
+profile's forward plus its measured overhead per restoration, does not explain) and the minor page faults per
+iteration (a leak shows there first); and the work outside the layers (embedding, LM head + loss, AdamW).
+``--cprofile`` adds the engine's own Python functions (tottime) for one iteration of each policy.
 Ratios taken in one run are comparable; absolute numbers depend on the machine's load.
 
     python benchmarks/engine_overhead.py                 # ~1-2 minutes on one core
@@ -22,6 +24,7 @@ import argparse
 import cProfile
 import json
 import pstats
+import resource
 import statistics
 import time
 from typing import Any
@@ -112,18 +115,22 @@ def run_policies(model: GPTModel, pols: dict[str, RecomputePolicy | None], iters
     per_op: dict[str, dict[str, list[float]]] = {p: {} for p in pols}
     times: dict[str, list[float]] = {p: [] for p in pols}
     recompute: dict[str, list[float]] = {p: [] for p in pols}
+    faults: dict[str, list[int]] = {p: [] for p in pols}
     for rnd in range(iters + 1):
         for p, engine in engines.items():
             if engine is not None:
                 engine.stats.reset()
                 engine.tracer = _collector(per_op[p]) if rnd else None
             model.zero_grad(set_to_none=True)
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter()
             train_step(model, MBS, engine)
             if rnd:
                 times[p].append(time.perf_counter() - t0)
+                faults[p].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
                 recompute[p].append(engine.stats.ondemand_s + engine.stats.window_s if engine is not None else 0.0)
     return {p: {"iter_s": statistics.median(times[p]), "recompute_s": statistics.median(recompute[p]),
+                "minor_faults": statistics.median(faults[p]),
                 "per_op_s": {n: statistics.median(v) for n, v in per_op[p].items()},
                 "per_op_mean_s": {n: statistics.mean(v) for n, v in per_op[p].items()}, "engine": engines[p]}
             for p in pols}
@@ -170,14 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     print("outside the layers, ms: " + ", ".join(f"{k} {1e3 * v:.2f}" for k, v in edges.items())
           + " (embedding and head+loss per micro-batch, forward + backward; AdamW per step)")
     base = res["plain"]["iter_s"]
-    print(f"\n{'policy':<11}{'iter s':>8}{'vs plain':>10}{'recompute s':>13}{'priced s':>10}{'extra s':>9}")
+    print(f"\n{'policy':<11}{'iter s':>8}{'vs plain':>10}{'recompute s':>13}{'priced s':>10}{'extra s':>9}"
+          f"{'faults/iter':>13}")
     for p, r in res.items():
         pol = pols[p]
         ops = [n for lp in pol.layers for n in lp.recomputed()] if pol is not None else []
         priced = MBS * sum(prof[n] + restore_op for n in ops)
         extra = r["iter_s"] - base - priced
         print(f"{p:<11}{r['iter_s']:8.3f}{r['iter_s'] / base:10.3f}{r['recompute_s']:13.3f}{priced:10.3f}"
-              f"{extra:9.3f}")
+              f"{extra:9.3f}{r['minor_faults']:13.0f}")
         out["policies"][p] = {k: v for k, v in r.items() if k != "engine"} | {"priced_s": priced}
     if args.cprofile:
         for p, r in res.items():

@@ -247,8 +247,13 @@ class RecomputeEngine:
         captured: list[torch.Tensor] = []
 
         def capture(t: torch.Tensor) -> torch.Tensor:
-            captured.append(t)
-            return t
+            # Hand the replay's autograd node a detached alias, never `t` itself: an op that saves its own
+            # output (softmax) would otherwise hold it through its own grad_fn, a cycle through C++ that
+            # Python's collector cannot see; the replay's graph is never run backward, so it leaked every
+            # such restoration (~220 MiB per iteration of the testbed GPT) and its pages faulted back.
+            d = t.detach()
+            captured.append(d)
+            return d
 
         rg = {d: (rec.input_rg if d == LAYER_INPUT else True) for d in env}
         env = {d: v.detach().requires_grad_(rg[d] and v.is_floating_point()) for d, v in env.items()}
@@ -262,7 +267,7 @@ class RecomputeEngine:
         stride, _ = rec.out_layout[op]
         if tuple(out.stride()) != stride:
             raise RuntimeError(f"recompute of {op!r} (layer {li}) changed its layout {stride} -> {out.stride()}")
-        rec.restored[op] = (out, [c.detach() for c in captured])
+        rec.restored[op] = (out, captured)
         for t in (out, *rec.restored[op][1]):
             self._acquire(rec, t)
         self._free_intermediates(li, mb)
