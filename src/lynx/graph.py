@@ -98,12 +98,35 @@ class GraphMeta:
 
 
 @dataclass(frozen=True, slots=True)
+class RuntimeCosts:
+    """What the runtime spends beyond the layer's ops, measured by `lynx profile` on the profiled device
+    (docs/runtime-overhead.md). A graph that carries it has the simulator price it; analytic graphs do not."""
+
+    restore_op_s: float = 0.0
+    """The recompute engine's own time per restored op (bookkeeping, hooks, detaching, allocation), over
+    the op's forward time: restore time minus forward time, median over the layer's ops."""
+    gemm_flops: float = 0.0
+    """The device's measured GEMM rate (FLOP/s): prices the LM head where the plan's hardware preset does not
+    describe the profiled device (0: use the hardware's)."""
+    memory_bw_Bps: float = 0.0
+    """The device's measured copy bandwidth (bytes/s): embedding, loss and optimizer step (0: the hardware's)."""
+
+    def __post_init__(self) -> None:
+        for k in ("restore_op_s", "gemm_flops", "memory_bw_Bps"):
+            v = getattr(self, k)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0.0 or v == float("inf"):
+                raise PlanFormatError(f"graph: runtime.{k} must be a finite number >= 0, got {v!r}")
+
+
+@dataclass(frozen=True, slots=True)
 class LayerGraph:
     """The ops of ONE transformer layer in forward order, with the layer input's size."""
 
     ops: tuple[Op, ...]
     input_bytes: float
     meta: GraphMeta = field(default_factory=GraphMeta)
+    runtime: RuntimeCosts | None = None
+    """Measured runtime costs beyond the ops (profiled graphs only); None: the ops are the whole price."""
 
     def __post_init__(self) -> None:
         seen: set[str] = {LAYER_INPUT}
@@ -205,12 +228,15 @@ class LayerGraph:
 
     # -- JSON ----------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "schema_version": GRAPH_SCHEMA_VERSION,
             "meta": asdict(self.meta),
             "input_bytes": self.input_bytes,
             "ops": [asdict(o) for o in self.ops],
         }
+        if self.runtime is not None:  # absent from analytic graphs: their JSON is unchanged
+            out["runtime"] = asdict(self.runtime)
+        return out
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> LayerGraph:
@@ -228,8 +254,10 @@ class LayerGraph:
 
                     od = {**od, "module": MODULE_OF.get(str(od.get("name")), "")}
                 ops.append(build(Op, od, f"graph: ops[{i}]", PlanFormatError))
+            rt = d.get("runtime")
+            runtime = None if rt is None else build(RuntimeCosts, rt, "graph: runtime", PlanFormatError)
             return LayerGraph(tuple(ops), check_field(d["input_bytes"], float, "graph: input_bytes"),
-                              build(GraphMeta, d.get("meta", {}), "graph: meta", PlanFormatError))
+                              build(GraphMeta, d.get("meta", {}), "graph: meta", PlanFormatError), runtime)
         except (KeyError, TypeError) as e:
             raise PlanFormatError(f"graph: missing or malformed field ({e})") from None
 

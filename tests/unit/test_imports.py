@@ -27,7 +27,7 @@ RANKS: dict[str, int] = {
     "lynx.policy.adapipe": 5, "lynx.policy.heu_objective": 5, "lynx.partition": 5,
     "lynx.policy.megatron_modules": 5,
     "lynx.problem": 6,
-    "lynx.simulate": 7,
+    "lynx.simulate": 7, "lynx.simulate.runtime_costs": 7,
     "lynx.methods": 8,
     "lynx.plan": 9,
     "lynx.api": 10, "lynx.breakdown": 10,

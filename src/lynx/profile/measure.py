@@ -15,6 +15,9 @@ How ops are separated (docs/profiling.md has the long form):
   are replayed on the op's real tensors instead.
 * Comm ops: the forward is the op itself (the collective on the real group, after a barrier); the
   backward is the dual collective (`lynx.runtime.tp.run_collective`) at the gradient's size.
+* Restore overhead (CPU): the layer under the runtime's `RecomputeEngine` with every recomputation on demand,
+  forward and backward, `repeats` times after one warm-up; each restoration as the engine times it. Its
+  difference from the op's forward above is the engine's own time per restoration (`RuntimeCosts`).
 * Saved bytes: one extra forward pass under ``saved_tensors_hooks``. Each saved tensor is matched by its
   storage to the op output it belongs to (parameters and buffers excluded); storages that belong to no op
   output (dropout masks, LayerNorm statistics) are side state of the op whose forward saved them.
@@ -23,6 +26,7 @@ How ops are separated (docs/profiling.md has the long form):
 from __future__ import annotations
 
 import resource
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -145,6 +149,34 @@ def count_saved(layer: Any, x: torch.Tensor, microbatch: int = 0) -> SavedBytes:
         saved_by[name] = tuple(sorted(reads, key=order.index))
     outs = {n: float(env[n].numel() * env[n].element_size()) for n in (LAYER_INPUT, *layer.op_names)}
     return SavedBytes(outs, side, saved_by, held)
+
+
+def restore_times(layer: Any, x: torch.Tensor, policy: Any, repeats: int,
+                  microbatch: int = 0) -> dict[str, list[float]]:
+    """Per op: the seconds each restoration took inside a `RecomputeEngine` running `layer` under `policy`
+    (a `LayerPolicy`, recomputations on demand), over `repeats` forward + backward passes after a warm-up."""
+    from lynx.runtime.engine import RecomputeEngine
+
+    engine = RecomputeEngine([layer], [policy])
+    out: dict[str, list[float]] = {}
+    engine.tracer = lambda name, t0, t1: out.setdefault(name.split()[1], []).append(t1 - t0)
+    try:
+        for r in range(repeats + 1):
+            if r == 1:
+                out.clear()
+            y = engine.forward(x.detach().requires_grad_(), microbatch)
+            torch.autograd.backward(y, torch.ones_like(y))
+            engine.end_step()
+    finally:
+        layer.window_hook = None
+    return out
+
+
+def restore_overhead(restore: dict[str, list[float]], fwd: dict[str, float], compute: set[str]) -> float:
+    """The engine's own time per restoration: median over the compute ops of (median restore - forward), at
+    least 0 (comm ops are left out: their restoration waits on the collective)."""
+    diffs = sorted(statistics.median(v) - fwd[n] for n, v in restore.items() if v and n in compute and n in fwd)
+    return max(0.0, statistics.median(diffs)) if diffs else 0.0
 
 
 def op_params(layer: Any, out: torch.Tensor, inputs: list[torch.Tensor]) -> list[torch.nn.Parameter]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -20,10 +21,10 @@ import torch
 
 import lynx
 from lynx.costmodel import ACT_BYTES, build_layer_graph
-from lynx.graph import LAYER_INPUT, GraphMeta, LayerGraph, Op
+from lynx.graph import LAYER_INPUT, GraphMeta, LayerGraph, Op, RuntimeCosts
 from lynx.profile.calibrate import nominal_hardware
 from lynx.profile.errors import ProfileError
-from lynx.profile.measure import OpRunner, count_saved
+from lynx.profile.measure import OpRunner, count_saved, restore_overhead, restore_times
 from lynx.profile.store import OpStats, RunInfo
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
 
@@ -207,13 +208,19 @@ def run_rank(cfg: ProfileConfig, group: Any, device: torch.device,
             runner.repeat(record=r >= cfg.warmup)
             if progress is not None:
                 progress(r + 1, total)
+        restore: dict[str, list[float]] = {}
+        if device.type == "cpu":  # on a GPU the engine's Python runs ahead of the kernels: not measured
+            from lynx.policy.rules import full_layer
+
+            restore = restore_times(layer, x, full_layer(analytic_graph(cfg)), cfg.repeats)
         peaks = measure_peaks(device, DTYPES[cfg.dtype], runner.timer)
     except torch.OutOfMemoryError:
         raise ProfileError("out of device memory while profiling; lower --micro-batch or --seq-len") from None
     return {"op_names": list(layer.op_names), "op_inputs": {k: list(v) for k, v in layer.op_inputs.items()},
             "stats": {n: {k: runner.stats(k, n) for k in ("fwd", "dgrad", "wgrad")} for n in layer.op_names},
             "split": dict(runner.samples.split), "disturbed_fraction": runner.disturbed_fraction(),
-            "saved": saved, "peaks": peaks, "device": device_name(device), "threads": torch.get_num_threads()}
+            "saved": saved, "peaks": peaks, "restore": restore, "device": device_name(device),
+            "threads": torch.get_num_threads()}
 
 
 # -- assembling the result -----------------------------------------------------------------------------
@@ -249,7 +256,14 @@ def assemble(cfg: ProfileConfig, raw: dict[str, Any], wall_s: float) -> ProfileR
                      seq_length=cfg.seq_length, micro_batch_size=cfg.micro_batch_size, tp=cfg.tp,
                      sequence_parallel=cfg.sequence_parallel, device=raw["device"], dtype=cfg.dtype,
                      family=cfg.family, num_query_groups=cfg.model_spec().num_query_groups)
-    graph = LayerGraph(tuple(ops), input_bytes=sv.out_bytes.get(LAYER_INPUT, ref.input_bytes), meta=meta)
+    restore = raw.get("restore") or {}
+    runtime = None
+    if restore:  # measured on a CPU: the runtime's costs beyond the ops (docs/runtime-overhead.md)
+        fwd = {o.name: o.fwd_time for o in ops}
+        runtime = RuntimeCosts(restore_overhead(restore, fwd, {o.name for o in ops if not o.is_comm}),
+                               gemm_flops=peak_flops, memory_bw_Bps=mem_bw)
+    graph = LayerGraph(tuple(ops), input_bytes=sv.out_bytes.get(LAYER_INPUT, ref.input_bytes), meta=meta,
+                       runtime=runtime)
     # the layer: sums of the op medians and (conservatively) of their spreads
     lf, lfs = sum(s.fwd_s for s in stats), sum(s.fwd_spread_s for s in stats)
     lb = sum(s.dgrad_s + s.wgrad_s for s in stats)
@@ -261,6 +275,8 @@ def assemble(cfg: ProfileConfig, raw: dict[str, Any], wall_s: float) -> ProfileR
         "disturbed_fraction": raw["disturbed_fraction"],
         "device_peak_flops": peak_flops, "device_mem_bw_Bps": mem_bw, "dropout_p": cfg.dropout_p,
         "seed": cfg.seed,
+        "restore_s": {n: float(statistics.median(v)) for n, v in restore.items() if v},
+        "restore_op_s": runtime.restore_op_s if runtime is not None else None,
     }
     info = RunInfo(model=cfg.model, dtype=cfg.dtype, device=raw["device"], torch_version=torch.__version__,
                    lynx_version=lynx.__version__, python_version=platform.python_version(),

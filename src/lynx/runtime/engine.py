@@ -125,6 +125,11 @@ class RecomputeEngine:
         self._total = 0
         self.tracer: Callable[[str, float, float], None] | None = None
         """Called as tracer(name, t0, t1) for every restoration (perf_counter seconds)."""
+        # Per layer, fixed for the engine's life: who reads each op, and what the policy recomputes
+        # (`_free_intermediates` asked for both after every restoration).
+        self._users = [{n: tuple(c for c, ins in layer.op_inputs.items() if n in ins) for n in layer.op_names}
+                       for layer in self.layers]
+        self._planned = [frozenset(p.recomputed()) for p in pols]
         for i, layer in enumerate(self.layers):
             layer.window_hook = self._make_hook(i)
 
@@ -243,11 +248,13 @@ class RecomputeEngine:
         captured: list[torch.Tensor] = []
 
         def capture(t: torch.Tensor) -> torch.Tensor:
-            # A detached alias: an op that saves its own output (softmax, ...) would otherwise tie the
-            # output to its grad_fn through the saved value, a cycle through C++ that Python's collector
-            # never frees; this replay's graph is never run backward, so nothing else breaks it.
-            captured.append(t.detach())
-            return captured[-1]
+            # Hand the replay's autograd node a detached alias, never `t` itself: an op that saves its own
+            # output (softmax) would otherwise hold it through its own grad_fn, a cycle through C++ that
+            # Python's collector cannot see; the replay's graph is never run backward, so it leaked every
+            # such restoration (~220 MiB per iteration of the testbed GPT) and its pages faulted back.
+            d = t.detach()
+            captured.append(d)
+            return d
 
         rg = {d: (rec.input_rg if d == LAYER_INPUT else True) for d in env}
         env = {d: v.detach().requires_grad_(rg[d] and v.is_floating_point()) for d, v in env.items()}
@@ -286,7 +293,7 @@ class RecomputeEngine:
         all-reduce output once the residual is restored, ...), as a checkpointed re-forward frees them.
         Their saved tensors (masks, statistics) stay."""
         rec, layer, pol = self._records[(li, mb)], self.layers[li], self.policies[li]
-        planned = set(pol.recomputed())
+        planned, users_of = self._planned[li], self._users[li]
         chunk_top = li + 1 < len(self.layers) and not self.policies[li + 1].input_checkpoint
         # still to restore: planned ops and ops whose output backward will unpack (a dropped comm op, e.g.
         # the SP all-gather whose output the next GEMM saved, is restored on demand through its inputs)
@@ -294,15 +301,15 @@ class RecomputeEngine:
         for name, (out, saved) in list(rec.restored.items()):
             if not out.numel() or name in rec.out_handles or (chunk_top and name == layer.op_names[-1]):
                 continue
-            users = [c for c, ins in layer.op_inputs.items() if name in ins]
-            if any((li, mb, c) in self._restoring for c in users):  # an op being restored reads it next
+            # an op being restored reads it next
+            if self._restoring and any((li, mb, c) in self._restoring for c in users_of[name]):
                 continue
             if not self._still_read(rec, layer, pol, name, pending):
                 self._unref(rec, _key(out))
                 rec.restored[name] = (out.new_empty(0), saved)
 
     @staticmethod
-    def _still_read(rec: _Record, layer: GPTLayer, pol: LayerPolicy, name: str, pending: set[str]) -> bool:
+    def _still_read(rec: _Record, layer: GPTLayer, pol: LayerPolicy, name: str, pending: Collection[str]) -> bool:
         """Does restoring a pending op read `name`, directly or through ops that are neither kept nor
         restored (they would be restored on the way)?"""
         stack, seen = list(pending), set()

@@ -20,6 +20,8 @@ from lynx.simulate.memory_replay import StageMemory
 from lynx.simulate.metrics import tail_time, throughput
 from lynx.simulate.pricing import ChunkCosts, stage_costs
 from lynx.simulate.results import Segment, SegmentKind, SimResult, StageResult
+from lynx.simulate.runtime_costs import measured_hardware, tied_embedding_sync_time
+from lynx.spec import Hardware
 
 __all__ = ["Segment", "SegmentKind", "SimResult", "StageResult", "simulate"]
 
@@ -45,11 +47,18 @@ def _p2p(problem: PlanProblem) -> float:
     return p2p_time(nbytes, link) if par.pp > 1 else 0.0
 
 
+def _device_hardware(problem: PlanProblem) -> Hardware:
+    """The hardware that prices work outside the layer graph: the plan's, or with a graph that carries measured
+    runtime costs (a CPU profile), its device's measured rates (`runtime_costs`)."""
+    rc = problem.graph.runtime
+    return problem.hardware if rc is None else measured_hardware(problem.hardware, rc)
+
+
 def _costs(problem: PlanProblem, policies: tuple[RecomputePolicy, ...],
            ctxs: tuple[StageContext, ...]) -> list[list[ChunkCosts]]:
     costs = [stage_costs(problem.graph, pol, ctx) for pol, ctx in zip(policies, ctxs, strict=True)]
     if problem.options.include_edges:  # embedding on the first virtual stage, LM head + loss on the last
-        et = edge_times(problem.model, problem.hardware, problem.parallel)
+        et = edge_times(problem.model, _device_hardware(problem), problem.parallel)
         costs[0][0].fwd_plain += et.embedding_fwd
         costs[0][0].bwd_base += et.embedding_bwd
         costs[-1][-1].fwd_plain += et.head_fwd
@@ -89,8 +98,11 @@ def _result(problem: PlanProblem, ctxs: tuple[StageContext, ...], loop: Loop) ->
     pipeline_time = max(ready)
     tail = 0.0
     if problem.options.include_dp_allreduce:
-        tail = tail_time(problem.model, problem.hardware, par, ctxs, ready, problem.static_recipe,
-                         problem.options.distributed_optimizer)
+        sync = 0.0
+        if problem.graph.runtime is not None:  # what the runtime does that analytic plans leave out
+            sync = tied_embedding_sync_time(problem.model, par, problem.hardware, problem.static_recipe.grad_bytes)
+        tail = tail_time(problem.model, _device_hardware(problem), par, ctxs, ready, problem.static_recipe,
+                         problem.options.distributed_optimizer, sync)
     iteration = pipeline_time + tail
     samples, tflops, mfu = throughput(problem.model, problem.hardware, par, iteration)
     stages = tuple(

@@ -10,15 +10,24 @@ from lynx.static_memory import Recipe, dp_sync_time, optimizer_step_time
 
 
 def tail_time(model: ModelSpec, hw: Hardware, par: ParallelSpec, ctxs: tuple[StageContext, ...],
-              ready: list[float], recipe: Recipe, distributed_optimizer: bool) -> float:
-    """Time after the pipeline's last backward until every stage has reduced its gradients and stepped."""
+              ready: list[float], recipe: Recipe, distributed_optimizer: bool, tied_sync_s: float = 0.0) -> float:
+    """Time after the pipeline's last backward until every stage has reduced its gradients and stepped.
+    `tied_sync_s` > 0: the first and the last stage also all-reduce the tied embedding's gradient, once both
+    have reduced their own (then step)."""
     pipeline_time = max(ready)
     tail = 0.0
+    synced: list[float] = []
+    opts: list[float] = []
     for s, ctx in enumerate(ctxs):
         dp_link = hw.link_for_group(par.dp, par.tp)
         ar = dp_sync_time(model, par, s, ctx.num_layers, recipe, dp_link, distributed_optimizer)
         opt = optimizer_step_time(model, par, s, ctx.num_layers, recipe, hw.device, distributed_optimizer)
-        tail = max(tail, ready[s] - pipeline_time + ar + opt)
+        synced.append(ready[s] - pipeline_time + ar)
+        opts.append(opt)
+    if tied_sync_s > 0 and len(synced) > 1:
+        synced[0] = synced[-1] = max(synced[0], synced[-1]) + tied_sync_s
+    for s in range(len(synced)):
+        tail = max(tail, synced[s] + opts[s])
     return tail
 
 

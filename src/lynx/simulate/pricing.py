@@ -16,7 +16,12 @@ from lynx.policy.base import FWD_PHASES, LayerPolicy, Phase, RecomputePolicy, St
 
 
 def recompute_time(graph: LayerGraph, lp: LayerPolicy, phases: tuple[Phase, ...]) -> float:
-    return sum(graph.op(n).fwd_time for n in lp.recomputed(phases))
+    ops = lp.recomputed(phases)
+    t = sum(graph.op(n).fwd_time for n in ops)
+    rc = graph.runtime
+    if rc is not None and rc.restore_op_s > 0 and ops:  # the engine's own time per restoration (measured)
+        t += len(ops) * rc.restore_op_s
+    return t
 
 
 @dataclass(frozen=True, slots=True)
