@@ -75,14 +75,14 @@ def test_pp2_two_processes_one_gpu_equal_to_single_process(method: str, tmp_path
         assert out[0]["restored"]["0"].get("fwd_attn") == 9, out[0]["restored"]
 
 
-def _plan(path: Path) -> Path:
+def _plan(path: Path, dp: int = 1) -> Path:
     from lynx.api import make_problem
     from lynx.methods import get_method
     from lynx.plan import Plan
     from lynx.problem import PlanOptions
     from lynx.spec import ParallelSpec, load_hardware, load_model
 
-    par = ParallelSpec(tp=1, pp=2, dp=1, micro_batch_size=2, global_batch_size=8, seq_length=64)
+    par = ParallelSpec(tp=1, pp=2, dp=dp, micro_batch_size=2, global_batch_size=8 * dp, seq_length=64)
     prob = make_problem(load_model("gpt-tiny"), load_hardware("h100-80g-nvlink"), par, PlanOptions())
     Plan.evaluate(prob, get_method("full").fn(prob)).save(path)
     return path
@@ -93,15 +93,17 @@ def _train(*args: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
-def test_lynx_train_pp2_on_one_gpu_over_gloo(tmp_path: Path) -> None:
-    plan, out = _plan(tmp_path / "plan.json"), tmp_path / "r.json"
+@pytest.mark.parametrize("dp", [1, 2])
+def test_lynx_train_pp2_on_one_gpu_over_gloo(dp: int, tmp_path: Path) -> None:
+    """PP 2 (x DP 2: four processes, the DP gradient all-reduce on CUDA tensors over gloo) on one GPU."""
+    plan, out = _plan(tmp_path / "plan.json", dp), tmp_path / "r.json"
     p = _train("--plan", str(plan), "--device", "cuda", "--backend", "gloo", "--iters", "2", "--warmup", "1",
                "--threads", "1", "--out", str(out))
     assert p.returncode == 0, p.stderr[-2000:]
     r = json.loads(out.read_text())
-    assert (r["pp"], r["backend"], r["p2p"]) == (2, "gloo", "host memory")
+    assert (r["pp"], r["dp"], r["backend"], r["p2p"]) == (2, dp, "gloo", "host memory")
     assert all(0 < it["loss"] < 100 for it in r["iterations"])
-    assert set(r["cuda_per_rank"]) == {"0", "1"}
+    assert set(r["cuda_per_rank"]) == {str(k) for k in range(2 * dp)}
     for rk in r["cuda_per_rank"].values():
         assert rk["max_allocated_bytes"] > 0 and rk["predicted_peak_memory_bytes"] > 0
 
