@@ -258,6 +258,8 @@ TRAIN_CASES: list[tuple[str, list[str], int, str]] = [
     ("train-out-missing-dir", [*TRAIN, "--out", "{f}/nodir/r.json"], 2, "--out"),
     ("train-out-ext", [*TRAIN, "--out", "{f}/g.txt"], 2, ".json"),
     ("train-device", [*TRAIN, "--device", "gpu"], 2, "--device"),
+    ("train-backend", [*TRAIN, "--backend", "mpi"], 2, "--backend"),
+    ("train-nccl-on-cpu", [*TRAIN, "--device", "cpu", "--backend", "nccl"], 2, "--backend nccl needs --device cuda"),
     ("train-tampered-plan", ["train", "--plan", "{f}/tp3.json"], 2, "TP 3"),
 ]
 

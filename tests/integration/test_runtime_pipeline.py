@@ -104,6 +104,16 @@ def test_pp2_uneven_every_place_bitwise(tmp_path) -> None:
     assert (s1["bwd_mlp"], s1["bwd_attn"]) == (2 * 4, 4), s1
 
 
+def test_pp2_host_staged_bitwise(tmp_path) -> None:
+    """The p2p path of `--backend gloo` on CUDA, run on the CPU: PipelineStages on the host, each stage's
+    input and output copied through `HostStaged` (real copies, autograd ops); bitwise as without it, and the
+    windows restore the same ops."""
+    out = run_case(PipelineCase(_cfg(1), (1, 2), pp=2, vpp=1, method="overlapped", num_microbatches=M,
+                                host_staged=True), tmp_path)
+    s0 = _restored(out, 0)
+    assert (s0.get("fwd_attn"), s0.get("fwd_mlp"), s0.get("cooldown")) == (9, 3, 4), s0
+
+
 def test_pp2_tp2_lynx_bitwise(tmp_path) -> None:
     run_case(PipelineCase(_cfg(2), (1, 2), pp=2, vpp=1, method="lynx", num_microbatches=M), tmp_path)
 

@@ -65,6 +65,23 @@ def test_pp2_dp2_reports_stages_and_writes_a_trace_beside_the_simulator(tmp_path
     assert any(e.get("pid") == 1000 for e in json.loads(both.read_text())["traceEvents"])
 
 
+def test_host_staged_p2p_trains_as_the_direct_one(tmp_path: Path) -> None:
+    """The p2p path of `--device cuda --backend gloo` (PipelineStages on the host, each stage's activation
+    copied in and out) run on the CPU with the hidden `--host-staged`: the same losses bit for bit."""
+    plan = write_plan(tmp_path / "plan.json", "lynx")
+    losses = {}
+    for mode in ("direct", "host"):
+        out = tmp_path / f"{mode}.json"
+        extra = ["--host-staged"] if mode == "host" else []
+        p = _train("--plan", str(plan), "--iters", "2", "--warmup", "0", "--threads", "1", "--quiet",
+                   "--backend", "gloo", "--out", str(out), *extra)
+        assert p.returncode == 0, p.stderr[-2000:]
+        r = json.loads(out.read_text())
+        assert (r["backend"], r["p2p"]) == ("gloo", "host memory" if mode == "host" else "direct")
+        losses[mode] = [it["loss"] for it in r["iterations"]]
+    assert losses["host"] == losses["direct"], losses
+
+
 def test_layout_not_matching_the_world_is_refused_before_any_process_group(tmp_path: Path) -> None:
     plan = write_plan(tmp_path / "plan.json", "none", tp=2)
     with socket.socket() as s:

@@ -22,6 +22,10 @@ def train_cmd(
     threads: Annotated[int, typer.Option(help="torch threads per rank (0: default).")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    backend: Annotated[str, typer.Option(
+        help="auto (nccl on cuda, gloo on cpu), nccl or gloo; gloo on cuda runs the pipeline's p2p through "
+             "host memory, so several ranks can share one GPU.")] = "auto",
+    host_staged: Annotated[bool, typer.Option("--host-staged", hidden=True)] = False,
     seed: Annotated[int, typer.Option(help="Model and data seed.")] = 1234,
     core_attn: Annotated[bool, typer.Option("--core-attn", help="Use scaled_dot_product_attention.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet")] = False,
@@ -37,12 +41,14 @@ def train_cmd(
     spawned locally or one per torchrun process)."""
     if device not in ("auto", "cpu", "cuda"):
         raise SpecError(f"--device {device!r}: expected auto, cpu or cuda")
+    if backend not in ("auto", "nccl", "gloo"):
+        raise SpecError(f"--backend {backend!r}: expected auto, nccl or gloo")
     if dtype not in ("float32", "bfloat16"):
         raise SpecError(f"--dtype {dtype!r}: expected float32 or bfloat16")
     from lynx.runtime.train import launch, parser  # lynx.runtime quiets torch's C++ logs before torch loads
 
     argv = ["--plan", str(plan), "--iters", str(iters), "--warmup", str(warmup), "--timeout", str(timeout),
-            "--threads", str(threads), "--device", device, "--dtype", dtype, "--seed", str(seed)]
+            "--threads", str(threads), "--device", device, "--dtype", dtype, "--seed", str(seed), "--backend", backend]
     if data is not None:
         argv += ["--data", str(data)]
     if out is not None:
@@ -51,6 +57,8 @@ def train_cmd(
         argv.append("--core-attn")
     if quiet:
         argv.append("--quiet")
+    if host_staged:
+        argv.append("--host-staged")
     if schedule is not None:
         argv += ["--schedule", str(schedule)]
     if trace is not None:

@@ -30,7 +30,7 @@ from lynx.policy.base import RecomputePolicy
 from lynx.runtime import _torch_pipelining as tpp
 from lynx.runtime import actions as act
 from lynx.runtime.layer import LayerConfig
-from lynx.runtime.stage_model import StageModule, StageSpec, make_loss_fn
+from lynx.runtime.stage_model import HostStaged, StageModule, StageSpec, make_loss_fn
 
 
 class LayoutError(LynxError):
@@ -141,7 +141,9 @@ class PipelineRunner:
 
     def __init__(self, layout: PipelineLayout, rows: act.Rows, cfg: LayerConfig, vocab: int, rank: int,
                  groups: Groups, device: torch.device, seed: int = 1234, workdir: str | None = None,
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, host_staged: bool = False) -> None:
+        """`host_staged`: p2p through host memory (`HostStaged`): the PipelineStages and their buffers on the
+        CPU, the stage modules on `device` (gloo on CUDA, several ranks on one GPU)."""
         L = layout
         act.validate(rows, L.pp, L.num_stages, L.num_microbatches)
         cfg = replace(cfg, num_layers=sum(L.layers_per_stage))  # Megatron's scaled init reads the depth
@@ -158,15 +160,22 @@ class PipelineRunner:
         self.tracing = False
         self.current_stage = -1
         stages = []
+        comm = torch.device("cpu") if host_staged else device
         for s, mod in self.modules.items():
             inp, out = mod.example_io(vocab, device)
-            stages.append(tpp.make_stage(mod, s, L.num_stages, device, inp, out, groups.pp))
+            if host_staged:  # what crosses the p2p link is a host tensor; the logits stay on `device`
+                inp = inp if mod.spec.is_first else inp.detach().to(comm).requires_grad_(True)
+                out = out if mod.spec.is_last else out.detach().to(comm).requires_grad_(True)
+            wrapped = HostStaged(mod, device, comm) if host_staged else mod
+            stages.append(tpp.make_stage(wrapped, s, L.num_stages, comm, inp, out, groups.pp))
             if mod.engine is not None:
                 mod.engine.tracer = lambda n, a, b: self._event("recompute", n, a, b)
         hooks = tpp.Hooks(before_forward=self._before_forward, before_grad_wait=self._before_grad_wait,
                           span=lambda n, a, b: self._event("pipeline", n, a, b),
                           peer_rank=lambda s: L.rank_of(s % L.pp, self.dp_rank, self.tp_rank), timeout_s=timeout_s)
         self.schedule_hooks = hooks
+        self.stages = stages
+        """This rank's PipelineStages (on the CPU when host-staged)."""
         with tempfile.TemporaryDirectory(prefix="lynx-pp-") as tmp:  # torch loads the list from a CSV file
             csv_path = Path(workdir or tmp) / f"actions-rank{rank}.csv"
             act.write_csv(rows, csv_path)

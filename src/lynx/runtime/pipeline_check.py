@@ -81,6 +81,8 @@ class PipelineCase:
     method: str
     num_microbatches: int
     vocab: int = 64
+    host_staged: bool = False
+    """p2p through host memory (`HostStaged`), as `--backend gloo` runs it on CUDA."""
 
     def layout(self) -> PipelineLayout:
         pols = stage_policies(self.method, self.cfg, self.partition, self.vocab, self.num_microbatches)
@@ -96,7 +98,8 @@ def compare_with_reference(case: PipelineCase, rank: int, device: torch.device) 
     group; return what differed (needs an initialized default process group of the layout's size)."""
     layout = case.layout()
     groups = make_groups(layout, rank)
-    runner = PipelineRunner(layout, case.rows(), case.cfg, case.vocab, rank, groups, device)
+    runner = PipelineRunner(layout, case.rows(), case.cfg, case.vocab, rank, groups, device,
+                            host_staged=case.host_staged)
     m = case.num_microbatches
     batches = [synthetic_batch(case.vocab, case.cfg.micro_batch_size, case.cfg.seq_length, j, 0, device)
                for j in range(m)]
@@ -120,6 +123,8 @@ def compare_with_reference(case: PipelineCase, rank: int, device: torch.device) 
         "loss": loss, "ref_loss": ref_loss,
         "restored": {str(s): dict(st.by_window) for s, st in stats.items()},
         "missing": sorted(_owned(runner, want) - set(got)), "extra": sorted(set(got) - set(want)),
+        "param_devices": sorted({p.device.type for p in runner.parameters()}),
+        "p2p_device": runner.stages[0].device.type,
     }
 
 

@@ -30,7 +30,7 @@ from lynx.runtime import tp as tp_mod
 from lynx.runtime import trace as trace_mod
 from lynx.runtime.check import predicted_activation_bytes, runtime_graph
 from lynx.runtime.cpu_alloc import keep_freed_memory
-from lynx.runtime.faults import rank_failure, rendezvous_deadline
+from lynx.runtime.faults import rank_failure, rendezvous_deadline, resolve_backend
 from lynx.runtime.layer import LayerConfig, op_names_for
 from lynx.runtime.model import synthetic_batch
 from lynx.runtime.pipeline import LayoutError, PipelineLayout, PipelineRunner, check_world, make_groups
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace, rank: int, world: int) -> dict[str, Any] | Non
     device = torch.device(f"cuda:{torch.cuda.current_device()}") if args.device == "cuda" else torch.device("cpu")
     groups = make_groups(layout, rank)
     runner = PipelineRunner(layout, rows, cfg, problem.model.vocab_size, rank, groups, device, args.seed,
-                            timeout_s=args.timeout)
+                            timeout_s=args.timeout, host_staged=host_staged(args))
     opt = torch.optim.AdamW(runner.parameters(), lr=args.lr)
     _, dp_rank, _ = layout.coords(rank)
     records: list[dict[str, Any]] = []
@@ -242,6 +242,8 @@ def _report(args: argparse.Namespace, problem: Any, layout: PipelineLayout, rank
             cuda[str(r["rank"])] = {"max_allocated_bytes": max(peaks), "predicted_peak_memory_bytes":
                                     sim[pp_rank]["peak_memory_bytes"] if pp_rank < len(sim) else None}
     report = {"plan": str(args.plan), "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp,
+              "device": args.device, "backend": _backend(args),
+              "p2p": "host memory" if host_staged(args) else "direct",
               "num_microbatches": layout.num_microbatches, "iterations": iters,
               "median_time_s": sorted(r["time_s"] for r in timed)[len(timed) // 2],
               "predicted_iteration_time_s": pred_t, "stages": dict(sorted(stages.items(), key=lambda kv: int(kv[0])))}
@@ -274,6 +276,17 @@ def _finish(report: dict[str, Any] | None, args: argparse.Namespace) -> None:
         print("\n".join(lines), flush=True)
 
 
+def _backend(args: argparse.Namespace) -> str:
+    b = getattr(args, "backend", "auto")  # resolved by `launch`
+    return b if b != "auto" else ("nccl" if args.device == "cuda" else "gloo")
+
+
+def host_staged(args: argparse.Namespace) -> bool:
+    """p2p through host memory: gloo on CUDA (gloo sends CPU tensors only), or forced by the hidden
+    `--host-staged` (the CPU tests of that path)."""
+    return (args.device == "cuda" and _backend(args) == "gloo") or bool(getattr(args, "host_staged", False))
+
+
 def rank_main(rank: int, world: int, init_method: str, args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -284,7 +297,7 @@ def rank_main(rank: int, world: int, init_method: str, args: argparse.Namespace)
         if args.device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
         with rendezvous_deadline(rank, world, args.timeout):
-            dist.init_process_group("nccl" if args.device == "cuda" else "gloo", init_method=init_method,
+            dist.init_process_group(_backend(args), init_method=init_method,
                                     rank=rank, world_size=world, timeout=datetime.timedelta(seconds=args.timeout))
         phase = "training"
         _finish(run(args, rank, world), args)
@@ -312,6 +325,9 @@ def launch(args: argparse.Namespace) -> None:
     _, layout, _ = plan_layout(args.plan, torch.float32, args.core_attn)
     act.validate(action_rows(args, layout), layout.pp, layout.num_stages, layout.num_microbatches,
                  getattr(args, "schedule", None) or "action list")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", layout.world_size))
+    args.backend = resolve_backend(args.device, getattr(args, "backend", "auto"), local,
+                                   torch.cuda.device_count() if args.device == "cuda" else 0)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         check_world(layout, int(os.environ["WORLD_SIZE"]), args.plan)
         rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://", args)

@@ -101,6 +101,29 @@ class StageModule(torch.nn.Module):
         return inp, out.requires_grad_(True)
 
 
+class HostStaged(torch.nn.Module):
+    """A stage whose p2p runs through host memory (`--backend gloo` on CUDA: gloo sends and receives CPU
+    tensors only; NCCL refuses two ranks on one GPU). The `PipelineStage` around this module lives on the
+    host (`comm`): its receive buffers and what it sends are host tensors. The `StageModule` inside keeps its
+    parameters, compute and `RecomputeEngine` on `compute`; the received activation is copied there at entry
+    and the output back to the host at exit. Both copies are autograd ops, so the gradient from the next
+    stage goes to the device the same way and the input gradient comes back to the host for sending.
+
+    The last stage's output (the logits) stays on `compute`: the loss runs there, next to the labels, and no
+    logits cross the bus. `copy=True` makes both copies real even when `compute` is the host (the CPU tests
+    run this path with `--host-staged`)."""
+
+    def __init__(self, inner: StageModule, compute: torch.device, comm: torch.device) -> None:
+        super().__init__()
+        self.inner, self.compute, self.comm = inner, compute, comm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.inner.spec.is_first:  # the first stage's tokens come from the batch, already on `compute`
+            x = x.to(self.compute, copy=True)
+        y = self.inner(x)
+        return y if self.inner.spec.is_last else y.to(self.comm, copy=True)
+
+
 def make_loss_fn(num_microbatches: int, record: list[float]) -> Any:
     """The last stage's loss: mean cross-entropy / num_microbatches (a single-process run backpropagates
     loss / m for each micro-batch; gradients are then equal without rescaling). Records each micro-batch's

@@ -37,6 +37,7 @@ from lynx.runtime.faults import (
     quiet_spawn_logs,
     rank_failure,
     rendezvous_deadline,
+    resolve_backend,
     stop_ranks,
 )
 from lynx.runtime.layer import LayerConfig
@@ -177,7 +178,9 @@ def _finish(report: dict[str, Any] | None, args: argparse.Namespace) -> None:
 def _init(args: argparse.Namespace, rank: int, world: int, init_method: str) -> Any:
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-    backend = "nccl" if args.device == "cuda" else "gloo"
+    backend = getattr(args, "backend", "auto")  # resolved by `launch` (faults.resolve_backend)
+    if backend == "auto":
+        backend = "nccl" if args.device == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))
     return dist.group.WORLD
@@ -231,6 +234,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads per rank (0: default)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
+                   help="process groups: auto (NCCL on CUDA, gloo on CPU); gloo on CUDA runs the pipeline's "
+                        "p2p through host memory (several ranks on one GPU)")
+    p.add_argument("--host-staged", action="store_true", help=argparse.SUPPRESS)  # tests: that p2p on the CPU
     p.add_argument("--core-attn", action="store_true", help="scaled_dot_product_attention as core_attn")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--schedule", default=None,
@@ -260,10 +267,12 @@ def launch(args: argparse.Namespace) -> None:
         return
     if args.schedule or args.trace or args.compare_trace:
         raise TrainError(f"{args.plan}: --schedule, --trace and --compare-trace are for PP > 1 or DP > 1 plans")
+    _, _, cfg, _ = _config(args.plan, torch.float32, args.core_attn)
+    args.backend = resolve_backend(args.device, args.backend, int(os.environ.get("LOCAL_WORLD_SIZE", cfg.tp)),
+                                   torch.cuda.device_count() if args.device == "cuda" else 0)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         _rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://", args)
         return
-    _, _, cfg, _ = _config(args.plan, torch.float32, args.core_attn)
     if args.data and Path(args.data).stat().st_size < cfg.seq_length + 1:
         raise TrainError(f"--data {args.data}: {Path(args.data).stat().st_size} bytes; the plan's sequence "
                          f"length needs at least {cfg.seq_length + 1}")
