@@ -31,14 +31,17 @@ def test_measured_hidden_is_control_minus_plan_medians_and_noise_is_a_vs_a_again
     an = wc.analyse(_rounds(1.00, 1.12, 1.02), PRED)
     assert an["measured_hidden_s"] == pytest.approx(0.11)  # median(B)=1.13, median(A and A')=1.02
     assert an["noise_aa_s"] == pytest.approx(0.02)
+    assert an["placebo_s"] == pytest.approx(0.02) and an["per_round_se_s"] == pytest.approx(0.0)
     assert an["per_round_s"] == pytest.approx([0.11, 0.11, 0.11]) and an["spread_s"] == pytest.approx(0.0)
     assert an["control_recompute_s"] == pytest.approx(0.2)
     assert an["beyond_noise"] and an["agrees"]  # 0.11 > 0.06; |0.11 - 0.10| <= 0.05
 
 
 def test_targets_fail_when_the_noise_or_the_miss_is_too_large() -> None:
-    noisy = wc.analyse(_rounds(1.00, 1.12, 1.10), PRED)  # A and A' differ by 0.10: 3 x noise > hidden
+    noisy = wc.analyse(_rounds(1.00, 1.12, 1.10), PRED)  # A and A' differ by 0.10: 3 x placebo > hidden
     assert not noisy["beyond_noise"]
+    scattered = [{"A": _run([1.0]), "B": _run([1.0 + d]), "A2": _run([1.0])} for d in (0.3, -0.2, 0.25, -0.15)]
+    assert not wc.analyse(scattered, PRED)["beyond_noise"]  # no placebo gap, but the rounds disagree
     off = wc.analyse(_rounds(1.00, 1.40, 1.00), PRED)  # hides 0.40 s where 0.10 was predicted
     assert off["beyond_noise"] and not off["agrees"]
     text = wc.report_text(off, PRED)
