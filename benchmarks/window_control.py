@@ -34,9 +34,10 @@ all A'), or the standard error of the per-round B - A, whichever is larger; show
 (median over rounds of |median(A) - median(A')|), the spread of the per-round B - A and the number of rounds
 where B was slower. Targets: (a) measured hidden > 3 x the estimate's noise; (b) |measured - predicted| <=
 0.25 x the recomputation time, taken as the engine's measured recomputation of the control (all of it on
-demand; summed over stages) -- the predicted one is printed beside it. The engine's seconds are split into windows (phases 1-4), cool-down and on demand per stage; for PP > 1
-the last round's A and B also write a timeline, summarised with the seconds of recomputation that overlapped
-a collective in flight (`lynx.runtime.trace`).
+demand; summed over stages) -- the predicted one is printed beside it. The engine's seconds are split into
+windows (phases 1-4), cool-down and on demand per stage; for PP > 1 the last round's A and B also write a
+timeline, summarised with the seconds of recomputation that overlapped a collective in flight
+(`lynx.runtime.trace`).
 
 Expected wall time at the defaults (12 timed iterations, 6 rounds: 18 training runs) on the 2-core VM: tp2
 about 6 minutes (~1.25 s iterations, ~3 s start-up per run), pp2tp2 about 11 minutes (~2.2 s iterations with
