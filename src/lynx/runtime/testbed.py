@@ -181,6 +181,36 @@ def probe(mbytes: float, matmul_n: int, reps: int) -> dict[str, float]:
     return res
 
 
+def probe_p2p(mbytes: float, reps: int) -> dict[str, float]:
+    """Inside a rank (world 2): one-way time of a `mbytes` MB send from rank 0 to rank 1 and back, as the
+    pipeline's p2p sends activations and gradients over the link (gloo send/recv, fp32 tensors). Returns the
+    median one-way time (half a round trip) and the effective bandwidth it implies."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://", timeout=__import__("datetime").timedelta(seconds=60))
+    x = torch.ones(int(mbytes * 1e6 / 4))
+    peer = 1 - dist.get_rank()
+    trips = []
+    for k in range(reps + 1):  # the first round trip opens the connection
+        dist.barrier()
+        t = time.perf_counter()
+        if dist.get_rank() == 0:
+            dist.send(x, peer)
+            dist.recv(x, peer)
+        else:
+            dist.recv(x, peer)
+            dist.send(x, peer)
+        if k:
+            trips.append(time.perf_counter() - t)
+    dist.destroy_process_group()
+    one_way = statistics.median(trips) / 2
+    return {"bytes": float(x.numel() * 4), "one_way_s": one_way, "bandwidth_Bps": x.numel() * 4 / one_way}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="lynx.runtime.testbed")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -188,7 +218,13 @@ def main(argv: list[str] | None = None) -> None:
     pr.add_argument("--mbytes", type=float, default=16.0)
     pr.add_argument("--matmul-n", type=int, default=512)
     pr.add_argument("--reps", type=int, default=20)
+    pp = sub.add_parser("p2p", help="(inside the testbed) one-way send/recv time of a message over the link")
+    pp.add_argument("--mbytes", type=float, default=1.0)
+    pp.add_argument("--reps", type=int, default=10)
     args = p.parse_args(argv)
+    if args.cmd == "p2p":
+        print(json.dumps(probe_p2p(args.mbytes, args.reps)))
+        return
     print(json.dumps(probe(args.mbytes, args.matmul_n, args.reps)))
 
 
