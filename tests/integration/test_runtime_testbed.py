@@ -39,6 +39,19 @@ def test_compute_overlaps_a_shaped_allreduce() -> None:
     assert not any(n in _namespaces() for n in names)  # torn down
 
 
+def test_p2p_probe_moves_the_message_at_the_shaped_rate_at_most() -> None:
+    """`lynx.runtime.testbed p2p`: the pipeline's send/recv over the link (how benchmarks/pipeline_testbed.py
+    checks its link model). A message cannot beat the shaped rate, whatever the load: one way, 1 MB at
+    100 Mbit/s takes at least ~80 ms."""
+    with Testbed(100) as tb:
+        res = tb.run([sys.executable, "-m", "lynx.runtime.testbed", "p2p", "--mbytes", "1", "--reps", "3"],
+                     timeout=120)
+    assert all(r.returncode == 0 for r in res), [r.stderr[-500:] for r in res]
+    m = json.loads(res[0].stdout.strip().splitlines()[-1])
+    assert m["bytes"] == 1e6
+    assert m["bandwidth_Bps"] <= 100e6 / 8 * 1.05, m  # tbf's burst allowance: a few percent at most
+
+
 def test_cut_link_fails_both_ranks_within_timeout(tmp_path: Path) -> None:
     from lynx.api import make_problem
     from lynx.methods import get_method
