@@ -74,7 +74,8 @@ netns_probe() {  # can the namespace testbed run here (ip netns, veth, tc tbf)?
 export -f netns_probe env_info profile_vs_model nccl_probe pipeline_cpu lynx
 export out
 step env 60 env_info
-step tests 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/integration/test_runtime_gpu.py
+step tests 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/integration/test_runtime_gpu.py \
+  tests/integration/test_runtime_pipeline_gpu.py
 step overlap 120 python3 benchmarks/bench_gpu_overlap.py
 step memory 180 python3 benchmarks/gpu_memory.py --out "$out/gpu_memory.json"
 step profile 240 profile_vs_model
