@@ -37,3 +37,25 @@ def test_the_runtime_internals_we_reimplement_are_unchanged() -> None:
         inspect.signature(_PipelineStageBase.backward_one_chunk).parameters)
     assert list(inspect.signature(rt._maybe_compute_loss).parameters)[1:5] == [
         "stage", "output", "target_mbs", "mb_index"]
+
+
+def test_receives_are_posted_before_the_sends_ahead_of_them_and_keep_their_order() -> None:
+    """torch lowers `0F2 0SEND_F2 0RECV_B1`; over gloo the gradient would then wait for the activation to
+    cross first. lynx posts the receive first; receives keep their order among themselves (gloo matches
+    them to sends in posting order) and no action passes a compute action."""
+    from torch.distributed.pipelining import schedules as S
+
+    rows = {r: [S._Action.from_str(a) for a in row.split()] for r, row in
+            enumerate(["0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3", "1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3"])}
+    lowered = S._add_send_recv(rows, stage_to_rank=lambda s: s, num_stages=2)
+    assert " ".join(map(str, lowered[0][6:9])) == "0F2 0SEND_F2 0RECV_B1"  # torch's order (what this fixes)
+    for order in lowered.values():
+        fixed = tpp.receives_before_sends(order)
+        assert sorted(map(str, fixed)) == sorted(map(str, order))
+        kinds = [a.computation_type.name for a in order]
+        assert [str(a) for a in fixed if "RECV" in str(a)] == [str(a) for a in order if "RECV" in str(a)]
+        assert [str(a) for a in fixed if a.computation_type.name in ("FORWARD", "FULL_BACKWARD")] == \
+            [str(a) for a, k in zip(order, kinds, strict=True) if k in ("FORWARD", "FULL_BACKWARD")]
+        for i in range(1, len(fixed)):
+            assert not ("SEND" in fixed[i - 1].computation_type.name and "RECV" in fixed[i].computation_type.name)
+    assert " ".join(map(str, tpp.receives_before_sends(lowered[0])[6:9])) == "0F2 0RECV_B1 0SEND_F2"

@@ -181,10 +181,12 @@ def probe(mbytes: float, matmul_n: int, reps: int) -> dict[str, float]:
     return res
 
 
-def probe_p2p(mbytes: float, reps: int) -> dict[str, float]:
+def probe_p2p(mbytes: float, reps: int, both_ways: bool = False) -> dict[str, float]:
     """Inside a rank (world 2): one-way time of a `mbytes` MB send from rank 0 to rank 1 and back, as the
     pipeline's p2p sends activations and gradients over the link (gloo send/recv, fp32 tensors). Returns the
-    median one-way time (half a round trip) and the effective bandwidth it implies."""
+    median one-way time (half a round trip) and the effective bandwidth it implies. `both_ways`: both ranks
+    send to each other at once (as a 1F1B pipeline sends an activation one way while a gradient comes back),
+    and the time of one such exchange is reported."""
     import statistics
 
     import torch
@@ -193,12 +195,17 @@ def probe_p2p(mbytes: float, reps: int) -> dict[str, float]:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="env://", timeout=__import__("datetime").timedelta(seconds=60))
     x = torch.ones(int(mbytes * 1e6 / 4))
+    y = torch.empty_like(x)
     peer = 1 - dist.get_rank()
     trips = []
     for k in range(reps + 1):  # the first round trip opens the connection
         dist.barrier()
         t = time.perf_counter()
-        if dist.get_rank() == 0:
+        if both_ways:
+            for w in (dist.isend(x, peer), dist.irecv(y, peer)):
+                if w is not None:
+                    w.wait()
+        elif dist.get_rank() == 0:
             dist.send(x, peer)
             dist.recv(x, peer)
         else:
@@ -207,7 +214,7 @@ def probe_p2p(mbytes: float, reps: int) -> dict[str, float]:
         if k:
             trips.append(time.perf_counter() - t)
     dist.destroy_process_group()
-    one_way = statistics.median(trips) / 2
+    one_way = statistics.median(trips) / (1 if both_ways else 2)
     return {"bytes": float(x.numel() * 4), "one_way_s": one_way, "bandwidth_Bps": x.numel() * 4 / one_way}
 
 
@@ -221,9 +228,10 @@ def main(argv: list[str] | None = None) -> None:
     pp = sub.add_parser("p2p", help="(inside the testbed) one-way send/recv time of a message over the link")
     pp.add_argument("--mbytes", type=float, default=1.0)
     pp.add_argument("--reps", type=int, default=10)
+    pp.add_argument("--both-ways", action="store_true", help="both ranks send at once")
     args = p.parse_args(argv)
     if args.cmd == "p2p":
-        print(json.dumps(probe_p2p(args.mbytes, args.reps)))
+        print(json.dumps(probe_p2p(args.mbytes, args.reps, args.both_ways)))
         return
     print(json.dumps(probe(args.mbytes, args.matmul_n, args.reps)))
 
