@@ -90,20 +90,22 @@ def _wait(ops: list[Any], what: str, peer_stage: int, hooks: Hooks) -> None:
 
 
 def receives_before_sends(order: list[Any]) -> list[Any]:
-    """Post each receive before the sends just ahead of it in a rank's lowered action list.
+    """Post each receive as early as the rank's lowered action list allows: ahead of every send and compute
+    action before it, never ahead of another receive.
 
-    torch's lowering puts a rank's RECV_B(j) after its SEND_F(j + k) (`0F2 0SEND_F2 0RECV_B1 0B1`). Over gloo,
-    a send's data moves only once the receiver has posted the matching receive, and the receiver's notice
-    travels on the same TCP connection behind its own outgoing message: the gradient then waits for the whole
-    activation to cross first (measured on the testbed: 168 ms instead of 84 for 1 MiB at 100 Mbit/s each
-    way; docs/benchmarks.md section 7). Receives are only moved ahead of sends, never of other receives or of
-    compute actions, so the order in which a rank posts its receives (how gloo matches them to sends) and
-    every compute dependency stay as torch lowered them; posting is non-blocking, so no wait moves."""
+    torch's lowering posts a rank's RECV_B(j) after its F(j + k) and SEND_F(j + k) (`0F2 0SEND_F2 0RECV_B1
+    0B1`). Over gloo a send's data moves only once the receiver has posted the matching receive, and the
+    receiver's notice travels on the same TCP connection behind its own outgoing message: the gradient then
+    waited for the forward and for the whole activation to cross first (measured on the testbed: 168 ms
+    instead of 84 for 1 MiB at 100 Mbit/s each way; docs/benchmarks.md section 7). The simulator, like NCCL,
+    lets a transfer start when its sender is done. Receives keep their order among themselves (gloo matches
+    them to sends in posting order) and posting is non-blocking: every wait stays where it was, inside the
+    compute action that needs the data."""
     out = list(order)
-    sends, recvs = ("SEND_F", "SEND_B"), ("RECV_F", "RECV_B")
+    recvs = ("RECV_F", "RECV_B")
     for i in range(1, len(out)):
         j = i
-        while j > 0 and out[j].computation_type.name in recvs and out[j - 1].computation_type.name in sends:
+        while j > 0 and out[j].computation_type.name in recvs and out[j - 1].computation_type.name not in recvs:
             out[j - 1], out[j] = out[j], out[j - 1]
             j -= 1
     return out
