@@ -72,6 +72,20 @@ def profile(tb, work: Path, model: Path, tp: int, repeats: int) -> tuple[int, Pa
     return int(json.loads(res[0].stdout)["id"]), dbs[0]
 
 
+def workdir(prefix: str) -> tuple[Path, Path] | None:
+    """A fresh work directory with the model's YAML in it, or None (and why, printed) without a testbed."""
+    from lynx.runtime.testbed import unavailable
+
+    reason = unavailable()
+    if reason:
+        print(f"skipped: {reason}")
+        return None
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    model = work / "testbed-gpt.yaml"
+    model.write_text(MODEL_YAML)
+    return work, model
+
+
 def testbed_hardware(tp: int, pp: int, rate_mbit: float):
     """The testbed as lynx hardware: the layer's times and TP collectives come from the profile; what the
     hardware adds is the pipeline's point-to-point link. With TP = 1 the stages sit in two namespaces and
@@ -229,17 +243,14 @@ def main() -> None:
         print(f"\n{saved['meta']['command']}; {saved['meta']['date']}; load average before "
               f"{saved['meta']['load_before']}, after {saved['meta']['load_after']}")
         return
-    from lynx.runtime.testbed import Testbed, unavailable
+    from lynx.runtime.testbed import Testbed
 
-    reason = unavailable()
-    if reason:
-        print(f"skipped: {reason}")
+    prepared = workdir("lynx-pptestbed-")
+    if prepared is None:
         return
+    work, model = prepared
     lay = LAYOUTS[args.layout]
     world = lay["tp"] * lay["pp"]
-    work = Path(tempfile.mkdtemp(prefix="lynx-pptestbed-"))
-    model = work / "testbed-gpt.yaml"
-    model.write_text(MODEL_YAML)
     load_before = os.getloadavg()
     runs: dict[str, list[dict]] = {}
     with Testbed(args.rate) as tb:

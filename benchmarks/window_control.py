@@ -54,7 +54,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -328,16 +327,13 @@ def main() -> None:
     if args.from_json is not None:
         from_json(args.from_json)
         return
-    from lynx.runtime.testbed import Testbed, unavailable
+    from lynx.runtime.testbed import Testbed
 
-    reason = unavailable()
-    if reason:
-        print(f"skipped: {reason}")
+    prepared = pt.workdir("lynx-wctl-")
+    if prepared is None:
         return
+    work, model = prepared
     lay = LAYOUTS[args.layout]
-    work = Path(tempfile.mkdtemp(prefix="lynx-wctl-"))
-    model = work / "testbed-gpt.yaml"
-    model.write_text(pt.MODEL_YAML)
     load_before = os.getloadavg()
     start = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     with Testbed(args.rate) as tb:
