@@ -87,13 +87,18 @@ def check_train_args(args: argparse.Namespace) -> None:
             raise RuntimeArgError(f"--data {args.data}: empty file; give a text file of training bytes")
 
 
+def default_backend(device: str) -> str:
+    """What `--backend auto` means: NCCL on CUDA, gloo on the CPU."""
+    return "nccl" if device == "cuda" else "gloo"
+
+
 def resolve_backend(device: str, backend: str, local_ranks: int, gpus: int) -> str:
     """The process-group backend for `--backend` on `--device` (already resolved from auto), checked before
     any process group: auto is NCCL on CUDA and gloo on the CPU; NCCL needs CUDA and one GPU per local rank
     (it refuses two ranks on one GPU); gloo on CUDA runs the pipeline's p2p through host memory."""
     if backend not in ("auto", "nccl", "gloo"):
         raise RuntimeArgError(f"--backend {backend!r}: expected auto, nccl or gloo")
-    chosen = backend if backend != "auto" else ("nccl" if device == "cuda" else "gloo")
+    chosen = backend if backend != "auto" else default_backend(device)
     if chosen == "nccl" and device != "cuda":
         raise RuntimeArgError("--backend nccl needs --device cuda; on the CPU use --backend gloo (or auto)")
     if chosen == "nccl" and local_ranks > gpus:

@@ -30,7 +30,7 @@ from lynx.runtime import tp as tp_mod
 from lynx.runtime import trace as trace_mod
 from lynx.runtime.check import predicted_activation_bytes, runtime_graph
 from lynx.runtime.cpu_alloc import keep_freed_memory
-from lynx.runtime.faults import rank_failure, rendezvous_deadline, resolve_backend
+from lynx.runtime.faults import default_backend, rank_failure, rendezvous_deadline, resolve_backend
 from lynx.runtime.layer import LayerConfig, op_names_for
 from lynx.runtime.model import synthetic_batch
 from lynx.runtime.pipeline import LayoutError, PipelineLayout, PipelineRunner, check_world, make_groups
@@ -278,7 +278,7 @@ def _finish(report: dict[str, Any] | None, args: argparse.Namespace) -> None:
 
 def _backend(args: argparse.Namespace) -> str:
     b = getattr(args, "backend", "auto")  # resolved by `launch`
-    return b if b != "auto" else ("nccl" if args.device == "cuda" else "gloo")
+    return b if b != "auto" else default_backend(args.device)
 
 
 def host_staged(args: argparse.Namespace) -> bool:

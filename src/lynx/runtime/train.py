@@ -34,6 +34,7 @@ from lynx.runtime.family import runtime_for
 from lynx.runtime.faults import (
     RankFailedError,
     check_train_args,
+    default_backend,
     quiet_spawn_logs,
     rank_failure,
     rendezvous_deadline,
@@ -180,7 +181,7 @@ def _init(args: argparse.Namespace, rank: int, world: int, init_method: str) -> 
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     backend = getattr(args, "backend", "auto")  # resolved by `launch` (faults.resolve_backend)
     if backend == "auto":
-        backend = "nccl" if args.device == "cuda" else "gloo"
+        backend = default_backend(args.device)
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))
     return dist.group.WORLD
