@@ -27,14 +27,8 @@ import tempfile
 from pathlib import Path
 
 from _window_control import control_file
+from pipeline_testbed import MODEL_YAML  # the same 4-layer GPT as the pipeline experiment
 
-MODEL_YAML = """name: testbed-gpt
-num_layers: 4
-hidden_size: 512
-num_attention_heads: 8
-vocab_size: 1024
-max_position_embeddings: 512
-"""
 SHAPE = ["--tp", "2", "--micro-batch", "2", "--seq-len", "256"]
 PLAN_SHAPE = SHAPE + ["--pp", "1", "--global-batch", "4"]
 METHODS = ("none", "selective", "full", "uniform", "block", "lynx")

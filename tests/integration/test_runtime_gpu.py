@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,45 +46,6 @@ def test_cuda_gradients_equal_for_every_policy() -> None:
             torch.testing.assert_close(g[n], g0[n], rtol=1e-5, atol=1e-6, msg=f"{name}: {n}")
 
 
-def _overlap_worker(rank: int, port: int, out: str) -> None:
-    import datetime
-    import time
-
-    import torch.distributed as dist
-
-    from lynx.runtime.tp import run_collective
-
-    torch.cuda.set_device(0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=60))
-    x = torch.ones(32 * 2**20, device="cuda")  # 128 MB: gloo stages it through host memory
-    a = torch.randn(4096, 4096, device="cuda")
-
-    def compute() -> None:
-        for _ in range(20):
-            a.matmul(a)
-
-    def timed(fn) -> float:
-        dist.barrier()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        return time.perf_counter() - t
-
-    timed(lambda: run_collective("allreduce", x, dist.group.WORLD))
-    timed(compute)
-    res = {"allreduce_s": timed(lambda: run_collective("allreduce", x, dist.group.WORLD)),
-           "compute_s": timed(compute),
-           "overlapped_s": timed(lambda: run_collective("allreduce", x, dist.group.WORLD, compute))}
-    y = run_collective("allreduce", x, dist.group.WORLD, compute)
-    res["correct"] = bool(torch.all(y == 2))
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(res, f)
-    dist.destroy_process_group()
-
-
 def test_window_overlaps_collective_on_side_stream(tmp_path) -> None:
     import torch.multiprocessing as mp
 
@@ -91,6 +53,9 @@ def test_window_overlaps_collective_on_side_stream(tmp_path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "r.json"
-    mp.spawn(_overlap_worker, args=(port, str(out)), nprocs=2, join=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from bench_gpu_overlap import worker  # the benchmark's worker: the same window, timed there
+
+    mp.spawn(worker, args=(port, str(out)), nprocs=2, join=True)
     r = json.loads(out.read_text())
     assert r["correct"]  # how much of the window the collective hides is measured by bench_gpu_overlap.py
