@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 import torch
+from _targets import Targets
 
 from lynx.graph import LAYER_INPUT
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
@@ -193,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{p:<11}{r['iter_s']:8.3f}{r['iter_s'] / base:10.3f}{r['recompute_s']:13.3f}{priced:10.3f}"
               f"{extra:9.3f}{r['minor_faults']:13.0f}")
         out["policies"][p] = {k: v for k, v in r.items() if k != "engine"} | {"priced_s": priced}
+    _targets(res, out["policies"])
     if args.cprofile:
         for p, r in res.items():
             if r["engine"] is None:
@@ -205,6 +207,27 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     return 0
+
+
+def _targets(res: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]]) -> None:
+    """What a recomputing policy adds over `none` costs what the plan prices (within 25%), and nothing leaks
+    (under 1000 minor page faults per iteration: the leak fixed in issue 14 caused ~50k)."""
+    t = Targets()
+    print("\ntargets:")
+    for p, r in rows.items():
+        if p in ("plain", "none"):
+            continue
+        added = res[p]["iter_s"] - res["none"]["iter_s"]
+        ok = t.add(f"{p}: added time within 25% of priced", abs(added - r["priced_s"]) <= 0.25 * r["priced_s"])
+        print(f"  {p:<11} added over none {added:.3f} s, priced {r['priced_s']:.3f} s (within 25%): {_plain(ok)}")
+    for p, r in res.items():
+        ok = t.at_most(f"{p}: minor faults per iteration < 1000", r["minor_faults"], 999)
+        print(f"  {p:<11} minor faults per iteration {r['minor_faults']:.0f} (< 1000): {_plain(ok)}")
+    print(_plain(t.summary()))
+
+
+def _plain(text: str) -> str:
+    return text.replace("[green]", "").replace("[/green]", "").replace("[red]", "").replace("[/red]", "")
 
 
 def _print_ops(model: GPTModel, pols: dict[str, RecomputePolicy | None], res: dict[str, dict[str, Any]],
