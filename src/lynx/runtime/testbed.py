@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -218,6 +219,38 @@ def probe_p2p(mbytes: float, reps: int, both_ways: bool = False) -> dict[str, fl
     return {"bytes": float(x.numel() * 4), "one_way_s": one_way, "bandwidth_Bps": x.numel() * 4 / one_way}
 
 
+def probe_pipeline_order(mbytes: float, reps: int, busy_s: float = 0.07) -> dict[str, float]:
+    """Inside a rank (world 2), the order a 1F1B pipeline posts its p2p in (docs/benchmarks.md section 7):
+    rank 1 sends a gradient at once, then waits for an activation; rank 0 is busy for `busy_s` (a forward),
+    then sends its activation and only then posts the receive for the gradient, as torch lowers the list.
+    Reports (on rank 0) when the gradient arrived after it was sent: over gloo it waits for the receive to be
+    posted and then for the activation to cross first."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://", timeout=__import__("datetime").timedelta(seconds=60))
+    x, y = torch.ones(int(mbytes * 1e6 / 4)), torch.empty(int(mbytes * 1e6 / 4))
+    arrived = []
+    for k in range(reps + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if dist.get_rank() == 1:
+            works = [dist.isend(x, 0), dist.irecv(y, 0)]
+        else:
+            time.sleep(busy_s)
+            works = [dist.isend(x, 1), dist.irecv(y, 1)]
+        for w in works:
+            if w is not None:
+                w.wait()
+        if k:
+            arrived.append(time.perf_counter() - t0)
+    dist.destroy_process_group()
+    return {"bytes": float(x.numel() * 4), "busy_s": busy_s, "exchange_done_s": statistics.median(arrived)}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="lynx.runtime.testbed")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -229,9 +262,15 @@ def main(argv: list[str] | None = None) -> None:
     pp.add_argument("--mbytes", type=float, default=1.0)
     pp.add_argument("--reps", type=int, default=10)
     pp.add_argument("--both-ways", action="store_true", help="both ranks send at once")
+    pp.add_argument("--pipeline-order", action="store_true",
+                    help="rank 1 sends at once; rank 0 is busy 70 ms, sends, then receives (torch's 1F1B order)")
     args = p.parse_args(argv)
     if args.cmd == "p2p":
-        print(json.dumps(probe_p2p(args.mbytes, args.reps, args.both_ways)))
+        if not (math.isfinite(args.mbytes) and args.mbytes > 0) or args.reps < 1:
+            p.error("p2p: --mbytes must be a positive number and --reps at least 1")
+        out = (probe_pipeline_order(args.mbytes, args.reps) if args.pipeline_order
+               else probe_p2p(args.mbytes, args.reps, args.both_ways))
+        print(json.dumps(out))
         return
     print(json.dumps(probe(args.mbytes, args.matmul_n, args.reps)))
 
