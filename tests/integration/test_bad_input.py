@@ -296,6 +296,16 @@ def test_bad_train_input(case: tuple[str, list[str], int, str], files: Path,
     _check(case, files, capsys)
 
 
+def test_cuda_requested_on_a_machine_without_one(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--device cuda` where torch sees no GPU: one line before any process group, not a rank's traceback."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    for extra in ([], ["--backend", "gloo"]):
+        _check(("train-cuda-absent", [*TRAIN, "--device", "cuda", *extra], 2, "--device cuda: no CUDA device"),
+               files, capsys)
+
+
 def test_compare_when_nothing_fits(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """No method fits: the table still prints, one line says so, and the exit code is 3 for scripts."""
     code, out, err = run_main(["plan", "--compare", "--budget-gb", "1", "--out", f"{files}/exists.json"], capsys)

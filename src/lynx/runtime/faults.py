@@ -98,6 +98,9 @@ def resolve_backend(device: str, backend: str, local_ranks: int, gpus: int) -> s
     (it refuses two ranks on one GPU); gloo on CUDA runs the pipeline's p2p through host memory."""
     if backend not in ("auto", "nccl", "gloo"):
         raise RuntimeArgError(f"--backend {backend!r}: expected auto, nccl or gloo")
+    if device == "cuda" and gpus < 1:
+        raise RuntimeArgError("--device cuda: no CUDA device on this machine (torch.cuda.is_available() is "
+                              "False); use --device cpu")
     chosen = backend if backend != "auto" else default_backend(device)
     if chosen == "nccl" and device != "cuda":
         raise RuntimeArgError("--backend nccl needs --device cuda; on the CPU use --backend gloo (or auto)")
