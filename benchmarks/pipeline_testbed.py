@@ -72,6 +72,37 @@ def profile(tb, work: Path, model: Path, tp: int, repeats: int) -> tuple[int, Pa
     return int(json.loads(res[0].stdout)["id"]), dbs[0]
 
 
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Before any work (shared with window_control.py): a finite positive link rate, at least one iteration,
+    round and profiler repeat, and a JSON `--out` whose directory exists (or can be made) and is writable."""
+    import math
+
+    from lynx.errors import LynxError
+    from lynx.paths import check_output
+
+    if not (math.isfinite(args.rate) and args.rate > 0):
+        ap.error(f"--rate {args.rate}: expected a positive link rate in Mbit/s")
+    for name in ("iters", "rounds", "repeats"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name}: must be at least 1")
+    if args.out is not None:
+        try:
+            if not args.out.parent.exists():
+                args.out.parent.mkdir(parents=True)
+            check_output(args.out, "--out", (".json",))
+        except (OSError, LynxError) as e:
+            ap.error(str(e))
+
+
+def from_json_rows(ap: argparse.ArgumentParser, path: Path) -> dict:
+    try:
+        saved = json.loads(path.read_text())
+        saved["rows"], saved["meta"]["command"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        ap.error(f"--from-json {path}: not a saved run of this benchmark ({e})")
+    return saved
+
+
 def workdir(prefix: str) -> tuple[Path, Path] | None:
     """A fresh work directory with the model's YAML in it, or None (and why, printed) without a testbed."""
     from lynx.runtime.testbed import unavailable
@@ -238,11 +269,12 @@ def main() -> None:
     ap.add_argument("--from-json", type=Path, default=None, help="re-print the tables of a saved run")
     args = ap.parse_args()
     if args.from_json is not None:
-        saved = json.loads(args.from_json.read_text())
+        saved = from_json_rows(ap, args.from_json)
         print(table(saved["rows"]) + "\n\n" + targets(saved["rows"]))
         print(f"\n{saved['meta']['command']}; {saved['meta']['date']}; load average before "
               f"{saved['meta']['load_before']}, after {saved['meta']['load_after']}")
         return
+    check_args(ap, args)
     from lynx.runtime.testbed import Testbed
 
     prepared = workdir("lynx-pptestbed-")

@@ -284,15 +284,14 @@ def parse() -> argparse.Namespace:
             ok = False
         if not ok:
             ap.error(f"--budget-frac: {args.budget_frac!r} is not auto or a number in (0, 1]")
-    for name in ("iters", "rounds", "repeats"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name}: must be at least 1")
-    if args.rate <= 0 or not 0 <= args.min_signal < 1:
-        ap.error("--rate must be > 0 and --min-signal in [0, 1)")
+    if not 0 <= args.min_signal < 1:
+        ap.error(f"--min-signal {args.min_signal}: expected a fraction in [0, 1)")
     if args.smoke:
         args.iters, args.rounds, args.repeats = 2, 1, 2
-    if args.out is None and not args.smoke:
+    if args.out is None and not args.smoke and args.from_json is None:
         args.out = Path(f"benchmarks/results/window_control_{args.layout}.json")
+    if args.from_json is None:
+        pt.check_args(ap, args)
     return args
 
 
