@@ -106,6 +106,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
+    for name in ("hidden", "heads", "seq", "micro_batch", "layers"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')}: must be at least 1")
+    if a.hidden % a.heads or (a.heads % 4 and "llama" in a.families):
+        ap.error(f"--hidden {a.hidden} must be a multiple of --heads {a.heads} (and --heads of 4 for llama's groups)")
+    if a.device not in ("cuda", "cpu"):
+        ap.error(f"--device {a.device}: expected cuda or cpu")
+    if a.out is not None and not a.out.resolve().parent.is_dir():
+        ap.error(f"--out {a.out}: directory {a.out.resolve().parent} does not exist")
     if a.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_memory: needs a CUDA device")
     rows = [r for f in a.families for r in measure(f, a.hidden, a.heads, a.seq, a.micro_batch, a.layers, a.device)]
