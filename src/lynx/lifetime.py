@@ -20,6 +20,7 @@ The memory is sampled after every restore (after the frees, as the engine measur
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -38,9 +39,14 @@ class _Layer:
     """Restored op -> bytes of its output still alive (0 once freed)."""
     side: dict[str, float] = field(default_factory=dict)
     """Restored op -> its mask / statistics bytes (alive until release)."""
+    cached: float | None = None
+    """`total()` since the last change of `out` / `side` (the replay samples far more often than it
+    changes a layer; the same sums in the same order, so the figures are unchanged)."""
 
     def total(self) -> float:
-        return sum(self.out.values()) + sum(self.side.values())
+        if self.cached is None:
+            self.cached = sum(self.out.values()) + sum(self.side.values())
+        return self.cached
 
 
 class _Replay:
@@ -85,6 +91,7 @@ class _Replay:
         o = self.g.op(op)
         st.out[op] = o.out_bytes
         st.side[op] = o.mask_bytes + self.extra.get(op, 0.0)
+        st.cached = None
         self.free(li)
         self.sample()
 
@@ -98,6 +105,7 @@ class _Replay:
                 continue
             if all(c in st.out or c in st.pol.keep or c not in self.planned[li] for c in users):
                 st.out[name] = 0.0
+                st.cached = None
 
     def prefill(self, li: int) -> None:
         """Phase 1/2 restores of a later forward's windows (attention's, then the MLP's)."""
@@ -127,6 +135,7 @@ class _Replay:
         self.sample()
         self.layers[li].out.clear()
         self.layers[li].side.clear()
+        self.layers[li].cached = None
         self.released += self.retained(li)
 
     def _window_op(self, blk: str) -> str:
@@ -170,12 +179,32 @@ def forward_holdings(graph: LayerGraph, layers: Sequence[LayerPolicy],
     return tuple(out)
 
 
+_TRACES: OrderedDict[tuple[object, ...], tuple[LayerGraph, BackwardTrace]] = OrderedDict()
+TRACE_CACHE_SIZE = 4096
+"""Replays remembered (least recently used dropped): the partition refinement and the configuration search
+ask for the same stage's trace again and again, and one replay of a deep stage takes tens of ms."""
+
+
 def backward_trace(graph: LayerGraph, layers: Sequence[LayerPolicy], fwd_windows: bool,
                    extra: Mapping[str, float] | None = None) -> BackwardTrace:
     """Replay one micro-batch's backward through `layers` (one stage or chunk, bottom first). With
     `fwd_windows` the phase-1/2 ops were restored in a later forward (held, counted by `fwd_held`);
     without, they are restored on demand like phase 5. `extra`: bytes per op beyond the graph (the runtime's
-    LayerNorm statistics), held with the op's mask."""
+    LayerNorm statistics), held with the op's mask. Results are memoized per graph object and policies."""
+    key = (id(graph), tuple(layers), fwd_windows, tuple(sorted(extra.items())) if extra else ())
+    hit = _TRACES.get(key)
+    if hit is not None and hit[0] is graph:
+        _TRACES.move_to_end(key)
+        return hit[1]
+    trace = _backward_trace(graph, layers, fwd_windows, extra)
+    _TRACES[key] = (graph, trace)
+    if len(_TRACES) > TRACE_CACHE_SIZE:
+        _TRACES.popitem(last=False)
+    return trace
+
+
+def _backward_trace(graph: LayerGraph, layers: Sequence[LayerPolicy], fwd_windows: bool,
+                    extra: Mapping[str, float] | None) -> BackwardTrace:
     rep = _Replay(graph, layers, extra or {})
     held = []
     for li in range(len(layers)):

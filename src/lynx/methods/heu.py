@@ -113,12 +113,15 @@ def _interleaved_search(problem: PlanProblem, method: str, cache: HeuCache, t0: 
     return PlanResult(method, chosen, pols, notes, time.perf_counter() - t0)
 
 
-def lynx_search(problem: PlanProblem, method: str) -> tuple[PlanResult, HeuCache]:
+def lynx_search(problem: PlanProblem, method: str,
+                cache: HeuCache | None = None) -> tuple[PlanResult, HeuCache]:
     """HEU + recomputation-aware partitioning: dp, the paper's greedy loop and the exact min-max search
     each give a partition; the event simulator measures all three and the fastest that fits wins (so the
-    result is never slower than dp partitioning with HEU)."""
+    result is never slower than dp partitioning with HEU). `cache`: stage solutions shared with other
+    problems on the same graph and HEU options (the configuration search, `lynx.search`)."""
     t0 = time.perf_counter()
-    cache = HeuCache(problem.graph, heu_options(problem, method))
+    if cache is None or cache.graph is not problem.graph or cache.opts != heu_options(problem, method):
+        cache = HeuCache(problem.graph, heu_options(problem, method))
     if problem.options.layers_per_stage is not None:  # the user's partition is not second-guessed
         part = base_partition(problem)
         return PlanResult(method, part, policies_for(problem, part, cache), ("explicit partition",),
