@@ -63,9 +63,12 @@ class _Replay:
         self.peak = 0.0
         self.released = 0.0
         """Retained bytes of layers whose backward is done (freed with their record)."""
+        self.active: set[int] = set()
+        """Layers holding restored bytes; the others add nothing to `total` (skipping a zero term leaves a
+        float sum unchanged, and the active ones are summed in layer order as before)."""
 
     def total(self) -> float:
-        return sum(s.total() for s in self.layers) - self.released
+        return sum(self.layers[i].total() for i in sorted(self.active)) - self.released
 
     def retained(self, li: int) -> float:
         lp = self.layers[li].pol
@@ -92,6 +95,7 @@ class _Replay:
         st.out[op] = o.out_bytes
         st.side[op] = o.mask_bytes + self.extra.get(op, 0.0)
         st.cached = None
+        self.active.add(li)
         self.free(li)
         self.sample()
 
@@ -136,6 +140,7 @@ class _Replay:
         self.layers[li].out.clear()
         self.layers[li].side.clear()
         self.layers[li].cached = None
+        self.active.discard(li)
         self.released += self.retained(li)
 
     def _window_op(self, blk: str) -> str:
