@@ -13,15 +13,12 @@ from lynx.cli.common import (
     PLOT_FORMATS,
     BusbwOpt,
     BytesPerParamOpt,
-    DistOptOpt,
-    DpOpt,
     GbOpt,
     HardwareOpt,
     JsonOpt,
     MbOpt,
     ModelOpt,
     NodesOpt,
-    PpOpt,
     PrecisionOpt,
     SeqOpt,
     SpOpt,
@@ -145,31 +142,91 @@ def _check_plan_outputs(out: Path | None, gantt: Path | None, memory_png: Path |
                      "--memory-png": (memory_png, PLOT_FORMATS)})
 
 
+def _search(model: str, hardware: str, gpus: int | None, nodes: int | None, tp: int | None, pp: int | None,
+            dp: int | None, vpp: int | None, sp: bool | None, mb: int | None, dist_opt: bool | None,
+            method: str | None, global_batch: int, seq_len: int, compare: bool, gantt: Path | None,
+            memory_png: Path | None, profile: str | None, cross_node: bool, allow_idle: bool, top: int,
+            as_json: bool, out: Path | None, png: Path | None, knobs: dict[str, Any]) -> None:
+    """`lynx plan --gpus N` (or --nodes K without a full layout): the configuration search."""
+    from lynx.cli.search import SearchArgs, cluster_gpus, derive_dp, run_search
+    from lynx.spec import load_hardware
+
+    for flag, given in (("--compare", compare), ("--gantt", gantt), ("--memory-png", memory_png),
+                        ("--profile", profile)):
+        if given:
+            raise SpecError(f"{flag} plans one layout; with --gpus / --nodes lynx searches layouts (drop {flag}, "
+                            "or give --tp, --pp and --dp without --gpus)")
+    check_ints(**{"--tp": (tp, POSITIVE), "--pp": (pp, POSITIVE), "--dp": (dp, POSITIVE),
+                  "--micro-batch": (mb, POSITIVE), "--global-batch": (global_batch, POSITIVE),
+                  "--seq-len": (seq_len, POSITIVE), "--nodes": (nodes, POSITIVE)})
+    hw = load_hardware(hardware)
+    total = cluster_gpus(hw, gpus, nodes)
+    assert total is not None
+    where = f"--gpus {gpus}" if gpus is not None else f"--nodes {nodes} x {hw.devices_per_node} per node"
+    if tp is not None and pp is not None:
+        dp = derive_dp(tp, pp, dp, total, where, allow_idle)
+        total = tp * pp * dp
+    elif dp is not None:
+        raise SpecError("--dp with --gpus: DP follows from GPUs / (TP x PP); pin --tp and --pp instead")
+    problem = build_problem(model, hardware, tp or 1, pp or 1, 1, False, 1, global_batch, seq_len, None, None,
+                            knobs["budget_gb"], knobs["bytes_per_param"], knobs["recompute_num_layers"],
+                            knobs["no_wgrad_overlap"], None, knobs["time_limit"],
+                            cooldown_overlap=knobs["cooldown_overlap"], precision=knobs["precision"],
+                            busbw_gbps=None)  # validates the shared knobs; the layout is the search's
+    if knobs["busbw"] is not None:
+        raise SpecError("--busbw is a TP group's measured bandwidth; pin --tp to use it (not with the search)")
+    run_search(SearchArgs(model, hardware, total, global_batch, seq_len, tp, pp, vpp, sp, mb, dist_opt, method,
+                          cross_node, top, as_json, out, png), problem.options)
+
+
 @app.command("plan")
 def plan_cmd(
     model: ModelOpt = "gpt-7b",
     hardware: HardwareOpt = "a100-40g-nvlink",
-    tp: TpOpt = 4,
-    pp: PpOpt = 4,
-    dp: DpOpt = 1,
-    sp: SpOpt = False,
-    micro_batch: MbOpt = 8,
+    tp: Annotated[int | None, typer.Option("--tp", "--tensor-model-parallel-size",
+                                           help="Tensor-parallel size [default: 4; searched with --gpus].")] = None,
+    pp: Annotated[int | None, typer.Option("--pp", "--pipeline-model-parallel-size",
+                                           help="Pipeline-parallel size [default: 4; searched with --gpus].")] = None,
+    dp: Annotated[int | None, typer.Option("--dp", help="Data-parallel size [default: 1, or GPUs / (TP x PP) "
+                                           "with --gpus / --nodes].")] = None,
+    sp: Annotated[bool | None, typer.Option("--sp/--no-sp", "--sequence-parallel",
+                                            help="Megatron sequence parallelism [default: off; searched with "
+                                            "--gpus].")] = None,
+    micro_batch: Annotated[int | None, typer.Option("--micro-batch", "--micro-batch-size",
+                                                    help="Micro-batch size per GPU [default: 8; searched with "
+                                                    "--gpus].")] = None,
     global_batch: GbOpt = 128,
     seq_len: SeqOpt = 1024,
     nodes: NodesOpt = None,
-    method: Annotated[str, typer.Option(help="Planning method: lynx (default when available), none, full, "
-                                        "selective, uniform, block, ... (see `lynx methods`).")] = "lynx",
+    method: Annotated[str | None, typer.Option(help="Planning method: lynx (default when available), none, full, "
+                                               "selective, uniform, block, ... (see `lynx methods`); with --gpus "
+                                               "the one method searched.")] = None,
     compare: Annotated[bool, typer.Option("--compare", help="Evaluate every method side by side.")] = False,
-    vpp: Annotated[int, typer.Option("--vpp", "--virtual-pipeline-model-parallel-size",
-                                     help="Model chunks per pipeline rank: 1 = 1F1B, more = Megatron's "
-                                     "interleaved 1F1B (needs a multiple of --pp micro-batches).")] = 1,
+    vpp: Annotated[int | None, typer.Option("--vpp", "--virtual-pipeline-model-parallel-size",
+                                            help="Model chunks per pipeline rank: 1 = 1F1B, more = Megatron's "
+                                            "interleaved 1F1B (needs a multiple of --pp micro-batches) "
+                                            "[default: 1; searched with --gpus].")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="Search the whole configuration (TP, PP, VPP, DP, SP, "
+                                             "micro-batch, optimizer sharding, method) for this many GPUs; "
+                                             "options given pin their dimension (docs/choosing-a-configuration.md)."
+                                             )] = None,
+    allow_cross_node_tp: Annotated[bool, typer.Option(
+        "--allow-cross-node-tp", help="With --gpus: also try TP groups larger than one node.")] = False,
+    allow_idle_gpus: Annotated[bool, typer.Option(
+        "--allow-idle-gpus", help="Accept a layout that leaves some of --gpus / --nodes idle.")] = False,
+    top: Annotated[int, typer.Option("--top", help="With --gpus: configurations in the table.")] = 5,
+    search_png: Annotated[Path | None, typer.Option(
+        "--search-png", help="With --gpus: plot every candidate's time against its peak memory (PNG).")] = None,
     layers_per_stage: Annotated[str | None, typer.Option(help="Explicit partition, e.g. 7,8,8,9.")] = None,
     budget_gb: Annotated[
         float | None, typer.Option(help="Usable memory per GPU in GiB (default: capacity minus reserve).")
     ] = None,
     bytes_per_param: BytesPerParamOpt = None,
     precision: PrecisionOpt = "paper",
-    distributed_optimizer: DistOptOpt = False,
+    distributed_optimizer: Annotated[bool | None, typer.Option(
+        "--distributed-optimizer/--no-distributed-optimizer", "--use-distributed-optimizer",
+        help="Shard fp32 main weights and optimizer state over DP (Megatron's distributed optimizer) "
+        "[default: off; searched with --gpus].")] = None,
     busbw: BusbwOpt = None,
     recompute_num_layers: Annotated[
         int | None, typer.Option(help="Megatron --recompute-num-layers for uniform/block (default: auto).")
@@ -201,10 +258,31 @@ def plan_cmd(
     from lynx.methods import available_methods
 
     _check_plan_outputs(out, gantt, memory_png)
+    check_outputs(**{"--search-png": (search_png, PLOT_FORMATS)})
+    check_ints(**{"--gpus": (gpus, POSITIVE), "--top": (top, POSITIVE), "--vpp": (vpp, POSITIVE)})
+    if gpus is not None or (nodes is not None and (tp is None or pp is None) and from_megatron is None):
+        return _search(model, hardware, gpus, nodes, tp, pp, dp, vpp, sp, micro_batch, distributed_optimizer,
+                       method, global_batch, seq_len, compare, gantt, memory_png, profile, allow_cross_node_tp,
+                       allow_idle_gpus, top, as_json, out, search_png,
+                       dict(budget_gb=budget_gb, bytes_per_param=bytes_per_param, precision=precision,
+                            recompute_num_layers=recompute_num_layers, no_wgrad_overlap=no_wgrad_overlap,
+                            time_limit=time_limit, cooldown_overlap=not no_cooldown_overlap, busbw=busbw))
+    if nodes is not None and dp is None and tp is not None and pp is not None:
+        from lynx.cli.search import derive_dp
+        from lynx.spec import load_hardware
+
+        per_node = load_hardware(hardware).devices_per_node
+        if tp * pp <= nodes * per_node:  # else the layout check says how many nodes it needs
+            dp = derive_dp(tp, pp, None, nodes * per_node, f"--nodes {nodes} x {per_node} per node",
+                           allow_idle_gpus)
     if from_megatron is not None:  # the import path lives in lynx.cli.export
         from lynx.cli.export import plan_from_megatron
 
-        return plan_from_megatron(from_megatron, hardware, dp, nodes, budget_gb, bytes_per_param, as_json, out)
+        return plan_from_megatron(from_megatron, hardware, dp or 1, nodes, budget_gb, bytes_per_param, as_json,
+                                  out)
+    tp, pp, dp = tp or 4, pp or 4, dp or 1
+    sp, micro_batch, vpp = bool(sp), micro_batch or 8, vpp or 1
+    method, distributed_optimizer = method or "lynx", bool(distributed_optimizer)
     graph = _load_profile_graph(profile, db) if profile else None
     problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
                             layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,

@@ -91,7 +91,8 @@ def lynx_heu(problem: PlanProblem) -> PlanResult:
     return PlanResult("lynx-heu", part, pols, (note,), time.perf_counter() - t0)
 
 
-def _interleaved_search(problem: PlanProblem, method: str, cache: HeuCache, t0: float) -> PlanResult:
+def _interleaved_search(problem: PlanProblem, method: str, cache: HeuCache, t0: float,
+                        refine_ok: bool = True) -> PlanResult:
     """Interleaved chunks: HEU on the dp split of the virtual stages, then (where one simulation is cheap)
     the simulator-judged local search moving one layer between virtual stages. The greedy / exact min-max
     searches over per-rank layer counts do not apply to chunks."""
@@ -99,7 +100,7 @@ def _interleaved_search(problem: PlanProblem, method: str, cache: HeuCache, t0: 
     dp = base_partition(problem)
     pols = policies_for(problem, dp, cache)
     best_t, part, label = math.inf, dp, "dp"
-    if par.pp * par.num_microbatches * problem.options.vpp <= REFINE_MAX_ACTIONS:
+    if refine_ok and par.pp * par.num_microbatches * problem.options.vpp <= REFINE_MAX_ACTIONS:
         best_t = _iteration(problem, dp, pols)
         refined = _refine(problem, dp, best_t, cache)
         if refined is not None:
@@ -113,12 +114,14 @@ def _interleaved_search(problem: PlanProblem, method: str, cache: HeuCache, t0: 
     return PlanResult(method, chosen, pols, notes, time.perf_counter() - t0)
 
 
-def lynx_search(problem: PlanProblem, method: str,
-                cache: HeuCache | None = None) -> tuple[PlanResult, HeuCache]:
+def lynx_search(problem: PlanProblem, method: str, cache: HeuCache | None = None,
+                refine_ok: bool = True) -> tuple[PlanResult, HeuCache]:
     """HEU + recomputation-aware partitioning: dp, the paper's greedy loop and the exact min-max search
     each give a partition; the event simulator measures all three and the fastest that fits wins (so the
     result is never slower than dp partitioning with HEU). `cache`: stage solutions shared with other
-    problems on the same graph and HEU options (the configuration search, `lynx.search`)."""
+    problems on the same graph and HEU options (the configuration search, `lynx.search`); `refine_ok=False`
+skips the simulator-judged local search (the configuration search screens without it, then refines its
+finalists)."""
     t0 = time.perf_counter()
     if cache is None or cache.graph is not problem.graph or cache.opts != heu_options(problem, method):
         cache = HeuCache(problem.graph, heu_options(problem, method))
@@ -127,7 +130,7 @@ def lynx_search(problem: PlanProblem, method: str,
         return PlanResult(method, part, policies_for(problem, part, cache), ("explicit partition",),
                           time.perf_counter() - t0), cache
     if problem.options.vpp > 1:
-        return _interleaved_search(problem, method, cache, t0), cache
+        return _interleaved_search(problem, method, cache, t0, refine_ok), cache
 
     par = problem.parallel
     # The first and last stages also run the embedding and the LM head + loss (as the simulator charges).
@@ -145,7 +148,7 @@ def lynx_search(problem: PlanProblem, method: str,
         if cand is not None and cand.layers_per_stage not in cands:
             cands[cand.layers_per_stage] = (label, cand)
     measured: list[tuple[float, str, Partition, tuple[RecomputePolicy, ...]]] = []
-    refine = par.pp * par.num_microbatches <= REFINE_MAX_ACTIONS
+    refine = refine_ok and par.pp * par.num_microbatches <= REFINE_MAX_ACTIONS
     for label, part in cands.values():
         try:
             pols = policies_for(problem, part, cache, explain=False)

@@ -1,0 +1,121 @@
+"""`lynx plan --gpus N`: the configuration search behind `lynx plan`, and the cluster-size rules that keep
+idle GPUs from going unnoticed (DP derived from --gpus / --nodes; a layout leaving GPUs idle is an error
+unless --allow-idle-gpus)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from lynx.cli.common import console, err_console, print_json
+from lynx.errors import SpecError
+from lynx.problem import PlanOptions
+from lynx.spec import Hardware, load_hardware, load_model
+
+if TYPE_CHECKING:
+    from lynx.search import SearchResult
+    from lynx.search.run import Progress
+
+
+@dataclass(frozen=True, slots=True)
+class SearchArgs:
+    """What plan_cmd hands over (None: searched)."""
+
+    model: str
+    hardware: str
+    gpus: int
+    global_batch: int
+    seq_len: int
+    tp: int | None
+    pp: int | None
+    vpp: int | None
+    sp: bool | None
+    mb: int | None
+    dist_opt: bool | None
+    method: str | None
+    allow_cross_node_tp: bool
+    top: int
+    as_json: bool
+    out: Path | None
+    png: Path | None
+
+
+def cluster_gpus(hw: Hardware, gpus: int | None, nodes: int | None) -> int | None:
+    """GPUs of the cluster the user named (--gpus, else --nodes x the hardware's GPUs per node)."""
+    if gpus is not None and nodes is not None and gpus > nodes * hw.devices_per_node:
+        raise SpecError(f"--gpus {gpus} exceeds --nodes {nodes} x {hw.devices_per_node} GPUs per node")
+    if gpus is not None:
+        return gpus
+    return None if nodes is None else nodes * hw.devices_per_node
+
+
+def derive_dp(tp: int, pp: int, dp: int | None, total: int, where: str, allow_idle: bool) -> int:
+    """DP for a layout on `total` GPUs; an error naming the product when GPUs would sit idle."""
+    if dp is None:
+        if total < tp * pp or (total % (tp * pp) and not allow_idle):
+            raise SpecError(f"--tp {tp} x --pp {pp} = {tp * pp} GPUs per replica does not divide the {total} "
+                            f"GPUs of {where}; choose TP x PP dividing {total} (or --allow-idle-gpus)")
+        return total // (tp * pp)
+    used = tp * pp * dp
+    if used > total:
+        raise SpecError(f"--tp {tp} x --pp {pp} x --dp {dp} = {used} GPUs; {where} has {total}")
+    if used < total and not allow_idle:
+        raise SpecError(f"--tp {tp} x --pp {pp} x --dp {dp} = {used} GPUs leaves {total - used} of the {total} "
+                        f"GPUs of {where} idle; drop --dp to derive it, or pass --allow-idle-gpus")
+    return dp
+
+
+def run_search(a: SearchArgs, base: PlanOptions) -> None:
+    from lynx.search import Pins, Space, search
+    from lynx.search.report import explain, result_dict, scatter_png, search_table
+
+    if a.method is not None:
+        from lynx.methods import get_method
+
+        get_method(a.method)  # one clear line for an unknown name
+    hw = load_hardware(a.hardware)
+    space = Space(load_model(a.model), hw, a.gpus, a.global_batch, a.seq_len,
+                  Pins(tp=a.tp, pp=a.pp, vpp=a.vpp, sp=a.sp, mb=a.mb, dist_opt=a.dist_opt,
+                       methods=None if a.method is None else (a.method,)),
+                  a.allow_cross_node_tp)
+    res = _with_progress(lambda cb: search(space, base, top=a.top, progress=cb))
+    if a.as_json:
+        print_json(result_dict(res))
+    else:
+        console.print(search_table(res, a.top))
+        for line in explain(res):
+            console.print(line, soft_wrap=True)
+    if a.png is not None and res.considered:
+        from lynx.paths import atomic_path
+
+        with atomic_path(a.png, "--search-png") as tmp:
+            scatter_png(res, tmp)
+        err_console.print(f"wrote {a.png}")
+    best = res.best
+    if best is None:
+        err_console.print("lynx: no configuration fits the memory budget; no plan written", soft_wrap=True)
+        raise typer.Exit(3)
+    if a.out is not None and best.plan is not None:
+        from lynx.plan import Plan
+
+        Plan.evaluate(best.plan.problem, best.plan.result).save(a.out)
+        err_console.print(f"wrote {a.out}")
+
+
+def _with_progress(run: Callable[[Progress], SearchResult]) -> SearchResult:
+    """A rich progress bar on stderr while the search runs (transient: gone once it is done)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as Bar
+
+    with Bar(TextColumn("searching"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=err_console, transient=True) as bar:
+        task = bar.add_task("", total=None)
+
+        def cb(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=what)
+
+        return run(cb)

@@ -1,0 +1,105 @@
+"""Lower bounds that let the search skip a candidate without planning it, and never lose the optimum.
+
+* Memory: every stage holds its parameters, gradients and optimizer state (`stage_context().static_bytes`)
+  and, for each micro-batch in flight at its peak, at least its layers' inputs (every policy but Megatron's
+  uniform/block chunks checkpoints each layer's input; those keep at least the stage's input). If no split
+  of the layers over the stages keeps every stage within budget, no method and no partition fits.
+* Time: a 1F1B pipeline cannot finish before some stage k has received micro-batch 0 (the forwards of the
+  stages before it), run all its micro-batches, and sent the last backward down (the backwards of the stages
+  before it). With each layer costing at least its plain forward + backward `u` (`LayerGraph.step_time`,
+  what the simulator charges before any recomputation, transfer or edge), the iteration takes at least
+  u * min over splits of max_k (layers before k + micro-batches * layers on k). Interleaved schedules get
+  the busiest-rank bound u * micro-batches * layers / PP only.
+
+Both bounds read the problem the planner would plan (its graph, its static-memory recipe), so a change of
+the cost model moves them with it; tests/unit/test_search_bounds.py checks them against planned candidates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from lynx.problem import PlanProblem
+
+SAFETY = 1.0 - 1e-9
+"""The time bound multiplies by this: summing per-action times in another order may round differently."""
+CHUNKED_METHODS = frozenset({"uniform", "block"})
+"""Methods whose layers may drop their input checkpoint (Megatron's recompute chunks)."""
+
+
+def _largest_fitting(fits: Callable[[int], bool], hi: int) -> int:
+    """The largest n in [0, hi] with fits(n), for a monotone `fits` (0 when even one layer does not fit)."""
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _stage_bytes(problem: PlanProblem, stage: int, n: int, per_layer_inputs: bool) -> float:
+    vpp = problem.options.vpp
+    if vpp > 1:  # any split of the n layers over the chunks: static memory does not depend on it
+        chunks = (n - vpp + 1, *([1] * (vpp - 1)))
+        ctx = problem.stage_context(stage, n, chunks)
+        return ctx.static_bytes  # in-flight counts differ per chunk: the static part alone is the bound
+    ctx = problem.stage_context(stage, n)
+    inputs = ctx.in_flight * problem.graph.input_bytes * (n if per_layer_inputs else 1)
+    return ctx.static_bytes + inputs
+
+
+def memory_bound_reason(problem: PlanProblem, method: str) -> str:
+    """Why no partition of this layout can fit the budget with `method` ('' when one might)."""
+    pp, layers, vpp = problem.parallel.pp, problem.model.num_layers, problem.options.vpp
+    budget = problem.budget_bytes
+    per_layer = method not in CHUNKED_METHODS
+    cap = layers - pp + 1  # every other stage needs at least one layer
+    room = 0
+    lo = vpp if vpp > 1 else 1  # layers a stage needs at least (one per chunk)
+    for s in range(pp):
+        n = _largest_fitting(lambda k, s=s: k < lo or _stage_bytes(problem, s, k, per_layer) <= budget, cap)
+        if n < lo:
+            need = _stage_bytes(problem, s, lo, per_layer)
+            return (f"stage {s} needs at least {need / 2**30:.1f} GiB with {lo} layer(s) (static memory"
+                    f"{' + layer inputs in flight' if vpp == 1 else ''}); budget {budget / 2**30:.1f} GiB")
+        room += n
+    if room < layers:
+        return (f"at most {room} of {layers} layers fit over {pp} stages (static memory"
+                f"{' + layer inputs in flight' if vpp == 1 else ''}; budget {budget / 2**30:.1f} GiB)")
+    return ""
+
+
+def _min_max_prefix(layers: int, stages: int, nmb: int) -> int:
+    """min over splits (n_k >= 1, sum = layers) of max_k (sum_{s<k} n_s + nmb * n_k), by bisection on the
+    answer: for a target M, give each stage in order the most layers M allows and check they reach `layers`."""
+
+    def reachable(m: int) -> bool:
+        prefix = 0
+        for k in range(stages):
+            left = stages - k - 1
+            n = min((m - prefix) // nmb, layers - prefix - left)
+            if n < 1:
+                return False
+            prefix += n
+        return prefix == layers
+
+    lo, hi = 1, layers * nmb + layers
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if reachable(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def time_bound_s(problem: PlanProblem) -> float:
+    """A lower bound on the iteration time of any plan of this layout (any method, any partition)."""
+    par, layers = problem.parallel, problem.model.num_layers
+    u = problem.graph.step_time(problem.options.subtract_wgrad)
+    nmb = par.num_microbatches
+    if problem.options.vpp > 1:
+        return SAFETY * u * nmb * layers / par.pp
+    return SAFETY * u * _min_max_prefix(layers, par.pp, nmb)

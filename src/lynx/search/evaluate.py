@@ -1,0 +1,160 @@
+"""Planning one candidate of the search through the planner's public API, with what candidates share
+cached: one layer graph per (TP, SP, micro-batch) and one Lynx-HEU stage cache per graph, so a stage
+problem (layers, in-flight micro-batches, budget, windows) is solved once across every layout that poses it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from lynx.api import make_problem
+from lynx.costmodel import build_layer_graph
+from lynx.errors import InfeasibleError, LynxError
+from lynx.graph import LayerGraph
+from lynx.memory import LayerMemory, held_bytes, layer_memory
+from lynx.methods import get_method
+from lynx.methods.heu import heu_options, lynx_search
+from lynx.partition.base import Partition
+from lynx.plan import Plan
+from lynx.policy.heu import HeuCache
+from lynx.problem import PlanOptions, PlanProblem, PlanResult
+from lynx.search.space import Candidate, Layout, Space
+from lynx.spec import GiB, ParallelSpec
+
+Status = Literal["planned", "does not fit", "over budget (bound)", "pruned (time bound)", "invalid"]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the search learned about one candidate: its figures when planned, else why not."""
+
+    candidate: Candidate
+    status: Status
+    bound_s: float
+    """Lower bound on its iteration time (seconds); nan when the layout was refused before pricing."""
+    reason: str = ""
+    iteration_s: float = math.nan
+    tokens_per_s_per_gpu: float = math.nan
+    tflops_per_gpu: float = math.nan
+    mfu: float = math.nan
+    stage_peak_gib: tuple[float, ...] = ()
+    budget_gib: float = math.nan
+    partition: tuple[int, ...] = ()
+    plan: Plan | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def fits(self) -> bool:
+        return self.status == "planned"
+
+    @property
+    def headroom_gib(self) -> float:
+        return self.budget_gib - max(self.stage_peak_gib, default=math.nan)
+
+
+@dataclass
+class Shared:
+    """Caches shared by every candidate of one search."""
+
+    space: Space
+    base: PlanOptions
+    graphs: dict[tuple[int, bool, int], LayerGraph] = field(default_factory=dict)
+    heu: dict[tuple[int, bool, int], HeuCache] = field(default_factory=dict)
+    problems: dict[tuple[Layout, tuple[int, ...] | None], PlanProblem] = field(default_factory=dict)
+
+    def parallel(self, lay: Layout) -> ParallelSpec:
+        s = self.space
+        return ParallelSpec(tp=lay.tp, pp=lay.pp, dp=lay.dp, sequence_parallel=lay.sp, micro_batch_size=lay.mb,
+                            global_batch_size=s.global_batch, seq_length=s.seq_len)
+
+    def graph(self, lay: Layout) -> LayerGraph:
+        key = (lay.tp, lay.sp, lay.mb)
+        if key not in self.graphs:
+            self.graphs[key] = build_layer_graph(self.space.model, self.space.hardware, self.parallel(lay))
+        return self.graphs[key]
+
+    def problem(self, lay: Layout, even: bool = False) -> PlanProblem:
+        """The layout's problem; `even`: with Megatron-Core's even split as the explicit partition."""
+        lps = (self.space.model.num_layers // lay.pp,) * lay.pp if even and lay.vpp == 1 else None
+        key = (lay, lps)
+        if key not in self.problems:
+            nodes = -(-self.space.gpus // self.space.hardware.devices_per_node)
+            opts = replace(self.base, vpp=lay.vpp, distributed_optimizer=lay.dist_opt, nodes=nodes,
+                           layers_per_stage=lps)
+            self.problems[key] = make_problem(self.space.model, self.space.hardware, self.parallel(lay), opts,
+                                              self.graph(lay))
+        return self.problems[key]
+
+    def heu_cache(self, problem: PlanProblem, lay: Layout) -> HeuCache:
+        key = (lay.tp, lay.sp, lay.mb)
+        cache = self.heu.get(key)
+        if cache is None:
+            cache = HeuCache(problem.graph, heu_options(problem, "lynx"))
+            self.heu[key] = cache
+        return cache
+
+
+def _result(shared: Shared, cand: Candidate, problem: PlanProblem, refine: bool) -> PlanResult:
+    if cand.method == "lynx":
+        return lynx_search(problem, "lynx", shared.heu_cache(problem, cand.layout), refine)[0]
+    result = get_method(cand.method).fn(problem)
+    return _even_chunks(problem, result) if cand.stock and problem.options.vpp > 1 else result
+
+
+def _even_chunks(problem: PlanProblem, result: PlanResult) -> PlanResult:
+    """Megatron-Core's interleaved layout: the same layers on every virtual stage. The stock flags set the
+    same policy on every layer, so the method's per-layer policy moves unchanged onto the even split."""
+    policies = {lp for pol in result.policies for lp in pol.layers}
+    if len(policies) != 1:
+        raise LynxError(f"{result.method} sets different layer policies; not re-split evenly")
+    (lp,) = policies
+    per = problem.model.num_layers // (problem.parallel.pp * problem.options.vpp)
+    part = Partition.interleaved((per,) * (problem.parallel.pp * problem.options.vpp), problem.parallel.pp,
+                                 method="even")
+    pols = tuple(replace(pol, layers=(lp,) * n) for pol, n in zip(result.policies, part.layers_per_stage,
+                                                                     strict=True))
+    return replace(result, partition=part, policies=pols)
+
+
+def _held_over_budget(problem: PlanProblem, result: PlanResult) -> str:
+    """The stages whose static memory plus the activations held for their in-flight micro-batches (the
+    closed form `memory.held_bytes`, which the simulated peak includes) already exceed the budget: such a
+    plan runs out of memory whatever the simulation adds, so it is not simulated."""
+    mems: dict[object, LayerMemory] = {}
+    bad = []
+    for pol, ctx in zip(result.policies, problem.stage_contexts(result.partition), strict=True):
+        for lp in pol.layers:
+            if lp not in mems:
+                mems[lp] = layer_memory(problem.graph, lp)
+        per_layer = [mems[lp] for lp in pol.layers]
+        need = ctx.static_bytes + held_bytes(per_layer, ctx)
+        if need > ctx.budget_bytes:
+            bad.append(f"stage {ctx.stage} holds {need / GiB:.1f} GiB")
+    return f"{', '.join(bad)} before any working memory (budget {problem.budget_bytes / GiB:.1f} GiB)" if bad else ""
+
+
+def plan_candidate(shared: Shared, cand: Candidate, bound_s: float, refine: bool = False) -> Outcome:
+    """Plan and simulate one candidate (stock candidates on Megatron-Core's even split); `refine`: lynx's
+    simulator-judged partition refinement too (the search gives it to its finalists only)."""
+    problem = shared.problem(cand.layout, even=cand.stock)
+    try:
+        result = _result(shared, cand, problem, refine)
+    except InfeasibleError as e:
+        return Outcome(cand, "does not fit", bound_s, f"no policy fits: {str(e).splitlines()[0]}")
+    except LynxError as e:
+        return Outcome(cand, "invalid", bound_s, str(e).splitlines()[0])
+    part = result.partition
+    over = _held_over_budget(problem, result)
+    if over:
+        return Outcome(cand, "does not fit", bound_s, over, partition=part.layers_per_stage)
+    plan = Plan.evaluate(problem, result, record=False)
+    s = plan.sim
+    status: Status = "does not fit" if s.oom else "planned"
+    oom = [st.stage for st in s.stages if st.oom]
+    return Outcome(
+        cand, status, bound_s, f"stage(s) {','.join(map(str, oom))} over budget in simulation" if oom else "",
+        iteration_s=s.iteration_time_s, tokens_per_s_per_gpu=s.tokens_per_s / problem.parallel.world_size,
+        tflops_per_gpu=s.model_tflops_per_gpu, mfu=s.mfu,
+        stage_peak_gib=tuple(st.peak_memory_bytes / GiB for st in s.stages),
+        budget_gib=problem.budget_bytes / GiB, partition=part.layers_per_stage, plan=plan,
+    )

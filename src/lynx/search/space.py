@@ -1,0 +1,193 @@
+"""The configuration space: every (TP, PP, VPP, DP, SP, micro-batch, distributed optimizer) layout of a
+cluster, with the recomputation methods each is planned with. Pure enumeration, no pricing.
+
+Megatron-Core's rules decide what is a layout at all: TP divides the attention heads and the query groups
+(`families.*.check_layout`), DP = GPUs / (TP x PP), the global batch divides by micro-batch x DP, the
+interleaved schedule needs PP >= 2, a multiple of PP micro-batches and whole layers per virtual stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lynx.errors import SpecError
+from lynx.families import get_family
+from lynx.spec import MAX_MICROBATCHES, Hardware, ModelSpec
+
+STOCK_METHODS: tuple[str, ...] = (
+    "none", "selective", "full", "mc-mlp", "mc-layernorm", "mc-core_attn+mlp", "mc-mlp+layernorm",
+    "mc-core_attn+mlp+layernorm",
+)
+"""Megatron-Core's own recompute flags, priced on its even layout (uniform with one layer per chunk is
+`full`; `--recompute-modules core_attn` is `selective`, so neither is listed twice). `block` is left out
+of the default search: its automatic --recompute-num-layers is itself a search (seconds per layout); pin it
+with --method block (docs/decisions.md)."""
+LYNX_METHOD = "lynx"
+MAX_SEARCHED_VPP = 4
+"""Model chunks per rank tried when --vpp is not pinned. Deeper interleaving shaves the bubble further but
+multiplies the schedule's actions (and the simulation's time) by VPP; `--vpp N` pins any value."""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Layout:
+    """One parallel layout of the cluster (Megatron's names)."""
+
+    tp: int
+    pp: int
+    vpp: int
+    dp: int
+    sp: bool
+    mb: int
+    dist_opt: bool
+
+    def label(self) -> str:
+        return (f"TP{self.tp} PP{self.pp} VPP{self.vpp} DP{self.dp} SP{int(self.sp)} mb{self.mb} "
+                f"DO{int(self.dist_opt)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A layout planned with one method; `stock` marks Megatron-Core's even layer split and its own flags."""
+
+    layout: Layout
+    method: str
+    stock: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Pins:
+    """Dimensions the user fixed (None: searched)."""
+
+    tp: int | None = None
+    pp: int | None = None
+    vpp: int | None = None
+    sp: bool | None = None
+    mb: int | None = None
+    dist_opt: bool | None = None
+    methods: tuple[str, ...] | None = None
+    """None: lynx on its own partition plus every stock Megatron-Core flag on the even split."""
+
+
+@dataclass(frozen=True, slots=True)
+class Space:
+    model: ModelSpec
+    hardware: Hardware
+    gpus: int
+    global_batch: int
+    seq_len: int
+    pins: Pins = Pins()
+    allow_cross_node_tp: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A combination that is not a layout, and why (it never reaches the planner)."""
+
+    what: str
+    reason: str
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def tp_values(space: Space) -> tuple[list[int], list[Rejected]]:
+    m, fam, out, bad = space.model, get_family(space.model.family), [], []
+    per_node = space.hardware.devices_per_node
+    for tp in divisors(space.gpus):
+        if space.pins.tp is not None and tp != space.pins.tp:
+            continue
+        try:
+            fam.check_layout(m, tp)
+        except SpecError as e:
+            bad.append(Rejected(f"TP{tp}", f"does not divide: {e}"))
+            continue
+        if tp > per_node and not space.allow_cross_node_tp:
+            bad.append(Rejected(f"TP{tp}", f"TP beyond one node of {per_node} GPUs (--allow-cross-node-tp)"))
+            continue
+        out.append(tp)
+    return out, bad
+
+
+def _vpp_values(space: Space, pp: int, nmb: int) -> list[int]:
+    """Interleaving where Megatron allows it: PP >= 2, micro-batches a multiple of PP, whole layers per
+    virtual stage (Megatron-Core asserts num_layers % (pp * vpp) == 0 for its even chunks)."""
+    layers = space.model.num_layers
+    if space.pins.vpp is not None:
+        v = space.pins.vpp
+        ok = v == 1 or (pp >= 2 and nmb % pp == 0 and layers % (pp * v) == 0)
+        return [v] if ok else []
+    out = [1]
+    if pp >= 2 and nmb % pp == 0:
+        out += [v for v in range(2, MAX_SEARCHED_VPP + 1) if layers % (pp * v) == 0]
+    return out
+
+
+def layouts(space: Space) -> tuple[list[Layout], list[Rejected]]:
+    """Every layout of the space (pins applied), and the combinations refused with their reason."""
+    tps, rejected = tp_values(space)
+    m, gb = space.model, space.global_batch
+    out: list[Layout] = []
+    for tp in tps:
+        for pp in divisors(space.gpus // tp):
+            if space.pins.pp is not None and pp != space.pins.pp:
+                continue
+            if pp > m.num_layers:
+                rejected.append(Rejected(f"TP{tp} PP{pp}", f"{m.num_layers} layers cannot fill {pp} stages"))
+                continue
+            dp = space.gpus // (tp * pp)
+            if gb % dp:
+                rejected.append(Rejected(f"TP{tp} PP{pp} DP{dp}", f"global batch {gb} does not divide by DP {dp}"))
+                continue
+            out += _layouts_of(space, tp, pp, dp, rejected)
+    return out, rejected
+
+
+def _layouts_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected]) -> list[Layout]:
+    pins, out = space.pins, []
+    sps = [False, True] if tp > 1 else [False]
+    if pins.sp is not None:
+        sps = [pins.sp] if (tp > 1 or not pins.sp) else [False]
+    sps = [s for s in sps if not s or space.seq_len % tp == 0]
+    dos = [False, True] if dp > 1 else [False]  # with DP 1 the distributed optimizer shards nothing
+    if pins.dist_opt is not None:
+        dos = [pins.dist_opt]
+    for mb in divisors(space.global_batch // dp):
+        if pins.mb is not None and mb != pins.mb:
+            continue
+        nmb = space.global_batch // (dp * mb)
+        if nmb > MAX_MICROBATCHES:
+            rejected.append(Rejected(f"TP{tp} PP{pp} DP{dp} mb{mb}", f"{nmb} micro-batches (over {MAX_MICROBATCHES})"))
+            continue
+        vpps = _vpp_values(space, pp, nmb)
+        if not vpps:
+            rejected.append(Rejected(f"TP{tp} PP{pp} DP{dp} mb{mb} VPP{pins.vpp}",
+                                     "interleaving needs PP >= 2, a multiple of PP micro-batches and "
+                                     "whole layers per virtual stage"))
+        for vpp in vpps:
+            out += [Layout(tp, pp, vpp, dp, sp, mb, do) for sp in sps for do in dos]
+    return out
+
+
+def even_split(model: ModelSpec, layout: Layout) -> bool:
+    """Megatron-Core's default split: the same number of layers on every (virtual) stage."""
+    return model.num_layers % (layout.pp * layout.vpp) == 0
+
+
+def candidates(space: Space) -> tuple[list[Candidate], list[Rejected]]:
+    lays, rejected = layouts(space)
+    methods = space.pins.methods
+    out: list[Candidate] = []
+    for lay in lays:
+        names = methods if methods is not None else (LYNX_METHOD, *STOCK_METHODS)
+        for name in names:
+            stock = name in STOCK_METHODS
+            if stock and not even_split(space.model, lay):
+                if methods is None:
+                    rejected.append(Rejected(f"{lay.label()} {name}", "Megatron-Core splits layers evenly; "
+                                             f"{space.model.num_layers} layers over {lay.pp * lay.vpp} stages"))
+                    continue
+                stock = False  # a user's pinned baseline on lynx's parameter-balanced split
+            out.append(Candidate(lay, name, stock))
+    return out, rejected
+
