@@ -143,6 +143,8 @@ def plan_candidate(shared: Shared, cand: Candidate, bound_s: float, refine: bool
         return Outcome(cand, "does not fit", bound_s, f"no policy fits: {str(e).splitlines()[0]}")
     except LynxError as e:
         return Outcome(cand, "invalid", bound_s, str(e).splitlines()[0])
+    except ValueError as e:  # HEU's model builder on a budget below any policy (reported; see the report)
+        return Outcome(cand, "does not fit", bound_s, f"planner: {e}")
     part = result.partition
     over = _held_over_budget(problem, result)
     if over:

@@ -1,0 +1,84 @@
+"""`lynx plan --gpus N` end to end: the table with the stock Megatron-Core row and the explanation, every
+candidate in --json, the winner's plan file that `lynx simulate` reads, and idle GPUs refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from lynx.cli import app, main
+
+runner = CliRunner()
+SMALL = ["plan", "--model", "gpt-tiny", "--hardware", "a100-40g-nvlink", "--gpus", "4", "--global-batch", "16",
+         "--seq-len", "512", "--vpp", "1"]
+
+
+def _json(text: str) -> dict:  # type: ignore[type-arg]
+    return json.loads(text[text.index("{"):])  # type: ignore[no-any-return]
+
+
+def test_search_table_stock_row_and_explanation() -> None:
+    r = runner.invoke(app, SMALL, terminal_width=250)
+    assert r.exit_code == 0, r.output
+    assert "stock Megatron-Core" in r.output
+    assert "The fastest that fits is" in r.output
+    assert "Searched" in r.output and "planned" in r.output
+
+
+def test_search_json_lists_every_candidate_and_out_writes_a_plan(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    r = runner.invoke(app, [*SMALL, "--json", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    d = _json(r.stdout)
+    assert len(d["candidates"]) == d["considered"] > 0
+    assert all(c["status"] and ("iteration_s" in c or c.get("reason")) for c in d["candidates"])
+    w = d["winner"]
+    assert w["status"] == "planned" and w["tp"] * w["pp"] * w["dp"] == 4
+    sim = runner.invoke(app, ["simulate", str(out), "--json"])
+    assert sim.exit_code == 0, sim.output
+    assert abs(_json(sim.stdout)["iteration_time_s"] - w["iteration_s"]) <= 1e-9 * w["iteration_s"]
+
+
+def test_pinned_dimensions_are_respected() -> None:
+    r = runner.invoke(app, [*SMALL, "--tp", "2", "--micro-batch", "2", "--method", "full", "--json"])
+    assert r.exit_code == 0, r.output
+    d = _json(r.stdout)
+    assert {(c["tp"], c["micro_batch"], c["method"]) for c in d["candidates"]} == {(2, 2, "full")}
+
+
+def _main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out + err
+
+
+def test_idle_gpus_are_an_error_naming_the_product(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p.json"
+    code, text = _main([*SMALL, "--tp", "2", "--pp", "1", "--dp", "1", "--out", str(out)], capsys)
+    assert code == 2
+    assert "lynx: error: --tp 2 x --pp 1 x --dp 1 = 2 GPUs leaves 2 of the 4" in text
+    assert not out.exists()
+    ok = runner.invoke(app, [*SMALL, "--tp", "2", "--pp", "1", "--dp", "1", "--allow-idle-gpus", "--json"])
+    assert ok.exit_code == 0, ok.output
+    code, text = _main([*SMALL, "--tp", "3", "--pp", "1"], capsys)
+    assert code == 2 and "does not divide the 4 GPUs" in text
+
+
+def test_nodes_with_tp_pp_derives_dp() -> None:
+    # a100-40g-nvlink: 4 GPUs per node; 2 nodes = 8 GPUs = TP 2 x PP 2 x DP 2.
+    r = runner.invoke(app, ["plan", "--model", "gpt-tiny", "--tp", "2", "--pp", "2", "--nodes", "2",
+                            "--micro-batch", "1", "--global-batch", "8", "--seq-len", "512", "--json"])
+    assert r.exit_code == 0, r.output
+    assert _json(r.stdout)["parallel"]["dp"] == 2
+
+
+def test_search_refuses_single_layout_options(capsys: pytest.CaptureFixture[str]) -> None:
+    code, text = _main([*SMALL, "--compare"], capsys)
+    assert code == 2 and "lynx: error: --compare plans one layout" in text

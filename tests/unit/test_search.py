@@ -1,0 +1,115 @@
+"""The configuration search: the space follows Megatron's rules, the bounds are lower bounds of what the
+planner finds, and pruning by them returns exactly what exhaustive search returns."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lynx.problem import PlanOptions
+from lynx.search import Pins, Space, search
+from lynx.search.space import STOCK_METHODS, candidates, layouts
+from lynx.spec import GiB, load_hardware, load_model
+
+# Small spaces (4-8 GPUs, short sequences) that enumerate in seconds, over three model shapes: GPT with
+# standard attention, LLaMA with grouped-query attention, and a budget tight enough that some layouts
+# need recomputation and some do not fit at all.
+SPACES = [
+    pytest.param("gpt-tiny", "a100-40g-nvlink", 4, 32, 512, Pins(), 0.05, id="gpt-tiny-tight"),
+    pytest.param("gpt-1.3b", "a100-40g-nvlink", 4, 16, 1024,
+                 Pins(vpp=1, methods=("lynx", "none", "full", "selective")), None, id="gpt-1.3b",
+                 marks=pytest.mark.slow),
+    pytest.param("llama2-7b", "h100-80g-nvlink", 8, 16, 2048, Pins(tp=2, vpp=1, methods=("lynx", "full", "mc-mlp")),
+                 None, id="llama2-7b-gqa", marks=pytest.mark.slow),
+]
+
+
+def _space(name: str, hw: str, gpus: int, gb: int, seq: int, pins: Pins) -> Space:
+    return Space(load_model(name), load_hardware(hw), gpus, gb, seq, pins)
+
+
+def _key(o):  # noqa: ANN001, ANN202 (an Outcome)
+    return (o.candidate, o.status, None if math.isnan(o.iteration_s) else round(o.iteration_s, 12))
+
+
+@pytest.mark.parametrize(("model", "hw", "gpus", "gb", "seq", "pins", "budget"), SPACES)
+def test_pruned_search_equals_exhaustive(model: str, hw: str, gpus: int, gb: int, seq: int, pins: Pins,
+                                         budget: float | None) -> None:
+    space = _space(model, hw, gpus, gb, seq, pins)
+    opts = PlanOptions(budget_bytes=None if budget is None else budget * GiB)
+    top = 3
+    pruned = search(space, opts, top=top)
+    full = search(space, opts, top=top, exhaustive=True)
+    assert full.pruned == full.count("over budget (bound)")  # exhaustive plans everything the memory bound keeps
+    # The table's rows and the stock-Megatron row are the same, with the same figures.
+    assert [_key(o) for o in pruned.ranked[:top]] == [_key(o) for o in full.ranked[:top]]
+    assert (pruned.best_stock and _key(pruned.best_stock)) == (full.best_stock and _key(full.best_stock))
+    assert pruned.considered == full.considered
+
+
+@pytest.mark.parametrize(("model", "hw", "gpus", "gb", "seq", "pins", "budget"), SPACES)
+def test_bounds_hold_for_every_planned_candidate(model: str, hw: str, gpus: int, gb: int, seq: int, pins: Pins,
+                                                 budget: float | None) -> None:
+    space = _space(model, hw, gpus, gb, seq, pins)
+    opts = PlanOptions(budget_bytes=None if budget is None else budget * GiB)
+    full = search(space, opts, exhaustive=True)
+    planned = [o for o in full.outcomes if not math.isnan(o.iteration_s)]
+    assert planned, "the space must plan something for the check to mean anything"
+    for o in planned:
+        assert o.bound_s <= o.iteration_s, (o.candidate, o.bound_s, o.iteration_s)
+
+
+def test_memory_bound_never_refuses_a_layout_that_fits() -> None:
+    """Plan the candidates the memory bound refuses anyway: none of them fits."""
+    from lynx.search.evaluate import Shared, plan_candidate
+
+    space = _space("gpt-tiny", "a100-40g-nvlink", 4, 32, 512, Pins())
+    opts = PlanOptions(budget_bytes=0.05 * GiB)
+    res = search(space, opts, exhaustive=True)
+    refused = [o for o in res.outcomes if o.status == "over budget (bound)"]
+    assert refused
+    shared = Shared(space, opts)
+    for o in refused:
+        assert not plan_candidate(shared, o.candidate, o.bound_s).fits, o.candidate
+
+
+def test_space_follows_megatron_rules() -> None:
+    m, hw = load_model("llama3-70b"), load_hardware("h100-80g-nvlink")  # 64 heads, 8 query groups, 80 layers
+    lays, rejected = layouts(Space(m, hw, 64, 512, 8192))
+    assert {lay.tp for lay in lays} == {1, 2, 4, 8}
+    assert any("query groups" in r.reason for r in rejected)  # TP 16 would split the 8 K/V heads
+    gpt, _ = layouts(Space(load_model("gpt-175b"), hw, 64, 64, 2048, Pins(pp=8, mb=1, sp=False, dist_opt=False)))
+    assert {lay.tp for lay in gpt} == {1, 2, 4, 8}  # 96 heads split 16 ways, but TP 16 crosses a node
+    wide, _ = layouts(Space(load_model("gpt-175b"), hw, 128, 64, 2048, Pins(pp=8, mb=1, sp=False, dist_opt=False),
+                            allow_cross_node_tp=True))
+    assert 16 in {lay.tp for lay in wide}
+    for lay in lays:
+        assert lay.tp * lay.pp * lay.dp == 64 and 512 % (lay.dp * lay.mb) == 0
+        assert lay.dp > 1 or not lay.dist_opt
+        assert lay.tp > 1 or not lay.sp
+        if lay.vpp > 1:
+            assert lay.pp >= 2 and (512 // (lay.dp * lay.mb)) % lay.pp == 0 and 80 % (lay.pp * lay.vpp) == 0
+
+
+def test_pins_fix_their_dimension_and_stock_needs_an_even_split() -> None:
+    m, hw = load_model("gpt-1.3b"), load_hardware("a100-40g-nvlink")  # 24 layers
+    cands, _ = candidates(Space(m, hw, 8, 64, 1024, Pins(tp=2, mb=1, sp=True, dist_opt=False)))
+    assert cands and all(c.layout.tp == 2 and c.layout.mb == 1 and c.layout.sp and not c.layout.dist_opt
+                         for c in cands)
+    assert {c.method for c in cands} == {"lynx", *STOCK_METHODS}
+    for c in cands:
+        assert c.stock == (c.method in STOCK_METHODS)
+        if c.stock:
+            assert 24 % (c.layout.pp * c.layout.vpp) == 0
+    full, _ = candidates(Space(m, hw, 8, 64, 1024, Pins(methods=("full",), vpp=1)))
+    assert {c.method for c in full} == {"full"}
+
+
+def test_search_prefers_fitting_and_reports_counts() -> None:
+    space = _space("gpt-1.3b", "a100-40g-nvlink", 4, 16, 1024, Pins(vpp=1, methods=("lynx", "none")))
+    res = search(space, PlanOptions())
+    assert res.best is not None and res.best.fits
+    assert max(res.best.stage_peak_gib) <= res.best.budget_gib
+    assert res.considered == res.planned + res.pruned + res.count("invalid")
+    assert [o.iteration_s for o in res.ranked] == sorted(o.iteration_s for o in res.ranked)
