@@ -59,7 +59,10 @@ def memory_bound_reason(problem: PlanProblem, method: str) -> str:
     room = 0
     lo = vpp if vpp > 1 else 1  # layers a stage needs at least (one per chunk)
     for s in range(pp):
-        n = _largest_fitting(lambda k, s=s: k < lo or _stage_bytes(problem, s, k, per_layer) <= budget, cap)
+        def fits(k: int, s: int = s) -> bool:
+            return k < lo or _stage_bytes(problem, s, k, per_layer) <= budget
+
+        n = _largest_fitting(fits, cap)
         if n < lo:
             need = _stage_bytes(problem, s, lo, per_layer)
             return (f"stage {s} needs at least {need / 2**30:.1f} GiB with {lo} layer(s) (static memory"
