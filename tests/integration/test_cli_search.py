@@ -40,6 +40,9 @@ def test_search_json_lists_every_candidate_and_out_writes_a_plan(tmp_path: Path)
     sim = runner.invoke(app, ["simulate", str(out), "--json"])
     assert sim.exit_code == 0, sim.output
     assert abs(_json(sim.stdout)["iteration_time_s"] - w["iteration_s"]) <= 1e-9 * w["iteration_s"]
+    mem = runner.invoke(app, ["memory", "--plan", str(out), "--json"])
+    assert mem.exit_code == 0, mem.output
+    assert len(_json(mem.stdout)["stages"]) == w["pp"]
 
 
 def test_pinned_dimensions_are_respected() -> None:

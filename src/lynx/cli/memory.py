@@ -58,6 +58,11 @@ def memory_cmd(
     ] = None,
     as_json: JsonOpt = False,
     png: Annotated[Path | None, typer.Option("--png", help="Write stacked bars per stage (PNG).")] = None,
+    vpp: Annotated[int, typer.Option("--vpp", "--virtual-pipeline-model-parallel-size",
+                                     help="Model chunks per pipeline rank (interleaved 1F1B).")] = 1,
+    plan_file: Annotated[Path | None, typer.Option(
+        "--plan", help="Break down a saved plan (`lynx plan --out`, also the --gpus search's winner) instead of "
+        "planning from the options.")] = None,
 ) -> None:
     """Per-stage memory: parameters, gradients, optimizer state, activations x in-flight micro-batches,
     forward-window holdings, transient working set, embedding/logits, and the headroom to the budget."""
@@ -68,12 +73,27 @@ def memory_cmd(
     from lynx.report.memory import memory_bars, memory_table
 
     check_output(png, "--png", (".png",))
-    problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
-                            layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
-                            precision=precision, distributed_optimizer=distributed_optimizer, busbw_gbps=busbw)
-    if method == "lynx" and "lynx" not in available_methods():
-        method = "full"
-    plan = plan_one(problem, method, record=False)
+    if plan_file is not None:
+        from lynx.plan import Plan, load_plan
+
+        loaded = load_plan(plan_file)
+        plan = Plan.evaluate(*loaded, record=False)
+        problem = plan.problem
+        par = problem.parallel
+        tp, pp, dp, sp, micro_batch = par.tp, par.pp, par.dp, par.sequence_parallel, par.micro_batch_size
+        distributed_optimizer = problem.options.distributed_optimizer
+    else:
+        problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
+                                layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
+                                precision=precision, distributed_optimizer=distributed_optimizer,
+                                busbw_gbps=busbw)
+        if vpp != 1:
+            from lynx.cli.plan import with_vpp
+
+            problem = with_vpp(problem, vpp)
+        if method == "lynx" and "lynx" not in available_methods():
+            method = "full"
+        plan = plan_one(problem, method, record=False)
     stages = stage_memories(plan)
     recipe = problem.static_recipe
     title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp} PP {pp} DP {dp}{' SP' if sp else ''}, "

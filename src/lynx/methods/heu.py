@@ -115,13 +115,13 @@ def _interleaved_search(problem: PlanProblem, method: str, cache: HeuCache, t0: 
 
 
 def lynx_search(problem: PlanProblem, method: str, cache: HeuCache | None = None,
-                refine_ok: bool = True) -> tuple[PlanResult, HeuCache]:
+                refine_ok: bool = True, explain: bool = True) -> tuple[PlanResult, HeuCache]:
     """HEU + recomputation-aware partitioning: dp, the paper's greedy loop and the exact min-max search
     each give a partition; the event simulator measures all three and the fastest that fits wins (so the
     result is never slower than dp partitioning with HEU). `cache`: stage solutions shared with other
     problems on the same graph and HEU options (the configuration search, `lynx.search`); `refine_ok=False`
 skips the simulator-judged local search (the configuration search screens without it, then refines its
-finalists)."""
+finalists); `explain=False`: when nothing fits, say so without solving for each stage's smallest budget."""
     t0 = time.perf_counter()
     if cache is None or cache.graph is not problem.graph or cache.opts != heu_options(problem, method):
         cache = HeuCache(problem.graph, heu_options(problem, method))
@@ -158,7 +158,7 @@ finalists)."""
         t = _iteration(problem, part, pols) if len(cands) > 1 or refine else 0.0
         measured.append((t, label, part, pols))
     if not measured:
-        policies_for(problem, dp, cache)  # raises with the per-stage smallest budgets on dp
+        policies_for(problem, dp, cache, explain)  # raises with the per-stage smallest budgets on dp
         raise InfeasibleError("no partition fits")  # pragma: no cover (policies_for raised)
     measured.sort(key=lambda x: x[0])
     best_t, label, part, pols = measured[0]

@@ -19,16 +19,19 @@ def dp_partition(model: ModelSpec, par: ParallelSpec, vpp: int = 1) -> Partition
     if vpp > 1:
         if model.num_layers < par.pp * vpp:
             raise SpecError(f"--vpp {vpp}: {model.num_layers} layers cannot fill {par.pp * vpp} virtual stages")
-        return Partition.interleaved(_dp_counts(model, par, par.pp * vpp), par.pp)
+        return Partition.interleaved(_dp_counts(model, par.tp, par.pp * vpp), par.pp)
     if par.pp == 1:
         return Partition((model.num_layers,), method="dp")
-    return Partition(_dp_counts(model, par, par.pp), method="dp")
+    return Partition(_dp_counts(model, par.tp, par.pp), method="dp")
 
 
-def _dp_counts(model: ModelSpec, par: ParallelSpec, p: int) -> tuple[int, ...]:
+@functools.lru_cache(maxsize=256)
+def _dp_counts(model: ModelSpec, tp: int, p: int) -> tuple[int, ...]:
+    """Depends on the model, TP and the stage count only (the configuration search asks for it once per
+    layout, with every batch shape)."""
     L = model.num_layers
-    lw = layer_params_per_rank(model, par.tp)
-    emb = embedding_params_per_rank(model, par.tp)
+    lw = layer_params_per_rank(model, tp)
+    emb = embedding_params_per_rank(model, tp)
 
     def weight(stage: int, n: int) -> float:
         return n * lw + (emb if stage == 0 else 0.0) + (emb if stage == p - 1 else 0.0)

@@ -56,8 +56,11 @@ def memory_bound_reason(problem: PlanProblem, method: str) -> str:
     budget = problem.budget_bytes
     per_layer = method not in CHUNKED_METHODS
     cap = layers - pp + 1  # every other stage needs at least one layer
-    room = 0
     lo = vpp if vpp > 1 else 1  # layers a stage needs at least (one per chunk)
+    even = -(-layers // pp)
+    if even >= lo and all(_stage_bytes(problem, s, even, per_layer) <= budget for s in range(pp)):
+        return ""  # the balanced split fits the bound already: no need to look further
+    room = 0
     for s in range(pp):
         def fits(k: int, s: int = s) -> bool:
             return k < lo or _stage_bytes(problem, s, k, per_layer) <= budget

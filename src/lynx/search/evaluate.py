@@ -96,7 +96,7 @@ class Shared:
 
 def _result(shared: Shared, cand: Candidate, problem: PlanProblem, refine: bool) -> PlanResult:
     if cand.method == "lynx":
-        return lynx_search(problem, "lynx", shared.heu_cache(problem, cand.layout), refine)[0]
+        return lynx_search(problem, "lynx", shared.heu_cache(problem, cand.layout), refine, explain=False)[0]
     result = get_method(cand.method).fn(problem)
     return _even_chunks(problem, result) if cand.stock and problem.options.vpp > 1 else result
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lynx.policy.base import RecomputePolicy, StageContext
-from lynx.schedule import ActionKind, ScheduleError, ScheduleFacts
+from lynx.schedule import ActionKind, Schedule, ScheduleError, ScheduleFacts
 from lynx.simulate.memory_replay import StageMemory
 from lynx.simulate.pricing import ChunkCosts
 from lynx.simulate.results import Segment, SegmentKind
@@ -38,6 +38,28 @@ Step = tuple[bool, int, int, int]
 """(is forward, chunk, micro-batch, virtual stage) of one action, precomputed for the loop."""
 
 
+_STEPS: dict[int, tuple[Schedule, list[list[Step]]]] = {}
+
+
+def _steps(sched: Schedule) -> list[list[Step]]:
+    """The schedule's actions as loop steps, once per schedule object (the partition refinement and the
+    configuration search simulate the same schedule many times); the loop only reads them."""
+    hit = _STEPS.get(id(sched))
+    if hit is not None and hit[0] is sched:
+        return hit[1]
+    steps = []
+    for acts in sched:
+        for a in acts:
+            if a.kind is not ActionKind.F and a.kind is not ActionKind.B:
+                raise ScheduleError(f"the simulator prices F and B actions; {a.text(sched.pp)} (a split "
+                                    "backward, I/W) is not modelled yet")
+        steps.append([(a.kind is ActionKind.F, a.chunk, a.microbatch, a.virtual_stage(sched.pp)) for a in acts])
+    if len(_STEPS) >= 64:
+        _STEPS.clear()
+    _STEPS[id(sched)] = (sched, steps)
+    return steps
+
+
 @dataclass
 class Loop:
     facts: ScheduleFacts
@@ -53,13 +75,7 @@ class Loop:
     def __post_init__(self) -> None:
         sched = self.facts.schedule
         self.last = sched.num_virtual_stages - 1
-        for acts in sched:
-            for a in acts:
-                if a.kind is not ActionKind.F and a.kind is not ActionKind.B:
-                    raise ScheduleError(f"the simulator prices F and B actions; {a.text(sched.pp)} (a split "
-                                        "backward, I/W) is not modelled yet")
-            self.steps.append([(a.kind is ActionKind.F, a.chunk, a.microbatch, a.virtual_stage(sched.pp))
-                               for a in acts])
+        self.steps = _steps(sched)
 
     def _seg(self, r: int, kind: SegmentKind, j: int, t0: float, t1: float, chunk: int) -> None:
         self.segments.append(Segment(r, kind, j, t0, t1, chunk))
