@@ -84,9 +84,11 @@ def _neighbours(res: SearchResult, best: Outcome) -> list[str]:
         if other.fits:
             freed = max(other.stage_peak_gib) - max(best.stage_peak_gib)
             dt = best.iteration_s / other.iteration_s - 1
-            out.append(f"{text.capitalize()} frees {freed:.1f} GiB on the fullest stage for {dt:+.1%} time.")
+            how = f"costs {dt:.1%} time" if dt > 0 else f"runs {-dt:.1%} faster (less recomputation)"
+            out.append(f"{text.capitalize()} frees {freed:.1f} GiB on the fullest stage and {how}.")
         else:
-            out.append(f"Without {text} this layout does not fit ({other.status}: {other.reason}).")
+            why = other.reason.split(":")[0] if other.reason else other.status
+            out.append(f"Without {text} this layout does not fit ({why}).")
     if best.candidate.method == "lynx":
         none = by_key.get((lay, "none"))
         if none is not None and not none.fits:
