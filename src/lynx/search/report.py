@@ -54,8 +54,8 @@ def explain(res: SearchResult) -> list[str]:
     """A few sentences in the user's terms: what was searched, what won and by how much over stock
     Megatron-Core, and what the winner's own choices buy (from the candidates that differ in one dimension)."""
     best, stock = res.best, res.best_stock
-    out = [f"Searched {res.considered} candidates: {res.planned} planned, {res.pruned} skipped by bounds that "
-           f"cannot lose the optimum, in {res.seconds:.1f} s."]
+    out = [f"Searched {res.considered} candidates: {res.planned} planned ({res.simulated} simulated), "
+           f"{res.pruned} skipped by bounds that cannot lose the optimum, in {res.seconds:.1f} s."]
     if best is None:
         return [*out, "No configuration fits the memory budget; more GPUs or a shorter sequence are needed."]
     lay = best.candidate.layout
@@ -123,7 +123,8 @@ def result_dict(res: SearchResult) -> dict[str, Any]:
     return {
         "model": res.space.model.name, "hardware": res.space.hardware.name, "gpus": res.space.gpus,
         "global_batch": res.space.global_batch, "seq_len": res.space.seq_len,
-        "considered": res.considered, "planned": res.planned, "pruned": res.pruned, "seconds": res.seconds,
+        "considered": res.considered, "planned": res.planned, "simulated": res.simulated, "pruned": res.pruned,
+        "seconds": res.seconds,
         "stage_problems_solved": res.stage_problems, "stage_problem_cache_hits": res.stage_hits,
         "winner": outcome_dict(best) if best else None, "stock_megatron": outcome_dict(stock) if stock else None,
         "explanation": explain(res),

@@ -59,6 +59,12 @@ class SearchResult:
         return self.count("pruned (time bound)") + self.count("over budget (bound)")
 
     @property
+    def simulated(self) -> int:
+        """Planned candidates the event simulator judged (the rest were refused on their policy's held
+        activations before simulation, or had no policy that fits)."""
+        return sum(not math.isnan(o.iteration_s) for o in self.outcomes)
+
+    @property
     def planned(self) -> int:
         """Candidates that went through the planner (fitting or not)."""
         return self.count("planned") + self.count("does not fit")
