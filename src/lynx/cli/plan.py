@@ -142,6 +142,12 @@ def _check_plan_outputs(out: Path | None, gantt: Path | None, memory_png: Path |
                      "--memory-png": (memory_png, PLOT_FORMATS)})
 
 
+def _given(value: int | None, default: int) -> int:
+    """The option's value, or the single layout's default when it was not given (0 stays 0: it is refused
+    by the option checks with its name)."""
+    return default if value is None else value
+
+
 def _search(model: str, hardware: str, gpus: int | None, nodes: int | None, tp: int | None, pp: int | None,
             dp: int | None, vpp: int | None, sp: bool | None, mb: int | None, dist_opt: bool | None,
             method: str | None, global_batch: int, seq_len: int, compare: bool, gantt: Path | None,
@@ -278,10 +284,10 @@ def plan_cmd(
     if from_megatron is not None:  # the import path lives in lynx.cli.export
         from lynx.cli.export import plan_from_megatron
 
-        return plan_from_megatron(from_megatron, hardware, dp or 1, nodes, budget_gb, bytes_per_param, as_json,
-                                  out)
-    tp, pp, dp = tp or 4, pp or 4, dp or 1
-    sp, micro_batch, vpp = bool(sp), micro_batch or 8, vpp or 1
+        return plan_from_megatron(from_megatron, hardware, _given(dp, 1), nodes, budget_gb, bytes_per_param,
+                                  as_json, out)
+    tp, pp, dp = _given(tp, 4), _given(pp, 4), _given(dp, 1)  # the single layout's defaults
+    sp, micro_batch, vpp = bool(sp), _given(micro_batch, 8), _given(vpp, 1)
     method, distributed_optimizer = method or "lynx", bool(distributed_optimizer)
     graph = _load_profile_graph(profile, db) if profile else None
     problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
