@@ -20,7 +20,6 @@ K = SegmentKind
 _COLORS = {K.F: "#4C72B0", K.B: "#55A868", K.RECOMPUTE: "#C44E52", K.OVERLAP: "#DD8452", K.STALL: "#E3E3E3"}
 _LABELS = {K.F: "forward", K.B: "backward", K.RECOMPUTE: "recompute on the critical path",
            K.OVERLAP: "recompute hidden (in a collective window or a stall)", K.STALL: "stall"}
-_HATCH = {K.RECOMPUTE: "xxx", K.OVERLAP: "////"}
 _DPI = 130
 
 FULL_GANTT_MAX_MICROBATCHES = 16
@@ -91,11 +90,11 @@ def gantt_windows(sim: SimResult) -> tuple[tuple[tuple[float, float], ...], str]
     t_warm = bwd[1].end
     t_cool = fwd[-2].start
     mid = (t_warm + t_cool) / 2
-    i = next(k for k, s in enumerate(first) if s.start >= mid and s.kind is K.F)
+    i = next((k for k, s in enumerate(first) if s.start >= mid and s.kind is K.F), len(first))
     steady = first[i:i + 2 * STEADY_STEPS]
+    if not steady or not t_warm < steady[0].start < steady[-1].end < t_cool:
+        return ((0.0, end),), "whole iteration"  # a schedule too irregular for three disjoint windows
     s0, s1 = steady[0].start, steady[-1].end
-    if not t_warm < s0 < s1 < t_cool:  # too few micro-batches for three disjoint windows
-        return ((0.0, end),), "whole iteration"
     mbs = sorted({s.microbatch for s in steady if s.kind is K.F})
     n_mb = len({s.microbatch for s in fwd})
     phrase = (f"warm-up | {len(mbs)} steady-state steps (forwards of micro-batches {mbs[0]}-{mbs[-1]} "
@@ -116,7 +115,8 @@ def _clip(segs: Iterable[Segment], lo: float, hi: float) -> list[tuple[Segment, 
 def _draw_panel(ax: Any, sim: SimResult, lo: float, hi: float) -> tuple[int, int]:
     """Bars of one time window; returns (bars, recomputation bars). Hidden recomputation gets its own lane
     under each stage's row: it runs beside the compute it hides behind, so drawn in the row it would be
-    covered. Bars have an edge in their own colour so a 2 ms recomputation stays at least a pixel wide."""
+    covered. Recomputation bars have an edge in their own colour so a 2 ms one stays at least a pixel wide
+    (a hatch would need a contrasting edge, which would eat such a bar, so colour and lane tell them apart)."""
     p = len(sim.stages)
     bars = recompute = 0
     for stage in range(p):
@@ -128,8 +128,7 @@ def _draw_panel(ax: Any, sim: SimResult, lo: float, hi: float) -> tuple[int, int
                 continue
             ybox = (y - 0.45, 0.16) if kind is K.OVERLAP else (y - 0.25, 0.6)
             edge = "white" if kind in (K.F, K.B) else _COLORS[kind]
-            ax.broken_barh(spans, ybox, facecolors=_COLORS[kind], edgecolors=edge, linewidth=0.4,
-                           hatch=_HATCH.get(kind))
+            ax.broken_barh(spans, ybox, facecolors=_COLORS[kind], edgecolors=edge, linewidth=0.4)
             bars += len(spans)
             recompute += len(spans) if kind in (K.RECOMPUTE, K.OVERLAP) else 0
     ax.set_xlim(lo, hi)
@@ -198,9 +197,11 @@ def gantt_figure(plan: Plan) -> tuple[Any, GanttDrawing]:
     _mark_breaks(axes)
     # On the middle panel, not the figure: a figure-level label would share the bottom with the legend.
     axes[len(axes) // 2].set_xlabel("time (s)", fontsize=9)
+    if any(s.chunk for s in sim.segments):
+        phrase += "; bar labels: micro-batch.model chunk"
     title = _gantt_title(plan, phrase)
     fig.suptitle(title, fontsize=9)
-    handles = [plt.Rectangle((0, 0), 1, 1, facecolor=_COLORS[k], edgecolor=_COLORS[k], hatch=_HATCH.get(k))
+    handles = [plt.Rectangle((0, 0), 1, 1, facecolor=_COLORS[k], edgecolor=_COLORS[k])
                for k in _COLORS]
     fig.legend(handles, [_LABELS[k] for k in _COLORS], loc="outside lower center", ncol=len(handles),
                fontsize=8, frameon=False)
@@ -210,7 +211,7 @@ def gantt_figure(plan: Plan) -> tuple[Any, GanttDrawing]:
 
 def gantt(plan: Plan, path: str | Path) -> GanttDrawing:
     """One row per stage: forward, backward, recomputation on the critical path, stalls, and hidden
-    recomputation in a hatched lane under each row."""
+    recomputation in a lane under each row."""
     fig, drawing = gantt_figure(plan)
     fig.savefig(path, dpi=_DPI)
     _plt().close(fig)
