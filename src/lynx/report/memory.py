@@ -87,7 +87,7 @@ def _value_label(ax: Any, x: float, st: StageMemory, top: float, n: int, over: b
     peak, budget = st.peak / GiB, st.budget_bytes / GiB
     y = budget if 0 < budget - peak < 0.06 * top else peak
     text = f"{peak:.1f}" + (f"\n+{-st.headroom / GiB:.1f} over" if over else "")
-    return ax.annotate(text, (x, y), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+    return ax.annotate(text, (x, y), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom",
                        fontsize=8 if n <= 16 else 6, color=OVER_COLOR if over else "black")
 
 
