@@ -136,7 +136,7 @@ def test_every_option_has_help_and_one_flag_name() -> None:
     def walk(cmd: click.Command, path: str) -> list[str]:
         bad = []
         for p in cmd.params:
-            if isinstance(p, click.Option):
+            if isinstance(p, click.Option) and not p.hidden:
                 names = [*p.opts, *p.secondary_opts]
                 if not (p.help or "").strip():
                     bad.append(f"{path} {names[0]}: no help text")
