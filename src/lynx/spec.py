@@ -166,6 +166,14 @@ class DeviceSpec:
     """Fraction of peak that large GEMMs reach (documented in docs/costmodel.md)."""
     memory_efficiency: float = field(default=0.7, metadata=rng(gt=0, le=1))
     """Fraction of HBM bandwidth that elementwise / softmax / layernorm kernels reach."""
+    gemm_half_dim: float = field(default=0.0, metadata=rng(ge=0, le=1 << 20))
+    """GEMM efficiency by shape (`lynx.kernels`): each of M, N, K scales `matmul_efficiency` by d / (d + this);
+    0 keeps one efficiency for every GEMM."""
+    flash_fwd_efficiency: float | None = field(default=None, metadata=rng(gt=0, le=1))
+    """Flash attention's forward efficiency at head dim 128 and long sequences (causal FLOPs); None: the
+    matmul efficiency."""
+    flash_bwd_efficiency: float | None = field(default=None, metadata=rng(gt=0, le=1))
+    """The same for its backward (None: the forward's)."""
     reserved_bytes: float = 2.0 * GiB
     """Memory the budget leaves out: CUDA context, NCCL buffers, allocator fragmentation."""
 
@@ -198,6 +206,9 @@ class Hardware:
     inter_group: LinkSpec | None = None
     """Link between such groups inside one node; None means `inter_node`."""
     max_nodes: int = field(default=4, metadata=rng(gt=0))
+    nics_per_node: int = field(default=1, metadata=rng(gt=0, le=1 << 10))
+    """Network cards per node, each `inter_node`'s bandwidth (DGX H100: 8, one per GPU). A group with k members
+    on every node shares the node's NICs with the other d/k such groups: nics x k / d NICs' worth each."""
     topology: Topology | None = None
     """Per-pair links inside a node (boards without NVSwitch, PCIe switches, sockets); None: `intra_node`
     (and `inter_group` between boards of `intra_group_size`) for every group inside a node."""
@@ -220,14 +231,30 @@ class Hardware:
         if len(ranks) <= 1:
             return self.inter_node  # no collective is ever timed on it
         d = self.devices_per_node
-        if len({r // d for r in ranks}) > 1:
-            return self.inter_node
+        nodes = [r // d for r in ranks]
+        if len(set(nodes)) > 1:
+            return self._multi_node_link(ranks, min(nodes.count(n) for n in set(nodes)))
         local = [r % d for r in ranks]
         if self.topology is not None:
             return self.topology.ring_link(local)
         if len({r // self.intra_group_size for r in local}) == 1:
             return self.intra_node
         return self.inter_group or self.inter_node
+
+    def _multi_node_link(self, ranks: Sequence[int], per_node: int) -> LinkSpec:
+        """A ring that leaves the node. `inter_node` is one NIC; with `per_node` members of the group on every
+        node, NCCL runs one ring per NIC it may use (rail-optimised fabric: NIC i of every node on one rail),
+        so the group's bus bandwidth is its share of the node's NICs (`nics_per_node`), capped by the
+        intra-node link the members of one node share (a ring's node egress is one copy of the data however
+        many members the node holds; NVIDIA DGX H100 user guide: one 400 Gb/s compute NIC per GPU)."""
+        d = self.devices_per_node
+        share = self.nics_per_node * per_node / d
+        if per_node <= 1 or share <= 1:
+            return self.inter_node
+        first = [r for r in ranks if r // d == ranks[0] // d]
+        local = self.link_for_ranks(first)
+        bw = min(share * self.inter_node.bandwidth_Bps, local.bandwidth_Bps)
+        return dataclasses.replace(self.inter_node, bandwidth_Bps=bw)
 
     def link_for_group(self, size: int, stride: int = 1) -> LinkSpec:
         """The slowest link over the groups of `size` ranks, `stride` apart in rank order (TP groups are

@@ -191,6 +191,15 @@ def plan_cmd(
     memory_png: Annotated[
         Path | None, typer.Option("--memory-png", help="Write memory per stage over time (PNG).")
     ] = None,
+    overlap_grad_reduce: Annotated[bool, typer.Option(
+        "--overlap-grad-reduce", help="Megatron's --overlap-grad-reduce: the DP gradient reduction runs in buckets "
+        "during the last micro-batch's backward (docs/costmodel.md).")] = False,
+    overlap_param_gather: Annotated[bool, typer.Option(
+        "--overlap-param-gather", help="Megatron's --overlap-param-gather (needs --distributed-optimizer): the "
+        "parameter all-gather runs during the next iteration's first forward.")] = False,
+    tp_comm_overlap: Annotated[bool, typer.Option(
+        "--tp-comm-overlap", help="Megatron's --tp-comm-overlap (TransformerEngine userbuffers, needs --sp): SP "
+        "collectives pipelined with their GEMMs; Lynx's windows shrink to what is left.")] = False,
     from_megatron: Annotated[str | None, typer.Option(
         "--from-megatron", help="Simulate a Megatron-LM command line (quoted) next to lynx's plan; sizes come "
         "from it, --hardware/--dp/--nodes/--budget-gb from lynx's options (docs/export.md).")] = None,
@@ -209,7 +218,9 @@ def plan_cmd(
     problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
                             layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
                             no_wgrad_overlap, graph, time_limit, cooldown_overlap=not no_cooldown_overlap,
-                            precision=precision, distributed_optimizer=distributed_optimizer, busbw_gbps=busbw)
+                            precision=precision, distributed_optimizer=distributed_optimizer, busbw_gbps=busbw,
+                            overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
+                            tp_comm_overlap=tp_comm_overlap)
     if vpp != 1:
         problem = with_vpp(problem, vpp)
     if graph is not None and graph.meta.device and graph.meta.device != problem.hardware.device.name:
