@@ -71,6 +71,9 @@ class ModelSpec:
     """Dropout rate after each block (used when `dropout` is on; 0 leaves the masks out)."""
     attention_dropout: float = 0.1
     """Dropout rate on the attention probabilities (used when `dropout` is on)."""
+    rotary_base: float = field(default=10000.0, metadata=rng(gt=0))
+    """RoPE base (Megatron's --rotary-base; Llama 3: 500000). No effect on time or memory; exported with the
+    plan so the command line lynx writes trains the model it priced."""
 
     def __post_init__(self) -> None:
         check_instance(self, f"model {self.name!r}")

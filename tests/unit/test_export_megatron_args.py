@@ -90,11 +90,12 @@ def test_llama_fields_become_megatron_flags() -> None:
     llama = SimpleNamespace(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
                             max_position_embeddings=8192, vocab_size=128256, dropout=False, family="llama",
                             activation="swiglu", normalization="rmsnorm", position_embedding="rope",
-                            tie_embeddings=False, num_query_groups=8, attention="flash")
+                            tie_embeddings=False, num_query_groups=8, attention="flash", rotary_base=500000.0)
     flags = {f[0]: f[1:] for f in model_flags(llama, 8192)}  # type: ignore[arg-type]
     for f in ("--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--group-query-attention"):
         assert flags[f] == ()
     assert flags["--normalization"] == ("RMSNorm",) and flags["--position-embedding-type"] == ("rope",)
+    assert flags["--rotary-base"] == ("500000",)
     assert flags["--num-query-groups"] == ("8",) and flags["--attention-backend"] == ("flash",)
     assert flags["--attention-dropout"] == ("0",) and flags["--hidden-dropout"] == ("0",)
     args = " ".join(" ".join(f) for f in model_flags(llama, 8192))  # type: ignore[arg-type]
@@ -110,7 +111,8 @@ def test_llama_fields_become_megatron_flags() -> None:
         return
     m = parse_megatron_args(cmd).model  # after issue 10: the same model back
     assert (m.family, m.num_query_groups, m.activation, m.normalization, m.position_embedding, m.tie_embeddings,
-            m.attention, m.dropout) == ("llama", 8, "swiglu", "rmsnorm", "rope", False, "flash", False)
+            m.attention, m.dropout, m.rotary_base) == ("llama", 8, "swiglu", "rmsnorm", "rope", False, "flash", False,
+                                                       500000.0)
 
 
 @pytest.mark.parametrize("method", ["none", "full", "uniform", "block", "lynx-heu"])

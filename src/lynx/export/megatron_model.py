@@ -51,7 +51,7 @@ def model_flags(m: ModelSpec, seq_length: int) -> list[Flag]:
     if m.normalization == "rmsnorm":
         flags.append(("--normalization", "RMSNorm"))
     if m.position_embedding == "rope":
-        flags.append(("--position-embedding-type", "rope"))
+        flags += [("--position-embedding-type", "rope"), ("--rotary-base", f"{m.rotary_base:g}")]
     if m.family == "llama":
         flags.append(("--disable-bias-linear",))
     if not m.tie_embeddings:
@@ -62,6 +62,21 @@ def model_flags(m: ModelSpec, seq_length: int) -> list[Flag]:
     # lynx prices the attention it was told about: unfused keeps the s x s tensors, flash does not
     flags.append(("--attention-backend", "flash" if m.attention == "flash" else "unfused"))
     return flags
+
+
+def attention_of(k: Mapping[str, Any]) -> str:
+    """The attention Megatron-Core runs: `--attention-backend` when given (flash / fused: a fused kernel;
+    unfused / local: the s x s tensors); else flash with `--use-flash-attn` or TransformerEngine (Megatron-Core's
+    default `--transformer-impl transformer_engine` picks a fused backend, `attention_backend` auto); only
+    `--transformer-impl local` without `--use-flash-attn` runs unfused attention."""
+    backend = k.get("--attention-backend")
+    if backend in ("flash", "fused"):
+        return "flash"
+    if backend in ("unfused", "local"):
+        return "standard"
+    if k.get("--use-flash-attn"):
+        return "flash"
+    return "standard" if k.get("--transformer-impl") == "local" else "flash"
 
 
 def model_from_flags(k: Mapping[str, Any], warn: list[str]) -> ModelSpec:
@@ -85,8 +100,9 @@ def model_from_flags(k: Mapping[str, Any], warn: list[str]) -> ModelSpec:
     if k.get("--group-query-attention") and "--num-query-groups" in k:
         extra["num_query_groups"] = int(k["--num-query-groups"])
     backend = k.get("--attention-backend")
-    if backend is not None:
-        extra["attention"] = "flash" if backend in ("flash", "fused") else "standard"
+    extra["attention"] = attention_of(k)
+    if k.get("--rotary-base") is not None:
+        extra["rotary_base"] = float(k["--rotary-base"])
     llama = {"--swiglu": extra.get("activation") == "swiglu", "--normalization RMSNorm": norm == "RMSNorm",
              "--position-embedding-type rope": pos == "rope"}
     if any(llama.values()):
