@@ -177,10 +177,12 @@ def plan_cmd(
         int | None, typer.Option(help="Megatron --recompute-num-layers for uniform/block (default: auto).")
     ] = None,
     no_wgrad_overlap: Annotated[
-        bool, typer.Option(help="Backward windows offer the whole collective (no Megatron wgrad overlap).")
+        bool, typer.Option("--no-wgrad-overlap",
+                           help="Backward windows offer the whole collective (no Megatron wgrad overlap).")
     ] = False,
     no_cooldown_overlap: Annotated[
-        bool, typer.Option(help="Do not hide recomputation in cool-down pipeline stalls (paper sec. 4.2).")
+        bool, typer.Option("--no-cooldown-overlap",
+                           help="Do not hide recomputation in cool-down pipeline stalls (paper sec. 4.2).")
     ] = False,
     profile: Annotated[
         str | None, typer.Option(help="Plan from a stored profile ID instead of the analytic model.")

@@ -45,8 +45,10 @@ def solve_cmd(
     last_stage: Annotated[bool, typer.Option("--last-stage", help="Last stage or PP = 1: no forward windows "
                                              "(phases 3, 4, 5 only).")] = False,
     microbatches: Annotated[int, typer.Option("--microbatches", help="Micro-batches per iteration.")] = 64,
-    no_wgrad_overlap: Annotated[bool, typer.Option(help="Backward windows offer the whole collective.")] = False,
-    no_cooldown_overlap: Annotated[bool, typer.Option(help="Do not hide cool-down recomputation in stalls.")] = False,
+    no_wgrad_overlap: Annotated[bool, typer.Option(
+        "--no-wgrad-overlap", help="Backward windows offer the whole collective.")] = False,
+    no_cooldown_overlap: Annotated[bool, typer.Option(
+        "--no-cooldown-overlap", help="Do not hide cool-down recomputation in stalls.")] = False,
     mixed: Annotated[bool, typer.Option("--mixed", help="Allow two layer policies (k layers each).")] = False,
     backend: Annotated[str, typer.Option(help="MILP backend: highs (default) or gurobi (if installed).")] = "highs",
     time_limit: Annotated[float, typer.Option(help="Time limit per ILP solve, seconds.")] = 10.0,
