@@ -30,9 +30,10 @@ MAX_STAGES = 128
 MAX_MICROBATCHES = 16384
 
 
-Activation = Literal["gelu", "swiglu"]
+Activation = Literal["gelu", "swiglu", "squared-relu"]
 Normalization = Literal["layernorm", "rmsnorm"]
-PositionEmbedding = Literal["learned", "rope"]
+PositionEmbedding = Literal["learned", "rope", "none"]
+Bias = Literal["all", "qkv", "none"]
 Attention = Literal["standard", "flash"]
 
 
@@ -55,13 +56,19 @@ class ModelSpec:
     dropout: bool = True
     """Dropout after attention probabilities and after each block (GPT-3 style); adds 1-byte masks."""
     family: str = "gpt"
-    """Which `lynx.families` module describes the layer ("gpt", "llama")."""
+    """Which `lynx.families` module describes the layer: "gpt" and "llama" fix the layer's switches to
+    those models'; "mcore" takes activation, normalization, positions, biases and grouped-query attention as
+    independent fields, as Megatron-Core does."""
     num_query_groups: int = 0
     """K/V heads (grouped-query attention); 0 means as many as attention heads (multi-head attention)."""
     activation: Activation = "gelu"
+    """gelu, squared-relu (Megatron --squared-relu) or swiglu (gated: --swiglu)."""
     normalization: Normalization = "layernorm"
     position_embedding: PositionEmbedding = "learned"
     """"learned" adds a max_position_embeddings x hidden table; "rope" has no parameters."""
+    bias: Bias | None = None
+    """Linear-layer biases: all (Megatron's default), qkv (--disable-bias-linear --add-qkv-bias, Qwen2) or none
+    (--disable-bias-linear); None: the family's (gpt all, llama and mcore none). Parameters only."""
     tie_embeddings: bool = True
     """The LM head shares the word embedding (GPT); LLaMA unties them (a second V x h matrix)."""
     attention: Attention = "standard"
@@ -81,6 +88,10 @@ class ModelSpec:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
         if self.num_query_groups == 0:
             object.__setattr__(self, "num_query_groups", self.num_attention_heads)
+        if self.bias is None:
+            from lynx.families import get_family
+
+            object.__setattr__(self, "bias", get_family(self.family).defaults.get("bias", "all"))
         for f in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "num_query_groups"):
             if getattr(self, f) <= 0:
                 raise SpecError(f"model {self.name!r}: {f} must be positive")
@@ -93,7 +104,8 @@ class ModelSpec:
             raise SpecError(f"model {self.name!r}: num_attention_heads {self.num_attention_heads} is not "
                             f"divisible by num_query_groups {self.num_query_groups}")
         for f, ok in (("activation", get_args(Activation)), ("normalization", get_args(Normalization)),
-                      ("position_embedding", get_args(PositionEmbedding)), ("attention", get_args(Attention))):
+                      ("position_embedding", get_args(PositionEmbedding)), ("attention", get_args(Attention)),
+                      ("bias", get_args(Bias))):
             if getattr(self, f) not in ok:
                 raise SpecError(f"model {self.name!r}: {f} {getattr(self, f)!r}; choose one of {', '.join(ok)}")
         for f in ("hidden_dropout", "attention_dropout"):

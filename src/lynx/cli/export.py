@@ -176,9 +176,9 @@ def plan_from_megatron(args: str, hardware: str, dp: int, nodes: int | None, bud
     hw = load_hardware(hardware)
     dp = derived_dp(dp, nodes, hw.devices_per_node, cmd.tp, cmd.pp)
     opts = megatron_options(cmd.run, lynx or LynxFlags(), bytes_per_param, nodes, budget_gb)
-    for w in budget_warnings(budget_gb, hw):
-        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
     problem = imported_problem(cmd.model, cmd.parallel(dp), cmd.layout, hardware, opts)
+    for w in budget_warnings(budget_gb, hw):  # after the checks: a NaN has been refused
+        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
     mine = simulate_stock(problem, cmd.layout, cmd.recompute)
     free = replace(problem, options=replace(problem.options, layers_per_stage=None))
     lynx_row = plan_method(free, "lynx")

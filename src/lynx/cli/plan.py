@@ -221,11 +221,6 @@ def plan_cmd(
                           tp_comm_overlap)
         return plan_from_megatron(from_megatron, hardware, dp, nodes, budget_gb, bytes_per_param, as_json, out,
                                   given)
-    from lynx.cli.export import budget_warnings
-    from lynx.spec import load_hardware
-
-    for w in budget_warnings(budget_gb, load_hardware(hardware)):
-        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
     graph = _load_profile_graph(profile, db) if profile else None
     problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
                             layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
@@ -234,6 +229,10 @@ def plan_cmd(
                             busbw_gbps=busbw,
                             overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
                             tp_comm_overlap=tp_comm_overlap)
+    from lynx.cli.export import budget_warnings
+
+    for w in budget_warnings(budget_gb, problem.hardware):  # after the checks: a NaN has been refused
+        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
     if vpp != 1:
         problem = with_vpp(problem, vpp)
     if graph is not None and graph.meta.device and graph.meta.device != problem.hardware.device.name:

@@ -31,7 +31,7 @@ _LIST = ("--recompute-modules",)
 _BOOL = ("--sequence-parallel", "--bf16", "--fp16", "--recompute-activations", "--swiglu", "--group-query-attention",
          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--use-distributed-optimizer",
          "--use-flash-attn", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
-         "--grad-reduce-in-bf16")
+         "--grad-reduce-in-bf16", "--squared-relu", "--add-qkv-bias")
 _REFUSED = {
     "--num-experts": "mixture-of-experts layers",
     "--multi-latent-attention": "multi-latent attention",
