@@ -190,7 +190,11 @@ class DeviceSpec:
     flash_bwd_efficiency: float | None = field(default=None, metadata=rng(gt=0, le=1))
     """The same for its backward (None: the forward's)."""
     reserved_bytes: float = 2.0 * GiB
-    """Memory the budget leaves out: CUDA context, NCCL buffers, allocator fragmentation."""
+    """Memory the budget leaves out before any tensor: CUDA context and NCCL's buffers (and, on presets without
+    `fragmentation`, the allocator's slack too)."""
+    fragmentation: float = field(default=0.0, metadata=rng(ge=0, lt=1))
+    """Share of what is left that the caching allocator loses to fragmentation (blocks split and cached but not
+    reusable for the next request); "fits" means fits with it kept free."""
 
     def __post_init__(self) -> None:
         check_instance(self, f"device {self.name!r}")
@@ -204,7 +208,8 @@ class DeviceSpec:
 
     @property
     def usable_bytes(self) -> float:
-        return self.memory_bytes - self.reserved_bytes
+        """What tensors may use: capacity less the context and NCCL, less the fragmentation reserve."""
+        return (self.memory_bytes - self.reserved_bytes) * (1.0 - self.fragmentation)
 
 
 @dataclass(frozen=True, slots=True)

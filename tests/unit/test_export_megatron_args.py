@@ -157,3 +157,14 @@ def test_each_switch_is_read_on_its_own() -> None:
     assert (qwen.family, qwen.bias) == ("mcore", "qkv")
     gpt = parse_megatron_args(BASE).model
     assert (gpt.family, gpt.bias) == ("gpt", "all")
+
+
+def test_megatrons_own_pipeline_balancing_flags_are_read() -> None:
+    """--account-for-embedding/loss-in-pipeline-split count the embedding and the loss as a layer each (the end
+    stages run one decoder layer fewer); the total must split evenly, as Megatron-Core asserts."""
+    base = BASE.replace("--pipeline-model-parallel-size 4", "--pipeline-model-parallel-size 4 --num-layers 30")
+    base = base.replace("--num-layers 32 ", "")
+    cmd = parse_megatron_args(base + " --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split")
+    assert cmd.layout.layers == (7, 8, 8, 7)
+    with pytest.raises(SpecError, match="split evenly"):
+        parse_megatron_args(base + " --account-for-embedding-in-pipeline-split")

@@ -31,14 +31,13 @@ _LIST = ("--recompute-modules",)
 _BOOL = ("--sequence-parallel", "--bf16", "--fp16", "--recompute-activations", "--swiglu", "--group-query-attention",
          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--use-distributed-optimizer",
          "--use-flash-attn", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
-         "--grad-reduce-in-bf16", "--squared-relu", "--add-qkv-bias")
+         "--grad-reduce-in-bf16", "--squared-relu", "--add-qkv-bias", "--account-for-embedding-in-pipeline-split",
+         "--account-for-loss-in-pipeline-split")
 _REFUSED = {
     "--num-experts": "mixture-of-experts layers",
     "--multi-latent-attention": "multi-latent attention",
     "--mtp-num-layers": "multi-token prediction layers",
     "--distribute-saved-activations": "activations distributed over the TP group",
-    "--account-for-embedding-in-pipeline-split": "the embedding counted as a layer in the split",
-    "--account-for-loss-in-pipeline-split": "the loss counted as a layer in the split",
     "--cpu-offloading": "activation offloading to the host",
 }
 _REFUSED_ABOVE_ONE = ("--context-parallel-size", "--expert-model-parallel-size")
@@ -159,7 +158,25 @@ def _layout(k: dict[str, Value], pp: int, num_layers: int) -> ChunkLayout:
         if vpp != 1:
             raise SpecError("--decoder-first/last-pipeline-num-layers with virtual stages: give the layout")
         return first_last_layout(pp, num_layers, cast(int | None, first), cast(int | None, last))
+    emb = bool(k.get("--account-for-embedding-in-pipeline-split"))
+    loss = bool(k.get("--account-for-loss-in-pipeline-split"))
+    if emb or loss:
+        return accounted_layout(pp, vpp, num_layers, emb, loss)
     return even_layout(pp, vpp, num_layers, "--num-layers")
+
+
+def accounted_layout(pp: int, vpp: int, num_layers: int, emb: bool, loss: bool) -> ChunkLayout:
+    """--account-for-embedding/loss-in-pipeline-split: Megatron-Core counts the embedding (and the loss) as one
+    more layer and splits evenly, so the first (last) stage runs one decoder layer fewer
+    (megatron/core/transformer/transformer_block.py, get_num_layers_to_build; its total must divide evenly)."""
+    total = num_layers + emb + loss
+    if vpp != 1 or total % pp:
+        raise SpecError(f"--account-for-embedding/loss-in-pipeline-split: {num_layers} layers + {int(emb) + int(loss)} "
+                        f"must split evenly over PP {pp} without virtual stages (Megatron-Core's rule)")
+    each = total // pp
+    if pp == 1:
+        return ChunkLayout(1, 1, (num_layers,))
+    return ChunkLayout(pp, 1, (each - emb, *([each] * (pp - 2)), each - loss))
 
 
 def _recompute(k: dict[str, Value]) -> MegatronRecompute:
