@@ -139,6 +139,8 @@ class LayerGraph:
     """Measured runtime costs beyond the ops (profiled graphs only); None: the ops are the whole price."""
 
     def __post_init__(self) -> None:
+        if not self.ops:
+            raise PlanFormatError("graph: no ops (a layer graph lists its layer's ops in forward order)")
         seen: set[str] = {LAYER_INPUT}
         for op in self.ops:
             if op.name in seen:

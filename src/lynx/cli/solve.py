@@ -18,7 +18,7 @@ from lynx.milp import Backend
 from lynx.paths import MAX_JSON_BYTES, read_text
 from lynx.policy.base import StageContext
 from lynx.schedule import facts_1f1b
-from lynx.spec import GiB
+from lynx.spec import MAX_LAYERS, MAX_MICROBATCHES, MAX_STAGES, GiB
 from lynx.validate import POSITIVE, Range
 
 
@@ -59,8 +59,9 @@ def solve_cmd(
     from lynx.policy.heu import HeuOptions, critical_recompute, heu_policy
     from lynx.policy.heu_mixed import mixed_policy
 
-    check_ints(**{"--layers": (layers, POSITIVE), "--in-flight": (in_flight, POSITIVE),
-                  "--microbatches": (microbatches, POSITIVE)})
+    check_ints(**{"--layers": (layers, Range(gt=0, le=MAX_LAYERS)),
+                  "--in-flight": (in_flight, Range(gt=0, le=MAX_STAGES)),
+                  "--microbatches": (microbatches, Range(gt=0, le=MAX_MICROBATCHES))})
     check_floats(**{"--budget-gb": (budget_gb, BUDGET_GB), "--static-gb": (static_gb, Range(ge=0, le=1e6)),
                     "--time-limit": (time_limit, POSITIVE)})
     if static_gb >= budget_gb:
