@@ -23,6 +23,17 @@ def check_inputs(model: ModelSpec, hardware: Hardware, parallel: ParallelSpec, o
                 f"summing to {model.num_layers}"
             )
     check_vpp(opts.vpp, model, parallel, opts.layers_per_stage is not None)
+    check_overlaps(opts, parallel)
+
+
+def check_overlaps(opts: PlanOptions, par: ParallelSpec) -> None:
+    """Megatron's own conditions on its overlap switches (megatron/training/arguments.py asserts them)."""
+    if opts.tp_comm_overlap and par.tp > 1 and not par.sequence_parallel:
+        raise SpecError("--tp-comm-overlap needs sequence parallelism (--sp), as in Megatron (\"Tensor parallel "
+                        "communication/GEMM overlap can happen only when sequence parallelism is enabled\")")
+    if opts.overlap_param_gather and not opts.distributed_optimizer:
+        raise SpecError("--overlap-param-gather needs --distributed-optimizer (Megatron: \"--overlap-param-gather "
+                        "only supported with distributed optimizer\")")
 
 
 def check_vpp(vpp: int, model: ModelSpec, par: ParallelSpec, explicit: bool) -> None:

@@ -22,7 +22,6 @@ from lynx.cli.common import (
     ModelOpt,
     NodesOpt,
     PpOpt,
-    PrecisionOpt,
     SeqOpt,
     SpOpt,
     TpOpt,
@@ -168,7 +167,10 @@ def plan_cmd(
         float | None, typer.Option(help="Usable memory per GPU in GiB (default: capacity minus reserve).")
     ] = None,
     bytes_per_param: BytesPerParamOpt = None,
-    precision: PrecisionOpt = "paper",
+    precision: Annotated[str | None, typer.Option(
+        "--precision", help="Static-memory recipe: paper (16 B/param, the default), megatron-bf16 (18), "
+        "megatron-fp16 (20), fp32 (16). With --from-megatron: the command line's --bf16 / --fp16 unless given.")
+    ] = None,
     distributed_optimizer: DistOptOpt = False,
     busbw: BusbwOpt = None,
     recompute_num_layers: Annotated[
@@ -193,6 +195,15 @@ def plan_cmd(
     memory_png: Annotated[
         Path | None, typer.Option("--memory-png", help="Write memory per stage over time (PNG).")
     ] = None,
+    overlap_grad_reduce: Annotated[bool, typer.Option(
+        "--overlap-grad-reduce", help="Megatron's --overlap-grad-reduce: the DP gradient reduction runs in buckets "
+        "during the last micro-batch's backward (docs/costmodel.md).")] = False,
+    overlap_param_gather: Annotated[bool, typer.Option(
+        "--overlap-param-gather", help="Megatron's --overlap-param-gather (needs --distributed-optimizer): the "
+        "parameter all-gather runs during the next iteration's first forward.")] = False,
+    tp_comm_overlap: Annotated[bool, typer.Option(
+        "--tp-comm-overlap", help="Megatron's --tp-comm-overlap (TransformerEngine userbuffers, needs --sp): SP "
+        "collectives pipelined with their GEMMs; Lynx's windows shrink to what is left.")] = False,
     from_megatron: Annotated[str | None, typer.Option(
         "--from-megatron", help="Simulate a Megatron-LM command line (quoted) next to lynx's plan; sizes come "
         "from it, --hardware/--dp/--nodes/--budget-gb from lynx's options (docs/export.md).")] = None,
@@ -204,14 +215,24 @@ def plan_cmd(
 
     _check_plan_outputs(out, gantt, memory_png)
     if from_megatron is not None:  # the import path lives in lynx.cli.export
-        from lynx.cli.export import plan_from_megatron
+        from lynx.cli.export import LynxFlags, plan_from_megatron
 
-        return plan_from_megatron(from_megatron, hardware, dp, nodes, budget_gb, bytes_per_param, as_json, out)
+        given = LynxFlags(precision, distributed_optimizer, overlap_grad_reduce, overlap_param_gather,
+                          tp_comm_overlap)
+        return plan_from_megatron(from_megatron, hardware, dp, nodes, budget_gb, bytes_per_param, as_json, out,
+                                  given)
     graph = _load_profile_graph(profile, db) if profile else None
     problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
                             layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
                             no_wgrad_overlap, graph, time_limit, cooldown_overlap=not no_cooldown_overlap,
-                            precision=precision, distributed_optimizer=distributed_optimizer, busbw_gbps=busbw)
+                            precision=precision or "paper", distributed_optimizer=distributed_optimizer,
+                            busbw_gbps=busbw,
+                            overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
+                            tp_comm_overlap=tp_comm_overlap)
+    from lynx.cli.export import budget_warnings
+
+    for w in budget_warnings(budget_gb, problem.hardware):  # after the checks: a NaN has been refused
+        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
     if vpp != 1:
         problem = with_vpp(problem, vpp)
     if graph is not None and graph.meta.device and graph.meta.device != problem.hardware.device.name:
