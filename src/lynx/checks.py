@@ -23,6 +23,17 @@ def check_inputs(model: ModelSpec, hardware: Hardware, parallel: ParallelSpec, o
                 f"summing to {model.num_layers}"
             )
     check_vpp(opts.vpp, model, parallel, opts.layers_per_stage is not None)
+    check_overlaps(opts, parallel)
+
+
+def check_overlaps(opts: PlanOptions, par: ParallelSpec) -> None:
+    """Megatron's own conditions on its overlap switches (megatron/training/arguments.py asserts them)."""
+    if opts.tp_comm_overlap and par.tp > 1 and not par.sequence_parallel:
+        raise SpecError("--tp-comm-overlap needs sequence parallelism (--sp), as in Megatron (\"Tensor parallel "
+                        "communication/GEMM overlap can happen only when sequence parallelism is enabled\")")
+    if opts.overlap_param_gather and not opts.distributed_optimizer:
+        raise SpecError("--overlap-param-gather needs --distributed-optimizer (Megatron: \"--overlap-param-gather "
+                        "only supported with distributed optimizer\")")
 
 
 def check_vpp(vpp: int, model: ModelSpec, par: ParallelSpec, explicit: bool) -> None:
@@ -51,7 +62,12 @@ def check_graph_matches(graph: LayerGraph, model: ModelSpec, par: ParallelSpec) 
             "num_query_groups": model.num_query_groups}
     bad = [f"{k} {getattr(m, k)} (layout: {v})" for k, v in want.items() if getattr(m, k) not in (v, 0)]
     if bad:
-        raise SpecError("the profiled graph does not match the layout: " + ", ".join(bad))
+        shape = [k for k in ("hidden_size", "num_attention_heads", "num_query_groups", "family")
+                 if getattr(m, k) not in (want[k], 0)]
+        hint = ("; a profile measures one layer's shape: plan it with a model YAML of that shape (--model my.yaml, "
+                "docs/profiling.md \"Planning from a profile\") or profile a layer of this model" if shape else
+                "; profile again with this layout's --seq-len/--micro-batch/--tp/--sp, or plan with the profile's")
+        raise SpecError("the profiled graph does not match the layout: " + ", ".join(bad) + hint)
 
 
 def check_result(problem: PlanProblem, result: PlanResult, where: str = "plan") -> None:

@@ -13,7 +13,9 @@ from dataclasses import dataclass, replace
 from lynx.families import get_family
 from lynx.families.base import ACT_BYTES, BWD_MATMUL_FACTOR, BWD_MEMORY_FACTOR, MASK_BYTES, OpSpec
 from lynx.graph import GraphMeta, LayerGraph, Op
+from lynx.kernels import KernelCurves
 from lynx.spec import Hardware, LinkSpec, ModelSpec, ParallelSpec
+from lynx.tp_overlap import apply_tp_comm_overlap
 
 # The byte and backward constants are the families' (they describe ops); re-exported for old imports.
 __all__ = ["ACT_BYTES", "MASK_BYTES", "BWD_MATMUL_FACTOR", "BWD_MEMORY_FACTOR", "CostParams", "EdgeTimes",
@@ -31,10 +33,13 @@ class CostParams:
     """Multiplies the link's own efficiency (calibration knob for collectives)."""
     kernel_overhead_s: float = 4e-6
     """Launch and tail overhead per kernel (a few microseconds on current GPUs)."""
+    tp_comm_overlap: bool = False
+    """Megatron's --tp-comm-overlap (TransformerEngine userbuffers, needs sequence parallelism): each SP
+    collective is pipelined with its GEMM; only what the pipelining leaves is exposed (`tp_overlap`)."""
 
     @staticmethod
-    def for_hardware(hw: Hardware) -> CostParams:
-        return CostParams(hw.device.matmul_efficiency, hw.device.memory_efficiency)
+    def for_hardware(hw: Hardware, tp_comm_overlap: bool = False) -> CostParams:
+        return CostParams(hw.device.matmul_efficiency, hw.device.memory_efficiency, tp_comm_overlap=tp_comm_overlap)
 
 
 def allreduce_time(nbytes: float, n: int, link: LinkSpec, scale: float = 1.0) -> float:
@@ -64,13 +69,30 @@ class _Pricer:
     def __init__(self, hw: Hardware, par: ParallelSpec, cp: CostParams) -> None:
         self.hw, self.par, self.cp = hw, par, cp
         self.tp_link = hw.link_for_group(par.tp, 1)
+        self.curves = KernelCurves.of(hw.device, cp.matmul_efficiency)
 
-    def _compute_time(self, flops: float, nbytes: float) -> float:
+    def _compute_time(self, flops: float, nbytes: float, eff: float | None = None) -> float:
         d = self.hw.device
         return self.cp.kernel_overhead_s + max(
-            flops / (d.peak_flops * self.cp.matmul_efficiency),
+            flops / (d.peak_flops * (self.cp.matmul_efficiency if eff is None else eff)),
             nbytes / (d.memory_bandwidth_Bps * self.cp.memory_efficiency),
         )
+
+    def _gemm_time(self, m: float, k: float, n: float, batch: float = 1.0) -> float:
+        return self._compute_time(2.0 * batch * m * k * n, ACT_BYTES * batch * (m * k + k * n + m * n),
+                                  self.curves.gemm(m, k, n))
+
+    def _compute_op(self, o: OpSpec) -> tuple[float, float]:
+        """(forward, backward) time of a compute op, at the efficiency its shape gets."""
+        if o.attn_seq_head is not None and self.hw.device.flash_fwd_efficiency is not None:
+            s, d = o.attn_seq_head
+            fwd = self._compute_time(o.flops, o.mem_bytes, self.curves.flash(s, d, backward=False))
+            bwd = self._compute_time(o.bwd_factor * o.flops, o.bwd_factor * o.mem_bytes,
+                                     self.curves.flash(s, d, backward=True))
+            return fwd, bwd
+        eff = self.curves.gemm(*o.gemm_mnk) if o.gemm_mnk is not None else None
+        fwd = self._compute_time(o.flops, o.mem_bytes, eff)
+        return fwd, o.bwd_factor * fwd
 
     def price(self, o: OpSpec) -> Op:
         if o.kind == "comm":
@@ -85,8 +107,8 @@ class _Pricer:
             return Op(name=o.name, kind="comm", block=o.block, fwd_time=t, bwd_time=t + re, out_bytes=o.out_bytes,
                       inputs=o.inputs, saved=(), overlaps_wgrad_of=o.overlaps_wgrad_of, module=o.module,
                       regather_time=re)
-        fwd = self._compute_time(o.flops, o.mem_bytes)
-        return Op(name=o.name, kind="compute", block=o.block, fwd_time=fwd, bwd_time=o.bwd_factor * fwd,
+        fwd, bwd = self._compute_op(o)
+        return Op(name=o.name, kind="compute", block=o.block, fwd_time=fwd, bwd_time=bwd,
                   out_bytes=o.out_bytes, mask_bytes=o.mask_bytes, inputs=o.inputs, saved=o.saved,
                   wgrad_time=o.wgrad_factor * fwd, fwd_flops=o.flops, module=o.module)
 
@@ -110,7 +132,10 @@ def build_layer_graph(
         sequence_parallel=par.sequence_parallel, device=hw.device.name, family=model.family,
         num_query_groups=model.num_query_groups,
     )
-    return LayerGraph(tuple(pricer.price(o) for o in spec.ops), input_bytes=spec.input_bytes, meta=meta)
+    ops = tuple(pricer.price(o) for o in spec.ops)
+    if cp.tp_comm_overlap and par.sequence_parallel and par.tp > 1:
+        ops = apply_tp_comm_overlap(ops, par.tp)
+    return LayerGraph(ops, input_bytes=spec.input_bytes, meta=meta)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +159,7 @@ def edge_times(model: ModelSpec, hw: Hardware, par: ParallelSpec, cost: CostPara
     tok_ln = tok / par.tp if par.sequence_parallel else tok
     h, v = model.hidden_size, model.vocab_size / par.tp
     emb_fwd = b._compute_time(tok_ln * h, ACT_BYTES * tok_ln * h * 3 + MASK_BYTES * tok_ln * h)
-    head_gemm = b._compute_time(2.0 * tok * h * v, ACT_BYTES * (tok * h + h * v + tok * v))
+    head_gemm = b._gemm_time(tok, h, v)
     loss = b._compute_time(5.0 * tok * v, 4.0 * tok * v * 3)
     return EdgeTimes(emb_fwd, BWD_MEMORY_FACTOR * emb_fwd, head_gemm + loss,
                      BWD_MATMUL_FACTOR * head_gemm + BWD_MEMORY_FACTOR * loss)

@@ -71,9 +71,19 @@ class Op:
     """Comm ops (SP all-gather): part of ``bwd_time`` re-gathering the sharded input for the weight gradient
     of ``overlaps_wgrad_of``, in flight while that GEMM's input gradient is computed."""
 
+    rerun_time: float | None = None
+    """Comm ops under --tp-comm-overlap: the collective's whole time when a recomputed forward re-runs it
+    (TransformerEngine turns the userbuffers overlap off inside a recomputed forward, TransformerEngine
+    #2902); None: ``fwd_time``."""
+
     @property
     def is_comm(self) -> bool:
         return self.kind == "comm"
+
+    @property
+    def recompute_time(self) -> float:
+        """What re-running this op's forward costs (a recomputed forward, Megatron's or Lynx's)."""
+        return self.fwd_time if self.rerun_time is None else self.rerun_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +139,8 @@ class LayerGraph:
     """Measured runtime costs beyond the ops (profiled graphs only); None: the ops are the whole price."""
 
     def __post_init__(self) -> None:
+        if not self.ops:
+            raise PlanFormatError("graph: no ops (a layer graph lists its layer's ops in forward order)")
         seen: set[str] = {LAYER_INPUT}
         for op in self.ops:
             if op.name in seen:

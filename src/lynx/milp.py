@@ -7,12 +7,18 @@ Variables are referred to by integer handles; a linear expression is a ``dict[ha
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
+import os
+import signal
+import sys
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from types import FrameType
+from typing import Any, Literal
 
 INF = math.inf
 Expr = Mapping[int, float]
@@ -117,14 +123,55 @@ def _gurobi_available() -> bool:
 def _solve_highs(m: Milp, time_limit_s: float, mip_gap: float,
                  progress: Callable[[str], None] | None, start: Expr | None = None) -> MilpSolution:
     import highspy
-    import numpy as np
 
     t0 = time.perf_counter()
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = _new_highs()
     h.setOptionValue("time_limit", float(time_limit_s))
     h.setOptionValue("mip_rel_gap", float(mip_gap))
     h.setOptionValue("threads", 1)
+    h.passModel(_highs_lp(m))
+    n = m.num_variables
+    if start:
+        import numpy as np
+
+        keys = sorted(start)
+        h.setSolution(len(keys), np.array(keys, dtype=np.int32), np.array([start[k] for k in keys], dtype=np.float64))
+    if progress is not None:
+        progress(f"HiGHS: {n} variables, {len(m.rows)} constraints, time limit {time_limit_s:g} s")
+        _subscribe_progress(h, progress)
+    with _sigint_stops(h) as interrupted:
+        _run_interruptibly(h, interrupted)
+    if interrupted():
+        # The user's Ctrl-C, whatever status HiGHS gives it (1.15 reports an interrupt, 1.16 an error): never
+        # a result a caller could mistake for a failed solve or a plan.
+        raise KeyboardInterrupt
+    ms = h.getModelStatus()
+    info = h.getInfo()
+    status_text = h.modelStatusToString(ms).lower()
+    has_primal = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    status: MilpStatus
+    if ms == highspy.HighsModelStatus.kOptimal:
+        status = "optimal"
+    elif ms == highspy.HighsModelStatus.kInfeasible:
+        status = "infeasible"
+    elif "time limit" in status_text:
+        status = "time_limit" if has_primal else "no_solution"
+    else:
+        status = "time_limit" if has_primal else "error"
+    values = tuple(h.getSolution().col_value) if has_primal or status == "optimal" else tuple([0.0] * n)
+    gap = float(info.mip_gap) if any(m.integer) and math.isfinite(info.mip_gap) else 0.0
+    return MilpSolution(
+        status=status, objective=float(info.objective_function_value) if values else math.inf,
+        values=values, solve_time_s=time.perf_counter() - t0, mip_gap=gap if status != "optimal" else 0.0,
+        num_variables=n, num_constraints=len(m.rows), backend="highs",
+    )
+
+
+def _highs_lp(m: Milp) -> Any:
+    """The model as HiGHS's row-wise LP."""
+    import highspy
+    import numpy as np
+
     inf = highspy.kHighsInf
     lp = highspy.HighsLp()
     n = m.num_variables
@@ -150,38 +197,96 @@ def _solve_highs(m: Milp, time_limit_s: float, mip_gap: float,
     if any(m.integer):
         lp.integrality_ = [highspy.HighsVarType.kInteger if b else highspy.HighsVarType.kContinuous
                            for b in m.integer]
-    h.passModel(lp)
-    if start:
-        keys = sorted(start)
-        h.setSolution(len(keys), np.array(keys, dtype=np.int32), np.array([start[k] for k in keys], dtype=np.float64))
-    if progress is not None:
-        progress(f"HiGHS: {n} variables, {len(m.rows)} constraints, time limit {time_limit_s:g} s")
-        _subscribe_progress(h, progress)
-    h.run()
-    ms = h.getModelStatus()
-    info = h.getInfo()
-    status_text = h.modelStatusToString(ms).lower()
-    if ms == getattr(highspy.HighsModelStatus, "kInterrupt", None) or "interrupt" in status_text:
-        # HiGHS stopped on Ctrl-C (we never ask it to interrupt itself): the user's interrupt, never a
-        # time-limit result that a caller could mistake for a plan.
-        raise KeyboardInterrupt
-    has_primal = info.primal_solution_status == 2  # kSolutionStatusFeasible
-    status: MilpStatus
-    if ms == highspy.HighsModelStatus.kOptimal:
-        status = "optimal"
-    elif ms == highspy.HighsModelStatus.kInfeasible:
-        status = "infeasible"
-    elif "time limit" in status_text:
-        status = "time_limit" if has_primal else "no_solution"
-    else:
-        status = "time_limit" if has_primal else "error"
-    values = tuple(h.getSolution().col_value) if has_primal or status == "optimal" else tuple([0.0] * n)
-    gap = float(info.mip_gap) if any(m.integer) and math.isfinite(info.mip_gap) else 0.0
-    return MilpSolution(
-        status=status, objective=float(info.objective_function_value) if values else math.inf,
-        values=values, solve_time_s=time.perf_counter() - t0, mip_gap=gap if status != "optimal" else 0.0,
-        num_variables=n, num_constraints=len(m.rows), backend="highs",
-    )
+    return lp
+
+
+def _new_highs() -> Any:
+    """A silent `Highs`. highspy 1.16 prints a two-line banner on the process's stdout (file descriptor 1,
+    from C++) when the first `Highs` is built, before any option can be set; stdout is lynx's (its JSON, its
+    tables), so the construction runs with descriptor 1 pointed at /dev/null. 1.15 printed nothing there."""
+    import highspy
+
+    with _fd1_to_devnull():
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    return h
+
+
+@contextlib.contextmanager
+def _fd1_to_devnull() -> Iterator[None]:
+    """Point file descriptor 1 at /dev/null for the block, flushing Python's and C's stdio buffers on both
+    sides so nothing written before leaks in or after leaks out. Where descriptor 1 cannot be duplicated
+    (no stdout at all) the block runs as it is."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+        _c_fflush()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _c_fflush() -> None:
+    """fflush(NULL): text a C++ library buffered in C stdio goes where descriptor 1 points now."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError, TypeError):  # no C library to ask (Windows)
+        ctypes.CDLL(None).fflush(None)
+
+
+def _run_interruptibly(h: Any, interrupted: Callable[[], bool], grace_s: float = 1.0) -> None:
+    """`h.run()` on a worker thread while the main thread waits in short joins, so a Ctrl-C is seen at once.
+    HiGHS notices the interrupt only at its next callback, which can be tens of seconds away during the root
+    node's cuts and probing; after `grace_s` the wait ends and the caller raises KeyboardInterrupt, leaving
+    the solver to stop at that callback (a daemon thread: it never holds the process open)."""
+    if threading.current_thread() is not threading.main_thread():
+        h.run()
+        return
+    worker = threading.Thread(target=h.run, name="lynx-highs", daemon=True)
+    worker.start()
+    deadline = math.inf
+    while worker.is_alive():
+        worker.join(0.05)
+        if interrupted():
+            deadline = min(deadline, time.monotonic() + grace_s)
+            if time.monotonic() > deadline:
+                return
+
+
+@contextlib.contextmanager
+def _sigint_stops(h: Any) -> Iterator[Callable[[], bool]]:
+    """Ctrl-C during `h.run()` stops HiGHS through its user-interrupt callbacks instead of an exception
+    raised inside a callback, whose outcome differs by version (1.15: an interrupt status; 1.16: an error
+    status, or nothing until the time limit where no Python callback ran). Yields `interrupted()`; the caller
+    raises KeyboardInterrupt after the solve returns. Off the main thread signals cannot be caught: there
+    the solve runs as before."""
+    hit = threading.Event()
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        yield hit.is_set
+        return
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        hit.set()
+
+    def stop(e: Any) -> None:
+        if hit.is_set():
+            e.interrupt()
+
+    for cb in (h.cbSimplexInterrupt, h.cbIpmInterrupt, h.cbMipInterrupt):
+        cb.subscribe(stop)
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield hit.is_set
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _subscribe_progress(h: object, progress: Callable[[str], None], every_s: float = 5.0) -> None:

@@ -19,6 +19,9 @@ MAX_SPEC_BYTES = 1 << 20
 """Model and hardware YAML: a few hundred bytes in practice; 1 MiB is generous and reads instantly."""
 MAX_JSON_BYTES = 64 << 20
 """Plan and graph JSON: a plan is tens of KiB; the cap only stops a wrong file from being read whole."""
+MAX_SCHEDULE_BYTES = 16 << 20
+"""Schedule CSV: the largest schedule lynx plans (128 ranks x 16,384 micro-batches x 2 actions, ~7 bytes each)
+is about 29 MiB, far beyond any pipeline run; 16 MiB bounds the parse to a few hundred MB of actions."""
 
 _FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev")
 

@@ -50,6 +50,17 @@ class PlanOptions:
     """A user's explicit partition (--layers-per-stage); methods that do not partition use it."""
     vpp: int = 1
     """Model chunks per rank: 1 is 1F1B, more is Megatron's interleaved 1F1B (--vpp)."""
+    overlap_grad_reduce: bool = False
+    """Megatron's --overlap-grad-reduce: the DP gradient reduction runs in buckets during the last
+    micro-batch's backward; only what outlasts it (at least the last bucket) is exposed (`dp_overlap`)."""
+    overlap_param_gather: bool = False
+    """Megatron's --overlap-param-gather (distributed optimizer): the parameter all-gather runs in buckets
+    during the next iteration's first forward; only what outlasts it (at least the first bucket) is exposed."""
+    tp_comm_overlap: bool = False
+    """Megatron's --tp-comm-overlap (TransformerEngine userbuffers; needs sequence parallelism): the SP
+    collectives are pipelined with their GEMMs and the windows shrink to what is left (`lynx.tp_overlap`)."""
+    ddp_bucket_size: int | None = field(default=None, metadata=rng(gt=0))
+    """Megatron's --ddp-bucket-size in parameters; None: Megatron's default max(40M, 1M x DP)."""
 
 
 @functools.lru_cache(maxsize=32)

@@ -30,9 +30,10 @@ MAX_STAGES = 128
 MAX_MICROBATCHES = 16384
 
 
-Activation = Literal["gelu", "swiglu"]
+Activation = Literal["gelu", "swiglu", "squared-relu"]
 Normalization = Literal["layernorm", "rmsnorm"]
-PositionEmbedding = Literal["learned", "rope"]
+PositionEmbedding = Literal["learned", "rope", "none"]
+Bias = Literal["all", "qkv", "none"]
 Attention = Literal["standard", "flash"]
 
 
@@ -55,13 +56,19 @@ class ModelSpec:
     dropout: bool = True
     """Dropout after attention probabilities and after each block (GPT-3 style); adds 1-byte masks."""
     family: str = "gpt"
-    """Which `lynx.families` module describes the layer ("gpt", "llama")."""
+    """Which `lynx.families` module describes the layer: "gpt" and "llama" fix the layer's switches to
+    those models'; "mcore" takes activation, normalization, positions, biases and grouped-query attention as
+    independent fields, as Megatron-Core does."""
     num_query_groups: int = 0
     """K/V heads (grouped-query attention); 0 means as many as attention heads (multi-head attention)."""
     activation: Activation = "gelu"
+    """gelu, squared-relu (Megatron --squared-relu) or swiglu (gated: --swiglu)."""
     normalization: Normalization = "layernorm"
     position_embedding: PositionEmbedding = "learned"
     """"learned" adds a max_position_embeddings x hidden table; "rope" has no parameters."""
+    bias: Bias | None = None
+    """Linear-layer biases: all (Megatron's default), qkv (--disable-bias-linear --add-qkv-bias, Qwen2) or none
+    (--disable-bias-linear); None: the family's (gpt all, llama and mcore none). Parameters only."""
     tie_embeddings: bool = True
     """The LM head shares the word embedding (GPT); LLaMA unties them (a second V x h matrix)."""
     attention: Attention = "standard"
@@ -71,6 +78,9 @@ class ModelSpec:
     """Dropout rate after each block (used when `dropout` is on; 0 leaves the masks out)."""
     attention_dropout: float = 0.1
     """Dropout rate on the attention probabilities (used when `dropout` is on)."""
+    rotary_base: float = field(default=10000.0, metadata=rng(gt=0))
+    """RoPE base (Megatron's --rotary-base; Llama 3: 500000). No effect on time or memory; exported with the
+    plan so the command line lynx writes trains the model it priced."""
 
     def __post_init__(self) -> None:
         check_instance(self, f"model {self.name!r}")
@@ -78,6 +88,10 @@ class ModelSpec:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
         if self.num_query_groups == 0:
             object.__setattr__(self, "num_query_groups", self.num_attention_heads)
+        if self.bias is None:
+            from lynx.families import get_family
+
+            object.__setattr__(self, "bias", get_family(self.family).defaults.get("bias", "all"))
         for f in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "num_query_groups"):
             if getattr(self, f) <= 0:
                 raise SpecError(f"model {self.name!r}: {f} must be positive")
@@ -90,7 +104,8 @@ class ModelSpec:
             raise SpecError(f"model {self.name!r}: num_attention_heads {self.num_attention_heads} is not "
                             f"divisible by num_query_groups {self.num_query_groups}")
         for f, ok in (("activation", get_args(Activation)), ("normalization", get_args(Normalization)),
-                      ("position_embedding", get_args(PositionEmbedding)), ("attention", get_args(Attention))):
+                      ("position_embedding", get_args(PositionEmbedding)), ("attention", get_args(Attention)),
+                      ("bias", get_args(Bias))):
             if getattr(self, f) not in ok:
                 raise SpecError(f"model {self.name!r}: {f} {getattr(self, f)!r}; choose one of {', '.join(ok)}")
         for f in ("hidden_dropout", "attention_dropout"):
@@ -166,8 +181,20 @@ class DeviceSpec:
     """Fraction of peak that large GEMMs reach (documented in docs/costmodel.md)."""
     memory_efficiency: float = field(default=0.7, metadata=rng(gt=0, le=1))
     """Fraction of HBM bandwidth that elementwise / softmax / layernorm kernels reach."""
+    gemm_half_dim: float = field(default=0.0, metadata=rng(ge=0, le=1 << 20))
+    """GEMM efficiency by shape (`lynx.kernels`): each of M, N, K scales `matmul_efficiency` by d / (d + this);
+    0 keeps one efficiency for every GEMM."""
+    flash_fwd_efficiency: float | None = field(default=None, metadata=rng(gt=0, le=1))
+    """Flash attention's forward efficiency at head dim 128 and long sequences (causal FLOPs); None: the
+    matmul efficiency."""
+    flash_bwd_efficiency: float | None = field(default=None, metadata=rng(gt=0, le=1))
+    """The same for its backward (None: the forward's)."""
     reserved_bytes: float = 2.0 * GiB
-    """Memory the budget leaves out: CUDA context, NCCL buffers, allocator fragmentation."""
+    """Memory the budget leaves out before any tensor: CUDA context and NCCL's buffers (and, on presets without
+    `fragmentation`, the allocator's slack too)."""
+    fragmentation: float = field(default=0.0, metadata=rng(ge=0, lt=1))
+    """Share of what is left that the caching allocator loses to fragmentation (blocks split and cached but not
+    reusable for the next request); "fits" means fits with it kept free."""
 
     def __post_init__(self) -> None:
         check_instance(self, f"device {self.name!r}")
@@ -181,7 +208,8 @@ class DeviceSpec:
 
     @property
     def usable_bytes(self) -> float:
-        return self.memory_bytes - self.reserved_bytes
+        """What tensors may use: capacity less the context and NCCL, less the fragmentation reserve."""
+        return (self.memory_bytes - self.reserved_bytes) * (1.0 - self.fragmentation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +226,9 @@ class Hardware:
     inter_group: LinkSpec | None = None
     """Link between such groups inside one node; None means `inter_node`."""
     max_nodes: int = field(default=4, metadata=rng(gt=0))
+    nics_per_node: int = field(default=1, metadata=rng(gt=0, le=1 << 10))
+    """Network cards per node, each `inter_node`'s bandwidth (DGX H100: 8, one per GPU). A group with k members
+    on every node shares the node's NICs with the other d/k such groups: nics x k / d NICs' worth each."""
     topology: Topology | None = None
     """Per-pair links inside a node (boards without NVSwitch, PCIe switches, sockets); None: `intra_node`
     (and `inter_group` between boards of `intra_group_size`) for every group inside a node."""
@@ -220,14 +251,30 @@ class Hardware:
         if len(ranks) <= 1:
             return self.inter_node  # no collective is ever timed on it
         d = self.devices_per_node
-        if len({r // d for r in ranks}) > 1:
-            return self.inter_node
+        nodes = [r // d for r in ranks]
+        if len(set(nodes)) > 1:
+            return self._multi_node_link(ranks, min(nodes.count(n) for n in set(nodes)))
         local = [r % d for r in ranks]
         if self.topology is not None:
             return self.topology.ring_link(local)
         if len({r // self.intra_group_size for r in local}) == 1:
             return self.intra_node
         return self.inter_group or self.inter_node
+
+    def _multi_node_link(self, ranks: Sequence[int], per_node: int) -> LinkSpec:
+        """A ring that leaves the node. `inter_node` is one NIC; with `per_node` members of the group on every
+        node, NCCL runs one ring per NIC it may use (rail-optimised fabric: NIC i of every node on one rail),
+        so the group's bus bandwidth is its share of the node's NICs (`nics_per_node`), capped by the
+        intra-node link the members of one node share (a ring's node egress is one copy of the data however
+        many members the node holds; NVIDIA DGX H100 user guide: one 400 Gb/s compute NIC per GPU)."""
+        d = self.devices_per_node
+        share = self.nics_per_node * per_node / d
+        if per_node <= 1 or share <= 1:
+            return self.inter_node
+        first = [r for r in ranks if r // d == ranks[0] // d]
+        local = self.link_for_ranks(first)
+        bw = min(share * self.inter_node.bandwidth_Bps, local.bandwidth_Bps)
+        return dataclasses.replace(self.inter_node, bandwidth_Bps=bw)
 
     def link_for_group(self, size: int, stride: int = 1) -> LinkSpec:
         """The slowest link over the groups of `size` ranks, `stride` apart in rank order (TP groups are

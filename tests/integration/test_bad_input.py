@@ -77,6 +77,9 @@ FILES: dict[str, str | bytes] = {
     "empty.txt": "",
     "deep.yaml": "name: " + "[" * 50000 + "]" * 50000 + "\n",
     "deep.json": "[" * 50000 + "]" * 50000,
+    "many_ranks.csv": "0F0\n" * 200,
+    "binary.csv": bytes(range(256)) * 4,
+    "huge.csv": "0F0," * (4 << 20) + "\n",
     "exists.json": SENTINEL,
     "exists.png": SENTINEL,
     "g.txt": SENTINEL,
@@ -127,6 +130,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "graph_nan.json").write_text(json.dumps(_tamper(g, ["ops", 2, "fwd_time"], math.nan)))
     (root / "graph_list.json").write_text("[1, 2]")
     (root / "graph_neg_input.json").write_text(json.dumps(_tamper(g, ["input_bytes"], -1.0)))
+    (root / "graph_no_ops.json").write_text(json.dumps(_tamper(g, ["ops"], [])))
     return root
 
 
@@ -248,6 +252,20 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("export-out-proc", ["export", "torchtitan", "{f}/good.json", "--out", "/proc/x"], 2, "/proc"),
     ("export-out-is-file", ["export", "megatron", "{f}/good.json", "--out", "{f}/exists.json"], 2, "not a directory"),
     ("from-megatron-bad-int", [*P, "--from-megatron", "--num-layers abc"], 2, "--num-layers"),
+    # the surfaces added since: schedule CSVs, lynx schedule's own ranges and output, lynx solve's sizes
+    ("schedule-load-many-ranks", ["schedule", "--load", "{f}/many_ranks.csv"], 2, "at most 128 ranks"),
+    ("schedule-load-binary", ["schedule", "--load", "{f}/binary.csv"], 2, "binary.csv"),
+    ("schedule-load-huge", ["schedule", "--load", "{f}/huge.csv"], 2, "larger than 16 MiB"),
+    ("schedule-load-dir", ["schedule", "--load", "{f}/adir.yaml"], 2, "not a regular file"),
+    ("simulate-schedule-huge", ["simulate", "{f}/good.json", "--schedule", "{f}/huge.csv"], 2, "huge.csv"),
+    ("schedule-micro-batches-huge", ["schedule", "--micro-batches", "100000"], 2, "--micro-batches"),
+    ("schedule-pp-huge", ["schedule", "--pp", "400"], 2, "--pp"),
+    ("schedule-csv-ext", ["schedule", "--csv", "{f}/g.txt"], 2, ".csv"),
+    ("schedule-csv-missing-dir", ["schedule", "--csv", "{f}/nodir/s.csv"], 2, "--csv"),
+    ("solve-no-ops", [*SOLVE[:2], "{f}/graph_no_ops.json", *SOLVE[3:]], 2, "no ops"),
+    ("solve-in-flight-huge", [*SOLVE[:5], "--in-flight", "100000000", *SOLVE[7:]], 2, "--in-flight"),
+    ("solve-layers-huge", [*SOLVE[:3], "--layers", "100000000", *SOLVE[5:]], 2, "--layers"),
+    ("solve-microbatches-huge", [*SOLVE, "--microbatches", "100000000"], 2, "--microbatches"),
 ]
 
 TRAIN_CASES: list[tuple[str, list[str], int, str]] = [

@@ -123,3 +123,27 @@ def test_help_reads_well() -> None:
     assert r.returncode == 0 and "plan" in r.stdout and "simulate" in r.stdout
     r = lynx("plan", "--help")
     assert "--compare" in r.stdout and "--tensor-model-parallel-size" in r.stdout
+
+
+def test_every_option_has_help_and_one_flag_name() -> None:
+    """`--help` of every command: each option says what it does, and no boolean option grows a generated
+    `--no-no-...` twin (a `no_x` parameter without explicit names gets one)."""
+    import click
+    import typer
+
+    from lynx.cli import app
+
+    def walk(cmd: click.Command, path: str) -> list[str]:
+        bad = []
+        for p in cmd.params:
+            if isinstance(p, click.Option) and not p.hidden:
+                names = [*p.opts, *p.secondary_opts]
+                if not (p.help or "").strip():
+                    bad.append(f"{path} {names[0]}: no help text")
+                bad += [f"{path} {n}: generated double negative" for n in names if n.startswith("--no-no-")]
+        if isinstance(cmd, click.Group):
+            for name, sub in cmd.commands.items():
+                bad += walk(sub, f"{path} {name}")
+        return bad
+
+    assert walk(typer.main.get_command(app), "lynx") == []

@@ -4,6 +4,7 @@ no wall time is asserted."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -26,7 +27,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(("argv", "code", "needle"), [
-    (["plan", "--bogus-flag"], 2, "No such option: --bogus-flag"),
+    (["plan", "--bogus-flag"], 2, "--bogus-flag"),  # click words it "No such option: X" or "No such option 'X'"
     (["frobnicate"], 2, "No such command"),
     (["plan", "--budget-gb", "nan"], 2, "lynx: error: --budget-gb"),
 ])
@@ -51,6 +52,26 @@ def test_ctrl_c_during_a_milp_solve_exits_130(tmp_path: Path) -> None:
     assert p.returncode == 130, err
     assert err.strip().splitlines()[-1] == "lynx: interrupted" and "Traceback" not in err
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_closed_stdout_still_writes_the_plan(tmp_path: Path) -> None:
+    """`lynx plan ... --out p.json | head`: the reader is gone before lynx prints anything (the pipe's read end
+    is closed at once), yet the plan file is written whole; one line on stderr says the output was cut, exit 1
+    (an input/output failure), no traceback."""
+    out = tmp_path / "p.json"
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("LYNX_DEBUG", None)
+    r_fd, w_fd = os.pipe()
+    os.close(r_fd)  # no reader: lynx's first write to stdout gets EPIPE
+    try:
+        r = subprocess.run([sys.executable, "-m", "lynx", "plan", *TINY, "--out", str(out)], stdout=w_fd,
+                           stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+    finally:
+        os.close(w_fd)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("lynx: standard output was closed early")
+    assert json.loads(out.read_text())["prediction"]
 
 
 def test_unreachable_rendezvous_fails_with_one_line(files: Path) -> None:

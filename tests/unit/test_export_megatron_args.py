@@ -59,7 +59,7 @@ def test_forms_defaults_and_ignored_flags() -> None:
 
 
 @pytest.mark.parametrize("extra, what", [
-    ("--swiglu", "--swiglu"), ("--context-parallel-size 2", "--context-parallel-size"),
+    ("--swiglu --squared-relu", "one activation"), ("--context-parallel-size 2", "--context-parallel-size"),
     ("--num-experts 8", "--num-experts"), ("--recompute-granularity full", "recompute-method"),
     ("--recompute-granularity selective --recompute-modules moe", "recompute-modules"),
     ("--recompute-granularity everything", "full or selective"), ("--sequence-parallel yes", "no value"),
@@ -90,11 +90,13 @@ def test_llama_fields_become_megatron_flags() -> None:
     llama = SimpleNamespace(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
                             max_position_embeddings=8192, vocab_size=128256, dropout=False, family="llama",
                             activation="swiglu", normalization="rmsnorm", position_embedding="rope",
-                            tie_embeddings=False, num_query_groups=8, attention="flash")
+                            tie_embeddings=False, num_query_groups=8, attention="flash", rotary_base=500000.0,
+                            bias="none")
     flags = {f[0]: f[1:] for f in model_flags(llama, 8192)}  # type: ignore[arg-type]
     for f in ("--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--group-query-attention"):
         assert flags[f] == ()
     assert flags["--normalization"] == ("RMSNorm",) and flags["--position-embedding-type"] == ("rope",)
+    assert flags["--rotary-base"] == ("500000",)
     assert flags["--num-query-groups"] == ("8",) and flags["--attention-backend"] == ("flash",)
     assert flags["--attention-dropout"] == ("0",) and flags["--hidden-dropout"] == ("0",)
     args = " ".join(" ".join(f) for f in model_flags(llama, 8192))  # type: ignore[arg-type]
@@ -110,7 +112,8 @@ def test_llama_fields_become_megatron_flags() -> None:
         return
     m = parse_megatron_args(cmd).model  # after issue 10: the same model back
     assert (m.family, m.num_query_groups, m.activation, m.normalization, m.position_embedding, m.tie_embeddings,
-            m.attention, m.dropout) == ("llama", 8, "swiglu", "rmsnorm", "rope", False, "flash", False)
+            m.attention, m.dropout, m.rotary_base) == ("llama", 8, "swiglu", "rmsnorm", "rope", False, "flash", False,
+                                                       500000.0)
 
 
 @pytest.mark.parametrize("method", ["none", "full", "uniform", "block", "lynx-heu"])
@@ -133,3 +136,35 @@ def test_interleaved_plan_round_trips() -> None:
     again = simulate_stock(prob, cmd.layout, cmd.recompute)
     assert again.iteration_time_s == pytest.approx(exp.figures[2].iteration_time_s, rel=1e-12)
     assert [s.peak_bytes for s in again.stages] == pytest.approx([s.peak_bytes for s in exp.figures[2].stages])
+
+
+def test_each_switch_is_read_on_its_own() -> None:
+    """Megatron-Core's switches are independent: a combination that is neither GPT nor LLaMA (Nemotron-4:
+    GQA, squared ReLU, LayerNorm, RoPE, no biases) plans as family mcore; Qwen2's QKV bias is read."""
+    nemo = parse_megatron_args(
+        "--num-layers 32 --hidden-size 6144 --num-attention-heads 48 --group-query-attention --num-query-groups 8 "
+        "--ffn-hidden-size 24576 --squared-relu --position-embedding-type rope --disable-bias-linear "
+        "--untie-embeddings-and-output-weights --seq-length 4096 --max-position-embeddings 4096 --vocab-size 256000 "
+        "--micro-batch-size 1 --global-batch-size 8 --bf16").model
+    assert (nemo.family, nemo.activation, nemo.normalization, nemo.position_embedding, nemo.bias,
+            nemo.num_query_groups, nemo.tie_embeddings) == ("mcore", "squared-relu", "layernorm", "rope", "none", 8,
+                                                            False)
+    from lynx.spec import load_model
+
+    assert nemo.total_params() == load_model("nemotron4-15b").total_params()
+    qwen = parse_megatron_args(f"{BASE} --swiglu --normalization RMSNorm --position-embedding-type rope "
+                               "--disable-bias-linear --add-qkv-bias").model
+    assert (qwen.family, qwen.bias) == ("mcore", "qkv")
+    gpt = parse_megatron_args(BASE).model
+    assert (gpt.family, gpt.bias) == ("gpt", "all")
+
+
+def test_megatrons_own_pipeline_balancing_flags_are_read() -> None:
+    """--account-for-embedding/loss-in-pipeline-split count the embedding and the loss as a layer each (the end
+    stages run one decoder layer fewer); the total must split evenly, as Megatron-Core asserts."""
+    base = BASE.replace("--pipeline-model-parallel-size 4", "--pipeline-model-parallel-size 4 --num-layers 30")
+    base = base.replace("--num-layers 32 ", "")
+    cmd = parse_megatron_args(base + " --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split")
+    assert cmd.layout.layers == (7, 8, 8, 7)
+    with pytest.raises(SpecError, match="split evenly"):
+        parse_megatron_args(base + " --account-for-embedding-in-pipeline-split")

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from lynx.costmodel import build_layer_graph
+from lynx.costmodel import CostParams, build_layer_graph
 from lynx.errors import SpecError
 from lynx.graph import LayerGraph
+from lynx.kernels import KernelCurves
 from lynx.policy.megatron_modules import modules_layer, parse_modules
 from lynx.policy.rules import full_layer, keep_all, selective_layer
 from lynx.spec import ModelSpec, ParallelSpec, load_hardware, load_model, validate_layout
@@ -83,7 +84,12 @@ def test_flash_attention_pricing() -> None:
     op = g.op("core_attn")
     a_l, d, s, b = m.num_attention_heads / 2, m.head_dim, 4096, 2
     assert op.fwd_flops == pytest.approx(2 * b * a_l * s * s * d)  # 4 b a s^2 d, halved by the causal mask
-    assert op.bwd_time == pytest.approx(2.5 * op.fwd_time)       # FlashAttention-2's 2.5x
+    # FlashAttention-2's 2.5x the forward's FLOPs, at the backward's own (lower) kernel efficiency (lynx.kernels)
+    curves = KernelCurves.of(load_hardware("h100-80g-nvlink").device)
+    ko = CostParams.for_hardware(load_hardware("h100-80g-nvlink")).kernel_overhead_s
+    ratio = curves.flash(s, d, backward=False) / curves.flash(s, d, backward=True)
+    assert curves.flash(s, d, backward=True) < curves.flash(s, d, backward=False)
+    assert (op.bwd_time - ko) == pytest.approx(2.5 * ratio * (op.fwd_time - ko))
     assert op.mask_bytes == pytest.approx(4 * b * a_l * s) and op.wgrad_time == 0
     assert set(op.saved) == {"rope", "qkv", "core_attn"}
     gpt, _ = _graph("gpt-7b", 2, 2, 2048, attention="flash")

@@ -37,7 +37,7 @@ RANKS: dict[str, int] = {
 SOLVERS = ("lynx.policy.heu", "lynx.policy.heu_objective", "lynx.policy.heu_mixed", "lynx.policy.opt",
            "lynx.policy.rules", "lynx.policy.adapipe", "lynx.policy.megatron_modules")
 SOLVER_MAY_IMPORT = ("lynx.errors", "lynx.graph", "lynx.spec", "lynx.memory", "lynx.milp", "lynx.policy",
-                     "lynx.schedule")
+                     "lynx.schedule", "lynx.pricing")
 
 
 def _modules() -> dict[str, Path]:

@@ -166,3 +166,24 @@ def test_store_and_calibration_do_not_import_torch() -> None:
     code = ("import sys, lynx.profile.store, lynx.profile.calibrate, lynx.cli.profile; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_store_that_cannot_be_written_is_named_before_work(tmp_path: Path) -> None:
+    """`lynx profile calibrate` checks the database can take the result before fitting: an immutable file
+    (chattr +i, which stops root too) is one ProfileStoreError naming it and --no-save."""
+    import os
+    import shutil
+
+    from lynx.profile.store import ProfileStore
+
+    db = tmp_path / "p.sqlite"
+    with ProfileStore.open(db, create=True) as st:
+        st.check_writable()  # a fresh, writable store passes
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode:
+        pytest.skip("chattr +i is not available here (needs root and a file system that supports it)")
+    try:
+        assert not os.access(db, os.W_OK)
+        with ProfileStore.open(db) as st, pytest.raises(ProfileStoreError, match="cannot be written.*--no-save"):
+            st.check_writable()
+    finally:
+        subprocess.run(["chattr", "-i", str(db)], check=True)

@@ -87,3 +87,20 @@ def test_option_check() -> None:
             check_option("--x", bad, Range(gt=0))
     with pytest.raises(SpecError, match="--n must be an integer"):
         check_option("--n", 2.0, Range(gt=0), integer=True)
+
+
+def test_a_profile_of_another_shape_says_how_to_plan_it() -> None:
+    """A layer graph of gpt-tiny's shape cannot price llama3-8b: the error names the mismatching fields and
+    points at a model YAML of the profiled shape (docs/profiling.md)."""
+    import pytest
+
+    from lynx.checks import check_graph_matches
+    from lynx.costmodel import build_layer_graph
+    from lynx.errors import SpecError
+    from lynx.spec import ParallelSpec, load_hardware, load_model
+
+    par = ParallelSpec(tp=1, pp=1, dp=1, micro_batch_size=1, global_batch_size=1, seq_length=64)
+    g = build_layer_graph(load_model("gpt-tiny"), load_hardware("a100-40g-nvlink"), par)
+    with pytest.raises(SpecError, match=r"hidden_size 256 \(layout: 4096\).*model YAML of that shape"):
+        check_graph_matches(g, load_model("llama3-8b"), par)
+    check_graph_matches(g, load_model("gpt-tiny"), par)

@@ -16,6 +16,7 @@ import traceback
 
 import typer
 
+from lynx.cli.stdout import guarded, left_early
 from lynx.errors import LynxError
 
 EXIT_USAGE = 2
@@ -129,7 +130,8 @@ def main(argv: list[str] | None = None) -> None:
     abort: type[BaseException] = getattr(typer, "Abort", None) or _library_exception("Abort")
     try:
         _load_optional()
-        rv = app(args=args, prog_name="lynx", standalone_mode=False)
+        with guarded():
+            rv = app(args=args, prog_name="lynx", standalone_mode=False)
     except LynxError as e:
         if debug:
             traceback.print_exc()
@@ -169,6 +171,11 @@ def main(argv: list[str] | None = None) -> None:
         typer.echo(f"lynx: internal error (a bug in lynx): {type(e).__name__}{': ' + msg if msg else ''} at "
                    f"{_where(e)}; please report it to {REPORT_TO} with the command line"
                    + ("" if debug else " and the traceback that --debug (or LYNX_DEBUG=1) prints"), err=True)
+        sys.exit(EXIT_BUG)
+    if left_early():
+        # Everything else was done (a plan file, plots); only the printed output was cut by its reader.
+        typer.echo("lynx: standard output was closed early; the printed output is cut, every file was written",
+                   err=True)
         sys.exit(EXIT_BUG)
     # In non-standalone mode the library *returns* the exit code of typer.Exit, and turns Ctrl-C into
     # Exit(130): returning it (not ignoring it) is what keeps an interrupted solve from exiting 0.

@@ -92,6 +92,7 @@ def build_problem(
     bytes_per_param: float | None = None, recompute_num_layers: int | None = None, no_wgrad_overlap: bool = False,
     graph: LayerGraph | None = None, time_limit_s: float = 30.0, cooldown_overlap: bool = True,
     precision: str = "paper", distributed_optimizer: bool = False, busbw_gbps: float | None = None,
+    overlap_grad_reduce: bool = False, overlap_param_gather: bool = False, tp_comm_overlap: bool = False,
 ) -> PlanProblem:
     from lynx.api import make_problem
     from lynx.static_memory import parse_precision, recipe_for
@@ -118,6 +119,9 @@ def build_problem(
         layers_per_stage=parse_layers(layers_per_stage),
         time_limit_s=time_limit_s,
         cooldown_overlap=cooldown_overlap,
+        overlap_grad_reduce=overlap_grad_reduce,
+        overlap_param_gather=overlap_param_gather,
+        tp_comm_overlap=tp_comm_overlap,
     )
     return make_problem(load_model(model), hw, parallel_spec(tp, pp, dp, sp, mb, gb, seq),
                         opts, graph)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -12,7 +13,10 @@ from rich.table import Table
 from lynx.cli import app
 from lynx.cli.common import JsonOpt, console, err_console, print_json
 from lynx.errors import SpecError
+from lynx.export.megatron_args import MegatronRun
 from lynx.export.pricing import Figures
+from lynx.problem import PlanOptions
+from lynx.spec import Hardware
 
 export_app = typer.Typer(
     help="Write a plan in a training framework's terms: Megatron-Core arguments and a per-rank plugin, or "
@@ -107,23 +111,74 @@ def torchtitan_cmd(
         err_console.print(f"wrote {p}")
 
 
+@dataclass(frozen=True, slots=True)
+class LynxFlags:
+    """lynx plan's own options that a Megatron command line also sets; given ones win."""
+
+    precision: str | None = None
+    """None: what the command line says (--bf16 / --fp16)."""
+    distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    tp_comm_overlap: bool = False
+
+
+def derived_dp(dp: int, nodes: int | None, per_node: int, tp: int, pp: int) -> int:
+    """DP as Megatron derives it: world size / (TP x PP), the world being `--nodes` x devices per node when
+    --nodes is given and --dp is not (--dp 1, the default)."""
+    if nodes is None or dp != 1:
+        return dp
+    world = nodes * per_node
+    if world % (tp * pp):
+        raise SpecError(f"--nodes {nodes}: {world} devices are not a multiple of TP {tp} x PP {pp} (Megatron "
+                        "derives DP = world size / (TP x PP)); give --dp")
+    return world // (tp * pp)
+
+
+def megatron_options(run: MegatronRun, lynx: LynxFlags, bytes_per_param: float | None, nodes: int | None,
+                     budget_gb: float | None) -> PlanOptions:
+    """PlanOptions for an imported command line: its precision, optimizer and overlaps, lynx's flags on top."""
+    from lynx.static_memory import parse_precision
+
+    precision = lynx.precision or run.precision or "fp32"
+    return PlanOptions(
+        bytes_per_param=bytes_per_param, nodes=nodes, budget_bytes=None if budget_gb is None else budget_gb * GiB,
+        precision=parse_precision(precision).value,
+        distributed_optimizer=lynx.distributed_optimizer or run.distributed_optimizer,
+        overlap_grad_reduce=lynx.overlap_grad_reduce or run.overlap_grad_reduce,
+        overlap_param_gather=lynx.overlap_param_gather or run.overlap_param_gather,
+        tp_comm_overlap=lynx.tp_comm_overlap or run.tp_comm_overlap, ddp_bucket_size=run.ddp_bucket_size,
+    )
+
+
+def budget_warnings(budget_gb: float | None, hw: Hardware) -> list[str]:
+    """A --budget-gb above what the device has is a typo or a wish: say so (the plan would not fit)."""
+    if budget_gb is None or budget_gb * GiB <= hw.device.memory_bytes:
+        return []
+    return [f"--budget-gb {budget_gb:g} exceeds the {hw.device.name}'s {hw.device.memory_bytes / GiB:.1f} GiB; "
+            "plans that use it will not fit on the device"]
+
+
 def plan_from_megatron(args: str, hardware: str, dp: int, nodes: int | None, budget_gb: float | None,
-                       bytes_per_param: float | None, as_json: bool, out: Path | None) -> None:
+                       bytes_per_param: float | None, as_json: bool, out: Path | None,
+                       lynx: LynxFlags | None = None) -> None:
     """`lynx plan --from-megatron "ARGS"`: simulate the user's Megatron configuration and lynx's plan for the
-    same model, cluster and batch."""
+    same model, cluster and batch. `lynx`: lynx's own options, which win over the command line's."""
     from dataclasses import replace
 
     from lynx.export.megatron_args import parse_megatron_args
     from lynx.export.pricing import imported_problem, plan_method, simulate_stock
-    from lynx.problem import PlanOptions
-    from lynx.spec import GiB as SPEC_GIB
+    from lynx.spec import load_hardware
 
     if budget_gb is not None and budget_gb <= 0:
         raise SpecError(f"--budget-gb must be positive, got {budget_gb}")
     cmd = parse_megatron_args(args)
-    opts = PlanOptions(bytes_per_param=bytes_per_param, nodes=nodes,
-                       budget_bytes=None if budget_gb is None else budget_gb * SPEC_GIB)
+    hw = load_hardware(hardware)
+    dp = derived_dp(dp, nodes, hw.devices_per_node, cmd.tp, cmd.pp)
+    opts = megatron_options(cmd.run, lynx or LynxFlags(), bytes_per_param, nodes, budget_gb)
     problem = imported_problem(cmd.model, cmd.parallel(dp), cmd.layout, hardware, opts)
+    for w in budget_warnings(budget_gb, hw):  # after the checks: a NaN has been refused
+        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
     mine = simulate_stock(problem, cmd.layout, cmd.recompute)
     free = replace(problem, options=replace(problem.options, layers_per_stage=None))
     lynx_row = plan_method(free, "lynx")

@@ -19,7 +19,6 @@ from lynx.cli.common import (
     MbOpt,
     ModelOpt,
     NodesOpt,
-    PrecisionOpt,
     SeqOpt,
     SpOpt,
     TpOpt,
@@ -174,11 +173,22 @@ def _search(model: str, hardware: str, gpus: int | None, nodes: int | None, tp: 
         total = tp * pp * dp
     elif dp is not None:
         raise SpecError("--dp with --gpus: DP follows from GPUs / (TP x PP); pin --tp and --pp instead")
-    problem = build_problem(model, hardware, tp or 1, pp or 1, 1, False, 1, global_batch, seq_len, None, None,
+    if knobs["overlap_param_gather"]:  # Megatron's rule: it gathers the distributed optimizer's shards
+        if dist_opt is False:
+            raise SpecError("--overlap-param-gather needs --distributed-optimizer")
+        dist_opt = True
+    if knobs["tp_comm_overlap"]:  # TransformerEngine's userbuffers overlap the SP collectives
+        if sp is False:
+            raise SpecError("--tp-comm-overlap needs sequence parallelism (--sp)")
+        sp = True
+    problem = build_problem(model, hardware, tp or 1, pp or 1, 1, bool(sp), 1, global_batch, seq_len, None, None,
                             knobs["budget_gb"], knobs["bytes_per_param"], knobs["recompute_num_layers"],
                             knobs["no_wgrad_overlap"], None, knobs["time_limit"],
-                            cooldown_overlap=knobs["cooldown_overlap"], precision=knobs["precision"],
-                            busbw_gbps=None)  # validates the shared knobs; the layout is the search's
+                            cooldown_overlap=knobs["cooldown_overlap"], precision=knobs["precision"] or "paper",
+                            distributed_optimizer=bool(dist_opt), busbw_gbps=None,
+                            overlap_grad_reduce=knobs["overlap_grad_reduce"],
+                            overlap_param_gather=knobs["overlap_param_gather"],
+                            tp_comm_overlap=knobs["tp_comm_overlap"])  # the shared knobs; the layout is searched
     if knobs["busbw"] is not None:
         raise SpecError("--busbw is a TP group's measured bandwidth; pin --tp to use it (not with the search)")
     run_search(SearchArgs(model, hardware, total, global_batch, seq_len, tp, pp, vpp, sp, mb, dist_opt, method,
@@ -228,7 +238,10 @@ def plan_cmd(
         float | None, typer.Option(help="Usable memory per GPU in GiB (default: capacity minus reserve).")
     ] = None,
     bytes_per_param: BytesPerParamOpt = None,
-    precision: PrecisionOpt = "paper",
+    precision: Annotated[str | None, typer.Option(
+        "--precision", help="Static-memory recipe: paper (16 B/param, the default), megatron-bf16 (18), "
+        "megatron-fp16 (20), fp32 (16). With --from-megatron: the command line's --bf16 / --fp16 unless given.")
+    ] = None,
     distributed_optimizer: Annotated[bool | None, typer.Option(
         "--distributed-optimizer/--no-distributed-optimizer", "--use-distributed-optimizer",
         help="Shard fp32 main weights and optimizer state over DP (Megatron's distributed optimizer) "
@@ -238,10 +251,12 @@ def plan_cmd(
         int | None, typer.Option(help="Megatron --recompute-num-layers for uniform/block (default: auto).")
     ] = None,
     no_wgrad_overlap: Annotated[
-        bool, typer.Option(help="Backward windows offer the whole collective (no Megatron wgrad overlap).")
+        bool, typer.Option("--no-wgrad-overlap",
+                           help="Backward windows offer the whole collective (no Megatron wgrad overlap).")
     ] = False,
     no_cooldown_overlap: Annotated[
-        bool, typer.Option(help="Do not hide recomputation in cool-down pipeline stalls (paper sec. 4.2).")
+        bool, typer.Option("--no-cooldown-overlap",
+                           help="Do not hide recomputation in cool-down pipeline stalls (paper sec. 4.2).")
     ] = False,
     profile: Annotated[
         str | None, typer.Option(help="Plan from a stored profile ID instead of the analytic model.")
@@ -254,6 +269,15 @@ def plan_cmd(
     memory_png: Annotated[
         Path | None, typer.Option("--memory-png", help="Write memory per stage over time (PNG).")
     ] = None,
+    overlap_grad_reduce: Annotated[bool, typer.Option(
+        "--overlap-grad-reduce", help="Megatron's --overlap-grad-reduce: the DP gradient reduction runs in buckets "
+        "during the last micro-batch's backward (docs/costmodel.md).")] = False,
+    overlap_param_gather: Annotated[bool, typer.Option(
+        "--overlap-param-gather", help="Megatron's --overlap-param-gather (needs --distributed-optimizer): the "
+        "parameter all-gather runs during the next iteration's first forward.")] = False,
+    tp_comm_overlap: Annotated[bool, typer.Option(
+        "--tp-comm-overlap", help="Megatron's --tp-comm-overlap (TransformerEngine userbuffers, needs --sp): SP "
+        "collectives pipelined with their GEMMs; Lynx's windows shrink to what is left.")] = False,
     from_megatron: Annotated[str | None, typer.Option(
         "--from-megatron", help="Simulate a Megatron-LM command line (quoted) next to lynx's plan; sizes come "
         "from it, --hardware/--dp/--nodes/--budget-gb from lynx's options (docs/export.md).")] = None,
@@ -272,7 +296,9 @@ def plan_cmd(
                        allow_idle_gpus, top, as_json, out, search_png,
                        dict(budget_gb=budget_gb, bytes_per_param=bytes_per_param, precision=precision,
                             recompute_num_layers=recompute_num_layers, no_wgrad_overlap=no_wgrad_overlap,
-                            time_limit=time_limit, cooldown_overlap=not no_cooldown_overlap, busbw=busbw))
+                            time_limit=time_limit, cooldown_overlap=not no_cooldown_overlap, busbw=busbw,
+                            overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
+                            tp_comm_overlap=tp_comm_overlap))
     if nodes is not None and dp is None and tp is not None and pp is not None:
         from lynx.cli.search import derive_dp
         from lynx.spec import load_hardware
@@ -282,10 +308,12 @@ def plan_cmd(
             dp = derive_dp(tp, pp, None, nodes * per_node, f"--nodes {nodes} x {per_node} per node",
                            allow_idle_gpus)
     if from_megatron is not None:  # the import path lives in lynx.cli.export
-        from lynx.cli.export import plan_from_megatron
+        from lynx.cli.export import LynxFlags, plan_from_megatron
 
+        given = LynxFlags(precision, bool(distributed_optimizer), overlap_grad_reduce, overlap_param_gather,
+                          tp_comm_overlap)
         return plan_from_megatron(from_megatron, hardware, _given(dp, 1), nodes, budget_gb, bytes_per_param,
-                                  as_json, out)
+                                  as_json, out, given)
     tp, pp, dp = _given(tp, 4), _given(pp, 4), _given(dp, 1)  # the single layout's defaults
     sp, micro_batch, vpp = bool(sp), _given(micro_batch, 8), _given(vpp, 1)
     method, distributed_optimizer = method or "lynx", bool(distributed_optimizer)
@@ -293,7 +321,14 @@ def plan_cmd(
     problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
                             layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
                             no_wgrad_overlap, graph, time_limit, cooldown_overlap=not no_cooldown_overlap,
-                            precision=precision, distributed_optimizer=distributed_optimizer, busbw_gbps=busbw)
+                            precision=precision or "paper", distributed_optimizer=distributed_optimizer,
+                            busbw_gbps=busbw,
+                            overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
+                            tp_comm_overlap=tp_comm_overlap)
+    from lynx.cli.export import budget_warnings
+
+    for w in budget_warnings(budget_gb, problem.hardware):  # after the checks: a NaN has been refused
+        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
     if vpp != 1:
         problem = with_vpp(problem, vpp)
     if graph is not None and graph.meta.device and graph.meta.device != problem.hardware.device.name:

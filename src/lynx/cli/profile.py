@@ -250,6 +250,8 @@ def calibrate_cmd(
 
     with ProfileStore.open(db) as st:
         rec = st.get(profile_id)
+        if save:
+            st.check_writable()
         cal = calibrate(rec, hardware)
         if save:
             cal_id = st.add_calibration(rec.id, cal.hardware_name, cal.params_dict(), cal.to_dict(),

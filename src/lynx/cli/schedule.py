@@ -8,7 +8,9 @@ from typing import Annotated
 import typer
 
 from lynx.cli import app
-from lynx.cli.common import JsonOpt, console, err_console, print_json
+from lynx.cli.common import JsonOpt, check_ints, check_outputs, console, err_console, print_json
+from lynx.spec import MAX_MICROBATCHES, MAX_STAGES
+from lynx.validate import Range
 
 _KIND_STYLE = {"F": "cyan", "B": "magenta", "I": "yellow", "W": "green"}
 
@@ -35,6 +37,9 @@ def schedule_cmd(
 
     if load is not None and plan is not None:
         raise SpecError("--load and --plan name two schedules; give one")
+    check_ints(**{"--pp": (pp, Range(gt=0, le=MAX_STAGES)), "--micro-batches": (micro_batches,
+                  Range(gt=0, le=MAX_MICROBATCHES)), "--vpp": (vpp, Range(gt=0, le=MAX_STAGES))})
+    check_outputs(**{"--csv": (csv, (".csv",))})
     if load is not None:
         try:
             sched = load_csv(load)

@@ -18,7 +18,7 @@ from lynx.milp import Backend
 from lynx.paths import MAX_JSON_BYTES, read_text
 from lynx.policy.base import StageContext
 from lynx.schedule import facts_1f1b
-from lynx.spec import GiB
+from lynx.spec import MAX_LAYERS, MAX_MICROBATCHES, MAX_STAGES, GiB
 from lynx.validate import POSITIVE, Range
 
 
@@ -45,8 +45,10 @@ def solve_cmd(
     last_stage: Annotated[bool, typer.Option("--last-stage", help="Last stage or PP = 1: no forward windows "
                                              "(phases 3, 4, 5 only).")] = False,
     microbatches: Annotated[int, typer.Option("--microbatches", help="Micro-batches per iteration.")] = 64,
-    no_wgrad_overlap: Annotated[bool, typer.Option(help="Backward windows offer the whole collective.")] = False,
-    no_cooldown_overlap: Annotated[bool, typer.Option(help="Do not hide cool-down recomputation in stalls.")] = False,
+    no_wgrad_overlap: Annotated[bool, typer.Option(
+        "--no-wgrad-overlap", help="Backward windows offer the whole collective.")] = False,
+    no_cooldown_overlap: Annotated[bool, typer.Option(
+        "--no-cooldown-overlap", help="Do not hide cool-down recomputation in stalls.")] = False,
     mixed: Annotated[bool, typer.Option("--mixed", help="Allow two layer policies (k layers each).")] = False,
     backend: Annotated[str, typer.Option(help="MILP backend: highs (default) or gurobi (if installed).")] = "highs",
     time_limit: Annotated[float, typer.Option(help="Time limit per ILP solve, seconds.")] = 10.0,
@@ -57,8 +59,9 @@ def solve_cmd(
     from lynx.policy.heu import HeuOptions, critical_recompute, heu_policy
     from lynx.policy.heu_mixed import mixed_policy
 
-    check_ints(**{"--layers": (layers, POSITIVE), "--in-flight": (in_flight, POSITIVE),
-                  "--microbatches": (microbatches, POSITIVE)})
+    check_ints(**{"--layers": (layers, Range(gt=0, le=MAX_LAYERS)),
+                  "--in-flight": (in_flight, Range(gt=0, le=MAX_STAGES)),
+                  "--microbatches": (microbatches, Range(gt=0, le=MAX_MICROBATCHES))})
     check_floats(**{"--budget-gb": (budget_gb, BUDGET_GB), "--static-gb": (static_gb, Range(ge=0, le=1e6)),
                     "--time-limit": (time_limit, POSITIVE)})
     if static_gb >= budget_gb:

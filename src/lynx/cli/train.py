@@ -28,7 +28,8 @@ def train_cmd(
     host_staged: Annotated[bool, typer.Option("--host-staged", hidden=True)] = False,
     seed: Annotated[int, typer.Option(help="Model and data seed.")] = 1234,
     core_attn: Annotated[bool, typer.Option("--core-attn", help="Use scaled_dot_product_attention.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet")] = False,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", help="Print no per-iteration lines and no summary (errors still go to stderr).")] = False,
     schedule: Annotated[Path | None, typer.Option(
         help="PP > 1: action list to run (compute-only CSV, a row per pipeline rank; default 1F1B).")] = None,
     trace: Annotated[Path | None, typer.Option(help="PP > 1: write the last iteration's Chrome trace here.")] = None,

@@ -23,6 +23,8 @@ from lynx.export.pricing import (
     simulate_stock,
 )
 from lynx.export.source import ExportSource
+from lynx.problem import PlanOptions
+from lynx.spec import ParallelSpec
 
 ARGS_FILE = "megatron_args.txt"
 PLUGIN_FILE = "lynx_megatron_plugin.py"
@@ -97,7 +99,8 @@ def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
         *([("--sequence-parallel",)] if par.sequence_parallel else []),
         ("--pipeline-model-parallel-layout", megatron_layout(lay)),
         ("--micro-batch-size", str(par.micro_batch_size)), ("--global-batch-size", str(par.global_batch_size)),
-        *model_flags(src.problem.model, par.seq_length), ("--bf16",), *_as_flags(stock.flags()),
+        *model_flags(src.problem.model, par.seq_length), *run_flags(src.problem.options, par),
+        *_as_flags(stock.flags()),
     ]
     fl = first_last_counts(lay)
     if fl is not None:
@@ -132,6 +135,25 @@ def _fit(src: ExportSource, rounded: list[MegatronRecompute], collapsed: Megatro
                          "using that on every rank")
             per_stage = [stock] * len(per_stage)
     return per_stage, stock, notes
+
+
+def run_flags(opts: PlanOptions, par: ParallelSpec) -> list[tuple[str, ...]]:
+    """The flags for what the plan assumes beyond the model: precision, the distributed optimizer, the
+    overlaps (a plan priced with them is only right when Megatron runs them)."""
+    out: list[tuple[str, ...]] = [("--fp16",) if opts.precision == "megatron-fp16" else ("--bf16",)]
+    if opts.precision == "fp32":
+        out = []
+    if opts.distributed_optimizer:
+        out.append(("--use-distributed-optimizer",))
+    if opts.overlap_grad_reduce:
+        out.append(("--overlap-grad-reduce",))
+    if opts.overlap_param_gather:
+        out.append(("--overlap-param-gather",))
+    if opts.tp_comm_overlap and par.sequence_parallel:
+        out.append(("--tp-comm-overlap",))
+    if opts.ddp_bucket_size is not None:
+        out.append(("--ddp-bucket-size", str(opts.ddp_bucket_size)))
+    return out
 
 
 def _as_flags(tokens: list[str]) -> list[tuple[str, ...]]:

@@ -19,28 +19,43 @@ from lynx.export.megatron_recompute import MegatronRecompute, RecomputeMethod
 from lynx.spec import ModelSpec, ParallelSpec
 
 _INT = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--seq-length",
+        "--ddp-bucket-size",
         "--max-position-embeddings", "--vocab-size", "--tensor-model-parallel-size",
         "--pipeline-model-parallel-size", "--micro-batch-size", "--global-batch-size", "--recompute-num-layers",
         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
         "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank", "--num-query-groups")
-_FLOAT = ("--attention-dropout", "--hidden-dropout")
+_FLOAT = ("--attention-dropout", "--hidden-dropout", "--rotary-base")
 _STR = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--normalization",
-        "--position-embedding-type", "--attention-backend")
+        "--position-embedding-type", "--attention-backend", "--transformer-impl")
 _LIST = ("--recompute-modules",)
 _BOOL = ("--sequence-parallel", "--bf16", "--fp16", "--recompute-activations", "--swiglu", "--group-query-attention",
-         "--untie-embeddings-and-output-weights", "--disable-bias-linear")
+         "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--use-distributed-optimizer",
+         "--use-flash-attn", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
+         "--grad-reduce-in-bf16", "--squared-relu", "--add-qkv-bias", "--account-for-embedding-in-pipeline-split",
+         "--account-for-loss-in-pipeline-split")
 _REFUSED = {
     "--num-experts": "mixture-of-experts layers",
     "--multi-latent-attention": "multi-latent attention",
     "--mtp-num-layers": "multi-token prediction layers",
     "--distribute-saved-activations": "activations distributed over the TP group",
-    "--account-for-embedding-in-pipeline-split": "the embedding counted as a layer in the split",
-    "--account-for-loss-in-pipeline-split": "the loss counted as a layer in the split",
     "--cpu-offloading": "activation offloading to the host",
 }
 _REFUSED_ABOVE_ONE = ("--context-parallel-size", "--expert-model-parallel-size")
 _REQUIRED = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size",
              "--global-batch-size")
+
+
+@dataclass(frozen=True, slots=True)
+class MegatronRun:
+    """The flags of a command line that change time or memory outside the model's shape."""
+
+    precision: str | None = None
+    """megatron-bf16 (--bf16), megatron-fp16 (--fp16), or None (neither: fp32)."""
+    distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    tp_comm_overlap: bool = False
+    ddp_bucket_size: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +72,7 @@ class MegatronCommand:
     layout: ChunkLayout
     recompute: MegatronRecompute
     warnings: tuple[str, ...] = ()
+    run: MegatronRun = MegatronRun()
 
     def parallel(self, dp: int) -> ParallelSpec:
         return ParallelSpec(tp=self.tp, pp=self.pp, dp=dp, sequence_parallel=self.sequence_parallel,
@@ -142,7 +158,25 @@ def _layout(k: dict[str, Value], pp: int, num_layers: int) -> ChunkLayout:
         if vpp != 1:
             raise SpecError("--decoder-first/last-pipeline-num-layers with virtual stages: give the layout")
         return first_last_layout(pp, num_layers, cast(int | None, first), cast(int | None, last))
+    emb = bool(k.get("--account-for-embedding-in-pipeline-split"))
+    loss = bool(k.get("--account-for-loss-in-pipeline-split"))
+    if emb or loss:
+        return accounted_layout(pp, vpp, num_layers, emb, loss)
     return even_layout(pp, vpp, num_layers, "--num-layers")
+
+
+def accounted_layout(pp: int, vpp: int, num_layers: int, emb: bool, loss: bool) -> ChunkLayout:
+    """--account-for-embedding/loss-in-pipeline-split: Megatron-Core counts the embedding (and the loss) as one
+    more layer and splits evenly, so the first (last) stage runs one decoder layer fewer
+    (megatron/core/transformer/transformer_block.py, get_num_layers_to_build; its total must divide evenly)."""
+    total = num_layers + emb + loss
+    if vpp != 1 or total % pp:
+        raise SpecError(f"--account-for-embedding/loss-in-pipeline-split: {num_layers} layers + {int(emb) + int(loss)} "
+                        f"must split evenly over PP {pp} without virtual stages (Megatron-Core's rule)")
+    each = total // pp
+    if pp == 1:
+        return ChunkLayout(1, 1, (num_layers,))
+    return ChunkLayout(pp, 1, (each - emb, *([each] * (pp - 2)), each - loss))
 
 
 def _recompute(k: dict[str, Value]) -> MegatronRecompute:
@@ -171,17 +205,37 @@ def parse_megatron_args(args: str | Sequence[str]) -> MegatronCommand:
     if ignored:
         warn.append("ignored (lynx does not model them): " + " ".join(ignored))
     layers, hidden, seq = _int(k, "--num-layers"), _int(k, "--hidden-size"), _int(k, "--seq-length")
-    defaults = [f"{f} {d}" for f, d in (("--ffn-hidden-size", 4 * hidden), ("--vocab-size", 51200),
+    defaults = [f"{f} {d}" for f, d in (("--ffn-hidden-size", 4 * hidden),
                                           ("--max-position-embeddings", seq)) if f not in k]
     if defaults:
         warn.append("not given, assumed: " + ", ".join(defaults))
+    if "--vocab-size" not in k:
+        warn.append("--vocab-size not given: Megatron takes the vocabulary from the tokenizer, which lynx cannot "
+                    "read; it ASSUMED 51200 (GPT-2's, padded). The LM head and loss scale with it: pass "
+                    "--vocab-size (Llama 3: 128256, Qwen2.5: 151936, Nemotron-4: 256000)")
+    if k.get("--grad-reduce-in-bf16"):
+        warn.append("--grad-reduce-in-bf16: lynx reduces the gradient buffer at its own dtype (fp32 for bf16), an "
+                    "upper bound on the DP time")
     if not (k.get("--bf16") or k.get("--fp16")):
-        warn.append("neither --bf16 nor --fp16: lynx prices 16-bit training")
+        warn.append("neither --bf16 nor --fp16: Megatron trains in fp32; lynx prices 16-bit activations with the "
+                    "fp32 static recipe")
     model = model_from_flags(k, warn)
     pp = _int(k, "--pipeline-model-parallel-size", 1)
     return MegatronCommand(
         model=model, tp=_int(k, "--tensor-model-parallel-size", 1), pp=pp,
         sequence_parallel=bool(k.get("--sequence-parallel", False)), micro_batch_size=_int(k, "--micro-batch-size"),
         global_batch_size=_int(k, "--global-batch-size"), seq_length=seq, layout=_layout(k, pp, layers),
-        recompute=_recompute(k), warnings=tuple(warn),
+        recompute=_recompute(k), warnings=tuple(warn), run=_run(k),
+    )
+
+
+def _run(k: dict[str, Value]) -> MegatronRun:
+    precision = "megatron-bf16" if k.get("--bf16") else "megatron-fp16" if k.get("--fp16") else None
+    bucket = k.get("--ddp-bucket-size")
+    return MegatronRun(
+        precision=precision, distributed_optimizer=bool(k.get("--use-distributed-optimizer")),
+        overlap_grad_reduce=bool(k.get("--overlap-grad-reduce")),
+        overlap_param_gather=bool(k.get("--overlap-param-gather")),
+        tp_comm_overlap=bool(k.get("--tp-comm-overlap")),
+        ddp_bucket_size=None if bucket is None else int(cast(int, bucket)),
     )

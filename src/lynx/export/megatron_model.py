@@ -1,15 +1,13 @@
 """A lynx ModelSpec as Megatron-LM model flags, and back.
 
-GPT is Megatron's default architecture (LayerNorm, GELU, learned positions, biases, tied embeddings). The
-LLaMA family (issue 10) adds fields to ModelSpec (`family`, `num_query_groups`, `activation`,
-`normalization`, `position_embedding`, `tie_embeddings`, `attention`, dropout rates); both directions read
-them with `getattr` and use them only when this ModelSpec has them, so this module works before and after
-that change lands.
+GPT is Megatron's default architecture (LayerNorm, GELU, learned positions, biases, tied embeddings). Each of
+Megatron-Core's switches (--swiglu / --squared-relu, --normalization, --position-embedding-type,
+--disable-bias-linear / --add-qkv-bias, --group-query-attention, --untie-embeddings-and-output-weights, the
+attention backend, --rotary-base) maps onto one ModelSpec field, both ways.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,24 +15,6 @@ from lynx.errors import SpecError
 from lynx.spec import ModelSpec
 
 Flag = tuple[str, ...]
-
-# Flags the LLaMA family maps onto ModelSpec fields (name, value).
-_FAMILY_FLAGS: dict[str, tuple[str, object]] = {
-    "--swiglu": ("activation", "swiglu"),
-    "--untie-embeddings-and-output-weights": ("tie_embeddings", False),
-}
-
-# Which flag set a field (for the error when this ModelSpec lacks the field).
-_ORIGIN: dict[str, str] = {
-    "family": "--swiglu/--normalization RMSNorm", "normalization": "--normalization RMSNorm",
-    "position_embedding": "--position-embedding-type rope", "num_query_groups": "--num-query-groups",
-    "attention": "--attention-backend",
-}
-
-
-def _has(field: str) -> bool:
-    return field in {f.name for f in dataclasses.fields(ModelSpec)}
-
 
 def model_flags(m: ModelSpec, seq_length: int) -> list[Flag]:
     flags: list[Flag] = [
@@ -48,12 +28,18 @@ def model_flags(m: ModelSpec, seq_length: int) -> list[Flag]:
     flags += [("--attention-dropout", f"{att:g}"), ("--hidden-dropout", f"{hid:g}")]
     if m.activation == "swiglu":
         flags.append(("--swiglu",))
+    elif m.activation == "squared-relu":
+        flags.append(("--squared-relu",))
     if m.normalization == "rmsnorm":
         flags.append(("--normalization", "RMSNorm"))
     if m.position_embedding == "rope":
-        flags.append(("--position-embedding-type", "rope"))
-    if m.family == "llama":
+        flags += [("--position-embedding-type", "rope"), ("--rotary-base", f"{m.rotary_base:g}")]
+    if m.position_embedding == "none":
+        flags.append(("--position-embedding-type", "none"))
+    if m.bias != "all":
         flags.append(("--disable-bias-linear",))
+    if m.bias == "qkv":
+        flags.append(("--add-qkv-bias",))
     if not m.tie_embeddings:
         flags.append(("--untie-embeddings-and-output-weights",))
     groups = m.num_query_groups
@@ -64,54 +50,65 @@ def model_flags(m: ModelSpec, seq_length: int) -> list[Flag]:
     return flags
 
 
-def model_from_flags(k: Mapping[str, Any], warn: list[str]) -> ModelSpec:
-    """The ModelSpec a parsed Megatron command line describes (`k`: flag -> converted value)."""
-    layers, hidden, seq = int(k["--num-layers"]), int(k["--hidden-size"]), int(k["--seq-length"])
-    extra: dict[str, Any] = {}
-    origin = dict(_ORIGIN)
-    for flag, (field, value) in _FAMILY_FLAGS.items():
-        if k.get(flag):
-            extra[field] = value
-            origin[field] = flag
-    norm, pos = k.get("--normalization"), k.get("--position-embedding-type")
-    if norm not in (None, "LayerNorm", "RMSNorm"):
-        raise SpecError(f"--from-megatron: --normalization {norm}: lynx models LayerNorm and RMSNorm")
-    if pos not in (None, "learned_absolute", "rope"):
-        raise SpecError(f"--from-megatron: --position-embedding-type {pos}: lynx models learned_absolute and rope")
-    if norm == "RMSNorm":
-        extra["normalization"] = "rmsnorm"
-    if pos == "rope":
-        extra["position_embedding"] = "rope"
-    if k.get("--group-query-attention") and "--num-query-groups" in k:
-        extra["num_query_groups"] = int(k["--num-query-groups"])
+def attention_of(k: Mapping[str, Any]) -> str:
+    """The attention Megatron-Core runs: `--attention-backend` when given (flash / fused: a fused kernel;
+    unfused / local: the s x s tensors); else flash with `--use-flash-attn` or TransformerEngine (Megatron-Core's
+    default `--transformer-impl transformer_engine` picks a fused backend, `attention_backend` auto); only
+    `--transformer-impl local` without `--use-flash-attn` runs unfused attention."""
     backend = k.get("--attention-backend")
-    if backend is not None:
-        extra["attention"] = "flash" if backend in ("flash", "fused") else "standard"
-    llama = {"--swiglu": extra.get("activation") == "swiglu", "--normalization RMSNorm": norm == "RMSNorm",
-             "--position-embedding-type rope": pos == "rope"}
-    if any(llama.values()):
-        if not all(llama.values()):
-            raise SpecError(f"--from-megatron: {', '.join(f for f, v in llama.items() if v)} without "
-                            f"{', '.join(f for f, v in llama.items() if not v)}: lynx models GPT (none of them) "
-                            "or the LLaMA family (all three)")
-        extra["family"] = "llama"
+    if backend in ("flash", "fused"):
+        return "flash"
+    if backend in ("unfused", "local"):
+        return "standard"
+    if k.get("--use-flash-attn"):
+        return "flash"
+    return "standard" if k.get("--transformer-impl") == "local" else "flash"
+
+
+def _family_of(fields: Mapping[str, Any], groups: int, heads: int) -> str:
+    """gpt or llama when the switches are exactly theirs (their layers, their runtime), else mcore."""
+    for name in ("gpt", "llama"):
+        from lynx.families import get_family
+
+        d = get_family(name).defaults
+        same = all(fields[f] == d[f] for f in ("activation", "normalization", "position_embedding", "bias"))
+        if same and (name == "llama" or groups == heads):
+            return name
+    return "mcore"
+
+
+def model_from_flags(k: Mapping[str, Any], warn: list[str]) -> ModelSpec:
+    """The ModelSpec a parsed Megatron command line describes (`k`: flag -> converted value). Each switch is
+    read on its own, as Megatron-Core's TransformerConfig does; the family is gpt or llama when the switches are
+    exactly those models', else mcore (`lynx.families.mcore`)."""
+    layers, hidden, seq = int(k["--num-layers"]), int(k["--hidden-size"]), int(k["--seq-length"])
+    norm, pos = k.get("--normalization", "LayerNorm"), k.get("--position-embedding-type", "learned_absolute")
+    if norm not in ("LayerNorm", "RMSNorm"):
+        raise SpecError(f"--from-megatron: --normalization {norm}: lynx models LayerNorm and RMSNorm")
+    if pos not in ("learned_absolute", "rope", "none"):
+        raise SpecError(f"--from-megatron: --position-embedding-type {pos}: lynx models learned_absolute, rope "
+                        "and none")
+    if k.get("--swiglu") and k.get("--squared-relu"):
+        raise SpecError("--from-megatron: --swiglu and --squared-relu both given; Megatron takes one activation")
+    heads = int(k["--num-attention-heads"])
+    groups = int(k["--num-query-groups"]) if k.get("--group-query-attention") and "--num-query-groups" in k \
+        else heads
+    fields: dict[str, Any] = {
+        "activation": "swiglu" if k.get("--swiglu") else "squared-relu" if k.get("--squared-relu") else "gelu",
+        "normalization": "rmsnorm" if norm == "RMSNorm" else "layernorm",
+        "position_embedding": {"learned_absolute": "learned", "rope": "rope", "none": "none"}[str(pos)],
+        "bias": ("qkv" if k.get("--add-qkv-bias") else "none") if k.get("--disable-bias-linear") else "all",
+    }
     drops = {f: float(k.get(f, 0.1)) for f in ("--attention-dropout", "--hidden-dropout")}
-    if _has("hidden_dropout"):
-        extra["attention_dropout"], extra["hidden_dropout"] = drops["--attention-dropout"], drops["--hidden-dropout"]
-    unsupported = sorted(f for f in extra if not _has(f))
-    if unsupported == ["attention"] and extra["attention"] == "standard":
-        unsupported = []
-    elif unsupported == ["attention"]:
-        warn.append(f"--attention-backend {backend}: this lynx prices unfused attention")
-        unsupported = []
-    if unsupported:
-        flags = sorted({origin[f] for f in unsupported if f != "family"} or {origin["family"]})
-        raise SpecError(f"--from-megatron: {', '.join(flags)} (the LLaMA family) is not modelled by this lynx")
-    extra = {f: v for f, v in extra.items() if _has(f)}
+    extra: dict[str, Any] = {"attention": attention_of(k), "num_query_groups": groups,
+                             "attention_dropout": drops["--attention-dropout"],
+                             "hidden_dropout": drops["--hidden-dropout"],
+                             "tie_embeddings": not k.get("--untie-embeddings-and-output-weights")}
+    if k.get("--rotary-base") is not None:
+        extra["rotary_base"] = float(k["--rotary-base"])
     return ModelSpec(
-        name="megatron-args", num_layers=layers, hidden_size=hidden,
-        num_attention_heads=int(k["--num-attention-heads"]),
+        name="megatron-args", num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
         ffn_hidden_size=int(k.get("--ffn-hidden-size", 4 * hidden)), vocab_size=int(k.get("--vocab-size", 51200)),
         max_position_embeddings=int(k.get("--max-position-embeddings", seq)),
-        dropout=any(d > 0 for d in drops.values()), **extra,
+        dropout=any(d > 0 for d in drops.values()), family=_family_of(fields, groups, heads), **fields, **extra,
     )

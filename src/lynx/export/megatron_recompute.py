@@ -28,6 +28,7 @@ from lynx.graph import LayerGraph
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
 from lynx.policy.megatron_modules import dropped_ops
 from lynx.policy.rules import full_layer, keep_all, on_demand
+from lynx.pricing import ops_recompute_cost
 
 Granularity = Literal["full", "selective"]
 RecomputeMethod = Literal["uniform", "block"]
@@ -218,4 +219,4 @@ def candidates(graph: LayerGraph, num_layers: int) -> list[MegatronRecompute]:
 
 def recompute_cost(graph: LayerGraph, rec: MegatronRecompute, num_layers: int) -> float:
     """Seconds of forward work rerun per micro-batch (ties: the order `candidates` lists them in)."""
-    return sum(graph.op(n).fwd_time for lp in layer_policies(graph, rec, num_layers) for n in lp.recomputed())
+    return sum(ops_recompute_cost(graph, lp.recomputed()) for lp in layer_policies(graph, rec, num_layers))

@@ -7,9 +7,9 @@ from lynx.families.base import Family
 
 
 def _families() -> dict[str, Family]:
-    from lynx.families import gpt, llama
+    from lynx.families import gpt, llama, mcore
 
-    return {"gpt": gpt.FAMILY, "llama": llama.FAMILY}
+    return {"gpt": gpt.FAMILY, "llama": llama.FAMILY, "mcore": mcore.FAMILY}
 
 
 def family_names() -> tuple[str, ...]:

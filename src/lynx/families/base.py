@@ -67,6 +67,10 @@ class OpSpec:
     regather: bool = False
     """SP all-gather before a column-parallel GEMM: backward also re-gathers the sharded input for the weight
     gradient (Megatron-Core saves the shard), overlapping the GEMM's input-gradient part."""
+    gemm_mnk: tuple[float, float, float] | None = None
+    """GEMMs: (m, k, n) of one [m, k] @ [k, n] (per batch element): prices efficiency by shape."""
+    attn_seq_head: tuple[float, float] | None = None
+    """Flash attention: (sequence length, head dimension): prices its kernel efficiency."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +123,7 @@ class LayerBuilder:
             out_bytes=ACT_BYTES * batch * m * n, flops=2.0 * batch * m * k * n,
             mem_bytes=ACT_BYTES * batch * (m * k + k * n + m * n),
             bwd_factor=BWD_MATMUL_FACTOR, wgrad_factor=1.0 if weight else 0.0, module=module,
+            gemm_mnk=(m, k, n),
         ))
 
     def elementwise(self, name: str, block: Block, elems: float, inputs: tuple[str, ...],
@@ -149,6 +154,7 @@ class LayerBuilder:
             name=name, kind="compute", block=block, inputs=inputs, saved=saved,
             out_bytes=ACT_BYTES * q, mask_bytes=lse, flops=2.0 * (2.0 * batch_heads * s * s * d) / 2.0,
             mem_bytes=ACT_BYTES * (2 * q + 2 * kv) + lse, bwd_factor=FLASH_BWD_FACTOR, module=module,
+            attn_seq_head=(s, d),
         ))
 
     def comm(self, name: str, block: Block, collective: Collective, nbytes_full: float,

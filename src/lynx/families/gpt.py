@@ -50,18 +50,18 @@ MODULE_OF: dict[str, str] = {
 """Megatron-Core --recompute-modules membership by op name (also fills graphs stored before ops carried it)."""
 
 DEFAULTS = {"activation": "gelu", "normalization": "layernorm", "position_embedding": "learned",
-            "tie_embeddings": True, "attention": "standard", "dropout": True}
+            "tie_embeddings": True, "attention": "standard", "dropout": True, "bias": "all"}
 
 
 def check_model(m: ModelSpec) -> None:
-    want = {"activation": "gelu", "normalization": "layernorm", "position_embedding": "learned"}
+    want = {"activation": "gelu", "normalization": "layernorm", "position_embedding": "learned", "bias": "all"}
     for k, v in want.items():
         if getattr(m, k) != v:
             raise SpecError(f"model {m.name!r}: family gpt has {k} {v}, got {getattr(m, k)!r} "
-                            "(family llama has swiglu / rmsnorm / rope)")
+                            "(family mcore takes any combination Megatron-Core accepts)")
     if m.num_query_groups != m.num_attention_heads:
         raise SpecError(f"model {m.name!r}: family gpt has no grouped-query attention (num_query_groups "
-                        f"{m.num_query_groups} != {m.num_attention_heads} heads); use family llama")
+                        f"{m.num_query_groups} != {m.num_attention_heads} heads); use family llama or mcore")
 
 
 def check_layout(m: ModelSpec, tp: int) -> None:

@@ -32,16 +32,16 @@ if TYPE_CHECKING:
     from lynx.spec import ModelSpec, ParallelSpec
 
 DEFAULTS = {"activation": "swiglu", "normalization": "rmsnorm", "position_embedding": "rope",
-            "tie_embeddings": False, "attention": "flash", "dropout": False}
+            "tie_embeddings": False, "attention": "flash", "dropout": False, "bias": "none"}
 MLP_OPS = ("mlp_allgather", "gate_up", "swiglu", "down")
 
 
 def check_model(m: ModelSpec) -> None:
-    want = {"activation": "swiglu", "normalization": "rmsnorm", "position_embedding": "rope"}
+    want = {"activation": "swiglu", "normalization": "rmsnorm", "position_embedding": "rope", "bias": "none"}
     for k, v in want.items():
         if getattr(m, k) != v:
             raise SpecError(f"model {m.name!r}: family llama has {k} {v}, got {getattr(m, k)!r} "
-                            "(family gpt has gelu / layernorm / learned)")
+                            "(family mcore takes any combination Megatron-Core accepts)")
 
 
 def check_layout(m: ModelSpec, tp: int) -> None:

@@ -60,12 +60,12 @@ def iteration_time(problem: PlanProblem, part: Partition, pols: tuple[RecomputeP
 
 def edge_times_per_stage(problem: PlanProblem) -> list[float]:
     """Embedding on the first stage, LM head + loss on the last (as the simulator charges them)."""
-    from lynx.costmodel import edge_times
+    from lynx.edge_pricing import stage_edge_times
 
     par = problem.parallel
     edge = [0.0] * par.pp
-    if problem.options.include_edges:
-        et = edge_times(problem.model, problem.hardware, par)
+    if problem.options.include_edges:  # the simulator's prices (a profiled graph's measured device)
+        et = stage_edge_times(problem.model, problem.hardware, par, problem.graph)
         edge[0] += et.embedding_fwd + et.embedding_bwd
         edge[-1] += et.head_fwd + et.head_bwd
     return edge

@@ -32,6 +32,7 @@ from lynx.graph import LayerGraph
 from lynx.memory import layer_memory
 from lynx.policy.base import LayerPolicy, RecomputePolicy, SolveStats, StageContext
 from lynx.policy.rules import on_demand
+from lynx.pricing import ops_recompute_cost
 
 GiB = float(1 << 30)
 MAX_UNITS = 14
@@ -61,7 +62,7 @@ def layer_strategies(graph: LayerGraph) -> tuple[Strategy, ...]:
     for keep in subsets:
         lp = on_demand(graph, keep)
         mem = layer_memory(graph, lp)
-        t = sum(graph.op(n).fwd_time for n in lp.recomputed())
+        t = ops_recompute_cost(graph, lp.recomputed())
         key = (mem.retained, max(mem.dropped, mem.on_demand), t)
         if key not in seen:
             seen[key] = Strategy(lp, *key)

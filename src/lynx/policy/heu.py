@@ -41,6 +41,7 @@ from lynx.policy.heu_objective import cooldown_weight as cooldown_weight
 from lynx.policy.heu_objective import critical_recompute as critical_recompute
 from lynx.policy.heu_objective import recompute_time as recompute_time
 from lynx.policy.heu_objective import window_caps as window_caps
+from lynx.pricing import op_recompute_cost
 
 GiB = float(1 << 30)
 PHASES: tuple[Phase, ...] = tuple(Phase)
@@ -85,7 +86,8 @@ def allowed_phases(graph: LayerGraph, name: str, has_fwd_windows: bool,
         return (Phase.ON_DEMAND,)
     out = PHASES if has_fwd_windows else (Phase.BWD_MLP, Phase.BWD_ATTN, Phase.ON_DEMAND)
     if caps is not None:
-        out = tuple(t for t in out if t == Phase.ON_DEMAND or op.fwd_time <= caps[t] * (1 + 1e-9))
+        c = op_recompute_cost(graph, name)
+        out = tuple(t for t in out if t == Phase.ON_DEMAND or c <= caps[t] * (1 + 1e-9))
     return out
 
 
@@ -136,7 +138,7 @@ def add_windows(m: Milp, graph: LayerGraph, lv: LayerVars, subtract_wgrad: bool)
     # (5) window capacity: sum_i R_{t,i} C_i <= CTime_t for t in 1..4; CTime_3,4 is the idle part only
     #     (comm - wgrad when Megatron already overlaps the weight-gradient GEMM, ctx.subtract_wgrad).
     for t, cap in window_caps(graph, subtract_wgrad).items():
-        row = {r[t]: graph.op(n).fwd_time for n, r in lv.R.items() if t in r}
+        row = {r[t]: op_recompute_cost(graph, n) for n, r in lv.R.items() if t in r}
         if row:
             m.le(row, cap * (1 + 1e-9))
 
@@ -213,7 +215,7 @@ def add_objective(m: Milp, graph: LayerGraph, groups: list[Group], lam: float, t
     for g, (lv, count) in enumerate(groups):
         top = g == len(groups) - 1
         for n, r in lv.R.items():
-            c = graph.op(n).fwd_time
+            c = op_recompute_cost(graph, n)
             for t, v in r.items():
                 w = tie * count
                 if t == Phase.ON_DEMAND:

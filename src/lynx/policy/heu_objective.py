@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from lynx.graph import LayerGraph
 from lynx.policy.base import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase, StageContext
+from lynx.pricing import bwd_windows, fwd_windows, ops_recompute_cost
 
 
 def recompute_time(graph: LayerGraph, lp: LayerPolicy, phases: tuple[Phase, ...]) -> float:
-    return sum(graph.op(n).fwd_time for n in lp.recomputed(phases))
+    """At the simulator's prices (`lynx.pricing`): forward re-runs plus the engine's per-restoration time."""
+    return ops_recompute_cost(graph, lp.recomputed(phases))
 
 
 def cooldown_weight(ctx: StageContext, cooldown_overlap: bool) -> float:
@@ -26,8 +28,8 @@ def critical_recompute(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: 
     """On-critical-path recomputation per micro-batch of a stage policy, priced as the simulator prices it:
     phase 5, window overflow, the top layer's phase 3/4, and (without cool-down overlap) the cool-down share
     of phase 1/2. The HEU objective without its tie-break term."""
-    win_f = (graph.fwd_window("attn"), graph.fwd_window("mlp"))
-    win_b = (graph.bwd_window("mlp", ctx.subtract_wgrad), graph.bwd_window("attn", ctx.subtract_wgrad))
+    win_f = fwd_windows(graph)
+    win_b = bwd_windows(graph, ctx.subtract_wgrad)
     lam = cooldown_weight(ctx, cooldown_overlap)
     tops = {hi - 1 for _, hi in ctx.chunk_slices()} if ctx.chunk_layers else {len(layers) - 1}
     total = 0.0
@@ -45,6 +47,5 @@ def critical_recompute(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: 
 def window_caps(graph: LayerGraph, subtract_wgrad: bool) -> dict[Phase, float]:
     """CTime_t of eq. (5): idle time of the four windows; backward ones are comm - wgrad when Megatron
     already overlaps the weight-gradient GEMM with the collective (ctx.subtract_wgrad)."""
-    return {Phase.FWD_ATTN: graph.fwd_window("attn"), Phase.FWD_MLP: graph.fwd_window("mlp"),
-            Phase.BWD_MLP: graph.bwd_window("mlp", subtract_wgrad),
-            Phase.BWD_ATTN: graph.bwd_window("attn", subtract_wgrad)}
+    (wf_attn, wf_mlp), (wb_mlp, wb_attn) = fwd_windows(graph), bwd_windows(graph, subtract_wgrad)
+    return {Phase.FWD_ATTN: wf_attn, Phase.FWD_MLP: wf_mlp, Phase.BWD_MLP: wb_mlp, Phase.BWD_ATTN: wb_attn}

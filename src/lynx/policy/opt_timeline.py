@@ -21,6 +21,7 @@ from typing import Literal
 
 from lynx.graph import LAYER_INPUT, LayerGraph
 from lynx.policy.base import Phase
+from lynx.pricing import op_recompute_cost
 
 StageKind = Literal["fwd", "host", "bwd"]
 
@@ -88,7 +89,7 @@ class Timeline:
 
     def cost(self, v: int) -> float:
         """C_v: forward (= recompute) time of op v."""
-        return self.graph.ops[self.op_of(v)].fwd_time
+        return op_recompute_cost(self.graph, self.graph.ops[self.op_of(v)].name)
 
     def inputs(self, v: int) -> tuple[int, ...]:
         """Nodes whose outputs op v reads (the layer input is always stored, so it is left out)."""

@@ -194,12 +194,24 @@ class ProfileStore:
         finally:
             conn.close()
 
+    def check_writable(self, option: str = "--db") -> None:
+        """Before work whose result is to be stored: the file and its folder (SQLite writes a journal beside
+        it) can be written. Read-only, immutable or on a read-only mount: one line naming the file."""
+        folder = self.path.parent if str(self.path.parent) else Path(".")
+        if not os.access(self.path, os.W_OK) or not os.access(folder, os.W_OK | os.X_OK):
+            raise ProfileStoreError(f"{option} {self.path}: the profile database cannot be written (read-only); "
+                                    "pass --no-save, or --db with a writable file")
+
     @contextmanager
     def _tx(self) -> Iterator[None]:
-        """One transaction (the connection is in autocommit mode, so `with conn` alone would not group)."""
+        """One transaction (the connection is in autocommit mode, so `with conn` alone would not group). A
+        write the file refuses (read-only, disk full) is one line naming the file, the transaction undone."""
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             yield
+        except sqlite3.OperationalError as e:
+            self.conn.execute("ROLLBACK")
+            raise ProfileStoreError(f"{self.path}: cannot write the profile database ({e})") from None
         except BaseException:
             self.conn.execute("ROLLBACK")
             raise

@@ -8,8 +8,10 @@ import csv
 import io
 from pathlib import Path
 
+from lynx.paths import MAX_SCHEDULE_BYTES, read_text, write_text
 from lynx.schedule.actions import Schedule, ScheduleError, parse_action
 from lynx.schedule.validate import validate
+from lynx.spec import MAX_MICROBATCHES, MAX_STAGES
 
 
 def dumps(sched: Schedule) -> str:
@@ -20,8 +22,9 @@ def dumps(sched: Schedule) -> str:
     return buf.getvalue()
 
 
-def save_csv(sched: Schedule, path: str | Path) -> None:
-    Path(path).write_text(dumps(sched))
+def save_csv(sched: Schedule, path: str | Path, option: str = "--csv") -> None:
+    """Written whole or not at all (a temporary file renamed into place)."""
+    write_text(path, dumps(sched), option, ScheduleError)
 
 
 def loads(text: str, source: str = "schedule") -> Schedule:
@@ -32,6 +35,8 @@ def loads(text: str, source: str = "schedule") -> Schedule:
     pp = len(rows)
     if pp == 0:
         raise ScheduleError(f"{source}: no rows (expected one row of actions per rank)")
+    if pp > MAX_STAGES:
+        raise ScheduleError(f"{source}: {pp} rows, one per pipeline rank; lynx plans at most {MAX_STAGES} ranks")
     ranks = []
     for r, row in enumerate(rows):
         acts = []
@@ -49,6 +54,9 @@ def loads(text: str, source: str = "schedule") -> Schedule:
             acts.append(a)
         ranks.append(tuple(acts))
     chunks = 1 + max((a.chunk for acts in ranks for a in acts), default=0)
+    mbs = 1 + max((a.microbatch for acts in ranks for a in acts), default=0)
+    if mbs > MAX_MICROBATCHES:
+        raise ScheduleError(f"{source}: micro-batch {mbs - 1}; lynx plans at most {MAX_MICROBATCHES} micro-batches")
     try:
         return validate(Schedule(tuple(ranks), chunks, "csv"))
     except ScheduleError as e:
@@ -56,11 +64,5 @@ def loads(text: str, source: str = "schedule") -> Schedule:
 
 
 def load_csv(path: str | Path) -> Schedule:
-    p = Path(path)
-    if not p.is_file():
-        raise ScheduleError(f"{path}: no such schedule file")
-    try:
-        text = p.read_text()
-    except UnicodeDecodeError as e:
-        raise ScheduleError(f"{path}: not a text CSV ({e})") from None
-    return loads(text, str(path))
+    """A schedule CSV of at most `MAX_SCHEDULE_BYTES` of UTF-8 text, parsed and validated."""
+    return loads(read_text(path, "schedule CSV", MAX_SCHEDULE_BYTES, ScheduleError), str(path))

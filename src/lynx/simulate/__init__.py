@@ -10,17 +10,18 @@ all-reduce and the optimizer step.
 
 from __future__ import annotations
 
-from lynx.costmodel import edge_times, p2p_time
+from lynx.costmodel import p2p_time
+from lynx.edge_pricing import device_hardware, stage_edge_times
 from lynx.partition.base import Partition
 from lynx.policy.base import RecomputePolicy, StageContext, check_policy
 from lynx.problem import PlanProblem
 from lynx.schedule import Schedule, ScheduleFacts, derive_facts, validate
 from lynx.simulate.engine import Loop, RankState
 from lynx.simulate.memory_replay import StageMemory
-from lynx.simulate.metrics import tail_time, throughput
+from lynx.simulate.metrics import DpOverlap, tail_time, throughput
 from lynx.simulate.pricing import ChunkCosts, stage_costs
 from lynx.simulate.results import Segment, SegmentKind, SimResult, StageResult
-from lynx.simulate.runtime_costs import measured_hardware, tied_embedding_sync_time
+from lynx.simulate.runtime_costs import tied_embedding_sync_time
 from lynx.spec import Hardware
 
 __all__ = ["Segment", "SegmentKind", "SimResult", "StageResult", "simulate"]
@@ -48,17 +49,15 @@ def _p2p(problem: PlanProblem) -> float:
 
 
 def _device_hardware(problem: PlanProblem) -> Hardware:
-    """The hardware that prices work outside the layer graph: the plan's, or with a graph that carries measured
-    runtime costs (a CPU profile), its device's measured rates (`runtime_costs`)."""
-    rc = problem.graph.runtime
-    return problem.hardware if rc is None else measured_hardware(problem.hardware, rc)
+    """The hardware that prices work outside the layer graph (`lynx.pricing.device_hardware`)."""
+    return device_hardware(problem.hardware, problem.graph)
 
 
 def _costs(problem: PlanProblem, policies: tuple[RecomputePolicy, ...],
            ctxs: tuple[StageContext, ...]) -> list[list[ChunkCosts]]:
     costs = [stage_costs(problem.graph, pol, ctx) for pol, ctx in zip(policies, ctxs, strict=True)]
     if problem.options.include_edges:  # embedding on the first virtual stage, LM head + loss on the last
-        et = edge_times(problem.model, _device_hardware(problem), problem.parallel)
+        et = stage_edge_times(problem.model, problem.hardware, problem.parallel, problem.graph)
         costs[0][0].fwd_plain += et.embedding_fwd
         costs[0][0].bwd_base += et.embedding_bwd
         costs[-1][-1].fwd_plain += et.head_fwd
@@ -101,8 +100,12 @@ def _result(problem: PlanProblem, ctxs: tuple[StageContext, ...], loop: Loop) ->
         sync = 0.0
         if problem.graph.runtime is not None:  # what the runtime does that analytic plans leave out
             sync = tied_embedding_sync_time(problem.model, par, problem.hardware, problem.static_recipe.grad_bytes)
+        o = problem.options
+        overlap = DpOverlap(o.overlap_grad_reduce, o.overlap_param_gather, o.ddp_bucket_size,
+                            tuple(sum(c.bwd_base for c in st.costs) for st in ranks),
+                            tuple(sum(c.fwd_plain for c in st.costs) for st in ranks))
         tail = tail_time(problem.model, _device_hardware(problem), par, ctxs, ready, problem.static_recipe,
-                         problem.options.distributed_optimizer, sync)
+                         o.distributed_optimizer, sync, overlap)
     iteration = pipeline_time + tail
     samples, tflops, mfu = throughput(problem.model, problem.hardware, par, iteration)
     stages = tuple(

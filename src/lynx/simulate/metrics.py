@@ -3,24 +3,46 @@ throughput figures derived from the iteration time."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from lynx.costmodel import model_flops_per_iteration
+from lynx.dp_overlap import dp_sync
 from lynx.policy.base import StageContext
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
 from lynx.static_memory import Recipe, dp_sync_time, optimizer_step_time
 
 
+@dataclass(frozen=True, slots=True)
+class DpOverlap:
+    """Megatron's DP overlap switches and, per stage, the compute they hide behind (one micro-batch's
+    backward for the gradient reduction, one forward for the parameter gather; `lynx.dp_overlap`)."""
+
+    grad_reduce: bool = False
+    param_gather: bool = False
+    bucket_size: int | None = None
+    last_bwd_s: tuple[float, ...] = ()
+    first_fwd_s: tuple[float, ...] = ()
+
+
 def tail_time(model: ModelSpec, hw: Hardware, par: ParallelSpec, ctxs: tuple[StageContext, ...],
-              ready: list[float], recipe: Recipe, distributed_optimizer: bool, tied_sync_s: float = 0.0) -> float:
-    """Time after the pipeline's last backward until every stage has reduced its gradients and stepped.
+              ready: list[float], recipe: Recipe, distributed_optimizer: bool, tied_sync_s: float = 0.0,
+              overlap: DpOverlap | None = None) -> float:
+    """Time after the pipeline's last backward until every stage has reduced its gradients and stepped (and,
+    with the distributed optimizer, gathered its parameters: before the next forward needs them).
     `tied_sync_s` > 0: the first and the last stage also all-reduce the tied embedding's gradient, once both
-    have reduced their own (then step)."""
+    have reduced their own (then step). `overlap`: what Megatron's DP overlaps hide of the reduction."""
     pipeline_time = max(ready)
     tail = 0.0
     synced: list[float] = []
     opts: list[float] = []
+    ov = overlap or DpOverlap()
     for s, ctx in enumerate(ctxs):
         dp_link = hw.link_for_group(par.dp, par.tp)
-        ar = dp_sync_time(model, par, s, ctx.num_layers, recipe, dp_link, distributed_optimizer)
+        if ov.grad_reduce or ov.param_gather:
+            sync = dp_sync(model, par, s, ctx.num_layers, recipe, dp_link, distributed_optimizer, ov.bucket_size)
+            ar = sync.exposed(ov.grad_reduce, ov.param_gather, ov.last_bwd_s[s], ov.first_fwd_s[s])
+        else:
+            ar = dp_sync_time(model, par, s, ctx.num_layers, recipe, dp_link, distributed_optimizer)
         opt = optimizer_step_time(model, par, s, ctx.num_layers, recipe, hw.device, distributed_optimizer)
         synced.append(ready[s] - pipeline_time + ar)
         opts.append(opt)

@@ -13,15 +13,12 @@ from dataclasses import dataclass, field
 
 from lynx.graph import LayerGraph
 from lynx.policy.base import FWD_PHASES, LayerPolicy, Phase, RecomputePolicy, StageContext
+from lynx.pricing import bwd_windows, fwd_windows, ops_recompute_cost
 
 
 def recompute_time(graph: LayerGraph, lp: LayerPolicy, phases: tuple[Phase, ...]) -> float:
-    ops = lp.recomputed(phases)
-    t = sum(graph.op(n).fwd_time for n in ops)
-    rc = graph.runtime
-    if rc is not None and rc.restore_op_s > 0 and ops:  # the engine's own time per restoration (measured)
-        t += len(ops) * rc.restore_op_s
-    return t
+    """The recomputation of these phases, at the one price list (`lynx.pricing`)."""
+    return ops_recompute_cost(graph, lp.recomputed(phases))
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +35,8 @@ def layer_cost(graph: LayerGraph, subtract_wgrad: bool) -> LayerCost:
     return LayerCost(
         fwd=graph.fwd_time(),
         bwd=compute_bwd + exposed,
-        win_f=(graph.fwd_window("attn"), graph.fwd_window("mlp")),
-        win_b=(graph.bwd_window("mlp", subtract_wgrad), graph.bwd_window("attn", subtract_wgrad)),
+        win_f=fwd_windows(graph),
+        win_b=bwd_windows(graph, subtract_wgrad),
     )
 
 

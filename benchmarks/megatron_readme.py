@@ -1,0 +1,192 @@
+"""Predicted vs published: the weak-scaling table of the Megatron-LM README (GPT 1.7B-462B on H100).
+
+Source: NVIDIA/Megatron-LM README.md, section "Performance & Scaling" up to commit cde92b27ac (Aug 2025), table
+`images/model_table.png` (Megatron-Core r0.8.0, H100 = DGX H100 nodes): vocabulary 131,072, sequence 4096,
+bf16, and "fine-grained overlapping of data-parallel (--overlap-grad-reduce --overlap-param-gather),
+tensor-parallel (--tp-comm-overlap) and pipeline-parallel communication (enabled by default)". Each row gives
+heads, hidden size, layers, TP, PP, DP (48), GPUs, global batch and the achieved per-GPU TFLOP/s.
+
+Published step time = model FLOPs of one iteration / (per-GPU TFLOP/s x GPUs), with Megatron's own FLOPs
+count (megatron/training/training.py `num_floating_point_operations`: 72 B s L h^2 (1 + s/(6h)) + 6 B s h V,
+the same as `lynx.costmodel.model_flops_per_iteration` for these GPT models).
+
+Assumptions (not in the table): micro-batch 1 (Megatron's default, what fits a 4096 sequence without
+recomputation at these shapes), no recomputation, sequence parallelism whenever TP > 1 (--tp-comm-overlap
+requires it), flash attention (TransformerEngine's fused attention, Megatron-Core's default with
+--transformer-impl transformer_engine), no dropout, GeLU MLP of 4h, learned position embeddings, tied
+embeddings, the distributed optimizer with Megatron's bf16 recipe (fp32 gradients reduced in fp32), 1F1B
+without interleaving, Megatron's even split of the layers.
+
+Run: python benchmarks/megatron_readme.py [--markdown] [--no-overlaps] [--fit]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+from _markdown import Out
+from rich.table import Table
+
+from lynx.api import make_problem, plan
+from lynx.costmodel import model_flops_per_iteration
+from lynx.problem import PlanOptions
+from lynx.spec import Hardware, ModelSpec, ParallelSpec, load_hardware
+
+TARGET = 0.10
+"""The issue's target: every row within +-10% of the published step time."""
+SEQ, VOCAB, DP, MICRO_BATCH = 4096, 131072, 48, 1
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    name: str
+    heads: int
+    hidden: int
+    layers: int
+    tp: int
+    pp: int
+    global_batch: int
+    tflops_per_gpu: float
+    """Published achieved model TFLOP/s per GPU."""
+
+
+ROWS = (
+    Row("1.7B", 16, 2048, 24, 1, 1, 192, 408.8),
+    Row("7.1B", 32, 4096, 30, 2, 1, 192, 465.9),
+    Row("16B", 48, 6144, 32, 4, 1, 192, 489.1),
+    Row("32B", 56, 7168, 48, 8, 1, 192, 459.6),
+    Row("70B", 64, 8192, 84, 8, 2, 384, 419.7),
+    Row("119B", 80, 10240, 92, 8, 4, 768, 420.5),
+    Row("177B", 96, 12288, 96, 8, 6, 1152, 432.8),
+    Row("314B", 128, 16384, 96, 8, 8, 1536, 474.4),
+    Row("462B", 144, 18432, 112, 8, 16, 3072, 459.9),
+)
+
+
+HELD_OUT_TARGET = 0.15
+"""The issue's target for published runs the constants were not fitted to."""
+HELD_OUT = ((2, 0.47), (96, 0.42))
+"""Held out (not used by --fit): the README's strong scaling of its 177B model (the 177B row's shape, TP 8,
+PP 6) at global batch 1152 "from 96 H100 GPUs to 4608 GPUs ... MFU from 47% to 42%" (DP 2 and DP 96; MFU as
+the README's text rounds it, so +-0.5 points, about +-1% in time)."""
+
+
+def held_out() -> list[tuple[int, float, float, float]]:
+    """(DP, published MFU, published step s, predicted step s) of the strong-scaling endpoints."""
+    hw = load_hardware("h100-80g-nvlink")
+    r = ROWS[6]
+    out = []
+    for dp, mfu in HELD_OUT:
+        par = ParallelSpec(tp=r.tp, pp=r.pp, dp=dp, sequence_parallel=True, micro_batch_size=MICRO_BATCH,
+                           global_batch_size=1152, seq_length=SEQ)
+        gpus = r.tp * r.pp * dp
+        opts = PlanOptions(precision="megatron-bf16", distributed_optimizer=True, nodes=-(-gpus // hw.devices_per_node),
+                           overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True,
+                           budget_bytes=hw.device.memory_bytes)
+        pred = plan(make_problem(model_of(r), hw, par, opts), "none", record=False).sim.iteration_time_s
+        pub = model_flops_per_iteration(model_of(r), par) / (mfu * hw.device.peak_flops * gpus)
+        out.append((dp, mfu, pub, pred))
+    return out
+
+
+def model_of(r: Row) -> ModelSpec:
+    return ModelSpec(name=f"gpt-{r.name}", num_layers=r.layers, hidden_size=r.hidden, num_attention_heads=r.heads,
+                     vocab_size=VOCAB, max_position_embeddings=SEQ, attention="flash", dropout=False)
+
+
+def parallel_of(r: Row) -> ParallelSpec:
+    return ParallelSpec(tp=r.tp, pp=r.pp, dp=DP, sequence_parallel=r.tp > 1, micro_batch_size=MICRO_BATCH,
+                        global_batch_size=r.global_batch, seq_length=SEQ)
+
+
+def published_step_s(r: Row) -> float:
+    gpus = r.tp * r.pp * DP
+    return model_flops_per_iteration(model_of(r), parallel_of(r)) / (r.tflops_per_gpu * 1e12 * gpus)
+
+
+def predicted_step_s(r: Row, hw: Hardware, overlaps: bool = True) -> float:
+    return predicted(r, hw, overlaps)[0]
+
+
+def predicted(r: Row, hw: Hardware, overlaps: bool = True) -> tuple[float, float]:
+    """(iteration, the part after the pipeline: exposed DP communication + optimizer step), seconds."""
+    gpus = r.tp * r.pp * DP
+    opts = PlanOptions(precision="megatron-bf16", distributed_optimizer=True, nodes=-(-gpus // hw.devices_per_node),
+                       overlap_grad_reduce=overlaps, overlap_param_gather=overlaps,
+                       tp_comm_overlap=overlaps and r.tp > 1, budget_bytes=hw.device.memory_bytes)
+    p = plan(make_problem(model_of(r), hw, parallel_of(r), opts), "none", record=False)
+    return p.sim.iteration_time_s, p.sim.iteration_time_s - p.sim.pipeline_time_s
+
+
+def errors(hw: Hardware, overlaps: bool = True) -> list[tuple[Row, float, tuple[float, float]]]:
+    return [(r, published_step_s(r), predicted(r, hw, overlaps)) for r in ROWS]
+
+
+FIT_GRID = {"matmul_efficiency": (0.75, 0.8, 0.85), "gemm_half_dim": (128.0, 256.0, 384.0),
+            "memory_efficiency": (0.5, 0.7), "flash_fwd_efficiency": (0.55, 0.65)}
+"""The grid the H100 preset's kernel constants were chosen from (flash backward = 0.8 x forward)."""
+
+
+def fit(hw: Hardware) -> list[tuple[int, float, dict[str, float]]]:
+    """Every point of FIT_GRID with (rows outside the target, RMS error), best first: most rows within
+    +-10%, then the smallest RMS."""
+    import itertools
+    from dataclasses import replace
+
+    out = []
+    for vals in itertools.product(*FIT_GRID.values()):
+        kw = dict(zip(FIT_GRID, vals, strict=True))
+        dev = replace(hw.device, **kw, flash_bwd_efficiency=0.8 * kw["flash_fwd_efficiency"])
+        errs = [pred / pub - 1 for _, pub, (pred, _) in errors(replace(hw, device=dev))]
+        out.append((sum(abs(e) > TARGET for e in errs), (sum(e * e for e in errs) / len(errs)) ** 0.5, kw))
+    return sorted(out, key=lambda x: (x[0], x[1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--hardware", default="h100-80g-nvlink")
+    ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--no-overlaps", action="store_true", help="price every collective as exposed (the old model)")
+    ap.add_argument("--fit", action="store_true", help="search FIT_GRID for the kernel constants (about a minute)")
+    a = ap.parse_args()
+    out = Out(a.markdown)
+    hw = load_hardware(a.hardware)
+    if a.fit:
+        for outside, rms, kw in fit(hw)[:5]:
+            print(f"{outside} rows outside ±{100 * TARGET:.0f}%, RMS error {100 * rms:.1f}%: {kw}")
+        return
+    t0 = time.perf_counter()
+    rows = errors(hw, not a.no_overlaps)
+    t = Table(title=f"Megatron-LM README weak scaling (H100, seq {SEQ}, bf16) vs lynx on {hw.name}"
+                    f"{' without overlaps' if a.no_overlaps else ''}")
+    for c in ("model", "TP", "PP", "DP", "GPUs", "global batch", "published TFLOP/s/GPU", "published step s",
+              "lynx step s", "of which after the pipeline s", "lynx TFLOP/s/GPU", "error", "target", "holds"):
+        t.add_column(c, justify="left" if c == "model" else "right")
+    worst = 0.0
+    for r, pub, (pred, tail) in rows:
+        err = pred / pub - 1
+        worst = max(worst, abs(err))
+        t.add_row(r.name, str(r.tp), str(r.pp), str(DP), str(r.tp * r.pp * DP), str(r.global_batch),
+                  f"{r.tflops_per_gpu:.1f}", f"{pub:.3f}", f"{pred:.3f}", f"{tail:.3f}",
+                  f"{r.tflops_per_gpu * pub / pred:.1f}",
+                  f"{100 * err:+.1f}%", f"±{100 * TARGET:.0f}%", "yes" if abs(err) <= TARGET else "NO")
+    out.print(t)
+    held = sum(abs(p / q - 1) <= TARGET for _, q, (p, _) in rows)
+    out.print(f"{held} of {len(rows)} rows within ±{100 * TARGET:.0f}%; worst |error| {100 * worst:.1f}%; "
+              f"{time.perf_counter() - t0:.1f} s")
+    if a.no_overlaps or a.hardware != "h100-80g-nvlink":
+        return
+    h = Table(title="Held out: the README's strong scaling of the 177B model (TP 8, PP 6, global batch 1152)")
+    for c in ("GPUs", "DP", "published MFU", "published step s", "lynx step s", "error", "target", "holds"):
+        h.add_column(c, justify="right")
+    for dp, mfu, pub, pred in held_out():
+        err = pred / pub - 1
+        h.add_row(str(48 * dp), str(dp), f"{100 * mfu:.0f}%", f"{pub:.3f}", f"{pred:.3f}", f"{100 * err:+.1f}%",
+                  f"±{100 * HELD_OUT_TARGET:.0f}%", "yes" if abs(err) <= HELD_OUT_TARGET else "NO")
+    out.print(h)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""The general Megatron-Core decoder layer: every switch Megatron-Core's TransformerConfig has for a dense GPT
+layer, independently. `family: mcore` in a model file takes the fields as given:
+
+* attention: multi-head or grouped-query (`num_query_groups`), flash or standard;
+* MLP: gated (`activation: swiglu`, Megatron's --swiglu: gate and up as one column-parallel GEMM) or not
+  (`gelu`, `squared-relu`: Megatron's --squared-relu, Nemotron-4);
+* normalization: `layernorm` or `rmsnorm` (--normalization);
+* positions: `rope` (a rotation op on Q and K), `learned` (a table on the first stage) or `none`;
+* biases: `bias: all` (Megatron's default: QKV, projection, FC1, FC2), `qkv` (--disable-bias-linear
+  --add-qkv-bias, Qwen2) or `none` (--disable-bias-linear); biases change parameters, not activations;
+* tied or untied embeddings, dropout.
+
+Op names follow the LLaMA family where the structure is the same (`rmsnorm1`, `gate_up`, `swiglu`, `down`) and
+the GPT family otherwise (`ln1`, `fc1`, `gelu` / `squared_relu`, `fc2`). The runtime builds the GPT and LLaMA
+layers only; it refuses an mcore model it has no layer for (planning, export and the simulator take any).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lynx.families.base import ACT_BYTES, LAYER_INPUT, Family, LayerBuilder, LayerSpec, standard_attention
+from lynx.families.llama import check_layout
+from lynx.graph import Block
+
+if TYPE_CHECKING:
+    from lynx.spec import ModelSpec, ParallelSpec
+
+DEFAULTS = {"activation": "swiglu", "normalization": "rmsnorm", "position_embedding": "rope",
+            "tie_embeddings": False, "attention": "flash", "dropout": False, "bias": "none"}
+
+ACT_FLOPS = {"gelu": 8.0, "squared-relu": 2.0}
+"""FLOPs per element of the non-gated activations (tanh-approximated GeLU as gpt counts it; max + square)."""
+
+
+def check_model(m: ModelSpec) -> None:
+    """Every combination ModelSpec accepts is a Megatron-Core layer; nothing more to check."""
+
+
+def _norm(b: LayerBuilder, m: ModelSpec, idx: int, blk: Block, elems: float, src: str) -> str:
+    name = f"rmsnorm{idx}" if m.normalization == "rmsnorm" else f"ln{idx}"
+    b.elementwise(name, blk, elems, (src,), (src,), flops_per_elem=4 if m.normalization == "rmsnorm" else 5,
+                  module="layernorm")
+    return name
+
+
+def _gather(b: LayerBuilder, sp: bool, blk: Block, src: str, tok: float, h: float, gemm: str, module: str) -> str:
+    if not sp:
+        return src
+    name = f"{blk}_allgather"
+    b.comm(name, blk, "gather", ACT_BYTES * tok * h, (src,), ACT_BYTES * tok * h, gemm, module=module,
+           regather=True)
+    return name
+
+
+def _reduce(b: LayerBuilder, sp: bool, blk: Block, src: str, tok: float, tok_ln: float, h: float, wgrad: str) -> str:
+    if sp:
+        name = f"{blk}_reducescatter"
+        b.comm(name, blk, "gather", ACT_BYTES * tok * h, (src,), ACT_BYTES * tok_ln * h, "")
+    else:
+        name = f"{blk}_allreduce"
+        b.comm(name, blk, "allreduce", ACT_BYTES * tok * h, (src,), ACT_BYTES * tok * h, wgrad)
+    return name
+
+
+def _attention(b: LayerBuilder, m: ModelSpec, par: ParallelSpec, tok: float, tok_ln: float) -> str:
+    s, mb, h, t, d = par.seq_length, par.micro_batch_size, m.hidden_size, par.tp, m.head_dim
+    a_l, g_l = m.num_attention_heads / t, m.num_query_groups / t
+    sp = par.sequence_parallel
+    n1 = _norm(b, m, 1, "attn", tok_ln * h, LAYER_INPUT)
+    b.gemm("qkv", "attn", tok, h, (a_l + 2 * g_l) * d, (_gather(b, sp, "attn", n1, tok, h, "qkv", ""),), (n1,))
+    qk = "qkv"
+    if m.position_embedding == "rope":
+        b.elementwise("rope", "attn", tok * (a_l + g_l) * d, ("qkv",), (), flops_per_elem=3)
+        qk = "rope"
+    if m.attention == "flash":
+        ins = (qk, "qkv") if qk != "qkv" else ("qkv",)
+        b.flash_attention("core_attn", "attn", mb * a_l, mb * g_l, s, d, ins, (*ins, "core_attn"))
+        ctx = "core_attn"
+    else:
+        ctx = standard_attention(b, qk, "qkv", s, mb, a_l, d, m.dropout and m.attention_dropout > 0)
+    b.gemm("attn_proj", "attn", tok, a_l * d, h, (ctx,), (ctx,))
+    return _reduce(b, sp, "attn", "attn_proj", tok, tok_ln, h, "qkv")
+
+
+def _mlp(b: LayerBuilder, m: ModelSpec, par: ParallelSpec, tok: float, tok_ln: float) -> str:
+    h, f, t, sp = m.hidden_size, m.ffn_hidden_size, par.tp, par.sequence_parallel
+    gated = m.activation == "swiglu"
+    up, act, down = ("gate_up", "swiglu", "down") if gated else ("fc1", m.activation.replace("-", "_"), "fc2")
+    n2 = _norm(b, m, 2, "mlp", tok_ln * h, "attn_residual")
+    b.gemm(up, "mlp", tok, h, (2 if gated else 1) * f / t, (_gather(b, sp, "mlp", n2, tok, h, up, "mlp"),), (n2,),
+           module="mlp")
+    if gated:  # fused SwiGLU: [tok, 2f/t] -> [tok, f/t], backward reads its input
+        b.elementwise(act, "mlp", tok * 2 * f / t, (up,), (up,), flops_per_elem=3, out_elems=tok * f / t,
+                      module="mlp")
+    else:
+        b.elementwise(act, "mlp", tok * f / t, (up,), (up,), flops_per_elem=ACT_FLOPS[m.activation], module="mlp")
+    b.gemm(down, "mlp", tok, f / t, h, (act,), (act,), module="mlp")
+    return _reduce(b, sp, "mlp", down, tok, tok_ln, h, up)
+
+
+def layer(m: ModelSpec, par: ParallelSpec) -> LayerSpec:
+    """The ops of one Megatron-Core layer on one TP rank."""
+    b = LayerBuilder()
+    tok = par.seq_length * par.micro_batch_size
+    tok_ln = tok / par.tp if par.sequence_parallel else tok
+    h = m.hidden_size
+    drop = m.dropout and m.hidden_dropout > 0
+    red = _attention(b, m, par, tok, tok_ln)
+    b.elementwise("attn_residual", "attn", tok_ln * h, (red, LAYER_INPUT), ("attn_residual",) if drop else (),
+                  reads=2, mask=drop)
+    red = _mlp(b, m, par, tok, tok_ln)
+    b.elementwise("mlp_residual", "mlp", tok_ln * h, (red, "attn_residual"), ("mlp_residual",) if drop else (),
+                  reads=2, mask=drop)
+    return b.spec(ACT_BYTES * tok_ln * h)
+
+
+def _norm_params(m: ModelSpec) -> float:
+    return (1 if m.normalization == "rmsnorm" else 2) * m.hidden_size
+
+
+def layer_params(m: ModelSpec, tp: int) -> float:
+    """Column-parallel QKV and FC1 (gate/up), row-parallel projection and FC2 split over TP with their biases;
+    the row-parallel biases and the two norms replicated."""
+    h, a, g, f, d = m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size, m.head_dim
+    up = 2 * f if m.activation == "swiglu" else f
+    split = h * (a + 2 * g) * d + a * d * h + h * up + f * h
+    replicated = 2 * _norm_params(m)
+    if m.bias in ("all", "qkv"):
+        split += (a + 2 * g) * d
+    if m.bias == "all":
+        split += up
+        replicated += 2 * h
+    return split / tp + replicated
+
+
+def embedding_params(m: ModelSpec, tp: int) -> float:
+    pos = m.max_position_embeddings * m.hidden_size if m.position_embedding == "learned" else 0
+    return m.vocab_size * m.hidden_size / tp + pos
+
+
+def final_norm_params(m: ModelSpec) -> float:
+    return _norm_params(m)
+
+
+def head_params(m: ModelSpec, tp: int, pp: int) -> float:
+    head = m.vocab_size * m.hidden_size / tp if (pp > 1 or not m.tie_embeddings) else 0.0
+    return final_norm_params(m) + head
+
+
+def output_params(m: ModelSpec) -> float:
+    return final_norm_params(m) + (0 if m.tie_embeddings else m.vocab_size * m.hidden_size)
+
+
+def matmul_flops_per_token(m: ModelSpec, s: int) -> float:
+    h, a, g, f, d = m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size, m.head_dim
+    up = 3 if m.activation == "swiglu" else 2
+    return 2 * (h * (a + 2 * g) * d + a * d * h + up * h * f) + 2 * 2 * s * a * d
+
+
+FAMILY = Family(
+    name="mcore", defaults=DEFAULTS, check_model=check_model, check_layout=check_layout, layer=layer,
+    layer_params=layer_params, embedding_params=embedding_params, head_params=head_params,
+    final_norm_params=final_norm_params, output_params=output_params,
+    matmul_flops_per_token=matmul_flops_per_token, runtime_module="",
+)

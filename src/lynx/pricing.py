@@ -1,0 +1,49 @@
+"""The one price list every solver and the simulator read: what recomputing an op costs and how much idle time
+each window offers. Lynx-HEU's objective (`policy.heu_objective`), its MILP rows (`policy.heu`) and the event
+simulator (`simulate.pricing`) all call these, so a plan is chosen on the prices it is judged by.
+
+* Recomputing an op costs its forward re-run (`Op.recompute_time`: a collective re-run in a recomputed
+  forward without TransformerEngine's userbuffers overlap keeps its whole time) plus, for a graph measured on
+  a runtime (`lynx profile`), the recompute engine's own time per restoration (`RuntimeCosts.restore_op_s`).
+* Windows: forward collectives are idle in full; backward ones offer ``comm - wgrad`` when Megatron already
+  overlaps the weight-gradient GEMM (`LayerGraph.bwd_window`).
+
+Work outside the layers (embedding, LM head, loss) is priced once for the partitioners and the simulator in
+`lynx.edge_pricing`; solvers see only the layer graph, so this module imports nothing but it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from lynx.graph import Block, LayerGraph
+
+
+def restore_overhead(graph: LayerGraph) -> float:
+    """The runtime's own time per restored op (0 for analytic graphs)."""
+    rc = graph.runtime
+    return rc.restore_op_s if rc is not None and rc.restore_op_s > 0 else 0.0
+
+
+def op_recompute_cost(graph: LayerGraph, name: str) -> float:
+    """Seconds to restore one op: its forward re-run plus the engine's per-restoration time."""
+    return graph.op(name).recompute_time + restore_overhead(graph)
+
+
+def ops_recompute_cost(graph: LayerGraph, names: Iterable[str]) -> float:
+    return sum(op_recompute_cost(graph, n) for n in names)
+
+
+def fwd_windows(graph: LayerGraph) -> tuple[float, float]:
+    """Idle time of the attention and MLP forward collectives (phases 1, 2)."""
+    return graph.fwd_window("attn"), graph.fwd_window("mlp")
+
+
+def bwd_windows(graph: LayerGraph, subtract_wgrad: bool) -> tuple[float, float]:
+    """Idle time of the MLP and attention backward collectives (phases 3, 4, in that order)."""
+    return graph.bwd_window("mlp", subtract_wgrad), graph.bwd_window("attn", subtract_wgrad)
+
+
+def block_window(graph: LayerGraph, block: Block, backward: bool, subtract_wgrad: bool = True) -> float:
+    return graph.bwd_window(block, subtract_wgrad) if backward else graph.fwd_window(block)
+
