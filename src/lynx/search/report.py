@@ -84,8 +84,12 @@ def _neighbours(res: SearchResult, best: Outcome) -> list[str]:
         if other.fits:
             freed = max(other.stage_peak_gib) - max(best.stage_peak_gib)
             dt = best.iteration_s / other.iteration_s - 1
-            how = f"costs {dt:.1%} time" if dt > 0 else f"runs {-dt:.1%} faster (less recomputation)"
-            out.append(f"{text.capitalize()} frees {freed:.1f} GiB on the fullest stage and {how}.")
+            how = f"costs {dt:.1%} time" if dt > 0 else f"runs {-dt:.1%} faster"
+            if freed > 0.05:
+                out.append(f"{text.capitalize()} frees {freed:.1f} GiB on the fullest stage and {how}.")
+            else:  # the planner spent the room it frees on keeping activations instead of recomputing them
+                out.append(f"{text.capitalize()} {how}: the memory it frees is spent keeping activations that "
+                           "would otherwise be recomputed.")
         else:
             why = other.reason.split(":")[0] if other.reason else other.status
             out.append(f"Without {text} this layout does not fit ({why}).")
