@@ -19,7 +19,8 @@ class StageMemory:
         self.ctx, self.record = ctx, record
         self._patterns: dict[tuple[object, ...], Pattern] = {}
         self._points: list[tuple[float, float]] = []
-        mems = [layer_memory(graph, lp) for lp in pol.layers]
+        distinct = {lp: layer_memory(graph, lp) for lp in dict.fromkeys(pol.layers)}  # a stage repeats one policy
+        mems = [distinct[lp] for lp in pol.layers]
         self.chunks: list[list[LayerMemory]] = []
         self.traces: list[dict[bool, BackwardTrace]] = []
         """Per chunk: the activation-lifetime replay of one backward, phase-1/2 tensors held before or not."""
