@@ -85,3 +85,8 @@ def test_nodes_with_tp_pp_derives_dp() -> None:
 def test_search_refuses_single_layout_options(capsys: pytest.CaptureFixture[str]) -> None:
     code, text = _main([*SMALL, "--compare"], capsys)
     assert code == 2 and "lynx: error: --compare plans one layout" in text
+
+
+def test_pins_that_leave_no_layout_are_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, text = _main([*SMALL, "--tp", "8"], capsys)
+    assert code == 2 and "lynx: error: --gpus 4: no layout satisfies the pinned options" in text

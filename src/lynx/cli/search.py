@@ -72,6 +72,7 @@ def derive_dp(tp: int, pp: int, dp: int | None, total: int, where: str, allow_id
 def run_search(a: SearchArgs, base: PlanOptions) -> None:
     from lynx.search import Pins, Space, search
     from lynx.search.report import explain, result_dict, scatter_png, search_table
+    from lynx.search.space import candidates
 
     if a.method is not None:
         from lynx.methods import get_method
@@ -82,6 +83,11 @@ def run_search(a: SearchArgs, base: PlanOptions) -> None:
                   Pins(tp=a.tp, pp=a.pp, vpp=a.vpp, sp=a.sp, mb=a.mb, dist_opt=a.dist_opt,
                        methods=None if a.method is None else (a.method,)),
                   a.allow_cross_node_tp)
+    cands, rejected = candidates(space)
+    if not cands:  # nothing to search: say which rule the pins break, before any work
+        why = "; ".join(dict.fromkeys(r.reason for r in rejected[:4])) or (
+            "TP x PP must divide the GPUs and PP must not exceed the layers")
+        raise SpecError(f"--gpus {a.gpus}: no layout satisfies the pinned options ({why})")
     res = _with_progress(lambda cb: search(space, base, top=a.top, progress=cb))
     if a.as_json:
         print_json(result_dict(res))

@@ -59,11 +59,11 @@ def explain(res: SearchResult) -> list[str]:
     if best is None:
         return [*out, "No configuration fits the memory budget; more GPUs or a shorter sequence are needed."]
     lay = best.candidate.layout
-    out.append(f"The fastest that fits is {lay.label()} with {best.candidate.method}: {best.iteration_s:.2f} s per "
+    out.append(f"The fastest that fits is {lay.label()} with {best.candidate.method}: {best.iteration_s:.3g} s per "
                f"iteration, {best.mfu:.1%} MFU, {best.headroom_gib:.1f} GiB headroom on its fullest stage.")
     if stock is not None and stock is not best:
         out.append(f"The fastest stock Megatron-Core configuration ({stock.candidate.layout.label()}, "
-                   f"{stock.candidate.method}, even split) takes {stock.iteration_s:.2f} s: the winner is "
+                   f"{stock.candidate.method}, even split) takes {stock.iteration_s:.3g} s: the winner is "
                    f"{_pct(stock.iteration_s, best.iteration_s)} faster.")
     elif stock is None:
         out.append("No stock Megatron-Core configuration (even split, its own recompute flags) fits.")
@@ -87,9 +87,8 @@ def _neighbours(res: SearchResult, best: Outcome) -> list[str]:
             how = f"costs {dt:.1%} time" if dt > 0 else f"runs {-dt:.1%} faster"
             if freed > 0.05:
                 out.append(f"{text.capitalize()} frees {freed:.1f} GiB on the fullest stage and {how}.")
-            else:  # the planner spent the room it frees on keeping activations instead of recomputing them
-                out.append(f"{text.capitalize()} {how}: the memory it frees is spent keeping activations that "
-                           "would otherwise be recomputed.")
+            else:  # no memory freed on the fullest stage: lynx kept more activations there, or none needed it
+                out.append(f"{text.capitalize()} {how} at about the same peak memory.")
         else:
             why = other.reason.split(":")[0] if other.reason else other.status
             out.append(f"Without {text} this layout does not fit ({why}).")
