@@ -122,6 +122,7 @@ def _with_progress(run: Callable[[Progress], SearchResult]) -> SearchResult:
         task = bar.add_task("", total=None)
 
         def cb(done: int, total: int, what: str) -> None:
-            bar.update(task, completed=done, total=total, description=what)
+            if done % 16 == 0 or done == total:  # rich's update is not free; thousands of calls add up
+                bar.update(task, completed=done, total=total, description=what)
 
         return run(cb)
