@@ -19,8 +19,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lynx.runtime.layer import LayerConfig  # noqa: E402
-from lynx.runtime.pipeline_check import PipelineCase, compare_with_reference  # noqa: E402
+from lynx.runtime.layers.gpt import LayerConfig  # noqa: E402
+from tests.harness.pipeline_check import PipelineCase, compare_with_reference  # noqa: E402
 
 M = 4  # micro-batches (a multiple of PP for interleaving)
 
@@ -40,7 +40,7 @@ def _shift_replayed_masks() -> None:
     """Negative control: restorations (and only they) draw micro-batch j+1's dropout masks."""
     import inspect
 
-    import lynx.runtime.layer as layer_mod
+    import lynx.runtime.layers.gpt as layer_mod
 
     orig = layer_mod.GPTLayer._dropout
 

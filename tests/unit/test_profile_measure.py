@@ -24,7 +24,7 @@ from lynx.profile.profiler import (  # noqa: E402
     expected_saved,
     profile,
 )
-from lynx.runtime.layer import GPTLayer, LayerConfig  # noqa: E402
+from lynx.runtime.layers.gpt import GPTLayer, LayerConfig  # noqa: E402
 
 
 def _cfg(h: int = 256, a: int = 8, seq: int = 64, mb: int = 2, **kw: object) -> ProfileConfig:

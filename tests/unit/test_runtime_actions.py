@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lynx.runtime import actions as act
+from lynx.runtime.pipeline import actions as act
 from lynx.schedule import carrier_of
 
 

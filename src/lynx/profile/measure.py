@@ -14,7 +14,7 @@ How ops are separated (docs/profiling.md has the long form):
   backward also launches the TP all-reduce) cannot be split that way: its input- and weight-gradient GEMMs
   are replayed on the op's real tensors instead.
 * Comm ops: the forward is the op itself (the collective on the real group, after a barrier); the
-  backward is the dual collective (`lynx.runtime.tp.run_collective`) at the gradient's size.
+  backward is the dual collective (`lynx.runtime.layers.tp.run_collective`) at the gradient's size.
 * Restore overhead (CPU): the layer under the runtime's `RecomputeEngine` with every recomputation on demand,
   forward and backward, `repeats` times after one warm-up; each restoration as the engine times it. Its
   difference from the op's forward above is the engine's own time per restoration (`RuntimeCosts`).
@@ -258,7 +258,7 @@ class OpRunner:
                     inputs: list[torch.Tensor]) -> tuple[float, bool, float, bool, str]:
         """Backward of one op on its own autograd graph from the timed forward (`inputs` are its leaves):
         (dgrad seconds, disturbed, wgrad seconds, disturbed, how it was split)."""
-        from lynx.runtime import tp
+        from lynx.runtime.layers import tp
 
         kind = comm_kind(name)
         if kind is not None:

@@ -188,7 +188,7 @@ def measure_peaks(device: torch.device, dtype: torch.dtype, timer: Callable[[Cal
 def run_rank(cfg: ProfileConfig, group: Any, device: torch.device,
              progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Build the layer, count saved bytes, time all ops; returns plain data (picklable across processes)."""
-    from lynx.runtime.family import runtime_for
+    from lynx.runtime.layers.family import runtime_for
 
     torch.manual_seed(cfg.seed)
     spec = cfg.model_spec()

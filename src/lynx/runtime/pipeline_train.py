@@ -25,15 +25,15 @@ import torch.distributed as dist
 from lynx.errors import PlanFormatError
 from lynx.plan import load_plan
 from lynx.policy.base import validate_layer_policy
-from lynx.runtime import actions as act
-from lynx.runtime import tp as tp_mod
 from lynx.runtime import trace as trace_mod
-from lynx.runtime.check import predicted_activation_bytes, runtime_graph
 from lynx.runtime.cpu_alloc import keep_freed_memory
-from lynx.runtime.faults import default_backend, rank_failure, rendezvous_deadline, resolve_backend
-from lynx.runtime.layer import LayerConfig, op_names_for
-from lynx.runtime.model import synthetic_batch
+from lynx.runtime.launch import default_backend, rank_failure, rendezvous_deadline, resolve_backend
+from lynx.runtime.layers import tp as tp_mod
+from lynx.runtime.layers.gpt import LayerConfig, op_names_for
+from lynx.runtime.layers.gpt_model import synthetic_batch
 from lynx.runtime.pipeline import LayoutError, PipelineLayout, PipelineRunner, check_world, make_groups
+from lynx.runtime.pipeline import actions as act
+from lynx.runtime.predict import predicted_activation_bytes, runtime_graph
 
 
 def is_pipeline_plan(path: str) -> bool:

@@ -28,10 +28,8 @@ from lynx.errors import LynxError, PlanFormatError
 from lynx.paths import write_text
 from lynx.plan import load_plan
 from lynx.policy.base import validate_layer_policy
-from lynx.runtime.check import predicted_activation_bytes, runtime_graph, train_step
 from lynx.runtime.engine import RecomputeEngine
-from lynx.runtime.family import runtime_for
-from lynx.runtime.faults import (
+from lynx.runtime.launch import (
     RankFailedError,
     check_train_args,
     default_backend,
@@ -41,8 +39,11 @@ from lynx.runtime.faults import (
     resolve_backend,
     stop_ranks,
 )
-from lynx.runtime.layer import LayerConfig
-from lynx.runtime.model import synthetic_batch
+from lynx.runtime.layers.family import runtime_for
+from lynx.runtime.layers.gpt import LayerConfig
+from lynx.runtime.layers.gpt_model import synthetic_batch
+from lynx.runtime.predict import predicted_activation_bytes, runtime_graph
+from lynx.runtime.step import train_step
 
 
 class TrainError(LynxError):

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from lynx.families.gpt import SP_OPS, STANDARD_OPS
 from lynx.graph import LAYER_INPUT
-from lynx.runtime import tp
+from lynx.runtime.layers import tp
 
 WindowHook = Callable[[str, str, int], None]
 

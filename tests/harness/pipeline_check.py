@@ -14,12 +14,12 @@ from lynx.memory import stage_peak_bytes
 from lynx.methods import get_method
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
 from lynx.problem import PlanOptions, PlanProblem
-from lynx.runtime import actions as act
-from lynx.runtime.check import grads_of, model_spec, train_step
-from lynx.runtime.layer import LayerConfig
-from lynx.runtime.model import GPTModel, synthetic_batch
+from lynx.runtime.layers.gpt import LayerConfig
+from lynx.runtime.layers.gpt_model import GPTModel, synthetic_batch
 from lynx.runtime.pipeline import PipelineLayout, PipelineRunner, make_groups
+from lynx.runtime.pipeline import actions as act
 from lynx.spec import ParallelSpec, load_hardware
+from tests.harness.check import grads_of, model_spec, train_step
 
 TIED = ("wte",)
 """Parameters whose gradient is the sum of two stages' parts (the tied embedding / LM head): the pipeline

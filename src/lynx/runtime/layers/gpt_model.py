@@ -18,10 +18,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from lynx.runtime import tp
 from lynx.runtime.engine import RecomputeEngine
-from lynx.runtime.family import RuntimeFamily
-from lynx.runtime.layer import GPTLayer, LayerConfig, op_names_for
+from lynx.runtime.layers import tp
+from lynx.runtime.layers.family import RuntimeFamily
+from lynx.runtime.layers.gpt import GPTLayer, LayerConfig, op_names_for
 from lynx.spec import ModelSpec, ParallelSpec
 
 

@@ -27,10 +27,10 @@ import torch.distributed as dist
 
 from lynx.errors import LynxError
 from lynx.policy.base import RecomputePolicy
-from lynx.runtime import _torch_pipelining as tpp
-from lynx.runtime import actions as act
-from lynx.runtime.layer import LayerConfig
-from lynx.runtime.stage_model import HostStaged, StageModule, StageSpec, make_loss_fn
+from lynx.runtime.layers.gpt import LayerConfig
+from lynx.runtime.pipeline import _torch_pipelining as tpp
+from lynx.runtime.pipeline import actions as act
+from lynx.runtime.pipeline.stages import HostStaged, StageModule, StageSpec, make_loss_fn
 
 
 class LayoutError(LynxError):

@@ -33,7 +33,7 @@ import torch
 
 from lynx.graph import LAYER_INPUT
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
-from lynx.runtime.layer import GPTLayer
+from lynx.runtime.layers.gpt import GPTLayer
 
 _FWD_PHASE = {"attn": Phase.FWD_ATTN, "mlp": Phase.FWD_MLP}
 _BWD_PHASE = {"mlp": Phase.BWD_MLP, "attn": Phase.BWD_ATTN}

@@ -18,8 +18,8 @@ import torch
 
 from lynx.policy.base import RecomputePolicy
 from lynx.runtime.engine import RecomputeEngine
-from lynx.runtime.layer import GPTLayer, LayerConfig
-from lynx.runtime.model import embed, embedding_weights, head_logits, lm_loss
+from lynx.runtime.layers.gpt import GPTLayer, LayerConfig
+from lynx.runtime.layers.gpt_model import embed, embedding_weights, head_logits, lm_loss
 
 
 @dataclass(frozen=True, slots=True)

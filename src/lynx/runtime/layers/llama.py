@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from lynx.graph import LAYER_INPUT
-from lynx.runtime import tp
-from lynx.runtime.family import RuntimeFamily
-from lynx.runtime.layer import WindowHook
+from lynx.runtime.layers import tp
+from lynx.runtime.layers.family import RuntimeFamily
+from lynx.runtime.layers.gpt import WindowHook
 from lynx.spec import ModelSpec, ParallelSpec
 
 
