@@ -1,5 +1,6 @@
 """Helpers for the runtime's correctness tests and the benchmarks: the planner's view of a runtime layer
-config (ModelSpec / problem / a method's stage policy) and parameter gradients."""
+config (ModelSpec / problem / a method's stage policy), one training step of a single-stage model under a
+micro-batch order (the order a pipeline's first stage sees) and parameter gradients."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from lynx.graph import LayerGraph
 from lynx.methods import get_method
 from lynx.policy.base import RecomputePolicy
 from lynx.problem import PlanOptions, PlanProblem
+from lynx.runtime.engine import RecomputeEngine
+from lynx.runtime.layers.gpt_model import synthetic_batch
 from lynx.runtime.predict import layernorm_stats_bytes, predicted_activation_bytes, runtime_graph
-from lynx.runtime.step import stage_order, train_step
+from lynx.schedule import Action, ActionKind, schedule_1f1b
 from lynx.spec import ModelSpec, ParallelSpec, load_hardware
 
 __all__ = ["grads_of", "layernorm_stats_bytes", "method_policy", "model_spec", "predicted_activation_bytes",
@@ -47,3 +50,38 @@ def method_policy(method: str, problem: PlanProblem) -> RecomputePolicy:
 
 def grads_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def train_step(model: Any, num_microbatches: int, engine: RecomputeEngine | None = None,
+               in_flight: int = 1, vocab: int | None = None, seed: int = 0,
+               batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> float:
+    """One iteration's forward and backward (no optimizer step); returns the mean loss.
+
+    `in_flight` > 1 runs the 1F1B order a pipeline's first stage sees (F0 .. F(k-1), then B0 F(k) B1 ...),
+    so forward windows of later passes exist; PP = 1 training uses 1 (F0 B0 F1 B1 ...)."""
+    cfg = model.cfg
+    dev = next(model.parameters()).device
+    v = vocab or model.wte.shape[0]
+    if batches is None:
+        batches = [synthetic_batch(v, cfg.micro_batch_size, cfg.seq_length, j, seed, dev)
+                   for j in range(num_microbatches)]
+    losses: dict[int, torch.Tensor] = {}
+    total = 0.0
+    for a in stage_order(num_microbatches, in_flight):
+        if a.kind is ActionKind.F:
+            tok, lab = batches[a.microbatch]
+            losses[a.microbatch] = model(tok, lab, a.microbatch, engine)
+            continue
+        loss = losses.pop(a.microbatch)
+        (loss / num_microbatches).backward()
+        total += float(loss.detach())
+    if engine is not None:
+        engine.end_step()
+    model.allreduce_sp_grads()
+    return total / num_microbatches
+
+
+def stage_order(num_microbatches: int, in_flight: int) -> tuple[Action, ...]:
+    """The action list of the first stage of a 1F1B pipeline `in_flight` stages deep (lynx.schedule's)."""
+    k = max(1, min(in_flight, num_microbatches))
+    return schedule_1f1b(k, num_microbatches)[0]

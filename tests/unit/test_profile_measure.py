@@ -7,7 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lynx.graph import LAYER_INPUT, SP_OPS, STANDARD_OPS  # noqa: E402
+from lynx.families.gpt import SP_OPS, STANDARD_OPS  # noqa: E402
+from lynx.graph import LAYER_INPUT  # noqa: E402
 from lynx.profile.errors import ProfileError  # noqa: E402
 from lynx.profile.measure import (  # noqa: E402
     OpRunner,

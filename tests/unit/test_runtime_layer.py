@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lynx.costmodel import build_layer_graph  # noqa: E402
-from lynx.graph import SP_OPS, STANDARD_OPS  # noqa: E402
+from lynx.families.gpt import SP_OPS, STANDARD_OPS  # noqa: E402
 from lynx.policy.base import validate_layer_policy  # noqa: E402
 from lynx.runtime.engine import RecomputeEngine  # noqa: E402
 from lynx.runtime.layers.gpt import GPTLayer, LayerConfig, op_inputs_for, op_names_for  # noqa: E402

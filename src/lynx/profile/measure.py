@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from lynx.graph import LAYER_INPUT
+from lynx.runtime.layers.base import RuntimeLayer
 
 COMM_PREFIXES = ("allreduce", "allgather", "reducescatter")
 DUAL = {"allreduce": "allreduce", "allgather": "reducescatter", "reducescatter": "allgather"}
@@ -222,7 +223,7 @@ def _replay_linear(timer: Timer, x: torch.Tensor, params: list[torch.nn.Paramete
 class OpRunner:
     """Times every op of `layer` on `x`; call `repeat()` once per repeat."""
 
-    def __init__(self, layer: Any, x: torch.Tensor, group: Any, microbatch: int = 0) -> None:
+    def __init__(self, layer: RuntimeLayer, x: torch.Tensor, group: Any, microbatch: int = 0) -> None:
         self.layer, self.x, self.group, self.mb = layer, x, group, microbatch
         self.timer = Timer(x.device)
         self.names: tuple[str, ...] = tuple(layer.op_names)
@@ -250,7 +251,10 @@ class OpRunner:
             leaves[n] = list(local.values())
             if comm_kind(n):
                 self._barrier()
-            t, env[n] = self.timer(lambda n=n, local=local: self.layer.run_op(n, {**env, **local}, self.mb))
+            def op(n: str = n, local: dict[str, torch.Tensor] = local) -> torch.Tensor:
+                return self.layer.run_op(n, {**env, **local}, self.mb)
+
+            t, env[n] = self.timer(op)
             times[n] = (t, self.timer.disturbed)
         return env, leaves, times
 
