@@ -62,6 +62,16 @@ def quiet_spawn_logs() -> None:
         logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
 
 
+def quiet_pipelining_logs() -> None:
+    """torch's pipeline schedule logs the failing action and the whole schedule before re-raising; the failure
+    itself is lynx's one line (`rank_failure`). Kept with --debug. Call after torch is imported."""
+    if not debug():
+        import logging
+
+        for name in ("torch.distributed.pipelining", "torch.distributed.pipelining.schedules"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def stop_ranks(processes: list[Any], grace_s: float = 5.0) -> None:
     """Terminate local rank processes still running (SIGTERM, then SIGKILL after `grace_s`)."""
     for p in processes:

@@ -31,6 +31,7 @@ from lynx.runtime.launch import (
     check_train_args,
     free_port,
     init_group,
+    quiet_pipelining_logs,
     rank_failure,
     resolve_backend,
     spawn_ranks,
@@ -121,7 +122,7 @@ def run(args: argparse.Namespace, rank: int, world: int) -> dict[str, Any] | Non
     layout = rp.layout
     device = torch.device(f"cuda:{torch.cuda.current_device()}") if args.device == "cuda" else torch.device("cpu")
     runner = PipelineRunner(layout, run_schedule(args, layout), rp.cfg, rp.problem.model.vocab_size, rank,
-                            make_groups(layout, rank), device, args.seed, timeout_s=args.timeout,
+                            make_groups(layout, rank, args.timeout), device, args.seed, timeout_s=args.timeout,
                             host_staged=host_staged(args))
     opt = torch.optim.AdamW(runner.parameters(), lr=args.lr)
     dp_rank = layout.coords(rank)[1]
@@ -194,6 +195,7 @@ def rank_main(rank: int, world: int, init_method: str, args: argparse.Namespace)
         from lynx.runtime.cpu_alloc import keep_freed_memory
 
         keep_freed_memory()  # page faults from re-allocation are not recomputation (cpu_alloc.py)
+    quiet_pipelining_logs()
     alone = world == 1 and "RANK" not in os.environ
     phase = "rendezvous"
     try:

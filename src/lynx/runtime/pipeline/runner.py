@@ -16,6 +16,7 @@ Phases 3/4 run in the backward collectives of the layer above and phase 5 on dem
 
 from __future__ import annotations
 
+import datetime
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -99,26 +100,33 @@ class Groups:
     """The first and last pipeline ranks of this (dp, tp) column: the tied embedding's gradient."""
 
 
-def make_groups(layout: PipelineLayout, rank: int) -> Groups:
-    """Every rank creates every group in the same order (torch.distributed requires it)."""
+def make_groups(layout: PipelineLayout, rank: int, timeout_s: float | None = None) -> Groups:
+    """Every rank creates every group in the same order (torch.distributed requires it). `timeout_s` bounds
+    every collective of every group (a new group does not inherit the default group's timeout: gloo's own
+    default is 30 minutes, so a cut link would hang a TP all-reduce that long)."""
     L = layout
+    timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+
+    def new_group(ranks: list[int]) -> Any:
+        return dist.new_group(ranks, timeout=timeout)
+
     mine: dict[str, Any] = {}
     for d in range(L.dp):
         for p in range(L.pp):
-            g = dist.new_group([L.rank_of(p, d, t) for t in range(L.tp)])
+            g = new_group([L.rank_of(p, d, t) for t in range(L.tp)])
             if rank in [L.rank_of(p, d, t) for t in range(L.tp)]:
                 mine["tp"] = g
     for d in range(L.dp):
         for t in range(L.tp):
             members = [L.rank_of(p, d, t) for p in range(L.pp)]
-            g = dist.new_group(members)
-            emb = dist.new_group(sorted({members[0], members[-1]}))
+            g = new_group(members)
+            emb = new_group(sorted({members[0], members[-1]}))
             if rank in members:
                 mine["pp"], mine["embedding"] = g, emb
     for p in range(L.pp):
         for t in range(L.tp):
             members = [L.rank_of(p, d, t) for d in range(L.dp)]
-            g = dist.new_group(members)
+            g = new_group(members)
             if rank in members:
                 mine["dp"] = g
     return Groups(tp=mine["tp"] if L.tp > 1 else None, pp=mine["pp"], dp=mine["dp"] if L.dp > 1 else None,
@@ -221,11 +229,27 @@ class PipelineRunner:
         tokens = torch.cat([t for t, _ in batches]) if self.has_first else None
         labels = torch.cat([lab for _, lab in batches]) if self.has_last else None
         args = (tokens,) if tokens is not None else ()
-        self.schedule.step(*args, target=labels, return_outputs=False)
+        try:
+            self.schedule.step(*args, target=labels, return_outputs=False)
+        except tpp.PeerError:
+            raise
+        except RuntimeError as e:  # a send to a peer that died fails inside torch's own p2p actions
+            if self.layout.pp == 1:
+                raise
+            cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise tpp.PeerError(f"the pipeline step failed (p2p peers of this rank: {self._peers()}): "
+                                f"{cause}") from None
         for mod in self.modules.values():
             if mod.engine is not None:
                 mod.engine.end_step()
         self._reduce_grads()
+
+    def _peers(self) -> str:
+        """The neighbouring stages on other ranks, with the rank that runs each."""
+        L = self.layout
+        near = sorted({n for s in self.modules for n in (s - 1, s + 1)
+                       if 0 <= n < L.num_stages and n not in self.modules})
+        return ", ".join(f"stage {n} (rank {L.rank_of(n % L.pp, self.dp_rank, self.tp_rank)})" for n in near)
 
     def _reduce_grads(self) -> None:
         t0 = time.perf_counter()
