@@ -1,7 +1,7 @@
 """How much of a recomputation window one GPU hides behind a collective on the side stream.
 
 Two processes share GPU 0 and all-reduce 128 MB over gloo (CUDA tensors) while the window runs 20 matmuls
-of 4096 x 4096 on the compute stream (`lynx.runtime.tp.run_collective`). Target: both together take
+of 4096 x 4096 on the compute stream (`lynx.runtime.layers.tp.run_collective`). Target: both together take
 clearly less than the sum, overlapped < all-reduce + compute - half the shorter of the two.
 Run: python benchmarks/bench_gpu_overlap.py (needs CUDA; the lead runs it on a GPU machine).
 """
@@ -26,7 +26,7 @@ def worker(rank: int, port: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from lynx.runtime.tp import run_collective
+    from lynx.runtime.layers.tp import run_collective
 
     torch.cuda.set_device(0)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,

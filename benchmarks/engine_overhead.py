@@ -26,7 +26,9 @@ import json
 import pstats
 import resource
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,11 +37,13 @@ from _targets import Targets
 from lynx.graph import LAYER_INPUT
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
 from lynx.profile.profiler import ProfileConfig, profile
-from lynx.runtime.check import method_policy, problem_for, train_step
 from lynx.runtime.cpu_alloc import keep_freed_memory
 from lynx.runtime.engine import RecomputeEngine
-from lynx.runtime.layer import LayerConfig
-from lynx.runtime.model import GPTModel
+from lynx.runtime.layers.gpt import LayerConfig
+from lynx.runtime.layers.gpt_model import GPTModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test harnesses live beside the package
+from tests.harness.check import method_policy, problem_for, train_step  # noqa: E402
 
 H, HEADS, FFN, SEQ, MB, LAYERS, MBS, VOCAB = 512, 8, 2048, 256, 2, 4, 4, 1024
 LYNX_LIKE = ("ln1", "attn_scores", "softmax", "attn_dropout", "ln2", "gelu")
@@ -83,7 +87,7 @@ def plain_op_times(model: GPTModel, repeats: int) -> dict[str, float]:
 def edge_times(model: GPTModel, repeats: int) -> dict[str, float]:
     """Per micro-batch: embedding, final norm + LM head + loss (forward + backward); and one AdamW step of the
     whole model: the work outside the layers, which the layer profile does not see."""
-    from lynx.runtime.model import head_logits, lm_loss, synthetic_batch
+    from lynx.runtime.layers.gpt_model import head_logits, lm_loss, synthetic_batch
 
     tok, lab = synthetic_batch(VOCAB, MB, SEQ, 0)
     x = torch.randn(SEQ, MB, H, requires_grad=True)

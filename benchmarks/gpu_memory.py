@@ -32,19 +32,29 @@ from _targets import Targets
 from rich.table import Table
 
 
+def _repo_on_path() -> None:
+    """The test harnesses (`tests.harness`) live beside the package, not in it: the repository root on the path."""
+    import sys as _sys
+    from pathlib import Path as _Path
+
+    root = str(_Path(__file__).resolve().parents[1])
+    if root not in _sys.path:
+        _sys.path.insert(0, root)
+
 def measure(family: str, hidden: int, heads: int, seq: int, mb: int, layers: int, device: str) -> list[dict]:
     import torch
 
     from lynx.memory import grad_workspace_bytes
-    from lynx.runtime.check import method_policy, predicted_activation_bytes, problem_for, runtime_graph
+    _repo_on_path()
     from lynx.runtime.engine import RecomputeEngine
-    from lynx.runtime.layer import GPTLayer, LayerConfig
+    from lynx.runtime.layers.gpt import GPTLayer, LayerConfig
+    from tests.harness.check import method_policy, predicted_activation_bytes, problem_for, runtime_graph
 
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     torch.backends.cuda.matmul.allow_tf32 = False
     if family == "llama":
-        from lynx.runtime.llama_layer import LlamaConfig, LlamaLayer
+        from lynx.runtime.layers.llama import LlamaConfig, LlamaLayer
 
         cfg: object = LlamaConfig(hidden_size=hidden, num_attention_heads=heads, num_query_groups=max(1, heads // 4),
                                   ffn_hidden_size=int(hidden * 3.5) // 64 * 64, seq_length=seq, micro_batch_size=mb,

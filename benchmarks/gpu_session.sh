@@ -67,7 +67,7 @@ pipeline_cpu() {  # the pipeline runtime's CPU tests under this machine's torch 
 }
 
 netns_probe() {  # can the namespace testbed run here (ip netns, veth, tc tbf)?
-  python3 -c 'from lynx.runtime.testbed import unavailable; print("testbed:", unavailable() or "available")'
+  python3 -c 'from tests.harness.testbed import unavailable; print("testbed:", unavailable() or "available")'
   which ip tc
 }
 

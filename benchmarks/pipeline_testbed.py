@@ -48,6 +48,16 @@ METHODS = ("none", "full", "lynx-heu", "lynx")
 LAYOUTS = {"pp2": {"tp": 1, "pp": 2}, "pp2tp2": {"tp": 2, "pp": 2}}
 
 
+
+def _repo_on_path() -> None:
+    """The test harnesses (`tests.harness`) live beside the package, not in it: the repository root on the path."""
+    import sys as _sys
+    from pathlib import Path as _Path
+
+    root = str(_Path(__file__).resolve().parents[1])
+    if root not in _sys.path:
+        _sys.path.insert(0, root)
+
 def _ok(results, what: str) -> None:
     bad = [r for r in results if r.returncode != 0]
     if bad:
@@ -105,7 +115,8 @@ def from_json_rows(ap: argparse.ArgumentParser, path: Path) -> dict:
 
 def workdir(prefix: str) -> tuple[Path, Path] | None:
     """A fresh work directory with the model's YAML in it, or None (and why, printed) without a testbed."""
-    from lynx.runtime.testbed import unavailable
+    _repo_on_path()
+    from tests.harness.testbed import unavailable
 
     reason = unavailable()
     if reason:
@@ -275,7 +286,8 @@ def main() -> None:
               f"{saved['meta']['load_before']}, after {saved['meta']['load_after']}")
         return
     check_args(ap, args)
-    from lynx.runtime.testbed import Testbed
+    _repo_on_path()
+    from tests.harness.testbed import Testbed
 
     prepared = workdir("lynx-pptestbed-")
     if prepared is None:

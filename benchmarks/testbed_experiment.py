@@ -34,6 +34,16 @@ PLAN_SHAPE = SHAPE + ["--pp", "1", "--global-batch", "4"]
 METHODS = ("none", "selective", "full", "uniform", "block", "lynx")
 
 
+
+def _repo_on_path() -> None:
+    """The test harnesses (`tests.harness`) live beside the package, not in it: the repository root on the path."""
+    import sys as _sys
+    from pathlib import Path as _Path
+
+    root = str(_Path(__file__).resolve().parents[1])
+    if root not in _sys.path:
+        _sys.path.insert(0, root)
+
 def _ok(results, what: str) -> None:
     bad = [r for r in results if r.returncode != 0]
     if bad:
@@ -92,7 +102,8 @@ def train(tb, plan_path: Path, out: Path, iters: int) -> dict:
 def run_rate(rate: float, work: Path, model: Path, iters: int, repeats: int, rounds: int) -> dict:
     """Plans once; then `rounds` rounds, each training every plan once (interleaved, so load from other
     processes on the machine spreads over all policies). Times: min and median over all timed iterations."""
-    from lynx.runtime.testbed import Testbed
+    _repo_on_path()
+    from tests.harness.testbed import Testbed
 
     rows: dict[str, dict] = {}
     runs: dict[str, list[dict]] = {m: [] for m in METHODS}
@@ -180,7 +191,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="profiler repeats")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/testbed.json"))
     args = ap.parse_args()
-    from lynx.runtime.testbed import unavailable
+    _repo_on_path()
+    from tests.harness.testbed import unavailable
 
     reason = unavailable()
     if reason:

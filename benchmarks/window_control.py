@@ -79,6 +79,16 @@ FRACS = tuple(round(0.025 * k, 3) for k in range(2, 40))  # 0.05, 0.075 ... 0.97
 ROLES = ("A", "B", "A2")  # plan, control, plan again
 
 
+
+def _repo_on_path() -> None:
+    """The test harnesses (`tests.harness`) live beside the package, not in it: the repository root on the path."""
+    import sys as _sys
+    from pathlib import Path as _Path
+
+    root = str(_Path(__file__).resolve().parents[1])
+    if root not in _sys.path:
+        _sys.path.insert(0, root)
+
 def stage_peaks(model: Path, pid: int, db: Path, lay: Layout, rate: float) -> dict[str, list[float]]:
     from lynx.methods import get_method
     from lynx.plan import Plan
@@ -326,7 +336,8 @@ def main() -> None:
     if args.from_json is not None:
         from_json(args.from_json)
         return
-    from lynx.runtime.testbed import Testbed
+    _repo_on_path()
+    from tests.harness.testbed import Testbed
 
     prepared = pt.workdir("lynx-wctl-")
     if prepared is None:

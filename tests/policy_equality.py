@@ -10,8 +10,8 @@ import torch
 
 from lynx.graph import LayerGraph
 from lynx.policy.base import RecomputePolicy
-from lynx.runtime.check import grads_of, predicted_activation_bytes, train_step
 from lynx.runtime.engine import RecomputeEngine
+from tests.harness.check import grads_of, predicted_activation_bytes, train_step
 
 
 def compare_policies(make_model: Callable[[], Any], policies: Mapping[str, RecomputePolicy], cfg: Any,

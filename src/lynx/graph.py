@@ -32,18 +32,6 @@ GRAPH_SCHEMA_VERSION = 1
 OpKind = Literal["compute", "comm"]
 Block = Literal["attn", "mlp"]
 
-_MOVED = ("STANDARD_OPS", "SP_OPS", "CORE_ATTENTION_OPS")
-"""The GPT vocabulary lives in `lynx.families.gpt` (each family owns its ops); still importable from here."""
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        from lynx.families import gpt
-
-        return getattr(gpt, name)
-    raise AttributeError(f"module 'lynx.graph' has no attribute {name!r}")
-
-
 @dataclass(frozen=True, slots=True)
 class Op:
     """One op of a transformer layer. Times are seconds on one device; bytes are per device."""
@@ -251,7 +239,9 @@ class LayerGraph:
         return out
 
     @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> LayerGraph:
+    def from_dict(d: Mapping[str, Any], legacy_modules: Mapping[str, str] | None = None) -> LayerGraph:
+        """`legacy_modules`: op name -> Megatron module for graphs stored before ops carried their module
+        (those are GPT graphs: readers above the families pass `lynx.families.gpt.MODULE_OF`)."""
         if not isinstance(d, Mapping):
             raise PlanFormatError(f"graph: expected a JSON object, got {type(d).__name__}")
         try:
@@ -261,10 +251,8 @@ class LayerGraph:
                 )
             ops = []
             for i, od in enumerate(d["ops"]):
-                if isinstance(od, Mapping) and "module" not in od:  # graphs stored before ops carried it are GPT
-                    from lynx.families.gpt import MODULE_OF
-
-                    od = {**od, "module": MODULE_OF.get(str(od.get("name")), "")}
+                if isinstance(od, Mapping) and "module" not in od and legacy_modules is not None:
+                    od = {**od, "module": legacy_modules.get(str(od.get("name")), "")}
                 ops.append(build(Op, od, f"graph: ops[{i}]", PlanFormatError))
             rt = d.get("runtime")
             runtime = None if rt is None else build(RuntimeCosts, rt, "graph: runtime", PlanFormatError)
@@ -277,9 +265,9 @@ class LayerGraph:
         return json.dumps(self.to_dict(), indent=2)
 
     @staticmethod
-    def from_json(text: str) -> LayerGraph:
+    def from_json(text: str, legacy_modules: Mapping[str, str] | None = None) -> LayerGraph:
         try:
-            return LayerGraph.from_dict(json.loads(text))
+            return LayerGraph.from_dict(json.loads(text), legacy_modules)
         except json.JSONDecodeError as e:
             raise PlanFormatError(f"graph: not JSON ({e.msg} at line {e.lineno})") from None
         except RecursionError:

@@ -14,6 +14,7 @@ from typing import Any
 
 from lynx.checks import check_graph_matches, check_inputs, check_result
 from lynx.errors import LynxError, PlanFormatError
+from lynx.families.gpt import MODULE_OF
 from lynx.graph import LayerGraph
 from lynx.partition.base import Partition
 from lynx.paths import MAX_JSON_BYTES, read_text, write_text
@@ -144,7 +145,7 @@ def plan_from_dict(d: Mapping[str, Any], where: str = "plan") -> tuple[PlanProbl
         parallel = parallel_from_dict(d["parallel"], f"{where}: parallel")
         options = build(PlanOptions, d.get("options", {}), f"{where}: options", PlanFormatError)
         check_inputs(model, hardware, parallel, options)
-        graph = LayerGraph.from_dict(d["graph"])
+        graph = LayerGraph.from_dict(d["graph"], MODULE_OF)
         check_graph_matches(graph, model, parallel)
         problem = PlanProblem(model=model, hardware=hardware, parallel=parallel, graph=graph, options=options)
         part_d = d["partition"]

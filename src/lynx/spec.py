@@ -17,6 +17,7 @@ import yaml
 
 from lynx.errors import SpecError
 from lynx.paths import read_text
+from lynx.topology import LinkSpec as LinkSpec  # the link type lives with the topology; re-exported
 from lynx.topology import Topology
 from lynx.validate import build, check_instance, rng
 
@@ -136,36 +137,6 @@ class ModelSpec:
 
         out = get_family(self.family).output_params(self)
         return self.num_layers * self.layer_params() + self.embedding_params() + round(out)
-
-
-@dataclass(frozen=True, slots=True)
-class LinkSpec:
-    """One kind of link, for an alpha-beta model: time = latency + bytes / (bandwidth * efficiency)."""
-
-    bandwidth_Bps: float = field(metadata=rng(gt=0))
-    """Unidirectional bandwidth per device in bytes/s."""
-    latency_s: float
-    efficiency: float = field(default=0.8, metadata=rng(gt=0, le=1))
-    """Fraction of the link bandwidth a large NCCL all-reduce reaches (bus bandwidth / link bandwidth)."""
-    gather_efficiency: float | None = field(default=None, metadata=rng(gt=0, le=1))
-    """The same for all-gather and reduce-scatter (NCCL rings without the reduction's extra pass); None:
-    the all-reduce figure."""
-
-    def __post_init__(self) -> None:
-        check_instance(self, "link")
-        if self.bandwidth_Bps <= 0 or self.latency_s < 0 or not 0 < self.efficiency <= 1:
-            raise SpecError("link: bandwidth must be > 0, latency >= 0, 0 < efficiency <= 1")
-        if self.gather_efficiency is not None and not 0 < self.gather_efficiency <= 1:
-            raise SpecError("link: 0 < gather_efficiency <= 1")
-
-    @property
-    def effective_Bps(self) -> float:
-        """All-reduce bus bandwidth: what ranks the links when a ring crosses several."""
-        return self.bandwidth_Bps * self.efficiency
-
-    @property
-    def gather_eff(self) -> float:
-        return self.efficiency if self.gather_efficiency is None else self.gather_efficiency
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,6 @@ from typing import Literal
 from lynx.costmodel import allreduce_time, gather_time
 from lynx.errors import SpecError
 from lynx.families import get_family
-from lynx.memory import embedding_params_per_rank, layer_params_per_rank
 from lynx.spec import DeviceSpec, LinkSpec, ModelSpec, ParallelSpec
 
 PrecisionName = Literal["paper", "megatron-bf16", "megatron-fp16", "fp32"]
@@ -130,8 +129,8 @@ def stage_params(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: in
     family = get_family(model.family)
     norm = family.final_norm_params(model) if last else 0.0
     return StageParams(
-        layers=num_layers * layer_params_per_rank(model, t),
-        embedding=embedding_params_per_rank(model, t) if first else 0.0,
+        layers=num_layers * family.layer_params(model, t),
+        embedding=family.embedding_params(model, t) if first else 0.0,
         head=family.head_params(model, t, par.pp) - norm if last else 0.0,
         final_norm=norm,
     )

@@ -5,13 +5,42 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from lynx.errors import SpecError
+from lynx.validate import build as build_spec
+from lynx.validate import check_instance, rng
 
-if TYPE_CHECKING:  # spec.py imports this module for Hardware.topology; LinkSpec is read lazily
-    from lynx.spec import LinkSpec
+
+@dataclass(frozen=True, slots=True)
+class LinkSpec:
+    """One kind of link, for an alpha-beta model: time = latency + bytes / (bandwidth * efficiency)."""
+
+    bandwidth_Bps: float = field(metadata=rng(gt=0))
+    """Unidirectional bandwidth per device in bytes/s."""
+    latency_s: float
+    efficiency: float = field(default=0.8, metadata=rng(gt=0, le=1))
+    """Fraction of the link bandwidth a large NCCL all-reduce reaches (bus bandwidth / link bandwidth)."""
+    gather_efficiency: float | None = field(default=None, metadata=rng(gt=0, le=1))
+    """The same for all-gather and reduce-scatter (NCCL rings without the reduction's extra pass); None:
+    the all-reduce figure."""
+
+    def __post_init__(self) -> None:
+        check_instance(self, "link")
+        if self.bandwidth_Bps <= 0 or self.latency_s < 0 or not 0 < self.efficiency <= 1:
+            raise SpecError("link: bandwidth must be > 0, latency >= 0, 0 < efficiency <= 1")
+        if self.gather_efficiency is not None and not 0 < self.gather_efficiency <= 1:
+            raise SpecError("link: 0 < gather_efficiency <= 1")
+
+    @property
+    def effective_Bps(self) -> float:
+        """All-reduce bus bandwidth: what ranks the links when a ring crosses several."""
+        return self.bandwidth_Bps * self.efficiency
+
+    @property
+    def gather_eff(self) -> float:
+        return self.efficiency if self.gather_efficiency is None else self.gather_efficiency
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +101,6 @@ def build_topology(data: Any, where: str) -> Topology:
     raw = data.get("links")
     items = list(raw.items()) if isinstance(raw, Mapping) else list(raw or ())
     try:
-        from lynx.spec import LinkSpec
-        from lynx.validate import build as build_spec
-
         links = tuple((str(n), build_spec(LinkSpec, f, f"{where}: links.{n}")) for n, f in items)
         matrix = tuple(tuple(str(c) for c in row) for row in data["matrix"])
     except (KeyError, TypeError, ValueError):

@@ -13,16 +13,16 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, validate_layer_policy  # noqa: E402
-from lynx.runtime.check import (  # noqa: E402
+from lynx.runtime.engine import RecomputeEngine  # noqa: E402
+from lynx.runtime.layers.gpt import LayerConfig  # noqa: E402
+from lynx.runtime.layers.gpt_model import GPTModel  # noqa: E402
+from tests.harness.check import (  # noqa: E402
     grads_of,
     method_policy,
     problem_for,
     runtime_graph,
     train_step,
 )
-from lynx.runtime.engine import RecomputeEngine  # noqa: E402
-from lynx.runtime.layer import LayerConfig  # noqa: E402
-from lynx.runtime.model import GPTModel  # noqa: E402
 from tests.policy_equality import compare_policies  # noqa: E402
 from tests.two_ranks import run_two_ranks  # noqa: E402
 
@@ -99,7 +99,7 @@ def test_tp1_every_policy_bitwise_equal() -> None:
 
 def test_a_wrong_recompute_breaks_equality() -> None:
     """The test can fail: recomputing dropout with another micro-batch's mask changes the gradients."""
-    import lynx.runtime.layer as layer_mod
+    import lynx.runtime.layers.gpt as layer_mod
 
     pol = method_policy("full", problem_for(CFG, LAYERS, VOCAB, 1))
     torch.manual_seed(0)

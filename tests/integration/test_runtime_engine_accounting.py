@@ -12,11 +12,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lynx.runtime.check import method_policy, problem_for, train_step  # noqa: E402
 from lynx.runtime.engine import RecomputeEngine  # noqa: E402
-from lynx.runtime.layer import LayerConfig  # noqa: E402
-from lynx.runtime.model import GPTModel  # noqa: E402
-from lynx.runtime.pipeline_check import overlapped_policy  # noqa: E402
+from lynx.runtime.layers.gpt import LayerConfig  # noqa: E402
+from lynx.runtime.layers.gpt_model import GPTModel  # noqa: E402
+from tests.harness.check import method_policy, problem_for, train_step  # noqa: E402
+from tests.harness.pipeline_check import overlapped_policy  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

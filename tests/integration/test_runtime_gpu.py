@@ -27,9 +27,9 @@ def test_cuda_gradients_equal_for_every_policy() -> None:
     sys.path.insert(0, os.path.dirname(__file__))
     from test_runtime_engine import CFG, LAYERS, MBS, VOCAB, policies
 
-    from lynx.runtime.check import grads_of, train_step
     from lynx.runtime.engine import RecomputeEngine
-    from lynx.runtime.model import GPTModel
+    from lynx.runtime.layers.gpt_model import GPTModel
+    from tests.harness.check import grads_of, train_step
 
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device("cuda", 0)

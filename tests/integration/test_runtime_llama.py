@@ -13,15 +13,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, validate_layer_policy  # noqa: E402
-from lynx.runtime.check import (  # noqa: E402
+from lynx.runtime.engine import RecomputeEngine  # noqa: E402
+from lynx.runtime.layers.llama import LlamaConfig, LlamaModel  # noqa: E402
+from tests.harness.check import (  # noqa: E402
     grads_of,
     method_policy,
     problem_for,
     runtime_graph,
     train_step,
 )
-from lynx.runtime.engine import RecomputeEngine  # noqa: E402
-from lynx.runtime.llama_layer import LlamaConfig, LlamaModel  # noqa: E402
 from tests.policy_equality import compare_policies  # noqa: E402
 from tests.two_ranks import run_two_ranks  # noqa: E402
 
@@ -86,7 +86,7 @@ def test_tp1_every_policy_bitwise_equal(sp: bool) -> None:
 
 def test_a_wrong_recompute_breaks_equality() -> None:
     """The test can fail: a recomputed SwiGLU that differs by one ulp changes the gradients."""
-    import lynx.runtime.llama_layer as mod
+    import lynx.runtime.layers.llama as mod
 
     pol = method_policy("mc-mlp", problem_for(CFG, LAYERS, VOCAB, 1))
     torch.manual_seed(0)
@@ -113,7 +113,7 @@ def saved_mismatch(cfg: LlamaConfig, group) -> list[str]:
     from lynx.graph import LAYER_INPUT
     from lynx.profile.measure import count_saved
     from lynx.profile.profiler import SAVED_TOLERANCE, expected_saved
-    from lynx.runtime.llama_layer import LlamaLayer
+    from lynx.runtime.layers.llama import LlamaLayer
 
     layer = LlamaLayer(cfg, group)
     graph = runtime_graph(problem_for(cfg, 1, VOCAB, 1).graph, cfg.dtype)

@@ -17,17 +17,17 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, validate_layer_policy  # noqa: E402
-from lynx.runtime.check import (  # noqa: E402
+from lynx.runtime.engine import RecomputeEngine  # noqa: E402
+from lynx.runtime.layers.gpt import LayerConfig  # noqa: E402
+from lynx.runtime.layers.gpt_model import GPTModel  # noqa: E402
+from lynx.runtime.layers.llama import LlamaConfig, LlamaModel  # noqa: E402
+from tests.harness.check import (  # noqa: E402
     method_policy,
     predicted_activation_bytes,
     problem_for,
     runtime_graph,
     train_step,
 )
-from lynx.runtime.engine import RecomputeEngine  # noqa: E402
-from lynx.runtime.layer import LayerConfig  # noqa: E402
-from lynx.runtime.llama_layer import LlamaConfig, LlamaModel  # noqa: E402
-from lynx.runtime.model import GPTModel  # noqa: E402
 
 LAYERS, VOCAB, MBS = 3, 64, 3
 METHODS = ("none", "full", "selective", "block", "mc-core_attn", "mc-mlp", "mc-layernorm", "mc-core_attn+mlp",

@@ -19,8 +19,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lynx.runtime.layer import LayerConfig  # noqa: E402
-from lynx.runtime.pipeline_check import PipelineCase, compare_with_reference  # noqa: E402
+from lynx.runtime.layers.gpt import LayerConfig  # noqa: E402
+from lynx.runtime.layers.llama import LlamaConfig  # noqa: E402
+from tests.harness.pipeline_check import PipelineCase, compare_with_reference  # noqa: E402
 
 M = 4  # micro-batches (a multiple of PP for interleaving)
 
@@ -28,6 +29,11 @@ M = 4  # micro-batches (a multiple of PP for interleaving)
 def _cfg(tp: int, sp: bool = False) -> LayerConfig:
     return LayerConfig(hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, seq_length=16,
                        micro_batch_size=2, tp=tp, sequence_parallel=sp)
+
+
+def _llama(tp: int, sp: bool = False) -> LlamaConfig:
+    return LlamaConfig(hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, seq_length=16,
+                       micro_batch_size=2, num_query_groups=2, tp=tp, sequence_parallel=sp)
 
 
 def _free_port() -> int:
@@ -40,7 +46,7 @@ def _shift_replayed_masks() -> None:
     """Negative control: restorations (and only they) draw micro-batch j+1's dropout masks."""
     import inspect
 
-    import lynx.runtime.layer as layer_mod
+    import lynx.runtime.layers.gpt as layer_mod
 
     orig = layer_mod.GPTLayer._dropout
 
@@ -146,6 +152,22 @@ def test_grid_bitwise(method: str, tp: int, pp: int, vpp: int, partition: tuple[
 @pytest.mark.parametrize("method", ["selective", "lynx"])
 def test_sequence_parallel_inside_stages_bitwise(method: str, tmp_path) -> None:
     run_case(PipelineCase(_cfg(2, sp=True), (2, 1), pp=2, vpp=1, method=method, num_microbatches=M), tmp_path)
+
+
+def test_llama_pp2_tp2_lynx_bitwise(tmp_path) -> None:
+    """A LLaMA model (GQA, RoPE, SwiGLU, RMSNorm, untied head) in the pipeline: the stages build the family's
+    layer and ends, and the loss and every gradient equal the single-process LLaMA model's."""
+    run_case(PipelineCase(_llama(2), (1, 2), pp=2, vpp=1, method="lynx", num_microbatches=M), tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["none", "full", "selective", "lynx"])
+@pytest.mark.parametrize("tp,pp,vpp,sp,partition", [
+    (1, 2, 1, False, (2, 1)), (2, 2, 1, True, (2, 1)), (1, 4, 1, False, (1, 2, 1, 1)), (1, 2, 2, False, (1, 1, 2, 1)),
+])
+def test_llama_grid_bitwise(method: str, tp: int, pp: int, vpp: int, sp: bool, partition: tuple[int, ...],
+                            tmp_path) -> None:
+    run_case(PipelineCase(_llama(tp, sp), partition, pp=pp, vpp=vpp, method=method, num_microbatches=M), tmp_path)
 
 
 def test_wrong_masks_in_restorations_break_equality(tmp_path) -> None:

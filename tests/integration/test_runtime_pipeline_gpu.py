@@ -38,8 +38,8 @@ def _worker(rank: int, world: int, port: int, method: str, outdir: str) -> None:
 
     import torch.distributed as dist
 
-    from lynx.runtime.layer import LayerConfig
-    from lynx.runtime.pipeline_check import PipelineCase, compare_with_reference
+    from lynx.runtime.layers.gpt import LayerConfig
+    from tests.harness.pipeline_check import PipelineCase, compare_with_reference
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

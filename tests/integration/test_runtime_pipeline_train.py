@@ -139,7 +139,7 @@ def test_a_frozen_rank_fails_the_other_within_the_timeout(tmp_path: Path) -> Non
 
 @pytest.mark.netns
 def test_cut_pipeline_link_fails_both_stages_within_timeout(tmp_path: Path) -> None:
-    from lynx.runtime.testbed import Testbed, unavailable
+    from tests.harness.testbed import Testbed, unavailable
 
     reason = unavailable()
     if reason:

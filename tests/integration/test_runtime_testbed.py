@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from lynx.runtime.testbed import Testbed, unavailable  # noqa: E402
+from tests.harness.testbed import Testbed, unavailable  # noqa: E402
 
 REASON = unavailable()
 
@@ -28,7 +28,7 @@ def _namespaces() -> str:
 def test_compute_overlaps_a_shaped_allreduce() -> None:
     with Testbed(400) as tb:
         names = tb.ns
-        res = tb.run([sys.executable, "-m", "lynx.runtime.testbed", "probe", "--mbytes", "8", "--reps", "40"],
+        res = tb.run([sys.executable, "-m", "tests.harness.testbed", "probe", "--mbytes", "8", "--reps", "40"],
                      timeout=120)
     assert all(r.returncode == 0 for r in res), [r.stderr[-500:] for r in res]
     m = json.loads(res[0].stdout.strip().splitlines()[-1])
@@ -40,11 +40,11 @@ def test_compute_overlaps_a_shaped_allreduce() -> None:
 
 
 def test_p2p_probe_moves_the_message_at_the_shaped_rate_at_most() -> None:
-    """`lynx.runtime.testbed p2p`: the pipeline's send/recv over the link (how benchmarks/pipeline_testbed.py
+    """`tests.harness.testbed p2p`: the pipeline's send/recv over the link (how benchmarks/pipeline_testbed.py
     checks its link model). A message cannot beat the shaped rate, whatever the load: one way, 1 MB at
     100 Mbit/s takes at least ~80 ms."""
     with Testbed(100) as tb:
-        res = tb.run([sys.executable, "-m", "lynx.runtime.testbed", "p2p", "--mbytes", "1", "--reps", "3"],
+        res = tb.run([sys.executable, "-m", "tests.harness.testbed", "p2p", "--mbytes", "1", "--reps", "3"],
                      timeout=120)
     assert all(r.returncode == 0 for r in res), [r.stderr[-500:] for r in res]
     m = json.loads(res[0].stdout.strip().splitlines()[-1])

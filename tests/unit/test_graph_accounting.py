@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from lynx.costmodel import build_layer_graph
-from lynx.graph import SP_OPS, STANDARD_OPS, LayerGraph
+from lynx.families.gpt import SP_OPS, STANDARD_OPS
+from lynx.graph import LayerGraph
 from lynx.policy.rules import full_layer, keep_all, selective_layer
 from lynx.spec import ParallelSpec, load_hardware, load_model
 

@@ -101,29 +101,58 @@ def test_solvers_import_only_graph_specs_memory_milp_and_their_types() -> None:
     assert not bad, "\n".join(bad)
 
 
+def _circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[frozenset[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(frozenset(comp))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    return out
+
+
 def test_no_import_cycles() -> None:
-    graph = {m: _imports(p, top_level_only=True) - {m} for m, p in MODULES.items()}
+    """Every import counts, the ones inside functions too (a lazy import is still a dependency)."""
+    graph = {m: _imports(p, top_level_only=False) - {m} for m, p in MODULES.items()}
     # a package's __init__ importing its own submodules is how packages re-export: not a cycle
     for m in graph:
         graph[m] = {d for d in graph[m] if not (d.startswith(m + ".") and MODULES[m].name == "__init__.py")}
-    state: dict[str, int] = {}
-    stack: list[str] = []
+    circles = [" <-> ".join(sorted(c)) for c in _circles(graph)]
+    assert not circles, "import cycles: " + "; ".join(circles)
 
-    def visit(m: str) -> None:
-        state[m] = 1
-        stack.append(m)
-        for d in sorted(graph.get(m, ())):
-            if state.get(d) == 1:
-                cycle = stack[stack.index(d):] + [d]
-                raise AssertionError("import cycle: " + " -> ".join(cycle))
-            if d not in state:
-                visit(d)
-        stack.pop()
-        state[m] = 2
 
-    for m in sorted(graph):
-        if m not in state:
-            visit(m)
+def test_the_cycle_check_sees_function_level_imports(tmp_path: Path) -> None:
+    """The check can fail: an import inside a function is read, and a circle of them is found."""
+    mod = tmp_path / "m.py"
+    mod.write_text("def f() -> None:\n    from lynx.graph import LayerGraph\n")
+    assert _imports(mod, top_level_only=False) == {"lynx.graph"}
+    assert _imports(mod, top_level_only=True) == set()
+    assert _circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [frozenset({"a", "b"})]
 
 
 def test_heu_loads_without_the_layers_above() -> None:

@@ -15,9 +15,9 @@ from lynx.graph import LAYER_INPUT  # noqa: E402
 from lynx.policy.rules import keep_all  # noqa: E402
 from lynx.profile.measure import count_saved  # noqa: E402
 from lynx.profile.profiler import SAVED_TOLERANCE, expected_saved  # noqa: E402
-from lynx.runtime.check import runtime_graph  # noqa: E402
-from lynx.runtime.llama_layer import LlamaConfig, LlamaLayer, _RMSNorm, _Rope, _SwiGLU  # noqa: E402
+from lynx.runtime.layers.llama import LlamaConfig, LlamaLayer, _RMSNorm, _Rope, _SwiGLU  # noqa: E402
 from lynx.spec import ParallelSpec, load_hardware  # noqa: E402
+from tests.harness.check import runtime_graph  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -145,10 +145,10 @@ def test_profile_a_llama_layer() -> None:
 def test_gpt_flash_attention_layer_saves_the_graph_bytes_and_recomputes_bitwise() -> None:
     """GPT with `attention: flash` (SDPA, no dropout): per-op saved bytes are the flash graph's, and every
     policy gives the no-recompute gradients bit for bit."""
-    from lynx.runtime.check import grads_of, method_policy, problem_for, train_step
     from lynx.runtime.engine import RecomputeEngine
-    from lynx.runtime.layer import GPTLayer, LayerConfig
-    from lynx.runtime.model import GPTModel
+    from lynx.runtime.layers.gpt import GPTLayer, LayerConfig
+    from lynx.runtime.layers.gpt_model import GPTModel
+    from tests.harness.check import grads_of, method_policy, problem_for, train_step
 
     cfg = LayerConfig(hidden_size=128, num_attention_heads=8, ffn_hidden_size=256, seq_length=16,
                       micro_batch_size=2, dropout_p=0.0, core_attn=True)

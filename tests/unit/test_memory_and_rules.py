@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from lynx.errors import PlanFormatError
-from lynx.graph import CORE_ATTENTION_OPS
+from lynx.families.gpt import CORE_ATTENTION_OPS
 from lynx.memory import embedding_params_per_rank, layer_params_per_rank, static_bytes
 from lynx.partition import dp_partition, even_partition, explicit_partition
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, check_policy, validate_layer_policy

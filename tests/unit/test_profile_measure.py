@@ -7,7 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lynx.graph import LAYER_INPUT, SP_OPS, STANDARD_OPS  # noqa: E402
+from lynx.families.gpt import SP_OPS, STANDARD_OPS  # noqa: E402
+from lynx.graph import LAYER_INPUT  # noqa: E402
 from lynx.profile.errors import ProfileError  # noqa: E402
 from lynx.profile.measure import (  # noqa: E402
     OpRunner,
@@ -24,7 +25,7 @@ from lynx.profile.profiler import (  # noqa: E402
     expected_saved,
     profile,
 )
-from lynx.runtime.layer import GPTLayer, LayerConfig  # noqa: E402
+from lynx.runtime.layers.gpt import GPTLayer, LayerConfig  # noqa: E402
 
 
 def _cfg(h: int = 256, a: int = 8, seq: int = 64, mb: int = 2, **kw: object) -> ProfileConfig:

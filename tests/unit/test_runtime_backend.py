@@ -1,10 +1,10 @@
-"""`--backend`: resolved and checked before any process group (lynx.runtime.faults.resolve_backend)."""
+"""`--backend`: resolved and checked before any process group (lynx.runtime.launch.resolve_backend)."""
 
 from __future__ import annotations
 
 import pytest
 
-from lynx.runtime.faults import RuntimeArgError, resolve_backend
+from lynx.runtime.launch import RuntimeArgError, resolve_backend
 
 
 @pytest.mark.parametrize("device,backend,ranks,gpus,want", [

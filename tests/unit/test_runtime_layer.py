@@ -7,19 +7,19 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lynx.costmodel import build_layer_graph  # noqa: E402
-from lynx.graph import SP_OPS, STANDARD_OPS  # noqa: E402
+from lynx.families.gpt import SP_OPS, STANDARD_OPS  # noqa: E402
 from lynx.policy.base import validate_layer_policy  # noqa: E402
-from lynx.runtime.check import (  # noqa: E402
+from lynx.runtime.engine import RecomputeEngine  # noqa: E402
+from lynx.runtime.layers.gpt import GPTLayer, LayerConfig, op_inputs_for, op_names_for  # noqa: E402
+from lynx.runtime.layers.gpt_model import GPTModel  # noqa: E402
+from lynx.spec import ParallelSpec, load_hardware  # noqa: E402
+from tests.harness.check import (  # noqa: E402
     layernorm_stats_bytes,
     method_policy,
     problem_for,
     runtime_graph,
     train_step,
 )
-from lynx.runtime.engine import RecomputeEngine  # noqa: E402
-from lynx.runtime.layer import GPTLayer, LayerConfig, op_inputs_for, op_names_for  # noqa: E402
-from lynx.runtime.model import GPTModel  # noqa: E402
-from lynx.spec import ParallelSpec, load_hardware  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -29,7 +29,7 @@ CFG = LayerConfig(hidden_size=32, num_attention_heads=4, ffn_hidden_size=128, se
 
 @pytest.mark.parametrize("sp", [False, True])
 def test_op_names_and_inputs_match_the_graph(sp: bool) -> None:
-    from lynx.runtime.check import model_spec
+    from tests.harness.check import model_spec
 
     cfg = LayerConfig(32, 4, 128, 16, 2, tp=2, sequence_parallel=sp)
     par = ParallelSpec(tp=2, sequence_parallel=sp, seq_length=16, micro_batch_size=2, global_batch_size=2)

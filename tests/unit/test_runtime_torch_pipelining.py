@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lynx.runtime import _torch_pipelining as tpp  # noqa: E402
+from lynx.runtime.pipeline import _torch_pipelining as tpp  # noqa: E402
 
 
 def test_installed_torch_is_a_tested_version_with_the_private_api() -> None:

@@ -69,7 +69,7 @@ def profile_cmd(
     """Measure one layer (forward, input- and weight-gradient time, bytes, dependencies) and store it."""
     if ctx.invoked_subcommand is not None:
         return
-    from lynx.runtime.faults import quiet_torch_logs
+    from lynx.runtime.launch import quiet_torch_logs
 
     quiet_torch_logs()  # before the profiler imports torch: its C++ logs only with --debug
     from lynx.profile.profiler import ProfileConfig, prepare, profile

@@ -12,6 +12,7 @@ from rich.table import Table
 from lynx.cli import app
 from lynx.cli.common import BUDGET_GB, JsonOpt, check_floats, check_ints, console, print_json
 from lynx.errors import PlanFormatError, SpecError
+from lynx.families.gpt import MODULE_OF
 from lynx.graph import LayerGraph
 from lynx.memory import stage_peak_bytes
 from lynx.milp import Backend
@@ -68,7 +69,7 @@ def solve_cmd(
         raise SpecError(f"--static-gb {static_gb:g} must be below --budget-gb {budget_gb:g}")
     text = read_text(graph_file, "graph", MAX_JSON_BYTES, PlanFormatError)
     try:
-        graph = LayerGraph.from_json(text)
+        graph = LayerGraph.from_json(text, MODULE_OF)
     except PlanFormatError as e:
         raise PlanFormatError(f"{graph_file}: {e}") from None
     # A stage context that reproduces the flags, with the schedule's facts of a 1F1B pipeline `in_flight`

@@ -105,7 +105,7 @@ class Family:
     """Forward GEMM and attention-matmul FLOPs of one layer per token at sequence length s (for MFU; the
     attention matmuls counted in full, 4 s h, the PaLM / Megatron convention)."""
     runtime_module: str
-    """The module whose ``RUNTIME`` (`lynx.runtime.family.RuntimeFamily`) builds the torch layer and model
+    """The module whose ``RUNTIME`` (`lynx.runtime.layers.family.RuntimeFamily`) builds the torch layer and model
     (imported only by the runtime and the profiler)."""
 
 

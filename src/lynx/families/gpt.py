@@ -178,5 +178,5 @@ FAMILY = Family(
     layer_params=layer_params, embedding_params=embedding_params, head_params=head_params,
     final_norm_params=final_norm_params,
     output_params=output_params, matmul_flops_per_token=matmul_flops_per_token,
-    runtime_module="lynx.runtime.model",
+    runtime_module="lynx.runtime.layers.gpt_model",
 )

@@ -1,5 +1,7 @@
 """Process groups for profiling with TP > 1: TP local processes (torch.multiprocessing, spawn) that meet at a
 TCP rendezvous on 127.0.0.1 (gloo on CPU, NCCL on GPU), or the group of an existing `torchrun` launch.
+The rank's work is passed in (`RankFn`, the profiler's `run_rank`): this module never imports its caller;
+the local port comes from `lynx.runtime.launch`, which `lynx train` launches through too.
 
 Every process group gets a timeout, and the parent watches its workers, so an unreachable rendezvous, a
 crashed rank or a TP larger than the group ends in one clear error instead of a hang.
@@ -9,7 +11,6 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ import torch.multiprocessing as mp
 
 from lynx.errors import LynxError
 from lynx.profile.errors import ProfileError
+from lynx.runtime.launch import free_port
 
 
 def resolve_device(name: str, tp: int) -> torch.device:
@@ -39,10 +41,8 @@ def resolve_device(name: str, tp: int) -> torch.device:
     return torch.device("cpu")
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+RankFn = Callable[..., dict[str, Any]]
+"""run_rank(cfg, group, device, progress=None) -> rank 0's raw measurements (plain data)."""
 
 
 def parse_rendezvous(text: str) -> tuple[str, int]:
@@ -61,10 +61,8 @@ def _init_group(backend: str, init_method: str, rank: int, world: int, timeout_s
         raise ProfileError(f"cannot reach the rendezvous {init_method} within {timeout_s:.0f} s ({first})") from None
 
 
-def _worker(rank: int, cfg: Any, device_type: str, init_method: str, timeout_s: float, q: Any,
+def _worker(rank: int, run_rank: RankFn, cfg: Any, device_type: str, init_method: str, timeout_s: float, q: Any,
             logdir: str) -> None:
-    from lynx.profile.profiler import run_rank
-
     # torch's C++ layer prints multi-page warnings while a rendezvous retries: keep them in a log file.
     fd = os.open(os.path.join(logdir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 2)
@@ -90,17 +88,17 @@ def _worker(rank: int, cfg: Any, device_type: str, init_method: str, timeout_s: 
             dist.destroy_process_group()
 
 
-def run_distributed(cfg: Any, device: torch.device, progress: Callable[[int, int], None] | None,
+def run_distributed(run_rank: RankFn, cfg: Any, device: torch.device, progress: Callable[[int, int], None] | None,
                     rendezvous: str | None, timeout_s: float) -> dict[str, Any]:
     """Run `run_rank` on TP ranks; return rank 0's raw measurements."""
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ and rendezvous is None:
-        return _run_in_launch(cfg, device, timeout_s)
+        return _run_in_launch(run_rank, cfg, device, timeout_s)
     host, port = parse_rendezvous(rendezvous) if rendezvous else ("127.0.0.1", free_port())
     init = f"tcp://{host}:{port}"
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     logdir = tempfile.mkdtemp(prefix="lynx-profile-")
-    procs = [ctx.Process(target=_worker, args=(r, cfg, device.type, init, timeout_s, q, logdir), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(r, run_rank, cfg, device.type, init, timeout_s, q, logdir), daemon=True)
              for r in range(cfg.tp)]
     for p in procs:
         p.start()
@@ -150,10 +148,8 @@ def _collect(procs: list[Any], q: Any, progress: Callable[[int, int], None] | No
     return result
 
 
-def _run_in_launch(cfg: Any, device: torch.device, timeout_s: float) -> dict[str, Any]:
+def _run_in_launch(run_rank: RankFn, cfg: Any, device: torch.device, timeout_s: float) -> dict[str, Any]:
     """Inside `torchrun`: the TP group is ranks 0..TP-1 of the launched world."""
-    from lynx.profile.profiler import run_rank
-
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     if cfg.tp > world:
         raise ProfileError(f"TP {cfg.tp} is larger than the process group ({world} ranks from the launcher)")

@@ -14,7 +14,7 @@ How ops are separated (docs/profiling.md has the long form):
   backward also launches the TP all-reduce) cannot be split that way: its input- and weight-gradient GEMMs
   are replayed on the op's real tensors instead.
 * Comm ops: the forward is the op itself (the collective on the real group, after a barrier); the
-  backward is the dual collective (`lynx.runtime.tp.run_collective`) at the gradient's size.
+  backward is the dual collective (`lynx.runtime.layers.tp.run_collective`) at the gradient's size.
 * Restore overhead (CPU): the layer under the runtime's `RecomputeEngine` with every recomputation on demand,
   forward and backward, `repeats` times after one warm-up; each restoration as the engine times it. Its
   difference from the op's forward above is the engine's own time per restoration (`RuntimeCosts`).
@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from lynx.graph import LAYER_INPUT
+from lynx.runtime.layers.base import RuntimeLayer
 
 COMM_PREFIXES = ("allreduce", "allgather", "reducescatter")
 DUAL = {"allreduce": "allreduce", "allgather": "reducescatter", "reducescatter": "allgather"}
@@ -222,7 +223,7 @@ def _replay_linear(timer: Timer, x: torch.Tensor, params: list[torch.nn.Paramete
 class OpRunner:
     """Times every op of `layer` on `x`; call `repeat()` once per repeat."""
 
-    def __init__(self, layer: Any, x: torch.Tensor, group: Any, microbatch: int = 0) -> None:
+    def __init__(self, layer: RuntimeLayer, x: torch.Tensor, group: Any, microbatch: int = 0) -> None:
         self.layer, self.x, self.group, self.mb = layer, x, group, microbatch
         self.timer = Timer(x.device)
         self.names: tuple[str, ...] = tuple(layer.op_names)
@@ -250,7 +251,10 @@ class OpRunner:
             leaves[n] = list(local.values())
             if comm_kind(n):
                 self._barrier()
-            t, env[n] = self.timer(lambda n=n, local=local: self.layer.run_op(n, {**env, **local}, self.mb))
+            def op(n: str = n, local: dict[str, torch.Tensor] = local) -> torch.Tensor:
+                return self.layer.run_op(n, {**env, **local}, self.mb)
+
+            t, env[n] = self.timer(op)
             times[n] = (t, self.timer.disturbed)
         return env, leaves, times
 
@@ -258,7 +262,7 @@ class OpRunner:
                     inputs: list[torch.Tensor]) -> tuple[float, bool, float, bool, str]:
         """Backward of one op on its own autograd graph from the timed forward (`inputs` are its leaves):
         (dgrad seconds, disturbed, wgrad seconds, disturbed, how it was split)."""
-        from lynx.runtime import tp
+        from lynx.runtime.layers import tp
 
         kind = comm_kind(name)
         if kind is not None:

@@ -82,8 +82,8 @@ class ProfileConfig:
 
     def model_spec(self) -> ModelSpec:
         """The planner's view of the profiled layer: the family's defaults plus this shape."""
+        from lynx.errors import SpecError
         from lynx.families import get_family
-        from lynx.spec import SpecError
 
         fields = {**get_family(self.family).defaults, "family": self.family, "name": self.model, "num_layers": 1,
                   "hidden_size": self.hidden_size, "num_attention_heads": self.num_attention_heads,
@@ -188,7 +188,7 @@ def measure_peaks(device: torch.device, dtype: torch.dtype, timer: Callable[[Cal
 def run_rank(cfg: ProfileConfig, group: Any, device: torch.device,
              progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Build the layer, count saved bytes, time all ops; returns plain data (picklable across processes)."""
-    from lynx.runtime.family import runtime_for
+    from lynx.runtime.layers.family import runtime_for
 
     torch.manual_seed(cfg.seed)
     spec = cfg.model_spec()
@@ -321,6 +321,6 @@ def profile(cfg: ProfileConfig, progress: Callable[[int, int], None] | None = No
         finally:
             torch.set_num_threads(threads)
     else:
-        raw = run_distributed(cfg, device, progress, rendezvous, timeout_s)
+        raw = run_distributed(run_rank, cfg, device, progress, rendezvous, timeout_s)
     return assemble(cfg, raw, time.perf_counter() - t0)
 

@@ -27,6 +27,7 @@ from typing import Any
 from urllib.request import pathname2url
 
 from lynx.errors import PlanFormatError
+from lynx.families.gpt import MODULE_OF
 from lynx.graph import LayerGraph
 from lynx.profile.errors import ProfileStoreError
 
@@ -290,7 +291,7 @@ class ProfileStore:
                        python_version=r[6], host=r[7], warmup=int(r[8]), repeats=int(r[9]), threads=int(r[10]),
                        wall_s=float(r[11]), created_at=r[0])
         try:
-            graph = LayerGraph.from_json(r[12])
+            graph = LayerGraph.from_json(r[12], MODULE_OF)
             extra = json.loads(r[13])
         except (PlanFormatError, json.JSONDecodeError) as e:
             raise ProfileStoreError(f"{self.path}: profile {pid} is damaged ({e})") from None

@@ -1,82 +1,67 @@
-"""Train a plan: `lynx train --plan plan.json` or `torchrun --nproc-per-node TP -m lynx.runtime.train --plan ...`.
+"""Train a plan: `lynx train --plan plan.json`, or `torchrun --nproc-per-node N -m lynx.runtime.train --plan ...`.
 
-Builds the plan's model for its TP layout (PP > 1 or DP > 1 plans go to `lynx.runtime.pipeline_train`), runs N
-iterations on synthetic tokens (or byte-level tokens of a text file) under stage 0's policy through the
-recompute engine, and reports per iteration: time, loss, activation bytes held for backward (peak, per
-rank), and seconds of recomputation on demand versus inside communication windows.
+One training loop for every plan: the plan's TP x PP x DP (x VPP) layout runs as a pipeline (PP = 1 is a
+one-stage pipeline) executing the plan's schedule, each stage's layers through the recompute engine under
+that stage's policy, AdamW after each iteration. Tokens are synthetic (or byte-level tokens of a text file).
+The report (`lynx.runtime.report`) gives per iteration the time, the loss and recomputation counts, and per
+stage the activation bytes held against the plan's prediction; `--trace FILE` writes the last iteration's
+timeline as a Chrome trace, `--compare-trace` prints it beside the simulator's.
 
-Process groups: gloo on CPU, NCCL on CUDA, created with a timeout; any failure on a rank (a dead peer, a
-cut link, a timeout) is reported as one line naming the rank and the cause, and the process exits 1.
+Process groups: gloo on CPU, NCCL on CUDA, created with a timeout; the layout is checked against the world
+before any process group; any failure on a rank (a dead peer, a cut link, a timeout) is one line naming the
+rank and the cause, and the rank exits 1 (`lynx.runtime.launch`).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from lynx.errors import LynxError, PlanFormatError
-from lynx.paths import write_text
-from lynx.plan import load_plan
-from lynx.policy.base import validate_layer_policy
-from lynx.runtime.check import predicted_activation_bytes, runtime_graph, train_step
-from lynx.runtime.engine import RecomputeEngine
-from lynx.runtime.family import runtime_for
-from lynx.runtime.faults import (
-    RankFailedError,
+from lynx.errors import LynxError
+from lynx.runtime import report as rep
+from lynx.runtime.launch import (
+    TrainError,
     check_train_args,
-    default_backend,
-    quiet_spawn_logs,
+    free_port,
+    init_group,
+    quiet_pipelining_logs,
     rank_failure,
-    rendezvous_deadline,
     resolve_backend,
-    stop_ranks,
+    spawn_ranks,
 )
-from lynx.runtime.layer import LayerConfig
-from lynx.runtime.model import synthetic_batch
+from lynx.runtime.layers import tp as tp_mod
+from lynx.runtime.layers.gpt_model import synthetic_batch
+from lynx.runtime.pipeline import PipelineLayout, PipelineRunner, check_world, make_groups
+from lynx.runtime.pipeline.order import check_executable, layout_schedule, read_schedule
+from lynx.runtime.predict import predicted_activation_bytes, runtime_graph
+from lynx.runtime.run_plan import RunPlan, load_run
+from lynx.schedule import Schedule
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+__all__ = ["RunPlan", "TrainError", "launch", "load_run", "main", "parser"]
 
 
-class TrainError(LynxError):
-    """A plan the runtime cannot run, or a failed rank."""
+def run_schedule(args: argparse.Namespace, layout: PipelineLayout) -> Schedule:
+    sched = read_schedule(args.schedule) if args.schedule else layout_schedule(layout.pp, layout.vpp,
+                                                                                 layout.num_microbatches)
+    check_executable(sched, layout.pp, layout.vpp, layout.num_microbatches, args.schedule or "action list")
+    return sched
 
 
-def _config(plan_path: str, dtype: torch.dtype, core_attn: bool) -> tuple[Any, Any, LayerConfig, Any]:
-    problem, result = load_plan(plan_path)
-    par, model = problem.parallel, problem.model
-    if par.pp != 1:
-        raise TrainError(f"{plan_path}: PP={par.pp}; lynx train runs PP=1 plans only (the pipeline runtime "
-                         "is not built yet) - plan with --pp 1")
-    if par.dp != 1:
-        raise TrainError(f"{plan_path}: DP={par.dp}; lynx train runs DP=1 plans only")
-    rt = runtime_for(model)  # the plan's model family picks the runtime layer
-    try:
-        cfg = rt.config(model, par, dtype, core_attn)
-    except ValueError as e:
-        raise TrainError(f"{plan_path}: {e}") from None
-    names = rt.op_names(cfg)
-    if names != problem.graph.names:
-        raise PlanFormatError(f"{plan_path}: the plan's layer ops ({', '.join(problem.graph.names)}) are not "
-                              f"this runtime layer's ({', '.join(names)}); check --core-attn")
-    policy = result.policies[0]
-    if len(policy.layers) != model.num_layers:
-        raise PlanFormatError(f"{plan_path}: stage 0 has {len(policy.layers)} layers, model {model.num_layers}")
-    for i, lp in enumerate(policy.layers):
-        errs = validate_layer_policy(problem.graph, lp, has_fwd_windows=True)
-        if errs:
-            raise PlanFormatError(f"{plan_path}: layer {i}: " + "; ".join(errs))
-    return problem, result, cfg, policy
+# -- data ------------------------------------------------------------------------------------------------
+Batch = tuple[torch.Tensor, torch.Tensor]
+"""(tokens [b, s], next-token labels [b, s]) of one micro-batch."""
 
 
-def _text_batches(path: str, vocab: int, cfg: LayerConfig, n: int, it: int, seed: int) -> list:
+def text_batches(path: str, vocab: int, cfg: Any, n: int, it: int, seed: int) -> list[Batch]:
     data = torch.frombuffer(bytearray(Path(path).read_bytes()), dtype=torch.uint8).long() % vocab
     need = cfg.seq_length + 1
     if data.numel() < need:
@@ -90,140 +75,161 @@ def _text_batches(path: str, vocab: int, cfg: LayerConfig, n: int, it: int, seed
     return out
 
 
-def run(args: argparse.Namespace, rank: int, world: int, group: Any) -> dict[str, Any] | None:
+def batches(args: argparse.Namespace, rp: RunPlan, it: int, dp_rank: int, device: torch.device) -> list[Batch]:
+    """Iteration `it`'s micro-batches of DP rank `dp_rank`: the global batch's micro-batches
+    (it * DP + dp_rank) * m .. + m - 1, so a DP run sees the single-process run's data."""
+    cfg, m, vocab = rp.cfg, rp.layout.num_microbatches, rp.problem.model.vocab_size
+    step = it * rp.layout.dp + dp_rank
+    if args.data:
+        return [(a.to(device), b.to(device)) for a, b in text_batches(args.data, vocab, cfg, m, step, args.seed)]
+    return [synthetic_batch(vocab, cfg.micro_batch_size, cfg.seq_length, step * m + j, args.seed, device)
+            for j in range(m)]
+
+
+# -- the loop --------------------------------------------------------------------------------------------
+def _inject_fault(args: argparse.Namespace, runner: PipelineRunner, rank: int, it: int) -> None:
+    """Tests: in iteration --die-at (--freeze-at), rank --die-rank exits (stops answering) in the middle of
+    its second forward (after its first micro-batch went downstream), or at the start with one micro-batch."""
+    die = args.die_at is not None and it == args.die_at
+    freeze = args.freeze_at is not None and it == args.freeze_at
+    if rank != args.die_rank or not (die or freeze):
+        return
+    orig = runner.before_forward
+    at = min(1, runner.layout.num_microbatches - 1)
+
+    def faulty(stage: int, mb: int) -> None:
+        if mb == at:
+            if die:
+                os._exit(17)
+            time.sleep(10 ** 6)
+        orig(stage, mb)
+
+    runner.schedule_hooks.before_forward = faulty
+
+
+def _trace_collectives(runner: PipelineRunner) -> None:
+    def tracer(kind: str, a: float, b: float, c: float) -> None:
+        runner.event("collective", f"{kind} window", a, b)
+        runner.event("collective", f"wait {kind}", b, c)
+
+    tp_mod.set_collective_tracer(tracer if runner.tracing else None)
+
+
+def run(args: argparse.Namespace, rank: int, world: int) -> dict[str, Any] | None:
     """One rank's training loop; returns the report on rank 0."""
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-    problem, result, cfg, policy = _config(args.plan, dtype, args.core_attn)
+    dtype = DTYPES[args.dtype]
+    rp = load_run(args.plan, dtype, args.core_attn)
+    layout = rp.layout
     device = torch.device(f"cuda:{torch.cuda.current_device()}") if args.device == "cuda" else torch.device("cpu")
-    vocab, layers = problem.model.vocab_size, problem.model.num_layers
-    m = problem.parallel.num_microbatches
-    model = runtime_for(problem.model).model(cfg, layers, vocab, group, device=device, seed=args.seed)
-    engine = RecomputeEngine(model.layers, policy)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    iters: list[dict[str, Any]] = []
-    for it in range(args.warmup + args.iters):
-        if args.die_at is not None and rank == args.die_rank and it == args.die_at:
-            os._exit(17)  # fault injection for tests: this rank vanishes mid-run
-        engine.stats.reset()
-        if args.data:
-            batches = [(a.to(device), b.to(device)) for a, b in _text_batches(args.data, vocab, cfg, m, it, args.seed)]
-        else:
-            batches = [synthetic_batch(vocab, cfg.micro_batch_size, cfg.seq_length, it * m + j, args.seed, device)
-                       for j in range(m)]
-        if group is not None:
-            dist.barrier(group)
+    runner = PipelineRunner(layout, run_schedule(args, layout), rp.cfg, rp.problem.model.vocab_size, rank,
+                            make_groups(layout, rank, args.timeout), device, args.seed, timeout_s=args.timeout,
+                            host_staged=host_staged(args))
+    opt = torch.optim.AdamW(runner.parameters(), lr=args.lr)
+    dp_rank = layout.coords(rank)[1]
+    records: list[rep.IterRecord] = []
+    events: list[Any] = []
+    total = args.warmup + args.iters
+    for it in range(total):
+        _inject_fault(args, runner, rank, it)
+        runner.reset_stats()
+        data = batches(args, rp, it, dp_rank, device)
+        runner.tracing, runner.events = it == total - 1 and bool(args.trace), []
+        _trace_collectives(runner)
+        dist.barrier()
         if device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = train_step(model, m, engine, in_flight=1, batches=batches)
+        runner.step(data)
         opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-        st = engine.stats
-        rec = {"iter": it, "warmup": it < args.warmup, "time_s": dt, "loss": loss,
-               "act_peak_bytes": st.peak_bytes, "act_after_fwd_bytes": max(st.fwd_end_bytes, default=0),
-               "recompute_ondemand_s": st.ondemand_s, "recompute_window_s": st.window_s,
-               "restored_in_window": st.restored_in_window, "restored_on_demand": st.restored_on_demand}
-        if device.type == "cuda":
-            rec["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
-        if group is not None:
-            per_rank: list[Any] = [None] * world
-            dist.all_gather_object(per_rank, {"peak": st.peak_bytes, "time_s": dt}, group=group)
-            rec["act_peak_bytes_per_rank"] = [p["peak"] for p in per_rank]
-            rec["time_s"] = max(p["time_s"] for p in per_rank)
-        iters.append(rec)
+        if runner.tracing:
+            events = [(c, n, a - t0, b - t0, st) for c, n, a, b, st in runner.events]
+        cuda = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
+        records.append(rep.iter_record(it, it < args.warmup, dt, runner, cuda))
         if rank == 0 and not args.quiet:
-            print(f"iter {it:3d}{' (warmup)' if it < args.warmup else '':9s} time {rec['time_s']:7.3f} s  "
-                  f"loss {loss:7.4f}  act peak {st.peak_bytes / 2**20:8.2f} MiB  recompute on-demand "
-                  f"{st.ondemand_s:6.3f} s  windowed {st.window_s:6.3f} s", flush=True)
-    if rank != 0:
-        return None
-    g_rt = runtime_graph(problem.graph, dtype) if problem.graph.meta.source == "analytic" else problem.graph
-    after_fwd, peak = predicted_activation_bytes(g_rt, policy, cfg, in_flight=1)
-    timed = [r for r in iters if not r["warmup"]] or iters
-    return {
-        "plan": str(args.plan), "method": result.method, "tp": cfg.tp, "num_layers": layers,
-        "num_microbatches": m, "device": str(device), "dtype": args.dtype,
-        "backend": dist.get_backend(group) if group is not None else "none",
-        "config": {k: (str(v) if k == "dtype" else v) for k, v in asdict(cfg).items()},
-        "iterations": iters,
-        "median_time_s": sorted(r["time_s"] for r in timed)[len(timed) // 2],
-        "measured_act_after_fwd_bytes": timed[-1]["act_after_fwd_bytes"],
-        "measured_act_peak_bytes": max(r["act_peak_bytes"] for r in timed),
-        "predicted_act_after_fwd_bytes": after_fwd, "predicted_act_peak_bytes": peak,
-        "predicted_iteration_time_s": _predicted_time(args.plan),
-    }
+            print(f"iter {it:3d}{' (warmup)' if it < args.warmup else '':9s} time {dt:7.3f} s (rank 0)", flush=True)
+    tp_mod.set_collective_tracer(None)
+    mine = rep.RankRecord(rank, tuple(sorted(runner.modules)), tuple(records), tuple(events),
+                          _predicted(rp, runner, dtype))
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, mine)
+    return rep.build(args, rp, everyone, _backend(args), host_staged(args)) if rank == 0 else None
 
 
-def _predicted_time(plan_path: str) -> float | None:
-    d = json.loads(Path(plan_path).read_text())
-    return d.get("prediction", {}).get("iteration_time_s")
+def _predicted(rp: RunPlan, runner: PipelineRunner, dtype: torch.dtype) -> dict[int, rep.StagePrediction]:
+    g = rp.problem.graph
+    g = runtime_graph(g, dtype) if g.meta.source == "analytic" else g
+    out = {}
+    for s, mod in runner.modules.items():
+        pol = mod.spec.policy
+        if pol is None:
+            continue
+        k = runner.in_flight.get(s, 1)
+        after, peak = predicted_activation_bytes(g, pol, rp.cfg, in_flight=k)
+        out[s] = rep.StagePrediction(after, peak, k)
+    return out
 
 
-def _finish(report: dict[str, Any] | None, args: argparse.Namespace) -> None:
-    if report is None:
-        return
-    if args.out:
-        write_text(args.out, json.dumps(report, indent=2), "--out", TrainError)
-    if not args.quiet:
-        print(f"median iteration {report['median_time_s']:.3f} s (the plan predicts "
-              f"{report['predicted_iteration_time_s']:.4g} s on its hardware); "
-              f"activations held after forward {report['measured_act_after_fwd_bytes'] / 2**20:.2f} MiB "
-              f"(predicted {report['predicted_act_after_fwd_bytes'] / 2**20:.2f} MiB), peak "
-              f"{report['measured_act_peak_bytes'] / 2**20:.2f} MiB", flush=True)
+# -- ranks -----------------------------------------------------------------------------------------------
+def _backend(args: argparse.Namespace) -> str:
+    b: str = args.backend  # resolved by `launch`
+    return b if b != "auto" else ("nccl" if args.device == "cuda" else "gloo")
 
 
-def _init(args: argparse.Namespace, rank: int, world: int, init_method: str) -> Any:
-    if args.device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-    backend = getattr(args, "backend", "auto")  # resolved by `launch` (faults.resolve_backend)
-    if backend == "auto":
-        backend = default_backend(args.device)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=args.timeout))
-    return dist.group.WORLD
+def host_staged(args: argparse.Namespace) -> bool:
+    """p2p through host memory: gloo on CUDA (gloo sends CPU tensors only), or forced by the hidden
+    `--host-staged` (the CPU tests of that path)."""
+    return (args.device == "cuda" and _backend(args) == "gloo") or bool(args.host_staged)
 
 
-def _rank_main(rank: int, world: int, init_method: str, args: argparse.Namespace) -> None:
-    """Entry of one rank (spawned locally, under torchrun, or inside a testbed namespace)."""
+def rank_main(rank: int, world: int, init_method: str, args: argparse.Namespace) -> None:
+    """Entry of one rank (spawned locally, under torchrun, in this process, or inside a testbed namespace).
+    A rank of a multi-process run leaves with `os._exit`; the only rank of an in-process run returns."""
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device == "cpu":
         from lynx.runtime.cpu_alloc import keep_freed_memory
 
         keep_freed_memory()  # page faults from re-allocation are not recomputation (cpu_alloc.py)
-
+    quiet_pipelining_logs()
+    alone = world == 1 and "RANK" not in os.environ
     phase = "rendezvous"
     try:
-        with rendezvous_deadline(rank, world, args.timeout):
-            group = _init(args, rank, world, init_method) if world > 1 else None
+        if args.device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+        init_group(_backend(args), init_method, rank, world, args.timeout)
         phase = "training"
-        _finish(run(args, rank, world, group), args)
-        if group is not None:
-            # Tear down together, then leave without running gloo's destructors: a rank whose peer closed
-            # its sockets first can otherwise abort in a gloo thread ("terminate called without an active
-            # exception") after all the work is done (seen about once in 20 testbed runs).
-            dist.barrier(group)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+        rep.finish(run(args, rank, world), args)
+        if alone:
+            dist.destroy_process_group()
+            return
+        # Tear down together, then leave without running gloo's destructors: a rank whose peer closed its
+        # sockets first can otherwise abort in a gloo thread ("terminate called without an active exception")
+        # after all the work is done (seen about once in 20 testbed runs).
+        dist.barrier()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     except LynxError:
+        if alone and dist.is_initialized():
+            dist.destroy_process_group()
         raise
     except KeyboardInterrupt:
-        if world == 1:
+        if alone:
             raise  # this is the lynx process: `lynx: interrupted`, exit 130
         print(f"lynx train: rank {rank}/{world} interrupted", file=sys.stderr, flush=True)
         os._exit(130)
-    except Exception as e:  # a dead peer, a cut link, a timeout: one line, the rank and the cause
+    except Exception as e:  # a dead or frozen peer, a cut link, a timeout: one line, the rank and the cause
         print(rank_failure(e, rank, world, phase, args.timeout), file=sys.stderr, flush=True)
         os._exit(1)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lynx.runtime.train", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="lynx.runtime.train", description=(__doc__ or "").splitlines()[0])
     p.add_argument("--plan", required=True)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
@@ -234,7 +240,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=60.0, help="process-group timeout, seconds")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads per rank (0: default)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
                    help="process groups: auto (NCCL on CUDA, gloo on CPU); gloo on CUDA runs the pipeline's "
                         "p2p through host memory (several ranks on one GPU)")
@@ -242,11 +248,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--core-attn", action="store_true", help="scaled_dot_product_attention as core_attn")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--schedule", default=None,
-                   help="PP > 1: the action list to run (compute-only CSV, one row per pipeline rank); "
+                   help="the action list to run (compute-only CSV, one row per pipeline rank); "
                         "default 1F1B (interleaved with vpp > 1)")
-    p.add_argument("--trace", default=None, help="PP > 1: write the last iteration's timeline (Chrome trace)")
+    p.add_argument("--trace", default=None, help="write the last iteration's timeline (Chrome trace)")
     p.add_argument("--compare-trace", action="store_true",
-                   help="PP > 1: print the measured timeline beside the simulator's (needs --trace)")
+                   help="print the measured timeline beside the simulator's (needs --trace)")
     p.add_argument("--die-at", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--freeze-at", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--die-rank", type=int, default=1, help=argparse.SUPPRESS)
@@ -254,58 +260,32 @@ def parser() -> argparse.ArgumentParser:
 
 
 def launch(args: argparse.Namespace) -> None:
-    """Under torchrun (RANK set): this process is one rank. Otherwise TP=1 runs here and TP>1 spawns TP
-    local processes on 127.0.0.1."""
+    """Under torchrun (RANK set) this process is one rank; a one-rank layout runs in this process; otherwise
+    the layout's ranks are spawned locally on 127.0.0.1. Everything checkable is checked first."""
     check_train_args(args)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    from lynx.runtime.pipeline_train import is_pipeline_plan
-
-    if is_pipeline_plan(args.plan):  # PP > 1 or DP > 1: the pipeline runtime
-        from lynx.runtime.pipeline_train import launch as launch_pipeline
-
-        launch_pipeline(args)
-        return
-    if args.schedule or args.trace or args.compare_trace:
-        raise TrainError(f"{args.plan}: --schedule, --trace and --compare-trace are for PP > 1 or DP > 1 plans")
-    _, _, cfg, _ = _config(args.plan, torch.float32, args.core_attn)
-    args.backend = resolve_backend(args.device, args.backend, int(os.environ.get("LOCAL_WORLD_SIZE", cfg.tp)),
+    if args.compare_trace and not args.trace:
+        raise TrainError("--compare-trace needs --trace FILE (the measured timeline to compare)")
+    if args.trace and not Path(args.trace).resolve().parent.is_dir():
+        raise TrainError(f"--trace {args.trace}: directory {Path(args.trace).resolve().parent} does not exist")
+    rp = load_run(args.plan, torch.float32, args.core_attn)
+    layout = rp.layout
+    run_schedule(args, layout)
+    if args.data and Path(args.data).stat().st_size < rp.cfg.seq_length + 1:
+        raise TrainError(f"--data {args.data}: {Path(args.data).stat().st_size} bytes; the plan's sequence "
+                         f"length needs at least {rp.cfg.seq_length + 1}")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", layout.world_size))
+    args.backend = resolve_backend(args.device, args.backend, local,
                                    torch.cuda.device_count() if args.device == "cuda" else 0)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        _rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://", args)
+        check_world(layout, int(os.environ["WORLD_SIZE"]), args.plan)
+        rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://", args)
         return
-    if args.data and Path(args.data).stat().st_size < cfg.seq_length + 1:
-        raise TrainError(f"--data {args.data}: {Path(args.data).stat().st_size} bytes; the plan's sequence "
-                         f"length needs at least {cfg.seq_length + 1}")
-    if cfg.tp == 1:
-        _rank_main(0, 1, "", args)
+    if layout.world_size == 1:
+        rank_main(0, 1, f"tcp://127.0.0.1:{free_port()}", args)
         return
-    spawn_ranks(_rank_main, cfg.tp, args)
-
-
-def spawn_ranks(entry: Any, world: int, args: argparse.Namespace) -> None:
-    """`entry(rank, world, init_method, args)` on `world` local processes (127.0.0.1); a failed rank is one
-    line (the ranks print their own cause), Ctrl-C stops them all."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    quiet_spawn_logs()
-    ranks = mp.start_processes(entry, args=(world, f"tcp://127.0.0.1:{port}", args), nprocs=world,
-                               join=False, start_method="spawn")
-    try:
-        while not ranks.join():
-            pass
-    except KeyboardInterrupt:  # interrupted: stop the ranks too (a signal to lynx alone does not reach them)
-        stop_ranks(ranks.processes)
-        raise
-    except Exception as e:
-        lines = str(e).strip().splitlines() or [type(e).__name__]
-        # A rank that raised: torch puts its traceback in the message; the last line is the error itself.
-        raise RankFailedError(f"training failed: {lines[-1] if 'following error' in lines[0] else lines[0]}") from None
+    spawn_ranks(rank_main, layout.world_size, args)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,7 +7,7 @@ place it. Each rank holds one `StageModule` per chunk, each with its own `Recomp
 stage's policy.
 
 Where recomputation runs (docs/runtime.md, "Pipelines"): the action list says, per rank, which forward
-hosts the phase-1/2 work of which backward (`actions.hosts`: the forward just before it, any chunk); the
+hosts the phase-1/2 work of which backward (`order.rank_order`: the forward just before it, any chunk); the
 engine restores only that in the forward's collectives. A backward with no host (cool-down) restores its
 phase-1/2 work before waiting for the next stage's gradient when the stage's policy has `cooldown_overlap`,
 else on demand.
@@ -16,6 +16,7 @@ Phases 3/4 run in the backward collectives of the layer above and phase 5 on dem
 
 from __future__ import annotations
 
+import datetime
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -27,10 +28,10 @@ import torch.distributed as dist
 
 from lynx.errors import LynxError
 from lynx.policy.base import RecomputePolicy
-from lynx.runtime import _torch_pipelining as tpp
-from lynx.runtime import actions as act
-from lynx.runtime.layer import LayerConfig
-from lynx.runtime.stage_model import HostStaged, StageModule, StageSpec, make_loss_fn
+from lynx.runtime.pipeline import _torch_pipelining as tpp
+from lynx.runtime.pipeline.order import check_executable, rank_order
+from lynx.runtime.pipeline.stages import HostStaged, StageModule, StageSpec, make_loss_fn
+from lynx.schedule import Schedule, save_csv
 
 
 class LayoutError(LynxError):
@@ -99,59 +100,55 @@ class Groups:
     """The first and last pipeline ranks of this (dp, tp) column: the tied embedding's gradient."""
 
 
-def make_groups(layout: PipelineLayout, rank: int) -> Groups:
-    """Every rank creates every group in the same order (torch.distributed requires it)."""
+def make_groups(layout: PipelineLayout, rank: int, timeout_s: float | None = None) -> Groups:
+    """Every rank creates every group in the same order (torch.distributed requires it). `timeout_s` bounds
+    every collective of every group (a new group does not inherit the default group's timeout: gloo's own
+    default is 30 minutes, so a cut link would hang a TP all-reduce that long)."""
     L = layout
+    timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+
+    def new_group(ranks: list[int]) -> Any:
+        return dist.new_group(ranks, timeout=timeout)
+
     mine: dict[str, Any] = {}
     for d in range(L.dp):
         for p in range(L.pp):
-            g = dist.new_group([L.rank_of(p, d, t) for t in range(L.tp)])
+            g = new_group([L.rank_of(p, d, t) for t in range(L.tp)])
             if rank in [L.rank_of(p, d, t) for t in range(L.tp)]:
                 mine["tp"] = g
     for d in range(L.dp):
         for t in range(L.tp):
             members = [L.rank_of(p, d, t) for p in range(L.pp)]
-            g = dist.new_group(members)
-            emb = dist.new_group(sorted({members[0], members[-1]}))
+            g = new_group(members)
+            emb = new_group(sorted({members[0], members[-1]}))
             if rank in members:
                 mine["pp"], mine["embedding"] = g, emb
     for p in range(L.pp):
         for t in range(L.tp):
             members = [L.rank_of(p, d, t) for d in range(L.dp)]
-            g = dist.new_group(members)
+            g = new_group(members)
             if rank in members:
                 mine["dp"] = g
     return Groups(tp=mine["tp"] if L.tp > 1 else None, pp=mine["pp"], dp=mine["dp"] if L.dp > 1 else None,
                   embedding=mine["embedding"] if L.pp > 1 else None)
 
 
-def in_flight(row: act.Rows | tuple[act.PipeAction, ...]) -> dict[int, int]:
-    """Per stage of one rank's list: the most micro-batches forwarded and not yet backwarded."""
-    live: dict[int, int] = {}
-    peak: dict[int, int] = {}
-    for a in row:  # type: ignore[union-attr]
-        live[a.stage] = live.get(a.stage, 0) + (1 if a.kind == "F" else -1)
-        peak[a.stage] = max(peak.get(a.stage, 0), live[a.stage])
-    return peak
-
-
 class PipelineRunner:
     """This rank's stages and the schedule that runs them; `step` runs one iteration's forward and backward
     and reduces the gradients (tied embedding, sequence-parallel LayerNorms, DP)."""
 
-    def __init__(self, layout: PipelineLayout, rows: act.Rows, cfg: LayerConfig, vocab: int, rank: int,
+    def __init__(self, layout: PipelineLayout, schedule: Schedule, cfg: Any, vocab: int, rank: int,
                  groups: Groups, device: torch.device, seed: int = 1234, workdir: str | None = None,
                  timeout_s: float | None = None, host_staged: bool = False) -> None:
         """`host_staged`: p2p through host memory (`HostStaged`): the PipelineStages and their buffers on the
         CPU, the stage modules on `device` (gloo on CUDA, several ranks on one GPU)."""
         L = layout
-        act.validate(rows, L.pp, L.num_stages, L.num_microbatches)
+        check_executable(schedule, L.pp, L.vpp, L.num_microbatches)
         cfg = replace(cfg, num_layers=sum(L.layers_per_stage))  # Megatron's scaled init reads the depth
         self.layout, self.cfg, self.vocab, self.rank, self.groups, self.device = L, cfg, vocab, rank, groups, device
         self.pp_rank, self.dp_rank, self.tp_rank = L.coords(rank)
-        self.row = rows[self.pp_rank]
-        self.hosts, self.cool = act.hosts(rows, self.pp_rank)
-        self.in_flight = in_flight(self.row)
+        order = rank_order(schedule, self.pp_rank)
+        self.hosts, self.cool, self.in_flight = order.hosts, order.cooldown, order.in_flight
         specs = [s for s in L.stage_specs() if s.index % L.pp == self.pp_rank]
         self.modules = {s.index: StageModule(s, cfg, vocab, groups.tp, device, seed) for s in specs}
         self.losses: list[float] = []
@@ -169,26 +166,26 @@ class PipelineRunner:
             wrapped = HostStaged(mod, device, comm) if host_staged else mod
             stages.append(tpp.make_stage(wrapped, s, L.num_stages, comm, inp, out, groups.pp))
             if mod.engine is not None:
-                mod.engine.tracer = lambda n, a, b: self._event("recompute", n, a, b)
-        hooks = tpp.Hooks(before_forward=self._before_forward, before_grad_wait=self._before_grad_wait,
-                          span=lambda n, a, b: self._event("pipeline", n, a, b),
+                mod.engine.tracer = lambda n, a, b: self.event("recompute", n, a, b, None)
+        hooks = tpp.Hooks(before_forward=self.before_forward, before_grad_wait=self._before_grad_wait,
+                          span=lambda n, a, b, s: self.event("pipeline", n, a, b, s),
                           peer_rank=lambda s: L.rank_of(s % L.pp, self.dp_rank, self.tp_rank), timeout_s=timeout_s)
         self.schedule_hooks = hooks
         self.stages = stages
         """This rank's PipelineStages (on the CPU when host-staged)."""
         with tempfile.TemporaryDirectory(prefix="lynx-pp-") as tmp:  # torch loads the list from a CSV file
             csv_path = Path(workdir or tmp) / f"actions-rank{rank}.csv"
-            act.write_csv(rows, csv_path)
+            save_csv(schedule, csv_path)
             self.schedule = tpp.build_schedule(stages, L.num_microbatches,
                                                make_loss_fn(L.num_microbatches, self.losses), str(csv_path), hooks)
 
     # -- hooks ---------------------------------------------------------------------------------------
-    def _event(self, cat: str, name: str, t0: float, t1: float) -> None:
+    def event(self, cat: str, name: str, t0: float, t1: float, stage: int | None = None) -> None:
+        """A timeline event of `stage` (None: the stage whose action is running)."""
         if self.tracing:
-            stage = int(name.rsplit(" ", 1)[1]) if name[:1] in "FB" and " stage " in name else self.current_stage
-            self.events.append((cat, name, t0, t1, stage))
+            self.events.append((cat, name, t0, t1, self.current_stage if stage is None else stage))
 
-    def _before_forward(self, stage: int, mb: int) -> None:
+    def before_forward(self, stage: int, mb: int) -> None:
         self.current_stage = stage
         hosted = self.hosts.get((stage, mb))
         if hosted is None:
@@ -196,8 +193,8 @@ class PipelineRunner:
         elif hosted[0] == stage:
             self.modules[stage].set_microbatch(mb, (hosted[1],))
         else:  # interleaved: this forward hosts a backward of another chunk on this rank
-            self.modules[stage].set_microbatch(mb, (), (self.modules[hosted[0]].engine, hosted[1])
-                                               if self.modules[hosted[0]].engine is not None else None)
+            guest = self.modules[hosted[0]].engine
+            self.modules[stage].set_microbatch(mb, (), (guest, hosted[1]) if guest is not None else None)
 
     def _before_grad_wait(self, stage: int, mb: int) -> None:
         self.current_stage = stage
@@ -217,6 +214,12 @@ class PipelineRunner:
     def has_last(self) -> bool:
         return self.layout.num_stages - 1 in self.modules
 
+    def reset_stats(self) -> None:
+        """Start a new iteration's engine statistics on every stage."""
+        for mod in self.modules.values():
+            if mod.engine is not None:
+                mod.engine.stats.reset()
+
     def step(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Forward and backward of `batches` (one (tokens, labels) per micro-batch; only the first stage
         reads tokens and the last labels), then the gradient reductions. No optimizer step."""
@@ -226,11 +229,27 @@ class PipelineRunner:
         tokens = torch.cat([t for t, _ in batches]) if self.has_first else None
         labels = torch.cat([lab for _, lab in batches]) if self.has_last else None
         args = (tokens,) if tokens is not None else ()
-        self.schedule.step(*args, target=labels, return_outputs=False)
+        try:
+            self.schedule.step(*args, target=labels, return_outputs=False)
+        except tpp.PeerError:
+            raise
+        except RuntimeError as e:  # a send to a peer that died fails inside torch's own p2p actions
+            if self.layout.pp == 1:
+                raise
+            cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise tpp.PeerError(f"the pipeline step failed (p2p peers of this rank: {self._peers()}): "
+                                f"{cause}") from None
         for mod in self.modules.values():
             if mod.engine is not None:
                 mod.engine.end_step()
         self._reduce_grads()
+
+    def _peers(self) -> str:
+        """The neighbouring stages on other ranks, with the rank that runs each."""
+        L = self.layout
+        near = sorted({n for s in self.modules for n in (s - 1, s + 1)
+                       if 0 <= n < L.num_stages and n not in self.modules})
+        return ", ".join(f"stage {n} (rank {L.rank_of(n % L.pp, self.dp_rank, self.tp_rank)})" for n in near)
 
     def _reduce_grads(self) -> None:
         t0 = time.perf_counter()
@@ -241,17 +260,19 @@ class PipelineRunner:
                 if getattr(p, "sequence_parallel", False):
                     dist.all_reduce(p.grad, group=g.tp)
         if g.embedding is not None:
-            for m in self.modules.values():
-                if (m.spec.is_first or m.spec.is_last) and m.wte.grad is not None:
-                    dist.all_reduce(m.wte.grad, group=g.embedding)
+            for m in self.modules.values():  # a tied embedding / head: both ends' parts summed
+                for name in m.ends.tied if m.spec.is_first or m.spec.is_last else ():
+                    grad = getattr(m, name).grad
+                    if grad is not None:
+                        dist.all_reduce(grad, group=g.embedding)
         if g.dp is not None:
-            grads = [p.grad for p in params]
+            grads = [p.grad for p in params if p.grad is not None]
             flat = torch._utils._flatten_dense_tensors(grads)
             dist.all_reduce(flat, group=g.dp)
             flat.div_(self.layout.dp)
             for dst, src in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
                 dst.copy_(src)
-        self._event("collective", "gradient all-reduce (tied embedding, SP, DP)", t0, time.perf_counter())
+        self.event("collective", "gradient all-reduce (tied embedding, SP, DP)", t0, time.perf_counter())
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for m in self.modules.values() for p in m.parameters()]

@@ -1,4 +1,5 @@
-"""A GPT model for the runtime: embeddings, a stack of `GPTLayer`s, final LayerNorm, LM head, loss.
+"""The GPT model around its layers: token and position embeddings (+ dropout), a stack of `GPTLayer`s,
+final LayerNorm, LM head tied to the token embedding, loss.
 
 The embedding and the (tied) LM head are replicated on every TP rank (vocab-parallel embeddings are not implemented:
 they change no recomputation decision, only the size of the head). With sequence parallelism the
@@ -6,23 +7,56 @@ embedding output is split along the sequence before the first layer and gathered
 LayerNorm weight gradients, which are partial per rank, are all-reduced by `allreduce_sp_grads`.
 
 The layer stack runs either plainly (`engine=None`, every activation kept by autograd: the reference) or
-through a `RecomputeEngine`.
+through a `RecomputeEngine`. A pipeline stage builds its ends through `GPT_ENDS` exactly as this model does.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from lynx.runtime import tp
 from lynx.runtime.engine import RecomputeEngine
-from lynx.runtime.family import RuntimeFamily
-from lynx.runtime.layer import GPTLayer, LayerConfig, op_names_for
+from lynx.runtime.layers import tp
+from lynx.runtime.layers.ends import lm_loss
+from lynx.runtime.layers.family import RuntimeFamily
+from lynx.runtime.layers.gpt import GPTLayer, LayerConfig, op_names_for
 from lynx.spec import ModelSpec, ParallelSpec
+
+__all__ = ["GPTModel", "GPT_ENDS", "lm_loss", "synthetic_batch"]
+
+
+@dataclass(frozen=True)
+class GPTEnds:
+    """Token + position embedding with dropout; final LayerNorm and the head tied to the token embedding."""
+
+    first_params: tuple[str, ...] = ("wte", "wpe")
+    last_params: tuple[str, ...] = ("wte", "ln_f.")
+    tied: tuple[str, ...] = ("wte",)
+
+    def build(self, owner: Any, cfg: LayerConfig, vocab_size: int, seed: int, first: bool,
+              last: bool, device: Any) -> None:
+        if not (first or last):
+            return
+        wte, wpe = embedding_weights(cfg, vocab_size, seed)
+        owner.wte = torch.nn.Parameter(wte.to(device=device, dtype=cfg.dtype))
+        if first:
+            owner.wpe = torch.nn.Parameter(wpe.to(device=device, dtype=cfg.dtype))
+        if last:  # the LM head is tied to `wte`, as ModelSpec counts it
+            owner.ln_f = torch.nn.LayerNorm(cfg.hidden_size, device=device, dtype=cfg.dtype)
+
+    def embed(self, owner: Any, tokens: torch.Tensor, microbatch: int, group: Any) -> torch.Tensor:
+        return embed(owner.wte, owner.wpe, tokens, microbatch, owner.cfg, owner.seed,
+                     owner.training, group)
+
+    def head(self, owner: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ln_f: torch.nn.Module = owner.ln_f
+        return head_logits(x, ln_f, owner.wte, owner.cfg, group)
+
+
+GPT_ENDS = GPTEnds()
 
 
 class GPTModel(torch.nn.Module):
@@ -31,19 +65,14 @@ class GPTModel(torch.nn.Module):
         super().__init__()
         cfg = replace(cfg, num_layers=num_layers)
         self.cfg, self.group, self.seed = cfg, group, seed
-        h = cfg.hidden_size
-        kw = {"device": device, "dtype": cfg.dtype}
-        wte, wpe = embedding_weights(cfg, vocab_size, seed)
-        self.wte = torch.nn.Parameter(wte.to(**kw))
-        self.wpe = torch.nn.Parameter(wpe.to(**kw))
+        GPT_ENDS.build(self, cfg, vocab_size, seed, True, True, device)
         self.layers = torch.nn.ModuleList(
             GPTLayer(cfg, group, layer_index=i, device=device, seed=seed) for i in range(num_layers)
         )
-        self.ln_f = torch.nn.LayerNorm(h, **kw)  # the LM head is tied to `wte`, as ModelSpec counts it
 
     def embed(self, tokens: torch.Tensor, microbatch: int) -> torch.Tensor:
         """tokens [b, s] -> [s, b, h] (with SP: this rank's [s/t, b, h])."""
-        return embed(self.wte, self.wpe, tokens, microbatch, self.cfg, self.seed, self.training, self.group)
+        return GPT_ENDS.embed(self, tokens, microbatch, self.group)
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor, microbatch: int = 0,
                 engine: RecomputeEngine | None = None) -> torch.Tensor:
@@ -54,15 +83,11 @@ class GPTModel(torch.nn.Module):
         else:
             for layer in self.layers:
                 x = layer(x, microbatch)
-        return lm_loss(head_logits(x, self.ln_f, self.wte, self.cfg, self.group), labels)
+        return lm_loss(GPT_ENDS.head(self, x, self.group), labels)
 
     def allreduce_sp_grads(self) -> None:
         """Sum the partial LayerNorm gradients of the sequence-parallel region over the TP group."""
-        if not self.cfg.sequence_parallel or tp.world(self.group) == 1:
-            return
-        for p in self.parameters():
-            if getattr(p, "sequence_parallel", False) and p.grad is not None:
-                dist.all_reduce(p.grad, group=self.group)
+        tp.allreduce_sp_grads(self, self.cfg.sequence_parallel, self.group)
 
 
 def embedding_weights(cfg: LayerConfig, vocab_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,7 +109,7 @@ def embed(wte: torch.Tensor, wpe: torch.Tensor, tokens: torch.Tensor, microbatch
         mask = torch.empty(x.shape, dtype=torch.bool, device=x.device).bernoulli_(1 - p, generator=gen)
         x = x * mask * (1.0 / (1.0 - p))
     if cfg.sequence_parallel:
-        x = tp.SplitSeqFn.apply(x, group, False)
+        x = tp.apply_fn(tp.SplitSeqFn, x, group, False)
     return x
 
 
@@ -92,13 +117,8 @@ def head_logits(x: torch.Tensor, ln_f: torch.nn.Module, wte: torch.Tensor, cfg: 
                 group: Any) -> torch.Tensor:
     """The final LayerNorm and the tied LM head: [s, b, h] -> logits [s, b, V]."""
     if cfg.sequence_parallel:
-        x = tp.SplitSeqFn.apply(x, group, True)
+        x = tp.apply_fn(tp.SplitSeqFn, x, group, True)
     return F.linear(ln_f(x), wte)
-
-
-def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy; labels [b, s]."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.transpose(0, 1).flatten())
 
 
 def synthetic_batch(vocab: int, micro_batch: int, seq: int, microbatch: int, seed: int = 0,
@@ -119,4 +139,4 @@ def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: 
     )
 
 
-RUNTIME = RuntimeFamily(config=_config, layer=GPTLayer, model=GPTModel, op_names=op_names_for)
+RUNTIME = RuntimeFamily(config=_config, layer=GPTLayer, model=GPTModel, op_names=op_names_for, ends=GPT_ENDS)

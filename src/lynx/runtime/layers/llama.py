@@ -19,16 +19,16 @@ No dropout (the family's default; a config with dropout is refused).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from lynx.graph import LAYER_INPUT
-from lynx.runtime import tp
-from lynx.runtime.family import RuntimeFamily
-from lynx.runtime.layer import WindowHook
+from lynx.runtime.layers import tp
+from lynx.runtime.layers.base import Direction, OpFn, OpLayer
+from lynx.runtime.layers.ends import lm_loss
+from lynx.runtime.layers.family import RuntimeFamily
 from lynx.spec import ModelSpec, ParallelSpec
 
 
@@ -50,6 +50,7 @@ class LlamaConfig:
     dropout_p: float = 0.0
     """Must be 0 (kept for the runtime's shared interface)."""
 
+    family: ClassVar[str] = "llama"
     norm_ops: ClassVar[tuple[str, ...]] = ("rmsnorm1", "rmsnorm2")
     norm_stats_bytes: ClassVar[int] = 4
     """RMSNorm saves one fp32 1/rms per token besides its input (the graph folds it in as negligible)."""
@@ -77,13 +78,13 @@ class _RMSNorm(torch.autograd.Function):
     """y = x / rms(x) * w; saves x, w and 1/rms (fp32, one per token)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         rstd = torch.rsqrt(_wide(x).pow(2).mean(-1, keepdim=True) + eps)
         ctx.save_for_backward(x, w, rstd)
         return (_wide(x) * rstd).to(x.dtype) * w
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         x, w, rstd = ctx.saved_tensors
         xhat = _wide(x) * rstd
         gw = (_wide(g) * xhat).reshape(-1, x.shape[-1]).sum(0).to(w.dtype)
@@ -96,13 +97,13 @@ class _SwiGLU(torch.autograd.Function):
     """silu(gate) * up over [..., 2f] = [gate | up]; saves only its input (a fused kernel's footprint)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, -1)
         ctx.save_for_backward(x)
         return F.silu(gate) * up
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         (x,) = ctx.saved_tensors
         gate, up = x.chunk(2, -1)
         sig = torch.sigmoid(gate)
@@ -126,7 +127,7 @@ class _Rope(torch.autograd.Function):
     """Q and K of the QKV output [s, b, g_l, a/g + 2, d], rotated into a new [s, b, a_l + g_l, d]."""
 
     @staticmethod
-    def forward(ctx: Any, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,  # type: ignore[override]
+    def forward(ctx: Any, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 shape: tuple[int, int, int, int, int]) -> torch.Tensor:
         s, b, g_l, per, d = shape
         x = qkv.view(s, b, g_l, per, d)
@@ -135,7 +136,7 @@ class _Rope(torch.autograd.Function):
         return qk * cos + _rotate_half(qk) * sin
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         s, b, g_l, per, d = ctx.shape
         gqk = g * ctx.cos + _rotate_half_t(g * ctx.sin)
         out = g.new_zeros(s, b, g_l, per, d)
@@ -154,12 +155,16 @@ def _names(cfg: LlamaConfig) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]
     return tuple(o.name for o in ops), {o.name: o.inputs for o in ops}, {o.name: o.block for o in ops}
 
 
-class LlamaLayer(torch.nn.Module):
+class LlamaLayer(OpLayer):
     """One LLaMA layer on one TP rank, executable op by op."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
 
     def __init__(self, cfg: LlamaConfig, group: Any = None, layer_index: int = 0, device: Any = None,
                  seed: int = 1234) -> None:
-        super().__init__()
+        names, inputs, blocks = _names(cfg)
+        super().__init__(layer_index, names, inputs, blocks)
         t = tp.world(group)
         h, a, g, f = cfg.hidden_size, cfg.num_attention_heads, cfg.groups, cfg.ffn_hidden_size
         if t != cfg.tp:
@@ -169,13 +174,13 @@ class LlamaLayer(torch.nn.Module):
                              f"ffn % TP = 0 and an even head dim (TP={t})")
         if cfg.dropout_p:
             raise ValueError("the LLaMA runtime layer has no dropout (dropout_p must be 0)")
-        self.cfg, self.group, self.layer_index, self.seed = cfg, group, layer_index, seed
+        self.cfg, self.group, self.seed = cfg, group, seed
         self.head_dim, self.heads_local, self.groups_local = h // a, a // t, g // t
         kw = {"device": device, "dtype": cfg.dtype}
         base = seed * 1000 + layer_index * 10
         out_std = tp.scaled_init_std(0.02, cfg.num_layers)
-        self.norm1 = torch.nn.Parameter(torch.ones(h, **kw))  # type: ignore[arg-type]
-        self.norm2 = torch.nn.Parameter(torch.ones(h, **kw))  # type: ignore[arg-type]
+        self.norm1 = torch.nn.Parameter(torch.ones(h, **kw))
+        self.norm2 = torch.nn.Parameter(torch.ones(h, **kw))
         self.qkv = tp.ColumnParallelLinear(h, (a + 2 * g) * self.head_dim, group, seed=base + 1, **kw)
         self.proj = tp.RowParallelLinear(a * self.head_dim, h, group, seed=base + 2, std=out_std, **kw)
         self.gate_up = tp.ColumnParallelLinear(h, 2 * f, group, seed=base + 3, stride=2, **kw)
@@ -189,28 +194,21 @@ class LlamaLayer(torch.nn.Module):
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
         ang = torch.outer(torch.arange(cfg.seq_length, dtype=torch.float64), inv)
         ang = torch.cat([ang, ang], -1)[:, None, None, :]  # [s, 1, 1, d]
-        self.register_buffer("cos", ang.cos().to(**kw), persistent=False)  # type: ignore[arg-type]
-        self.register_buffer("sin", ang.sin().to(**kw), persistent=False)  # type: ignore[arg-type]
-        self.op_names, self.op_inputs, self.op_blocks = _names(cfg)
-        self.window_hook: WindowHook | None = None
-
-    # -- windows -------------------------------------------------------------------------------------
-    def _window(self, direction: str, op: str, mb: int) -> tp.Window:
-        hook = self.window_hook
-        if hook is None:
-            return None
-        return lambda: hook(direction, op, mb)
+        self.register_buffer("cos", ang.cos().to(**kw), persistent=False)
+        self.register_buffer("sin", ang.sin().to(**kw), persistent=False)
+        self.set_ops({n: self._op(n) for n in names})
 
     # -- ops -----------------------------------------------------------------------------------------
     def _column(self, lin: tp.ColumnParallelLinear, x: torch.Tensor, comm: str, mb: int) -> torch.Tensor:
         if self.cfg.sequence_parallel:  # the backward collective is the all-gather's reduce-scatter
-            return tp.ColumnParallelLinearFn.apply(x, lin.weight, None, None, None)
-        return tp.ColumnParallelLinearFn.apply(x, lin.weight, None, self.group, self._window("bwd", comm, mb))
+            return tp.apply_fn(tp.ColumnParallelLinearFn, x, lin.weight, None, None, None)
+        window = self.window(Direction.BWD, comm, mb)
+        return tp.apply_fn(tp.ColumnParallelLinearFn, x, lin.weight, None, self.group, window)
 
     def _rope(self, qkv: torch.Tensor) -> torch.Tensor:
         s, b = qkv.shape[0], qkv.shape[1]
         per = self.heads_local // self.groups_local + 2
-        return _Rope.apply(qkv, self.cos[:s], self.sin[:s], (s, b, self.groups_local, per, self.head_dim))
+        return tp.apply_fn(_Rope, qkv, self.cos[:s], self.sin[:s], (s, b, self.groups_local, per, self.head_dim))
 
     def _core(self, rope: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         s, b = rope.shape[0], rope.shape[1]
@@ -221,50 +219,71 @@ class LlamaLayer(torch.nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=a_l != g_l)
         return out.permute(2, 0, 1, 3).reshape(s, b, a_l * d)  # a view: the kernel writes [s, b, a_l, d]
 
-    def _fn(self, name: str, e: dict[str, torch.Tensor], mb: int) -> torch.Tensor:
+    def _op(self, name: str) -> OpFn:
+        """The function of op `name` (LLaMA's op table, one entry per op of the family's list)."""
         ins = self.op_inputs[name]
-        x = e[ins[0]]
+        x0 = ins[0]
         eps = self.cfg.norm_eps
-        if name == "rmsnorm1":
-            return _RMSNorm.apply(x, self.norm1, eps)
-        if name == "rmsnorm2":
-            return _RMSNorm.apply(x, self.norm2, eps)
-        if name in ("attn_allgather", "mlp_allgather"):
-            return tp.gather_from_sp(x, self.group, self._window("fwd", name, mb), self._window("bwd", name, mb))
-        if name == "qkv":
-            return self._column(self.qkv, x, "attn_allreduce", mb)
-        if name == "gate_up":
-            return self._column(self.gate_up, x, "mlp_allreduce", mb)
-        if name == "rope":
-            return self._rope(x)
-        if name == "core_attn":
-            return self._core(x, e["qkv"])
-        if name == "attn_proj":
-            return self.proj(x)
-        if name == "swiglu":
-            return _SwiGLU.apply(x)
-        if name == "down":
-            return self.down(x)
+        fns: dict[str, OpFn] = {
+            "rmsnorm1": lambda e, m: tp.apply_fn(_RMSNorm, e[x0], self.norm1, eps),
+            "rmsnorm2": lambda e, m: tp.apply_fn(_RMSNorm, e[x0], self.norm2, eps),
+            "qkv": lambda e, m: self._column(self.qkv, e[x0], "attn_allreduce", m),
+            "gate_up": lambda e, m: self._column(self.gate_up, e[x0], "mlp_allreduce", m),
+            "rope": lambda e, m: self._rope(e[x0]),
+            "core_attn": lambda e, m: self._core(e[x0], e["qkv"]),
+            "attn_proj": lambda e, m: tp.call(self.proj, e[x0]),
+            "swiglu": lambda e, m: tp.apply_fn(_SwiGLU, e[x0]),
+            "down": lambda e, m: tp.call(self.down, e[x0]),
+        }
+        if name in fns:
+            return fns[name]
+        if name.endswith("_allgather"):
+            return lambda e, m: tp.gather_from_sp(e[x0], self.group, self.window(Direction.FWD, name, m),
+                                                  self.window(Direction.BWD, name, m))
         if name.endswith("_allreduce"):
-            return tp.reduce_from_tp(x, self.group, self._window("fwd", name, mb))
+            return lambda e, m: tp.reduce_from_tp(e[x0], self.group, self.window(Direction.FWD, name, m))
         if name.endswith("_reducescatter"):
-            return tp.reduce_scatter_to_sp(x, self.group, self._window("fwd", name, mb), None)
-        if name in ("attn_residual", "mlp_residual"):
-            return e[ins[1]] + x
-        raise KeyError(name)
+            return lambda e, m: tp.reduce_scatter_to_sp(e[x0], self.group, self.window(Direction.FWD, name, m), None)
+        if name.endswith("_residual"):
+            return lambda e, m: e[ins[1]] + e[x0]
+        raise KeyError(f"the LLaMA layer has no op {name!r}")
 
-    # -- public --------------------------------------------------------------------------------------
-    def run_op(self, name: str, env: dict[str, torch.Tensor], microbatch: int = 0) -> torch.Tensor:
-        """Compute op `name` from `env`; comm ops run their collective (windows via `window_hook`)."""
-        if name not in self.op_inputs:
-            raise KeyError(f"op {name!r} is not in this layer ({', '.join(self.op_names)})")
-        return self._fn(name, env, microbatch)
 
-    def forward(self, x: torch.Tensor, microbatch: int = 0) -> torch.Tensor:
-        env: dict[str, torch.Tensor] = {LAYER_INPUT: x}
-        for n in self.op_names:
-            env[n] = self.run_op(n, env, microbatch)
-        return env[self.op_names[-1]]
+@dataclass(frozen=True)
+class LlamaEnds:
+    """Token embedding (no positions: RoPE is in the layers); final RMSNorm and an untied LM head."""
+
+    first_params: tuple[str, ...] = ("wte",)
+    last_params: tuple[str, ...] = ("norm_f", "head")
+    tied: tuple[str, ...] = ()
+
+    def build(self, owner: Any, cfg: LlamaConfig, vocab_size: int, seed: int, first: bool, last: bool,
+              device: Any) -> None:
+        if not (first or last):
+            return
+        h, kw = cfg.hidden_size, {"device": device, "dtype": cfg.dtype}
+        gen = torch.Generator().manual_seed(seed)  # both drawn in this order on either end: equal to the model's
+        wte = torch.empty(vocab_size, h).normal_(0, 0.02, generator=gen)
+        head = torch.empty(vocab_size, h).normal_(0, 0.02, generator=gen)
+        if first:
+            owner.wte = torch.nn.Parameter(wte.to(**kw))
+        if last:
+            owner.head = torch.nn.Parameter(head.to(**kw))
+            owner.norm_f = torch.nn.Parameter(torch.ones(h, device=device, dtype=cfg.dtype))
+
+    def embed(self, owner: Any, tokens: torch.Tensor, microbatch: int, group: Any) -> torch.Tensor:
+        x = owner.wte[tokens].transpose(0, 1).contiguous()  # [s, b, h]
+        if owner.cfg.sequence_parallel:
+            x = tp.apply_fn(tp.SplitSeqFn, x, group, False)
+        return x  # type: ignore[no-any-return]
+
+    def head(self, owner: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        if owner.cfg.sequence_parallel:
+            x = tp.apply_fn(tp.SplitSeqFn, x, group, True)
+        return F.linear(tp.apply_fn(_RMSNorm, x, owner.norm_f, owner.cfg.norm_eps), owner.head)
+
+
+LLAMA_ENDS = LlamaEnds()
 
 
 class LlamaModel(torch.nn.Module):
@@ -274,44 +293,26 @@ class LlamaModel(torch.nn.Module):
     def __init__(self, cfg: LlamaConfig, num_layers: int, vocab_size: int, group: Any = None,
                  device: Any = None, seed: int = 1234) -> None:
         super().__init__()
-        from dataclasses import replace
-
         cfg = replace(cfg, num_layers=num_layers)
         self.cfg, self.group, self.seed = cfg, group, seed
-        h = cfg.hidden_size
-        gen = torch.Generator().manual_seed(seed)
-        kw = {"device": device, "dtype": cfg.dtype}
-        self.wte = torch.nn.Parameter(torch.empty(vocab_size, h).normal_(0, 0.02, generator=gen).to(**kw))
-        self.head = torch.nn.Parameter(torch.empty(vocab_size, h).normal_(0, 0.02, generator=gen).to(**kw))
-        self.norm_f = torch.nn.Parameter(torch.ones(h, **kw))  # type: ignore[arg-type]
+        LLAMA_ENDS.build(self, cfg, vocab_size, seed, True, True, device)
         self.layers = torch.nn.ModuleList(
             LlamaLayer(cfg, group, layer_index=i, device=device, seed=seed) for i in range(num_layers)
         )
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor, microbatch: int = 0,
                 engine: Any = None) -> torch.Tensor:
-        x = self.wte[tokens].transpose(0, 1).contiguous()  # [s, b, h]
-        if self.cfg.sequence_parallel:
-            x = tp.SplitSeqFn.apply(x, self.group, False)
+        x = LLAMA_ENDS.embed(self, tokens, microbatch, self.group)
         if engine is not None:
             x = engine.forward(x, microbatch)
         else:
             for layer in self.layers:
                 x = layer(x, microbatch)
-        if self.cfg.sequence_parallel:
-            x = tp.SplitSeqFn.apply(x, self.group, True)
-        logits = F.linear(_RMSNorm.apply(x, self.norm_f, self.cfg.norm_eps), self.head)
-        return F.cross_entropy(logits.flatten(0, 1).float(), labels.transpose(0, 1).flatten())
+        return lm_loss(LLAMA_ENDS.head(self, x, self.group), labels)
 
     def allreduce_sp_grads(self) -> None:
         """Sum the partial RMSNorm weight gradients of the sequence-parallel region over the TP group."""
-        import torch.distributed as dist
-
-        if not self.cfg.sequence_parallel or tp.world(self.group) == 1:
-            return
-        for p in self.parameters():
-            if getattr(p, "sequence_parallel", False) and p.grad is not None:
-                dist.all_reduce(p.grad, group=self.group)
+        tp.allreduce_sp_grads(self, self.cfg.sequence_parallel, self.group)
 
 
 def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: bool) -> LlamaConfig:
@@ -324,4 +325,5 @@ def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: 
                        tp=par.tp, sequence_parallel=par.sequence_parallel, dtype=dtype, num_layers=model.num_layers)
 
 
-RUNTIME = RuntimeFamily(config=_config, layer=LlamaLayer, model=LlamaModel, op_names=lambda cfg: _names(cfg)[0])
+RUNTIME = RuntimeFamily(config=_config, layer=LlamaLayer, model=LlamaModel, op_names=lambda cfg: _names(cfg)[0],
+                        ends=LLAMA_ENDS)

@@ -7,7 +7,7 @@ It creates namespaces with unique names, uses addresses only inside them (10.77.
 veth ends), pins rank r to CPU r, and removes everything on exit (context manager; `finally`). Needs root
 and iproute2; `unavailable()` says why not, so tests and the benchmark skip with a clear message.
 
-`python -m lynx.runtime.testbed probe` (run inside the testbed by `Testbed.run`) measures an all-reduce,
+`python -m tests.harness.testbed probe` (run inside the testbed by `Testbed.run`) measures an all-reduce,
 a compute burst, and both overlapped (the compute inside the all-reduce window).
 """
 
@@ -24,6 +24,10 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+_REPO = Path(__file__).resolve().parents[2]
+"""The repository root: ranks run `python -m tests.harness.testbed` with it on their path."""
 
 
 def unavailable() -> str | None:
@@ -124,6 +128,8 @@ class Testbed:
         e.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank // 2), MASTER_ADDR=self.addr[0],
                  MASTER_PORT=str(port), OMP_NUM_THREADS="1",
                  GLOO_SOCKET_IFNAME=self.dev[slot])  # gloo would pick the interface of the host name
+        # `python -m tests.harness.testbed` from any directory: the repository root on the path
+        e["PYTHONPATH"] = os.pathsep.join(filter(None, (str(_REPO), e.get("PYTHONPATH"))))
         cmd = ["ip", "netns", "exec", self.ns[slot], "taskset", "-c", str(self.cpus[slot % len(self.cpus)]),
                *argv]
         return subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -155,7 +161,7 @@ def probe(mbytes: float, matmul_n: int, reps: int) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
-    from lynx.runtime.tp import run_collective
+    from lynx.runtime.layers.tp import run_collective
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="env://", timeout=__import__("datetime").timedelta(seconds=60))
@@ -252,7 +258,7 @@ def probe_pipeline_order(mbytes: float, reps: int, busy_s: float = 0.07) -> dict
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="lynx.runtime.testbed")
+    p = argparse.ArgumentParser(prog="tests.harness.testbed")
     sub = p.add_subparsers(dest="cmd", required=True)
     pr = sub.add_parser("probe", help="(inside the testbed) all-reduce vs compute vs both overlapped")
     pr.add_argument("--mbytes", type=float, default=16.0)

@@ -14,17 +14,14 @@ from lynx.memory import stage_peak_bytes
 from lynx.methods import get_method
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
 from lynx.problem import PlanOptions, PlanProblem
-from lynx.runtime import actions as act
-from lynx.runtime.check import grads_of, model_spec, train_step
-from lynx.runtime.layer import LayerConfig
-from lynx.runtime.model import GPTModel, synthetic_batch
+from lynx.runtime.layers.family import runtime_of
+from lynx.runtime.layers.gpt import LayerConfig
+from lynx.runtime.layers.gpt_model import synthetic_batch
 from lynx.runtime.pipeline import PipelineLayout, PipelineRunner, make_groups
+from lynx.runtime.pipeline.order import layout_schedule
+from lynx.schedule import Schedule
 from lynx.spec import ParallelSpec, load_hardware
-
-TIED = ("wte",)
-"""Parameters whose gradient is the sum of two stages' parts (the tied embedding / LM head): the pipeline
-adds sum_j head_j + sum_j embed_j, the single-process run sum_j (head_j + embed_j); equal up to float
-reassociation, so compared with a tolerance instead of bitwise."""
+from tests.harness.check import grads_of, model_spec, train_step
 
 
 def stage_problem(cfg: LayerConfig, partition: tuple[int, ...], vocab: int, num_microbatches: int,
@@ -89,8 +86,8 @@ class PipelineCase:
         return PipelineLayout(tp=self.cfg.tp, pp=self.pp, dp=1, vpp=self.vpp, layers_per_stage=self.partition,
                               policies=pols, num_microbatches=self.num_microbatches)
 
-    def rows(self) -> act.Rows:
-        return act.schedule_rows(self.pp, self.vpp, self.num_microbatches)
+    def schedule(self) -> Schedule:
+        return layout_schedule(self.pp, self.vpp, self.num_microbatches)
 
 
 def compare_with_reference(case: PipelineCase, rank: int, device: torch.device) -> dict[str, Any]:
@@ -98,7 +95,7 @@ def compare_with_reference(case: PipelineCase, rank: int, device: torch.device) 
     group; return what differed (needs an initialized default process group of the layout's size)."""
     layout = case.layout()
     groups = make_groups(layout, rank)
-    runner = PipelineRunner(layout, case.rows(), case.cfg, case.vocab, rank, groups, device,
+    runner = PipelineRunner(layout, case.schedule(), case.cfg, case.vocab, rank, groups, device,
                             host_staged=case.host_staged)
     m = case.num_microbatches
     batches = [synthetic_batch(case.vocab, case.cfg.micro_batch_size, case.cfg.seq_length, j, 0, device)
@@ -106,12 +103,15 @@ def compare_with_reference(case: PipelineCase, rank: int, device: torch.device) 
     runner.step(batches)
     got = runner.named_grads()
     torch.manual_seed(0)
-    ref = GPTModel(case.cfg, sum(case.partition), case.vocab, groups.tp, device=device)
+    family = runtime_of(case.cfg)
+    ref = family.model(case.cfg, sum(case.partition), case.vocab, groups.tp, device=device)
     ref_loss = train_step(ref, m, None, 1, batches=batches)
     want = grads_of(ref)
     bad, tied_err = [], 0.0
     for name, g in got.items():
-        if name in TIED:
+        # a tied embedding / LM head: the pipeline adds sum_j head_j + sum_j embed_j, the single-process run
+        # sum_j (head_j + embed_j); equal up to float reassociation, so compared within a tolerance
+        if name in family.ends.tied:
             tied_err = max(tied_err, float((g - want[name]).abs().max() / want[name].abs().max()))
         elif not torch.equal(g, want[name]):
             bad.append(name)
@@ -134,8 +134,7 @@ def _owned(runner: PipelineRunner, names: dict[str, torch.Tensor]) -> set[str]:
     for mod in runner.modules.values():
         sp = mod.spec
         prefixes = [f"layers.{i}." for i in range(sp.first_layer, sp.first_layer + sp.num_layers)]
-        prefixes += ["wte"] if sp.is_first or sp.is_last else []
-        prefixes += ["wpe"] if sp.is_first else []
-        prefixes += ["ln_f."] if sp.is_last else []
+        prefixes += list(mod.ends.first_params) if sp.is_first else []
+        prefixes += list(mod.ends.last_params) if sp.is_last else []
         out |= {n for n in names if any(n.startswith(p) for p in prefixes)}
     return out

@@ -41,6 +41,18 @@ def set_collective_tracer(fn: CollectiveTracer | None) -> None:
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+def call(module: torch.nn.Module, *args: Any) -> torch.Tensor:
+    """`module(*args)` with its result typed (`Module.__call__` returns Any)."""
+    out: torch.Tensor = module(*args)
+    return out
+
+
+def apply_fn(fn: type[torch.autograd.Function], *args: Any) -> torch.Tensor:
+    """`fn.apply(*args)` with its result typed (torch declares `Function.apply` without types)."""
+    out: torch.Tensor = fn.apply(*args)
+    return out
+
+
 def world(group: Any) -> int:
     return 1 if group is None else dist.get_world_size(group)
 
@@ -120,7 +132,7 @@ class CommFn(torch.autograd.Function):
     "reducescatter". `fwd_window` runs inside the forward collective, `bwd_window` inside the backward one."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, kind: str, group: Any, fwd_window: Window,  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, kind: str, group: Any, fwd_window: Window,
                 bwd_window: Window) -> torch.Tensor:
         ctx.kind, ctx.group, ctx.bwd_window = kind, group, bwd_window
         if kind == "copy":
@@ -130,7 +142,7 @@ class CommFn(torch.autograd.Function):
         return run_collective(kind, x, group, fwd_window)
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         dual = _DUAL[ctx.kind]
         if dual is None:
             if ctx.bwd_window is not None:
@@ -145,12 +157,12 @@ class SplitSeqFn(torch.autograd.Function):
     this rank's slice of a gradient that every rank holds in full, e.g. from a replicated LM head)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, gather: bool) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, group: Any, gather: bool) -> torch.Tensor:
         ctx.group, ctx.gather = group, gather
         return run_collective("allgather", x, group) if gather else _own_slice(x, group)
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         return (_own_slice(g, ctx.group) if ctx.gather else run_collective("allgather", g, ctx.group)), None, None
 
 
@@ -164,19 +176,20 @@ def _own_slice(x: torch.Tensor, group: Any) -> torch.Tensor:
 
 
 def reduce_from_tp(x: torch.Tensor, group: Any, fwd_window: Window = None) -> torch.Tensor:
-    return CommFn.apply(x, "allreduce", group, fwd_window, None)
+    return apply_fn(CommFn, x, "allreduce", group, fwd_window, None)
 
 
 def copy_to_tp(x: torch.Tensor, group: Any, bwd_window: Window = None) -> torch.Tensor:
-    return CommFn.apply(x, "copy", group, None, bwd_window)
+    return apply_fn(CommFn, x, "copy", group, None, bwd_window)
 
 
-def gather_from_sp(x: torch.Tensor, group: Any, fwd_window: Window = None, bwd_window: Window = None):
-    return CommFn.apply(x, "allgather", group, fwd_window, bwd_window)
+def gather_from_sp(x: torch.Tensor, group: Any, fwd_window: Window = None, bwd_window: Window = None) -> torch.Tensor:
+    return apply_fn(CommFn, x, "allgather", group, fwd_window, bwd_window)
 
 
-def reduce_scatter_to_sp(x: torch.Tensor, group: Any, fwd_window: Window = None, bwd_window: Window = None):
-    return CommFn.apply(x, "reducescatter", group, fwd_window, bwd_window)
+def reduce_scatter_to_sp(x: torch.Tensor, group: Any, fwd_window: Window = None,
+                         bwd_window: Window = None) -> torch.Tensor:
+    return apply_fn(CommFn, x, "reducescatter", group, fwd_window, bwd_window)
 
 
 class ColumnParallelLinearFn(torch.autograd.Function):
@@ -185,14 +198,14 @@ class ColumnParallelLinearFn(torch.autograd.Function):
     all-reduce). Saves x and W only, so the saved-tensor accounting is exactly the GEMM's input."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
                 group: Any, bwd_window: Window) -> torch.Tensor:
         ctx.save_for_backward(x, w)
         ctx.has_bias, ctx.group, ctx.bwd_window = b is not None, group, bwd_window
         return torch.nn.functional.linear(x, w, b)
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         x, w = ctx.saved_tensors
         gx = g.matmul(w)
         state: dict[str, torch.Tensor] = {}
@@ -233,7 +246,7 @@ class ColumnParallelLinear(torch.nn.Module):
         self.bias = torch.nn.Parameter(torch.zeros(out_f // n, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor, bwd_window: Window = None) -> torch.Tensor:
-        return ColumnParallelLinearFn.apply(x, self.weight, self.bias, self.group, bwd_window)
+        return apply_fn(ColumnParallelLinearFn, x, self.weight, self.bias, self.group, bwd_window)
 
 
 class RowParallelLinear(torch.nn.Module):
@@ -258,3 +271,12 @@ class RowParallelLinear(torch.nn.Module):
 def scaled_init_std(std: float, num_layers: int) -> float:
     """Megatron's output-layer init: std / sqrt(2 L)."""
     return std / math.sqrt(2.0 * max(1, num_layers))
+
+
+def allreduce_sp_grads(module: torch.nn.Module, sequence_parallel: bool, group: Any) -> None:
+    """Sum the partial norm-weight gradients of the sequence-parallel region over the TP group."""
+    if not sequence_parallel or world(group) == 1:
+        return
+    for p in module.parameters():
+        if getattr(p, "sequence_parallel", False) and p.grad is not None:
+            dist.all_reduce(p.grad, group=group)

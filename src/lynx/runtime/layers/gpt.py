@@ -1,4 +1,4 @@
-"""A GPT layer built from the op vocabulary (`lynx.graph.STANDARD_OPS` / `SP_OPS`), Megatron-style TP.
+"""A GPT layer built from the op vocabulary (`lynx.families.gpt.STANDARD_OPS` / `SP_OPS`), Megatron-style TP.
 
 Each op is a separate call, ``run_op(name, env)``, reading earlier outputs by name from `env` exactly as
 `lynx.costmodel.build_layer_graph` describes them (``op_inputs`` are the graph's ``Op.inputs``):
@@ -17,25 +17,23 @@ With ``core_attn=True`` the four core-attention ops become one ``core_attn`` op
 (seed, layer_index, microbatch, op), so recomputing an op reproduces its mask bit for bit.
 
 `window_hook` (set by the recompute engine) is called as ``hook(direction, op, microbatch)`` with
-direction "fwd" inside the forward collective of comm op `op`, and "bwd" inside the backward collective
+direction `Direction.FWD` inside the forward collective of comm op `op`, and `BWD` inside the backward collective
 that belongs to the block of `op` (the f/all-gather before QKV and FC1). TP = 1 opens the same windows.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from lynx.families.gpt import SP_OPS, STANDARD_OPS
 from lynx.graph import LAYER_INPUT
-from lynx.runtime import tp
-
-WindowHook = Callable[[str, str, int], None]
+from lynx.runtime.layers import tp
+from lynx.runtime.layers.base import Direction, OpLayer
 
 
 @dataclass(frozen=True)
@@ -53,18 +51,20 @@ class LayerConfig:
     num_layers: int = 1
     """Only for Megatron's scaled init of the output linears."""
 
+    family: ClassVar[str] = "gpt"
+
 
 class _Dropout(torch.autograd.Function):
     """x * mask / (1 - p) with the mask (bool, 1 byte/element) as the only saved tensor."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
         ctx.save_for_backward(mask)
         ctx.scale = scale
         return x * mask * scale
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         (mask,) = ctx.saved_tensors
         return g * mask * ctx.scale, None, None
 
@@ -73,13 +73,13 @@ class _CausalSoftmax(torch.autograd.Function):
     """softmax(scores with future positions at -inf); saves only its output (as Megatron's fused kernel)."""
 
     @staticmethod
-    def forward(ctx: Any, scores: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, scores: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
         y = torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1)
         ctx.save_for_backward(y)
         return y
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         (y,) = ctx.saved_tensors
         return y * (g - (g * y).sum(-1, keepdim=True)), None
 
@@ -118,19 +118,22 @@ def op_inputs_for(names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     return prev
 
 
-class GPTLayer(torch.nn.Module):
+class GPTLayer(OpLayer):
     """One transformer layer on one TP rank, executable op by op."""
 
     def __init__(self, cfg: LayerConfig, group: Any = None, layer_index: int = 0, device: Any = None,
                  seed: int = 1234) -> None:
-        super().__init__()
+        names = op_names_for(cfg)
+        mlp_from = names.index("ln2")
+        super().__init__(layer_index, names, op_inputs_for(names),
+                         {n: "attn" if i < mlp_from else "mlp" for i, n in enumerate(names)})
         t = tp.world(group)
         if t != cfg.tp:
             raise ValueError(f"LayerConfig.tp={cfg.tp} but the process group has {t} ranks")
         h, a, f = cfg.hidden_size, cfg.num_attention_heads, cfg.ffn_hidden_size
         if h % a or a % t or f % t:
             raise ValueError(f"hidden {h}, heads {a}, ffn {f} must divide by heads / TP={t}")
-        self.cfg, self.group, self.layer_index, self.seed = cfg, group, layer_index, seed
+        self.cfg, self.group, self.seed = cfg, group, seed
         self.heads_local, self.head_dim = a // t, h // a
         kw = {"device": device, "dtype": cfg.dtype}
         base = seed * 1000 + layer_index * 10
@@ -148,12 +151,7 @@ class GPTLayer(torch.nn.Module):
         s = cfg.seq_length
         self.register_buffer("causal", torch.ones(s, s, dtype=torch.bool, device=device).triu(1),
                              persistent=False)
-        self.op_names: tuple[str, ...] = op_names_for(cfg)
-        self.op_inputs: dict[str, tuple[str, ...]] = op_inputs_for(self.op_names)
-        mlp_from = self.op_names.index("ln2")
-        self.op_blocks: dict[str, str] = {n: "attn" if i < mlp_from else "mlp" for i, n in enumerate(self.op_names)}
-        self.window_hook: WindowHook | None = None
-        self._fns: dict[str, Callable[[dict[str, torch.Tensor], int], torch.Tensor]] = {
+        self.set_ops({
             "ln1": lambda e, m: self.ln1(e[LAYER_INPUT]),
             "ln2": lambda e, m: self.ln2(e["attn_residual"]),
             "attn_allgather": lambda e, m: self._gather(e["ln1"], "attn_allgather", m),
@@ -161,7 +159,7 @@ class GPTLayer(torch.nn.Module):
             "qkv": lambda e, m: self._column(self.qkv, e, "qkv", m),
             "fc1": lambda e, m: self._column(self.fc1, e, "fc1", m),
             "attn_scores": lambda e, m: self._scores(e["qkv"]),
-            "softmax": lambda e, m: _CausalSoftmax.apply(e["attn_scores"], self.causal),
+            "softmax": lambda e, m: tp.apply_fn(_CausalSoftmax, e["attn_scores"], self.causal),
             "attn_dropout": lambda e, m: self._dropout(e["softmax"], "attn_dropout", m),
             "attn_context": lambda e, m: self._context(e),
             "core_attn": lambda e, m: self._core(e["qkv"], m),
@@ -174,32 +172,26 @@ class GPTLayer(torch.nn.Module):
             "mlp_reducescatter": lambda e, m: self._rs(e["fc2"], "mlp_reducescatter", m),
             "attn_residual": lambda e, m: self._residual(e, "attn_residual", self.proj.bias, LAYER_INPUT, m),
             "mlp_residual": lambda e, m: self._residual(e, "mlp_residual", self.fc2.bias, "attn_residual", m),
-        }
-
-    # -- windows -------------------------------------------------------------------------------------
-    def _window(self, direction: str, op: str, mb: int) -> tp.Window:
-        hook = self.window_hook
-        if hook is None:
-            return None
-        return lambda: hook(direction, op, mb)
+        })
 
     # -- ops -----------------------------------------------------------------------------------------
-    def _column(self, lin: tp.ColumnParallelLinear, e: dict[str, torch.Tensor], name: str, mb: int):
+    def _column(self, lin: tp.ColumnParallelLinear, e: dict[str, torch.Tensor], name: str, mb: int) -> torch.Tensor:
         x = e[self.op_inputs[name][0]]
         if self.cfg.sequence_parallel:  # the backward collective is the all-gather's reduce-scatter
-            return tp.ColumnParallelLinearFn.apply(x, lin.weight, lin.bias, None, None)
+            return tp.apply_fn(tp.ColumnParallelLinearFn, x, lin.weight, lin.bias, None, None)
         comm = "attn_allreduce" if name == "qkv" else "mlp_allreduce"
-        return lin(x, self._window("bwd", comm, mb))
+        out: torch.Tensor = lin(x, self.window(Direction.BWD, comm, mb))
+        return out
 
     def _gather(self, x: torch.Tensor, name: str, mb: int) -> torch.Tensor:
-        return tp.gather_from_sp(x, self.group, self._window("fwd", name, mb),
-                                 self._window("bwd", name, mb))
+        return tp.gather_from_sp(x, self.group, self.window(Direction.FWD, name, mb),
+                                 self.window(Direction.BWD, name, mb))
 
     def _reduce(self, x: torch.Tensor, name: str, mb: int) -> torch.Tensor:
-        return tp.reduce_from_tp(x, self.group, self._window("fwd", name, mb))
+        return tp.reduce_from_tp(x, self.group, self.window(Direction.FWD, name, mb))
 
     def _rs(self, x: torch.Tensor, name: str, mb: int) -> torch.Tensor:
-        return tp.reduce_scatter_to_sp(x, self.group, self._window("fwd", name, mb), None)
+        return tp.reduce_scatter_to_sp(x, self.group, self.window(Direction.FWD, name, mb), None)
 
     def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[s, b, a_l * 3 * d] (Megatron's per-head [q|k|v] layout) -> three [b * a_l, s, d] *views*, so
@@ -258,21 +250,8 @@ class GPTLayer(torch.nn.Module):
         p = self.cfg.dropout_p
         if not self.training or p == 0.0:
             return x.view_as(x)
-        return _Dropout.apply(x, self.dropout_mask(x.shape, op, mb, x.device), 1.0 / (1.0 - p))
+        return tp.apply_fn(_Dropout, x, self.dropout_mask(x.shape, op, mb, x.device), 1.0 / (1.0 - p))
 
-    def _residual(self, e: dict[str, torch.Tensor], name: str, bias: torch.Tensor, res: str, mb: int):
+    def _residual(self, e: dict[str, torch.Tensor], name: str, bias: torch.Tensor, res: str, mb: int) -> torch.Tensor:
         x = e[self.op_inputs[name][0]] + bias
         return e[res] + self._dropout(x, name, mb)
-
-    # -- public --------------------------------------------------------------------------------------
-    def run_op(self, name: str, env: dict[str, torch.Tensor], microbatch: int = 0) -> torch.Tensor:
-        """Compute op `name` from `env`; comm ops run their collective (windows via `window_hook`)."""
-        if name not in self.op_inputs:
-            raise KeyError(f"op {name!r} is not in this layer ({', '.join(self.op_names)})")
-        return self._fns[name](env, microbatch)
-
-    def forward(self, x: torch.Tensor, microbatch: int = 0) -> torch.Tensor:
-        env: dict[str, torch.Tensor] = {LAYER_INPUT: x}
-        for n in self.op_names:
-            env[n] = self.run_op(n, env, microbatch)
-        return env[self.op_names[-1]]

@@ -1,7 +1,9 @@
 """One pipeline stage (one chunk of one rank) as a module: the embedding on the first stage, a contiguous
 slice of the model's layers run through a `RecomputeEngine` under that stage's policy, and the final
-LayerNorm with the tied LM head on the last stage. Weights are drawn exactly as `GPTModel` draws them, so
-a pipeline's stages together are the single-process model (the correctness tests compare them bit for bit).
+norm with the LM head on the last stage, for any model family: the layer config names its family, whose
+runtime module gives the layer and the model's ends (`lynx.runtime.layers.ends`). Weights are drawn exactly
+as the family's single-process model draws them, so a pipeline's stages together are that model (the
+correctness tests compare them bit for bit).
 
 The pipeline schedule calls `forward(x)`; the micro-batch and the micro-batches whose phase-1/2 work this
 forward hosts are set just before by the schedule's forward function (`set_microbatch`), because
@@ -12,14 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from lynx.policy.base import RecomputePolicy
 from lynx.runtime.engine import RecomputeEngine
-from lynx.runtime.layer import GPTLayer, LayerConfig
-from lynx.runtime.model import embed, embedding_weights, head_logits, lm_loss
+from lynx.runtime.layers.ends import lm_loss
+from lynx.runtime.layers.family import runtime_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,24 +45,17 @@ class StageSpec:
 
 
 class StageModule(torch.nn.Module):
-    def __init__(self, spec: StageSpec, cfg: LayerConfig, vocab_size: int, group: Any = None,
+    def __init__(self, spec: StageSpec, cfg: Any, vocab_size: int, group: Any = None,
                  device: Any = None, seed: int = 1234) -> None:
         super().__init__()
         self.spec, self.cfg, self.group, self.seed = spec, cfg, group, seed
-        kw = {"device": device, "dtype": cfg.dtype}
-        if spec.is_first or spec.is_last:
-            wte, wpe = embedding_weights(cfg, vocab_size, seed)
-            self.wte = torch.nn.Parameter(wte.to(**kw))
-            if spec.is_first:
-                self.wpe = torch.nn.Parameter(wpe.to(**kw))
-        # keyed by the global layer index: parameter names equal GPTModel's ("layers.3.qkv.weight")
-        self.layers = torch.nn.ModuleDict({
-            str(i): GPTLayer(cfg, group, layer_index=i, device=device, seed=seed)
-            for i in range(spec.first_layer, spec.first_layer + spec.num_layers)
-        })
-        if spec.is_last:
-            self.ln_f = torch.nn.LayerNorm(cfg.hidden_size, **kw)
-        stack = list(self.layers.values())
+        family = runtime_of(cfg)
+        self.ends = family.ends
+        self.ends.build(self, cfg, vocab_size, seed, spec.is_first, spec.is_last, device)
+        # keyed by the global layer index: parameter names equal the model's ("layers.3.qkv.weight")
+        stack = [family.layer(cfg, group, layer_index=i, device=device, seed=seed)
+                 for i in range(spec.first_layer, spec.first_layer + spec.num_layers)]
+        self.layers = torch.nn.ModuleDict({str(layer.layer_index): cast(torch.nn.Module, layer) for layer in stack})
         self.engine = RecomputeEngine(stack, spec.policy) if spec.policy is not None and stack else None
         self.microbatch = 0
         self.hosts: frozenset[int] = frozenset()
@@ -75,14 +70,14 @@ class StageModule(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mb = self.microbatch
         if self.spec.is_first:
-            x = embed(self.wte, self.wpe, x, mb, self.cfg, self.seed, self.training, self.group)
+            x = self.ends.embed(self, x, mb, self.group)
         if self.engine is not None:
             x = self.engine.forward(x, mb, self.hosts, self.guest)
         else:
             for layer in self.layers.values():
                 x = layer(x, mb)
         if self.spec.is_last:
-            return head_logits(x, self.ln_f, self.wte, self.cfg, self.group)
+            return self.ends.head(self, x, self.group)
         return x
 
     def example_io(self, vocab_size: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,7 +115,7 @@ class HostStaged(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.inner.spec.is_first:  # the first stage's tokens come from the batch, already on `compute`
             x = x.to(self.compute, copy=True)
-        y = self.inner(x)
+        y: torch.Tensor = self.inner(x)
         return y if self.inner.spec.is_last else y.to(self.comm, copy=True)
 
 

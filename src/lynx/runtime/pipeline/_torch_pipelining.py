@@ -62,12 +62,12 @@ class Hooks:
 
     before_forward(stage, mb): set the stage module's micro-batch and hosts;
     before_grad_wait(stage, mb): cool-down recomputation, before waiting for the next stage's gradient;
-    span(name, t0, t1): timeline events ("F", "B", "wait ...").
+    span(name, t0, t1, stage): timeline events ("F", "B", "wait ..."); stage None: the running action's.
     peer_rank(stage): the global rank that runs `stage` (for error messages)."""
 
     before_forward: Callable[[int, int], None] | None = None
     before_grad_wait: Callable[[int, int], None] | None = None
-    span: Callable[[str, float, float], None] | None = None
+    span: Callable[[str, float, float, int | None], None] | None = None
     peer_rank: Callable[[int], int] | None = None
     timeout_s: float | None = None
     """Bound on each p2p wait (gloo's receive otherwise waits forever for a frozen peer)."""
@@ -86,7 +86,7 @@ def _wait(ops: list[Any], what: str, peer_stage: int, hooks: Hooks) -> None:
         cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise PeerError(f"waiting for {what} from stage {peer_stage} (rank {peer}): {cause}") from None
     if hooks.span is not None:
-        hooks.span(f"p2p wait {what}", t0, time.perf_counter())
+        hooks.span(f"p2p wait {what}", t0, time.perf_counter(), None)
 
 
 def receives_before_sends(order: list[Any]) -> list[Any]:
@@ -126,9 +126,9 @@ def build_schedule(stages: list[Any], num_microbatches: int, loss_fn: Callable[.
     by_index = {s.stage_index: s for s in stages}
     ctype = schedules._ComputationType
 
-    def span(name: str, t0: float) -> None:
+    def span(name: str, t0: float, stage: int) -> None:
         if hooks.span is not None:
-            hooks.span(name, t0, time.perf_counter())
+            hooks.span(name, t0, time.perf_counter(), stage)
 
     def forward(action: Any, ctx: Any) -> None:
         s, mb = action.stage_index, action.microbatch_index
@@ -140,7 +140,7 @@ def build_schedule(stages: list[Any], num_microbatches: int, loss_fn: Callable[.
         t0 = time.perf_counter()
         out = stage.forward_one_chunk(mb, ctx.arg_mbs[mb], ctx.kwarg_mbs[mb], save_forward_output=False)
         sched._maybe_compute_loss(stage, out, ctx.target_mbs, mb)
-        span(f"F{mb} stage {s}", t0)
+        span(f"F{mb} stage {s}", t0, s)
         if s + 1 in by_index:
             by_index[s + 1].set_local_fwd_input(out, mb)
 
@@ -156,7 +156,7 @@ def build_schedule(stages: list[Any], num_microbatches: int, loss_fn: Callable[.
         sched.backward_counter[s] += 1
         stage.backward_one_chunk(mb, loss=loss, full_backward=True,
                                  last_backward=sched.backward_counter[s] == num_microbatches)
-        span(f"B{mb} stage {s}", t0)
+        span(f"B{mb} stage {s}", t0, s)
         if s - 1 in by_index:
             by_index[s - 1].set_local_bwd_input(stage.get_local_bwd_output(mb), mb)
 

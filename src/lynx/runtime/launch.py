@@ -1,6 +1,8 @@
-"""Distributed faults as one line: argument checks before any process group, torch's C++ logs kept out of
-the terminal, and a failure on a rank described by what it was doing (joining the rendezvous, a
-collective) and the timeout that bounded it. No torch import here: this runs before torch is loaded.
+"""Launching ranks and their faults as one line: local spawning (`spawn_ranks`), the rendezvous with a
+deadline (`init_group`), argument checks before any process group, torch's C++ logs kept out of the
+terminal, and a failure on a rank described by what it was doing (joining the rendezvous, a collective) and
+the timeout that bounded it. `lynx train` and `lynx profile` launch through here. No module-level torch
+import: this runs before torch is loaded.
 
 `--debug` (LYNX_DEBUG=1) keeps torch's own logs and prints the traceback.
 """
@@ -29,6 +31,10 @@ class RuntimeArgError(LynxError):
     """A runtime argument that cannot work (checked before any process starts)."""
 
 
+class TrainError(LynxError):
+    """A plan the runtime cannot run."""
+
+
 class RankFailedError(LynxError):
     """A local rank died or timed out (its own line is already on stderr): a fault, not bad input."""
 
@@ -54,6 +60,16 @@ def quiet_spawn_logs() -> None:
         import logging
 
         logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+
+
+def quiet_pipelining_logs() -> None:
+    """torch's pipeline schedule logs the failing action and the whole schedule before re-raising; the failure
+    itself is lynx's one line (`rank_failure`). Kept with --debug. Call after torch is imported."""
+    if not debug():
+        import logging
+
+        for name in ("torch.distributed.pipelining", "torch.distributed.pipelining.schedules"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def stop_ranks(processes: list[Any], grace_s: float = 5.0) -> None:
@@ -148,3 +164,44 @@ def rendezvous_deadline(rank: int, world: int, timeout_s: float) -> Iterator[Non
         yield
     finally:
         timer.cancel()
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for a local rendezvous."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_group(backend: str, init_method: str, rank: int, world: int, timeout_s: float) -> None:
+    """Join the default process group within `timeout_s` (`rendezvous_deadline`); every later collective
+    times out after `timeout_s` too."""
+    import datetime
+
+    import torch.distributed as dist
+
+    with rendezvous_deadline(rank, world, timeout_s):
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def spawn_ranks(entry: Any, world: int, args: argparse.Namespace) -> None:
+    """`entry(rank, world, init_method, args)` on `world` local processes (127.0.0.1); a failed rank is one
+    line (the ranks print their own cause), Ctrl-C stops them all."""
+    from torch.multiprocessing.spawn import start_processes
+
+    quiet_spawn_logs()
+    ranks = start_processes(entry, args=(world, f"tcp://127.0.0.1:{free_port()}", args), nprocs=world,
+                               join=False, start_method="spawn")
+    try:
+        while not ranks.join():
+            pass
+    except KeyboardInterrupt:  # interrupted: stop the ranks too (a signal to lynx alone does not reach them)
+        stop_ranks(ranks.processes)
+        raise
+    except Exception as e:
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        # A rank that raised: torch puts its traceback in the message; the last line is the error itself.
+        raise RankFailedError(f"training failed: {lines[-1] if 'following error' in lines[0] else lines[0]}") from None

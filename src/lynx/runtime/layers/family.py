@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from lynx.runtime.layers.base import RuntimeLayer
+from lynx.runtime.layers.ends import ModelEnds
 from lynx.spec import ModelSpec, ParallelSpec
 
 
@@ -19,16 +21,27 @@ from lynx.spec import ModelSpec, ParallelSpec
 class RuntimeFamily:
     config: Callable[[ModelSpec, ParallelSpec, torch.dtype, bool], Any]
     """(model, layout, dtype, core_attn) -> the layer config (core_attn: GPT's SDPA switch)."""
-    layer: Callable[..., torch.nn.Module]
+    layer: Callable[..., RuntimeLayer]
     """(cfg, group, layer_index=, device=, seed=) -> one layer with run_op / op_names / op_inputs / op_blocks."""
     model: Callable[..., torch.nn.Module]
     """(cfg, num_layers, vocab, group, device=, seed=) -> embeddings + layers + head + loss."""
     op_names: Callable[[Any], tuple[str, ...]]
+    ends: ModelEnds
+    """The embedding and the final norm + LM head (`lynx.runtime.layers.ends`)."""
 
 
 def runtime_for(model: ModelSpec) -> RuntimeFamily:
+    return runtime_of_family(model.family)
+
+
+def runtime_of(cfg: Any) -> RuntimeFamily:
+    """The family of a runtime layer config (each config class names its family)."""
+    return runtime_of_family(str(cfg.family))
+
+
+def runtime_of_family(name: str) -> RuntimeFamily:
     from lynx.families import get_family
 
-    mod = importlib.import_module(get_family(model.family).runtime_module)
+    mod = importlib.import_module(get_family(name).runtime_module)
     rt: RuntimeFamily = mod.RUNTIME
     return rt

@@ -1,0 +1,41 @@
+"""Where a restoration runs, as types: `Place` (a window of the plan's phases 1-4, the cool-down stall, or on
+demand) and `Direction` (the forward or the backward collective a layer opens a window in). The place's
+value is the key the engine's statistics and `lynx train`'s report count restorations under."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from lynx.policy.base import Phase
+from lynx.runtime.layers.base import Direction
+
+__all__ = ["BWD_PHASE", "FWD_PHASE", "Direction", "Place"]
+
+
+class Place(Enum):
+    FWD_ATTN = "fwd_attn"
+    FWD_MLP = "fwd_mlp"
+    BWD_MLP = "bwd_mlp"
+    BWD_ATTN = "bwd_attn"
+    COOLDOWN = "cooldown"
+    """The cool-down stall: before waiting for the next stage's gradient, with no forward left to host."""
+    ON_DEMAND = "on_demand"
+    """When backward unpacks a tensor not restored yet (phase 5, or what no window restored)."""
+
+    @property
+    def in_window(self) -> bool:
+        return self is not Place.ON_DEMAND
+
+    @staticmethod
+    def of(phase: Phase) -> Place:
+        """The window place of a phase-1..4 op."""
+        return _OF_PHASE[phase]
+
+
+_OF_PHASE = {Phase.FWD_ATTN: Place.FWD_ATTN, Phase.FWD_MLP: Place.FWD_MLP, Phase.BWD_MLP: Place.BWD_MLP,
+             Phase.BWD_ATTN: Place.BWD_ATTN}
+
+FWD_PHASE = {"attn": Phase.FWD_ATTN, "mlp": Phase.FWD_MLP}
+"""The phase a block's forward collective hosts."""
+BWD_PHASE = {"mlp": Phase.BWD_MLP, "attn": Phase.BWD_ATTN}
+"""The phase a block's backward collective hosts (for the layer below)."""

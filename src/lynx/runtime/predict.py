@@ -1,0 +1,46 @@
+"""The planner's prediction of what the recompute engine holds: the analytic graph at the runtime's dtype
+and `lynx.memory`'s activation rule with the normalization statistics the runtime also keeps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lynx.graph import LayerGraph
+from lynx.memory import predicted_activation_bytes as _predicted
+from lynx.policy.base import RecomputePolicy
+from lynx.schedule import derive_facts, schedule_1f1b
+
+
+def runtime_graph(graph: LayerGraph, dtype: torch.dtype) -> LayerGraph:
+    """The analytic graph (16-bit activations) with activation bytes rescaled to the runtime's dtype;
+    dropout masks stay 1 byte per element."""
+    from dataclasses import replace
+
+    f = torch.empty((), dtype=dtype).element_size() / 2.0
+    ops = tuple(replace(o, out_bytes=o.out_bytes * f) for o in graph.ops)
+    return replace(graph, ops=ops, input_bytes=graph.input_bytes * f)
+
+
+def layernorm_stats_bytes(cfg: Any, keep: frozenset[str]) -> int:
+    """Mean and 1/std per token that a kept LayerNorm's backward also reads (fp32), which the graph folds
+    into the op as negligible: 2 x 4 bytes per token per kept LayerNorm (a config may name its own norm ops
+    and bytes per token: RMSNorm keeps 4)."""
+    tok = cfg.seq_length * cfg.micro_batch_size // (cfg.tp if cfg.sequence_parallel else 1)
+    per = getattr(cfg, "norm_stats_bytes", 2 * 4)
+    return sum(per * tok for n in getattr(cfg, "norm_ops", ("ln1", "ln2")) if n in keep)
+
+
+def predicted_activation_bytes(graph: LayerGraph, policy: RecomputePolicy, cfg: Any,
+                               in_flight: int = 1) -> tuple[float, float]:
+    """The planner's view of what the engine measures, from `lynx.memory` on `graph` (bytes in the
+    runtime's dtype): (held after the forward passes in flight, peak held including what backward
+    restores). In-flight count and forward windows are the schedule's facts for the first stage of an
+    `in_flight`-deep 1F1B pipeline. LayerNorm statistics are added as the runtime holds them."""
+    k = max(1, in_flight)
+    facts = derive_facts(schedule_1f1b(k, k)).of(0)
+    ln = [float(layernorm_stats_bytes(cfg, lp.keep)) for lp in policy.layers]
+    per_op = {n: float(layernorm_stats_bytes(cfg, frozenset({n}))) for n in graph.names}
+    return _predicted(graph, policy.layers, ln, facts.in_flight, facts.has_fwd_windows,
+                      {n: b for n, b in per_op.items() if b})

@@ -1,0 +1,177 @@
+"""The one report of `lynx train`, for every layout.
+
+Each rank records per iteration its time and per stage what the engine held and restored (`IterRecord`);
+rank 0 gathers every rank's `RankRecord` and `build` writes the JSON report:
+
+- ``iterations``: per iteration the time (max over ranks, and per rank), the mean loss, and rank 0's
+  recomputation (``restored_on_demand``, ``restored_in_window``, ``recompute_ondemand_s``,
+  ``recompute_window_s``, ``act_peak_bytes``; per rank ``act_peak_bytes_per_rank``);
+- ``stages``: per virtual stage the activation bytes held (peak, after forward) against the prediction
+  (`lynx.runtime.predict`), the micro-batches in flight, seconds and counts of recomputation per place;
+- ``measured_act_*`` / ``predicted_act_*``: stage 0's (the stage with the most micro-batches in flight);
+- on CUDA ``cuda_per_rank``: the allocator's peak against the plan's per-stage peak (static included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from lynx.paths import write_text
+from lynx.runtime import trace as trace_mod
+from lynx.runtime.launch import TrainError
+
+if TYPE_CHECKING:
+    from lynx.runtime.pipeline import PipelineRunner
+    from lynx.runtime.run_plan import RunPlan
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    act_peak_bytes: int
+    act_after_fwd_bytes: int
+    window_s: float
+    cooldown_s: float
+    ondemand_s: float
+    restored: dict[str, int]
+    """Ops restored per place (fwd_attn, fwd_mlp, bwd_mlp, bwd_attn, cooldown, on_demand)."""
+
+
+@dataclass(frozen=True)
+class IterRecord:
+    iter: int
+    warmup: bool
+    time_s: float
+    loss: float | None
+    """Mean over this rank's micro-batches (None off the last stage)."""
+    stages: dict[int, StageRecord]
+    cuda_max_allocated_bytes: int | None
+
+
+@dataclass(frozen=True)
+class StagePrediction:
+    act_after_fwd_bytes: float
+    act_peak_bytes: float
+    in_flight: int
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    rank: int
+    stages: tuple[int, ...]
+    records: tuple[IterRecord, ...]
+    events: tuple[Any, ...]
+    predicted: dict[int, StagePrediction]
+
+
+def iter_record(it: int, warmup: bool, dt: float, runner: PipelineRunner, cuda: int | None) -> IterRecord:
+    stages = {}
+    for s, mod in runner.modules.items():
+        st = mod.engine.stats if mod.engine is not None else None
+        if st is None:
+            continue
+        stages[s] = StageRecord(st.peak_bytes, max(st.fwd_end_bytes, default=0), st.window_s, st.cooldown_s,
+                                st.ondemand_s, dict(st.by_window))
+    loss = sum(runner.losses) / len(runner.losses) if runner.losses else None
+    return IterRecord(it, warmup, dt, loss, stages, cuda)
+
+
+def _iteration(i: int, ranks: list[RankRecord]) -> dict[str, Any]:
+    per = [r.records[i] for r in ranks]
+    losses = [p.loss for p in per if p.loss is not None]
+    mine = per[0].stages.values()  # rank 0's stages
+    on_demand = sum(st.restored.get("on_demand", 0) for st in mine)
+    return {"iter": i, "warmup": per[0].warmup, "time_s": max(p.time_s for p in per),
+            "time_s_per_rank": [p.time_s for p in per], "loss": sum(losses) / len(losses),
+            "act_peak_bytes": sum(st.act_peak_bytes for st in mine),
+            "act_peak_bytes_per_rank": [sum(st.act_peak_bytes for st in p.stages.values()) for p in per],
+            "restored_on_demand": on_demand,
+            "restored_in_window": sum(sum(st.restored.values()) for st in mine) - on_demand,
+            "recompute_ondemand_s": sum(st.ondemand_s for st in mine),
+            "recompute_window_s": sum(st.window_s + st.cooldown_s for st in mine)}
+
+
+def _stages(ranks: list[RankRecord], timed: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for r in ranks:
+        for s, pred in r.predicted.items():
+            recs = [rec.stages[s] for rec in r.records[-timed:]]
+            n = len(recs)
+            out.setdefault(str(s), {
+                "rank": r.rank, "measured_act_peak_bytes": max(x.act_peak_bytes for x in recs),
+                "predicted_act_peak_bytes": pred.act_peak_bytes,
+                "measured_act_after_fwd_bytes": recs[-1].act_after_fwd_bytes,
+                "predicted_act_after_fwd_bytes": pred.act_after_fwd_bytes, "in_flight": pred.in_flight,
+                "window_s": sum(x.window_s for x in recs) / n, "cooldown_s": sum(x.cooldown_s for x in recs) / n,
+                "ondemand_s": sum(x.ondemand_s for x in recs) / n, "restored": recs[-1].restored})
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def build(args: argparse.Namespace, rp: RunPlan, ranks: list[RankRecord], backend: str,
+          host_staged: bool) -> dict[str, Any]:
+    L = rp.layout
+    iters = [_iteration(i, ranks) for i in range(len(ranks[0].records))]
+    timed = [r for r in iters if not r["warmup"]] or iters
+    stages = _stages(ranks, len(timed))
+    first = stages.get("0", {})
+    report: dict[str, Any] = {
+        "plan": str(args.plan), "method": rp.method, "family": rp.problem.model.family,
+        "tp": L.tp, "pp": L.pp, "dp": L.dp, "vpp": L.vpp, "num_layers": sum(L.layers_per_stage),
+        "num_microbatches": L.num_microbatches, "device": args.device, "dtype": args.dtype, "backend": backend,
+        "p2p": "host memory" if host_staged else "direct",
+        "config": {k: (str(v) if k == "dtype" else v) for k, v in asdict(rp.cfg).items()},
+        "iterations": iters, "median_time_s": sorted(r["time_s"] for r in timed)[len(timed) // 2],
+        "predicted_iteration_time_s": rp.predicted_time_s, "stages": stages,
+        "measured_act_after_fwd_bytes": first.get("measured_act_after_fwd_bytes", 0),
+        "predicted_act_after_fwd_bytes": first.get("predicted_act_after_fwd_bytes", 0.0),
+        "measured_act_peak_bytes": first.get("measured_act_peak_bytes", 0),
+        "predicted_act_peak_bytes": first.get("predicted_act_peak_bytes", 0.0),
+    }
+    cuda = _cuda(ranks, rp, L.coords, len(timed))
+    if cuda:
+        report["cuda_per_rank"] = cuda
+    if args.trace:
+        _write_trace(args.trace, ranks, iters[-1]["time_s"])
+    return report
+
+
+def _cuda(ranks: list[RankRecord], rp: RunPlan, coords: Any, timed: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for r in ranks:
+        peaks = [rec.cuda_max_allocated_bytes for rec in r.records[-timed:] if rec.cuda_max_allocated_bytes]
+        if peaks:
+            pp_rank, sim = coords(r.rank)[0], rp.predicted_stage_peaks
+            out[str(r.rank)] = {"max_allocated_bytes": max(peaks),
+                                "predicted_peak_memory_bytes": sim[pp_rank] if pp_rank < len(sim) else None}
+    return out
+
+
+def _write_trace(path: str, ranks: list[RankRecord], iteration_s: float) -> None:
+    evs: list[dict[str, Any]] = []
+    for r in ranks:
+        evs += trace_mod.chrome_events(r.rank, f"rank {r.rank} (stages {list(r.stages)})", r.events, 0.0)
+    trace_mod.write_chrome(path, evs, {"iteration_time_s": iteration_s,
+                                       "stages_of_rank": {str(r.rank): list(r.stages) for r in ranks}})
+
+
+def finish(report: dict[str, Any] | None, args: argparse.Namespace) -> None:
+    """Rank 0: write the report (--out), print the losses, each stage's peaks and the median iteration."""
+    if report is None:
+        return
+    if args.out:
+        write_text(args.out, json.dumps(report, indent=2), "--out", TrainError)
+    if not args.quiet:
+        print("losses " + " ".join(f"{it['loss']:.4f}" for it in report["iterations"]), flush=True)
+        for s, st in report["stages"].items():
+            print(f"stage {s}: act peak {st['measured_act_peak_bytes'] / 2**20:8.2f} MiB (predicted "
+                  f"{st['predicted_act_peak_bytes'] / 2**20:8.2f}), after forward "
+                  f"{st['measured_act_after_fwd_bytes'] / 2**20:.2f} MiB (predicted "
+                  f"{st['predicted_act_after_fwd_bytes'] / 2**20:.2f}), recompute windows {st['window_s']:.4f} s "
+                  f"(cool-down {st['cooldown_s']:.4f}) on demand {st['ondemand_s']:.4f} s", flush=True)
+        print(f"median iteration {report['median_time_s']:.3f} s (the plan predicts "
+              f"{report['predicted_iteration_time_s']:.4g} s on its hardware)", flush=True)
+    if args.trace and args.compare_trace:
+        lines, _ = trace_mod.compare(args.plan, args.trace)
+        print("\n".join(lines), flush=True)

@@ -1,0 +1,81 @@
+"""What the runtime needs from a plan, read through the typed plan objects (`load_plan`, and the prediction
+recomputed by `Plan.evaluate`: a plan file's own numbers are never trusted): the family's layer config, the
+pipeline layout with one policy per virtual stage, and the predicted time and per-stage peaks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from lynx.errors import PlanFormatError
+from lynx.plan import Plan, load_plan
+from lynx.policy.base import RecomputePolicy, validate_layer_policy
+from lynx.problem import PlanProblem
+from lynx.runtime.layers.family import RuntimeFamily, runtime_for
+from lynx.runtime.pipeline import LayoutError, PipelineLayout
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What the runtime needs from a plan, read through the typed plan objects."""
+
+    path: str
+    problem: PlanProblem
+    method: str
+    layout: PipelineLayout
+    family: RuntimeFamily
+    cfg: Any
+    """The family's layer config (`LayerConfig`, `LlamaConfig`)."""
+    predicted_time_s: float
+    predicted_stage_peaks: tuple[float, ...]
+    """The simulator's per-pipeline-rank peak memory (static included), bytes."""
+
+
+def load_run(plan_path: str, dtype: torch.dtype, core_attn: bool) -> RunPlan:
+    problem, result = load_plan(plan_path)
+    par, model = problem.parallel, problem.model
+    family = runtime_for(model)  # the plan's model family picks the runtime layer and the model's ends
+    try:
+        cfg = family.config(model, par, dtype, core_attn)
+    except ValueError as e:
+        raise PlanFormatError(f"{plan_path}: {e}") from None
+    names = family.op_names(cfg)
+    if names != problem.graph.names:
+        raise PlanFormatError(f"{plan_path}: the plan's layer ops ({', '.join(problem.graph.names)}) are not "
+                              f"this runtime layer's ({', '.join(names)}); check --core-attn")
+    vpp = problem.options.vpp
+    virtual = tuple(result.partition.chunks or result.partition.layers_per_stage)
+    try:
+        layout = PipelineLayout(tp=par.tp, pp=par.pp, dp=par.dp, vpp=vpp, layers_per_stage=virtual,
+                                policies=_chunk_policies(tuple(result.policies), virtual, par.pp, vpp),
+                                num_microbatches=par.num_microbatches)
+    except LayoutError as e:
+        raise PlanFormatError(f"{plan_path}: {e}") from None
+    for s, pol in enumerate(result.policies):
+        for i, lp in enumerate(pol.layers):
+            errs = validate_layer_policy(problem.graph, lp, has_fwd_windows=True)
+            if errs:
+                raise PlanFormatError(f"{plan_path}: stage {s} layer {i}: " + "; ".join(errs))
+    pred = Plan.evaluate(problem, result, record=False).prediction
+    return RunPlan(plan_path, problem, result.method, layout, family, cfg, pred.iteration_time_s,
+                   tuple(st.peak_memory_bytes for st in pred.stages))
+
+
+def _chunk_policies(pols: tuple[RecomputePolicy, ...], virtual: tuple[int, ...], pp: int,
+                    vpp: int) -> tuple[RecomputePolicy | None, ...]:
+    """One policy per virtual stage. A plan with one policy per rank (the rank's layers, chunk 0 first) is
+    split into its chunks; one per virtual stage is taken as is."""
+    if vpp == 1 or len(pols) != pp or len(virtual) != pp * vpp:
+        return pols
+    out: list[RecomputePolicy | None] = [None] * (pp * vpp)
+    for r, pol in enumerate(pols):
+        first = 0
+        for c in range(vpp):
+            k = virtual[c * pp + r]
+            out[c * pp + r] = replace(pol, layers=pol.layers[first:first + k])
+            first += k
+        if first != len(pol.layers):
+            raise LayoutError(f"rank {r}: its chunks hold {first} layers, its policy {len(pol.layers)}")
+    return tuple(out)
