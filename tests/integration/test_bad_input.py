@@ -124,6 +124,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name, (path, value) in PLAN_TAMPERS.items():
         (root / name).write_text(json.dumps(_tamper(d, path, value)))
     (root / "notjson.json").write_text("{nope")
+    (root / "mc.yaml").write_text("family: mcore\nname: mc\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n"
+                                  "activation: squared-relu\nvocab_size: 256\nmax_position_embeddings: 64\n")
+    assert _subprocess_lynx(["plan", "--model", str(root / "mc.yaml"), "--tp", "1", "--pp", "1", "--seq-len", "32",
+                             "--micro-batch", "1",
+                             "--global-batch", "2", "--out", str(root / "mcore.json")]).returncode == 0
     graph = root / "graph.json"
     assert _subprocess_lynx(["graph", "--model", "gpt-tiny", "--seq-len", "64", "--out", str(graph)]).returncode == 0
     g = json.loads(graph.read_text())
@@ -279,6 +284,9 @@ TRAIN_CASES: list[tuple[str, list[str], int, str]] = [
     ("train-backend", [*TRAIN, "--backend", "mpi"], 2, "--backend"),
     ("train-nccl-on-cpu", [*TRAIN, "--device", "cpu", "--backend", "nccl"], 2, "--backend nccl needs --device cuda"),
     ("train-tampered-plan", ["train", "--plan", "{f}/tp3.json"], 2, "TP 3"),
+    ("train-family-without-runtime", ["train", "--plan", "{f}/mcore.json"], 2, "family 'mcore' has no runtime layer"),
+    ("train-missing-plan-with-trace", ["train", "--plan", "{f}/nope.json", "--trace", "{f}/t.json"], 2,
+     "no such plan file"),
 ]
 
 

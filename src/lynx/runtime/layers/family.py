@@ -40,8 +40,14 @@ def runtime_of(cfg: Any) -> RuntimeFamily:
 
 
 def runtime_of_family(name: str) -> RuntimeFamily:
-    from lynx.families import get_family
+    from lynx.errors import SpecError
+    from lynx.families import family_names, get_family
 
-    mod = importlib.import_module(get_family(name).runtime_module)
+    module = get_family(name).runtime_module
+    if not module:
+        built = ", ".join(f for f in family_names() if get_family(f).runtime_module)
+        raise SpecError(f"family {name!r} has no runtime layer: lynx train builds {built} layers; plan and export "
+                        f"this model (lynx plan, lynx export megatron), or train a {built.split(', ')[0]} model")
+    mod = importlib.import_module(module)
     rt: RuntimeFamily = mod.RUNTIME
     return rt
