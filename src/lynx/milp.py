@@ -60,6 +60,9 @@ class Milp:
     integer: list[bool] = field(default_factory=list)
     cost: list[float] = field(default_factory=list)
     rows: list[tuple[float, dict[int, float], float]] = field(default_factory=list)
+    contradiction: bool = False
+    """A constraint with no variables left that cannot hold (e.g. a budget below the static memory alone): the
+    model is infeasible before any solve, which reports it as such."""
 
     def var(self, name: str, lb: float = 0.0, ub: float = INF, integer: bool = False, cost: float = 0.0) -> int:
         self.names.append(name)
@@ -83,7 +86,7 @@ class Milp:
         terms = {v: c for v, c in expr.items() if c != 0.0}
         if not terms:
             if lb > 1e-9 or ub < -1e-9:
-                raise ValueError("constant constraint is infeasible")
+                self.contradiction = True
             return
         self.rows.append((lb, terms, ub))
 
@@ -109,6 +112,9 @@ class Milp:
         """Solve with HiGHS ("auto", "highs") or Gurobi ("gurobi", only when gurobipy is importable).
         `start`: values of some variables of a known feasible solution (HiGHS completes the rest; a start
         that turns out infeasible is ignored)."""
+        if self.contradiction:
+            n = self.num_variables
+            return MilpSolution("infeasible", math.inf, (0.0,) * n, 0.0, 0.0, n, self.num_constraints, "none")
         if backend == "gurobi":
             if not _gurobi_available():
                 raise ValueError("backend 'gurobi' asked for, but gurobipy is not installed")

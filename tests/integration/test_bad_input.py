@@ -257,6 +257,9 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("export-out-proc", ["export", "torchtitan", "{f}/good.json", "--out", "/proc/x"], 2, "/proc"),
     ("export-out-is-file", ["export", "megatron", "{f}/good.json", "--out", "{f}/exists.json"], 2, "not a directory"),
     ("from-megatron-bad-int", [*P, "--from-megatron", "--num-layers abc"], 2, "--num-layers"),
+    ("budget-below-static", ["plan", "--model", "gpt-tiny", "--tp", "1", "--pp", "4", "--micro-batch", "2",
+                             "--global-batch", "32", "--seq-len", "512", "--budget-gb", "0.05"], 2,
+     "no recomputation policy fits"),
     # the surfaces added since: schedule CSVs, lynx schedule's own ranges and output, lynx solve's sizes
     ("schedule-load-many-ranks", ["schedule", "--load", "{f}/many_ranks.csv"], 2, "at most 128 ranks"),
     ("schedule-load-binary", ["schedule", "--load", "{f}/binary.csv"], 2, "binary.csv"),
