@@ -1,4 +1,4 @@
-"""The window control of a plan (issue 14, item 9): the same partition and the same kept/dropped ops, with
+"""The window control of a plan: the same partition and the same kept/dropped ops, with
 every recomputation the plan places in a window (phases 1-4) or a cool-down stall moved on demand (phase 5).
 Held bytes after forward are the same; run interleaved with the plan, the time it adds is what the windows
 hid. Shared by benchmarks/testbed_experiment.py (TP) and benchmarks/pipeline_testbed.py (PP)."""

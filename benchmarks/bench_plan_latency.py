@@ -1,6 +1,6 @@
 """How long `lynx plan --compare` takes, end to end (a fresh process, as a user runs it) and per method.
 
-Target (issue 2): the README's compare command answers in under 2 s on this 2-core machine; each row says
+Target: the README's compare command answers in under 2 s on this 2-core machine; each row says
 whether its median holds, and a last line sums up.
 Run: python benchmarks/bench_plan_latency.py [--repeats 3]
 """

@@ -1,4 +1,4 @@
-"""Where the recompute engine's time goes (issue 14, item 9): one process, TP 1, one torch thread, the testbeds'
+"""Where the recompute engine's time goes: one process, TP 1, one torch thread, the testbeds'
 4-layer GPT (h 512, 8 heads, FFN 2048, s 256, micro-batch 2, 4 micro-batches, fp32, dropout 0.1).
 
 Side by side in one process, per recomputed op:
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _targets(res: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]]) -> None:
     """What a recomputing policy adds over `none` costs what the plan prices (within 25%), and nothing leaks
-    (under 1000 minor page faults per iteration: the leak fixed in issue 14 caused ~50k)."""
+    (under 1000 minor page faults per iteration: the engine leak fixed earlier caused ~50k)."""
     t = Targets()
     print("\ntargets:")
     for p, r in rows.items():

@@ -1,4 +1,4 @@
-"""The pipeline Model Deployer experiment on the namespace testbed (issue 14, items 8 and 9). Needs root.
+"""The pipeline Model Deployer experiment on the namespace testbed. Needs root.
 
     python benchmarks/pipeline_testbed.py --layout pp2 --rate 100 --iters 10 --rounds 3 \\
         --out benchmarks/results/pipeline_testbed_pp2.json

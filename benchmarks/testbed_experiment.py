@@ -1,4 +1,4 @@
-"""The Model Deployer experiment on the namespace testbed (issue 6, item 5). Needs root.
+"""The Model Deployer experiment on the namespace testbed. Needs root.
 
     python benchmarks/testbed_experiment.py --rates 100 400 --out benchmarks/results/testbed.json
 
@@ -112,7 +112,7 @@ def run_rate(rate: float, work: Path, model: Path, iters: int, repeats: int, rou
         budget, peaks = choose_budget(model, pid, db)
         plans = {m: plan(m, model, pid, db, budget, work / f"plan-{rate:g}-{m}.json") for m in METHODS}
         names = list(METHODS)
-        for m in METHODS:  # the window control (issue 14, item 9): same plan, window work on demand
+        for m in METHODS:  # the window control: same plan, window work on demand
             ctl = work / f"plan-{rate:g}-{m}-ondemand.json"
             if control_file(work / f"plan-{rate:g}-{m}.json", ctl):
                 plans[f"{m}/ondemand"] = json.loads(ctl.read_text())

@@ -1,4 +1,4 @@
-"""What the windows hide, measured against its own noise (issue 14, item 9). Needs root (network namespaces).
+"""What the windows hide, measured against its own noise. Needs root (network namespaces).
 
     python benchmarks/window_control.py --layout tp2    --out benchmarks/results/window_control_tp2.json
     python benchmarks/window_control.py --layout pp2tp2 --out benchmarks/results/window_control_pp2tp2.json

@@ -27,7 +27,7 @@ from tests.harness.check import grads_of, model_spec, train_step
 def stage_problem(cfg: LayerConfig, partition: tuple[int, ...], vocab: int, num_microbatches: int,
                   **opts: Any) -> PlanProblem:
     """The planner's problem for `partition` as a pipeline of len(partition) stages (virtual stages of an
-    interleaved layout are planned as stages of a deeper pipeline until plans carry vpp, issue 9)."""
+    interleaved layout are planned as stages of a deeper pipeline from before plans carried vpp)."""
     par = ParallelSpec(tp=cfg.tp, pp=len(partition), sequence_parallel=cfg.sequence_parallel,
                        micro_batch_size=cfg.micro_batch_size,
                        global_batch_size=cfg.micro_batch_size * num_microbatches, seq_length=cfg.seq_length)

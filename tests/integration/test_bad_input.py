@@ -244,7 +244,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("profile-db-not-ours", ["profile", "--db", "{f}/exists.json"], 2, "exists.json"),
     ("profile-export-out", ["profile", "export", "latest", "--db", "{f}/p.sqlite", "--out", "{f}/x.txt"], 2,
      ".json"),
-    # the commands of issues 9, 11 and 12
+    # lynx schedule, lynx memory and lynx export
     ("vpp-negative", [*P, "--vpp", "-1"], 2, "vpp"),
     ("vpp-without-pp", [*P, "--pp", "1", "--vpp", "2"], 2, "--vpp"),
     ("schedule-pp-zero", ["schedule", "--pp", "0", "--micro-batches", "4"], 2, "pp"),

@@ -36,7 +36,7 @@ def test_breakdown_sums_to_the_closed_form_peak(case: dict[str, object]) -> None
             assert st.peak == pytest.approx(closed, rel=1e-12), (name, st.stage)
             assert st.static.total == pytest.approx(ctx.static_bytes, rel=1e-12)
             # (the simulator's peak is reported next to it; that the closed form bounds it is the memory
-            # model's property test, and does not hold yet for uniform chunks of 2+: issue 11, part 1)
+            # model's property test, and does not hold for uniform chunks of 2+)
             assert st.simulated_peak_bytes is not None and st.simulated_peak_bytes > st.static.total
             assert st.headroom == pytest.approx(ctx.budget_bytes - closed)
             assert all(v >= 0 for v in st.terms().values())

@@ -193,7 +193,7 @@ def test_plugin_and_stock_settings_are_the_fastest_that_fit() -> None:
 
 
 def test_interleaved_plan_per_rank_policies_split_into_chunks() -> None:
-    """Issue 9's interleaved plans carry `partition.chunks` and one policy per rank (chunk 0 first); the
+    """Interleaved plans carry `partition.chunks` and one policy per rank (chunk 0 first); the
     exporter reads them as one policy per virtual stage. Emulated here with a stand-in partition object."""
     p = plan_with(problem_for(mb=16), "lynx", record=False)
     g = p.problem.graph

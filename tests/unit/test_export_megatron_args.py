@@ -82,7 +82,7 @@ def test_missing_sizes_are_named() -> None:
 
 
 def test_llama_fields_become_megatron_flags() -> None:
-    """The LLaMA fields issue 10 adds to ModelSpec, read by getattr (a stand-in object here)."""
+    """The LLaMA fields of ModelSpec, read by getattr (a stand-in object here)."""
     from types import SimpleNamespace
 
     from lynx.export.megatron_model import model_flags
@@ -110,7 +110,7 @@ def test_llama_fields_become_megatron_flags() -> None:
         with pytest.raises(SpecError, match="LLaMA family"):
             parse_megatron_args(cmd)
         return
-    m = parse_megatron_args(cmd).model  # after issue 10: the same model back
+    m = parse_megatron_args(cmd).model  # the same model back
     assert (m.family, m.num_query_groups, m.activation, m.normalization, m.position_embedding, m.tie_embeddings,
             m.attention, m.dropout, m.rotary_base) == ("llama", 8, "swiglu", "rmsnorm", "rope", False, "flash", False,
                                                        500000.0)

@@ -57,7 +57,7 @@ class Figures:
 
 
 def _prediction(plan: Plan) -> dict[str, Any]:
-    """The plan file's prediction block (a method today; a property with `to_dict` after issue 9)."""
+    """The plan file's prediction block (`Prediction.to_dict`)."""
     raw: Any = plan.prediction
     return dict(raw() if callable(raw) else raw.to_dict())
 

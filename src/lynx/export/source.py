@@ -29,7 +29,7 @@ class ExportSource:
 def source_from(problem: PlanProblem, result: PlanResult) -> ExportSource:
     """Read the layout off a planning result.
 
-    Today's plans have one chunk per stage (vpp = 1). Interleaved plans (issue 9) carry
+    Today's plans have one chunk per stage (vpp = 1). Interleaved plans carry
     `partition.chunks`, the layers of every virtual stage in model order (chunk c of rank r = virtual stage
     c * pp + r), and one policy per rank whose layers run chunk 0 first; this function is the only place
     that reads those fields (by `getattr`), and splits each rank's policy into its chunks.

@@ -6,7 +6,7 @@ pages. Recomputation frees and re-allocates activations far more often than a pl
 cost lands on the recomputing policies only and is not recomputation. Seen here (4-layer GPT, h=512, s=256,
 micro-batch 2, 4 micro-batches, one thread, `getrusage` over one iteration, busy machine): the engine under
 `selective` took 134k minor page faults and 0.52 s of system time against 4.6k and 0.01 s for a plain run;
-with the settings below 66k and 0.08 s (issue 14, item 9; docs/runtime.md). The process keeps its peak heap.
+with the settings below 66k and 0.08 s (docs/runtime.md, "Engine overhead"). The process keeps its peak heap.
 On CUDA the caching allocator already does this; nothing is changed there.
 Most of the engine's faults counted above were a leak in the engine's restorations, since fixed: with these
 settings an engine iteration now takes ~10 minor faults (docs/runtime-overhead.md).

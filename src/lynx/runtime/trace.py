@@ -43,7 +43,7 @@ def write_chrome(path: str | Path, events: list[dict[str, Any]], meta: dict[str,
 
 def simulated_segments(plan_path: str | Path) -> tuple[float, list[tuple[int, str, int, float, float]]]:
     """The simulator's timeline for a plan: (iteration time, [(stage, kind, micro-batch, start, end)]).
-    The one place that calls lynx.simulate here (the simulator is being restructured, issue 9)."""
+    The one place that calls lynx.simulate here (kept to one call so the simulator's interface is used in one place)."""
     from lynx.plan import Plan, load_plan
 
     problem, result = load_plan(plan_path)

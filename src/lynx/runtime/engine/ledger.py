@@ -2,7 +2,7 @@
 of the bytes in live records, each storage once.
 
 A running total kept up to date as records gain and lose tensors: recomputing it by scanning every record
-after each restoration cost more Python time than some restorations themselves (issue 14, item 9).
+after each restoration cost more Python time than some restorations themselves (docs/runtime-overhead.md).
 `held_bytes_scan` is the definition; tests compare the two."""
 
 from __future__ import annotations
