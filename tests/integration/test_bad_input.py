@@ -288,6 +288,11 @@ TRAIN_CASES: list[tuple[str, list[str], int, str]] = [
     ("train-nccl-on-cpu", [*TRAIN, "--device", "cpu", "--backend", "nccl"], 2, "--backend nccl needs --device cuda"),
     ("train-tampered-plan", ["train", "--plan", "{f}/tp3.json"], 2, "TP 3"),
     ("train-family-without-runtime", ["train", "--plan", "{f}/mcore.json"], 2, "family 'mcore' has no runtime layer"),
+    ("train-trace-ext", [*TRAIN, "--trace", "{f}/g.txt"], 2, "--trace"),
+    ("train-trace-proc", [*TRAIN, "--trace", "/proc/t.json"], 2, "/proc"),
+    ("train-threads-huge", [*TRAIN, "--threads", "100000"], 2, "--threads"),
+    ("train-iters-huge", [*TRAIN, "--iters", "100000000"], 2, "--iters"),
+    ("train-schedule-huge", [*TRAIN, "--schedule", "{f}/huge.csv"], 2, "larger than 16 MiB"),
     ("train-missing-plan-with-trace", ["train", "--plan", "{f}/nope.json", "--trace", "{f}/t.json"], 2,
      "no such plan file"),
 ]
@@ -323,6 +328,25 @@ def test_bad_train_input(case: tuple[str, list[str], int, str], files: Path,
                          capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("torch")
     _check(case, files, capsys)
+
+
+@pytest.mark.parametrize(("env", "names"), [
+    ({"RANK": "5", "WORLD_SIZE": "2"}, "RANK 5 must be below WORLD_SIZE 2"),
+    ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc'"),
+    ({"RANK": "0"}, "RANK and WORLD_SIZE go together"),
+    ({"RANK": "1", "WORLD_SIZE": "2"}, "MASTER_ADDR and MASTER_PORT not set"),
+    ({"LOCAL_WORLD_SIZE": "x"}, "LOCAL_WORLD_SIZE='x'"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "99999"}, "MASTER_PORT=99999"),
+], ids=["rank-above-world", "rank-not-int", "rank-alone", "no-master", "local-world-not-int", "port-range"])
+def test_bad_launcher_environment(env: dict[str, str], names: str, files: Path, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """torchrun's variables checked before any process group: one line naming the variable, exit 2."""
+    pytest.importorskip("torch")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    _check(("env", ["train", "--plan", "{f}/good.json"], 2, names), files, capsys)
 
 
 def test_cuda_requested_on_a_machine_without_one(files: Path, capsys: pytest.CaptureFixture[str]) -> None:

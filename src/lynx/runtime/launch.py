@@ -21,7 +21,7 @@ from typing import Any
 
 from lynx.errors import LynxError
 from lynx.paths import check_output
-from lynx.validate import NON_NEGATIVE, POSITIVE, Range, check_option
+from lynx.validate import Range, check_option
 
 TIMEOUT_RANGE = Range(gt=0, le=86400)
 """A process-group timeout: positive, at most a day (torch turns it into milliseconds)."""
@@ -86,13 +86,16 @@ def stop_ranks(processes: list[Any], grace_s: float = 5.0) -> None:
 
 def check_train_args(args: argparse.Namespace) -> None:
     """Everything about `lynx train`'s arguments that can be checked before a process group exists."""
-    check_option("--iters", args.iters, POSITIVE, integer=True)
-    check_option("--warmup", args.warmup, NON_NEGATIVE, integer=True)
+    check_option("--iters", args.iters, Range(gt=0, le=MAX_ITERS), integer=True)
+    check_option("--warmup", args.warmup, Range(ge=0, le=MAX_ITERS), integer=True)
     check_option("--timeout", args.timeout, TIMEOUT_RANGE)
-    check_option("--threads", args.threads, NON_NEGATIVE, integer=True)
+    check_option("--threads", args.threads, Range(ge=0, le=MAX_THREADS), integer=True)
     check_option("--lr", args.lr, Range(gt=0, le=1e3))
     if args.out:
         check_output(args.out, "--out", (".json",), RuntimeArgError)
+    if getattr(args, "trace", None):
+        check_output(args.trace, "--trace", (".json",), RuntimeArgError)  # Chrome-trace JSON
+    check_launch_env()
     if args.data:
         p = Path(args.data)
         if not p.is_file():
@@ -101,6 +104,41 @@ def check_train_args(args: argparse.Namespace) -> None:
             raise RuntimeArgError(f"--data {args.data}: not readable (permission denied)")
         if p.stat().st_size == 0:
             raise RuntimeArgError(f"--data {args.data}: empty file; give a text file of training bytes")
+
+
+MAX_ITERS = 1_000_000
+"""Iterations of a measurement run: a million is days of training on this runtime; more is a typo."""
+MAX_THREADS = 1024
+"""torch threads per rank; beyond a machine's cores torch's pool creation aborts the process."""
+
+
+def check_launch_env() -> None:
+    """torchrun's variables, when set, are integers that make sense together (RANK below WORLD_SIZE, a
+    master address to meet at): one line naming the variable, before any process group."""
+    env = os.environ
+    ints = {}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
+        if var in env:
+            try:
+                ints[var] = int(env[var])
+            except ValueError:
+                raise RuntimeArgError(f"environment variable {var}={env[var]!r}: expected an integer "
+                                      "(torchrun sets it)") from None
+            if ints[var] < 0:
+                raise RuntimeArgError(f"environment variable {var}={ints[var]}: expected >= 0")
+    if ("RANK" in ints) != ("WORLD_SIZE" in ints):
+        raise RuntimeArgError("environment: RANK and WORLD_SIZE go together (launch with torchrun, or set neither)")
+    if "RANK" in ints:
+        if not ints["RANK"] < ints["WORLD_SIZE"]:
+            raise RuntimeArgError(f"environment: RANK {ints['RANK']} must be below WORLD_SIZE {ints['WORLD_SIZE']}")
+        missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not env.get(v)]
+        if ints["WORLD_SIZE"] > 1 and missing:
+            raise RuntimeArgError(f"environment: {' and '.join(missing)} not set; RANK/WORLD_SIZE ranks meet at "
+                                  "MASTER_ADDR:MASTER_PORT (torchrun sets them)")
+    if "MASTER_PORT" in ints and not 0 < ints["MASTER_PORT"] < 65536:
+        raise RuntimeArgError(f"environment variable MASTER_PORT={ints['MASTER_PORT']}: expected 1-65535")
+    if "LOCAL_WORLD_SIZE" in ints and ints["LOCAL_WORLD_SIZE"] == 0:
+        raise RuntimeArgError("environment variable LOCAL_WORLD_SIZE=0: expected >= 1")
 
 
 def default_backend(device: str) -> str:

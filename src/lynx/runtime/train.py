@@ -267,8 +267,6 @@ def launch(args: argparse.Namespace) -> None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.compare_trace and not args.trace:
         raise TrainError("--compare-trace needs --trace FILE (the measured timeline to compare)")
-    if args.trace and not Path(args.trace).resolve().parent.is_dir():
-        raise TrainError(f"--trace {args.trace}: directory {Path(args.trace).resolve().parent} does not exist")
     rp = load_run(args.plan, torch.float32, args.core_attn)
     layout = rp.layout
     run_schedule(args, layout)
