@@ -42,7 +42,7 @@ def test_compare_refuses_missing_and_foreign_files(tmp_path: Path) -> None:
                               text=True, timeout=60)
 
     p = run("--plan", str(tmp_path / "no.json"), "--trace", str(tmp_path / "no.json"))
-    assert p.returncode == 2 and "--plan" in p.stderr and "no such file" in p.stderr
+    assert p.returncode == 2 and "no.json: no such" in p.stderr and "Traceback" not in p.stderr
     from lynx.api import make_problem
     from lynx.methods import get_method
     from lynx.plan import Plan
@@ -54,4 +54,16 @@ def test_compare_refuses_missing_and_foreign_files(tmp_path: Path) -> None:
     Plan.evaluate(prob, get_method("full").fn(prob)).save(tmp_path / "plan.json")
     (tmp_path / "foreign.json").write_text(json.dumps({"events": []}))
     p = run("--plan", str(tmp_path / "plan.json"), "--trace", str(tmp_path / "foreign.json"))
-    assert p.returncode == 2 and "not a lynx trace" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "not a Chrome trace" in p.stderr and "Traceback" not in p.stderr
+    # a trace of another layout (4 micro-batches recorded, the plan has 2): refused, naming both
+    other = {"traceEvents": [], "otherData": {"layout": {"pp": 2, "vpp": 1, "num_microbatches": 4}}}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    p = run("--plan", str(tmp_path / "plan.json"), "--trace", str(tmp_path / "other.json"))
+    assert p.returncode == 2 and "4 micro-batches" in p.stderr and "with 2" in p.stderr, p.stderr
+    # --out is checked before any work, and nothing is written
+    p = run("--plan", str(tmp_path / "plan.json"), "--trace", str(tmp_path / "other.json"), "--out",
+            str(tmp_path / "nodir" / "both.json"))
+    assert p.returncode == 2 and "--out" in p.stderr and not (tmp_path / "nodir").exists()
+    (tmp_path / "huge.json").write_text("[" + " " * (64 << 20) + "]")
+    p = run("--plan", str(tmp_path / "plan.json"), "--trace", str(tmp_path / "huge.json"))
+    assert p.returncode == 2 and "larger than 64 MiB" in p.stderr

@@ -133,7 +133,9 @@ def build(args: argparse.Namespace, rp: RunPlan, ranks: list[RankRecord], backen
     if cuda:
         report["cuda_per_rank"] = cuda
     if args.trace:
-        _write_trace(args.trace, ranks, iters[-1]["time_s"])
+        layout = {"tp": L.tp, "pp": L.pp, "dp": L.dp, "vpp": L.vpp, "num_microbatches": L.num_microbatches,
+                  "layers_per_stage": list(L.layers_per_stage)}
+        _write_trace(args.trace, ranks, iters[-1]["time_s"], layout)
     return report
 
 
@@ -148,11 +150,12 @@ def _cuda(ranks: list[RankRecord], rp: RunPlan, coords: Any, timed: int) -> dict
     return out
 
 
-def _write_trace(path: str, ranks: list[RankRecord], iteration_s: float) -> None:
+def _write_trace(path: str, ranks: list[RankRecord], iteration_s: float, layout: dict[str, Any]) -> None:
+    """The Chrome trace, with the plan's layout in `otherData` so a comparison can refuse another plan's."""
     evs: list[dict[str, Any]] = []
     for r in ranks:
         evs += trace_mod.chrome_events(r.rank, f"rank {r.rank} (stages {list(r.stages)})", r.events, 0.0)
-    trace_mod.write_chrome(path, evs, {"iteration_time_s": iteration_s,
+    trace_mod.write_chrome(path, evs, {"iteration_time_s": iteration_s, "layout": layout,
                                        "stages_of_rank": {str(r.rank): list(r.stages) for r in ranks}})
 
 

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from lynx.errors import LynxError
+from lynx.paths import MAX_JSON_BYTES, check_output, read_text, write_text
 
 Event = tuple[str, str, float, float, int]
 """(category, name, t0, t1, stage)."""
@@ -36,19 +40,56 @@ def chrome_events(rank: int, label: str, events: Iterable[Event], origin: float)
     return out
 
 
-def write_chrome(path: str | Path, events: list[dict[str, Any]], meta: dict[str, Any] | None = None) -> None:
-    Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms",
-                                      "otherData": meta or {}}))
+def write_chrome(path: str | Path, events: list[dict[str, Any]], meta: dict[str, Any] | None = None,
+                 option: str = "--trace") -> None:
+    """Written whole or not at all (a temporary file renamed into place)."""
+    write_text(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta or {}}),
+               option, TraceError)
 
 
-def simulated_segments(plan_path: str | Path) -> tuple[float, list[tuple[int, str, int, float, float]]]:
-    """The simulator's timeline for a plan: (iteration time, [(stage, kind, micro-batch, start, end)]).
+class TraceError(LynxError):
+    """A trace file that is not lynx's, or not of the plan it is compared with."""
+
+
+def read_trace(path: str | Path) -> dict[str, Any]:
+    """A trace written by `lynx train --trace`: capped, parsed, and shaped as one (one line naming the file)."""
+    text = read_text(path, "trace", MAX_JSON_BYTES, TraceError)
+    try:
+        trace = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise TraceError(f"{path}: not JSON ({e})") from None
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise TraceError(f"{path}: not a Chrome trace (no traceEvents list); give a file from lynx train --trace")
+    return trace
+
+
+def check_trace_matches(trace: dict[str, Any], trace_path: str | Path, pp: int, vpp: int, microbatches: int) -> None:
+    """The trace was measured on this plan's pipeline: its recorded layout (or, for older traces, the stages
+    its events name) agrees with the plan's; a mismatch would compare two different runs silently."""
+    layout = trace.get("otherData", {}).get("layout")
+    if isinstance(layout, dict):
+        got = (layout.get("pp"), layout.get("vpp"), layout.get("num_microbatches"))
+        if got != (pp, vpp, microbatches):
+            raise TraceError(f"{trace_path}: measured on PP {got[0]} x VPP {got[1]} with {got[2]} micro-batches; "
+                             f"the plan has PP {pp} x VPP {vpp} with {microbatches}: compare a trace with its own plan")
+        return
+    stages = {e.get("args", {}).get("stage") for e in trace["traceEvents"] if e.get("ph") == "X"}
+    bad = sorted(s for s in stages if isinstance(s, int) and not 0 <= s < pp * vpp)
+    if bad:
+        raise TraceError(f"{trace_path}: events of stage {bad[0]}, beyond the plan's {pp * vpp} stages")
+
+
+def simulated_segments(
+        plan_path: str | Path) -> tuple[float, list[tuple[int, str, int, float, float]], tuple[int, int, int]]:
+    """The simulator's timeline for a plan: (iteration time, [(stage, kind, micro-batch, start, end)],
+    (PP, VPP, micro-batches)).
     The one place that calls lynx.simulate here (kept to one call so the simulator's interface is used in one place)."""
     from lynx.plan import Plan, load_plan
 
     problem, result = load_plan(plan_path)
     sim = Plan.evaluate(problem, result, record=True).sim
-    return sim.iteration_time_s, [(s.stage, s.kind, s.microbatch, s.start, s.end) for s in sim.segments]
+    shape = (problem.parallel.pp, problem.options.vpp, problem.parallel.num_microbatches)
+    return sim.iteration_time_s, [(s.stage, s.kind, s.microbatch, s.start, s.end) for s in sim.segments], shape
 
 
 def _measured_by_stage(trace: dict[str, Any]) -> dict[int, dict[str, float]]:
@@ -106,9 +147,10 @@ def compare(plan_path: str | Path, trace_path: str | Path) -> tuple[list[str], l
     """Report lines (per stage: measured vs simulated forward, backward, hidden and exposed recomputation,
     stalls, and the measured seconds of recomputation that overlapped a collective in flight) and the
     simulated stages as Chrome events (pids 1000 + stage)."""
-    trace = json.loads(Path(trace_path).read_text())
+    trace = read_trace(trace_path)
+    t_sim, segs, (pp, vpp, mbs) = simulated_segments(plan_path)
+    check_trace_matches(trace, trace_path, pp, vpp, mbs)
     meas = _measured_by_stage(trace)
-    t_sim, segs = simulated_segments(plan_path)
     sim: dict[int, dict[str, float]] = {}
     events: list[dict[str, Any]] = []
     for s, kind, mb, a, b in segs:
@@ -140,19 +182,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     c.add_argument("--trace", required=True, help="a trace written by lynx train --trace")
     c.add_argument("--out", default=None, help="write measured + simulated timelines as one Chrome trace")
     a = p.parse_args(argv)
-    for path, what in ((a.plan, "--plan"), (a.trace, "--trace")):
-        if not Path(path).is_file():
-            print(f"lynx trace: error: {what} {path}: no such file", file=sys.stderr)
-            sys.exit(2)
     try:
+        check_output(a.out, "--out", (".json",), TraceError)  # before any work; None passes
         lines, sim_events = compare(a.plan, a.trace)
-    except (KeyError, ValueError, json.JSONDecodeError) as e:
-        print(f"lynx trace: error: {a.trace}: not a lynx trace ({e})", file=sys.stderr)
+        if a.out:  # the file first: a reader that leaves the printout early (| head) must not lose it
+            trace = read_trace(a.trace)
+            write_chrome(a.out, trace["traceEvents"] + sim_events, trace.get("otherData"), "--out")
+        print("\n".join(lines), flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    except LynxError as e:
+        print(f"lynx trace: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except (KeyError, TypeError, ValueError) as e:  # events of another program's trace
+        print(f"lynx trace: error: {a.trace}: not a lynx trace ({type(e).__name__}: {e})", file=sys.stderr)
         sys.exit(2)
-    print("\n".join(lines))
-    if a.out:
-        trace = json.loads(Path(a.trace).read_text())
-        write_chrome(a.out, trace["traceEvents"] + sim_events, trace.get("otherData"))
 
 
 if __name__ == "__main__":
