@@ -13,10 +13,13 @@ from lynx.cli.common import (
     PLOT_FORMATS,
     BusbwOpt,
     BytesPerParamOpt,
+    CpCommTypeOpt,
+    CpOpt,
     DistOptOpt,
     DpOpt,
     GbOpt,
     HardwareOpt,
+    HierCpOpt,
     JsonOpt,
     MbOpt,
     ModelOpt,
@@ -30,6 +33,8 @@ from lynx.cli.common import (
     check_outputs,
     console,
     err_console,
+    parallel_spec,
+    parse_hierarchical_cp,
     print_json,
 )
 from lynx.errors import SpecError
@@ -151,6 +156,9 @@ def plan_cmd(
     tp: TpOpt = 4,
     pp: PpOpt = 4,
     dp: DpOpt = 1,
+    cp: CpOpt = 1,
+    cp_comm_type: CpCommTypeOpt = "p2p",
+    hierarchical_cp: HierCpOpt = None,
     sp: SpOpt = False,
     micro_batch: MbOpt = 8,
     global_batch: GbOpt = 128,
@@ -228,7 +236,8 @@ def plan_cmd(
                             precision=precision or "paper", distributed_optimizer=distributed_optimizer,
                             busbw_gbps=busbw,
                             overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
-                            tp_comm_overlap=tp_comm_overlap)
+                            tp_comm_overlap=tp_comm_overlap, cp=cp, cp_comm_type=cp_comm_type,
+                            hierarchical_cp=hierarchical_cp)
     from lynx.cli.export import budget_warnings
 
     for w in budget_warnings(budget_gb, problem.hardware):  # after the checks: a NaN has been refused
@@ -244,7 +253,8 @@ def plan_cmd(
     if method == "lynx" and "lynx" not in available_methods():
         method = "full"
     vpp_text = f" VPP {vpp}" if vpp > 1 else ""
-    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp} PP {pp}{vpp_text} DP {dp}"
+    cp_text = f" CP {cp}" + (f" ({cp_comm_type})" if cp_comm_type != "p2p" else "") if cp > 1 else ""
+    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp}{cp_text} PP {pp}{vpp_text} DP {dp}"
              f"{' SP' if sp else ''}, micro-batch {micro_batch}, global batch {global_batch}, seq {seq_len}, "
              f"{problem.parallel.num_microbatches} micro-batches")
     if compare:
@@ -297,6 +307,9 @@ def graph_cmd(
     model: ModelOpt = "gpt-7b",
     hardware: HardwareOpt = "a100-40g-nvlink",
     tp: TpOpt = 1,
+    cp: CpOpt = 1,
+    cp_comm_type: CpCommTypeOpt = "p2p",
+    hierarchical_cp: HierCpOpt = None,
     sp: SpOpt = False,
     micro_batch: MbOpt = 1,
     seq_len: SeqOpt = 1024,
@@ -306,14 +319,15 @@ def graph_cmd(
     """Print the op graph of one transformer layer (the analytic cost model)."""
     from lynx.costmodel import build_layer_graph
     from lynx.report.tables import graph_table
-    from lynx.spec import ParallelSpec, load_hardware, load_model, validate_layout
+    from lynx.spec import load_hardware, load_model, validate_layout
 
     check_outputs(**{"--out": (out, JSON_FORMATS)})
-    check_ints(**{"--tp": (tp, POSITIVE), "--micro-batch": (micro_batch, POSITIVE), "--seq-len": (seq_len, POSITIVE)})
+    check_ints(**{"--tp": (tp, POSITIVE), "--cp": (cp, POSITIVE), "--micro-batch": (micro_batch, POSITIVE),
+                  "--seq-len": (seq_len, POSITIVE)})
     m, hw = load_model(model), load_hardware(hardware)
-    par = ParallelSpec(tp=tp, sequence_parallel=sp, micro_batch_size=micro_batch, global_batch_size=micro_batch,
-                       seq_length=seq_len)
-    validate_layout(m, hw, par, nodes=max(1, -(-tp // hw.devices_per_node)))
+    par = parallel_spec(tp, 1, 1, sp, micro_batch, micro_batch, seq_len, cp, cp_comm_type,
+                        parse_hierarchical_cp(hierarchical_cp, cp, cp_comm_type))
+    validate_layout(m, hw, par, nodes=max(1, -(-tp * cp // hw.devices_per_node)))
     g = build_layer_graph(m, hw, par)
     if out is not None:
         write_text(out, g.to_json(), "--out")

@@ -1,0 +1,256 @@
+"""Per-rank activation recomputation for Megatron-Core, from a lynx plan.
+
+`lynx export megatron` writes this file as ``lynx_megatron_plugin.py`` with the plan's table filled in.
+Megatron-Core's recomputation flags are global; its model builder, however, builds every pipeline rank's
+(and every virtual chunk's) layers from its own ``TransformerConfig``, and the transformer block reads
+``recompute_granularity/method/num_layers/modules`` from that config. Replacing them per rank gives each
+stage the setting the plan chose. In Megatron-LM's ``model_provider`` (pretrain_gpt.py), after the config
+is built::
+
+    config = core_transformer_config_from_args(args)
+    from lynx_megatron_plugin import apply_lynx_plan
+    config = apply_lynx_plan(config, vp_rank=vp_stage)   # pp rank read from parallel_state
+
+Needs nothing but the standard library at import; Megatron-Core is imported only to read the pipeline rank
+when it is not passed in. What Megatron cannot do (recompute inside a collective, keep sets finer than its
+module list) is listed in the plan's notes and in docs/export.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    C = TypeVar("C", bound=DataclassInstance)
+else:
+    C = TypeVar("C")
+
+RECOMPUTE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules")
+
+# written by `lynx export megatron`
+LYNX_PLAN: dict[str, Any] = {'pp': 4,
+ 'vpp': 5,
+ 'num_layers': 80,
+ 'method': 'lynx',
+ 'stages': [{'virtual_stage': 0,
+             'pp_rank': 0,
+             'vp_rank': 0,
+             'num_layers': 3,
+             'first_layer': 0,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None},
+            {'virtual_stage': 1,
+             'pp_rank': 1,
+             'vp_rank': 0,
+             'num_layers': 5,
+             'first_layer': 3,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None},
+            {'virtual_stage': 2,
+             'pp_rank': 2,
+             'vp_rank': 0,
+             'num_layers': 5,
+             'first_layer': 8,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None},
+            {'virtual_stage': 3,
+             'pp_rank': 3,
+             'vp_rank': 0,
+             'num_layers': 4,
+             'first_layer': 13,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None},
+            {'virtual_stage': 4,
+             'pp_rank': 0,
+             'vp_rank': 1,
+             'num_layers': 4,
+             'first_layer': 17,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None},
+            {'virtual_stage': 5,
+             'pp_rank': 1,
+             'vp_rank': 1,
+             'num_layers': 4,
+             'first_layer': 21,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None},
+            {'virtual_stage': 6,
+             'pp_rank': 2,
+             'vp_rank': 1,
+             'num_layers': 4,
+             'first_layer': 25,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None},
+            {'virtual_stage': 7,
+             'pp_rank': 3,
+             'vp_rank': 1,
+             'num_layers': 4,
+             'first_layer': 29,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None},
+            {'virtual_stage': 8,
+             'pp_rank': 0,
+             'vp_rank': 2,
+             'num_layers': 4,
+             'first_layer': 33,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None},
+            {'virtual_stage': 9,
+             'pp_rank': 1,
+             'vp_rank': 2,
+             'num_layers': 4,
+             'first_layer': 37,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None},
+            {'virtual_stage': 10,
+             'pp_rank': 2,
+             'vp_rank': 2,
+             'num_layers': 4,
+             'first_layer': 41,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None},
+            {'virtual_stage': 11,
+             'pp_rank': 3,
+             'vp_rank': 2,
+             'num_layers': 4,
+             'first_layer': 45,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None},
+            {'virtual_stage': 12,
+             'pp_rank': 0,
+             'vp_rank': 3,
+             'num_layers': 4,
+             'first_layer': 49,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None},
+            {'virtual_stage': 13,
+             'pp_rank': 1,
+             'vp_rank': 3,
+             'num_layers': 4,
+             'first_layer': 53,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None},
+            {'virtual_stage': 14,
+             'pp_rank': 2,
+             'vp_rank': 3,
+             'num_layers': 4,
+             'first_layer': 57,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None},
+            {'virtual_stage': 15,
+             'pp_rank': 3,
+             'vp_rank': 3,
+             'num_layers': 4,
+             'first_layer': 61,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None},
+            {'virtual_stage': 16,
+             'pp_rank': 0,
+             'vp_rank': 4,
+             'num_layers': 4,
+             'first_layer': 65,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None},
+            {'virtual_stage': 17,
+             'pp_rank': 1,
+             'vp_rank': 4,
+             'num_layers': 4,
+             'first_layer': 69,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None},
+            {'virtual_stage': 18,
+             'pp_rank': 2,
+             'vp_rank': 4,
+             'num_layers': 4,
+             'first_layer': 73,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None},
+            {'virtual_stage': 19,
+             'pp_rank': 3,
+             'vp_rank': 4,
+             'num_layers': 3,
+             'first_layer': 77,
+             'recompute_granularity': None,
+             'recompute_method': None,
+             'recompute_num_layers': None,
+             'recompute_modules': None}]}
+
+
+def recompute_for(pp_rank: int, vp_rank: int | None = None, plan: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The four recompute fields for one pipeline rank (and virtual chunk)."""
+    table = LYNX_PLAN if plan is None else plan
+    if not table:
+        raise ValueError("lynx plugin: no plan table; write this file with `lynx export megatron`")
+    pp, vpp = int(table["pp"]), int(table["vpp"])
+    chunk = 0 if vp_rank is None else int(vp_rank)
+    if not (0 <= pp_rank < pp and 0 <= chunk < vpp):
+        raise ValueError(f"lynx plugin: rank {pp_rank} chunk {chunk} outside the plan's PP {pp} x VPP {vpp}")
+    entry = table["stages"][chunk * pp + pp_rank]
+    return {f: (list(entry[f]) if isinstance(entry[f], list) else entry[f]) for f in RECOMPUTE_FIELDS}
+
+
+def _check_config(config: Any, table: Mapping[str, Any]) -> None:
+    want = {"num_layers": table["num_layers"], "pipeline_model_parallel_size": table["pp"]}
+    bad = [f"{k} {getattr(config, k, None)} (plan: {v})" for k, v in want.items() if getattr(config, k, v) != v]
+    vpp = getattr(config, "virtual_pipeline_model_parallel_size", None)
+    if vpp is not None and vpp != table["vpp"]:
+        bad.append(f"virtual_pipeline_model_parallel_size {vpp} (plan: {table['vpp']})")
+    if bad:
+        raise ValueError("lynx plugin: the run does not match the plan: " + ", ".join(bad))
+
+
+def apply_lynx_plan(config: C, pp_rank: int | None = None, vp_rank: int | None = None,
+                    plan: Mapping[str, Any] | None = None) -> C:
+    """A copy of `config` (a Megatron-Core TransformerConfig) with this rank's recomputation setting.
+
+    `dataclasses.replace` reruns TransformerConfig's own validation on the new values.
+    """
+    table = LYNX_PLAN if plan is None else plan
+    _check_config(config, table)
+    if pp_rank is None:
+        ps = importlib.import_module("megatron.core.parallel_state")
+        pp_rank = int(ps.get_pipeline_model_parallel_rank())
+    return dataclasses.replace(config, **recompute_for(pp_rank, vp_rank, table))
