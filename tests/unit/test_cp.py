@@ -266,3 +266,18 @@ def test_from_megatron_reads_context_parallelism() -> None:
     par = parse_megatron_args(base + " --context-parallel-size 4 --cp-comm-type a2a+p2p "
                               "--hierarchical-context-parallel-sizes 2 2").parallel(1)
     assert (par.cp, par.cp_comm_type, par.cp_a2a_size) == (4, "a2a+p2p", 2)
+
+
+def test_train_refuses_a_cp_plan(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
+    model = Path(str(tmp_path)) / "tiny.yaml"
+    model.write_text("name: tiny\nfamily: llama\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n"
+                     "num_query_groups: 2\nffn_hidden_size: 128\nvocab_size: 256\nmax_position_embeddings: 64\n")
+    out = Path(str(tmp_path)) / "p.json"
+    code, _, err = _run(["plan", "--model", str(model), "--hardware", "a100-40g-nvlink", "--tp", "1", "--pp", "1",
+                         "--cp", "2", "--micro-batch", "1", "--global-batch", "2", "--seq-len", "64", "--out",
+                         str(out)], capsys)
+    assert code == 0, err
+    code, _, err = _run(["train", "--plan", str(out), "--iters", "1"], capsys)
+    assert code == 2 and "context parallelism (cp 2)" in err, err
