@@ -250,7 +250,14 @@ def test_judged_command_plans_and_exports(tmp_path: object, capsys: pytest.Captu
     import json
 
     config = json.loads((tt / "torchtitan_config.json").read_text())
-    assert config["parallelism"]["context_parallel_degree"] == 2  # torchtitan 0.3.0 ParallelismConfig's name
+    assert config["parallelism"]["context_parallel_degree"] == 2
+    configs = pytest.importorskip("torchtitan.config.configs")  # the name torchtitan 0.3.0 takes
+    assert configs.ParallelismConfig(**config["parallelism"]).context_parallel_degree == 2
+    # the saved plan re-simulates to the same prediction
+    code, stdout, err = _run(["simulate", str(out), "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(stdout)["iteration_time_s"] == pytest.approx(json.loads(out.read_text())["prediction"][
+        "iteration_time_s"], rel=1e-9)
 
 
 def test_from_megatron_reads_context_parallelism() -> None:
@@ -281,3 +288,18 @@ def test_train_refuses_a_cp_plan(tmp_path: object, capsys: pytest.CaptureFixture
     assert code == 0, err
     code, _, err = _run(["train", "--plan", str(out), "--iters", "1"], capsys)
     assert code == 2 and "context parallelism (cp 2)" in err, err
+
+
+def test_hierarchical_a2a_p2p_prices_both_levels() -> None:
+    """a2a+p2p with --hierarchical-context-parallel-sizes 2,2: an all-to-all over the first two CP ranks (TP
+    apart: NVLink at TP 2), a ring over the other level (TP x 2 apart)."""
+    m, hw = load_model("llama3-70b"), load_hardware(H100)
+    par = _par(tp=2, cp=4, cp_comm_type="a2a+p2p", cp_a2a_size=2, seq_length=32768)
+    g = build_layer_graph(m, hw, par)
+    assert [n for n in g.names if n.startswith("cp_")] == ["cp_a2a_qkv", "cp_kv_exchange", "cp_a2a_out"]
+    # the ring has 2 members: one K/V chunk of this rank's s/CP tokens on heads / a2a, one other rank's kept
+    chunk = 2 * 2 * (m.num_query_groups / 2 / 2) * (32768 / 4 * 2) * m.head_dim
+    assert g.op("cp_kv_exchange").out_bytes == pytest.approx(chunk)
+    # attention work per rank is still 1 / CP of the causal total
+    full = build_layer_graph(m, hw, _par(tp=2, seq_length=32768))
+    assert g.op("core_attn").fwd_flops == pytest.approx(full.op("core_attn").fwd_flops / 4)
