@@ -253,7 +253,8 @@ def plan_cmd(
     if method == "lynx" and "lynx" not in available_methods():
         method = "full"
     vpp_text = f" VPP {vpp}" if vpp > 1 else ""
-    cp_text = f" CP {cp}" + (f" ({cp_comm_type})" if cp_comm_type != "p2p" else "") if cp > 1 else ""
+    kind = problem.parallel.cp_comm_type
+    cp_text = f" CP {cp}" + (f" ({kind})" if kind != "p2p" else "") if cp > 1 else ""
     title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp}{cp_text} PP {pp}{vpp_text} DP {dp}"
              f"{' SP' if sp else ''}, micro-batch {micro_batch}, global batch {global_batch}, seq {seq_len}, "
              f"{problem.parallel.num_microbatches} micro-batches")
