@@ -164,16 +164,26 @@ def test_exchange_is_a_window_and_recomputing_attention_reruns_it() -> None:
 
 
 def test_heu_plans_with_the_cp_window() -> None:
+    """TP 1 leaves the ring exchange as the attention block's only window (CP 16 crosses nodes: at 4k tokens a
+    K/V message outlasts an attention step). Under memory pressure Lynx-HEU recomputes in it (phase 1, the
+    attention forward window; phase 4 its backward); with the exchange priced at zero it has no phase-1 window."""
     from lynx.api import make_problem, plan
     from lynx.problem import PlanOptions
 
-    m, hw = load_model("llama3-70b"), load_hardware(H100)
-    par = ParallelSpec(tp=8, cp=2, pp=4, dp=1, sequence_parallel=True, micro_batch_size=1, global_batch_size=16,
-                       seq_length=2048)
-    p = plan(make_problem(m, hw, par, PlanOptions(precision="megatron-bf16", distributed_optimizer=True)), "lynx")
-    assert p.problem.graph.fwd_window("attn") > sum(o.fwd_time for o in p.problem.graph.comm_ops("attn")
-                                                    if not o.name.startswith("cp_"))
-    assert p.sim.iteration_time_s > 0
+    m, hw = load_model("llama3-8b"), load_hardware(H100)
+    par = ParallelSpec(tp=1, cp=16, pp=2, dp=1, micro_batch_size=8, global_batch_size=32, seq_length=4096)
+    pr = make_problem(m, hw, par, PlanOptions(precision="megatron-bf16", distributed_optimizer=True,
+                                              budget_bytes=28 * 2**30, nodes=4))
+    g = pr.graph
+    assert g.fwd_window("attn") == pytest.approx(g.op("cp_kv_exchange").fwd_time) and g.fwd_window("attn") > 0
+    p = plan(pr, "lynx-heu", record=False)
+    phases = {ph for pol in p.result.policies for lp in pol.layers for _, ph in lp.recompute}
+    assert Phase.FWD_ATTN in phases and not p.sim.oom
+    assert p.sim.recompute_hidden_s > 0
+    zero = dataclasses.replace(g, ops=tuple(dataclasses.replace(o, fwd_time=0.0, bwd_time=0.0)
+                                            if o.name == "cp_kv_exchange" else o for o in g.ops))
+    p0 = plan(dataclasses.replace(pr, graph=zero), "lynx-heu", record=False)
+    assert Phase.FWD_ATTN not in {ph for pol in p0.result.policies for lp in pol.layers for _, ph in lp.recompute}
 
 
 def test_layout_checks() -> None:
