@@ -59,7 +59,7 @@ def check_graph_matches(graph: LayerGraph, model: ModelSpec, par: ParallelSpec) 
     want = {"hidden_size": model.hidden_size, "num_attention_heads": model.num_attention_heads,
             "seq_length": par.seq_length, "micro_batch_size": par.micro_batch_size, "tp": par.tp,
             "sequence_parallel": par.sequence_parallel, "family": model.family,
-            "num_query_groups": model.num_query_groups}
+            "num_query_groups": model.num_query_groups, "cp": par.cp}
     bad = [f"{k} {getattr(m, k)} (layout: {v})" for k, v in want.items() if getattr(m, k) not in (v, 0)]
     if bad:
         shape = [k for k in ("hidden_size", "num_attention_heads", "num_query_groups", "family")

@@ -94,7 +94,32 @@ class _Pricer:
         fwd = self._compute_time(o.flops, o.mem_bytes, eff)
         return fwd, o.bwd_factor * fwd
 
+    def _cp_link(self, o: OpSpec) -> LinkSpec:
+        """The link of a collective over CP ranks: ranks are TP-innermost, so CP neighbours are TP x stride
+        apart (Megatron-Core's order tp-cp-ep-dp-pp): on NVLink while TP x CP fits a node, else InfiniBand."""
+        return self.hw.link_for_group(o.cp_size, self.par.tp * o.cp_stride)
+
+    def _price_cp(self, o: OpSpec) -> Op:
+        """A collective over context-parallel ranks, before overlap (`_cp_ring_overlap` prices the ring's
+        exposure): p2p ring steps, all-to-all or all-gather."""
+        n, link, sc = o.cp_size, self._cp_link(o), self.cp.comm_efficiency_scale
+        if o.collective == "cp_p2p":
+            # one step's send / receive (both directions at once), n - 1 steps each way
+            fwd = (n - 1) * p2p_time(o.comm_bytes, link, sc)
+            bwd = 2 * fwd  # K/V again and dK/dV with them
+        elif o.collective == "cp_a2a":
+            # all-to-all: each rank sends (n - 1) / n of its tensor, as an all-gather's traffic per rank;
+            # backward: the gradients' all-to-all back
+            fwd = bwd = gather_time(o.comm_bytes, n, link, sc)
+        else:  # cp_allgather: K/V gathered; backward gathers again and reduce-scatters dK/dV
+            fwd = gather_time(o.comm_bytes, n, link, sc)
+            bwd = 2 * fwd
+        return Op(name=o.name, kind="comm", block=o.block, fwd_time=fwd, bwd_time=bwd, out_bytes=o.out_bytes,
+                  inputs=o.inputs, saved=(), module=o.module)
+
     def price(self, o: OpSpec) -> Op:
+        if o.kind == "comm" and o.cp_size:
+            return self._price_cp(o)
         if o.kind == "comm":
             n, link, sc = self.par.tp, self.tp_link, self.cp.comm_efficiency_scale
             # all-reduce: forward g, backward the input gradient's f; all-gather <-> reduce-scatter pairs
@@ -130,12 +155,40 @@ def build_layer_graph(
         num_attention_heads=model.num_attention_heads, ffn_hidden_size=model.ffn_hidden_size,
         seq_length=par.seq_length, micro_batch_size=par.micro_batch_size, tp=par.tp,
         sequence_parallel=par.sequence_parallel, device=hw.device.name, family=model.family,
-        num_query_groups=model.num_query_groups,
+        num_query_groups=model.num_query_groups, cp=par.cp,
     )
     ops = tuple(pricer.price(o) for o in spec.ops)
+    if par.cp > 1:
+        ops = _cp_ring_overlap(ops, spec.ops, pricer)
     if cp.tp_comm_overlap and par.sequence_parallel and par.tp > 1:
         ops = apply_tp_comm_overlap(ops, par.tp)
     return LayerGraph(ops, input_bytes=spec.input_bytes, meta=meta)
+
+
+def _cp_ring_overlap(ops: tuple[Op, ...], specs: tuple[OpSpec, ...], pricer: _Pricer) -> tuple[Op, ...]:
+    """Ring attention's K/V exchange as TransformerEngine overlaps it (AttnFuncWithCPAndKVP2P): n steps of
+    attention (load-balanced chunks: every step is the same work, 1/n of the rank's attention); while step i
+    computes, step i+1's K/V chunk travels. Forward exposed = (n - 1) x max(0, c - a/n) for a step's message
+    time c and attention a; backward each step sends K/V and the accumulated dK/dV (2c) under a step of the
+    backward, and the last dK/dV hop waits: (n - 1) x max(0, 2c - b/n) + c. Each step is its own kernel: the
+    attention gains (n - 1) launch overheads each way. What is exposed is the op's time: the compute units'
+    idle time, a window Lynx's recomputation may use; a recomputed attention re-runs the exchange, overlapped
+    the same way (`Op.recompute_time` = the exposed forward)."""
+    out = list(ops)
+    for i, o in enumerate(specs):
+        if o.collective != "cp_p2p":
+            continue
+        n = o.cp_size
+        j = next(k for k in range(i + 1, len(ops)) if o.name in ops[k].inputs)
+        attn = out[j]
+        k = pricer.cp.kernel_overhead_s * (n - 1)
+        attn = replace(attn, fwd_time=attn.fwd_time + k, bwd_time=attn.bwd_time + k)
+        out[j] = attn
+        c = p2p_time(o.comm_bytes, pricer._cp_link(o), pricer.cp.comm_efficiency_scale)
+        fwd = (n - 1) * max(0.0, c - attn.fwd_time / n)
+        bwd = (n - 1) * max(0.0, 2 * c - attn.bwd_time / n) + c
+        out[i] = replace(out[i], fwd_time=fwd, bwd_time=bwd)
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +208,7 @@ def edge_times(model: ModelSpec, hw: Hardware, par: ParallelSpec, cost: CostPara
     vocab-parallel cross entropy adds two small all-reduces, left out)."""
     cp = cost or CostParams.for_hardware(hw)
     b = _Pricer(hw, par, cp)
-    tok = par.seq_length * par.micro_batch_size
+    tok = par.seq_length * par.micro_batch_size // par.cp
     tok_ln = tok / par.tp if par.sequence_parallel else tok
     h, v = model.hidden_size, model.vocab_size / par.tp
     emb_fwd = b._compute_time(tok_ln * h, ACT_BYTES * tok_ln * h * 3 + MASK_BYTES * tok_ln * h)

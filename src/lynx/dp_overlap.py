@@ -1,7 +1,8 @@
 """Megatron's data-parallel overlaps: --overlap-grad-reduce and --overlap-param-gather.
 
 Megatron-Core's DistributedDataParallel groups the gradients into buckets (`--ddp-bucket-size`, default
-max(40M, 1M x DP) parameters: megatron/core/distributed/distributed_data_parallel.py) and, with
+max(40M, 1M x DP) parameters, DP without CP: megatron/core/distributed/distributed_data_parallel.py,
+`dp_group.size()`; the buckets are reduced over DP x CP, its `dp_cp_group`) and, with
 --overlap-grad-reduce, launches each bucket's all-reduce (reduce-scatter with the distributed optimizer) as soon
 as the last micro-batch's backward has produced its gradients (earlier micro-batches run under no_sync). With
 --overlap-param-gather the distributed optimizer's all-gather of the updated parameters is issued bucket by
@@ -57,13 +58,14 @@ def dp_sync(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int, re
     `static_memory.dp_sync_time` has always priced them) and one bucket's share of each (what no overlap can
     hide: the last gradient bucket, the first parameter bucket)."""
     n = stage_params(model, par, stage, num_layers).total
-    if par.dp <= 1 or n <= 0:
+    g = par.dp_cp  # gradients are reduced over DP x CP (Megatron-Core's data-parallel group with CP)
+    if g <= 1 or n <= 0:
         return DpSync(0.0, 0.0, 0.0, 0.0)
     per = min(n, bucket_params(par, bucket_size))
     if distributed_optimizer:
-        return DpSync(gather_time(n * recipe.grad_bytes, par.dp, link),
-                      gather_time(per * recipe.grad_bytes, par.dp, link),
-                      gather_time(n * recipe.param_bytes, par.dp, link),
-                      gather_time(per * recipe.param_bytes, par.dp, link))
-    return DpSync(allreduce_time(n * recipe.grad_bytes, par.dp, link),
-                  allreduce_time(per * recipe.grad_bytes, par.dp, link), 0.0, 0.0)
+        return DpSync(gather_time(n * recipe.grad_bytes, g, link),
+                      gather_time(per * recipe.grad_bytes, g, link),
+                      gather_time(n * recipe.param_bytes, g, link),
+                      gather_time(per * recipe.param_bytes, g, link))
+    return DpSync(allreduce_time(n * recipe.grad_bytes, g, link),
+                  allreduce_time(per * recipe.grad_bytes, g, link), 0.0, 0.0)

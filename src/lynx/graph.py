@@ -93,6 +93,8 @@ class GraphMeta:
     family: str = "gpt"
     num_query_groups: int = 0
     """0: as many as attention heads (no grouped-query attention)."""
+    cp: int = 1
+    """Context parallelism: the graph holds seq_length / cp tokens of each sequence (written only when > 1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +232,7 @@ class LayerGraph:
     def to_dict(self) -> dict[str, Any]:
         out = {
             "schema_version": GRAPH_SCHEMA_VERSION,
-            "meta": asdict(self.meta),
+            "meta": {k: v for k, v in asdict(self.meta).items() if k != "cp" or v != 1},
             "input_bytes": self.input_bytes,
             "ops": [asdict(o) for o in self.ops],
         }

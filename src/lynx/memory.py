@@ -48,7 +48,7 @@ def extra_retained_bytes(model: ModelSpec, par: ParallelSpec, stage: int) -> flo
     et al. 2022, sec. 4.3: sbhp/t with p the number of stages counted on stage 0)."""
     if stage != 0 or not model.dropout or model.hidden_dropout == 0:
         return 0.0
-    sbh = par.seq_length * par.micro_batch_size * model.hidden_size
+    sbh = par.seq_length // par.cp * par.micro_batch_size * model.hidden_size  # s / CP tokens per rank
     return sbh / (par.tp if par.sequence_parallel else 1)
 
 
@@ -57,7 +57,7 @@ def extra_transient_bytes(model: ModelSpec, par: ParallelSpec, stage: int) -> fl
     for the cross-entropy, 4sbv/t in Korthikanti et al. 2022 sec. 4.3 (we count 2 + 4 bytes)."""
     if stage != par.pp - 1:
         return 0.0
-    return 6.0 * par.seq_length * par.micro_batch_size * model.vocab_size / par.tp
+    return 6.0 * (par.seq_length // par.cp) * par.micro_batch_size * model.vocab_size / par.tp
 
 
 def grad_workspace_bytes(graph: LayerGraph) -> float:

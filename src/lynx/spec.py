@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -36,6 +37,10 @@ Normalization = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned", "rope", "none"]
 Bias = Literal["all", "qkv", "none"]
 Attention = Literal["standard", "flash"]
+CpCommType = Literal["p2p", "a2a", "all_gather", "a2a+p2p"]
+"""Megatron-Core's --cp-comm-type: how context-parallel attention exchanges K/V (TransformerEngine's
+AttnFuncWithCPAndKVP2P, AttnFuncWithCPAndQKVOA2A, AttnFuncWithCPAndKVAllGather; a2a+p2p: hierarchical, a2a
+inside each node and p2p across)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,12 +303,31 @@ class ParallelSpec:
     micro_batch_size: int = field(default=1, metadata=rng(gt=0, le=1 << 20))
     global_batch_size: int = field(default=1, metadata=rng(gt=0, le=1 << 30))
     seq_length: int = field(default=1024, metadata=rng(gt=0, le=1 << 27))
+    cp: int = field(default=1, metadata=rng(gt=0, le=1 << 16))
+    """Context parallelism (Megatron's --context-parallel-size): each rank holds seq_length / cp tokens of
+    every sequence; ranks ordered TP innermost, then CP, then DP, then PP (Megatron-Core's default order)."""
+    cp_comm_type: CpCommType = "p2p"
+    """Megatron's --cp-comm-type (used when cp > 1)."""
+    cp_a2a_size: int = field(default=1, metadata=rng(gt=0, le=1 << 16))
+    """a2a+p2p: the all-to-all level of Megatron's --hierarchical-context-parallel-sizes [a2a, p2p] (the p2p
+    level is cp / cp_a2a_size); unused by the other types."""
 
     def __post_init__(self) -> None:
         check_instance(self, "parallel layout")
-        for f in ("tp", "pp", "dp", "micro_batch_size", "global_batch_size", "seq_length"):
+        for f in ("tp", "pp", "dp", "cp", "micro_batch_size", "global_batch_size", "seq_length"):
             if getattr(self, f) <= 0:
                 raise SpecError(f"{f} must be a positive integer, got {getattr(self, f)}")
+        if self.cp_comm_type not in get_args(CpCommType):
+            raise SpecError(f"--cp-comm-type {self.cp_comm_type!r}; choose one of {', '.join(get_args(CpCommType))}")
+        if self.cp_comm_type == "a2a+p2p" and self.cp > 1 and (self.cp_a2a_size < 2 or self.cp % self.cp_a2a_size
+                                                              or self.cp_a2a_size == self.cp):
+            raise SpecError(f"--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes A,P with A x P = CP "
+                            f"{self.cp} and both > 1 (got a2a size {self.cp_a2a_size})")
+        if self.cp > 1 and self.seq_length % (2 * self.cp):
+            # Megatron-Core splits each sequence into 2 x CP chunks and gives rank r chunks r and 2CP-1-r
+            # (load-balanced causal attention: megatron/core/utils.py get_batch_on_this_cp_rank)
+            raise SpecError(f"--cp {self.cp}: --seq-len {self.seq_length} must be divisible by 2 x CP = "
+                            f"{2 * self.cp} (Megatron-Core's load-balanced causal chunks)")
         if self.global_batch_size % (self.micro_batch_size * self.dp):
             raise SpecError(
                 f"global batch {self.global_batch_size} is not divisible by micro-batch "
@@ -312,12 +336,25 @@ class ParallelSpec:
         if self.num_microbatches > MAX_MICROBATCHES:
             raise SpecError(f"{self.num_microbatches} micro-batches per iteration (global batch / (micro-batch x "
                             f"DP)); lynx simulates each one and plans at most {MAX_MICROBATCHES}")
-        if self.sequence_parallel and self.seq_length % self.tp:
-            raise SpecError(f"sequence parallelism needs seq_length {self.seq_length} divisible by TP {self.tp}")
+        if self.sequence_parallel and self.seq_length % (self.tp * self.cp):
+            raise SpecError(f"sequence parallelism needs seq_length {self.seq_length} divisible by TP {self.tp}"
+                            + (f" x CP {self.cp}" if self.cp > 1 else ""))
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def dp_cp(self) -> int:
+        """The gradient-reduction group: Megatron-Core reduces gradients (and shards the distributed optimizer)
+        over data-parallel x context-parallel ranks (parallel_state.get_data_parallel_group(
+        with_context_parallel=True)): every CP rank holds the same weights and sees other tokens."""
+        return self.dp * self.cp
+
+    @property
+    def local_seq(self) -> int:
+        """Tokens of one sequence on one rank: seq_length / cp."""
+        return self.seq_length // self.cp
 
     @property
     def num_microbatches(self) -> int:
@@ -329,24 +366,70 @@ def validate_layout(model: ModelSpec, hw: Hardware, par: ParallelSpec, nodes: in
     from lynx.families import get_family
 
     get_family(model.family).check_layout(model, par.tp)
+    check_cp(model, par)
     if par.seq_length > model.max_position_embeddings:
-        raise SpecError(f"{model.name}: --seq-len {par.seq_length} exceeds the model's max_position_embeddings "
-                        f"{model.max_position_embeddings}; valid: 1 to {model.max_position_embeddings}")
+        if model.position_embedding != "learned":
+            _warn_once(f"lynx: warning: {model.name}: --seq-len {par.seq_length} exceeds the model's "
+                       f"max_position_embeddings {model.max_position_embeddings}; rotary positions extend (as "
+                       "Megatron with --use-rope-scaling / a larger --max-position-embeddings), so lynx plans it; "
+                       "the model must be trained or scaled for that length")
+        else:
+            raise SpecError(f"{model.name}: --seq-len {par.seq_length} exceeds the model's max_position_embeddings "
+                            f"{model.max_position_embeddings} (learned positions have no entry beyond it); "
+                            f"valid: 1 to {model.max_position_embeddings}")
     if model.num_layers < par.pp:
         raise SpecError(f"{model.name}: {model.num_layers} layers cannot fill {par.pp} pipeline stages")
     cap = hw.max_nodes if nodes is None else nodes
     if cap <= 0:
         raise SpecError(f"--nodes must be positive, got {cap}")
     need = -(-par.world_size // hw.devices_per_node)
+    cp_text = f" x CP {par.cp}" if par.cp > 1 else ""
     if need > cap:
         raise SpecError(
-            f"TP {par.tp} x PP {par.pp} x DP {par.dp} = {par.world_size} devices needs {need} nodes of "
+            f"TP {par.tp}{cp_text} x PP {par.pp} x DP {par.dp} = {par.world_size} devices needs {need} nodes of "
             f"{hw.devices_per_node} x {hw.device.name}; only {cap} available (--nodes)"
         )
     if par.tp > hw.devices_per_node:
         # Allowed, but TP collectives then cross the inter-node link; the cost model charges for it.
         pass
     return need
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    """One line on stderr, once per process (a --compare plans the same layout many times)."""
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        print(msg, file=sys.stderr)
+
+
+def check_cp(model: ModelSpec, par: ParallelSpec) -> None:
+    """What Megatron-Core needs of a context-parallel layout: TransformerEngine's fused attention (CP runs only in
+    TE's DotProductAttention), and for the all-to-all variants whole heads per CP rank."""
+    if par.cp <= 1:
+        return
+    if model.attention != "flash":
+        raise SpecError(f"--cp {par.cp}: context parallelism needs flash (fused) attention, model {model.name} has "
+                        "attention 'standard' (Megatron-Core runs CP only in TransformerEngine's attention); "
+                        "valid: --cp 1, or attention: flash")
+    a2a = par.cp_comm_type == "a2a" or par.cp_comm_type == "a2a+p2p"
+    if a2a:
+        a2a_size = cp_a2a_size(par)
+        heads, groups = model.num_attention_heads // par.tp, model.num_query_groups // par.tp
+        if heads % a2a_size or groups % a2a_size:
+            raise SpecError(f"--cp-comm-type {par.cp_comm_type}: the all-to-all over {a2a_size} CP ranks needs the "
+                            f"{heads} query heads and {groups} K/V heads per TP rank divisible by {a2a_size}; valid: "
+                            "--cp-comm-type p2p or all_gather, or a CP size dividing both")
+
+
+def cp_a2a_size(par: ParallelSpec) -> int:
+    """CP ranks that attention's all-to-all spans: all of CP for a2a, the first of Megatron's
+    --hierarchical-context-parallel-sizes for a2a+p2p, none (1) for p2p and allgather."""
+    if par.cp_comm_type == "a2a":
+        return par.cp
+    return par.cp_a2a_size if par.cp_comm_type == "a2a+p2p" else 1
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -460,8 +543,18 @@ def hardware_to_dict(h: Hardware) -> dict[str, Any]:
     return dataclasses.asdict(h)
 
 
+_CP_DEFAULTS = {"cp": 1, "cp_comm_type": "p2p", "cp_a2a_size": 1}
+
+
 def parallel_to_dict(p: ParallelSpec) -> dict[str, Any]:
-    return dataclasses.asdict(p)
+    """The layout's fields; the context-parallel ones only when CP is used, so that a plan without CP is written
+    exactly as before CP existed (and plans written before load with CP 1)."""
+    d = dataclasses.asdict(p)
+    if p.cp == 1:
+        for k, v in _CP_DEFAULTS.items():
+            if d.get(k) == v:
+                del d[k]
+    return d
 
 
 def model_from_dict(d: Mapping[str, Any], where: str = "plan: model") -> ModelSpec:

@@ -162,7 +162,7 @@ def stage_static(
     local parameter, the head copy included; the distributed optimizer divides the state by DP)."""
     sp = stage_params(model, par, stage, num_layers)
     n = sp.total
-    shard = par.dp if distributed_optimizer else 1
+    shard = par.dp_cp if distributed_optimizer else 1  # Megatron shards over DP x CP
     return StaticBreakdown(
         params=sp, recipe=recipe, distributed_optimizer=distributed_optimizer, dp=par.dp,
         param_bytes=n * recipe.param_bytes, grad_bytes=n * recipe.grad_bytes,
@@ -178,9 +178,10 @@ def dp_sync_time(
     the gradient buffer (its dtype: Megatron reduces bf16 runs' gradients in fp32); with the distributed
     optimizer a reduce-scatter of the gradients and an all-gather of the updated parameters instead."""
     n = stage_params(model, par, stage, num_layers).total
+    g = par.dp_cp  # the gradient group: DP x CP
     if distributed_optimizer:
-        return gather_time(n * recipe.grad_bytes, par.dp, link) + gather_time(n * recipe.param_bytes, par.dp, link)
-    return allreduce_time(n * recipe.grad_bytes, par.dp, link)
+        return gather_time(n * recipe.grad_bytes, g, link) + gather_time(n * recipe.param_bytes, g, link)
+    return allreduce_time(n * recipe.grad_bytes, g, link)
 
 
 def optimizer_step_bytes(recipe: Recipe) -> float:
@@ -199,5 +200,5 @@ def optimizer_step_time(model: ModelSpec, par: ParallelSpec, stage: int, num_lay
                         device: DeviceSpec, distributed_optimizer: bool = False) -> float:
     """The optimizer step of one stage on one device: memory-bound over the parameters it updates (all local
     ones, or with the distributed optimizer its 1/DP shard), at the device's streaming bandwidth."""
-    n = stage_params(model, par, stage, num_layers).total / (par.dp if distributed_optimizer else 1)
+    n = stage_params(model, par, stage, num_layers).total / (par.dp_cp if distributed_optimizer else 1)
     return n * optimizer_step_bytes(recipe) / (device.memory_bandwidth_Bps * device.memory_efficiency)

@@ -58,7 +58,7 @@ def apply_tp_comm_overlap(ops: tuple[Op, ...], tp: int) -> tuple[Op, ...]:
     """The layer's ops with each SP collective priced as TransformerEngine's userbuffers overlap leaves it."""
     out = list(ops)
     for i, o in enumerate(ops):
-        if not o.is_comm:
+        if not o.is_comm or o.name.startswith("cp_"):  # context-parallel exchanges: not TP collectives
             continue
         if o.regather_time > 0 or o.overlaps_wgrad_of:  # the all-gather before a column-parallel GEMM
             g = _partner(ops, i, +1)

@@ -59,7 +59,8 @@ def test_forms_defaults_and_ignored_flags() -> None:
 
 
 @pytest.mark.parametrize("extra, what", [
-    ("--swiglu --squared-relu", "one activation"), ("--context-parallel-size 2", "--context-parallel-size"),
+    ("--swiglu --squared-relu", "one activation"), ("--context-parallel-size 2 --cp-comm-type ring", "--cp-comm-type"),
+    ("--context-parallel-size 4 --cp-comm-type a2a+p2p", "hierarchical-context-parallel-sizes"),
     ("--num-experts 8", "--num-experts"), ("--recompute-granularity full", "recompute-method"),
     ("--recompute-granularity selective --recompute-modules moe", "recompute-modules"),
     ("--recompute-granularity everything", "full or selective"), ("--sequence-parallel yes", "no value"),

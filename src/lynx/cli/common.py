@@ -54,6 +54,15 @@ HardwareOpt = Annotated[
 TpOpt = Annotated[int, typer.Option("--tp", "--tensor-model-parallel-size", help="Tensor-parallel size.")]
 PpOpt = Annotated[int, typer.Option("--pp", "--pipeline-model-parallel-size", help="Pipeline-parallel size.")]
 DpOpt = Annotated[int, typer.Option("--dp", help="Data-parallel size.")]
+CpOpt = Annotated[int, typer.Option(
+    "--cp", "--context-parallel-size",
+    help="Context-parallel size: each rank holds seq / CP tokens; attention as Megatron-Core's ring attention "
+    "(world size TP x CP x PP x DP; gradients reduced over DP x CP).")]
+CpCommTypeOpt = Annotated[str, typer.Option(
+    "--cp-comm-type", help="How CP attention exchanges K/V: p2p (ring, overlapped), a2a, all_gather, a2a+p2p "
+    "(with --hierarchical-context-parallel-sizes).")]
+HierCpOpt = Annotated[str | None, typer.Option(
+    "--hierarchical-context-parallel-sizes", help="a2a+p2p: the a2a and p2p levels of CP, e.g. 2,4.")]
 SpOpt = Annotated[bool, typer.Option("--sp/--no-sp", "--sequence-parallel", help="Megatron sequence parallelism.")]
 MbOpt = Annotated[int, typer.Option("--micro-batch", "--micro-batch-size", help="Micro-batch size per GPU.")]
 GbOpt = Annotated[int, typer.Option("--global-batch", "--global-batch-size", help="Global batch size.")]
@@ -72,9 +81,34 @@ BytesPerParamOpt = Annotated[float | None, typer.Option(
     help="Override the recipe's static bytes per parameter (optimizer state takes the difference).")]
 
 
-def parallel_spec(tp: int, pp: int, dp: int, sp: bool, mb: int, gb: int, seq: int) -> ParallelSpec:
+CP_COMM_TYPES = ("p2p", "a2a", "all_gather", "a2a+p2p")
+
+
+def parse_hierarchical_cp(text: str | None, cp: int, comm_type: str) -> int:
+    """The a2a level of --hierarchical-context-parallel-sizes "A,P" (1 when unused); A x P must be CP."""
+    if text is None:
+        if comm_type == "a2a+p2p" and cp > 1:
+            raise SpecError("--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes A,P (A x P = --cp "
+                            f"{cp}), as Megatron-Core does")
+        return 1
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        sizes = []
+    if len(sizes) != 2 or min(sizes) < 1 or sizes[0] * sizes[1] != cp:
+        raise SpecError(f"--hierarchical-context-parallel-sizes {text!r}: expected two positive integers A,P with "
+                        f"A x P = --cp {cp}, e.g. {min(2, cp)},{max(1, cp // 2)}")
+    return sizes[0]
+
+
+def parallel_spec(tp: int, pp: int, dp: int, sp: bool, mb: int, gb: int, seq: int, cp: int = 1,
+                  cp_comm_type: str = "p2p", cp_a2a_size: int = 1) -> ParallelSpec:
+    cp_comm_type = {"allgather": "all_gather"}.get(cp_comm_type, cp_comm_type)
+    if cp_comm_type not in CP_COMM_TYPES:
+        raise SpecError(f"--cp-comm-type {cp_comm_type!r}; valid: {', '.join(CP_COMM_TYPES)}")
     return ParallelSpec(tp=tp, pp=pp, dp=dp, sequence_parallel=sp, micro_batch_size=mb, global_batch_size=gb,
-                        seq_length=seq)
+                        seq_length=seq, cp=cp, cp_comm_type=cp_comm_type,  # type: ignore[arg-type]
+                        cp_a2a_size=cp_a2a_size)
 
 
 def parse_layers(text: str | None) -> tuple[int, ...] | None:
@@ -93,6 +127,7 @@ def build_problem(
     graph: LayerGraph | None = None, time_limit_s: float = 30.0, cooldown_overlap: bool = True,
     precision: str = "paper", distributed_optimizer: bool = False, busbw_gbps: float | None = None,
     overlap_grad_reduce: bool = False, overlap_param_gather: bool = False, tp_comm_overlap: bool = False,
+    cp: int = 1, cp_comm_type: str = "p2p", hierarchical_cp: str | None = None,
 ) -> PlanProblem:
     from lynx.api import make_problem
     from lynx.static_memory import parse_precision, recipe_for
@@ -100,7 +135,7 @@ def build_problem(
     check_floats(**{"--budget-gb": (budget_gb, BUDGET_GB), "--bytes-per-param": (bytes_per_param, BYTES_PER_PARAM),
                     "--time-limit": (time_limit_s, POSITIVE), "--busbw": (busbw_gbps, POSITIVE)})
     check_ints(**{"--recompute-num-layers": (recompute_num_layers, POSITIVE), "--nodes": (nodes, POSITIVE),
-                  "--tp": (tp, POSITIVE), "--pp": (pp, POSITIVE), "--dp": (dp, POSITIVE),
+                  "--tp": (tp, POSITIVE), "--pp": (pp, POSITIVE), "--dp": (dp, POSITIVE), "--cp": (cp, POSITIVE),
                   "--micro-batch": (mb, POSITIVE), "--global-batch": (gb, POSITIVE), "--seq-len": (seq, POSITIVE)})
     recipe_for(parse_precision(precision), bytes_per_param)  # one clear line on a bad recipe
     hw = load_hardware(hardware)
@@ -123,8 +158,9 @@ def build_problem(
         overlap_param_gather=overlap_param_gather,
         tp_comm_overlap=tp_comm_overlap,
     )
-    return make_problem(load_model(model), hw, parallel_spec(tp, pp, dp, sp, mb, gb, seq),
-                        opts, graph)
+    par = parallel_spec(tp, pp, dp, sp, mb, gb, seq, cp, cp_comm_type,
+                        parse_hierarchical_cp(hierarchical_cp, cp, cp_comm_type))
+    return make_problem(load_model(model), hw, par, opts, graph)
 
 
 def print_json(obj: Any) -> None:

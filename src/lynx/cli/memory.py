@@ -11,10 +11,13 @@ from lynx.cli import app
 from lynx.cli.common import (
     BusbwOpt,
     BytesPerParamOpt,
+    CpCommTypeOpt,
+    CpOpt,
     DistOptOpt,
     DpOpt,
     GbOpt,
     HardwareOpt,
+    HierCpOpt,
     JsonOpt,
     MbOpt,
     ModelOpt,
@@ -38,6 +41,9 @@ def memory_cmd(
     tp: TpOpt = 4,
     pp: PpOpt = 4,
     dp: DpOpt = 1,
+    cp: CpOpt = 1,
+    cp_comm_type: CpCommTypeOpt = "p2p",
+    hierarchical_cp: HierCpOpt = None,
     sp: SpOpt = False,
     micro_batch: MbOpt = 8,
     global_batch: GbOpt = 128,
@@ -81,12 +87,13 @@ def memory_cmd(
         problem = plan.problem
         par = problem.parallel
         tp, pp, dp, sp, micro_batch = par.tp, par.pp, par.dp, par.sequence_parallel, par.micro_batch_size
+        cp = par.cp
         distributed_optimizer = problem.options.distributed_optimizer
     else:
         problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
                                 layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
                                 precision=precision, distributed_optimizer=distributed_optimizer,
-                                busbw_gbps=busbw)
+                                busbw_gbps=busbw, cp=cp, cp_comm_type=cp_comm_type, hierarchical_cp=hierarchical_cp)
         if vpp != 1:
             from lynx.cli.plan import with_vpp
 
@@ -96,9 +103,10 @@ def memory_cmd(
         plan = plan_one(problem, method, record=False)
     stages = stage_memories(plan)
     recipe = problem.static_recipe
-    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp} PP {pp} DP {dp}{' SP' if sp else ''}, "
+    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp}{f' CP {cp}' if cp > 1 else ''} PP {pp} DP {dp}"
+             f"{' SP' if sp else ''}, "
              f"micro-batch {micro_batch}, {plan.result.method}, partition {plan.result.partition}; "
-             f"{recipe.name} {recipe.bytes_per_param(dp, distributed_optimizer):g} B/param"
+             f"{recipe.name} {recipe.bytes_per_param(dp * cp, distributed_optimizer):g} B/param"
              f"{' (distributed optimizer)' if distributed_optimizer else ''}")
     if as_json:
         print_json({"title": title, "method": plan.result.method,

@@ -13,8 +13,11 @@ from lynx.cli.common import (
     PLOT_FORMATS,
     BusbwOpt,
     BytesPerParamOpt,
+    CpCommTypeOpt,
+    CpOpt,
     GbOpt,
     HardwareOpt,
+    HierCpOpt,
     JsonOpt,
     MbOpt,
     ModelOpt,
@@ -27,6 +30,8 @@ from lynx.cli.common import (
     check_outputs,
     console,
     err_console,
+    parallel_spec,
+    parse_hierarchical_cp,
     print_json,
 )
 from lynx.errors import SpecError
@@ -205,6 +210,9 @@ def plan_cmd(
                                            help="Pipeline-parallel size [default: 4; searched with --gpus].")] = None,
     dp: Annotated[int | None, typer.Option("--dp", help="Data-parallel size [default: 1, or GPUs / (TP x PP) "
                                            "with --gpus / --nodes].")] = None,
+    cp: CpOpt = 1,
+    cp_comm_type: CpCommTypeOpt = "p2p",
+    hierarchical_cp: HierCpOpt = None,
     sp: Annotated[bool | None, typer.Option("--sp/--no-sp", "--sequence-parallel",
                                             help="Megatron sequence parallelism [default: off; searched with "
                                             "--gpus].")] = None,
@@ -291,6 +299,9 @@ def plan_cmd(
     check_outputs(**{"--search-png": (search_png, PLOT_FORMATS)})
     check_ints(**{"--gpus": (gpus, POSITIVE), "--top": (top, POSITIVE), "--vpp": (vpp, POSITIVE)})
     if gpus is not None or (nodes is not None and (tp is None or pp is None) and from_megatron is None):
+        if cp != 1:
+            raise SpecError("--cp with --gpus / --nodes: the configuration search does not search context "
+                            "parallelism yet; give the layout with --tp --pp --cp --dp")
         return _search(model, hardware, gpus, nodes, tp, pp, dp, vpp, sp, micro_batch, distributed_optimizer,
                        method, global_batch, seq_len, compare, gantt, memory_png, profile, allow_cross_node_tp,
                        allow_idle_gpus, top, as_json, out, search_png,
@@ -304,9 +315,9 @@ def plan_cmd(
         from lynx.spec import load_hardware
 
         per_node = load_hardware(hardware).devices_per_node
-        if tp * pp <= nodes * per_node:  # else the layout check says how many nodes it needs
-            dp = derive_dp(tp, pp, None, nodes * per_node, f"--nodes {nodes} x {per_node} per node",
-                           allow_idle_gpus)
+        if tp * cp * pp <= nodes * per_node:  # else the layout check says how many nodes it needs
+            dp = derive_dp(tp * cp, pp, None, nodes * per_node, f"--nodes {nodes} x {per_node} per node",
+                           allow_idle_gpus)  # TP x CP ranks per pipeline stage
     if from_megatron is not None:  # the import path lives in lynx.cli.export
         from lynx.cli.export import LynxFlags, plan_from_megatron
 
@@ -324,7 +335,8 @@ def plan_cmd(
                             precision=precision or "paper", distributed_optimizer=distributed_optimizer,
                             busbw_gbps=busbw,
                             overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
-                            tp_comm_overlap=tp_comm_overlap)
+                            tp_comm_overlap=tp_comm_overlap, cp=cp, cp_comm_type=cp_comm_type,
+                            hierarchical_cp=hierarchical_cp)
     from lynx.cli.export import budget_warnings
 
     for w in budget_warnings(budget_gb, problem.hardware):  # after the checks: a NaN has been refused
@@ -340,7 +352,9 @@ def plan_cmd(
     if method == "lynx" and "lynx" not in available_methods():
         method = "full"
     vpp_text = f" VPP {vpp}" if vpp > 1 else ""
-    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp} PP {pp}{vpp_text} DP {dp}"
+    kind = problem.parallel.cp_comm_type
+    cp_text = f" CP {cp}" + (f" ({kind})" if kind != "p2p" else "") if cp > 1 else ""
+    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp}{cp_text} PP {pp}{vpp_text} DP {dp}"
              f"{' SP' if sp else ''}, micro-batch {micro_batch}, global batch {global_batch}, seq {seq_len}, "
              f"{problem.parallel.num_microbatches} micro-batches")
     if compare:
@@ -393,6 +407,9 @@ def graph_cmd(
     model: ModelOpt = "gpt-7b",
     hardware: HardwareOpt = "a100-40g-nvlink",
     tp: TpOpt = 1,
+    cp: CpOpt = 1,
+    cp_comm_type: CpCommTypeOpt = "p2p",
+    hierarchical_cp: HierCpOpt = None,
     sp: SpOpt = False,
     micro_batch: MbOpt = 1,
     seq_len: SeqOpt = 1024,
@@ -402,14 +419,15 @@ def graph_cmd(
     """Print the op graph of one transformer layer (the analytic cost model)."""
     from lynx.costmodel import build_layer_graph
     from lynx.report.tables import graph_table
-    from lynx.spec import ParallelSpec, load_hardware, load_model, validate_layout
+    from lynx.spec import load_hardware, load_model, validate_layout
 
     check_outputs(**{"--out": (out, JSON_FORMATS)})
-    check_ints(**{"--tp": (tp, POSITIVE), "--micro-batch": (micro_batch, POSITIVE), "--seq-len": (seq_len, POSITIVE)})
+    check_ints(**{"--tp": (tp, POSITIVE), "--cp": (cp, POSITIVE), "--micro-batch": (micro_batch, POSITIVE),
+                  "--seq-len": (seq_len, POSITIVE)})
     m, hw = load_model(model), load_hardware(hardware)
-    par = ParallelSpec(tp=tp, sequence_parallel=sp, micro_batch_size=micro_batch, global_batch_size=micro_batch,
-                       seq_length=seq_len)
-    validate_layout(m, hw, par, nodes=max(1, -(-tp // hw.devices_per_node)))
+    par = parallel_spec(tp, 1, 1, sp, micro_batch, micro_batch, seq_len, cp, cp_comm_type,
+                        parse_hierarchical_cp(hierarchical_cp, cp, cp_comm_type))
+    validate_layout(m, hw, par, nodes=max(1, -(-tp * cp // hw.devices_per_node)))
     g = build_layer_graph(m, hw, par)
     if out is not None:
         write_text(out, g.to_json(), "--out")

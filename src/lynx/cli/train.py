@@ -11,6 +11,19 @@ from lynx.cli import app
 from lynx.errors import SpecError
 
 
+def _refuse_context_parallel(plan: Path) -> None:
+    """The runtime builds TP x PP x DP layers; a plan with context parallelism is for planning and export."""
+    import json
+
+    try:
+        cp = json.loads(plan.read_text())["parallel"].get("cp", 1)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return  # the runtime's own reader names what is wrong with the file
+    if cp != 1:
+        raise SpecError(f"{plan}: the plan uses context parallelism (cp {cp}); lynx train runs TP x PP x DP only "
+                        "(plan and export it: lynx export megatron|torchtitan)")
+
+
 @app.command("train")
 def train_cmd(
     plan: Annotated[Path, typer.Option("--plan", help="A plan file from `lynx plan --out`.")],
@@ -46,6 +59,7 @@ def train_cmd(
         raise SpecError(f"--backend {backend!r}: expected auto, nccl or gloo")
     if dtype not in ("float32", "bfloat16"):
         raise SpecError(f"--dtype {dtype!r}: expected float32 or bfloat16")
+    _refuse_context_parallel(plan)
     from lynx.runtime.train import launch, parser  # lynx.runtime quiets torch's C++ logs before torch loads
 
     argv = ["--plan", str(plan), "--iters", str(iters), "--warmup", str(warmup), "--timeout", str(timeout),

@@ -97,6 +97,7 @@ def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
     args: list[tuple[str, ...]] = [
         ("--tensor-model-parallel-size", str(par.tp)), ("--pipeline-model-parallel-size", str(par.pp)),
         *([("--sequence-parallel",)] if par.sequence_parallel else []),
+        *cp_flags(par),
         ("--pipeline-model-parallel-layout", megatron_layout(lay)),
         ("--micro-batch-size", str(par.micro_batch_size)), ("--global-batch-size", str(par.global_batch_size)),
         *model_flags(src.problem.model, par.seq_length), *run_flags(src.problem.options, par),
@@ -135,6 +136,17 @@ def _fit(src: ExportSource, rounded: list[MegatronRecompute], collapsed: Megatro
                          "using that on every rank")
             per_stage = [stock] * len(per_stage)
     return per_stage, stock, notes
+
+
+def cp_flags(par: ParallelSpec) -> list[tuple[str, ...]]:
+    """Context parallelism as Megatron-LM's arguments name it (megatron/training/arguments.py:
+    --context-parallel-size, --cp-comm-type, --hierarchical-context-parallel-sizes); nothing without CP."""
+    if par.cp <= 1:
+        return []
+    out: list[tuple[str, ...]] = [("--context-parallel-size", str(par.cp)), ("--cp-comm-type", par.cp_comm_type)]
+    if par.cp_comm_type == "a2a+p2p":
+        out.append(("--hierarchical-context-parallel-sizes", str(par.cp_a2a_size), str(par.cp // par.cp_a2a_size)))
+    return out
 
 
 def run_flags(opts: PlanOptions, par: ParallelSpec) -> list[tuple[str, ...]]:

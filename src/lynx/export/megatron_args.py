@@ -23,11 +23,12 @@ _INT = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-h
         "--max-position-embeddings", "--vocab-size", "--tensor-model-parallel-size",
         "--pipeline-model-parallel-size", "--micro-batch-size", "--global-batch-size", "--recompute-num-layers",
         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-        "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank", "--num-query-groups")
+        "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank", "--num-query-groups",
+        "--context-parallel-size")
 _FLOAT = ("--attention-dropout", "--hidden-dropout", "--rotary-base")
 _STR = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--normalization",
-        "--position-embedding-type", "--attention-backend", "--transformer-impl")
-_LIST = ("--recompute-modules",)
+        "--position-embedding-type", "--attention-backend", "--transformer-impl", "--cp-comm-type")
+_LIST = ("--recompute-modules", "--hierarchical-context-parallel-sizes")
 _BOOL = ("--sequence-parallel", "--bf16", "--fp16", "--recompute-activations", "--swiglu", "--group-query-attention",
          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--use-distributed-optimizer",
          "--use-flash-attn", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
@@ -40,7 +41,7 @@ _REFUSED = {
     "--distribute-saved-activations": "activations distributed over the TP group",
     "--cpu-offloading": "activation offloading to the host",
 }
-_REFUSED_ABOVE_ONE = ("--context-parallel-size", "--expert-model-parallel-size")
+_REFUSED_ABOVE_ONE = ("--expert-model-parallel-size",)
 _REQUIRED = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size",
              "--global-batch-size")
 
@@ -73,11 +74,19 @@ class MegatronCommand:
     recompute: MegatronRecompute
     warnings: tuple[str, ...] = ()
     run: MegatronRun = MegatronRun()
+    cp: int = 1
+    """--context-parallel-size."""
+    cp_comm_type: str = "p2p"
+    """--cp-comm-type (Megatron's default p2p)."""
+    cp_a2a_size: int = 1
+    """a2a+p2p: the first of --hierarchical-context-parallel-sizes."""
 
     def parallel(self, dp: int) -> ParallelSpec:
         return ParallelSpec(tp=self.tp, pp=self.pp, dp=dp, sequence_parallel=self.sequence_parallel,
                             micro_batch_size=self.micro_batch_size, global_batch_size=self.global_batch_size,
-                            seq_length=self.seq_length)
+                            seq_length=self.seq_length, cp=self.cp,
+                            cp_comm_type=self.cp_comm_type,  # type: ignore[arg-type]  # checked in _cp
+                            cp_a2a_size=self.cp_a2a_size)
 
 
 Value = int | float | str | bool | tuple[str, ...]
@@ -221,12 +230,36 @@ def parse_megatron_args(args: str | Sequence[str]) -> MegatronCommand:
                     "fp32 static recipe")
     model = model_from_flags(k, warn)
     pp = _int(k, "--pipeline-model-parallel-size", 1)
+    cp, kind, a2a = _cp(k)
     return MegatronCommand(
         model=model, tp=_int(k, "--tensor-model-parallel-size", 1), pp=pp,
         sequence_parallel=bool(k.get("--sequence-parallel", False)), micro_batch_size=_int(k, "--micro-batch-size"),
         global_batch_size=_int(k, "--global-batch-size"), seq_length=seq, layout=_layout(k, pp, layers),
-        recompute=_recompute(k), warnings=tuple(warn), run=_run(k),
+        recompute=_recompute(k), warnings=tuple(warn), run=_run(k), cp=cp, cp_comm_type=kind, cp_a2a_size=a2a,
     )
+
+
+def _cp(k: dict[str, Value]) -> tuple[int, str, int]:
+    """--context-parallel-size, --cp-comm-type and --hierarchical-context-parallel-sizes as lynx's layout."""
+    cp = _int(k, "--context-parallel-size", 1)
+    if cp < 1:
+        raise SpecError(f"--from-megatron: --context-parallel-size {cp}: must be a positive integer")
+    kind = str(k.get("--cp-comm-type", "p2p"))
+    if kind not in ("p2p", "a2a", "all_gather", "a2a+p2p"):
+        raise SpecError(f"--from-megatron: --cp-comm-type {kind!r}; valid: p2p, a2a, all_gather, a2a+p2p (one type "
+                        "for every layer; lynx does not take a per-layer list)")
+    a2a = 1
+    hier = cast(tuple[str, ...], k.get("--hierarchical-context-parallel-sizes", ()))
+    if kind == "a2a+p2p" and cp > 1:
+        try:
+            sizes = [int(x) for x in hier]
+        except ValueError:
+            sizes = []
+        if len(sizes) != 2 or sizes[0] * sizes[1] != cp:
+            raise SpecError(f"--from-megatron: --cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes A P "
+                            f"with A x P = --context-parallel-size {cp}")
+        a2a = sizes[0]
+    return cp, kind, a2a
 
 
 def _run(k: dict[str, Value]) -> MegatronRun:

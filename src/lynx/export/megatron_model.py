@@ -20,7 +20,10 @@ def model_flags(m: ModelSpec, seq_length: int) -> list[Flag]:
     flags: list[Flag] = [
         ("--num-layers", str(m.num_layers)), ("--hidden-size", str(m.hidden_size)),
         ("--ffn-hidden-size", str(m.ffn_hidden_size)), ("--num-attention-heads", str(m.num_attention_heads)),
-        ("--seq-length", str(seq_length)), ("--max-position-embeddings", str(m.max_position_embeddings)),
+        ("--seq-length", str(seq_length)),
+        # a rotary model planned beyond its table: Megatron checks max_position_embeddings >= seq_length
+        ("--max-position-embeddings", str(max(m.max_position_embeddings, seq_length)
+                                          if m.position_embedding != "learned" else m.max_position_embeddings)),
         ("--vocab-size", str(m.vocab_size)),
     ]
     att = float(m.attention_dropout) if m.dropout else 0.0

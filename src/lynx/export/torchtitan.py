@@ -108,6 +108,7 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
             "pipeline_parallel_degree": lay.pp, "tensor_parallel_degree": par.tp,
             "enable_sequence_parallel": par.sequence_parallel,
             "data_parallel_replicate_degree": par.dp, "data_parallel_shard_degree": 1,
+            **({"context_parallel_degree": par.cp} if par.cp > 1 else {}),
             "pipeline_parallel_schedule": "1F1B" if lay.vpp == 1 else "Interleaved1F1B",
             "pipeline_parallel_schedule_csv": CSV_FILE,
             "pipeline_parallel_microbatch_size": par.micro_batch_size,
@@ -118,7 +119,11 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
     }
     table = {"family": src.family, "method": src.result.method, "layers": layers}
     rows = schedule_rows(lay.pp, lay.vpp, par.num_microbatches)
-    return TorchtitanExport(src, config, table, rows, tuple(_notes(src, layers)))
+    notes = _notes(src, layers)
+    if par.cp > 1 and par.cp_comm_type != "p2p":
+        notes.append(f"context_parallel_degree {par.cp}: torchtitan runs PyTorch's ring attention (context_parallel), "
+                     f"not Megatron's --cp-comm-type {par.cp_comm_type} the plan priced")
+    return TorchtitanExport(src, config, table, rows, tuple(notes))
 
 
 def render_ac(exp: TorchtitanExport) -> str:

@@ -35,8 +35,11 @@ FLASH_BWD_FACTOR = 2.5
 dK = dS^T Q) plus recomputing S = Q K^T: 5 / 2 of the forward's two GEMMs. FlashAttention-2 (Dao 2023,
 sec. 4.1) counts it the same way: "the backward pass FLOPs is 2.5 times the forward pass"."""
 
-Collective = Literal["allreduce", "gather"]
-""""allreduce": ring all-reduce; "gather": one all-gather or reduce-scatter (half an all-reduce)."""
+Collective = Literal["allreduce", "gather", "cp_p2p", "cp_a2a", "cp_allgather"]
+""""allreduce": ring all-reduce; "gather": one all-gather or reduce-scatter (half an all-reduce) - both over TP.
+Over context-parallel ranks (`cp_attention`): "cp_p2p" the ring exchange of K/V chunks (comm_bytes: one step's
+chunk), "cp_a2a" an all-to-all (comm_bytes: one rank's tensor), "cp_allgather" an all-gather of K/V
+(comm_bytes: the gathered tensor)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,10 @@ class OpSpec:
     """GEMMs: (m, k, n) of one [m, k] @ [k, n] (per batch element): prices efficiency by shape."""
     attn_seq_head: tuple[float, float] | None = None
     """Flash attention: (sequence length, head dimension): prices its kernel efficiency."""
+    cp_size: int = 0
+    """Comm ops over context-parallel ranks: how many ranks the collective spans (0: a TP collective)."""
+    cp_stride: int = 1
+    """Their distance in CP ranks (a2a+p2p: the p2p ring joins every cp_a2a_size-th CP rank)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,19 +149,24 @@ class LayerBuilder:
         ))
 
     def flash_attention(self, name: str, block: Block, batch_heads: float, kv_heads: float, s: float, d: float,
-                        inputs: tuple[str, ...], saved: tuple[str, ...], module: str = "core_attn") -> None:
+                        inputs: tuple[str, ...], saved: tuple[str, ...], module: str = "core_attn",
+                        kv_len: float | None = None, kernel_seq: float | None = None) -> None:
         """Causal flash attention over `batch_heads` (micro-batch x local query heads) of [s, d], with
         `kv_heads` (micro-batch x local K/V heads). Two GEMMs of 2 s^2 d FLOPs per head, halved by the
         causal mask (FlashAttention-2 skips the masked blocks and counts FLOPs the same way); it reads
-        Q, K, V and writes the output and the fp32 log-sum-exp, no s x s tensor."""
+        Q, K, V and writes the output and the fp32 log-sum-exp, no s x s tensor.
+
+        Context parallelism: `s` queries on this rank against `kv_len` keys of the whole sequence (causal,
+        load-balanced: half of the s x kv_len products), run as kernels over `kernel_seq` tokens."""
+        kv_n = s if kv_len is None else kv_len
         q = batch_heads * s * d
-        kv = kv_heads * s * d
+        kv = kv_heads * kv_n * d
         lse = LSE_BYTES * batch_heads * s
         self.ops.append(OpSpec(
             name=name, kind="compute", block=block, inputs=inputs, saved=saved,
-            out_bytes=ACT_BYTES * q, mask_bytes=lse, flops=2.0 * (2.0 * batch_heads * s * s * d) / 2.0,
+            out_bytes=ACT_BYTES * q, mask_bytes=lse, flops=2.0 * (2.0 * batch_heads * s * kv_n * d) / 2.0,
             mem_bytes=ACT_BYTES * (2 * q + 2 * kv) + lse, bwd_factor=FLASH_BWD_FACTOR, module=module,
-            attn_seq_head=(s, d),
+            attn_seq_head=(s if kernel_seq is None else kernel_seq, d),
         ))
 
     def comm(self, name: str, block: Block, collective: Collective, nbytes_full: float,
@@ -167,6 +179,15 @@ class LayerBuilder:
             name=name, kind="comm", block=block, inputs=inputs, saved=(), out_bytes=out_bytes,
             collective=collective, comm_bytes=nbytes_full, overlaps_wgrad_of=wgrad_of or None, module=module,
             regather=regather,
+        ))
+
+    def cp_comm(self, name: str, collective: Collective, nbytes: float, inputs: tuple[str, ...], out_bytes: float,
+                size: int, stride: int = 1) -> None:
+        """A collective over `size` context-parallel ranks (`stride` CP ranks apart) in the attention block;
+        no GEMM's weight gradient hides its backward."""
+        self.ops.append(OpSpec(
+            name=name, kind="comm", block="attn", inputs=inputs, saved=(), out_bytes=out_bytes,
+            collective=collective, comm_bytes=nbytes, module="core_attn", cp_size=size, cp_stride=stride,
         ))
 
     def spec(self, input_bytes: float) -> LayerSpec:
@@ -191,5 +212,54 @@ def standard_attention(b: LayerBuilder, qk_in: str, v_in: str, s: float, mb: flo
     return "attn_context"
 
 
+def cp_flash_attention(b: LayerBuilder, par: ParallelSpec, mb: float, a_l: float, g_l: float, d: float,
+                       qk_in: str, v_in: str) -> str:
+    """Core attention of one rank as Megatron-Core runs it (TransformerEngine's DotProductAttention): plain
+    causal flash attention without CP; with context parallelism (`par.cp` > 1) the rank holds s / CP tokens
+    (2 x CP load-balanced chunks: rank r has chunks r and 2CP-1-r) and
+
+    * p2p (ring attention, AttnFuncWithCPAndKVP2P): CP steps, each this rank's queries against one rank's K/V
+      chunk while the next chunk arrives from the neighbour (`cp_kv_exchange`, priced in `costmodel` as what
+      the step's attention compute does not hide); backward re-exchanges K/V and passes dK/dV around the ring;
+    * a2a (Ulysses, AttnFuncWithCPAndQKVOA2A): all-to-all of Q, K, V to the whole sequence on heads / CP,
+      plain attention, all-to-all of the output back (`cp_a2a_qkv`, `cp_a2a_out`, exposed);
+    * all_gather (AttnFuncWithCPAndKVAllGather): all-gather of K/V over CP before the attention (exposed);
+    * a2a+p2p: a2a over the first level of --hierarchical-context-parallel-sizes, p2p ring over the second.
+
+    Bytes kept for backward per rank are the non-CP ones at s / CP tokens: ring attention keeps only the local
+    Q, K, V, output and LSE and re-exchanges K/V in its backward. Returns the op the projection reads."""
+    s, cp = par.seq_length, par.cp
+    if cp <= 1:
+        b.flash_attention("core_attn", "attn", mb * a_l, mb * g_l, s, d, (qk_in, v_in) if qk_in != v_in else (v_in,),
+                          (qk_in, v_in, "core_attn") if qk_in != v_in else (v_in, "core_attn"))
+        return "core_attn"
+    s_loc = s / cp
+    ins = (qk_in, v_in) if qk_in != v_in else (v_in,)
+    kv_chunk = ACT_BYTES * 2 * mb * g_l * s_loc * d   # this rank's K and V (one ring step's message)
+    a2a = par.cp if par.cp_comm_type == "a2a" else par.cp_a2a_size if par.cp_comm_type == "a2a+p2p" else 1
+    ring = cp // a2a if par.cp_comm_type in ("p2p", "a2a+p2p") else 1
+    src: tuple[str, ...] = ins
+    saved: tuple[str, ...] = ins
+    if a2a > 1:  # Q, K, V to [s x a2a / CP tokens, heads / a2a]: same bytes, another layout
+        qkv_bytes = ACT_BYTES * mb * s_loc * (a_l + 2 * g_l) * d
+        b.cp_comm("cp_a2a_qkv", "cp_a2a", qkv_bytes, ins, qkv_bytes, a2a)
+        src = saved = ("cp_a2a_qkv",)
+    heads, kv_heads, q_len = mb * a_l / a2a, mb * g_l / a2a, s_loc * a2a
+    if ring > 1:
+        b.cp_comm("cp_kv_exchange", "cp_p2p", kv_chunk, src, kv_chunk * (ring - 1), ring, a2a)
+        src = (*src, "cp_kv_exchange")
+    elif par.cp_comm_type == "all_gather":
+        b.cp_comm("cp_allgather_kv", "cp_allgather", kv_chunk * cp, src, kv_chunk * (cp - 1), cp)
+        src = (*src, "cp_allgather_kv")
+    # kernels run over this rank's q_len queries (each ring step against one K/V chunk of as many tokens)
+    b.flash_attention("core_attn", "attn", heads, kv_heads, q_len, d, src, (*saved, "core_attn"), kv_len=s,
+                      kernel_seq=q_len)
+    if a2a > 1:
+        out = ACT_BYTES * mb * s_loc * a_l * d
+        b.cp_comm("cp_a2a_out", "cp_a2a", out, ("core_attn",), out, a2a)
+        return "cp_a2a_out"
+    return "core_attn"
+
+
 __all__ = ["LAYER_INPUT", "ACT_BYTES", "MASK_BYTES", "LSE_BYTES", "Family", "LayerBuilder", "LayerSpec", "OpSpec",
-           "standard_attention"]
+           "cp_flash_attention", "standard_attention"]

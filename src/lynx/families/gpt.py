@@ -20,6 +20,7 @@ from lynx.families.base import (
     Family,
     LayerBuilder,
     LayerSpec,
+    cp_flash_attention,
     standard_attention,
 )
 from lynx.graph import Block
@@ -77,7 +78,7 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     s, mb, h, a, f, t = (par.seq_length, par.micro_batch_size, model.hidden_size,
                          model.num_attention_heads, model.ffn_hidden_size, par.tp)
     sp = par.sequence_parallel
-    tok = s * mb                       # tokens in a micro-batch
+    tok = s * mb // par.cp             # tokens of a micro-batch on this rank (s / CP of each sequence)
     tok_ln = tok / t if sp else tok    # tokens a rank holds outside the TP region (sharded with SP)
     hd = h // a                        # head dim
     drop_res = model.dropout and model.hidden_dropout > 0
@@ -95,8 +96,7 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     b.gemm("qkv", "attn", tok, h, 3 * h / t, (qkv_in,), ("ln1",))
     if model.attention == "flash":
         # Q, K, V are views of the QKV output; the op saves them, its output and the log-sum-exp.
-        b.flash_attention("core_attn", "attn", mb * a / t, mb * a / t, s, hd, ("qkv",), ("qkv", "core_attn"))
-        ctx = "core_attn"
+        ctx = cp_flash_attention(b, par, mb, a / t, a / t, hd, "qkv", "qkv")
     else:
         # Q K^T per head: (b * a/t) x [s, hd] @ [hd, s]; backward reads Q and K (part of the QKV output);
         # probs @ V reads the probabilities and V.

@@ -25,6 +25,7 @@ from lynx.families.base import (
     Family,
     LayerBuilder,
     LayerSpec,
+    cp_flash_attention,
     standard_attention,
 )
 
@@ -63,7 +64,7 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     s, mb, h, a, g, f, t = (par.seq_length, par.micro_batch_size, model.hidden_size, model.num_attention_heads,
                             model.num_query_groups, model.ffn_hidden_size, par.tp)
     sp = par.sequence_parallel
-    tok = s * mb
+    tok = s * mb // par.cp                       # tokens of the micro-batch on this rank (s / CP each)
     tok_ln = tok / t if sp else tok
     d = model.head_dim
     a_l, g_l = a / t, g / t                      # query heads and K/V heads on one rank
@@ -85,10 +86,9 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     # cos/sin tables, which are buffers).
     b.elementwise("rope", "attn", tok * (a_l + g_l) * d, ("qkv",), (), flops_per_elem=3)
     if model.attention == "flash":
-        # Saves rotated Q, K (the rope output), V (a view of the QKV output), its output and the LSE.
-        b.flash_attention("core_attn", "attn", mb * a_l, mb * g_l, s, d, ("rope", "qkv"),
-                          ("rope", "qkv", "core_attn"))
-        ctx = "core_attn"
+        # Saves rotated Q, K (the rope output), V (a view of the QKV output), its output and the LSE; with
+        # context parallelism ring attention (or its a2a / all-gather variants) over the CP ranks.
+        ctx = cp_flash_attention(b, par, mb, a_l, g_l, d, "rope", "qkv")
     else:
         ctx = standard_attention(b, "rope", "qkv", s, mb, a_l, d, drop_attn)
     b.gemm("attn_proj", "attn", tok, a_l * d, h, (ctx,), (ctx,))

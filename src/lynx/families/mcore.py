@@ -19,7 +19,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lynx.families.base import ACT_BYTES, LAYER_INPUT, Family, LayerBuilder, LayerSpec, standard_attention
+from lynx.families.base import (
+    ACT_BYTES,
+    LAYER_INPUT,
+    Family,
+    LayerBuilder,
+    LayerSpec,
+    cp_flash_attention,
+    standard_attention,
+)
 from lynx.families.llama import check_layout
 from lynx.graph import Block
 
@@ -74,9 +82,7 @@ def _attention(b: LayerBuilder, m: ModelSpec, par: ParallelSpec, tok: float, tok
         b.elementwise("rope", "attn", tok * (a_l + g_l) * d, ("qkv",), (), flops_per_elem=3)
         qk = "rope"
     if m.attention == "flash":
-        ins = (qk, "qkv") if qk != "qkv" else ("qkv",)
-        b.flash_attention("core_attn", "attn", mb * a_l, mb * g_l, s, d, ins, (*ins, "core_attn"))
-        ctx = "core_attn"
+        ctx = cp_flash_attention(b, par, mb, a_l, g_l, d, qk, "qkv")
     else:
         ctx = standard_attention(b, qk, "qkv", s, mb, a_l, d, m.dropout and m.attention_dropout > 0)
     b.gemm("attn_proj", "attn", tok, a_l * d, h, (ctx,), (ctx,))
@@ -102,7 +108,7 @@ def _mlp(b: LayerBuilder, m: ModelSpec, par: ParallelSpec, tok: float, tok_ln: f
 def layer(m: ModelSpec, par: ParallelSpec) -> LayerSpec:
     """The ops of one Megatron-Core layer on one TP rank."""
     b = LayerBuilder()
-    tok = par.seq_length * par.micro_batch_size
+    tok = par.seq_length * par.micro_batch_size // par.cp  # s / CP tokens of each sequence on this rank
     tok_ln = tok / par.tp if par.sequence_parallel else tok
     h = m.hidden_size
     drop = m.dropout and m.hidden_dropout > 0

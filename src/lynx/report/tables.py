@@ -85,7 +85,8 @@ def policy_table(plan: Plan) -> Table:
 def graph_table(g: LayerGraph) -> Table:
     m = g.meta
     t = Table(title=(f"layer graph ({m.source}): {m.model} h={m.hidden_size} a={m.num_attention_heads} "
-                     f"s={m.seq_length} b={m.micro_batch_size} tp={m.tp} sp={m.sequence_parallel} on {m.device}"),
+                     f"s={m.seq_length} b={m.micro_batch_size} tp={m.tp}{f' cp={m.cp}' if m.cp > 1 else ''} "
+                     f"sp={m.sequence_parallel} on {m.device}"),
               title_justify="left")
     for col in ("op", "kind", "block", "fwd (ms)", "bwd (ms)", "bwd exposed (ms)", "wgrad (ms)", "out MiB",
                 "mask MiB", "keep MiB", "inputs", "backward reads"):

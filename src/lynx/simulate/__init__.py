@@ -44,7 +44,7 @@ def _p2p(problem: PlanProblem) -> float:
     # the TP ranks: Megatron's scatter-gather send, or the sequence-parallel shard the layer already holds.
     g = problem.graph
     nbytes = g.input_bytes if par.sequence_parallel else g.input_bytes / par.tp
-    link = problem.hardware.link_for_group(2, par.tp * par.dp)
+    link = problem.hardware.link_for_group(2, par.tp * par.cp * par.dp)
     return p2p_time(nbytes, link) if par.pp > 1 else 0.0
 
 

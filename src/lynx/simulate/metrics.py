@@ -37,7 +37,7 @@ def tail_time(model: ModelSpec, hw: Hardware, par: ParallelSpec, ctxs: tuple[Sta
     opts: list[float] = []
     ov = overlap or DpOverlap()
     for s, ctx in enumerate(ctxs):
-        dp_link = hw.link_for_group(par.dp, par.tp)
+        dp_link = hw.link_for_group(par.dp_cp, par.tp)  # DP x CP ranks, TP apart (CP then DP in rank order)
         if ov.grad_reduce or ov.param_gather:
             sync = dp_sync(model, par, s, ctx.num_layers, recipe, dp_link, distributed_optimizer, ov.bucket_size)
             ar = sync.exposed(ov.grad_reduce, ov.param_gather, ov.last_bwd_s[s], ov.first_fwd_s[s])

@@ -32,5 +32,5 @@ def tied_embedding_sync_time(model: ModelSpec, par: ParallelSpec, hw: Hardware, 
     """All-reduce of the tied word embedding's gradient between the first and the last pipeline stage."""
     if par.pp <= 1 or not model.tie_embeddings:
         return 0.0
-    link = hw.link_for_group(2, par.tp * par.dp)  # the pipeline's link, as point-to-point uses
+    link = hw.link_for_group(2, par.tp * par.cp * par.dp)  # the pipeline's link, as point-to-point uses
     return allreduce_time(model.vocab_size * model.hidden_size / par.tp * grad_bytes, 2, link)
