@@ -6,6 +6,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+from lynx.errors import SpecError
 from lynx.graph import LayerGraph
 from lynx.partition.base import Partition
 from lynx.partition.dp import dp_partition
@@ -24,6 +25,27 @@ def base_partition(problem: PlanProblem) -> Partition:
     if lps is not None:
         return Partition(tuple(lps), method="explicit")
     return dp_partition(problem.model, problem.parallel, problem.options.vpp)
+
+
+def megatron_partition(problem: PlanProblem) -> Partition:
+    """The partition stock Megatron-Core runs, for its baselines: the user's explicit layout if given (what
+    ``--pipeline-model-parallel-layout``, ``--decoder-first/last-pipeline-num-layers`` or
+    ``--account-for-embedding/loss-in-pipeline-split`` produce; `lynx plan --from-megatron` passes it as
+    `layers_per_stage`), else Megatron's default even split, num_layers / (PP x VPP) layers per virtual stage.
+    Megatron refuses a split that does not divide (megatron/core/transformer/transformer_block.py,
+    get_num_layers_to_build: "num_layers should be divisible by pipeline_model_parallel_size", and by
+    PP x VPP when interleaved), so this raises SpecError with that reason instead of inventing one."""
+    lps = problem.options.layers_per_stage
+    if lps is not None:
+        return Partition(tuple(lps), method="explicit")
+    layers, pp, vpp = problem.model.num_layers, problem.parallel.pp, problem.options.vpp
+    n = pp * vpp
+    if layers % n:
+        what = f"PP {pp}" if vpp == 1 else f"PP {pp} x VPP {vpp} = {n}"
+        raise SpecError(f"Megatron refuses this layout: {layers} layers do not divide by {what} (no even split; "
+                        "give --layers-per-stage, as Megatron needs --decoder-first/last-pipeline-num-layers or "
+                        "a --pipeline-model-parallel-layout)")
+    return Partition.interleaved((layers // n,) * n, pp, method="megatron")
 
 
 def chunk_contexts(ctx: StageContext) -> tuple[StageContext, ...]:
@@ -45,7 +67,7 @@ def stage_policy(fn: StagePolicyFn, ctx: StageContext, graph: LayerGraph) -> Rec
 
 
 def per_stage(problem: PlanProblem, name: str, fn: StagePolicyFn, partition: Partition | None = None) -> PlanResult:
-    """Apply a per-stage policy function on a fixed partition (dp or the user's)."""
+    """Apply a per-stage policy function on a fixed partition (default: dp or the user's)."""
     t0 = time.perf_counter()
     part = partition or base_partition(problem)
     pols = tuple(stage_policy(fn, ctx, problem.graph) for ctx in problem.stage_contexts(part))
