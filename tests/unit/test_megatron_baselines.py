@@ -13,7 +13,8 @@ from lynx.policy.rules import keep_all, selective_layer
 from lynx.simulate.pricing import recompute_time
 from tests.conftest import problem_for
 
-BASELINES = ("none", "full", "selective", "uniform", "block", "mc-core_attn", "mc-mlp", "mc-core_attn+mlp+layernorm")
+BASELINES = ("none", "full", "selective", "uniform", "block", "mc-core_attn", "mc-mlp", "mc-core_attn+layernorm",
+             "mc-core_attn+mlp+layernorm")
 
 
 def _llama8b(**opts: object):  # type: ignore[no-untyped-def]

@@ -51,10 +51,12 @@ def plan_block(problem: PlanProblem) -> PlanResult:
 
 
 MEGATRON_MODULE_LISTS: tuple[tuple[str, ...], ...] = (
-    ("core_attn",), ("mlp",), ("layernorm",), ("core_attn", "mlp"), ("mlp", "layernorm"),
+    ("core_attn",), ("mlp",), ("layernorm",), ("core_attn", "mlp"), ("core_attn", "layernorm"), ("mlp", "layernorm"),
     ("core_attn", "mlp", "layernorm"),
 )
-"""The Megatron-Core --recompute-modules lists users set today, one baseline method each."""
+"""Every non-empty combination of Megatron-Core's dense --recompute-modules, one baseline method each (a tuned
+user picks the cheapest that fits; `core_attn layernorm` is what `lynx export megatron` hands out for the
+README plan)."""
 
 
 def plan_modules(mods: tuple[str, ...]) -> MethodFn:
