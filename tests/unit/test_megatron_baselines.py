@@ -93,3 +93,14 @@ def test_baselines_take_an_explicit_layout_and_interleaving() -> None:
     pr = problem_for(pp=4, vpp=3)  # 32 layers over 12 virtual stages: Megatron refuses
     rows = compare(pr, ["none"])
     assert rows[0].plan is None and "PP 4 x VPP 3" in rows[0].error
+
+
+def test_policy_table_shows_the_rerun() -> None:
+    from rich.console import Console
+
+    from lynx.report.tables import policy_table
+
+    con = Console(record=True, width=400)
+    con.print(policy_table(plan(_llama8b(), "selective", record=False)))
+    text = con.export_text()
+    assert "K5" in text and "keep and re-run" in text
