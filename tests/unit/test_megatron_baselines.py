@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lynx.api import compare, plan
+from lynx.errors import SpecError
 from lynx.memory import layer_memory
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, check_policy, validate_layer_policy
 from lynx.policy.megatron_modules import modules_layer
@@ -104,3 +105,24 @@ def test_policy_table_shows_the_rerun() -> None:
     con.print(policy_table(plan(_llama8b(), "selective", record=False)))
     text = con.export_text()
     assert "K5" in text and "keep and re-run" in text
+
+
+def test_megatron_balancing_flags_move_only_the_stock_rows() -> None:
+    pb = problem_for(mb=16, decoder_first_pipeline_num_layers=7, decoder_last_pipeline_num_layers=7)
+    rows = {r.method: r for r in compare(pb, ["selective", "block", "lynx"])}
+    for m in ("selective", "block"):
+        p = rows[m].plan
+        assert p is not None and p.result.partition.layers_per_stage == (7, 9, 9, 7)
+    lynx = rows["lynx"].plan
+    assert lynx is not None and lynx.result.partition.layers_per_stage == (8, 9, 8, 7)  # lynx's own search
+    # Megatron-Core's rules: the embedding / loss count as a layer; the split must still divide
+    acc = problem_for(pp=3, mb=4, gb=48, account_for_embedding_in_pipeline_split=True)  # 33 slots over PP 3
+    assert plan(acc, "none", record=False).result.partition.layers_per_stage == (10, 11, 11)
+    both = problem_for(pp=2, account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+    assert plan(both, "full", record=False).result.partition.layers_per_stage == (16, 16)  # 34 slots: 17 each
+    bad = problem_for(account_for_embedding_in_pipeline_split=True)  # 33 slots over PP 4
+    with pytest.raises(SpecError, match="Megatron refuses.*embedding/loss"):
+        plan(bad, "none", record=False)
+    odd = problem_for(decoder_first_pipeline_num_layers=6)  # 26 layers over 3 stages
+    row = compare(odd, ["selective"])[0]
+    assert row.plan is None and "Megatron refuses" in row.error and "6/None" in row.error
