@@ -47,8 +47,8 @@ class Cell:
 
 
 def cell(r: CompareRow) -> Cell:
-    if r.plan is None:
-        return Cell(None, "inf")
+    if r.plan is None:  # "refused": Megatron has no even split of the layers over PP (a baseline's row)
+        return Cell(None, "refused" if "Megatron refuses" in r.error else "inf")
     s = r.plan.sim
     if s.oom:
         return Cell(None, "OOM")

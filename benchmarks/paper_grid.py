@@ -55,8 +55,8 @@ class Cell:
 
 
 def cell(r: CompareRow) -> Cell:
-    if r.plan is None:
-        return Cell(None, "inf", seconds=r.seconds)
+    if r.plan is None:  # "refused": Megatron has no even split of the layers over PP (a baseline's row)
+        return Cell(None, "refused" if "Megatron refuses" in r.error else "inf", seconds=r.seconds)
     s = r.plan.sim
     if s.oom:
         return Cell(None, "OOM", seconds=r.seconds)
@@ -83,7 +83,8 @@ def ratio(row: dict[str, object], a: str, b: str) -> float | None:
 
 def table(rows: list[dict[str, object]], hw: str) -> Table:
     methods = [m for m in METHODS if m in available_methods()]
-    t = Table(title=f"predicted samples/s on {hw} (OOM: over budget in the simulator; inf: no policy fits)",
+    t = Table(title=f"predicted samples/s on {hw} (OOM: over budget in the simulator; inf: no policy fits; "
+              "refused: Megatron has no even split)",
               title_justify="left")
     for c in ("model", "mb", *methods, "lynx/full", "lynx/sel", "lynx/adapipe", "mixed/lynx"):
         t.add_column(c, justify="left" if c == "model" else "right")

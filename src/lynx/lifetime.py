@@ -11,6 +11,8 @@ re-forward) does for one micro-batch, used by the one memory rule in `lynx.memor
 * after every restore, outputs of the layer that no backward reads are freed once every op reading them is
   restored, kept or never rebuilt, unless an op being restored reads them (masks and statistics stay), and a
   chunk's top output stays until the layer above is done;
+* a kept op that a Megatron checkpoint re-runs (`LayerPolicy.rerun`) holds a fresh output and side state from
+  its re-run, right before its backward, until the layer's release;
 * phase 1/2 ops are restored in a later forward's windows (the "forward holdings"), phase 3/4 ops of layer
   l - 1 inside layer l's column-parallel backward (after the MLP's / attention's first GEMM backward), the rest
   on demand; a layer's restored tensors are released when its backward ends.
@@ -73,6 +75,7 @@ class _Replay:
     def retained(self, li: int) -> float:
         lp = self.layers[li].pol
         kept = sum(self.g.keep_bytes(n) + self.extra.get(n, 0.0) for n in lp.keep)
+        kept -= sum(self.g.op(n).mask_bytes for n in lp.rerun)
         return kept + (self.g.input_bytes if lp.input_checkpoint else 0.0)
 
     def sample(self) -> None:
@@ -122,6 +125,12 @@ class _Replay:
         st = self.layers[li]
         trigger = {blk: self._window_op(blk) for blk in ("attn", "mlp")}
         for o in reversed(self.g.ops):
+            if o.name in st.pol.rerun:  # a Megatron checkpoint re-runs it: a fresh output and side state
+                for d in o.inputs:
+                    if d != LAYER_INPUT:
+                        self.ensure(li, d)
+                st.side[o.name] = o.out_bytes + o.mask_bytes
+                self.sample()
             for s in o.saved:
                 if s == LAYER_INPUT:
                     if not st.ckpt:

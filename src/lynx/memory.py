@@ -88,12 +88,16 @@ def layer_memory(graph: LayerGraph, lp: LayerPolicy) -> LayerMemory:
     def sum_phase(phases: tuple[Phase, ...]) -> float:
         return sum(graph.keep_bytes(n) for n in lp.recomputed(phases))
 
-    retained = graph.retained_bytes(keep) - (0.0 if lp.input_checkpoint else graph.input_bytes)
+    # A re-run op (`LayerPolicy.rerun`) keeps its output but not its side state, which its re-run rebuilds
+    # together with a fresh output right before its backward.
+    rerun_side = sum(graph.op(n).mask_bytes for n in lp.rerun)
+    rerun_work = sum(graph.op(n).out_bytes + graph.op(n).mask_bytes for n in lp.rerun)
+    retained = graph.retained_bytes(keep) - rerun_side - (0.0 if lp.input_checkpoint else graph.input_bytes)
     return LayerMemory(
         retained=retained,
         fwd_window=sum_phase(FWD_PHASES),
         bwd_window=sum_phase(BWD_PHASES),
-        on_demand=sum_phase((Phase.ON_DEMAND,)),
+        on_demand=sum_phase((Phase.ON_DEMAND,)) + rerun_work,
         dropped=graph.full_activation_bytes() - retained,
     )
 

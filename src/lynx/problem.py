@@ -48,6 +48,15 @@ class PlanOptions:
     nodes: int | None = field(default=None, metadata=rng(gt=0))
     layers_per_stage: tuple[int, ...] | None = field(default=None, metadata=rng(gt=0))
     """A user's explicit partition (--layers-per-stage); methods that do not partition use it."""
+    decoder_first_pipeline_num_layers: int | None = field(default=None, metadata=rng(gt=0))
+    """Megatron's --decoder-first-pipeline-num-layers, for the stock Megatron baselines' partition only
+    (`methods.common.megatron_partition`); lynx's own methods partition on their own."""
+    decoder_last_pipeline_num_layers: int | None = field(default=None, metadata=rng(gt=0))
+    """Megatron's --decoder-last-pipeline-num-layers (the baselines' partition, as above)."""
+    account_for_embedding_in_pipeline_split: bool = False
+    """Megatron's flag: the embedding counts as one more layer of the baselines' even split."""
+    account_for_loss_in_pipeline_split: bool = False
+    """Megatron's flag: the loss counts as one more layer of the baselines' even split."""
     vpp: int = 1
     """Model chunks per rank: 1 is 1F1B, more is Megatron's interleaved 1F1B (--vpp)."""
     overlap_grad_reduce: bool = False

@@ -147,3 +147,17 @@ def test_every_option_has_help_and_one_flag_name() -> None:
         return bad
 
     assert walk(typer.main.get_command(app), "lynx") == []
+
+
+def test_compare_prices_stock_megatron_on_its_balancing_flags() -> None:
+    r = lynx("plan", "--model", "gpt-7b", "--tp", "4", "--pp", "4", "--micro-batch", "16", "--global-batch", "128",
+             "--compare", "--json", "--decoder-first-pipeline-num-layers", "7", "--decoder-last-pipeline-num-layers",
+             "7")
+    assert r.returncode == 0, r.stderr
+    rows = {row["method"]: row for row in json.loads(r.stdout)["methods"]}
+    assert rows["selective"]["partition"] == [7, 9, 9, 7] and rows["full"]["partition"] == [7, 9, 9, 7]
+    assert rows["lynx"]["partition"] == [8, 9, 8, 7]  # lynx partitions on its own
+    r = lynx("plan", "--model", "gpt-7b", "--pp", "4", "--account-for-embedding-in-pipeline-split", "--compare",
+             "--json")
+    rows = {row["method"]: row for row in json.loads(r.stdout)["methods"]}
+    assert "Megatron refuses" in rows["none"]["error"] and rows["lynx"]["partition"] is not None

@@ -41,7 +41,11 @@ def test_compare_shows_the_module_baselines_beside_lynx() -> None:
     for m in ("selective", "mc-mlp", "mc-layernorm", "mc-core_attn+mlp", "lynx"):
         assert m in rows
     peak = {m: max(s["peak_memory_bytes"] for s in rows[m]["stages"]) for m in ("none", "selective", "mc-mlp")}
-    assert peak["selective"] == peak["none"] > peak["mc-mlp"]  # flash attention: core_attn frees nothing
+    # flash attention: core_attn frees only the log-sum-exp (1/64 of the output) and re-runs the kernel, whose
+    # fresh output is alive during its backward: selective's peak is none's within a few output sizes
+    assert peak["selective"] == pytest.approx(peak["none"], rel=0.01) and peak["none"] > peak["mc-mlp"]
+    crit = {m: max(s["recompute_critical_s"] for s in rows[m]["stages"]) for m in ("none", "selective")}
+    assert crit["none"] == 0 < crit["selective"]
 
 
 def test_query_groups_not_divisible_by_tp_is_one_clear_line() -> None:

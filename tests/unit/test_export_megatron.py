@@ -97,16 +97,21 @@ def test_readme_plan_exports_flags_and_prices() -> None:
     assert flags["--micro-batch-size"] == ("8",) and flags["--global-batch-size"] == ("128",)
     lay = exp.source.layout
     assert parse_megatron_layout(flags["--pipeline-model-parallel-layout"][0], 4, 32) == lay
-    lynx, plugin, stock = exp.figures
+    lynx, plugin, stock, even = exp.figures
     assert lynx.fits and stock.fits
-    # this plan keeps everything, so every framework runs the same thing
+    # this plan keeps everything, so every framework runs the same thing on lynx's layout
     assert exp.stock == NONE and "--recompute-granularity" not in flags
     assert stock.iteration_time_s == pytest.approx(lynx.iteration_time_s)
+    # stock Megatron without the layout flag: its even split, 8 layers per stage, the cheapest setting that fits
+    assert even.label == "megatron (even split)" and [s.num_layers for s in even.stages] == [8, 8, 8, 8]
+    assert even.fits
 
 
 def test_tight_plan_prices_what_megatron_loses() -> None:
     exp = build_megatron(_source(16))
-    lynx, plugin, stock = exp.figures
+    lynx, plugin, stock, even = exp.figures
+    assert even.fits and [s.num_layers for s in even.stages] == [8, 8, 8, 8]
+    assert lynx.iteration_time_s < even.iteration_time_s
     assert exp.stock.granularity is not None
     assert any(s != exp.stock for s in exp.per_stage)  # per-stage settings differ from the global one
     assert lynx.fits and plugin.fits and stock.fits
@@ -135,7 +140,7 @@ def _interleaved_source() -> ExportSource:
 
 def test_interleaved_export_is_complete() -> None:
     exp = build_megatron(_interleaved_source())
-    assert len(exp.figures) == 3 and exp.sim_note == ""  # the simulator prices interleaved 1F1B
+    assert len(exp.figures) == 4 and exp.sim_note == ""  # the simulator prices interleaved 1F1B (+ even split)
     flags = dict((f[0], f[1:]) for f in exp.args)
     assert parse_megatron_layout(flags["--pipeline-model-parallel-layout"][0], 4, 32).vpp == 2
     table = exp.plugin_table()

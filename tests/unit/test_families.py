@@ -10,6 +10,7 @@ from lynx.costmodel import CostParams, build_layer_graph
 from lynx.errors import SpecError
 from lynx.graph import LayerGraph
 from lynx.kernels import KernelCurves
+from lynx.memory import layer_memory
 from lynx.policy.megatron_modules import modules_layer, parse_modules
 from lynx.policy.rules import full_layer, keep_all, selective_layer
 from lynx.spec import ModelSpec, ParallelSpec, load_hardware, load_model, validate_layout
@@ -40,9 +41,12 @@ def test_llama_no_recompute_bytes(model: str, tp: int, mb: int, seq: int) -> Non
     # TP: sbh (8 + (6 + 6 g/a + 6 f/h) / t) + 4 sba / t (fp32 log-sum-exp); t = 1: sbh (14 + 6g/a + 6f/h) + 4sba.
     expected = sbh * (8 + (6 + 6 * r + 6 * f) / tp) + 4 * sba / tp
     assert g.retained_bytes(keep_all(g).keep) == pytest.approx(expected, rel=1e-12)
-    # Full recomputation keeps the input only; core_attn (selective) with flash attention saves nothing.
+    # Full recomputation keeps the input only; core_attn (selective) with flash attention keeps every output
+    # (the projection holds the attention output) and re-runs the kernel, freeing its log-sum-exp.
     assert g.retained_bytes(full_layer(g).keep) == pytest.approx(2 * sbh, rel=1e-12)
     assert selective_layer(g).keep == keep_all(g).keep and not selective_layer(g).recompute
+    assert selective_layer(g).rerun == {"core_attn"}
+    assert layer_memory(g, selective_layer(g)).retained == pytest.approx(expected - 4 * sba / tp, rel=1e-12)
 
 
 @pytest.mark.parametrize(("model", "tp", "mb", "seq"), SHAPES)
@@ -96,15 +100,17 @@ def test_flash_attention_pricing() -> None:
     assert "core_attn" in gpt.names and "softmax" not in gpt.names
 
 
-def test_gpt_selective_is_megatron_core_attn_and_flash_kills_it() -> None:
+def test_gpt_selective_is_megatron_core_attn_and_flash_frees_only_the_lse() -> None:
     g, _ = _graph("gpt-7b", 4, 1, 2048)
     assert modules_layer(g, ("core_attn",)) == selective_layer(g)
     assert set(modules_layer(g, ("layernorm",)).recomputed()) == {"ln1", "ln2"}
     assert set(modules_layer(g, ("mlp",)).recomputed()) == {"fc1", "gelu"}
     gf, _ = _graph("gpt-7b", 4, 1, 2048, attention="flash")
-    saved_std = g.retained_bytes(keep_all(g).keep) - g.retained_bytes(selective_layer(g).keep)
-    saved_flash = gf.retained_bytes(keep_all(gf).keep) - gf.retained_bytes(selective_layer(gf).keep)
-    assert saved_std > 0.5 * g.retained_bytes(keep_all(g).keep) and saved_flash == 0
+    saved_std = layer_memory(g, keep_all(g)).retained - layer_memory(g, selective_layer(g)).retained
+    saved_flash = layer_memory(gf, keep_all(gf)).retained - layer_memory(gf, selective_layer(gf)).retained
+    assert saved_std > 0.5 * g.retained_bytes(keep_all(g).keep)
+    assert saved_flash == pytest.approx(gf.op("core_attn").mask_bytes)  # the LSE; the kernel is re-run
+    assert selective_layer(g).rerun == frozenset() and selective_layer(gf).rerun == {"core_attn"}
 
 
 def test_parse_modules() -> None:

@@ -93,7 +93,9 @@ def test_planner_shards_over_dp_where_asked() -> None:
 
     def run(dp: int, dist: bool) -> tuple[bool, float]:
         par = ParallelSpec(tp=4, pp=4, dp=dp, micro_batch_size=1, global_batch_size=16 * dp, seq_length=1024)
-        opts = PlanOptions(precision="megatron-bf16", distributed_optimizer=dist, nodes=16, budget_bytes=20 * GiB)
+        # 50 layers over PP 4: Megatron needs --decoder-first/last-pipeline-num-layers 12 (13 in the middle)
+        opts = PlanOptions(precision="megatron-bf16", distributed_optimizer=dist, nodes=16, budget_bytes=20 * GiB,
+                           layers_per_stage=(12, 13, 13, 12))
         p = plan(make_problem(m, hw, par, opts), "full", record=False)
         return p.sim.oom, max(s.static_bytes for s in p.sim.stages)
 

@@ -48,6 +48,22 @@ if TYPE_CHECKING:
     from lynx.schedule import Schedule
 
 
+def with_megatron_split(problem: PlanProblem, first: int | None, last: int | None, emb: bool,
+                        loss: bool) -> PlanProblem:
+    """Megatron's pipeline-balancing flags: the partition of the stock Megatron rows only
+    (`methods.common.megatron_partition` reads them as Megatron-Core does)."""
+    if first is None and last is None and not emb and not loss:
+        return problem
+    from dataclasses import replace
+
+    from lynx.checks import check_inputs
+
+    opts = replace(problem.options, decoder_first_pipeline_num_layers=first, decoder_last_pipeline_num_layers=last,
+                   account_for_embedding_in_pipeline_split=emb, account_for_loss_in_pipeline_split=loss)
+    check_inputs(problem.model, problem.hardware, problem.parallel, opts)
+    return replace(problem, options=opts)
+
+
 def with_vpp(problem: PlanProblem, vpp: int) -> PlanProblem:
     """The problem planned with `vpp` model chunks per rank (validated like every other layout option)."""
     from dataclasses import replace
@@ -289,6 +305,18 @@ def plan_cmd(
     from_megatron: Annotated[str | None, typer.Option(
         "--from-megatron", help="Simulate a Megatron-LM command line (quoted) next to lynx's plan; sizes come "
         "from it, --hardware/--dp/--nodes/--budget-gb from lynx's options (docs/export.md).")] = None,
+    decoder_first_pipeline_num_layers: Annotated[int | None, typer.Option(
+        "--decoder-first-pipeline-num-layers", help="Megatron's flag: the stock Megatron rows run with this many "
+        "layers on the first stage, the rest even (lynx's methods partition on their own).")] = None,
+    decoder_last_pipeline_num_layers: Annotated[int | None, typer.Option(
+        "--decoder-last-pipeline-num-layers", help="Megatron's flag, for the stock Megatron rows: layers on the "
+        "last stage.")] = None,
+    account_for_embedding_in_pipeline_split: Annotated[bool, typer.Option(
+        "--account-for-embedding-in-pipeline-split", help="Megatron's flag, for the stock Megatron rows: the "
+        "embedding counts as a layer of the even split.")] = False,
+    account_for_loss_in_pipeline_split: Annotated[bool, typer.Option(
+        "--account-for-loss-in-pipeline-split", help="Megatron's flag, for the stock Megatron rows: the loss "
+        "counts as a layer of the even split.")] = False,
 ) -> None:
     """Plan recomputation and partitioning for a model on a cluster, and predict its iteration.
 
@@ -343,6 +371,8 @@ def plan_cmd(
         err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
     if vpp != 1:
         problem = with_vpp(problem, vpp)
+    problem = with_megatron_split(problem, decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers,
+                                  account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split)
     if graph is not None and graph.meta.device and graph.meta.device != problem.hardware.device.name:
         err_console.print(
             f"[yellow]warning:[/yellow] profile {profile} was measured on {graph.meta.device!r} "

@@ -21,6 +21,7 @@ from lynx.export.pricing import (
     simulate_lynx,
     simulate_per_stage,
     simulate_stock,
+    stock_on_even_split,
 )
 from lynx.export.source import ExportSource
 from lynx.problem import PlanOptions
@@ -42,7 +43,8 @@ class MegatronExport:
     stock: MegatronRecompute
     notes: tuple[str, ...]
     figures: tuple[Figures, ...]
-    """lynx's plan, Megatron with the plugin, stock Megatron (empty when the layout cannot be simulated)."""
+    """lynx's plan, Megatron with the plugin, stock Megatron on the exported layout, and stock Megatron on its
+    own even split when Megatron accepts one (empty when the layout cannot be simulated)."""
     sim_note: str = ""
 
     def args_text(self) -> str:
@@ -88,7 +90,9 @@ def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
             per_stage, stock, more = _fit(src, rounded, stock)
             figures = (simulate_lynx(src.problem, src.result), simulate_per_stage(src.problem, lay, per_stage),
                        simulate_stock(src.problem, lay, stock))
-            notes, sim_note = notes + more, ""
+            even, why = stock_on_even_split(src.problem, lay)
+            figures += (even,) if even is not None else ()
+            notes, sim_note = notes + more + ([why] if why else []), ""
         except LynxError as e:
             sim_note = f"not simulated: {e}"
     if not figures:  # the plugin and stock flags are then translations of lynx's keep sets

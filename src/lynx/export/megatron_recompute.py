@@ -26,8 +26,8 @@ from typing import Literal
 from lynx.errors import SpecError
 from lynx.graph import LayerGraph
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
-from lynx.policy.megatron_modules import dropped_ops
-from lynx.policy.rules import full_layer, keep_all, on_demand
+from lynx.policy.megatron_modules import dropped_ops, modules_layer
+from lynx.policy.rules import full_layer, keep_all
 from lynx.pricing import ops_recompute_cost
 
 Granularity = Literal["full", "selective"]
@@ -196,7 +196,7 @@ def layer_policies(graph: LayerGraph, rec: MegatronRecompute, num_layers: int) -
     if rec.granularity is None:
         return (keep_all(graph),) * num_layers
     if rec.granularity == "selective":
-        return (on_demand(graph, graph.needed() - covered_ops(graph, rec.modules)),) * num_layers
+        return (modules_layer(graph, rec.modules),) * num_layers  # the mc-* baselines' rule, re-runs included
     k = rec.num_layers or 1
     full = full_layer(graph)
     if rec.method == "block":
@@ -219,4 +219,5 @@ def candidates(graph: LayerGraph, num_layers: int) -> list[MegatronRecompute]:
 
 def recompute_cost(graph: LayerGraph, rec: MegatronRecompute, num_layers: int) -> float:
     """Seconds of forward work rerun per micro-batch (ties: the order `candidates` lists them in)."""
-    return sum(ops_recompute_cost(graph, lp.recomputed()) for lp in layer_policies(graph, rec, num_layers))
+    return sum(ops_recompute_cost(graph, (*lp.recomputed(), *sorted(lp.rerun)))
+               for lp in layer_policies(graph, rec, num_layers))

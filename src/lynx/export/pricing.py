@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from lynx.errors import SpecError
-from lynx.export.layout import ChunkLayout
+from lynx.export.layout import ChunkLayout, even_layout
 from lynx.export.megatron_recompute import MegatronRecompute, layer_policies
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
 from lynx.spec import ModelSpec, ParallelSpec
@@ -208,3 +208,18 @@ def fastest_fitting_global(problem: PlanProblem, layout: ChunkLayout) -> Megatro
         if simulate_per_stage(problem, layout, [cand] * len(layout.layers)).fits:
             return cand
     return None
+
+
+def stock_on_even_split(problem: PlanProblem, layout: ChunkLayout) -> tuple[Figures | None, str]:
+    """Stock Megatron on its own default partition (num_layers / (PP x VPP) per virtual stage, no layout flag)
+    with the cheapest single setting that fits every stage: what a user who runs neither lynx's layout nor
+    its plugin gets. (None, why) when Megatron refuses the split or no setting fits it."""
+    try:
+        even = even_layout(layout.pp, layout.vpp, layout.num_layers, "--num-layers")
+    except SpecError as e:
+        return None, f"stock Megatron without the layout flag: Megatron refuses ({e})"
+    rec = fastest_fitting_global(problem, even)
+    if rec is None:
+        return None, f"stock Megatron on its even split {even.layers}: no single recomputation setting fits"
+    fig = simulate_stock(problem, even, rec)
+    return replace(fig, label="megatron (even split)", setting=f"{fig.setting}; layers {even.layers}"), ""

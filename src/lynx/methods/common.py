@@ -6,6 +6,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+from lynx.errors import SpecError
 from lynx.graph import LayerGraph
 from lynx.partition.base import Partition
 from lynx.partition.dp import dp_partition
@@ -24,6 +25,54 @@ def base_partition(problem: PlanProblem) -> Partition:
     if lps is not None:
         return Partition(tuple(lps), method="explicit")
     return dp_partition(problem.model, problem.parallel, problem.options.vpp)
+
+
+REFUSED = "Megatron refuses this layout"
+"""How a baseline's row starts when Megatron would not start with the layout (tests and benchmarks match it)."""
+
+
+def megatron_partition(problem: PlanProblem) -> Partition:
+    """The partition stock Megatron-Core runs, for its baselines. In Megatron's order of reading
+    (megatron/core/transformer/transformer_block.py, get_num_layers_to_build): ``--decoder-first/last-pipeline-
+    num-layers`` (the given ends, the rest evenly over the middle stages); else the user's explicit layout (what
+    `lynx plan --from-megatron` passes as `layers_per_stage` for a command line's layout string or flags);
+    else the even split, num_layers / (PP x VPP) per virtual stage, with ``--account-for-embedding/loss-in-
+    pipeline-split`` counting the embedding / loss as one more layer on the first / last stage. Megatron asserts
+    these divide ("num_layers should be divisible by pipeline_model_parallel_size"); when they do not, this
+    raises SpecError with that reason instead of inventing a split."""
+    o = problem.options
+    layers, pp, vpp = problem.model.num_layers, problem.parallel.pp, o.vpp
+    first, last = o.decoder_first_pipeline_num_layers, o.decoder_last_pipeline_num_layers
+    if first is not None or last is not None:
+        if vpp > 1:
+            raise SpecError(f"{REFUSED} here: --decoder-first/last-pipeline-num-layers with virtual stages "
+                            "(give --layers-per-stage)")
+        middle = pp - (first is not None) - (last is not None)
+        rest = layers - (first or 0) - (last or 0)
+        if rest < 0 or (middle == 0 and rest) or (middle > 0 and (rest % middle or rest == 0)):
+            raise SpecError(f"{REFUSED}: --decoder-first/last-pipeline-num-layers {first}/{last} leave {rest} of "
+                            f"{layers} layers, which do not split evenly over {middle} middle stage(s)")
+        each = rest // middle if middle else 0
+        counts = ([first] if first is not None else []) + [each] * middle + ([last] if last is not None else [])
+        return Partition(tuple(counts), method="megatron")
+    if o.layers_per_stage is not None:
+        return Partition(tuple(o.layers_per_stage), method="explicit")
+    emb, loss = int(o.account_for_embedding_in_pipeline_split), int(o.account_for_loss_in_pipeline_split)
+    if (emb or loss) and vpp > 1:
+        raise SpecError(f"{REFUSED} here: --account-for-*-in-pipeline-split with virtual stages "
+                        "(give --layers-per-stage)")
+    n, total = pp * vpp, layers + emb + loss
+    if total % n:
+        what = f"PP {pp}" if vpp == 1 else f"PP {pp} x VPP {vpp} = {n}"
+        extra = f" + {emb + loss} (embedding/loss)" if emb or loss else ""
+        raise SpecError(f"{REFUSED}: {layers} layers{extra} do not divide by {what} (no even split; give "
+                        "--layers-per-stage, as Megatron needs --decoder-first/last-pipeline-num-layers or a "
+                        "--pipeline-model-parallel-layout)")
+    each = total // n
+    if emb or loss:
+        ends = (layers,) if pp == 1 else (each - emb, *([each] * (pp - 2)), each - loss)
+        return Partition(ends, method="megatron")
+    return Partition.interleaved((each,) * n, pp, method="megatron")
 
 
 def chunk_contexts(ctx: StageContext) -> tuple[StageContext, ...]:
@@ -45,7 +94,7 @@ def stage_policy(fn: StagePolicyFn, ctx: StageContext, graph: LayerGraph) -> Rec
 
 
 def per_stage(problem: PlanProblem, name: str, fn: StagePolicyFn, partition: Partition | None = None) -> PlanResult:
-    """Apply a per-stage policy function on a fixed partition (dp or the user's)."""
+    """Apply a per-stage policy function on a fixed partition (default: dp or the user's)."""
     t0 = time.perf_counter()
     part = partition or base_partition(problem)
     pols = tuple(stage_policy(fn, ctx, problem.graph) for ctx in problem.stage_contexts(part))

@@ -1,29 +1,31 @@
-"""Megatron's baselines as planning methods: none, full, selective, uniform(n), block(n)."""
+"""Megatron's baselines as planning methods: none, full, selective, uniform(n), block(n) and the
+--recompute-modules lists, each on the partition stock Megatron runs (`megatron_partition`: the even split,
+or the user's explicit layout), not on lynx's partitioners."""
 
 from __future__ import annotations
 
 from lynx.memory import stage_peak_bytes
-from lynx.methods.common import MethodFn, StagePolicyFn, base_partition, per_stage, stage_policy
+from lynx.methods.common import MethodFn, StagePolicyFn, megatron_partition, per_stage, stage_policy
 from lynx.policy.megatron_modules import modules_policy
 from lynx.policy.rules import block_policy, full_policy, none_policy, selective_policy, uniform_policy
 from lynx.problem import PlanProblem, PlanResult
 
 
 def plan_none(problem: PlanProblem) -> PlanResult:
-    return per_stage(problem, "none", none_policy)
+    return per_stage(problem, "none", none_policy, megatron_partition(problem))
 
 
 def plan_full(problem: PlanProblem) -> PlanResult:
-    return per_stage(problem, "full", full_policy)
+    return per_stage(problem, "full", full_policy, megatron_partition(problem))
 
 
 def plan_selective(problem: PlanProblem) -> PlanResult:
-    return per_stage(problem, "selective", selective_policy)
+    return per_stage(problem, "selective", selective_policy, megatron_partition(problem))
 
 
 def plan_uniform(problem: PlanProblem) -> PlanResult:
     n = problem.options.recompute_num_layers or 1
-    return per_stage(problem, "uniform", lambda c, g: uniform_policy(c, g, n))
+    return per_stage(problem, "uniform", lambda c, g: uniform_policy(c, g, n), megatron_partition(problem))
 
 
 def _block_fn(n: int) -> StagePolicyFn:
@@ -34,7 +36,7 @@ def plan_block(problem: PlanProblem) -> PlanResult:
     """Megatron block(N): the first N layers of each stage (each model chunk when interleaved) recompute
     fully; N from the user, else the smallest that fits every stage by the closed-form peak."""
     n = problem.options.recompute_num_layers
-    part = base_partition(problem)
+    part = megatron_partition(problem)
     if n is None:
         ctxs = problem.stage_contexts(part)
         n = max(part.layers_per_stage)
@@ -49,10 +51,12 @@ def plan_block(problem: PlanProblem) -> PlanResult:
 
 
 MEGATRON_MODULE_LISTS: tuple[tuple[str, ...], ...] = (
-    ("core_attn",), ("mlp",), ("layernorm",), ("core_attn", "mlp"), ("mlp", "layernorm"),
+    ("core_attn",), ("mlp",), ("layernorm",), ("core_attn", "mlp"), ("core_attn", "layernorm"), ("mlp", "layernorm"),
     ("core_attn", "mlp", "layernorm"),
 )
-"""The Megatron-Core --recompute-modules lists users set today, one baseline method each."""
+"""Every non-empty combination of Megatron-Core's dense --recompute-modules, one baseline method each (a tuned
+user picks the cheapest that fits; `core_attn layernorm` is what `lynx export megatron` hands out for the
+README plan)."""
 
 
 def plan_modules(mods: tuple[str, ...]) -> MethodFn:
@@ -60,6 +64,6 @@ def plan_modules(mods: tuple[str, ...]) -> MethodFn:
     name = "mc-" + "+".join(mods)
 
     def fn(problem: PlanProblem) -> PlanResult:
-        return per_stage(problem, name, lambda c, g: modules_policy(c, g, mods))
+        return per_stage(problem, name, lambda c, g: modules_policy(c, g, mods), megatron_partition(problem))
 
     return fn

@@ -52,6 +52,13 @@ class LayerPolicy:
     input_checkpoint: bool = True
     """False only inside a Megatron ``uniform`` chunk: the layer input is not stored; the chunk's bottom
     layer input is, and the whole chunk is recomputed (every op on demand) before its backward."""
+    rerun: frozenset[str] = frozenset()
+    """Kept ops whose forward is re-run on demand before their backward, as a Megatron checkpoint re-runs an op
+    whose output a later op holds anyway (``--recompute-modules core_attn`` around flash attention: the output
+    projection keeps the attention output, the kernel's log-sum-exp is freed and rebuilt by re-running it).
+    Their output stays kept, their side state (``mask_bytes``) is freed after forward, and the re-run costs
+    the op's forward on the critical path and holds a fresh output and side state while their backward runs.
+    Only Megatron's baselines set it; no solver chooses it."""
 
     def phase_of(self, name: str) -> Phase | None:
         for n, p in self.recompute:
@@ -68,26 +75,32 @@ class LayerPolicy:
         out: dict[str, str] = {} if self.input_checkpoint else {"input": "free"}
         for n in names:
             p = self.phase_of(n)
-            out[n] = "keep" if n in self.keep else (f"recompute:{int(p)}" if p is not None else "free")
+            out[n] = ("keep+rerun" if n in self.rerun else "keep") if n in self.keep else \
+                (f"recompute:{int(p)}" if p is not None else "free")
         return out
 
     @staticmethod
     def from_dict(d: Mapping[str, str]) -> LayerPolicy:
         keep: set[str] = set()
+        rerun: set[str] = set()
         rec: list[tuple[str, Phase]] = []
         for n, v in d.items():
             if n == "input":
                 continue
-            if v == "keep":
+            if v in ("keep", "keep+rerun"):
                 keep.add(n)
+                if v == "keep+rerun":
+                    rerun.add(n)
             elif v.startswith("recompute:"):
                 try:
                     rec.append((n, Phase(int(v.split(":", 1)[1]))))
                 except ValueError:
                     raise PlanFormatError(f"policy: op {n!r} has an unknown phase in {v!r}") from None
             elif v != "free":
-                raise PlanFormatError(f"policy: op {n!r}: expected keep, recompute:<1-5> or free, got {v!r}")
-        return LayerPolicy(frozenset(keep), tuple(rec), input_checkpoint=d.get("input", "keep") != "free")
+                raise PlanFormatError(f"policy: op {n!r}: expected keep, keep+rerun, recompute:<1-5> or free, "
+                                      f"got {v!r}")
+        return LayerPolicy(frozenset(keep), tuple(rec), input_checkpoint=d.get("input", "keep") != "free",
+                           rerun=frozenset(rerun))
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +273,7 @@ def validate_layer_policy(graph: LayerGraph, lp: LayerPolicy, has_fwd_windows: b
       earlier in forward order). The layer input is always available.
     - Comm ops are never recomputed inside a window (paper eq. 6): only on demand.
     - Phases 1, 2 only where the stage has forward windows.
+    - A re-run op is kept, and its inputs are kept or recomputed (it runs again before its backward).
     """
     errors: list[str] = []
     names = set(graph.names)
@@ -279,6 +293,13 @@ def validate_layer_policy(graph: LayerGraph, lp: LayerPolicy, has_fwd_windows: b
     for n in graph.needed():
         if n not in lp.keep and n not in phases:
             errors.append(f"{n!r} is needed by backward but neither kept nor recomputed")
+    for n in sorted(lp.rerun):
+        if n not in lp.keep:
+            errors.append(f"{n!r} is re-run but not kept (keep+rerun keeps the output)")
+            continue
+        for dep in graph.op(n).inputs:
+            if dep != LAYER_INPUT and dep not in lp.keep and dep not in phases:
+                errors.append(f"{n!r} is re-run but its input {dep!r} is neither kept nor recomputed")
     order = {n: i for i, n in enumerate(graph.names)}
     for n, p in phases.items():
         op = graph.op(n)

@@ -12,16 +12,17 @@ Megatron's semantics (megatron/core/transformer/transformer_layer.py, attention.
   before that GEMM's backward.
 
 Everything not named stays stored. Every recomputation happens on demand (phase 5), as in Megatron.
-In lynx's op graph an op is kept or dropped as a whole: flash attention's log-sum-exp (b * a/t * s fp32
-values, 1/64 of its output at head dim 128) is not separable from the output, so "core_attn" with flash
-attention keeps it and costs nothing; Megatron would free those bytes and rerun the kernel.
+With flash attention (one ``core_attn`` op) "core_attn" keeps the attention output (the projection saves
+it), frees the kernel's fp32 log-sum-exp (b * a/t * s values, 1/64 of the output at head dim 128) and re-runs
+the kernel before its backward: the op is kept and re-run (`LayerPolicy.rerun`), costing its forward time on
+demand per layer and micro-batch.
 """
 
 from __future__ import annotations
 
 from lynx.graph import LayerGraph
 from lynx.policy.base import LayerPolicy, RecomputePolicy, StageContext
-from lynx.policy.rules import checkpointed_drops, on_demand
+from lynx.policy.rules import checkpointed_drops, checkpointed_reruns, on_demand
 
 MODULES: tuple[str, ...] = ("core_attn", "mlp", "layernorm")
 """The dense-model names of Megatron-Core's --recompute-modules (moe, moe_act, mla_up_proj do not apply)."""
@@ -48,8 +49,12 @@ def dropped_ops(graph: LayerGraph, modules: tuple[str, ...]) -> frozenset[str]:
 
 
 def modules_layer(graph: LayerGraph, modules: tuple[str, ...]) -> LayerPolicy:
-    """Keep everything backward reads except what the modules free; recompute that on demand."""
-    return on_demand(graph, graph.needed() - dropped_ops(graph, modules))
+    """Keep everything backward reads except what the modules free; recompute that on demand, and re-run the
+    checkpointed ops that stay kept but lose their side state (`rules.checkpointed_reruns`)."""
+    lp = on_demand(graph, graph.needed() - dropped_ops(graph, modules))
+    rerun = frozenset(n for m in modules if m not in OUTPUT_DISCARDING
+                      for n in checkpointed_reruns(graph, graph.module_ops(m)))
+    return LayerPolicy(keep=lp.keep, recompute=lp.recompute, rerun=rerun & lp.keep)
 
 
 def modules_policy(ctx: StageContext, graph: LayerGraph, modules: tuple[str, ...]) -> RecomputePolicy:

@@ -45,11 +45,32 @@ def checkpointed_drops(graph: LayerGraph, ops: tuple[str, ...] | frozenset[str])
     return frozenset(n for n in region if n not in outside)
 
 
+def checkpointed_reruns(graph: LayerGraph, ops: tuple[str, ...] | frozenset[str]) -> frozenset[str]:
+    """Ops of a Megatron ``tensor_parallel.checkpoint`` region that stay kept (a backward outside the region
+    reads their output) but lose side state the checkpoint discards: the region runs under no_grad, so what
+    an op saves besides its output (flash attention's fp32 log-sum-exp, a dropout mask) is gone, and backward
+    re-runs the region to rebuild it (megatron/core/tensor_parallel/random.py, CheckpointFunction). Kept ops
+    without side state are re-run by Megatron too, but their backward can run from what is stored; lynx does
+    not charge that re-run (docs/costmodel.md, "Selective recomputation: what Megatron re-runs")."""
+    dropped = checkpointed_drops(graph, ops)
+    return frozenset(n for n in ops if n not in dropped and n in graph.needed() and graph.op(n).mask_bytes > 0)
+
+
+def checkpointed_layer(graph: LayerGraph, ops: tuple[str, ...] | frozenset[str]) -> LayerPolicy:
+    """Megatron checkpointing `ops`: what the region frees is recomputed on demand, what it keeps but must
+    re-run is kept and re-run (`checkpointed_reruns`)."""
+    lp = on_demand(graph, graph.needed() - checkpointed_drops(graph, ops))
+    rerun = checkpointed_reruns(graph, ops) & lp.keep
+    return LayerPolicy(keep=lp.keep, recompute=lp.recompute, rerun=rerun)
+
+
 def selective_layer(graph: LayerGraph) -> LayerPolicy:
     """Megatron selective (Korthikanti et al. 2022): checkpoint core attention (QK^T, softmax, dropout,
     probs @ V); its input (QKV) and output (context, which the projection saves) stay stored. With flash
-    attention (one `core_attn` op, whose output the projection saves) nothing is left to drop."""
-    return on_demand(graph, graph.needed() - checkpointed_drops(graph, graph.module_ops("core_attn")))
+    attention (one `core_attn` op) the projection still holds the attention output, the kernel's
+    log-sum-exp is freed, and Megatron re-runs the kernel before its backward: `core_attn` is kept and re-run
+    (its forward time on the critical path per layer and micro-batch)."""
+    return checkpointed_layer(graph, graph.module_ops("core_attn"))
 
 
 def _same(method: str, lp: LayerPolicy, ctx: StageContext) -> RecomputePolicy:

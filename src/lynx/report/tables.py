@@ -63,7 +63,8 @@ def stage_table(plan: Plan) -> Table:
 def policy_table(plan: Plan) -> Table:
     """Per stage, the distinct layer policies: which ops are recomputed and in which phase."""
     g = plan.problem.graph
-    t = Table(title=f"{plan.result.method}: policy per stage (K keep, 1-5 recompute phase, . free)",
+    t = Table(title=f"{plan.result.method}: policy per stage (K keep, K5 keep and re-run on demand, 1-5 recompute "
+              "phase, . free)",
               title_justify="left")
     t.add_column("stage/layers")
     for n in g.names:
@@ -76,7 +77,8 @@ def policy_table(plan: Plan) -> Table:
             cells = []
             for n in g.names:
                 v = grp["ops"][n]
-                cells.append("K" if v == "keep" else (v.split(":")[1] if v.startswith("recompute") else "."))
+                cells.append({"keep": "K", "keep+rerun": "K5"}.get(v) or (v.split(":")[1] if v.startswith("recompute")
+                                                                         else "."))
             t.add_row(label, *cells)
             first += grp["count"]
     return t

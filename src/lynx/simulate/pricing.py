@@ -17,8 +17,10 @@ from lynx.pricing import bwd_windows, fwd_windows, ops_recompute_cost
 
 
 def recompute_time(graph: LayerGraph, lp: LayerPolicy, phases: tuple[Phase, ...]) -> float:
-    """The recomputation of these phases, at the one price list (`lynx.pricing`)."""
-    return ops_recompute_cost(graph, lp.recomputed(phases))
+    """The recomputation of these phases, at the one price list (`lynx.pricing`); on demand also the kept
+    ops a Megatron checkpoint re-runs (`LayerPolicy.rerun`)."""
+    rerun = ops_recompute_cost(graph, sorted(lp.rerun)) if Phase.ON_DEMAND in phases else 0.0
+    return ops_recompute_cost(graph, lp.recomputed(phases)) + rerun
 
 
 @dataclass(frozen=True, slots=True)
