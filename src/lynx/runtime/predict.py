@@ -32,6 +32,19 @@ def layernorm_stats_bytes(cfg: Any, keep: frozenset[str]) -> int:
     return sum(per * tok for n in getattr(cfg, "norm_ops", ("ln1", "ln2")) if n in keep)
 
 
+def as_executed(policy: RecomputePolicy) -> RecomputePolicy:
+    """The policy as this runtime executes it. Megatron's selective recomputation with flash attention keeps
+    `core_attn`'s output and re-runs the kernel in backward to rebuild its side state (`keep+rerun`,
+    `LayerPolicy.rerun`); lynx's engine cannot free the side state of an op whose output it keeps, so it runs
+    such an op as kept: no re-run, the side state (the log-sum-exp, 1/64 of the output at head dim 128) held.
+    Predictions the runtime is measured against are of this policy (docs/runtime.md)."""
+    from dataclasses import replace
+
+    if not any(lp.rerun for lp in policy.layers):
+        return policy
+    return replace(policy, layers=tuple(replace(lp, rerun=frozenset()) for lp in policy.layers))
+
+
 def predicted_activation_bytes(graph: LayerGraph, policy: RecomputePolicy, cfg: Any,
                                in_flight: int = 1) -> tuple[float, float]:
     """The planner's view of what the engine measures, from `lynx.memory` on `graph` (bytes in the
@@ -39,6 +52,7 @@ def predicted_activation_bytes(graph: LayerGraph, policy: RecomputePolicy, cfg: 
     restores). In-flight count and forward windows are the schedule's facts for the first stage of an
     `in_flight`-deep 1F1B pipeline. LayerNorm statistics are added as the runtime holds them."""
     k = max(1, in_flight)
+    policy = as_executed(policy)
     facts = derive_facts(schedule_1f1b(k, k)).of(0)
     ln = [float(layernorm_stats_bytes(cfg, lp.keep)) for lp in policy.layers]
     per_op = {n: float(layernorm_stats_bytes(cfg, frozenset({n}))) for n in graph.names}
