@@ -30,3 +30,37 @@ def one_torch_thread():  # type: ignore[no-untyped-def]
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# The default run stays under 8 minutes on 2 cores (README, "Tests"): these cases are marked `slow`, each with
+# the case of its kind that stays in the default run. `python -m pytest -m ""` runs them all.
+SLOW_CASES: dict[str, str] = {
+    "integration/test_runtime_llama_train.py::test_llama_pipeline_trains_as_the_single_process_run[1-2]":
+        "test_runtime_pipeline.py::test_llama_pp2_tp2_lynx_bitwise (LLaMA in the pipeline, bitwise)",
+    "integration/test_runtime_pipeline_train.py::test_host_staged_p2p_trains_as_the_direct_one":
+        "test_runtime_pipeline.py::test_pp2_host_staged_bitwise",
+    "integration/test_runtime_pipeline_train.py::test_a_frozen_rank_fails_the_other_within_the_timeout":
+        "test_a_rank_dying_mid_iteration_fails_the_other_naming_it",
+    "integration/test_runtime_pipeline_train.py::test_cut_pipeline_link_fails_both_stages_within_timeout":
+        "test_runtime_testbed.py::test_cut_link_fails_both_ranks_within_timeout",
+    "integration/test_runtime_pipeline.py::test_pp2_tp2_lynx_bitwise":
+        "test_llama_pp2_tp2_lynx_bitwise (the same layout, LLaMA)",
+    "integration/test_runtime_train.py::test_dead_rank_fails_fast_with_rank_and_cause":
+        "test_faults.py::test_a_dying_local_rank_is_one_line_per_rank_and_exit_1",
+    "unit/test_adapipe.py::test_stage_dp_matches_brute_force[3-fracs1]": "the other brute-force cases",
+    "integration/test_runtime_pipeline_train.py::test_a_rank_dying_mid_iteration_fails_the_other_naming_it[1]":
+        "the same case with rank 0 dying",
+    "integration/test_runtime_llama.py::test_tp2_every_policy_bitwise_equal[True]": "the case without SP",
+    "integration/test_runtime_engine.py::test_tp2_every_policy_bitwise_equal[True]": "the case without SP",
+    "integration/test_runtime_memory.py::test_tp2_measured_peak_within_5_percent_below_predicted[gpt]":
+        "the LLaMA case",
+    "integration/test_profile_cli.py::test_unreachable_rendezvous_is_a_clear_error_not_a_hang":
+        "test_faults.py::test_unreachable_rendezvous_fails_with_one_line",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        rel = item.nodeid.split("tests/", 1)[-1]
+        if rel in SLOW_CASES:
+            item.add_marker(pytest.mark.slow)
