@@ -56,6 +56,12 @@ SLOW_CASES: dict[str, str] = {
         "the LLaMA case",
     "integration/test_profile_cli.py::test_unreachable_rendezvous_is_a_clear_error_not_a_hang":
         "test_faults.py::test_unreachable_rendezvous_fails_with_one_line",
+    "integration/test_runtime_pipeline.py::test_pp4_full_bitwise": "the PP 2 bitwise cases (PP 4 in the slow grid)",
+    "unit/test_opt_vs_heu.py::test_lynx_opt_method_stopped_early_is_no_slower_than_lynx_heu":
+        "test_started_from_heu_a_time_limited_opt_is_no_worse (the same warm start, one stage)",
+    "integration/test_profile_cli.py::test_tp2_two_gloo_processes": "the TP 1 profile cases",
+    "integration/test_runtime_memory.py::test_tiny_presets_measured_peak_within_5_percent_below_predicted[gpt]":
+        "the LLaMA case",
 }
 
 
