@@ -6,6 +6,7 @@ reads the per-op policy by op name.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -177,3 +178,22 @@ def load_plan(path: str | Path) -> tuple[PlanProblem, PlanResult]:
     if not isinstance(d, dict):
         raise PlanFormatError(f"{path}: not a JSON plan object")
     return plan_from_dict(d, f"{path}")
+
+
+def policies_per_virtual_stage(pols: tuple[RecomputePolicy, ...], counts: tuple[int, ...], pp: int,
+                               vpp: int) -> tuple[RecomputePolicy, ...]:
+    """An interleaved plan's policies, one per virtual stage (v = chunk * pp + rank): a plan with one policy
+    per rank (the rank's layers, chunk 0 first) is split by the layer counts of its chunks; one per virtual
+    stage is returned as it is. Shared by the export and the runtime."""
+    if vpp == 1 or len(pols) != pp or len(counts) != pp * vpp:
+        return pols
+    out: list[RecomputePolicy | None] = [None] * len(counts)
+    for r, pol in enumerate(pols):
+        lo = 0
+        for c in range(vpp):
+            n = counts[c * pp + r]
+            out[c * pp + r] = dataclasses.replace(pol, layers=pol.layers[lo:lo + n])
+            lo += n
+        if lo != len(pol.layers):
+            raise PlanFormatError(f"plan: stage {r} policy covers {len(pol.layers)} layers, its chunks {lo}")
+    return tuple(p for p in out if p is not None)

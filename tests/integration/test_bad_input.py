@@ -14,21 +14,11 @@ from typing import Any
 
 import pytest
 
-from lynx.cli import main
+from tests.harness.cli import run_main
 from tests.integration.lynx_subprocess import TINY
 from tests.integration.lynx_subprocess import run_lynx as _subprocess_lynx
 
 SENTINEL = "pre-existing content\n"
-
-
-def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # -- files the cases use -------------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ import dataclasses
 
 import pytest
 
-from lynx.cli import main
 from lynx.costmodel import build_layer_graph, edge_times
 from lynx.errors import SpecError
 from lynx.policy.base import LayerPolicy, Phase, validate_layer_policy
@@ -29,6 +28,7 @@ from lynx.spec import (
     parallel_to_dict,
     validate_layout,
 )
+from tests.harness.cli import run_main
 
 H100 = "h100-80g-nvlink"
 
@@ -210,14 +210,7 @@ def test_rope_beyond_max_positions_warns_learned_refuses(capsys: pytest.CaptureF
         validate_layout(gpt, load_hardware("a100-40g-nvlink"), _par(tp=1, pp=1, seq_length=4096), nodes=8)
 
 
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out, err = capsys.readouterr()
-    return code, out, err
+_run = run_main
 
 
 JUDGED = ["plan", "--model", "llama3-70b", "--hardware", H100, "--tp", "4", "--pp", "4", "--cp", "2", "--vpp",

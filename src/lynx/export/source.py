@@ -3,11 +3,12 @@ virtual stage, and the model family."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from lynx.errors import PlanFormatError
 from lynx.export.layout import ChunkLayout
+from lynx.plan import policies_per_virtual_stage
 from lynx.policy.base import RecomputePolicy
 from lynx.problem import PlanProblem, PlanResult
 
@@ -42,7 +43,7 @@ def source_from(problem: PlanProblem, result: PlanResult) -> ExportSource:
         raise PlanFormatError(f"plan: partition {counts} does not give {vpp} chunk(s) to each of {pp} stages")
     pols = result.policies
     if vpp > 1 and len(pols) == pp:
-        pols = _split_by_chunk(pols, counts, pp, vpp)
+        pols = policies_per_virtual_stage(pols, counts, pp, vpp)
     if len(pols) != len(counts):
         raise PlanFormatError(f"plan: {len(pols)} stage policies for {len(counts)} (virtual) stages")
     for v, (pol, n) in enumerate(zip(pols, counts, strict=True)):
@@ -50,21 +51,6 @@ def source_from(problem: PlanProblem, result: PlanResult) -> ExportSource:
             raise PlanFormatError(f"plan: stage {v} policy covers {len(pol.layers)} layers, partition says {n}")
     family = str(getattr(problem.model, "family", "gpt"))
     return ExportSource(problem, result, ChunkLayout(pp, vpp, counts), pols, family)
-
-
-def _split_by_chunk(pols: tuple[RecomputePolicy, ...], counts: tuple[int, ...], pp: int,
-                    vpp: int) -> tuple[RecomputePolicy, ...]:
-    """One policy per rank (chunk 0's layers first) -> one per virtual stage (v = chunk * pp + rank)."""
-    out: list[RecomputePolicy | None] = [None] * len(counts)
-    for r, pol in enumerate(pols):
-        lo = 0
-        for c in range(vpp):
-            n = counts[c * pp + r]
-            out[c * pp + r] = replace(pol, layers=pol.layers[lo:lo + n])
-            lo += n
-        if lo != len(pol.layers):
-            raise PlanFormatError(f"plan: stage {r} policy covers {len(pol.layers)} layers, its chunks {lo}")
-    return tuple(p for p in out if p is not None)
 
 
 def load_source(path: str | Path) -> ExportSource:

@@ -4,14 +4,14 @@ pipeline layout with one policy per virtual stage, and the predicted time and pe
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from lynx.errors import PlanFormatError
-from lynx.plan import Plan, load_plan
-from lynx.policy.base import RecomputePolicy, validate_layer_policy
+from lynx.plan import Plan, load_plan, policies_per_virtual_stage
+from lynx.policy.base import validate_layer_policy
 from lynx.problem import PlanProblem
 from lynx.runtime.layers.family import RuntimeFamily, runtime_for
 from lynx.runtime.pipeline import LayoutError, PipelineLayout
@@ -49,7 +49,7 @@ def load_run(plan_path: str, dtype: torch.dtype, core_attn: bool) -> RunPlan:
     virtual = tuple(result.partition.chunks or result.partition.layers_per_stage)
     try:
         layout = PipelineLayout(tp=par.tp, pp=par.pp, dp=par.dp, vpp=vpp, layers_per_stage=virtual,
-                                policies=_chunk_policies(tuple(result.policies), virtual, par.pp, vpp),
+                                policies=policies_per_virtual_stage(tuple(result.policies), virtual, par.pp, vpp),
                                 num_microbatches=par.num_microbatches)
     except LayoutError as e:
         raise PlanFormatError(f"{plan_path}: {e}") from None
@@ -61,21 +61,3 @@ def load_run(plan_path: str, dtype: torch.dtype, core_attn: bool) -> RunPlan:
     pred = Plan.evaluate(problem, result, record=False).prediction
     return RunPlan(plan_path, problem, result.method, layout, family, cfg, pred.iteration_time_s,
                    tuple(st.peak_memory_bytes for st in pred.stages))
-
-
-def _chunk_policies(pols: tuple[RecomputePolicy, ...], virtual: tuple[int, ...], pp: int,
-                    vpp: int) -> tuple[RecomputePolicy | None, ...]:
-    """One policy per virtual stage. A plan with one policy per rank (the rank's layers, chunk 0 first) is
-    split into its chunks; one per virtual stage is taken as is."""
-    if vpp == 1 or len(pols) != pp or len(virtual) != pp * vpp:
-        return pols
-    out: list[RecomputePolicy | None] = [None] * (pp * vpp)
-    for r, pol in enumerate(pols):
-        first = 0
-        for c in range(vpp):
-            k = virtual[c * pp + r]
-            out[c * pp + r] = replace(pol, layers=pol.layers[first:first + k])
-            first += k
-        if first != len(pol.layers):
-            raise LayoutError(f"rank {r}: its chunks hold {first} layers, its policy {len(pol.layers)}")
-    return tuple(out)
