@@ -62,6 +62,11 @@ SLOW_CASES: dict[str, str] = {
     "integration/test_profile_cli.py::test_tp2_two_gloo_processes": "the TP 1 profile cases",
     "integration/test_runtime_memory.py::test_tiny_presets_measured_peak_within_5_percent_below_predicted[gpt]":
         "the LLaMA case",
+    "integration/test_runtime_pipeline.py::test_pp2_uneven_every_place_bitwise":
+        "test_interleaved_pp2_vpp2_cross_chunk_hosts_bitwise (every place, interleaved)",
+    "integration/test_runtime_engine.py::test_tp2_every_policy_bitwise_equal[False]":
+        "test_runtime_llama.py::test_tp2_every_policy_bitwise_equal[False]",
+    "integration/test_profile_cli.py::test_custom_shape_from_the_command_line": "the preset-shape profile cases",
 }
 
 
