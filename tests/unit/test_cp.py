@@ -412,3 +412,19 @@ def make_problem_like(pr: object, **par: object) -> object:
     p = pr  # a Problem
     return make_problem(p.model, p.hardware, dataclasses.replace(p.parallel, **par),  # type: ignore[attr-defined]
                         dataclasses.replace(p.options, nodes=1))  # type: ignore[attr-defined]
+
+
+def test_megatron_selective_with_cp_reruns_the_ring_exchange() -> None:
+    """Megatron's selective checkpoint around TransformerEngine's CP attention re-runs the attention and with
+    it the K/V ring (the received chunks are not stored): the stock row must price that re-run, not refuse
+    the layout ("'core_attn' is re-run but its input 'cp_kv_exchange' is neither kept nor recomputed")."""
+    from lynx.policy.rules import selective_layer
+
+    m, hw = load_model("llama3-70b"), load_hardware(H100)
+    g = build_layer_graph(m, hw, _par(cp=2))
+    lp = selective_layer(g)
+    assert lp.rerun == frozenset({"core_attn"})
+    assert ("cp_kv_exchange", Phase.ON_DEMAND) in lp.recompute
+    assert validate_layer_policy(g, lp, True) == []
+    no_cp = selective_layer(build_layer_graph(m, hw, _par()))
+    assert no_cp.recompute == () and no_cp.rerun == frozenset({"core_attn"})
