@@ -21,7 +21,9 @@ and its backward):
 That the backward is correct (gradients equal full attention's) shows the kept set suffices; the bytes are
 counted with `torch.autograd.graph.saved_tensors_hooks`, each storage once, and compared with lynx's
 `keep_bytes` of the ops core attention saves, and with torch's own autograd of full (non-CP) attention
-divided by CP. Ranks are spawned through `lynx.runtime.launch` with a process-group timeout.
+divided by CP. Ranks are spawned through `lynx.runtime.launch` with a process-group timeout (a slow case:
+two torch imports); the default suite runs the same ring and checks with the ranks as threads of this
+process exchanging through queues (CP 2 and 4).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import queue
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -55,20 +59,43 @@ def _local(x: Any, n: int, r: int) -> Any:
     return torch.cat([x[:, :, a * c:(a + 1) * c], x[:, :, b * c:(b + 1) * c]], dim=2)
 
 
-class _Sent:
-    bytes = 0
+class GlooRing:
+    """The ring over the default process group: send to rank r + 1, receive from r - 1 (one step)."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.n, self.r, self.sent = dist.get_world_size(), dist.get_rank(), 0
+
+    def exchange(self, send: Any) -> Any:
+        import torch.distributed as dist
+
+        recv = torch.empty_like(send)
+        ops = [dist.isend(send.contiguous(), (self.r + 1) % self.n), dist.irecv(recv, (self.r - 1) % self.n)]
+        for w in ops:
+            w.wait()
+        self.sent += send.numel() * send.element_size()
+        return recv
 
 
-def _exchange(send: Any, n: int, r: int) -> Any:
-    """Send `send` to rank r + 1 and receive the same-shaped tensor from r - 1 (the ring's one step)."""
-    import torch.distributed as dist
+class ThreadRing:
+    """The same ring between threads of one process (the fast case): each rank's inbox is a queue."""
 
-    recv = torch.empty_like(send)
-    ops = [dist.isend(send.contiguous(), (r + 1) % n), dist.irecv(recv, (r - 1) % n)]
-    for w in ops:
-        w.wait()
-    _Sent.bytes += send.numel() * send.element_size()
-    return recv
+    def __init__(self, inboxes: list[Any], r: int) -> None:
+        self.inboxes, self.n, self.r, self.sent = inboxes, len(inboxes), r, 0
+
+    def exchange(self, send: Any) -> Any:
+        self.inboxes[(self.r + 1) % self.n].put(send.detach().clone())
+        self.sent += send.numel() * send.element_size()
+        return self.inboxes[self.r].get(timeout=TIMEOUT_S)
+
+
+_RING = threading.local()
+"""The ring this thread's ranks talk over (`GlooRing` in a spawned rank, `ThreadRing` per thread)."""
+
+
+def _ring() -> Any:
+    return _RING.ring
 
 
 def _step(i: int, n: int, r: int) -> tuple[str, bool]:
@@ -97,14 +124,13 @@ class RingAttention(torch.autograd.Function):  # type: ignore[misc]
 
     @staticmethod
     def forward(ctx: Any, q: Any, k: Any, v: Any) -> Any:
-        import torch.distributed as dist
-
-        n, r = dist.get_world_size(), dist.get_rank()
+        ring = _ring()
+        n, r = ring.n, ring.r
         half = q.shape[2] // 2
         out = lse = None
         kv = torch.stack([k, v])
         for i in range(n):
-            nxt = _exchange(kv, n, r) if i < n - 1 else None  # sent before the step computes (overlap)
+            nxt = ring.exchange(kv) if i < n - 1 else None  # sent before the step computes (overlap)
             kk, vv = kv[0], kv[1]
             part, causal = _step(i, n, r)
             if part == "all":
@@ -124,10 +150,9 @@ class RingAttention(torch.autograd.Function):  # type: ignore[misc]
 
     @staticmethod
     def backward(ctx: Any, dout: Any) -> tuple[Any, Any, Any]:
-        import torch.distributed as dist
-
         q, k, v, out, lse = ctx.saved_tensors
-        n, r = dist.get_world_size(), dist.get_rank()
+        ring = _ring()
+        n, r = ring.n, ring.r
         half = q.shape[2] // 2
         bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
         dq = torch.zeros_like(q, dtype=torch.float32)
@@ -152,9 +177,9 @@ class RingAttention(torch.autograd.Function):  # type: ignore[misc]
                 dkv[0] += g[1]
                 dkv[1] += g[2]
             if i < n - 1:
-                kv = _exchange(kv, n, r)
+                kv = ring.exchange(kv)
             # dK/dV travel with their K/V; the last hop returns them to their owner
-            dkv = _exchange(dkv.to(q.dtype), n, r).float()
+            dkv = ring.exchange(dkv.to(q.dtype)).float()
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 
@@ -180,47 +205,79 @@ def _reference(dtype: Any) -> tuple[Any, Any, Any]:
     return qkv, dout, g
 
 
+def _measure(world: int, rank: int) -> dict[str, Any]:
+    """One rank's figures over the ring in `_RING` (see the module docstring)."""
+    ring = _ring()
+    res: dict[str, Any] = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        qkv, dout, _ = _reference(dtype)
+        # full causal attention in fp32 on the whole sequence (the answer), with torch's autograd
+        full = qkv.float().clone().requires_grad_(True)
+        ref = torch.nn.functional.scaled_dot_product_attention(full[0], full[1], full[2], is_causal=True)
+        ref.backward(dout.float())
+        assert full.grad is not None
+        # torch's own autograd of full attention at the run's precision: what it keeps for backward
+        same = qkv.clone().requires_grad_(True)
+        _, full_saved = _saved_bytes(lambda f=same: torch.nn.functional.scaled_dot_product_attention(
+            f[0], f[1], f[2], is_causal=True))
+        # the rank's chunks, as one local QKV tensor (Q, K, V are its views, as Megatron's are)
+        loc = torch.stack([_local(qkv[j], world, rank) for j in range(3)]).clone().requires_grad_(True)
+        ring.sent = 0
+        out, ring_saved = _saved_bytes(lambda lo=loc: RingAttention.apply(lo[0], lo[1], lo[2]))
+        fwd_sent = ring.sent
+        ring.sent = 0
+        out.backward(_local(dout, world, rank))
+        bwd_sent = ring.sent
+        assert loc.grad is not None
+        want_out = _local(ref.detach(), world, rank)
+        want_grad = torch.stack([_local(full.grad[j], world, rank) for j in range(3)])
+        res[name] = {
+            "out_err": float((out.detach().float() - want_out).abs().max()),
+            "grad_err": float((loc.grad.float() - want_grad).abs().max()),
+            "scale": float(want_out.abs().max()), "grad_scale": float(want_grad.abs().max()),
+            "saved": ring_saved, "full_saved": full_saved, "fwd_sent": fwd_sent, "bwd_sent": bwd_sent,
+            "lse_bytes": B * HEADS * (SEQ // world) * 4,
+        }
+    return res
+
+
 def _run_rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from lynx.runtime.launch import init_group
 
     init_group("gloo", init_method, rank, world, args.timeout_s)
-    res: dict[str, Any] = {}
     try:
-        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            qkv, dout, _ = _reference(dtype)
-            # full causal attention in fp32 on the whole sequence (the answer), with torch's autograd
-            full = qkv.float().clone().requires_grad_(True)
-            ref = torch.nn.functional.scaled_dot_product_attention(full[0], full[1], full[2], is_causal=True)
-            ref.backward(dout.float())
-            # torch's own autograd of full attention at the run's precision: what it keeps for backward
-            same = qkv.clone().requires_grad_(True)
-            _, full_saved = _saved_bytes(lambda f=same: torch.nn.functional.scaled_dot_product_attention(
-                f[0], f[1], f[2], is_causal=True))
-            assert full.grad is not None
-            # the rank's chunks, as one local QKV tensor (Q, K, V are its views, as Megatron's are)
-            loc = torch.stack([_local(qkv[j], world, rank) for j in range(3)]).clone().requires_grad_(True)
-            _Sent.bytes = 0
-            out, ring_saved = _saved_bytes(lambda lo=loc: RingAttention.apply(lo[0], lo[1], lo[2]))
-            fwd_sent = _Sent.bytes
-            _Sent.bytes = 0
-            out.backward(_local(dout, world, rank))
-            bwd_sent = _Sent.bytes
-            assert loc.grad is not None
-            want_out = _local(ref.detach(), world, rank)
-            want_grad = torch.stack([_local(full.grad[j], world, rank) for j in range(3)])
-            res[name] = {
-                "out_err": float((out.detach().float() - want_out).abs().max()),
-                "grad_err": float((loc.grad.float() - want_grad).abs().max()),
-                "scale": float(want_out.abs().max()), "grad_scale": float(want_grad.abs().max()),
-                "saved": ring_saved, "full_saved": full_saved, "fwd_sent": fwd_sent, "bwd_sent": bwd_sent,
-                "lse_bytes": B * HEADS * (SEQ // world) * 4,
-            }
+        _RING.ring = GlooRing()
+        res = _measure(world, rank)
         dist.barrier()
     finally:
         dist.destroy_process_group()
     Path(args.out, f"rank{rank}.json").write_text(json.dumps(res))
+
+
+def _run_threads(world: int) -> list[dict[str, Any]]:
+    """The ranks as threads of this process, over `ThreadRing` (no process group)."""
+    inboxes: list[Any] = [queue.Queue() for _ in range(world)]
+    out: list[Any] = [None] * world
+
+    def rank(r: int) -> None:
+        _RING.ring = ThreadRing(inboxes, r)
+        try:
+            out[r] = _measure(world, r)
+        except BaseException as e:  # noqa: BLE001 - reported below, in the test's thread
+            out[r] = e
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT_S)
+    for r, res in enumerate(out):
+        if isinstance(res, BaseException):
+            raise res
+        assert res is not None, f"rank {r} did not finish within {TIMEOUT_S} s"
+    return out
 
 
 def _lynx_graph(cp: int, seq: int = SEQ) -> tuple[Any, float]:
@@ -239,13 +296,7 @@ def _lynx_graph(cp: int, seq: int = SEQ) -> tuple[Any, float]:
     return build_layer_graph(m, load_hardware("h100-80g-nvlink"), par), msg
 
 
-@pytest.mark.parametrize("world", [2])
-def test_ring_attention_matches_full_attention_and_lynx_bytes(world: int, tmp_path: Path) -> None:
-    from lynx.runtime.launch import spawn_ranks
-
-    spawn_ranks(_run_rank, world, argparse.Namespace(out=str(tmp_path), timeout_s=TIMEOUT_S))
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
-
+def _check(world: int, ranks: list[dict[str, Any]]) -> None:
     g, msg = _lynx_graph(world)
     att = g.op("core_attn")
     # what lynx prices as kept for attention's backward: the ops core attention saves (Q, K, V as the QKV
@@ -267,3 +318,18 @@ def test_ring_attention_matches_full_attention_and_lynx_bytes(world: int, tmp_pa
         # bytes sent: CP - 1 K/V messages forward; backward CP - 1 K/V and CP dK/dV messages
         assert bf["fwd_sent"] == x.out_bytes == (world - 1) * msg
         assert bf["bwd_sent"] == (2 * world - 1) * msg
+
+
+@pytest.mark.parametrize("world", [2])
+def test_ring_attention_matches_full_attention_and_lynx_bytes(world: int, tmp_path: Path) -> None:
+    """Ranks as processes over gloo, spawned through lynx.runtime.launch (slow: two torch imports)."""
+    from lynx.runtime.launch import spawn_ranks
+
+    spawn_ranks(_run_rank, world, argparse.Namespace(out=str(tmp_path), timeout_s=TIMEOUT_S))
+    _check(world, [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)])
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_attention_in_threads_matches_full_attention_and_lynx_bytes(world: int) -> None:
+    """The same ring and checks with the ranks as threads (the default suite's representative)."""
+    _check(world, _run_threads(world))
