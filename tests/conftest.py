@@ -67,6 +67,8 @@ SLOW_CASES: dict[str, str] = {
     "integration/test_runtime_engine.py::test_tp2_every_policy_bitwise_equal[False]":
         "test_runtime_llama.py::test_tp2_every_policy_bitwise_equal[False]",
     "integration/test_profile_cli.py::test_custom_shape_from_the_command_line": "the preset-shape profile cases",
+    "integration/test_cp_ring_attention.py::test_ring_attention_matches_full_attention_and_lynx_bytes[2]":
+        "test_ring_attention_in_threads_matches_full_attention_and_lynx_bytes (the same ring, ranks as threads)",
 }
 
 

@@ -306,3 +306,125 @@ def test_hierarchical_a2a_p2p_prices_both_levels() -> None:
     # attention work per rank is still 1 / CP of the causal total
     full = build_layer_graph(m, hw, _par(tp=2, seq_length=32768))
     assert g.op("core_attn").fwd_flops == pytest.approx(full.op("core_attn").fwd_flops / 4)
+
+
+# --- CP's exchange as a Lynx window: `lynx graph`, the windows HEU reads, the Gantt chart (issue 21, item 3) ----
+
+def _tight_cp_problem() -> object:
+    """TP 1 x CP 16 (the CP ring crosses nodes: its exchange is the attention block's only window and, at 4k
+    tokens, outlasts an attention step) with a budget that forces recomputation."""
+    from lynx.api import make_problem
+    from lynx.problem import PlanOptions
+
+    m, hw = load_model("llama3-8b"), load_hardware(H100)
+    par = ParallelSpec(tp=1, cp=16, pp=2, dp=1, micro_batch_size=8, global_batch_size=32, seq_length=4096)
+    return make_problem(m, hw, par, PlanOptions(precision="megatron-bf16", distributed_optimizer=True,
+                                                budget_bytes=28 * 2**30, nodes=4))
+
+
+@pytest.mark.parametrize(("tp", "seq"), [(8, 1024), (4, 8192), (8, 65536)])
+def test_window_lengths_are_the_exposed_exchange_the_cost_model_prices(tp: int, seq: int) -> None:
+    """Lynx's window caps (eq. 5, what HEU reads) split into TP and CP parts; the CP part of window 1 is the
+    ring's exposed forward, (CP - 1) x max(0, c - a / CP), and of window 4 its exposed backward,
+    (CP - 1) x max(0, 2c - b / CP) + c, computed here from the message time and the attention times."""
+    from lynx.policy.heu_objective import window_caps
+    from lynx.report.windows import cp_exposure, layer_windows
+
+    fwd, bwd, c, a, b = _exchange_case(tp, 2, seq)
+    m, hw = load_model("llama3-70b"), load_hardware(H100)
+    g = build_layer_graph(m, hw, _par(tp=tp, cp=2, seq_length=seq, pp=1, dp=1, global_batch_size=1))
+    assert cp_exposure(g) == pytest.approx((max(0.0, c - a / 2), max(0.0, 2 * c - b / 2) + c))
+    assert cp_exposure(g) == pytest.approx((fwd, bwd))
+    caps = window_caps(g, True)
+    ws = {w.phase: w for w in layer_windows(g)}
+    for ph, w in zip((Phase.FWD_ATTN, Phase.FWD_MLP, Phase.BWD_MLP, Phase.BWD_ATTN), (1, 2, 3, 4), strict=True):
+        assert ws[w].total_s == pytest.approx(caps[ph])
+    assert ws[1].cp_s == pytest.approx(fwd) and ws[4].cp_s == pytest.approx(bwd)
+    assert ws[2].cp_s == ws[3].cp_s == 0.0
+    tp_only = sum(o.fwd_time for o in g.comm_ops("attn") if not o.name.startswith("cp_"))
+    assert ws[1].tp_s == pytest.approx(tp_only)
+
+
+def test_graph_command_shows_the_cp_window(capsys: pytest.CaptureFixture[str]) -> None:
+    from lynx.report.windows import layer_windows
+
+    code, out, _ = run_main(["graph", "--model", "llama3-70b", "--hardware", H100, "--tp", "8", "--cp", "2", "--sp",
+                             "--seq-len", "1024"], capsys)
+    assert code == 0
+    m, hw = load_model("llama3-70b"), load_hardware(H100)
+    g = build_layer_graph(m, hw, _par(tp=8, cp=2, seq_length=1024, pp=1, dp=1, global_batch_size=1))
+    w1, w4 = (w for w in layer_windows(g) if w.phase in (1, 4))
+    assert w1.cp_s > 0 and w4.cp_s > 0
+    assert "recomputation windows" in out and "CP exchange (ms)" in out
+    row1 = next(line for line in out.splitlines() if "1: attn forward" in line)
+    row4 = next(line for line in out.splitlines() if "4: attn backward" in line)
+    assert f"{w1.cp_s * 1e3:.3f}" in row1 and f"cp_kv_exchange {w1.cp_s * 1e3:.3f}" in row1
+    assert f"{w4.cp_s * 1e3:.3f}" in row4
+    code, out, _ = run_main(["graph", "--model", "llama3-70b", "--hardware", H100, "--tp", "8", "--sp", "--seq-len",
+                             "1024"], capsys)
+    assert code == 0 and "cp_kv_exchange" not in out  # without CP the windows are TP's alone
+
+
+def test_heu_recomputes_inside_the_cp_window_within_its_length() -> None:
+    """Memory tight, the exchange the only attention window: HEU puts recomputation in window 1, and what it
+    puts there is no longer than the window (eq. 5), which here is the exposed exchange alone."""
+    from lynx.api import plan
+    from lynx.policy.heu_objective import recompute_time
+    from lynx.report.windows import cp_exposure
+
+    pr = _tight_cp_problem()
+    g = pr.graph  # type: ignore[attr-defined]
+    fwd, _ = cp_exposure(g)
+    assert fwd > 0 and g.fwd_window("attn") == pytest.approx(fwd)
+    p = plan(pr, "lynx-heu", record=False)  # type: ignore[arg-type]
+    loads = [recompute_time(g, lp, (Phase.FWD_ATTN,)) for pol in p.result.policies for lp in pol.layers]
+    assert max(loads) > 0 and max(loads) <= fwd * (1 + 1e-9)
+    assert not p.sim.oom and p.sim.recompute_hidden_s > 0
+
+
+def test_gantt_draws_the_cp_window_at_its_priced_length() -> None:
+    from lynx.api import plan
+    from lynx.report.plots import _plt, cp_window_spans, gantt_figure
+    from lynx.report.windows import cp_exposure
+
+    pr = _tight_cp_problem()
+    p = plan(pr, "lynx-heu")  # type: ignore[arg-type]
+    fig, drawing = gantt_figure(p)
+    _plt().close(fig)
+    fwd, bwd = cp_exposure(p.problem.graph)
+    layers = p.result.partition.layers_per_stage
+    n_mb = p.problem.parallel.num_microbatches
+    # every layer of every forward and backward bar has its window, drawn at the priced width
+    assert drawing.cp_windows == 2 * n_mb * sum(layers)
+    spans = cp_window_spans(p, 0.0, p.sim.pipeline_time_s)
+    widths = sorted({round(w, 12) for s in spans.values() for _, w in s})
+    assert widths == sorted({round(fwd, 12), round(bwd, 12)})
+    # no CP: nothing drawn
+    no_cp = plan(make_problem_like(pr, cp=1), "full")
+    fig, drawing = gantt_figure(no_cp)
+    _plt().close(fig)
+    assert drawing.cp_windows == 0
+
+
+def make_problem_like(pr: object, **par: object) -> object:
+    from lynx.api import make_problem
+
+    p = pr  # a Problem
+    return make_problem(p.model, p.hardware, dataclasses.replace(p.parallel, **par),  # type: ignore[attr-defined]
+                        dataclasses.replace(p.options, nodes=1))  # type: ignore[attr-defined]
+
+
+def test_megatron_selective_with_cp_reruns_the_ring_exchange() -> None:
+    """Megatron's selective checkpoint around TransformerEngine's CP attention re-runs the attention and with
+    it the K/V ring (the received chunks are not stored): the stock row must price that re-run, not refuse
+    the layout ("'core_attn' is re-run but its input 'cp_kv_exchange' is neither kept nor recomputed")."""
+    from lynx.policy.rules import selective_layer
+
+    m, hw = load_model("llama3-70b"), load_hardware(H100)
+    g = build_layer_graph(m, hw, _par(cp=2))
+    lp = selective_layer(g)
+    assert lp.rerun == frozenset({"core_attn"})
+    assert ("cp_kv_exchange", Phase.ON_DEMAND) in lp.recompute
+    assert validate_layer_policy(g, lp, True) == []
+    no_cp = selective_layer(build_layer_graph(m, hw, _par()))
+    assert no_cp.recompute == () and no_cp.rerun == frozenset({"core_attn"})

@@ -449,6 +449,7 @@ def graph_cmd(
     """Print the op graph of one transformer layer (the analytic cost model)."""
     from lynx.costmodel import build_layer_graph
     from lynx.report.tables import graph_table
+    from lynx.report.windows import windows_table
     from lynx.spec import load_hardware, load_model, validate_layout
 
     check_outputs(**{"--out": (out, JSON_FORMATS)})
@@ -466,6 +467,7 @@ def graph_cmd(
         print_json(g.to_dict())
     elif out is None:
         console.print(graph_table(g))
+        console.print(windows_table(g))  # where Lynx-HEU can hide recomputation, CP's exchange included
 
 
 @app.command("methods")

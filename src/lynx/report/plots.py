@@ -52,6 +52,8 @@ class GanttDrawing:
     labels: int
     """Micro-batch numbers written inside bars (only where they fit)."""
     title: str
+    cp_windows: int = 0
+    """Context-parallel exchange windows drawn (`_draw_cp_windows`; 0 without CP)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,12 +203,64 @@ def gantt_figure(plan: Plan) -> tuple[Any, GanttDrawing]:
         phrase += "; bar labels: micro-batch.model chunk"
     title = _gantt_title(plan, phrase)
     fig.suptitle(title, fontsize=9)
+    cp = sum(_draw_cp_windows(ax, plan, lo, hi) for ax, (lo, hi) in zip(axes, windows, strict=True))
     handles = [plt.Rectangle((0, 0), 1, 1, facecolor=_COLORS[k], edgecolor=_COLORS[k])
                for k in _COLORS]
-    fig.legend(handles, [_LABELS[k] for k in _COLORS], loc="outside lower center", ncol=len(handles),
-               fontsize=8, frameon=False)
+    names = [_LABELS[k] for k in _COLORS]
+    if cp:
+        handles.append(plt.Rectangle((0, 0), 1, 1, facecolor=_CP_COLOR, edgecolor=_CP_COLOR))
+        names.append(_CP_LABEL)
+    fig.legend(handles, names, loc="outside lower center", ncol=len(handles), fontsize=8, frameon=False)
     labels = _label_bars(fig, axes, sim, windows)
-    return fig, GanttDrawing(tuple(windows), bars, recompute, labels, title)
+    return fig, GanttDrawing(tuple(windows), bars, recompute, labels, title, cp)
+
+
+# --- context parallelism's exchange window (issue 21) ------------------------------------------------------
+
+_CP_COLOR = "#8172B2"
+_CP_LABEL = "CP exchange window (idle, recomputation can hide)"
+
+
+def cp_window_spans(plan: Plan, lo: float, hi: float) -> dict[int, list[tuple[float, float]]]:
+    """Per stage, the (start, width) of every layer's CP exchange window inside the forward and backward bars
+    between `lo` and `hi`. Widths are the exposed exchange the cost model prices per layer (`report.windows.
+    cp_exposure`, the CP share of Lynx's windows 1 and 4); the simulator charges a micro-batch's layers as one
+    bar, so each layer's window is placed at its layer's share of the bar and at the exchange's place in the
+    layer's op order (`cp_offset`): the positions are drawn to scale, not simulated op by op."""
+    from lynx.report.windows import cp_exposure, cp_offset
+
+    graph, part = plan.problem.graph, plan.result.partition
+    if graph.meta.cp <= 1:
+        return {}
+    fwd, bwd = cp_exposure(graph, plan.problem.options.subtract_wgrad)
+    at = {False: cp_offset(graph, False), True: cp_offset(graph, True)}
+    lt = {False: graph.fwd_time(), True: graph.bwd_time()}
+    out: dict[int, list[tuple[float, float]]] = {}
+    for s, a, b in _clip((s for s in plan.sim.segments if s.kind in (K.F, K.B)), lo, hi):
+        back = s.kind is K.B
+        width = bwd if back else fwd
+        layers = part.chunk_layers(s.stage)[s.chunk] if s.chunk < part.num_chunks else 0
+        if width <= 0 or layers <= 0:
+            continue
+        step = (s.end - s.start) / layers
+        scale = min(1.0, step / max(lt[back], 1e-30))  # a bar shorter than its layers' priced time: shrink
+        for k in range(layers):
+            x = s.start + k * step + at[back] * step
+            if a <= x < b:
+                out.setdefault(s.stage, []).append((x, min(width * scale, b - x)))
+    return out
+
+
+def _draw_cp_windows(ax: Any, plan: Plan, lo: float, hi: float) -> int:
+    """A thin lane above each stage's row with its CP exchange windows (`cp_window_spans`); returns the
+    number drawn."""
+    p = len(plan.sim.stages)
+    n = 0
+    for stage, spans in cp_window_spans(plan, lo, hi).items():
+        y = _row_y(p, stage)
+        ax.broken_barh(spans, (y + 0.36, 0.08), facecolors=_CP_COLOR, edgecolors=_CP_COLOR, linewidth=0.4)
+        n += len(spans)
+    return n
 
 
 def gantt(plan: Plan, path: str | Path) -> GanttDrawing:
