@@ -17,7 +17,7 @@ requires it), flash attention (TransformerEngine's fused attention, Megatron-Cor
 embeddings, the distributed optimizer with Megatron's bf16 recipe (fp32 gradients reduced in fp32), 1F1B
 without interleaving, Megatron's even split of the layers.
 
-Run: python benchmarks/megatron_readme.py [--markdown] [--no-overlaps] [--fit]
+Run: python benchmarks/megatron_readme.py [--markdown] [--no-overlaps] [--fit] [--sensitivity]
 """
 
 from __future__ import annotations
@@ -110,14 +110,43 @@ def predicted_step_s(r: Row, hw: Hardware, overlaps: bool = True) -> float:
     return predicted(r, hw, overlaps)[0]
 
 
-def predicted(r: Row, hw: Hardware, overlaps: bool = True) -> tuple[float, float]:
+def predicted(r: Row, hw: Hardware, overlaps: bool = True, micro_batch: int = MICRO_BATCH) -> tuple[float, float]:
     """(iteration, the part after the pipeline: exposed DP communication + optimizer step), seconds."""
+    return _predicted(r, hw, overlaps, micro_batch)[:2]
+
+
+def _predicted(r: Row, hw: Hardware, overlaps: bool = True, micro_batch: int = MICRO_BATCH
+               ) -> tuple[float, float, float]:
+    """(iteration, after the pipeline, the largest stage peak in GiB)."""
+    from dataclasses import replace
+
     gpus = r.tp * r.pp * DP
     opts = PlanOptions(precision="megatron-bf16", distributed_optimizer=True, nodes=-(-gpus // hw.devices_per_node),
                        overlap_grad_reduce=overlaps, overlap_param_gather=overlaps,
                        tp_comm_overlap=overlaps and r.tp > 1, budget_bytes=hw.device.memory_bytes)
-    p = plan(make_problem(model_of(r), hw, parallel_of(r), opts), "none", record=False)
-    return p.sim.iteration_time_s, p.sim.iteration_time_s - p.sim.pipeline_time_s
+    par = replace(parallel_of(r), micro_batch_size=micro_batch)
+    p = plan(make_problem(model_of(r), hw, par, opts), "none", record=False)
+    peak = max(st.peak_memory_bytes for st in p.sim.stages) / 2**30
+    return p.sim.iteration_time_s, p.sim.iteration_time_s - p.sim.pipeline_time_s, peak
+
+
+def sensitivity(hw: Hardware) -> Table:
+    """The unpublished micro-batch: each row's error and exposed DP tail at micro-batch 1, 2 and 4 (where it
+    divides the per-replica batch), with the stage peak (GiB) to show it fits."""
+    t = Table(title="The README's micro-batch is not published: error (tail s, peak GiB) per micro-batch")
+    for c in ("model", "TP", "PP", "micro-batches at 1", "micro-batch 1", "micro-batch 2", "micro-batch 4"):
+        t.add_column(c, justify="left" if c == "model" else "right")
+    for r in ROWS:
+        per = r.global_batch // DP
+        cells = []
+        for mb in (1, 2, 4):
+            if per % mb:
+                cells.append("-")
+                continue
+            pred, tail, peak = _predicted(r, hw, True, mb)
+            cells.append(f"{100 * (pred / published_step_s(r) - 1):+.1f}% ({tail:.2f} s, {peak:.0f})")
+        t.add_row(r.name, str(r.tp), str(r.pp), str(per), *cells)
+    return t
 
 
 def errors(hw: Hardware, overlaps: bool = True) -> list[tuple[Row, float, tuple[float, float]]]:
@@ -150,9 +179,13 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--no-overlaps", action="store_true", help="price every collective as exposed (the old model)")
     ap.add_argument("--fit", action="store_true", help="search FIT_GRID for the kernel constants (about a minute)")
+    ap.add_argument("--sensitivity", action="store_true", help="each row at micro-batch 1, 2 and 4")
     a = ap.parse_args()
     out = Out(a.markdown)
     hw = load_hardware(a.hardware)
+    if a.sensitivity:
+        out.print(sensitivity(hw))
+        return
     if a.fit:
         for outside, rms, kw in fit(hw)[:5]:
             print(f"{outside} rows outside ±{100 * TARGET:.0f}%, RMS error {100 * rms:.1f}%: {kw}")

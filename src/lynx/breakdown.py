@@ -47,7 +47,7 @@ def activation_terms(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: St
 
     mems = [layer_memory(graph, lp) for lp in layers]
     work_f = max((m.dropped for m in mems), default=0.0)
-    held_fwd, work_b = stage_lifetimes(graph, layers, ctx)
+    held_fwd, work_b, fwd_tr = stage_lifetimes(graph, layers, ctx)
     embedding = ctx.extra_in_flight * ctx.extra_retained_bytes
     return ActivationTerms(
         per_microbatch=sum(m.retained for m in mems),
@@ -55,7 +55,7 @@ def activation_terms(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: St
         held=held_bytes(mems, ctx) - embedding,
         embedding=embedding,
         fwd_window=held_fwd,
-        working_set=max(work_f, work_b),
+        working_set=max(work_f + fwd_tr, work_b),
         grad_workspace=ctx.grad_workspace_bytes,
         embedding_per_microbatch=ctx.extra_retained_bytes,
         logits=ctx.extra_transient_bytes,

@@ -204,8 +204,9 @@ class EdgeTimes:
 
 def edge_times(model: ModelSpec, hw: Hardware, par: ParallelSpec, cost: CostParams | None = None) -> EdgeTimes:
     """Embedding lookup + position add + dropout (memory-bound), and the vocab-parallel LM head GEMM
-    ``[sb, h] @ [h, V/t]`` with its cross-entropy (fp32 softmax over V/t, memory-bound; Megatron's
-    vocab-parallel cross entropy adds two small all-reduces, left out)."""
+    ``[sb, h] @ [h, V/t]`` with its cross-entropy (fp32 softmax over V/t, memory-bound, the passes Megatron's
+    unfused vocab-parallel cross entropy makes: `LOSS_FWD_BYTES`, `LOSS_BWD_BYTES`; its two small
+    all-reduces of one value per row are left out)."""
     cp = cost or CostParams.for_hardware(hw)
     b = _Pricer(hw, par, cp)
     tok = par.seq_length * par.micro_batch_size // par.cp
@@ -213,9 +214,23 @@ def edge_times(model: ModelSpec, hw: Hardware, par: ParallelSpec, cost: CostPara
     h, v = model.hidden_size, model.vocab_size / par.tp
     emb_fwd = b._compute_time(tok_ln * h, ACT_BYTES * tok_ln * h * 3 + MASK_BYTES * tok_ln * h)
     head_gemm = b._gemm_time(tok, h, v)
-    loss = b._compute_time(5.0 * tok * v, 4.0 * tok * v * 3)
-    return EdgeTimes(emb_fwd, BWD_MEMORY_FACTOR * emb_fwd, head_gemm + loss,
-                     BWD_MATMUL_FACTOR * head_gemm + BWD_MEMORY_FACTOR * loss)
+    loss_fwd = b._compute_time(LOSS_FWD_FLOPS * tok * v, LOSS_FWD_BYTES * tok * v)
+    loss_bwd = b._compute_time(LOSS_BWD_FLOPS * tok * v, LOSS_BWD_BYTES * tok * v)
+    return EdgeTimes(emb_fwd, BWD_MEMORY_FACTOR * emb_fwd, head_gemm + loss_fwd,
+                     BWD_MATMUL_FACTOR * head_gemm + loss_bwd)
+
+
+# Megatron-Core's vocab-parallel cross entropy, unfused (the default; megatron/core/tensor_parallel/
+# cross_entropy.py, VocabParallelCrossEntropy, r0.8.0): HBM bytes per logit of the rank's [s b, V/t] slice.
+LOSS_FWD_BYTES = 38.0
+"""Forward: the 16-bit logits cast to fp32 (read 2, write 4), the row max (read 4), subtract it in place
+(read 4, write 4), exp in place (4 + 4), the row sum (4), divide by it in place, the saved softmax (4 + 4)."""
+LOSS_BWD_BYTES = 14.0
+"""Backward: the saved softmax times the incoming loss gradient in place (read 4, write 4; the target's
+one-hot subtraction touches one logit per row), and the fp32 gradient cast back to 16 bits (read 4, write 2)."""
+LOSS_FWD_FLOPS = 5.0
+"""max, subtract, exp, sum, divide per logit (negligible beside the bytes: the op is memory-bound)."""
+LOSS_BWD_FLOPS = 2.0
 
 
 def scale_graph(graph: LayerGraph, compute: float = 1.0, comm: float = 1.0) -> LayerGraph:

@@ -17,7 +17,14 @@ re-forward) does for one micro-batch, used by the one memory rule in `lynx.memor
   l - 1 inside layer l's column-parallel backward (after the MLP's / attention's first GEMM backward), the rest
   on demand; a layer's restored tensors are released when its backward ends.
 
-The memory is sampled after every restore (after the frees, as the engine measures) and at every release.
+The memory is sampled at every release and, for every restore, twice: once the restored output exists while
+its inputs are still alive (the restoration's working set, what the CUDA allocator sees: torch frees an input
+only after the op that reads it has returned its output), and again after the frees. The recompute engine's
+byte ledger counts a restoration only after the frees; `transient=False` replays that view (what
+`runtime.check` compares against, exactly). On one H100 the allocator's peak was 8-23% above the after-the-
+frees model for every plan that recomputes (docs/benchmarks.md section 9). One exception: a layer output rebuilt for
+its dropout mask counts only the mask in that moment, as HEU's and OPT's linear memory rows (`keep_bytes`)
+count it; those rows are an upper bound of this replay only so (docs/costmodel.md, "The solvers").
 """
 
 from __future__ import annotations
@@ -52,8 +59,9 @@ class _Layer:
 
 
 class _Replay:
-    def __init__(self, graph: LayerGraph, layers: Sequence[LayerPolicy], extra: Mapping[str, float]) -> None:
-        self.g, self.extra = graph, extra
+    def __init__(self, graph: LayerGraph, layers: Sequence[LayerPolicy], extra: Mapping[str, float],
+                 transient: bool = True) -> None:
+        self.g, self.extra, self.transient = graph, extra, transient
         n = len(layers)
         self.layers = [_Layer(lp, i == 0 or lp.input_checkpoint,
                               i + 1 < n and not layers[i + 1].input_checkpoint) for i, lp in enumerate(layers)]
@@ -99,6 +107,8 @@ class _Replay:
         st.side[op] = o.mask_bytes + self.extra.get(op, 0.0)
         st.cached = None
         self.active.add(li)
+        if self.transient:  # the output beside its inputs, before they are freed (a layer output: see above)
+            self.peak = max(self.peak, self.total() - (o.out_bytes if op == self.g.output_op else 0.0))
         self.free(li)
         self.sample()
 
@@ -173,6 +183,9 @@ class BackwardTrace:
     layers above, released when their backward ended."""
     layer_restored: tuple[float, ...]
     """The same without the credit for released layers (for stages whose held count is not this pass's)."""
+    fwd_transient: float = 0.0
+    """With forward windows: the most the phase-1/2 restores have alive beyond their final holdings
+    (`sum(fwd_held)`) while they run in a later forward (a restoration's inputs beside its output)."""
 
     @property
     def peak(self) -> float:
@@ -200,17 +213,20 @@ ask for the same stage's trace again and again, and one replay of a deep stage t
 
 
 def backward_trace(graph: LayerGraph, layers: Sequence[LayerPolicy], fwd_windows: bool,
-                   extra: Mapping[str, float] | None = None) -> BackwardTrace:
+                   extra: Mapping[str, float] | None = None, transient: bool = True) -> BackwardTrace:
     """Replay one micro-batch's backward through `layers` (one stage or chunk, bottom first). With
     `fwd_windows` the phase-1/2 ops were restored in a later forward (held, counted by `fwd_held`);
     without, they are restored on demand like phase 5. `extra`: bytes per op beyond the graph (the runtime's
-    LayerNorm statistics), held with the op's mask. Results are memoized per graph object and policies."""
-    key = (id(graph), tuple(layers), fwd_windows, tuple(sorted(extra.items())) if extra else ())
+    LayerNorm statistics), held with the op's mask. `transient`: count each restoration's working set (its
+    output beside its inputs, before the frees: the allocator's view, which plans are judged by); False: sample
+    after the frees only (the recompute engine's byte ledger). Results are memoized per graph object, policies
+    and options."""
+    key = (id(graph), tuple(layers), fwd_windows, tuple(sorted(extra.items())) if extra else (), transient)
     hit = _TRACES.get(key)
     if hit is not None and hit[0] is graph:
         _TRACES.move_to_end(key)
         return hit[1]
-    trace = _backward_trace(graph, layers, fwd_windows, extra)
+    trace = _backward_trace(graph, layers, fwd_windows, extra, transient)
     _TRACES[key] = (graph, trace)
     if len(_TRACES) > TRACE_CACHE_SIZE:
         _TRACES.popitem(last=False)
@@ -218,14 +234,15 @@ def backward_trace(graph: LayerGraph, layers: Sequence[LayerPolicy], fwd_windows
 
 
 def _backward_trace(graph: LayerGraph, layers: Sequence[LayerPolicy], fwd_windows: bool,
-                    extra: Mapping[str, float] | None) -> BackwardTrace:
-    rep = _Replay(graph, layers, extra or {})
+                    extra: Mapping[str, float] | None, transient: bool) -> BackwardTrace:
+    rep = _Replay(graph, layers, extra or {}, transient)
     held = []
     for li in range(len(layers)):
         if fwd_windows:
             rep.prefill(li)
         held.append(rep.layers[li].total())
     start = sum(held)
+    fwd_transient = max(0.0, rep.peak - start)  # rep.peak: the prefill's samples (0 without forward windows)
     peaks, restored = [0.0] * len(layers), [0.0] * len(layers)
     for li in range(len(layers) - 1, -1, -1):
         rep.peak = rep.total()
@@ -233,5 +250,5 @@ def _backward_trace(graph: LayerGraph, layers: Sequence[LayerPolicy], fwd_window
         rep.backward(li)
         peaks[li] = rep.peak - start
         restored[li] = peaks[li] + before
-    return BackwardTrace(tuple(held), tuple(peaks), tuple(restored))
+    return BackwardTrace(tuple(held), tuple(peaks), tuple(restored), fwd_transient)
 

@@ -140,17 +140,21 @@ def linear_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: S
             + held_bytes(mems, ctx) + held_fwd + max(work_f, work_b))
 
 
-def stage_lifetimes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> tuple[float, float]:
-    """(forward-window holdings of one micro-batch, backward working set) from the activation-lifetime
-    replay (`lynx.lifetime`), each chunk of an interleaved stage on its own."""
+def stage_lifetimes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext
+                    ) -> tuple[float, float, float]:
+    """(forward-window holdings of one micro-batch, backward working set, forward-window transient) from the
+    activation-lifetime replay (`lynx.lifetime`), each chunk of an interleaved stage on its own. The
+    transient is what the phase-1/2 restores hold beyond their holdings while they run in a later forward;
+    it adds to that forward's own working set."""
     slices = ctx.chunk_slices() if ctx.chunk_layers else ((0, len(layers)),)
-    held_fwd, work_b = 0.0, 0.0
+    held_fwd, work_b, fwd_tr = 0.0, 0.0, 0.0
     for lo, hi in slices:
         tr = backward_trace(graph, layers[lo:hi], ctx.has_fwd_windows)
         held_fwd += sum(tr.fwd_held) if ctx.has_fwd_windows else 0.0
+        fwd_tr = max(fwd_tr, tr.fwd_transient if ctx.has_fwd_windows else 0.0)
         # one chunk: the pass's micro-batch is among the in-flight ones counted, so layers above release theirs
         work_b = max(work_b, tr.restored_peak if ctx.chunk_layers else tr.peak)
-    return held_fwd, work_b
+    return held_fwd, work_b, fwd_tr
 
 
 def stage_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> float:
@@ -159,32 +163,37 @@ def stage_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: St
     static + extra + sum over chunks of in_flight(chunk) * (sum of its layers' retained)
            + (forward-window holdings) + max(forward working set, backward working set) + gradient workspace
 
-    forward working set  = max over layers of the outputs a layer produces and drops;
-    backward working set = the largest total one micro-batch's backward restores at once, from the
+    forward working set  = max over layers of the outputs a layer produces and drops, plus what a
+                           forward window's restores hold at once beyond their holdings;
+    backward working set = the largest total one micro-batch's backward restores at once (a restoration's
+                           output beside its inputs, before they are freed), from the
     activation-lifetime replay (`lynx.lifetime`: restored outputs freed once no pending backward or
     recomputation reads them; a uniform chunk restores all its layers; phase-3/4 restores of layer l - 1
     during layer l's backward); forward-window holdings = what the phase-1/2 restores leave alive.
     With one chunk, in_flight is the schedule's min(p - s, m) for 1F1B.
     """
     mems = [layer_memory(graph, lp) for lp in layers]
-    held_fwd, work_b = stage_lifetimes(graph, layers, ctx)
+    held_fwd, work_b, fwd_tr = stage_lifetimes(graph, layers, ctx)
     work_f = max((m.dropped for m in mems), default=0.0)
     return (
         ctx.static_bytes + ctx.extra_transient_bytes + ctx.grad_workspace_bytes
-        + held_bytes(mems, ctx) + held_fwd + max(work_f, work_b)
+        + held_bytes(mems, ctx) + held_fwd + max(work_f + fwd_tr, work_b)
     )
 
 
 def predicted_activation_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], extra_per_layer: list[float],
                                in_flight: int, fwd_windows: bool,
-                               extra_per_op: dict[str, float] | None = None) -> tuple[float, float]:
+                               extra_per_op: dict[str, float] | None = None,
+                               transient: bool = False) -> tuple[float, float]:
     """What a runtime stage holds for backward: (after the forwards in flight, peak including what backward
     restores). The same terms as `stage_peak_bytes` without static and non-layer memory; `extra_per_layer`
     adds bytes the runtime holds per layer for its kept ops beyond the graph (e.g. LayerNorm statistics),
-    `extra_per_op` the same bytes per op for restored ones."""
+    `extra_per_op` the same bytes per op for restored ones. By default the recompute engine's byte ledger
+    (sampled after a restoration's frees); `transient=True`: the allocator's view, each restoration's output
+    beside its inputs (`lynx.lifetime`)."""
     mems = [layer_memory(graph, lp) for lp in layers]
     retained = sum(m.retained for m in mems) + sum(extra_per_layer)
-    tr = backward_trace(graph, layers, fwd_windows, extra_per_op)
+    tr = backward_trace(graph, layers, fwd_windows, extra_per_op, transient)
     held_fwd = sum(tr.fwd_held) if fwd_windows else 0.0
     after_fwd = in_flight * retained + held_fwd
     return after_fwd, after_fwd + tr.peak

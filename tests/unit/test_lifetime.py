@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from lynx.api import make_problem
 from lynx.graph import LayerGraph
 from lynx.lifetime import backward_trace
-from lynx.memory import layer_memory, linear_peak_bytes, stage_peak_bytes
+from lynx.memory import layer_memory, linear_peak_bytes, predicted_activation_bytes, stage_peak_bytes
 from lynx.partition.base import Partition
-from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, check_policy
+from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, StageContext, check_policy
 from lynx.policy.rules import full_policy, uniform_policy
 from lynx.problem import PlanOptions, PlanProblem
 from lynx.simulate import simulate
@@ -122,3 +122,62 @@ def test_uniform_chunk_restores_all_its_layers() -> None:
     one = backward_trace(g, uniform_policy(ctx, g, 1).layers, False).restored_peak
     two = backward_trace(g, uniform_policy(ctx, g, 2).layers, False).restored_peak
     assert two > 1.9 * one - g.input_bytes
+
+
+def _chain() -> LayerGraph:
+    """A hand-sized layer: scores (100 B) from the input (10 B), probs (100 B, softmax-like: its backward
+    reads its own output) from the scores, the layer output (10 B) from the probs."""
+    from lynx.graph import Op
+
+    return LayerGraph(ops=(
+        Op("scores", "compute", "attn", 1.0, 1.0, 100.0, ("input",), saved=("input",)),
+        Op("probs", "compute", "attn", 1.0, 1.0, 100.0, ("scores",), saved=("probs",)),
+        Op("out", "compute", "attn", 1.0, 1.0, 10.0, ("probs",), saved=("probs",)),
+    ), input_bytes=10.0)
+
+
+def _ctx(fwd_windows: bool) -> StageContext:
+    return StageContext(stage=0, num_stages=2, num_layers=1, in_flight=2, num_microbatches=4, budget_bytes=1e9,
+                        static_bytes=0.0, fwd_windows=fwd_windows)
+
+
+def test_a_restoration_holds_its_input_beside_its_output() -> None:
+    """Restoring probs on demand: the scores (100) are alive when probs (100) is produced and freed only
+    after; the allocator's peak is 200, the engine's ledger (sampled after the frees) 100."""
+    g = _chain()
+    lp = LayerPolicy(keep=frozenset(), recompute=(("scores", Phase.ON_DEMAND), ("probs", Phase.ON_DEMAND)))
+    assert backward_trace(g, (lp,), fwd_windows=False).peak == 200.0
+    assert backward_trace(g, (lp,), fwd_windows=False, transient=False).peak == 100.0
+    # the closed form: retained = the input (10) per micro-batch, 2 in flight; dropped in forward 200
+    ctx = _ctx(False)
+    assert stage_peak_bytes(g, (lp,), ctx) == 2 * 10.0 + max(200.0, 200.0)
+    # what the runtime's check compares with the engine: the ledger's view, unchanged
+    after, peak = predicted_activation_bytes(g, (lp,), [0.0], 2, False)
+    assert (after, peak) == (20.0, 120.0)
+    assert predicted_activation_bytes(g, (lp,), [0.0], 2, False, transient=True)[1] == 220.0
+
+
+def test_a_forward_window_restoration_is_counted_in_the_forward() -> None:
+    """Both ops restored in the next forward's attention window: they leave probs (100) held, and while
+    probs was produced the scores (100) were alive too: a transient of 100 above the holdings, on top of
+    the hosting forward's own working set (200 dropped): 2 x 10 + 100 + 200 + 100."""
+    g = _chain()
+    lp = LayerPolicy(keep=frozenset(), recompute=(("scores", Phase.FWD_ATTN), ("probs", Phase.FWD_ATTN)))
+    tr = backward_trace(g, (lp,), fwd_windows=True)
+    assert tr.fwd_held == (100.0,) and tr.fwd_transient == 100.0 and tr.peak == 0.0
+    assert stage_peak_bytes(g, (lp,), _ctx(True)) == 2 * 10.0 + 100.0 + 200.0 + 100.0
+
+
+def test_gpt_full_counts_the_allreduce_restoration() -> None:
+    """GPT's full recomputation (every op restored on demand, top layer first): the ledger's peak is after
+    the MLP all-reduce's restore, once FC2's output is freed; the allocator also sees FC2's output beside the
+    all-reduce's, so the transient peak is the ledger's plus exactly FC2's output (the residual after it is
+    no higher: the all-reduce output and the residual's mask, its output counted as `keep_bytes` does)."""
+    g = _graph()
+    prob = make_problem(ModelSpec("m", 4, 1024, 16, vocab_size=8192), load_hardware("a100-40g-nvlink"),
+                        ParallelSpec(tp=1, pp=1, micro_batch_size=1, global_batch_size=1, seq_length=512),
+                        PlanOptions())
+    lps = full_policy(prob.stage_contexts(Partition((4,)))[0], g).layers
+    new = backward_trace(g, lps, False).peak
+    old = backward_trace(g, lps, False, transient=False).peak
+    assert new - old == g.op("fc2").out_bytes
