@@ -1,6 +1,6 @@
 """benchmarks/megatron_readme.py: the published step times follow from the table (Megatron's FLOPs count), and
 the calibrated H100 preset keeps the rows it fits within the issue's +-10% (a regression guard on the cost model;
-the row it misses, 32B, is explained in docs/benchmarks.md section 17)."""
+the row it misses, 32B, is explained in docs/benchmarks.md section 18)."""
 
 from __future__ import annotations
 
