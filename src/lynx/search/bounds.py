@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from lynx.memory import static_bytes
 from lynx.problem import PlanProblem
 
 SAFETY = 1.0 - 1e-9
@@ -40,14 +41,15 @@ def _largest_fitting(fits: Callable[[int], bool], hi: int) -> int:
 
 
 def _stage_bytes(problem: PlanProblem, stage: int, n: int, per_layer_inputs: bool) -> float:
-    vpp = problem.options.vpp
-    if vpp > 1:  # any split of the n layers over the chunks: static memory does not depend on it
-        chunks = (n - vpp + 1, *([1] * (vpp - 1)))
-        ctx = problem.stage_context(stage, n, chunks)
-        return ctx.static_bytes  # in-flight counts differ per chunk: the static part alone is the bound
-    ctx = problem.stage_context(stage, n)
-    inputs = ctx.in_flight * problem.graph.input_bytes * (n if per_layer_inputs else 1)
-    return ctx.static_bytes + inputs
+    """`stage_context(stage, n).static_bytes` plus the layer inputs in flight, without building the context
+    (the same `static_bytes` call and the schedule's in-flight count)."""
+    o = problem.options
+    static = static_bytes(problem.model, problem.parallel, stage, n, o.bytes_per_param, o.precision,
+                          o.distributed_optimizer)
+    if o.vpp > 1:  # any split of the n layers over the chunks: static memory does not depend on it
+        return static  # in-flight counts differ per chunk: the static part alone is the bound
+    in_flight = max(c.in_flight for c in problem.facts.chunks[stage])
+    return static + in_flight * problem.graph.input_bytes * (n if per_layer_inputs else 1)
 
 
 def memory_bound_reason(problem: PlanProblem, method: str) -> str:
