@@ -40,6 +40,9 @@ Step = tuple[bool, int, int, int]
 
 
 _STEPS: dict[int, tuple[Schedule, list[list[Step]]]] = {}
+SCHEDULE_MEMO_SIZE = 256
+"""Schedules remembered by the loop's memos (as many as `problem._facts` keeps: the configuration search visits a
+few hundred (PP, micro-batches, VPP) and returns to them out of order)."""
 
 
 def _steps(sched: Schedule) -> list[list[Step]]:
@@ -55,7 +58,7 @@ def _steps(sched: Schedule) -> list[list[Step]]:
                 raise ScheduleError(f"the simulator prices F and B actions; {a.text(sched.pp)} (a split "
                                     "backward, I/W) is not modelled yet")
         steps.append([(a.kind is ActionKind.F, a.chunk, a.microbatch, a.virtual_stage(sched.pp)) for a in acts])
-    if len(_STEPS) >= 64:
+    if len(_STEPS) >= SCHEDULE_MEMO_SIZE:
         _STEPS.clear()
     _STEPS[id(sched)] = (sched, steps)
     return steps
@@ -99,7 +102,7 @@ def hosts(facts: ScheduleFacts, rank: int) -> tuple[dict[Key, Key], dict[Key, Ke
     hit = _HOSTS.get(id(facts))
     if hit is None or hit[0] is not facts:
         hit = (facts, [(facts.host_of(r), facts.hosted_by(r)) for r in range(len(facts.chunks))])
-        if len(_HOSTS) >= 64:
+        if len(_HOSTS) >= SCHEDULE_MEMO_SIZE:
             _HOSTS.clear()
         _HOSTS[id(facts)] = hit
     return hit[1][rank]
@@ -345,7 +348,7 @@ def _compiled(facts: ScheduleFacts) -> Compiled:
         if not progressed:
             raise RuntimeError("pipeline schedule deadlocked at positions " + str(pos))
     comp = Compiled(len(order), tuple(order))
-    if len(_COMPILED) >= 64:
+    if len(_COMPILED) >= SCHEDULE_MEMO_SIZE:
         _COMPILED.clear()
     _COMPILED[id(facts)] = (facts, comp)
     return comp
