@@ -237,7 +237,7 @@ class Loop:
             rd = ready[r]
             if fwd:
                 dep = ends[depi] + p2p if depi >= 0 else 0.0
-                start = max(rd, dep)
+                start = dep if dep > rd else rd  # max(rd, dep), without the call
                 key = chunk * 1024 + aux
                 fp = fwd_price[r].get(key)
                 if fp is None:
@@ -255,13 +255,15 @@ class Loop:
                 base, ondemand, bhid, load = bwd_price[r][chunk]
                 pre, prefetched, extra = 0.0, False, 0.0
                 if not aux and load > 0:
-                    stall = max(0.0, dep - rd)
+                    stall = dep - rd
+                    stall = stall if stall > 0.0 else 0.0
                     if cooldown[r] and stall > 0:
-                        pre = min(load, stall)
+                        pre = stall if stall < load else load
                         prefetched = True
                         hidden[r] += pre
                     extra = load - pre
-                start = max(rd + pre, dep)
+                start = rd + pre
+                start = dep if dep > start else start
                 demand = ondemand + extra
                 end = start + base + extra
                 crit[r] += demand
@@ -274,7 +276,9 @@ class Loop:
                     bwd_mem[r][mkey] = mp
                 delta, top = mp
             base_mem = cur[r]
-            peak[r] = max(peak[r], base_mem + top)
+            top += base_mem
+            if top > peak[r]:
+                peak[r] = top
             cur[r] = base_mem + delta
             ends[selfi] = end
             busy[r] += end - start
