@@ -137,9 +137,9 @@ def _run(name: str, hardware: str, precision: str, exhaustive: bool) -> bool:
           f"({res.planned} planned, {res.simulated} of them simulated, in {wall:.1f} s)")
     ok = holds
     if case.planned_at_least:
-        print(f"  planned = partition + per-stage policy (Lynx-HEU, or Megatron's flag), then the event simulation "
-              f"unless the policy's held activations already exceed the budget ({res.planned - res.simulated} "
-              "decided there, exactly: the simulated peak includes them)")
+        print(f"  planned = partition + per-stage policy (Lynx-HEU, or Megatron's flag), then the event simulation; "
+              f"{res.planned - res.simulated} were decided before it, exactly: no policy fits, or the policy's "
+              "held activations already exceed the budget (the simulated peak includes them)")
     if exhaustive:
         t0, c0 = time.perf_counter(), time.process_time()
         full = search(space, opts, exhaustive=True)

@@ -141,7 +141,14 @@ finalists); `explain=False`: when nothing fits, say so without solving for each 
         r = cache.get(ctx)
         return math.inf if isinstance(r, InfeasibleError) else stage_time(problem.graph, ctx, r) + edge[stage]
 
-    search = search_partitions(problem.model.num_layers, par.pp, cost)
+    u = problem.graph.step_time(problem.options.subtract_wgrad)
+
+    def lower(stage: int, n: int) -> float:
+        # cost() is (n * u + objective) + edge with objective >= 0 (a sum of non-negative recomputation times;
+        # the margin covers a solver's rounding of it around 0)
+        return (n * u + edge[stage]) * (1 - 1e-9)
+
+    search = search_partitions(problem.model.num_layers, par.pp, cost, lower=lower)
     dp = base_partition(problem)
     cands: dict[tuple[int, ...], tuple[str, Partition]] = {}
     for label, cand in (("dp", dp), ("greedy", search.greedy), ("exact", search.exact)):
