@@ -72,7 +72,7 @@ class PlanOptions:
     """Megatron's --ddp-bucket-size in parameters; None: Megatron's default max(40M, 1M x DP)."""
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=256)  # the configuration search visits a few hundred (PP, micro-batches, VPP)
 def _facts(pp: int, num_microbatches: int, vpp: int) -> ScheduleFacts:
     return derive_facts(make_schedule(pp, num_microbatches, vpp))
 

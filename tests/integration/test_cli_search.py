@@ -90,3 +90,22 @@ def test_search_refuses_single_layout_options(capsys: pytest.CaptureFixture[str]
 def test_pins_that_leave_no_layout_are_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     code, text = _main([*SMALL, "--tp", "8"], capsys)
     assert code == 2 and "lynx: error: --gpus 4: no layout satisfies the pinned options" in text
+
+
+def test_search_takes_context_parallelism(capsys: pytest.CaptureFixture[str]) -> None:
+    """--cp with --gpus pins CP (it used to be refused); world size TP x CP x PP x DP; the idle-GPU rule counts
+    CP; a model without flash attention is refused with Megatron-Core's reason."""
+    long = ["plan", "--model", "llama-tiny", "--hardware", "h100-80g-nvlink", "--gpus", "4", "--seq-len", "4096",
+            "--global-batch", "8", "--method", "full", "--vpp", "1", "--json"]
+    r = runner.invoke(app, [*long, "--cp", "2"])
+    assert r.exit_code == 0, r.output
+    d = _json(r.stdout)
+    assert d["candidates"] and {c["cp"] for c in d["candidates"]} == {2}
+    assert all(c["tp"] * c["cp"] * c["pp"] * c["dp"] == 4 for c in d["candidates"])
+    r = runner.invoke(app, [*long, "--cp", "2", "--tp", "1", "--pp", "2"])
+    assert r.exit_code == 0, r.output
+    assert {(c["cp"], c["dp"]) for c in _json(r.stdout)["candidates"]} == {(2, 1)}
+    code, text = _main([*long, "--cp", "2", "--tp", "1", "--pp", "1", "--dp", "1"], capsys)
+    assert code == 2 and "--tp 1 x --cp 2 x --pp 1 x --dp 1 = 2 GPUs leaves 2 of the 4" in text
+    code, text = _main([*SMALL, "--cp", "2"], capsys)
+    assert code == 2 and "lynx: error: --gpus 4: no layout satisfies the pinned options" in text and "flash" in text

@@ -22,6 +22,12 @@ SPACES = [
                  marks=pytest.mark.slow),
     pytest.param("llama2-7b", "h100-80g-nvlink", 8, 16, 2048, Pins(tp=2, vpp=1, methods=("lynx", "full", "mc-mlp")),
                  None, id="llama2-7b-gqa", marks=pytest.mark.slow),
+    # Context parallelism searched (16k tokens: CP 1 and 2) and pinned, under a budget where some layouts
+    # need recomputation and some do not fit.
+    pytest.param("llama-tiny", "h100-80g-nvlink", 4, 8, 16384, Pins(vpp=1, methods=("lynx", "none", "full", "mc-mlp")),
+                 0.6, id="llama-tiny-cp-searched"),
+    pytest.param("llama-tiny", "h100-80g-nvlink", 4, 8, 16384,
+                 Pins(cp=2, methods=("lynx", "none", "full", "mc-mlp")), 0.35, id="llama-tiny-cp2"),
 ]
 
 
@@ -84,9 +90,10 @@ def test_space_follows_megatron_rules() -> None:
     wide, _ = layouts(Space(load_model("gpt-175b"), hw, 128, 64, 2048, Pins(pp=8, mb=1, sp=False, dist_opt=False),
                             allow_cross_node_tp=True))
     assert 16 in {lay.tp for lay in wide}
+    assert {lay.cp for lay in lays} == {1}  # 8k tokens: CP is searched from 16k on (pin it with --cp)
     for lay in lays:
-        assert lay.tp * lay.pp * lay.dp == 64 and 512 % (lay.dp * lay.mb) == 0
-        assert lay.dp > 1 or not lay.dist_opt
+        assert lay.tp * lay.cp * lay.pp * lay.dp == 64 and 512 % (lay.dp * lay.mb) == 0
+        assert lay.dp * lay.cp > 1 or not lay.dist_opt
         assert lay.tp > 1 or not lay.sp
         if lay.vpp > 1:
             assert lay.pp >= 2 and (512 // (lay.dp * lay.mb)) % lay.pp == 0 and 80 % (lay.pp * lay.vpp) == 0
@@ -113,3 +120,74 @@ def test_search_prefers_fitting_and_reports_counts() -> None:
     assert max(res.best.stage_peak_gib) <= res.best.budget_gib
     assert res.considered == res.planned + res.pruned + res.count("invalid")
     assert [o.iteration_s for o in res.ranked] == sorted(o.iteration_s for o in res.ranked)
+
+
+def test_context_parallel_layouts_follow_megatron_rules() -> None:
+    """CP is searched for long sequences (each rank keeping at least `CP_SEARCH_MIN_TOKENS`), pinned with
+    --cp, and refused with Megatron-Core's reason (flash attention, sequence divisible by 2 x CP)."""
+    from lynx.search.space import CP_SEARCH_MIN_TOKENS
+
+    hw = load_hardware("h100-80g-nvlink")
+    m = load_model("llama3-70b")
+    seq = 8 * CP_SEARCH_MIN_TOKENS
+    lays, _ = layouts(Space(m, hw, 64, 64, seq, Pins(tp=8, vpp=1, mb=1, sp=True, dist_opt=True)))
+    assert {lay.cp for lay in lays} == {1, 2, 4, 8}
+    for lay in lays:
+        assert lay.tp * lay.cp * lay.pp * lay.dp == 64 and seq % (2 * lay.cp) == 0
+    pinned, _ = layouts(Space(m, hw, 64, 512, 8192, Pins(cp=2, tp=4)))
+    assert pinned and {lay.cp for lay in pinned} == {2}
+    assert all(lay.tp * 2 * lay.pp * lay.dp == 64 for lay in pinned)
+    assert all("CP2" in lay.label() for lay in pinned)
+    odd, rejected = layouts(Space(m, hw, 64, 512, 8190, Pins(cp=2, tp=4)))  # 8190 % 4 != 0
+    assert not odd and any("2 x CP" in r.reason for r in rejected)
+    gpt, rejected = layouts(Space(load_model("gpt-1.3b"), hw, 8, 64, 2048, Pins(cp=2)))  # standard attention
+    assert not gpt and any("flash" in r.reason for r in rejected)
+
+
+def test_a_context_parallel_candidate_is_planned_as_lynx_plan_plans_it() -> None:
+    """The search hands CP (and its comm type) to the planner: a stock candidate's figures equal `lynx plan`'s
+    for the same layout, to the last bit."""
+    from lynx.api import make_problem, plan
+    from lynx.spec import ParallelSpec
+
+    m, hw = load_model("llama-tiny"), load_hardware("h100-80g-nvlink")
+    space = Space(m, hw, 4, 8, 16384, Pins(cp=2, tp=1, pp=2, vpp=1, mb=1, sp=False, dist_opt=False,
+                                           methods=("full",)), cp_comm_type="a2a")
+    res = search(space, PlanOptions(), exhaustive=True)
+    (o,) = res.outcomes
+    assert o.fits and o.candidate.layout.cp == 2 and o.candidate.layout.dp == 1
+    par = ParallelSpec(tp=1, pp=2, dp=1, cp=2, cp_comm_type="a2a", micro_batch_size=1, global_batch_size=8,
+                       seq_length=16384)
+    nodes = -(-4 // hw.devices_per_node)
+    direct = plan(make_problem(m, hw, par, PlanOptions(nodes=nodes)), "full", record=False)
+    assert o.iteration_s == direct.sim.iteration_time_s
+    assert o.stage_peak_gib == tuple(st.peak_memory_bytes / GiB for st in direct.sim.stages)
+
+
+def test_exact_partition_with_a_lower_bound_makes_the_same_moves() -> None:
+    """The bound only spares evaluations: on random stage costs with ties and infeasible stages, the exact
+    min-max search returns the same split with and without it, and evaluates no more."""
+    import random
+
+    from lynx.partition.lynx import CostTable, exact_partition
+
+    rng = random.Random(19)
+    for _ in range(300):
+        p, layers = rng.randint(2, 6), rng.randint(6, 30)
+        table = {(s, n): (math.inf if rng.random() < 0.05 else rng.choice([1.0, 2.0, 2.0, 3.0]) * n
+                          + rng.choice([0.0, 0.5, 0.5])) for s in range(p) for n in range(1, layers + 2)}
+        slack = {k: rng.choice([0.0, 0.0, 0.25, 1.0]) for k in table}
+
+        def cost(s: int, n: int, table: dict[tuple[int, int], float] = table) -> float:
+            return table[(s, n)]
+
+        def lower(s: int, n: int, table: dict[tuple[int, int], float] = table,
+                  slack: dict[tuple[int, int], float] = slack) -> float:
+            return table[(s, n)] - slack[(s, n)]
+
+        start = [1] * p
+        for _ in range(layers - p):
+            start[rng.randrange(p)] += 1
+        plain, bounded = CostTable(cost), CostTable(cost)
+        assert exact_partition(tuple(start), plain) == exact_partition(tuple(start), bounded, lower)
+        assert len(bounded.values) <= len(plain.values)

@@ -189,9 +189,13 @@ def _search(model: str, hardware: str, gpus: int | None, nodes: int | None, tp: 
     total = cluster_gpus(hw, gpus, nodes)
     assert total is not None
     where = f"--gpus {gpus}" if gpus is not None else f"--nodes {nodes} x {hw.devices_per_node} per node"
-    if tp is not None and pp is not None:
-        dp = derive_dp(tp, pp, dp, total, where, allow_idle)
-        total = tp * pp * dp
+    cp = knobs.pop("cp")
+    cp_comm_type = knobs.pop("cp_comm_type")
+    check_ints(**{"--cp": (cp, POSITIVE)})
+    if tp is not None and pp is not None:  # the layout is pinned: CP too (1 unless --cp), DP derived
+        cp = cp or 1
+        dp = derive_dp(tp, pp, dp, total, where, allow_idle, cp)
+        total = tp * cp * pp * dp
     elif dp is not None:
         raise SpecError("--dp with --gpus: DP follows from GPUs / (TP x PP); pin --tp and --pp instead")
     if knobs["overlap_param_gather"]:  # Megatron's rule: it gathers the distributed optimizer's shards
@@ -213,7 +217,7 @@ def _search(model: str, hardware: str, gpus: int | None, nodes: int | None, tp: 
     if knobs["busbw"] is not None:
         raise SpecError("--busbw is a TP group's measured bandwidth; pin --tp to use it (not with the search)")
     run_search(SearchArgs(model, hardware, total, global_batch, seq_len, tp, pp, vpp, sp, mb, dist_opt, method,
-                          cross_node, top, as_json, out, png), problem.options)
+                          cross_node, top, as_json, out, png, cp, cp_comm_type), problem.options)
 
 
 @app.command("plan")
@@ -226,7 +230,10 @@ def plan_cmd(
                                            help="Pipeline-parallel size [default: 4; searched with --gpus].")] = None,
     dp: Annotated[int | None, typer.Option("--dp", help="Data-parallel size [default: 1, or GPUs / (TP x PP) "
                                            "with --gpus / --nodes].")] = None,
-    cp: CpOpt = 1,
+    cp: Annotated[int | None, typer.Option(
+        "--cp", "--context-parallel-size", help="Context-parallel size: each rank holds seq / CP tokens; attention "
+        "as Megatron-Core's ring attention (world size TP x CP x PP x DP; gradients reduced over DP x CP) "
+        "[default: 1; searched with --gpus for long sequences].")] = None,
     cp_comm_type: CpCommTypeOpt = "p2p",
     hierarchical_cp: HierCpOpt = None,
     sp: Annotated[bool | None, typer.Option("--sp/--no-sp", "--sequence-parallel",
@@ -327,9 +334,9 @@ def plan_cmd(
     check_outputs(**{"--search-png": (search_png, PLOT_FORMATS)})
     check_ints(**{"--gpus": (gpus, POSITIVE), "--top": (top, POSITIVE), "--vpp": (vpp, POSITIVE)})
     if gpus is not None or (nodes is not None and (tp is None or pp is None) and from_megatron is None):
-        if cp != 1:
-            raise SpecError("--cp with --gpus / --nodes: the configuration search does not search context "
-                            "parallelism yet; give the layout with --tp --pp --cp --dp")
+        if cp_comm_type == "a2a+p2p":
+            raise SpecError("--cp-comm-type a2a+p2p with --gpus / --nodes: its hierarchical sizes depend on the "
+                            "CP size; search with p2p, a2a or all_gather, or give the layout with --tp --pp --cp")
         return _search(model, hardware, gpus, nodes, tp, pp, dp, vpp, sp, micro_batch, distributed_optimizer,
                        method, global_batch, seq_len, compare, gantt, memory_png, profile, allow_cross_node_tp,
                        allow_idle_gpus, top, as_json, out, search_png,
@@ -337,15 +344,16 @@ def plan_cmd(
                             recompute_num_layers=recompute_num_layers, no_wgrad_overlap=no_wgrad_overlap,
                             time_limit=time_limit, cooldown_overlap=not no_cooldown_overlap, busbw=busbw,
                             overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
-                            tp_comm_overlap=tp_comm_overlap))
+                            tp_comm_overlap=tp_comm_overlap, cp=cp, cp_comm_type=cp_comm_type))
+    cp = _given(cp, 1)
     if nodes is not None and dp is None and tp is not None and pp is not None:
         from lynx.cli.search import derive_dp
         from lynx.spec import load_hardware
 
         per_node = load_hardware(hardware).devices_per_node
         if tp * cp * pp <= nodes * per_node:  # else the layout check says how many nodes it needs
-            dp = derive_dp(tp * cp, pp, None, nodes * per_node, f"--nodes {nodes} x {per_node} per node",
-                           allow_idle_gpus)  # TP x CP ranks per pipeline stage
+            dp = derive_dp(tp, pp, None, nodes * per_node, f"--nodes {nodes} x {per_node} per node",
+                           allow_idle_gpus, cp)  # TP x CP ranks per pipeline stage
     if from_megatron is not None:  # the import path lives in lynx.cli.export
         from lynx.cli.export import LynxFlags, plan_from_megatron
 

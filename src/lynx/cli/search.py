@@ -14,7 +14,7 @@ import typer
 from lynx.cli.common import console, err_console, print_json
 from lynx.errors import SpecError
 from lynx.problem import PlanOptions
-from lynx.spec import Hardware, load_hardware, load_model
+from lynx.spec import CpCommType, Hardware, load_hardware, load_model
 
 if TYPE_CHECKING:
     from lynx.search import SearchResult
@@ -42,6 +42,8 @@ class SearchArgs:
     as_json: bool
     out: Path | None
     png: Path | None
+    cp: int | None = None
+    cp_comm_type: CpCommType = "p2p"
 
 
 def cluster_gpus(hw: Hardware, gpus: int | None, nodes: int | None) -> int | None:
@@ -53,19 +55,21 @@ def cluster_gpus(hw: Hardware, gpus: int | None, nodes: int | None) -> int | Non
     return None if nodes is None else nodes * hw.devices_per_node
 
 
-def derive_dp(tp: int, pp: int, dp: int | None, total: int, where: str, allow_idle: bool) -> int:
+def derive_dp(tp: int, pp: int, dp: int | None, total: int, where: str, allow_idle: bool, cp: int = 1) -> int:
     """DP for a layout on `total` GPUs; an error naming the product when GPUs would sit idle."""
+    cp_text, per = (f" x --cp {cp}" if cp > 1 else ""), tp * cp * pp
     if dp is None:
-        if total < tp * pp or (total % (tp * pp) and not allow_idle):
-            raise SpecError(f"--tp {tp} x --pp {pp} = {tp * pp} GPUs per replica does not divide the {total} "
-                            f"GPUs of {where}; choose TP x PP dividing {total} (or --allow-idle-gpus)")
-        return total // (tp * pp)
-    used = tp * pp * dp
+        if total < per or (total % per and not allow_idle):
+            raise SpecError(f"--tp {tp}{cp_text} x --pp {pp} = {per} GPUs per replica does not divide the {total} "
+                            f"GPUs of {where}; choose TP{' x CP' if cp > 1 else ''} x PP dividing {total} "
+                            "(or --allow-idle-gpus)")
+        return total // per
+    used = per * dp
     if used > total:
-        raise SpecError(f"--tp {tp} x --pp {pp} x --dp {dp} = {used} GPUs; {where} has {total}")
+        raise SpecError(f"--tp {tp}{cp_text} x --pp {pp} x --dp {dp} = {used} GPUs; {where} has {total}")
     if used < total and not allow_idle:
-        raise SpecError(f"--tp {tp} x --pp {pp} x --dp {dp} = {used} GPUs leaves {total - used} of the {total} "
-                        f"GPUs of {where} idle; drop --dp to derive it, or pass --allow-idle-gpus")
+        raise SpecError(f"--tp {tp}{cp_text} x --pp {pp} x --dp {dp} = {used} GPUs leaves {total - used} of the "
+                        f"{total} GPUs of {where} idle; drop --dp to derive it, or pass --allow-idle-gpus")
     return dp
 
 
@@ -80,9 +84,9 @@ def run_search(a: SearchArgs, base: PlanOptions) -> None:
         get_method(a.method)  # one clear line for an unknown name
     hw = load_hardware(a.hardware)
     space = Space(load_model(a.model), hw, a.gpus, a.global_batch, a.seq_len,
-                  Pins(tp=a.tp, pp=a.pp, vpp=a.vpp, sp=a.sp, mb=a.mb, dist_opt=a.dist_opt,
+                  Pins(tp=a.tp, pp=a.pp, vpp=a.vpp, sp=a.sp, mb=a.mb, dist_opt=a.dist_opt, cp=a.cp,
                        methods=None if a.method is None else (a.method,)),
-                  a.allow_cross_node_tp)
+                  a.allow_cross_node_tp, a.cp_comm_type)
     cands, rejected = candidates(space)
     if not cands:  # nothing to search: say which rule the pins break, before any work
         why = "; ".join(dict.fromkeys(r.reason for r in rejected[:4])) or (

@@ -92,13 +92,13 @@ def lynx_heu(problem: PlanProblem) -> PlanResult:
 
 
 def _interleaved_search(problem: PlanProblem, method: str, cache: HeuCache, t0: float,
-                        refine_ok: bool = True) -> PlanResult:
+                        refine_ok: bool = True, explain: bool = True) -> PlanResult:
     """Interleaved chunks: HEU on the dp split of the virtual stages, then (where one simulation is cheap)
     the simulator-judged local search moving one layer between virtual stages. The greedy / exact min-max
     searches over per-rank layer counts do not apply to chunks."""
     par = problem.parallel
     dp = base_partition(problem)
-    pols = policies_for(problem, dp, cache)
+    pols = policies_for(problem, dp, cache, explain)
     best_t, part, label = math.inf, dp, "dp"
     if refine_ok and par.pp * par.num_microbatches * problem.options.vpp <= REFINE_MAX_ACTIONS:
         best_t = _iteration(problem, dp, pols)
@@ -130,7 +130,7 @@ finalists); `explain=False`: when nothing fits, say so without solving for each 
         return PlanResult(method, part, policies_for(problem, part, cache), ("explicit partition",),
                           time.perf_counter() - t0), cache
     if problem.options.vpp > 1:
-        return _interleaved_search(problem, method, cache, t0, refine_ok), cache
+        return _interleaved_search(problem, method, cache, t0, refine_ok, explain), cache
 
     par = problem.parallel
     # The first and last stages also run the embedding and the LM head + loss (as the simulator charges).
@@ -141,7 +141,14 @@ finalists); `explain=False`: when nothing fits, say so without solving for each 
         r = cache.get(ctx)
         return math.inf if isinstance(r, InfeasibleError) else stage_time(problem.graph, ctx, r) + edge[stage]
 
-    search = search_partitions(problem.model.num_layers, par.pp, cost)
+    u = problem.graph.step_time(problem.options.subtract_wgrad)
+
+    def lower(stage: int, n: int) -> float:
+        # cost() is (n * u + objective) + edge with objective >= 0 (a sum of non-negative recomputation times;
+        # the margin covers a solver's rounding of it around 0)
+        return (n * u + edge[stage]) * (1 - 1e-9)
+
+    search = search_partitions(problem.model.num_layers, par.pp, cost, lower=lower)
     dp = base_partition(problem)
     cands: dict[tuple[int, ...], tuple[str, Partition]] = {}
     for label, cand in (("dp", dp), ("greedy", search.greedy), ("exact", search.exact)):

@@ -36,20 +36,29 @@ def _dp_counts(model: ModelSpec, tp: int, p: int) -> tuple[int, ...]:
     def weight(stage: int, n: int) -> float:
         return n * lw + (emb if stage == 0 else 0.0) + (emb if stage == p - 1 else 0.0)
 
-    # best[s][k]: (max stage weight, sum of squared layer counts) splitting the first k layers over s stages.
-    inf = (float("inf"), float("inf"))
-    best = [[inf] * (L + 1) for _ in range(p + 1)]
+    # best[s][k]: (max stage weight, sum of squared layer counts) splitting the first k layers over s stages,
+    # kept as two lists compared lexicographically as the tuples would be (the same floats, the same ties).
+    inf = float("inf")
+    w_max = [[inf] * (L + 1) for _ in range(p + 1)]
+    w_sq = [[inf] * (L + 1) for _ in range(p + 1)]
     arg = [[0] * (L + 1) for _ in range(p + 1)]
-    best[0][0] = (0.0, 0.0)
+    w_max[0][0], w_sq[0][0] = 0.0, 0.0
     for s in range(1, p + 1):
+        wt = [weight(s - 1, n) for n in range(L + 1)]
+        pm, ps = w_max[s - 1], w_sq[s - 1]
+        bm, bs, ba = w_max[s], w_sq[s], arg[s]
         for k in range(s, L - (p - s) + 1):
+            cur_m, cur_s, cur_a = bm[k], bs[k], ba[k]
             for n in range(1, k - (s - 1) + 1):
-                prev = best[s - 1][k - n]
-                if prev[0] == float("inf"):
+                prev_m = pm[k - n]
+                if prev_m == inf:
                     continue
-                cand = (max(prev[0], weight(s - 1, n)), prev[1] + n * n)
-                if cand < best[s][k]:
-                    best[s][k], arg[s][k] = cand, n
+                w = wt[n]
+                m = w if w > prev_m else prev_m  # max(prev, weight)
+                sq = ps[k - n] + n * n
+                if m < cur_m or (m == cur_m and sq < cur_s):
+                    cur_m, cur_s, cur_a = m, sq, n
+            bm[k], bs[k], ba[k] = cur_m, cur_s, cur_a
     counts: list[int] = []
     k = L
     for s in range(p, 0, -1):

@@ -60,8 +60,10 @@ def greedy_partition(start: tuple[int, ...], cost: StageCost, max_iters: int = 1
     return tuple(cur)
 
 
-def exact_partition(start: tuple[int, ...], cost: StageCost) -> tuple[int, ...] | None:
-    """The min-max optimal layer counts (see the module docstring); None when no split is feasible."""
+def exact_partition(start: tuple[int, ...], cost: StageCost, lower: StageCost | None = None) -> tuple[int, ...] | None:
+    """The min-max optimal layer counts (see the module docstring); None when no split is feasible.
+    `lower(stage, n)`: a lower bound of `cost(stage, n)`; with it, a stage's cost with one more layer is only
+    evaluated when it could be the smallest one below the current maximum (the same moves, fewer evaluations)."""
     cur = list(start)
     p = len(cur)
     # Potential (max, #stages at max, their layers) decreases lexicographically on every move: terminates.
@@ -71,15 +73,36 @@ def exact_partition(start: tuple[int, ...], cost: StageCost) -> tuple[int, ...] 
         a = max((s for s in range(p) if vals[s] == top), key=lambda s: cur[s])
         if cur[a] <= 1:
             break  # every split gives stage a >= 1 layer, so max >= cost(a, 1): optimal
-        nexts = [cost(s, cur[s] + 1) if s != a else float("inf") for s in range(p)]
-        b = min(range(p), key=lambda s: nexts[s])
-        if not nexts[b] < top:
+        b = _cheapest_next(cur, a, top, cost, lower)
+        if b is None:
             break  # certificate: max_s cost(s, n_s) <= min_s cost(s, n_s + 1)
         cur[a] -= 1
         cur[b] += 1
     if max(cost(s, cur[s]) for s in range(p)) == float("inf"):
         return None
     return tuple(cur)
+
+
+def _cheapest_next(cur: list[int], a: int, top: float, cost: StageCost, lower: StageCost | None) -> int | None:
+    """The first stage s != a minimizing cost(s, cur[s] + 1), if that minimum is below `top`; else None.
+    With `lower`, stages are visited by their bound and skipped when the bound shows they cannot be the
+    first minimum below `top`; the answer is the one the full scan gives."""
+    p = len(cur)
+    if lower is None:
+        nexts = [cost(s, cur[s] + 1) if s != a else float("inf") for s in range(p)]
+        b = min(range(p), key=lambda s: nexts[s])
+        return b if nexts[b] < top else None
+    bounds = sorted((lower(s, cur[s] + 1), s) for s in range(p) if s != a)
+    best, arg = float("inf"), -1
+    for lb, s in bounds:
+        if not lb < top or lb > best:
+            break  # sorted by bound: no later stage can be below top and at most the best
+        if lb == best and s > arg:
+            continue  # at best it ties, and the earlier stage wins ties
+        c = cost(s, cur[s] + 1)
+        if c < best or (c == best and s < arg):
+            best, arg = c, s
+    return arg if best < top else None
 
 
 def minmax_cost(counts: tuple[int, ...], cost: StageCost) -> float:
@@ -98,14 +121,15 @@ class PartitionSearch:
 
 
 def search_partitions(num_layers: int, num_stages: int, cost: StageCost,
-                      start: tuple[int, ...] | None = None) -> PartitionSearch:
+                      start: tuple[int, ...] | None = None, lower: StageCost | None = None) -> PartitionSearch:
     """Run the paper's greedy loop from an even split (or `start`), then the exact search from the
-    greedy's result (a warm start; the result does not depend on it)."""
+    greedy's result (a warm start; the result does not depend on it). `lower`: a lower bound of `cost`
+    that spares the exact search evaluations (`exact_partition`)."""
     table = CostTable(cost)
     init = start or even_partition(num_layers, num_stages).layers_per_stage
     g = greedy_partition(init, table)
     g_cost = minmax_cost(g, table)
-    e = exact_partition(g, table)
+    e = exact_partition(g, table, lower)
     e_cost = minmax_cost(e, table) if e is not None else float("inf")
     return PartitionSearch(
         greedy=Partition(g, method="lynx-greedy") if g_cost < float("inf") else None,

@@ -7,18 +7,23 @@
 * Time: a 1F1B pipeline cannot finish before some stage k has received micro-batch 0 (the forwards of the
   stages before it), run all its micro-batches, and sent the last backward down (the backwards of the stages
   before it). With each layer costing at least its plain forward + backward `u` (`LayerGraph.step_time`,
-  what the simulator charges before any recomputation, transfer or edge), the iteration takes at least
-  u * min over splits of max_k (layers before k + micro-batches * layers on k). Interleaved schedules get
-  the busiest-rank bound u * micro-batches * layers / PP only.
+  what the simulator charges before any recomputation or transfer), the iteration takes at least
+  u * min over splits of max_k (layers before k + micro-batches * layers on k). The embedding (first stage)
+  and the LM head + loss (last stage) are added as the simulator charges them: per micro-batch on their own
+  stage, and the embedding's forward and backward once on every later stage's chain. Interleaved schedules
+  get the busiest-rank bound: micro-batches x (u x layers + embedding + head) / PP.
 
 Both bounds read the problem the planner would plan (its graph, its static-memory recipe), so a change of
-the cost model moves them with it; tests/unit/test_search_bounds.py checks them against planned candidates.
+the cost model moves them with it; tests/unit/test_search.py checks them against planned candidates.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
+from lynx.edge_pricing import stage_edge_times
+from lynx.memory import static_bytes
 from lynx.problem import PlanProblem
 
 SAFETY = 1.0 - 1e-9
@@ -40,14 +45,15 @@ def _largest_fitting(fits: Callable[[int], bool], hi: int) -> int:
 
 
 def _stage_bytes(problem: PlanProblem, stage: int, n: int, per_layer_inputs: bool) -> float:
-    vpp = problem.options.vpp
-    if vpp > 1:  # any split of the n layers over the chunks: static memory does not depend on it
-        chunks = (n - vpp + 1, *([1] * (vpp - 1)))
-        ctx = problem.stage_context(stage, n, chunks)
-        return ctx.static_bytes  # in-flight counts differ per chunk: the static part alone is the bound
-    ctx = problem.stage_context(stage, n)
-    inputs = ctx.in_flight * problem.graph.input_bytes * (n if per_layer_inputs else 1)
-    return ctx.static_bytes + inputs
+    """`stage_context(stage, n).static_bytes` plus the layer inputs in flight, without building the context
+    (the same `static_bytes` call and the schedule's in-flight count)."""
+    o = problem.options
+    static = static_bytes(problem.model, problem.parallel, stage, n, o.bytes_per_param, o.precision,
+                          o.distributed_optimizer)
+    if o.vpp > 1:  # any split of the n layers over the chunks: static memory does not depend on it
+        return static  # in-flight counts differ per chunk: the static part alone is the bound
+    in_flight = max(c.in_flight for c in problem.facts.chunks[stage])
+    return static + in_flight * problem.graph.input_bytes * (n if per_layer_inputs else 1)
 
 
 def memory_bound_reason(problem: PlanProblem, method: str) -> str:
@@ -101,11 +107,54 @@ def _min_max_prefix(layers: int, stages: int, nmb: int) -> int:
     return lo
 
 
+def _min_max_with_edges(layers: int, nmb: int, u: float, const: list[float]) -> float:
+    """A lower bound on min over splits of max_k (const_k + u * sum_{s<k} n_s + nmb * u * n_k): bisection on
+    the answer M with the same greedy fill (giving an earlier stage more never hurts a later one, since a layer
+    costs a later stage u of its prefix but nmb * u if it ran there); returns the largest M found unreachable
+    (below the true minimum)."""
+    stages = len(const)
+
+    def reachable(m: float) -> bool:
+        prefix = 0
+        for k in range(stages):
+            left = stages - k - 1
+            room = (m - const[k] - u * prefix) / (nmb * u)
+            n = min(math.floor(room), layers - prefix - left)
+            if n < 1:
+                return False
+            prefix += n
+        return prefix == layers
+
+    lo, hi = 0.0, max(const) + u * (layers + nmb * layers)
+    if not reachable(hi):  # cannot happen: every stage fits all layers at hi
+        return 0.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if mid <= lo or mid >= hi:
+            break
+        if reachable(mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
 def time_bound_s(problem: PlanProblem) -> float:
     """A lower bound on the iteration time of any plan of this layout (any method, any partition)."""
     par, layers = problem.parallel, problem.model.num_layers
     u = problem.graph.step_time(problem.options.subtract_wgrad)
-    nmb = par.num_microbatches
-    if problem.options.vpp > 1:
-        return SAFETY * u * nmb * layers / par.pp
-    return SAFETY * u * _min_max_prefix(layers, par.pp, nmb)
+    nmb, pp = par.num_microbatches, par.pp
+    emb = head = 0.0
+    if problem.options.include_edges:  # what the simulator adds to the first and last virtual stage
+        et = stage_edge_times(problem.model, problem.hardware, par, problem.graph)
+        emb, head = et.embedding_fwd + et.embedding_bwd, et.head_fwd + et.head_bwd
+    if problem.options.vpp > 1:  # the busiest rank does at least the average rank's work
+        return SAFETY * nmb * (u * layers + emb + head) / pp
+    if u <= 0:
+        return SAFETY * u * _min_max_prefix(layers, pp, nmb)
+    # Stage k cannot start before micro-batch 0's forward reached it (the embedding's forward on stage 0)
+    # nor finish before the last backward went back through the stages before it (the embedding's
+    # backward); the first stage runs the embedding and the last the LM head for every micro-batch.
+    const = [(emb if k > 0 else 0.0) + nmb * ((emb if k == 0 else 0.0) + (head if k == pp - 1 else 0.0))
+             for k in range(pp)]
+    return SAFETY * max(_min_max_with_edges(layers, nmb, u, const), u * _min_max_prefix(layers, pp, nmb))

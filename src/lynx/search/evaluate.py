@@ -1,5 +1,5 @@
 """Planning one candidate of the search through the planner's public API, with what candidates share
-cached: one layer graph per (TP, SP, micro-batch) and one Lynx-HEU stage cache per graph, so a stage
+cached: one layer graph per (TP, CP, SP, micro-batch) and one Lynx-HEU stage cache per graph, so a stage
 problem (layers, in-flight micro-batches, budget, windows) is solved once across every layout that poses it."""
 
 from __future__ import annotations
@@ -58,17 +58,18 @@ class Shared:
 
     space: Space
     base: PlanOptions
-    graphs: dict[tuple[int, bool, int], LayerGraph] = field(default_factory=dict)
-    heu: dict[tuple[int, bool, int], HeuCache] = field(default_factory=dict)
+    graphs: dict[tuple[int, int, bool, int], LayerGraph] = field(default_factory=dict)
+    heu: dict[tuple[int, int, bool, int], HeuCache] = field(default_factory=dict)
     problems: dict[tuple[Layout, tuple[int, ...] | None], PlanProblem] = field(default_factory=dict)
 
     def parallel(self, lay: Layout) -> ParallelSpec:
         s = self.space
         return ParallelSpec(tp=lay.tp, pp=lay.pp, dp=lay.dp, sequence_parallel=lay.sp, micro_batch_size=lay.mb,
-                            global_batch_size=s.global_batch, seq_length=s.seq_len)
+                            global_batch_size=s.global_batch, seq_length=s.seq_len, cp=lay.cp,
+                            cp_comm_type=s.cp_comm_type)
 
     def graph(self, lay: Layout) -> LayerGraph:
-        key = (lay.tp, lay.sp, lay.mb)
+        key = (lay.tp, lay.cp, lay.sp, lay.mb)
         if key not in self.graphs:
             self.graphs[key] = build_layer_graph(self.space.model, self.space.hardware, self.parallel(lay))
         return self.graphs[key]
@@ -86,7 +87,7 @@ class Shared:
         return self.problems[key]
 
     def heu_cache(self, problem: PlanProblem, lay: Layout) -> HeuCache:
-        key = (lay.tp, lay.sp, lay.mb)
+        key = (lay.tp, lay.cp, lay.sp, lay.mb)
         cache = self.heu.get(key)
         if cache is None:
             cache = HeuCache(problem.graph, heu_options(problem, "lynx"))
@@ -149,7 +150,11 @@ def plan_candidate(shared: Shared, cand: Candidate, bound_s: float, refine: bool
     over = _held_over_budget(problem, result)
     if over:
         return Outcome(cand, "does not fit", bound_s, over, partition=part.layers_per_stage)
-    plan = Plan.evaluate(problem, result, record=False)
+    try:
+        plan = Plan.evaluate(problem, result, record=False)
+    except LynxError as e:  # a method's policy the simulator refuses (a planner bug, reported as such)
+        return Outcome(cand, "invalid", bound_s, f"the simulator refuses the policy: {str(e).splitlines()[0]}",
+                       partition=part.layers_per_stage)
     s = plan.sim
     status: Status = "does not fit" if s.oom else "planned"
     oom = [st.stage for st in s.stages if st.oom]

@@ -15,7 +15,7 @@ from lynx.search.run import SearchResult
 
 def _layout_cells(o: Outcome) -> list[str]:
     lay = o.candidate.layout
-    return [str(lay.tp), str(lay.pp), str(lay.vpp), str(lay.dp), "on" if lay.sp else "off", str(lay.mb),
+    return [str(lay.tp), str(lay.cp), str(lay.pp), str(lay.vpp), str(lay.dp), "on" if lay.sp else "off", str(lay.mb),
             "dist" if lay.dist_opt else "-"]
 
 
@@ -29,7 +29,7 @@ def search_table(res: SearchResult, top: int) -> Table:
     """The `top` fastest fitting candidates, then the fastest stock Megatron-Core one (if not among them)."""
     t = Table(title=f"{res.space.model.name} on {res.space.gpus} x {res.space.hardware.device.name}: "
               f"global batch {res.space.global_batch}, seq {res.space.seq_len} (fastest first)")
-    for col in ("#", "TP", "PP", "VPP", "DP", "SP", "mb", "optimizer", "method", "iteration s", "tokens/s/GPU",
+    for col in ("#", "TP", "CP", "PP", "VPP", "DP", "SP", "mb", "optimizer", "method", "iteration s", "tokens/s/GPU",
                 "TFLOP/s/GPU", "MFU", "peak GiB per stage", "headroom GiB"):
         t.add_column(col, justify="left" if col in ("method", "peak GiB per stage") else "right")
     rows = list(res.ranked[:top])
@@ -108,7 +108,7 @@ def _flip(lay: Any, field: str) -> Any:
 
 def outcome_dict(o: Outcome) -> dict[str, Any]:
     lay = o.candidate.layout
-    d: dict[str, Any] = {"tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "sp": lay.sp,
+    d: dict[str, Any] = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "sp": lay.sp,
                          "micro_batch": lay.mb, "distributed_optimizer": lay.dist_opt,
                          "method": o.candidate.method, "stock_megatron": o.candidate.stock, "status": o.status,
                          "time_bound_s": None if math.isnan(o.bound_s) else o.bound_s}

@@ -1,9 +1,12 @@
-"""The configuration space: every (TP, PP, VPP, DP, SP, micro-batch, distributed optimizer) layout of a
+"""The configuration space: every (TP, CP, PP, VPP, DP, SP, micro-batch, distributed optimizer) layout of a
 cluster, with the recomputation methods each is planned with. Pure enumeration, no pricing.
 
 Megatron-Core's rules decide what is a layout at all: TP divides the attention heads and the query groups
-(`families.*.check_layout`), DP = GPUs / (TP x PP), the global batch divides by micro-batch x DP, the
+(`families.*.check_layout`), DP = GPUs / (TP x CP x PP), the global batch divides by micro-batch x DP, the
 interleaved schedule needs PP >= 2, a multiple of PP micro-batches and whole layers per virtual stage.
+Context parallelism needs flash attention and a sequence divisible by 2 x CP (`spec.check_cp`, Megatron-Core's
+load-balanced causal chunks); ranks are ordered TP innermost, then CP, as Megatron orders them, so CP groups
+are TP ranks apart (`spec.ParallelSpec`, the links the cost model picks).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from dataclasses import dataclass
 
 from lynx.errors import SpecError
 from lynx.families import get_family
-from lynx.spec import MAX_MICROBATCHES, Hardware, ModelSpec
+from lynx.spec import MAX_MICROBATCHES, CpCommType, Hardware, ModelSpec, ParallelSpec, check_cp
 
 STOCK_METHODS: tuple[str, ...] = (
     "none", "selective", "full", "mc-mlp", "mc-layernorm", "mc-core_attn+mlp", "mc-mlp+layernorm",
@@ -26,6 +29,11 @@ LYNX_METHOD = "lynx"
 MAX_SEARCHED_VPP = 4
 """Model chunks per rank tried when --vpp is not pinned. Deeper interleaving shaves the bubble further but
 multiplies the schedule's actions (and the simulation's time) by VPP; `--vpp N` pins any value."""
+CP_SEARCH_MIN_TOKENS = 8192
+"""Context-parallel sizes searched when --cp is not pinned: powers of two that leave each CP rank at least this
+many tokens of the sequence, so CP is searched from 16k sequences on (Llama 3 405B's 128k run used CP 16, 8k
+tokens per rank: Dubey et al. 2024, "The Llama 3 Herd of Models", sec. 3.3.2). Shorter sequences search CP 1
+only; `--cp N` pins any valid size (NVIDIA's Llama-3.1 recipes use CP 2 at 8k)."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -39,9 +47,12 @@ class Layout:
     sp: bool
     mb: int
     dist_opt: bool
+    cp: int = 1
+    """Context parallelism (Megatron's --context-parallel-size); world size TP x CP x PP x DP."""
 
     def label(self) -> str:
-        return (f"TP{self.tp} PP{self.pp} VPP{self.vpp} DP{self.dp} SP{int(self.sp)} mb{self.mb} "
+        cp = f" CP{self.cp}" if self.cp > 1 else ""
+        return (f"TP{self.tp}{cp} PP{self.pp} VPP{self.vpp} DP{self.dp} SP{int(self.sp)} mb{self.mb} "
                 f"DO{int(self.dist_opt)}")
 
 
@@ -64,6 +75,7 @@ class Pins:
     sp: bool | None = None
     mb: int | None = None
     dist_opt: bool | None = None
+    cp: int | None = None
     methods: tuple[str, ...] | None = None
     """None: lynx on its own partition plus every stock Megatron-Core flag on the even split."""
 
@@ -77,6 +89,8 @@ class Space:
     seq_len: int
     pins: Pins = Pins()
     allow_cross_node_tp: bool = False
+    cp_comm_type: CpCommType = "p2p"
+    """Megatron's --cp-comm-type for every CP > 1 layout (not searched)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,33 +137,64 @@ def _vpp_values(space: Space, pp: int, nmb: int) -> list[int]:
     return out
 
 
+def cp_values(space: Space, tp: int) -> tuple[list[int], list[Rejected]]:
+    """CP sizes beside TP `tp`: the pinned one, or the powers of two `CP_SEARCH_MIN_TOKENS` allows,
+    each checked as Megatron-Core checks it (flash attention, sequence divisible by 2 x CP)."""
+    rest = space.gpus // tp
+    if space.pins.cp is not None:
+        wanted = [space.pins.cp] if rest % space.pins.cp == 0 else []
+    else:
+        wanted = [c for c in (1 << k for k in range(17)) if rest % c == 0
+                  and (c == 1 or space.seq_len // c >= CP_SEARCH_MIN_TOKENS)]
+    out, bad = [], []
+    for cp in wanted:
+        if cp == 1:
+            out.append(cp)
+            continue
+        if space.seq_len % (2 * cp):
+            bad.append(Rejected(f"CP{cp}", f"--seq-len {space.seq_len} is not divisible by 2 x CP = {2 * cp}"))
+            continue
+        try:
+            check_cp(space.model, ParallelSpec(tp=tp, cp=cp, seq_length=space.seq_len, cp_comm_type=space.cp_comm_type,
+                                               global_batch_size=space.global_batch))
+        except SpecError as e:
+            bad.append(Rejected(f"CP{cp}", str(e)))
+            continue
+        out.append(cp)
+    return out, bad
+
+
 def layouts(space: Space) -> tuple[list[Layout], list[Rejected]]:
     """Every layout of the space (pins applied), and the combinations refused with their reason."""
     tps, rejected = tp_values(space)
     m, gb = space.model, space.global_batch
     out: list[Layout] = []
     for tp in tps:
-        for pp in divisors(space.gpus // tp):
-            if space.pins.pp is not None and pp != space.pins.pp:
-                continue
-            if pp > m.num_layers:
-                rejected.append(Rejected(f"TP{tp} PP{pp}", f"{m.num_layers} layers cannot fill {pp} stages"))
-                continue
-            dp = space.gpus // (tp * pp)
-            if gb % dp:
-                rejected.append(Rejected(f"TP{tp} PP{pp} DP{dp}", f"global batch {gb} does not divide by DP {dp}"))
-                continue
-            out += _layouts_of(space, tp, pp, dp, rejected)
+        cps, bad = cp_values(space, tp)
+        rejected += [Rejected(f"TP{tp} {r.what}", r.reason) for r in bad]
+        for cp in cps:
+            for pp in divisors(space.gpus // (tp * cp)):
+                if space.pins.pp is not None and pp != space.pins.pp:
+                    continue
+                what = f"TP{tp}{f' CP{cp}' if cp > 1 else ''} PP{pp}"
+                if pp > m.num_layers:
+                    rejected.append(Rejected(what, f"{m.num_layers} layers cannot fill {pp} stages"))
+                    continue
+                dp = space.gpus // (tp * cp * pp)
+                if gb % dp:
+                    rejected.append(Rejected(f"{what} DP{dp}", f"global batch {gb} does not divide by DP {dp}"))
+                    continue
+                out += _layouts_of(space, tp, pp, dp, rejected, cp)
     return out, rejected
 
 
-def _layouts_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected]) -> list[Layout]:
+def _layouts_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected], cp: int = 1) -> list[Layout]:
     pins, out = space.pins, []
     sps = [False, True] if tp > 1 else [False]
     if pins.sp is not None:
         sps = [pins.sp] if (tp > 1 or not pins.sp) else [False]
-    sps = [s for s in sps if not s or space.seq_len % tp == 0]
-    dos = [False, True] if dp > 1 else [False]  # with DP 1 the distributed optimizer shards nothing
+    sps = [s for s in sps if not s or space.seq_len % (tp * cp) == 0]
+    dos = [False, True] if dp * cp > 1 else [False]  # it shards over DP x CP: with both 1, nothing
     if pins.dist_opt is not None:
         dos = [pins.dist_opt]
     for mb in divisors(space.global_batch // dp):
@@ -165,7 +210,7 @@ def _layouts_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected
                                      "interleaving needs PP >= 2, a multiple of PP micro-batches and "
                                      "whole layers per virtual stage"))
         for vpp in vpps:
-            out += [Layout(tp, pp, vpp, dp, sp, mb, do) for sp in sps for do in dos]
+            out += [Layout(tp, pp, vpp, dp, sp, mb, do, cp) for sp in sps for do in dos]
     return out
 
 

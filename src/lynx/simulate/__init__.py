@@ -13,13 +13,13 @@ from __future__ import annotations
 from lynx.costmodel import p2p_time
 from lynx.edge_pricing import device_hardware, stage_edge_times
 from lynx.partition.base import Partition
-from lynx.policy.base import RecomputePolicy, StageContext, check_policy
+from lynx.policy.base import RecomputePolicy, StageContext
 from lynx.problem import PlanProblem
 from lynx.schedule import Schedule, ScheduleFacts, derive_facts, validate
-from lynx.simulate.engine import Loop, RankState
+from lynx.simulate.engine import Loop, RankState, checked, hosts, priced
 from lynx.simulate.memory_replay import StageMemory
 from lynx.simulate.metrics import DpOverlap, tail_time, throughput
-from lynx.simulate.pricing import ChunkCosts, stage_costs
+from lynx.simulate.pricing import ChunkCosts
 from lynx.simulate.results import Segment, SegmentKind, SimResult, StageResult
 from lynx.simulate.runtime_costs import tied_embedding_sync_time
 from lynx.spec import Hardware
@@ -55,7 +55,7 @@ def _device_hardware(problem: PlanProblem) -> Hardware:
 
 def _costs(problem: PlanProblem, policies: tuple[RecomputePolicy, ...],
            ctxs: tuple[StageContext, ...]) -> list[list[ChunkCosts]]:
-    costs = [stage_costs(problem.graph, pol, ctx) for pol, ctx in zip(policies, ctxs, strict=True)]
+    costs = [priced(problem.graph, pol, ctx) for pol, ctx in zip(policies, ctxs, strict=True)]
     if problem.options.include_edges:  # embedding on the first virtual stage, LM head + loss on the last
         et = stage_edge_times(problem.model, problem.hardware, problem.parallel, problem.graph)
         costs[0][0].fwd_plain += et.embedding_fwd
@@ -82,10 +82,10 @@ def simulate(
     facts = _facts(problem, partition, schedule)
     ctxs = problem.stage_contexts(partition, facts)
     for pol, ctx in zip(policies, ctxs, strict=True):
-        check_policy(problem.graph, pol, ctx)
+        checked(problem.graph, pol, ctx)
     costs = _costs(problem, policies, ctxs)
     ranks = [RankState(costs[r], ctxs[r], policies[r], StageMemory(problem.graph, policies[r], ctxs[r], record),
-                       facts.host_of(r), facts.hosted_by(r), ctxs[r].has_fwd_windows) for r in range(p)]
+                       *hosts(facts, r), ctxs[r].has_fwd_windows) for r in range(p)]
     loop = Loop(facts, ranks, _p2p(problem) if p2p_s is None else p2p_s, record)
     loop.run()
     return _result(problem, ctxs, loop)

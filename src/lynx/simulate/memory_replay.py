@@ -1,15 +1,113 @@
 """Event-by-event memory of one stage (a rank, with all its chunks), from `lynx.memory.layer_memory`:
-the same per-layer terms the closed form and the solvers use, replayed action by action."""
+the same per-layer terms the closed form and the solvers use, replayed action by action.
+
+An action of one kind (forward of chunk c hosting chunk h's phase-1/2 work; backward of chunk c, carried or
+prefetched or neither) changes memory the same way every time: a *pattern* (points on a unit time axis
+relative to the action's start memory, net change, top). The patterns depend only on the graph, the stage's
+layer policies, its chunk split and its non-layer terms, so they are kept per such key across simulations
+(`_MODELS`): the partition refinement and the configuration search simulate the same stage again and again.
+"""
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 from lynx.graph import LayerGraph
 from lynx.lifetime import BackwardTrace, backward_trace
 from lynx.memory import LayerMemory, layer_memory
-from lynx.policy.base import RecomputePolicy, StageContext
+from lynx.policy.base import LayerPolicy, RecomputePolicy, StageContext
 
 Pattern = tuple[tuple[tuple[float, float], ...], float, float]
 """(points relative to the action's start memory on a unit time axis, net change, top)."""
+PatternKey = tuple[object, ...]
+
+
+class StageModel:
+    """What a stage's memory replay reads, and the patterns derived from it (shared across simulations)."""
+
+    def __init__(self, graph: LayerGraph, layers: tuple[LayerPolicy, ...], slices: tuple[tuple[int, int], ...],
+                 extra_retained: float, extra_transient: float, grad_workspace: float) -> None:
+        self.extra_retained, self.extra_transient, self.grad_workspace = extra_retained, extra_transient, grad_workspace
+        distinct = {lp: layer_memory(graph, lp) for lp in dict.fromkeys(layers)}  # a stage repeats one policy
+        mems = [distinct[lp] for lp in layers]
+        self.chunks: list[list[LayerMemory]] = []
+        self.traces: list[dict[bool, BackwardTrace]] = []
+        """Per chunk: the activation-lifetime replay of one backward, phase-1/2 tensors held before or not."""
+        for lo, hi in slices:
+            self.chunks.append(mems[lo:hi])
+            self.traces.append({w: backward_trace(graph, layers[lo:hi], w) for w in (False, True)})
+        self.last_chunk = len(self.chunks) - 1
+        self.patterns: dict[PatternKey, Pattern] = {}
+
+    def pattern(self, key: PatternKey) -> Pattern:
+        hit = self.patterns.get(key)
+        if hit is None:
+            points: list[tuple[float, float]] = []
+            if key[0] == "F":
+                cur = self._forward_events(points, key[1], key[2])  # type: ignore[arg-type]
+            else:
+                cur = self._backward_events(points, key[1], key[2], key[3])  # type: ignore[arg-type]
+            hit = (tuple(points), cur, max(v for _, v in points))
+            self.patterns[key] = hit
+        return hit
+
+    def _forward_events(self, points: list[tuple[float, float]], chunk: int, hosted: int | None) -> float:
+        mems = self.chunks[chunk]
+        guest = self.traces[hosted][True].fwd_held if hosted is not None else ()
+        n = len(mems)
+        cur = 0.0
+        if chunk == 0:
+            cur += self.extra_retained
+        for i, m in enumerate(mems):
+            if i < len(guest):
+                cur += guest[i]
+            cur += m.retained  # alive while the layer runs, together with what it drops
+            points.append(((i + 1) / n, cur + m.dropped))
+        cur += sum(guest[n:])
+        points.append((1.0, cur + (self.extra_transient if chunk == self.last_chunk else 0.0)))
+        return cur
+
+    def _backward_events(self, points: list[tuple[float, float]], chunk: int, carried: bool,
+                         prefetched: bool) -> float:
+        mems, held = self.chunks[chunk], carried or prefetched
+        tr = self.traces[chunk][held]
+        transient = self.extra_transient if chunk == self.last_chunk else 0.0
+        n = len(mems)
+        cur = 0.0
+        if prefetched:
+            cur += sum(tr.fwd_held)
+        start = cur
+        points.append((0.0, cur + (transient + self.grad_workspace)))
+        for i in range(n - 1, -1, -1):  # layer i's backward: what the lifetime replay has alive at its peak
+            cur = start + tr.layer_peak[i]
+            points.append((1.0 - i / n, cur + self.grad_workspace))
+        cur = start - sum(m.retained for m in mems) - (sum(tr.fwd_held) if held else 0.0)
+        if chunk == 0:
+            cur -= self.extra_retained
+        points.append((1.0, cur + 0.0))
+        return cur
+
+
+_MODELS: OrderedDict[PatternKey, tuple[LayerGraph, StageModel]] = OrderedDict()
+MODEL_CACHE_SIZE = 2048
+
+
+def stage_model(graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext) -> StageModel:
+    """The stage's memory model, memoized per graph object, layer policies, chunk split and non-layer terms
+    (exactly what the replay reads)."""
+    slices = ctx.chunk_slices()
+    key = (id(graph), pol.layers, slices, ctx.extra_retained_bytes, ctx.extra_transient_bytes,
+           ctx.grad_workspace_bytes)
+    hit = _MODELS.get(key)
+    if hit is not None and hit[0] is graph:
+        _MODELS.move_to_end(key)
+        return hit[1]
+    model = StageModel(graph, pol.layers, slices, ctx.extra_retained_bytes, ctx.extra_transient_bytes,
+                       ctx.grad_workspace_bytes)
+    _MODELS[key] = (graph, model)
+    if len(_MODELS) > MODEL_CACHE_SIZE:
+        _MODELS.popitem(last=False)
+    return model
 
 
 class StageMemory:
@@ -17,37 +115,15 @@ class StageMemory:
 
     def __init__(self, graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext, record: bool = True) -> None:
         self.ctx, self.record = ctx, record
-        self._patterns: dict[tuple[object, ...], Pattern] = {}
-        self._points: list[tuple[float, float]] = []
-        distinct = {lp: layer_memory(graph, lp) for lp in dict.fromkeys(pol.layers)}  # a stage repeats one policy
-        mems = [distinct[lp] for lp in pol.layers]
-        self.chunks: list[list[LayerMemory]] = []
-        self.traces: list[dict[bool, BackwardTrace]] = []
-        """Per chunk: the activation-lifetime replay of one backward, phase-1/2 tensors held before or not."""
-        for lo, hi in ctx.chunk_slices():
-            self.chunks.append(mems[lo:hi])
-            self.traces.append({w: backward_trace(graph, pol.layers[lo:hi], w) for w in (False, True)})
-        self.last_chunk = len(self.chunks) - 1
+        self.model = stage_model(graph, pol, ctx)
+        self.chunks = self.model.chunks
+        self.last_chunk = self.model.last_chunk
         self.cur = ctx.static_bytes
         self.peak = self.cur
         self.curve: list[tuple[float, float]] = [(0.0, self.cur)]
 
-    def _touch(self, t: float, transient: float = 0.0) -> None:
-        self._points.append((t, self.cur + transient))
-
-    def _replay(self, key: tuple[object, ...], t0: float, t1: float) -> None:
-        pattern = self._patterns.get(key)
-        if pattern is None:
-            saved = self.cur
-            self.cur, self._points = 0.0, []
-            if key[0] == "F":
-                self._forward_events(key[1], key[2])  # type: ignore[arg-type]
-            else:
-                self._backward_events(key[1], key[2], key[3])  # type: ignore[arg-type]
-            pattern = (tuple(self._points), self.cur, max(v for _, v in self._points))
-            self._patterns[key] = pattern
-            self.cur = saved
-        points, delta, top = pattern
+    def _replay(self, key: PatternKey, t0: float, t1: float) -> None:
+        points, delta, top = self.model.pattern(key)
         base = self.cur
         self.peak = max(self.peak, base + top)
         if self.record:
@@ -62,34 +138,3 @@ class StageMemory:
         """`carried`: phase-1/2 tensors were recomputed in an earlier forward (already held);
         `prefetched`: they were recomputed in the stall before this backward."""
         self._replay(("B", chunk, carried, prefetched), t0, t1)
-
-    def _forward_events(self, chunk: int, hosted: int | None) -> None:
-        mems = self.chunks[chunk]
-        guest = self.traces[hosted][True].fwd_held if hosted is not None else ()
-        n = len(mems)
-        if chunk == 0:
-            self.cur += self.ctx.extra_retained_bytes
-        for i, m in enumerate(mems):
-            if i < len(guest):
-                self.cur += guest[i]
-            self.cur += m.retained  # alive while the layer runs, together with what it drops
-            self._touch((i + 1) / n, m.dropped)
-        self.cur += sum(guest[n:])
-        self._touch(1.0, self.ctx.extra_transient_bytes if chunk == self.last_chunk else 0.0)
-
-    def _backward_events(self, chunk: int, carried: bool, prefetched: bool) -> None:
-        mems, held = self.chunks[chunk], carried or prefetched
-        tr = self.traces[chunk][held]
-        transient = self.ctx.extra_transient_bytes if chunk == self.last_chunk else 0.0
-        n = len(mems)
-        if prefetched:
-            self.cur += sum(tr.fwd_held)
-        start = self.cur
-        self._touch(0.0, transient + self.ctx.grad_workspace_bytes)
-        for i in range(n - 1, -1, -1):  # layer i's backward: what the lifetime replay has alive at its peak
-            self.cur = start + tr.layer_peak[i]
-            self._touch(1.0 - i / n, self.ctx.grad_workspace_bytes)
-        self.cur = start - sum(m.retained for m in mems) - (sum(tr.fwd_held) if held else 0.0)
-        if chunk == 0:
-            self.cur -= self.ctx.extra_retained_bytes
-        self._touch(1.0)
