@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 import time
 
-from lynx.errors import InfeasibleError
+from lynx.errors import InfeasibleError, SpecError
 from lynx.graph import LayerGraph
-from lynx.methods.common import base_partition, edge_times_per_stage, iteration_time
+from lynx.methods.common import base_partition, edge_times_per_stage, iteration_time, megatron_partition
 from lynx.partition.base import Partition
 from lynx.partition.lynx import search_partitions
 from lynx.policy.base import RecomputePolicy, StageContext
@@ -91,6 +91,24 @@ def lynx_heu(problem: PlanProblem) -> PlanResult:
     return PlanResult("lynx-heu", part, pols, (note,), time.perf_counter() - t0)
 
 
+def _even_candidate(problem: PlanProblem, dp: Partition, cache: HeuCache
+                    ) -> tuple[Partition, tuple[RecomputePolicy, ...]] | None:
+    """Megatron-Core's own split (`megatron_partition`) with HEU's policies, when it differs from `dp` and
+    fits. The dp split balances parameters, which can lengthen the pipeline (an interleaved chunk with one
+    layer more than the others); the simulator judges both, so lynx's plan is never slower than HEU on the
+    split stock Megatron runs."""
+    try:
+        even = megatron_partition(problem)
+    except SpecError:
+        return None  # Megatron refuses the layout (the layers do not divide): no even split to try
+    if even.layers_per_stage == dp.layers_per_stage and even.chunks == dp.chunks:
+        return None
+    try:
+        return even, policies_for(problem, even, cache, explain=False)
+    except InfeasibleError:
+        return None
+
+
 def _interleaved_search(problem: PlanProblem, method: str, cache: HeuCache, t0: float,
                         refine_ok: bool = True, explain: bool = True) -> PlanResult:
     """Interleaved chunks: HEU on the dp split of the virtual stages, then (where one simulation is cheap)
@@ -98,15 +116,27 @@ def _interleaved_search(problem: PlanProblem, method: str, cache: HeuCache, t0: 
     searches over per-rank layer counts do not apply to chunks."""
     par = problem.parallel
     dp = base_partition(problem)
-    pols = policies_for(problem, dp, cache, explain)
+    even = _even_candidate(problem, dp, cache) if refine_ok else None
+    try:
+        pols = policies_for(problem, dp, cache, explain and even is None)
+    except InfeasibleError:
+        if even is None:
+            raise
+        pols = ()
     best_t, part, label = math.inf, dp, "dp"
+    if pols:
+        best_t = _iteration(problem, dp, pols) if refine_ok else math.inf
+    if even is not None:
+        t_even = _iteration(problem, even[0], even[1])
+        if t_even < best_t:
+            best_t, (part, pols), label = t_even, even, "even"
     if refine_ok and par.pp * par.num_microbatches * problem.options.vpp <= REFINE_MAX_ACTIONS:
-        best_t = _iteration(problem, dp, pols)
-        refined = _refine(problem, dp, best_t, cache)
+        refined = _refine(problem, part, best_t, cache)
         if refined is not None:
             best_t, part, pols = refined
             label = "refined"
     notes = (f"interleaved: dp split of the {len(dp.chunks)} virtual stages {dp}"
+             + (f", Megatron's even split {part} is faster ({best_t:.3f} s)" if label == "even" else "")
              + (f", refined by simulation to {part} ({best_t:.3f} s)" if label == "refined" else ""),
              f"HEU: {cache.solves} distinct stage problems ({cache.hits} cache hits), "
              f"{cache.solve_time_s * 1e3:.1f} ms solving")
@@ -154,6 +184,10 @@ finalists); `explain=False`: when nothing fits, say so without solving for each 
     for label, cand in (("dp", dp), ("greedy", search.greedy), ("exact", search.exact)):
         if cand is not None and cand.layers_per_stage not in cands:
             cands[cand.layers_per_stage] = (label, cand)
+    if refine_ok:  # Megatron's own split as a candidate too (`_even_candidate`); the search's screen skips it
+        even = _even_candidate(problem, dp, cache)
+        if even is not None and even[0].layers_per_stage not in cands:
+            cands[even[0].layers_per_stage] = ("even", even[0])
     measured: list[tuple[float, str, Partition, tuple[RecomputePolicy, ...]]] = []
     refine = refine_ok and par.pp * par.num_microbatches <= REFINE_MAX_ACTIONS
     for label, part in cands.values():
