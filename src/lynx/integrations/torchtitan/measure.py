@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from lynx.integrations.torchtitan._fence import dispatch_mode_base
 
 # Submodule of torchtitan 0.3.0's Llama3TransformerBlock -> the lynx op it computes (families.titan).
 MODULE_OPS: dict[str, str] = {
@@ -30,7 +31,7 @@ LOOSE_OPS: dict[tuple[str, str, int], str] = {
 }
 
 
-class _Tagger(TorchDispatchMode):
+class _Tagger(dispatch_mode_base()):  # type: ignore[misc]
     def __init__(self, where: Callable[[], str]) -> None:
         super().__init__()
         self.where = where
