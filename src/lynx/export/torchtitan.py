@@ -217,7 +217,9 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
             "module_fqns_per_model_part": module_fqns(lay),
         },
         "training": {"local_batch_size": par.global_batch_size // par.dp,
-                     "global_batch_size": par.global_batch_size, "seq_len": par.seq_length},
+                     "global_batch_size": par.global_batch_size, "seq_len": par.seq_length,
+                     # torchtitan 0.3.0 refuses CUDA graphs with a pipeline (Trainer.Config._validate_cuda_graphs)
+                     **({"disable_cuda_graphs": True} if lay.pp > 1 else {})},
     }
     table = {"family": src.family, "method": src.result.method, "layers": layers}
     rows = schedule_rows(lay.pp, lay.vpp, par.num_microbatches)
