@@ -24,9 +24,13 @@ class TorchtitanVersionError(RuntimeError):
 
 
 def check_versions() -> None:
-    import torchtitan
+    from importlib.metadata import PackageNotFoundError, version
 
-    have = {"torchtitan": str(getattr(torchtitan, "__version__", "?")), "torch": torch.__version__}
+    try:
+        titan = version("torchtitan")
+    except PackageNotFoundError:
+        raise TorchtitanVersionError("lynx.integrations.torchtitan: torchtitan is not installed") from None
+    have = {"torchtitan": titan, "torch": torch.__version__}
     bad = [f"{k} {have[k]} (tested: {v})" for k, v in TESTED.items() if not have[k].startswith(v)]
     if bad and os.environ.get("LYNX_TORCHTITAN_UNPINNED") != "1":
         raise TorchtitanVersionError(
@@ -68,13 +72,14 @@ class BlockParts:
 
 def block_parts(block: nn.Module) -> BlockParts:
     """Read a torchtitan Llama 3 block; a clear error when it is not shaped like 0.3.0's."""
+    b: Any = block  # torchtitan's modules, read by attribute name (not typed: not an API)
     try:
-        att, ffn = block.attention, block.feed_forward
+        att, ffn = b.attention, b.feed_forward
         qkv = att.qkv_linear
         parts = BlockParts(
-            dim=int(block.attention_norm.normalized_shape[0]),
-            norm1_weight=block.attention_norm.weight, norm1_eps=block.attention_norm.eps,
-            norm2_weight=block.ffn_norm.weight, norm2_eps=block.ffn_norm.eps,
+            dim=int(b.attention_norm.normalized_shape[0]),
+            norm1_weight=b.attention_norm.weight, norm1_eps=b.attention_norm.eps,
+            norm2_weight=b.ffn_norm.weight, norm2_eps=b.ffn_norm.eps,
             wqkv=qkv.wqkv.weight, wo=att.wo.weight, w1=ffn.w1.weight, w2=ffn.w2.weight, w3=ffn.w3.weight,
             heads_per_kv=int(qkv.heads_per_kv), r_dim=int(qkv.r_dim), head_dim=int(att.head_dim),
             n_heads=int(att.n_heads), n_kv_heads=int(att.n_kv_heads), scaling=att.scaling,

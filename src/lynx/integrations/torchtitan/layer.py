@@ -83,7 +83,7 @@ class TitanLayer(OpLayer):
 
     def _core(self, rope: torch.Tensor, v: torch.Tensor, mb: int) -> torch.Tensor:
         q, k = rope[:, :, :self.heads_local], rope[:, :, self.heads_local:]
-        out = _fence.inner_attention(self.parts, q, k, v, self.context.get(mb, (None, None))[0])
+        out: torch.Tensor = _fence.inner_attention(self.parts, q, k, v, self.context.get(mb, (None, None))[0])
         return out.contiguous().flatten(2)
 
     def _op(self, name: str) -> OpFn:
