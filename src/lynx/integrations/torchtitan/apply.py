@@ -70,7 +70,13 @@ class LynxTorchtitan:
         return self.engine.stats
 
     def _install(self) -> None:
+        own = [b.forward for b in self.blocks]  # torchtitan's (its parallelize may have wrapped them)
+
         def run(x: torch.Tensor, attention_masks: Any = None, positions: Any = None) -> torch.Tensor:
+            if x.is_meta:  # torch.distributed.pipelining's shape inference: no engine, no micro-batch
+                for f in own:
+                    x = f(x, attention_masks, positions)
+                return x
             mb = self._microbatch
             self._microbatch += 1
             for layer in self.layers:
@@ -80,6 +86,7 @@ class LynxTorchtitan:
         def passthrough(x: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
             return x
 
+        self._own = own
         self.blocks[0].forward = run
         for b in self.blocks[1:]:
             b.forward = passthrough
@@ -93,8 +100,8 @@ class LynxTorchtitan:
 
     def remove(self) -> None:
         """Give the blocks their own forward back."""
-        for b in self.blocks:
-            b.__dict__.pop("forward", None)
+        for b, f in zip(self.blocks, self._own, strict=True):
+            b.forward = f
 
 
 def apply_lynx_plan(model_part: nn.Module, plan: str | Path | Mapping[int, LayerPolicy],
