@@ -19,6 +19,21 @@ from torch import nn
 TESTED = {"torchtitan": "0.3.0", "torch": "2.13"}
 
 
+# Submodule of torchtitan 0.3.0's Llama3TransformerBlock -> the lynx op it computes (families.titan).
+MODULE_OPS: dict[str, str] = {
+    "attention_norm": "rmsnorm1", "attention.qkv_linear": "qkv", "attention.rope": "rope",
+    "attention.inner_attention": "core_attn", "attention.wo": "attn_proj", "ffn_norm": "rmsnorm2",
+    "feed_forward.w1": "gate", "feed_forward.w3": "up", "feed_forward.w2": "down",
+}
+# Ops run directly in a parent module: (module, aten op name, k-th call) -> lynx op. FusedQKVLinear copies
+# q, k, v out of the fused GEMM (three clones, V last); FeedForward computes silu(w1 x) * w3 x itself.
+LOOSE_OPS: dict[tuple[str, str, int], str] = {
+    ("attention.qkv_linear", "clone", 0): "q_copy", ("attention.qkv_linear", "clone", 1): "k_copy",
+    ("attention.qkv_linear", "clone", 2): "v_copy", ("feed_forward", "silu", 0): "silu",
+    ("feed_forward", "mul", 0): "swiglu",
+}
+
+
 class TorchtitanVersionError(RuntimeError):
     pass
 
