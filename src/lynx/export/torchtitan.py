@@ -148,6 +148,7 @@ def price_on_torchtitan(src: ExportSource, layers: list[dict[str, Any]]) -> tupl
     from dataclasses import replace
 
     from lynx.api import make_problem
+    from lynx.errors import SpecError
     from lynx.export.pricing import simulate_lynx
     from lynx.policy.base import RecomputePolicy
     from lynx.problem import PlanResult
@@ -158,7 +159,11 @@ def price_on_torchtitan(src: ExportSource, layers: list[dict[str, Any]]) -> tupl
     p = src.problem
     _, shard = dp_degrees(src)
     opts = replace(p.options, precision="megatron-bf16", bytes_per_param=None, distributed_optimizer=shard > 1)
-    tp = make_problem(replace(p.model, family=TITAN), p.hardware, p.parallel, opts)
+    try:
+        tp = make_problem(replace(p.model, family=TITAN), p.hardware, p.parallel, opts)
+    except SpecError as e:  # e.g. context parallelism, which the torchtitan family does not model
+        return (replace(mine, label="lynx plan", setting=f"{src.result.method} as planned; torchtitan not "
+                        f"priced: {e}"),)
     per_layer = titan_policies(tp.graph, src.family, layers)
     lay, pp, starts = src.layout, src.layout.pp, [0]
     for n in lay.layers:
@@ -234,6 +239,8 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
         notes.insert(0, "WARNING: torchtitan's priced memory does not fit: " + "; ".join(over) + " (plan for "
                      f"torchtitan's kernels: a model file with `family: {TITAN}`, and --distributed-optimizer "
                      "so FSDP shards over DP)")
+    elif len(figures) == 1 and src.family in ("llama", TITAN):
+        notes.append(f"not priced for torchtitan: {figures[0].setting.split('not priced: ', 1)[-1]}")
     elif src.family == "llama":
         notes.append(f"priced for Megatron's fused kernels; torchtitan's eager block keeps more (the torchtitan "
                      f"row); plan with `family: {TITAN}` to plan for it")
