@@ -36,7 +36,7 @@ def one_torch_thread():  # type: ignore[no-untyped-def]
 # the case of its kind that stays in the default run. `python -m pytest -m ""` runs them all.
 SLOW_CASES: dict[str, str] = {
     "integration/test_torchtitan_pp_tp.py::test_pp2_tp2_loss_and_grads_equal_torchtitans_own":
-        "test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[windows-1f1b] (PP) and the TP window test",
+        "test_pp2_loss_and_grads_equal_torchtitans_own[windows-1f1b] (PP) and the TP window test",
     "integration/test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[windows-gpipe]":
         "test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[windows-1f1b]",
     "integration/test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[full-1f1b]":
