@@ -19,7 +19,6 @@ def _plan_file(tmp_path: Path, family: str) -> Path:
     from lynx.api import plan as plan_with
     from lynx.problem import PlanOptions
     from lynx.spec import load_hardware
-
     from tests.integration.test_torchtitan_tp import titan_graph
 
     _, m, par = titan_graph(1)
