@@ -35,6 +35,24 @@ def one_torch_thread():  # type: ignore[no-untyped-def]
 # The default run stays under 8 minutes on 2 cores (README, "Tests"): these cases are marked `slow`, each with
 # the case of its kind that stays in the default run. `python -m pytest -m ""` runs them all.
 SLOW_CASES: dict[str, str] = {
+    "integration/test_torchtitan_pp_tp.py::test_pp2_tp2_loss_and_grads_equal_torchtitans_own":
+        "test_pp2_loss_and_grads_equal_torchtitans_own[windows-1f1b] (PP) and the TP window test",
+    "integration/test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[windows-gpipe]":
+        "test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[windows-1f1b]",
+    "integration/test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[full-1f1b]":
+        "test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[windows-1f1b]",
+    "integration/test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[none-1f1b]":
+        "test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[windows-1f1b]",
+    "integration/test_torchtitan_tp.py::test_tp2_loss_and_grads_equal_torchtitans_own[none]":
+        "test_torchtitan_tp.py::test_tp2_every_window_restores_what_the_plan_put_there (bitwise too)",
+    "integration/test_torchtitan_tp.py::test_tp2_loss_and_grads_equal_torchtitans_own[full]":
+        "test_torchtitan_tp.py::test_tp2_every_window_restores_what_the_plan_put_there (bitwise too)",
+    "integration/test_torchtitan_tp.py::test_tp2_loss_and_grads_equal_torchtitans_own[selective]":
+        "test_torchtitan_tp.py::test_tp2_every_window_restores_what_the_plan_put_there (bitwise too)",
+    "integration/test_torchtitan_tp.py::test_tp2_loss_and_grads_equal_torchtitans_own[windows]":
+        "test_torchtitan_tp.py::test_tp2_every_window_restores_what_the_plan_put_there (bitwise too)",
+    "integration/test_torchtitan_tp.py::test_tp2_loss_and_grads_equal_torchtitans_own[lynx]":
+        "test_torchtitan_tp.py::test_tp2_every_window_restores_what_the_plan_put_there (bitwise too)",
     "integration/test_runtime_llama_train.py::test_llama_pipeline_trains_as_the_single_process_run[1-2]":
         "test_runtime_pipeline.py::test_llama_pp2_tp2_lynx_bitwise (LLaMA in the pipeline, bitwise)",
     "integration/test_runtime_pipeline_train.py::test_host_staged_p2p_trains_as_the_direct_one":

@@ -94,7 +94,8 @@ def torchtitan_cmd(
     exp = build_torchtitan(load_source(plan_file))
     paths = write_torchtitan(exp, out)
     if as_json:
-        print_json(exp.config | {"notes": list(exp.notes), "files": [str(p) for p in paths]})
+        print_json(exp.config | {"notes": list(exp.notes), "files": [str(p) for p in paths],
+                                 "figures": [f.to_dict() for f in exp.figures], "fits": exp.fits})
         return
     par = exp.config["parallelism"]
     console.print(f"[bold]torchtitan[/bold]: PP {par['pipeline_parallel_degree']}, "
@@ -107,6 +108,8 @@ def torchtitan_cmd(
         console.print(f"  part {i}: {part[0]} .. {part[-1]} ({len(part)} modules); blocks: {ac}", markup=False)
     for n in exp.notes:
         console.print(f"  note: {n}", markup=False)
+    if exp.figures:
+        console.print(figures_table(exp.figures, f"{plan_file}: predicted by lynx's simulator"))
     for p in paths:
         err_console.print(f"wrote {p}")
 

@@ -17,14 +17,25 @@ from pathlib import Path
 from typing import Any
 
 from lynx.export.layout import ChunkLayout
+from lynx.export.pricing import Figures
 from lynx.export.schedule_csv import schedule_rows, to_csv
 from lynx.export.source import ExportSource
 from lynx.graph import LayerGraph
 from lynx.policy.base import LayerPolicy, Phase
 
+TITAN = "torchtitan-llama3"
+"""The family of torchtitan's Llama 3 block priced for its own eager kernels (`lynx.families.titan`)."""
 CONFIG_FILE = "torchtitan_config.json"
 CSV_FILE = "lynx_schedule.csv"
 AC_FILE = "lynx_torchtitan_ac.py"
+REGISTRY_FILE = "lynx_torchtitan_registry.py"
+REGISTRY_FUNCTION = "lynx_plan"
+# torchtitan 0.3.0's Llama 3 flavors (torchtitan/models/llama3/__init__.py) and their config_registry functions
+# (torchtitan/models/llama3/config_registry.py), by (hidden size, layers, FFN width, query heads, KV heads).
+TITAN_FLAVORS: dict[tuple[int, int, int, int, int], str] = {
+    (4096, 32, 14336, 32, 8): "llama3_8b", (8192, 80, 28672, 64, 8): "llama3_70b",
+    (16384, 126, 53248, 128, 8): "llama3_405b",
+}
 
 # The lynx op each aten-op category's k-th call in one block's forward produces (see the AC module's
 # docstring). Residual adds, rotary embeddings and other elementwise ops are not named: always recomputed.
@@ -36,6 +47,15 @@ ORDER: dict[str, dict[str, list[str]]] = {
     # feed_forward computes w2(silu(w1(x)) * w3(x)), so its matmuls run w1, w3, w2.
     "llama": {"norm": ["rmsnorm1", "rmsnorm2"], "mm": ["qkv", "attn_proj", "gate_up", "gate_up", "down"],
               "sdpa": ["core_attn"], "silu": ["swiglu"]},
+    # The same block priced for torchtitan's own eager kernels (lynx.families.titan): w1, w3 are gate, up; the
+    # product silu(w1 x) * w3 x (swiglu) is an elementwise mul, not named.
+    TITAN: {"norm": ["rmsnorm1", "rmsnorm2"], "mm": ["qkv", "attn_proj", "gate", "up", "down"],
+            "sdpa": ["core_attn"], "silu": ["silu"]},
+}
+# What the AC module's MUST_SAVE of a LLaMA plan's op keeps in torchtitan's block (ORDER above, read backwards).
+LLAMA_TO_TITAN: dict[str, tuple[str, ...]] = {
+    "rmsnorm1": ("rmsnorm1",), "qkv": ("qkv",), "core_attn": ("core_attn",), "attn_proj": ("attn_proj",),
+    "rmsnorm2": ("rmsnorm2",), "gate_up": ("gate", "up"), "swiglu": ("silu",), "down": ("down",),
 }
 
 
@@ -71,6 +91,92 @@ class TorchtitanExport:
     ac_table: dict[str, Any]
     csv_rows: list[list[str]]
     notes: tuple[str, ...]
+    figures: tuple[Figures, ...] = ()
+    """The plan as lynx priced it, then as torchtitan runs the export (its kernels, its FSDP, the AC module)."""
+    base_config: str | None = None
+    """torchtitan's config_registry function for this model's shape (None: the user names theirs)."""
+
+    @property
+    def fits(self) -> bool:
+        return all(f.fits for f in self.figures[1:])
+
+
+def dp_degrees(src: ExportSource) -> tuple[int, int]:
+    """torchtitan's (data_parallel_replicate_degree, data_parallel_shard_degree) for the plan's optimizer-state
+    assumption. torchtitan 0.3.0 always wraps the model in FSDP (models/llama3/parallelize.py: "Always run
+    apply_fsdp_to_decoder"); with a pipeline it keeps the 16-bit parameters unsharded through the step
+    (fsdp_reshard_after_forward "default": not with PP) and accumulates gradients unsharded in fp32
+    (FSDPParam.unsharded_accumulated_grad, reduce_dtype) until the last micro-batch, while fp32 parameters and
+    Adam's two moments stay sharded: 2 + 4 + 12/shard bytes per parameter, Megatron's bf16 distributed optimizer
+    (2 + 4 + 12/d). A plan that assumes the distributed optimizer therefore gets shard = DP; one that prices
+    replicated optimizer state gets replicate = DP, shard 1 (HSDP that shards nothing: 2 + 4 + 12 = 18 bytes
+    per parameter, as Megatron's replicated bf16 recipe)."""
+    dp = src.problem.parallel.dp
+    return (1, dp) if src.problem.options.distributed_optimizer and dp > 1 else (dp, 1)
+
+
+def base_config_name(src: ExportSource) -> str | None:
+    m = src.problem.model
+    return TITAN_FLAVORS.get((m.hidden_size, m.num_layers, m.ffn_hidden_size, m.num_attention_heads,
+                              m.num_query_groups))
+
+
+def titan_policies(graph: LayerGraph, family: str, layers: list[dict[str, Any]]) -> list[LayerPolicy]:
+    """What the exported AC module leaves torchtitan's block (priced on `graph`, family torchtitan-llama3):
+    `none` keeps everything, `full` keeps the input, `selective` keeps the outputs of the ops its policy
+    marks MUST_SAVE (a LLaMA plan's names read through `LLAMA_TO_TITAN`) and recomputes the rest on demand."""
+    from lynx.policy.rules import full_layer, keep_all, on_demand
+
+    out = []
+    for e in layers:
+        if e["mode"] == "none":
+            out.append(keep_all(graph))
+        elif e["mode"] == "full":
+            out.append(full_layer(graph))
+        else:
+            names = {n for k in e["keep"] for n in (LLAMA_TO_TITAN.get(k, ()) if family == "llama" else (k,))}
+            named = {n for ns in ORDER[TITAN].values() for n in ns}
+            out.append(on_demand(graph, frozenset(names & named)))
+    return out
+
+
+def price_on_torchtitan(src: ExportSource, layers: list[dict[str, Any]]) -> tuple[Figures, ...]:
+    """The plan as lynx priced it, and the export as torchtitan runs it: the model re-priced for torchtitan's
+    eager kernels (family torchtitan-llama3), static memory for torchtitan's FSDP with the export's shard
+    degree (`dp_degrees`), the AC module's per-layer decisions, all recomputation on demand. () for a family
+    torchtitan has no block for."""
+    from dataclasses import replace
+
+    from lynx.api import make_problem
+    from lynx.errors import SpecError
+    from lynx.export.pricing import simulate_lynx
+    from lynx.policy.base import RecomputePolicy
+    from lynx.problem import PlanResult
+
+    mine = simulate_lynx(src.problem, src.result)
+    if src.family not in ("llama", TITAN):
+        return (mine,)
+    p = src.problem
+    _, shard = dp_degrees(src)
+    opts = replace(p.options, precision="megatron-bf16", bytes_per_param=None, distributed_optimizer=shard > 1)
+    try:
+        tp = make_problem(replace(p.model, family=TITAN), p.hardware, p.parallel, opts)
+    except SpecError as e:  # e.g. context parallelism, which the torchtitan family does not model
+        return (replace(mine, label="lynx plan", setting=f"{src.result.method} as planned; torchtitan not "
+                        f"priced: {e}"),)
+    per_layer = titan_policies(tp.graph, src.family, layers)
+    lay, pp, starts = src.layout, src.layout.pp, [0]
+    for n in lay.layers:
+        starts.append(starts[-1] + n)
+    chunks = [per_layer[starts[v]:starts[v + 1]] for v in range(len(lay.layers))]
+    ranks = [[lp for c in range(lay.vpp) for lp in chunks[c * pp + r]] for r in range(pp)]
+    result = PlanResult("torchtitan-ac", src.result.partition,
+                        tuple(RecomputePolicy("torchtitan-ac", tuple(r)) for r in ranks))
+    fig = simulate_lynx(tp, result)
+    setting = (f"eager kernels, FSDP shard {shard}, AC module on demand" if shard > 1
+               else "eager kernels, FSDP shard 1 (nothing sharded), AC module on demand")
+    return (replace(mine, label="lynx plan", setting=f"{src.result.method} as planned"),
+            replace(fig, label="torchtitan", setting=setting))
 
 
 def _notes(src: ExportSource, layers: list[dict[str, Any]]) -> list[str]:
@@ -103,11 +209,12 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
         raise SpecError(f"torchtitan export: no aten-op mapping for the {src.family!r} family")
     graph, lay, par = src.problem.graph, src.layout, src.problem.parallel
     layers = [layer_entry(graph, lp) for pol in src.policies for lp in pol.layers]
+    replicate, shard = dp_degrees(src)
     config = {
         "parallelism": {
             "pipeline_parallel_degree": lay.pp, "tensor_parallel_degree": par.tp,
             "enable_sequence_parallel": par.sequence_parallel,
-            "data_parallel_replicate_degree": par.dp, "data_parallel_shard_degree": 1,
+            "data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
             **({"context_parallel_degree": par.cp} if par.cp > 1 else {}),
             "pipeline_parallel_schedule": "1F1B" if lay.vpp == 1 else "Interleaved1F1B",
             "pipeline_parallel_schedule_csv": CSV_FILE,
@@ -115,7 +222,9 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
             "module_fqns_per_model_part": module_fqns(lay),
         },
         "training": {"local_batch_size": par.global_batch_size // par.dp,
-                     "global_batch_size": par.global_batch_size, "seq_len": par.seq_length},
+                     "global_batch_size": par.global_batch_size, "seq_len": par.seq_length,
+                     # torchtitan 0.3.0 refuses CUDA graphs with a pipeline (Trainer.Config._validate_cuda_graphs)
+                     **({"disable_cuda_graphs": True} if lay.pp > 1 else {})},
     }
     table = {"family": src.family, "method": src.result.method, "layers": layers}
     rows = schedule_rows(lay.pp, lay.vpp, par.num_microbatches)
@@ -123,7 +232,26 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
     if par.cp > 1 and par.cp_comm_type != "p2p":
         notes.append(f"context_parallel_degree {par.cp}: torchtitan runs PyTorch's ring attention (context_parallel), "
                      f"not Megatron's --cp-comm-type {par.cp_comm_type} the plan priced")
-    return TorchtitanExport(src, config, table, rows, tuple(notes))
+    figures = price_on_torchtitan(src, layers)
+    if len(figures) > 1 and not figures[1].fits:
+        over = [f"stage {st.stage} {st.peak_bytes / 2**30:.1f} GiB > {st.budget_bytes / 2**30:.1f}"
+                for st in figures[1].stages if not st.fits]
+        notes.insert(0, "WARNING: torchtitan's priced memory does not fit: " + "; ".join(over) + " (plan for "
+                     f"torchtitan's kernels: a model file with `family: {TITAN}`, and --distributed-optimizer "
+                     "so FSDP shards over DP)")
+    elif len(figures) == 1 and src.family in ("llama", TITAN):
+        notes.append(f"not priced for torchtitan: {figures[0].setting.split('not priced: ', 1)[-1]}")
+    elif src.family == "llama":
+        notes.append(f"priced for Megatron's fused kernels; torchtitan's eager block keeps more (the torchtitan "
+                     f"row); plan with `family: {TITAN}` to plan for it")
+    if shard == 1 and par.dp > 1:
+        notes.append(f"the plan prices replicated optimizer state: data_parallel_replicate_degree {par.dp}, "
+                     "shard 1 (torchtitan's FSDP then shards nothing)")
+    base = base_config_name(src)
+    if base is None:
+        notes.append(f"no torchtitan llama3 flavor has this model's shape: set BASE in {REGISTRY_FILE} to your "
+                     "own config_registry function")
+    return TorchtitanExport(src, config, table, rows, tuple(notes), figures, base)
 
 
 def render_ac(exp: TorchtitanExport) -> str:
@@ -140,10 +268,18 @@ def render_ac(exp: TorchtitanExport) -> str:
     return text
 
 
+def render_registry(exp: TorchtitanExport) -> str:
+    text = (resources.files("lynx.export") / "templates" / "torchtitan_registry.py.tmpl").read_text()
+    marker = "BASE: str | None = None  # lynx:base"
+    if marker not in text:
+        raise RuntimeError("torchtitan registry template lost its lynx:base marker")
+    return text.replace(marker, f"BASE: str | None = {exp.base_config!r}  # written by `lynx export torchtitan`")
+
+
 def write_torchtitan(exp: TorchtitanExport, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {CONFIG_FILE: json.dumps(exp.config, indent=2) + "\n", CSV_FILE: to_csv(exp.csv_rows),
-             AC_FILE: render_ac(exp)}
+             AC_FILE: render_ac(exp), REGISTRY_FILE: render_registry(exp)}
     paths = []
     for name, text in files.items():
         p = out_dir / name

@@ -7,9 +7,9 @@ from lynx.families.base import Family
 
 
 def _families() -> dict[str, Family]:
-    from lynx.families import gpt, llama, mcore
+    from lynx.families import gpt, llama, mcore, titan
 
-    return {"gpt": gpt.FAMILY, "llama": llama.FAMILY, "mcore": mcore.FAMILY}
+    return {"gpt": gpt.FAMILY, "llama": llama.FAMILY, "mcore": mcore.FAMILY, titan.NAME: titan.FAMILY}
 
 
 def family_names() -> tuple[str, ...]:

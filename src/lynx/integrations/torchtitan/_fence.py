@@ -1,0 +1,131 @@
+"""The one module of lynx.integrations.torchtitan that touches anything private: torchtitan's block layout (its
+attribute names are not an API), torch's ``TorchDispatchMode`` (``torch.utils._python_dispatch``), and the
+version pins. Everything else in the package goes through here.
+
+Tested with torchtitan 0.3.0 and torch 2.13; other versions are refused with one line naming both (set
+``LYNX_TORCHTITAN_UNPINNED=1`` to try anyway: the parity tests in tests/integration/test_torchtitan_*.py say
+whether the block still computes what torchtitan computes).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+TESTED = {"torchtitan": "0.3.0", "torch": "2.13"}
+
+
+# Submodule of torchtitan 0.3.0's Llama3TransformerBlock -> the lynx op it computes (families.titan).
+MODULE_OPS: dict[str, str] = {
+    "attention_norm": "rmsnorm1", "attention.qkv_linear": "qkv", "attention.rope": "rope",
+    "attention.inner_attention": "core_attn", "attention.wo": "attn_proj", "ffn_norm": "rmsnorm2",
+    "feed_forward.w1": "gate", "feed_forward.w3": "up", "feed_forward.w2": "down",
+}
+# Ops run directly in a parent module: (module, aten op name, k-th call) -> lynx op. FusedQKVLinear copies
+# q, k, v out of the fused GEMM (three clones, V last); FeedForward computes silu(w1 x) * w3 x itself.
+LOOSE_OPS: dict[tuple[str, str, int], str] = {
+    ("attention.qkv_linear", "clone", 0): "q_copy", ("attention.qkv_linear", "clone", 1): "k_copy",
+    ("attention.qkv_linear", "clone", 2): "v_copy", ("feed_forward", "silu", 0): "silu",
+    ("feed_forward", "mul", 0): "swiglu",
+}
+
+
+class TorchtitanVersionError(RuntimeError):
+    pass
+
+
+def check_versions() -> None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        titan = version("torchtitan")
+    except PackageNotFoundError:
+        raise TorchtitanVersionError("lynx.integrations.torchtitan: torchtitan is not installed") from None
+    have = {"torchtitan": titan, "torch": torch.__version__}
+    bad = [f"{k} {have[k]} (tested: {v})" for k, v in TESTED.items() if not have[k].startswith(v)]
+    if bad and os.environ.get("LYNX_TORCHTITAN_UNPINNED") != "1":
+        raise TorchtitanVersionError(
+            "lynx.integrations.torchtitan: untested " + ", ".join(bad) + "; it reads torchtitan's block layout "
+            "(lynx/integrations/torchtitan/_fence.py). Set LYNX_TORCHTITAN_UNPINNED=1 to try anyway")
+
+
+def dispatch_mode_base() -> type:
+    """torch's TorchDispatchMode (a private module in torch 2.13)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
+@dataclass(frozen=True)
+class BlockParts:
+    """What lynx needs of one torchtitan 0.3.0 Llama3TransformerBlock (local shards after TP)."""
+
+    dim: int
+    norm1_weight: nn.Parameter
+    norm1_eps: float | None
+    norm2_weight: nn.Parameter
+    norm2_eps: float | None
+    wqkv: nn.Parameter
+    wo: nn.Parameter
+    w1: nn.Parameter
+    w2: nn.Parameter
+    w3: nn.Parameter
+    heads_per_kv: int
+    r_dim: int
+    head_dim: int
+    n_heads: int
+    n_kv_heads: int
+    scaling: float | None
+    enable_gqa: bool
+    rope: nn.Module
+    inner_attention: nn.Module
+
+
+def block_parts(block: nn.Module) -> BlockParts:
+    """Read a torchtitan Llama 3 block; a clear error when it is not shaped like 0.3.0's."""
+    b: Any = block  # torchtitan's modules, read by attribute name (not typed: not an API)
+    try:
+        att, ffn = b.attention, b.feed_forward
+        qkv = att.qkv_linear
+        parts = BlockParts(
+            dim=int(b.attention_norm.normalized_shape[0]),
+            norm1_weight=b.attention_norm.weight, norm1_eps=b.attention_norm.eps,
+            norm2_weight=b.ffn_norm.weight, norm2_eps=b.ffn_norm.eps,
+            wqkv=qkv.wqkv.weight, wo=att.wo.weight, w1=ffn.w1.weight, w2=ffn.w2.weight, w3=ffn.w3.weight,
+            heads_per_kv=int(qkv.heads_per_kv), r_dim=int(qkv.r_dim), head_dim=int(att.head_dim),
+            n_heads=int(att.n_heads), n_kv_heads=int(att.n_kv_heads), scaling=att.scaling,
+            enable_gqa=bool(att.enable_gqa), rope=att.rope, inner_attention=att.inner_attention,
+        )
+    except AttributeError as e:
+        raise TypeError(f"lynx.integrations.torchtitan: {type(block).__name__} is not torchtitan 0.3.0's "
+                        f"Llama3TransformerBlock with a fused QKV projection ({e})") from None
+    for name in ("q_norm", "k_norm"):
+        if getattr(att, name, None) is not None:
+            raise TypeError(f"lynx.integrations.torchtitan: the block has {name} (Qwen3-style); not modelled")
+    for p in (parts.wqkv, parts.wo, parts.w1, parts.w2, parts.w3):
+        if type(p).__name__ == "DTensor" or hasattr(p, "placements"):
+            raise TypeError("lynx.integrations.torchtitan: DTensor parameters (parallelism.spmd_backend "
+                            "partial_dtensor/full_dtensor, or FSDP) are not supported; use torchtitan 0.3.0's "
+                            "default spmd_types backend without FSDP")
+    return parts
+
+
+def rope(parts: BlockParts, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor | None) -> Any:
+    """torchtitan's RoPE module on (q, k) (its forward, without the module's hooks)."""
+    return parts.rope.forward(q, k, positions)
+
+
+def inner_attention(parts: BlockParts, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: Any) -> Any:
+    """torchtitan's inner attention (SDPA or FlexAttention), as GQAttention.forward calls it."""
+    return parts.inner_attention.forward(q, k, v, attention_masks=masks, scale=parts.scaling,
+                                         enable_gqa=parts.enable_gqa)
+
+
+def is_fsdp(module: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)

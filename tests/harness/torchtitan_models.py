@@ -1,0 +1,42 @@
+"""torchtitan's own Llama 3 debug model, built for CPU tests (requires torchtitan; tests importorskip it).
+
+torchtitan 0.3.0 refuses ``attn_backend="sdpa"`` for language models and its default FlexAttention is compiled
+with inductor, which CPU tests cannot afford; its ``ScaledDotProductAttention`` module (still shipped, used by
+Flux) is put in each block instead. Without attention masks it runs causal SDPA, the same math.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+
+def debug_config(n_layers: int = 6, n_kv_heads: int | None = None, dim: int = 256, n_heads: int = 16,
+                 vocab: int = 2048) -> Any:
+    from torch import nn
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.common.config_utils import make_gqa_config
+    from torchtitan.models.llama3 import llama3_configs
+
+    cfg = llama3_configs["debugmodel"](attn_backend="flex")
+    cfg.layers = cfg.layers[:n_layers]
+    assert cfg.dim == dim and cfg.vocab_size == vocab
+    init = {"weight": partial(nn.init.trunc_normal_, std=0.02)}
+    for layer in cfg.layers:
+        att = layer.attention
+        if n_kv_heads is not None:
+            layer.attention = make_gqa_config(dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, wqkv_param_init=init,
+                                              wo_param_init=init, inner_attention=ScaledDotProductAttention.Config(),
+                                              rope=att.rope, fuse_qkv=True)
+        else:
+            att.inner_attention = ScaledDotProductAttention.Config()
+    return cfg
+
+
+def debug_model(n_layers: int = 6, n_kv_heads: int | None = None, seed: int = 0) -> Any:
+    import torch
+
+    torch.manual_seed(seed)
+    model = debug_config(n_layers, n_kv_heads).build()
+    model.init_states()
+    return model
