@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lynx.paths import write_text
@@ -64,6 +64,9 @@ class RankRecord:
     records: tuple[IterRecord, ...]
     events: tuple[Any, ...]
     predicted: dict[int, StagePrediction]
+    master_dtypes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """After the last step: the dtypes of this rank's parameters, gradients and AdamW state ("params",
+    "grads", "optimizer"); fp32 under mixed precision (master weights)."""
 
 
 def iter_record(it: int, warmup: bool, dt: float, runner: PipelineRunner, cuda: int | None) -> IterRecord:
@@ -120,6 +123,9 @@ def build(args: argparse.Namespace, rp: RunPlan, ranks: list[RankRecord], backen
         "plan": str(args.plan), "method": rp.method, "family": rp.problem.model.family,
         "tp": L.tp, "pp": L.pp, "dp": L.dp, "vpp": L.vpp, "num_layers": sum(L.layers_per_stage),
         "num_microbatches": L.num_microbatches, "device": args.device, "dtype": args.dtype, "backend": backend,
+        "precision": getattr(args, "precision", "fp32"),
+        "master_dtypes": {k: sorted({d for r in ranks for d in r.master_dtypes.get(k, ())})
+                          for k in ("params", "grads", "optimizer")},
         "p2p": "host memory" if host_staged else "direct",
         "config": {k: (str(v) if k == "dtype" else v) for k, v in asdict(rp.cfg).items()},
         "iterations": iters, "median_time_s": sorted(r["time_s"] for r in timed)[len(timed) // 2],

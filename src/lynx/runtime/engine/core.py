@@ -24,9 +24,11 @@ micro-batch schedule its caller drives (F0 F1 B0 F2 B1 ... or F0 B0 F1 B1 ...).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -68,6 +70,22 @@ class EngineStats:
         self.restored_in_window += 1
         if place is Place.COOLDOWN:
             self.cooldown_s += seconds
+
+
+def autocast_state(device_type: str) -> tuple[str, bool, torch.dtype] | None:
+    """Autocast on `device_type` now: (device type, enabled, dtype), or None where autocast does not apply."""
+    try:
+        return device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+    except (RuntimeError, TypeError, ValueError):
+        return None
+
+
+def replay_autocast(state: tuple[str, bool, torch.dtype] | None) -> contextlib.AbstractContextManager[Any]:
+    """Re-enter the autocast state a layer's forward ran under (a backward runs outside any autocast region)."""
+    if state is None:
+        return contextlib.nullcontext()
+    device_type, enabled, dtype = state
+    return torch.autocast(device_type, dtype=dtype, enabled=enabled)
 
 
 class RecomputeEngine:
@@ -122,7 +140,7 @@ class RecomputeEngine:
     def _layer_forward(self, li: int, layer: RuntimeLayer, x: torch.Tensor, mb: int) -> torch.Tensor:
         pol = self.policies[li]
         ckpt = li == 0 or pol.input_checkpoint
-        rec = Record(input=x if ckpt else None, input_rg=x.requires_grad)
+        rec = Record(input=x if ckpt else None, input_rg=x.requires_grad, amp=autocast_state(x.device.type))
         self._records[(li, mb)] = rec
         if ckpt:
             self._ledger.acquire(rec, x)
@@ -211,7 +229,8 @@ class RecomputeEngine:
         env = {d: v.detach().requires_grad_(rg[d] and v.is_floating_point()) for d, v in env.items()}
         self._replaying += 1
         try:
-            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(capture, lambda t: t):
+            with torch.enable_grad(), replay_autocast(rec.amp), \
+                    torch.autograd.graph.saved_tensors_hooks(capture, lambda t: t):
                 out = layer.run_op(op, env, mb)
         finally:
             self._replaying -= 1

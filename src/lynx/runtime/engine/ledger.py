@@ -35,6 +35,9 @@ class Record:
     """Ops whose output (or a view of it) autograd holds as a handle: backward will ask for it."""
     refs: dict[int, int] = field(default_factory=dict)
     """storage key -> how many times this record counts it in the ledger's running total."""
+    amp: tuple[str, bool, torch.dtype] | None = None
+    """(device type, enabled, dtype) of autocast when the layer's forward ran: a recomputation replays under it
+    (as `torch.utils.checkpoint` restores the autocast state), so mixed precision recomputes bit for bit."""
 
 
 class Ledger:
