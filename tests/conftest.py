@@ -67,6 +67,12 @@ SLOW_CASES: dict[str, str] = {
     "integration/test_runtime_engine.py::test_tp2_every_policy_bitwise_equal[False]":
         "test_runtime_llama.py::test_tp2_every_policy_bitwise_equal[False]",
     "integration/test_profile_cli.py::test_custom_shape_from_the_command_line": "the preset-shape profile cases",
+    "integration/test_runtime_vocab_parallel.py::test_tp2_sequence_parallel_ends":
+        "test_tp2_embedding_and_logits_bytes_equal_the_planners[gpt]",
+    "integration/test_runtime_vocab_parallel.py::test_tp2_embedding_and_logits_bytes_equal_the_planners[llama]":
+        "test_tp2_embedding_and_logits_bytes_equal_the_planners[gpt]",
+    "integration/test_runtime_precision.py::test_lynx_train_megatron_bf16_runs_and_keeps_fp32_master_weights":
+        "test_bf16_autocast_recomputes_bitwise_with_fp32_master_weights (the same autocast, in the runner)",
 }
 
 

@@ -18,6 +18,10 @@ the weight gradient, as Megatron does); anything not restored by then (phase 5, 
 1/2 with no later forward) is restored on demand when backward unpacks it. A comm op is only ever
 restored on demand (its collective then runs in backward on every rank, in the same order).
 
+A third choice beside keeping and recomputing: ops in a layer policy's `offload` set have what they save copied
+to the host after their forward and back one layer ahead of their backward (`engine/offload.py`); the ledger
+drops the bytes while they are out. Recomputation replays under the autocast state of the original forward.
+
 The engine does not know about pipeline stages: it runs whatever layers it is given, for whatever
 micro-batch schedule its caller drives (F0 F1 B0 F2 B1 ... or F0 B0 F1 B1 ...).
 """
