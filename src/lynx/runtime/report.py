@@ -37,6 +37,9 @@ class StageRecord:
     ondemand_s: float
     restored: dict[str, int]
     """Ops restored per place (fwd_attn, fwd_mlp, bwd_mlp, bwd_attn, cooldown, on_demand)."""
+    offloaded_bytes: int = 0
+    """Bytes the engine copied to the host (the policy's offloaded ops); 0 without offloading."""
+    host_peak_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ def iter_record(it: int, warmup: bool, dt: float, runner: PipelineRunner, cuda: 
         if st is None:
             continue
         stages[s] = StageRecord(st.peak_bytes, max(st.fwd_end_bytes, default=0), st.window_s, st.cooldown_s,
-                                st.ondemand_s, dict(st.by_window))
+                                st.ondemand_s, dict(st.by_window), st.offloaded_bytes, st.host_peak_bytes)
     loss = sum(runner.losses) / len(runner.losses) if runner.losses else None
     return IterRecord(it, warmup, dt, loss, stages, cuda)
 
@@ -108,7 +111,9 @@ def _stages(ranks: list[RankRecord], timed: int) -> dict[str, Any]:
                 "measured_act_after_fwd_bytes": recs[-1].act_after_fwd_bytes,
                 "predicted_act_after_fwd_bytes": pred.act_after_fwd_bytes, "in_flight": pred.in_flight,
                 "window_s": sum(x.window_s for x in recs) / n, "cooldown_s": sum(x.cooldown_s for x in recs) / n,
-                "ondemand_s": sum(x.ondemand_s for x in recs) / n, "restored": recs[-1].restored})
+                "ondemand_s": sum(x.ondemand_s for x in recs) / n, "restored": recs[-1].restored,
+                "offloaded_bytes": recs[-1].offloaded_bytes,
+                "measured_host_peak_bytes": max(x.host_peak_bytes for x in recs)})
     return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 
