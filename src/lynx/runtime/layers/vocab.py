@@ -95,7 +95,7 @@ class _VocabParallelCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         softmax, local, outside = ctx.saved_tensors
-        grad = softmax.clone()
+        grad = softmax  # in place, as Megatron-Core does: no second s b V / t fp32 buffer (one backward only)
         rows = torch.arange(grad.shape[0], device=grad.device)
         grad[rows, local] -= (~outside).to(grad.dtype)
         grad.mul_(g.unsqueeze(-1))
