@@ -61,7 +61,7 @@ def train_step(model: Any, num_microbatches: int, engine: RecomputeEngine | None
     so forward windows of later passes exist; PP = 1 training uses 1 (F0 B0 F1 B1 ...)."""
     cfg = model.cfg
     dev = next(model.parameters()).device
-    v = vocab or model.wte.shape[0]
+    v = vocab or getattr(model, "vocab_size", None) or model.wte.shape[0]  # wte is this TP rank's rows
     if batches is None:
         batches = [synthetic_batch(v, cfg.micro_batch_size, cfg.seq_length, j, seed, dev)
                    for j in range(num_microbatches)]

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, validate_layer_policy  # noqa: E402
 from lynx.runtime.engine import RecomputeEngine  # noqa: E402
+from lynx.runtime.launch import run_ranks  # noqa: E402
 from lynx.runtime.layers.llama import LlamaConfig, LlamaModel  # noqa: E402
 from tests.harness.check import (  # noqa: E402
     grads_of,
@@ -23,7 +24,6 @@ from tests.harness.check import (  # noqa: E402
     train_step,
 )
 from tests.policy_equality import compare_policies  # noqa: E402
-from tests.two_ranks import run_two_ranks  # noqa: E402
 
 LAYERS, VOCAB, MBS = 3, 64, 3
 RULES = ("none", "full", "selective", "uniform", "block", "mc-core_attn", "mc-mlp", "mc-layernorm",
@@ -148,7 +148,7 @@ def _tp2_summary(sp: bool, group: object) -> dict[str, object]:
 
 @pytest.mark.parametrize("sp", [False, True])
 def test_tp2_every_policy_bitwise_equal(sp: bool, tmp_path) -> None:
-    for rank, res in enumerate(run_two_ranks(functools.partial(_tp2_summary, sp), tmp_path)):
+    for rank, res in enumerate(run_ranks(functools.partial(_tp2_summary, sp), 2, tmp_path)):
         assert len(res) >= len(RULES)
         assert res.pop("saved_mismatch") == [], rank
         for name, r in res.items():

@@ -7,8 +7,7 @@ and TP 2 (two gloo processes), the engine's measured peak of held activation byt
 
 from __future__ import annotations
 
-import os
-import socket
+import functools
 from dataclasses import replace
 from typing import Any
 
@@ -131,41 +130,14 @@ def test_uniform2_holds_both_layers() -> None:
     assert res["uniform(2)"][1] > res["uniform(1)"][1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _worker(rank: int, port: int, family: str, outdir: str) -> None:
-    import datetime
-    import json
-
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=60))
-    torch.set_num_threads(1)
-    try:
-        cfg = replace(GPT if family == "gpt" else LLAMA, tp=2)
-        res = measure(family, cfg, dist.group.WORLD)
-        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-            json.dump(res, f)
-        dist.barrier()
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    os._exit(0)  # as test_runtime_engine: gloo's destructors may abort a rank after a clean run
+def _tp2_measure(family: str, group: Any) -> dict[str, Any]:
+    return measure(family, replace(GPT if family == "gpt" else LLAMA, tp=2), group)
 
 
 @pytest.mark.parametrize("family", ["gpt", "llama"])
 def test_tp2_measured_peak_within_5_percent_below_predicted(family: str, tmp_path: Any) -> None:
-    import json
+    from lynx.runtime.launch import run_ranks
 
-    import torch.multiprocessing as mp
-
-    mp.spawn(_worker, args=(_free_port(), family, str(tmp_path)), nprocs=2, join=True)
-    for rank in (0, 1):
-        res = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    for rank, res in enumerate(run_ranks(functools.partial(_tp2_measure, family), 2, tmp_path)):
         assert len(res) >= 13
         check({k: (v[0], v[1]) for k, v in res.items()}, f"{family} tp2 rank {rank}")

@@ -11,14 +11,13 @@ PP 4); the full grid of policies x layouts is marked slow."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
+import functools
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from lynx.runtime.launch import run_ranks  # noqa: E402
 from lynx.runtime.layers.gpt import LayerConfig  # noqa: E402
 from lynx.runtime.layers.llama import LlamaConfig  # noqa: E402
 from tests.harness.pipeline_check import PipelineCase, compare_with_reference  # noqa: E402
@@ -36,12 +35,6 @@ def _llama(tp: int, sp: bool = False) -> LlamaConfig:
                        micro_batch_size=2, num_query_groups=2, tp=tp, sequence_parallel=sp)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _shift_replayed_masks() -> None:
     """Negative control: restorations (and only they) draw micro-batch j+1's dropout masks."""
     import inspect
@@ -57,29 +50,16 @@ def _shift_replayed_masks() -> None:
     layer_mod.GPTLayer._dropout = shifted
 
 
-def _worker(rank: int, world: int, port: int, case: PipelineCase, outdir: str, wrong: bool) -> None:
-    import datetime
-
+def _on_rank(case: PipelineCase, wrong: bool, group: object) -> dict:
     import torch.distributed as dist
 
     if wrong:
         _shift_replayed_masks()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
-    res = compare_with_reference(case, rank, torch.device("cpu"))
-    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-        json.dump(res, f)
-    dist.barrier()
-    os._exit(0)  # as lynx train: skip gloo's destructors once the results are on disk
+    return compare_with_reference(case, dist.get_rank(), torch.device("cpu"))
 
 
 def run_case(case: PipelineCase, tmp_path, wrong: bool = False) -> list[dict]:
-    import torch.multiprocessing as mp
-
-    world = case.cfg.tp * case.pp
-    mp.spawn(_worker, args=(world, _free_port(), case, str(tmp_path), wrong), nprocs=world, join=True)
-    out = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    out = run_ranks(functools.partial(_on_rank, case, wrong), case.cfg.tp * case.pp, tmp_path)
     for r in out:
         assert not r["bad"], (r["rank"], r["bad"])
         assert not r["missing"] and not r["extra"], r

@@ -12,9 +12,8 @@ the GPU over gloo, their p2p through host memory (`HostStaged`; NCCL refuses two
 
 from __future__ import annotations
 
+import functools
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,42 +26,27 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, world: int, port: int, method: str, outdir: str) -> None:
-    import datetime
-
+def _on_rank(method: str, group: object) -> dict:
     import torch.distributed as dist
 
     from lynx.runtime.layers.gpt import LayerConfig
     from tests.harness.pipeline_check import PipelineCase, compare_with_reference
 
+    rank = dist.get_rank()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    torch.set_num_threads(1)
     torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
     cfg = LayerConfig(hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, seq_length=32,
                       micro_batch_size=2, tp=1)
     case = PipelineCase(cfg, (1, 2), pp=2, vpp=1, method=method, num_microbatches=4, host_staged=True)
-    res = compare_with_reference(case, rank, torch.device("cuda", torch.cuda.current_device()))
-    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-        json.dump(res, f)
-    dist.barrier()
-    os._exit(0)
+    return compare_with_reference(case, rank, torch.device("cuda", torch.cuda.current_device()))
 
 
 @pytest.mark.parametrize("method", ["overlapped", "lynx"])
 def test_pp2_two_processes_one_gpu_equal_to_single_process(method: str, tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
+    from lynx.runtime.launch import run_ranks
 
-    mp.spawn(_worker, args=(2, _free_port(), method, str(tmp_path)), nprocs=2, join=True)
-    out = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    out = run_ranks(functools.partial(_on_rank, method), 2, tmp_path, timeout_s=120)
     for r in out:
         assert not r["bad"], (r["rank"], r["bad"])
         assert not r["missing"] and not r["extra"] and r["num_grads"] > 0, r

@@ -35,6 +35,9 @@ def train_cmd(
     threads: Annotated[int, typer.Option(help="torch threads per rank (0: default).")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    precision: Annotated[str, typer.Option(
+        help="fp32, or megatron-bf16: bf16 autocast with fp32 master weights, gradients and AdamW state "
+             "(Megatron-Core's --bf16; lynx plan --precision names the same recipe).")] = "fp32",
     backend: Annotated[str, typer.Option(
         help="auto (nccl on cuda, gloo on cpu), nccl or gloo; gloo on cuda runs the pipeline's p2p through "
              "host memory, so several ranks can share one GPU.")] = "auto",
@@ -59,11 +62,15 @@ def train_cmd(
         raise SpecError(f"--backend {backend!r}: expected auto, nccl or gloo")
     if dtype not in ("float32", "bfloat16"):
         raise SpecError(f"--dtype {dtype!r}: expected float32 or bfloat16")
+    if precision not in ("fp32", "megatron-bf16"):
+        raise SpecError(f"--precision {precision!r}: expected fp32 or megatron-bf16 (megatron-fp16 needs loss "
+                        f"scaling, which lynx train does not implement)")
     _refuse_context_parallel(plan)
     from lynx.runtime.train import launch, parser  # lynx.runtime quiets torch's C++ logs before torch loads
 
     argv = ["--plan", str(plan), "--iters", str(iters), "--warmup", str(warmup), "--timeout", str(timeout),
-            "--threads", str(threads), "--device", device, "--dtype", dtype, "--seed", str(seed), "--backend", backend]
+            "--threads", str(threads), "--device", device, "--dtype", dtype, "--precision", precision,
+            "--seed", str(seed), "--backend", backend]
     if data is not None:
         argv += ["--data", str(data)]
     if out is not None:

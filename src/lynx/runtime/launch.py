@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -225,9 +225,10 @@ def init_group(backend: str, init_method: str, rank: int, world: int, timeout_s:
                                 timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def spawn_ranks(entry: Any, world: int, args: argparse.Namespace) -> None:
+def spawn_ranks(entry: Any, world: int, args: Any) -> None:
     """`entry(rank, world, init_method, args)` on `world` local processes (127.0.0.1); a failed rank is one
-    line (the ranks print their own cause), Ctrl-C stops them all."""
+    line (the ranks print their own cause), Ctrl-C stops them all. `args` must pickle (an
+    `argparse.Namespace` for `lynx train` / `lynx profile`)."""
     from torch.multiprocessing.spawn import start_processes
 
     quiet_spawn_logs()
@@ -243,3 +244,45 @@ def spawn_ranks(entry: Any, world: int, args: argparse.Namespace) -> None:
         lines = str(e).strip().splitlines() or [type(e).__name__]
         # A rank that raised: torch puts its traceback in the message; the last line is the error itself.
         raise RankFailedError(f"training failed: {lines[-1] if 'following error' in lines[0] else lines[0]}") from None
+
+
+RankFn = Callable[[Any], dict[str, Any]]
+"""A function run on every rank with the default group (`torch.distributed.group.WORLD`), returning JSON."""
+
+
+def run_ranks(fn: RankFn, world: int, outdir: str | Path, timeout_s: float = 60.0, threads: int = 1,
+              backend: str = "gloo") -> list[dict[str, Any]]:
+    """`fn(group)` on `world` local ranks (spawned and joined as `spawn_ranks` does, each joining the default
+    process group through `init_group`), returning what each rank returned, in rank order. `fn` must pickle
+    (a module-level function or a `functools.partial` of one). The tests' multi-rank checks run through here,
+    so they exercise the same spawning, rendezvous and failure path as `lynx train`."""
+    out = Path(outdir)
+    spawn_ranks(_collect_entry, world, (fn, str(out), timeout_s, threads, backend))
+    import json
+
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _collect_entry(rank: int, world: int, init_method: str, payload: tuple[RankFn, str, float, int, str]) -> None:
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    fn, outdir, timeout_s, threads, backend = payload
+    init_group(backend, init_method, rank, world, timeout_s)
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        result = fn(dist.group.WORLD)
+        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+        dist.barrier()
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    # As `lynx train` does: gloo's destructors abort a rank now and then ("terminate called without an active
+    # exception") after a clean run; the results are on disk and every rank passed the barrier.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

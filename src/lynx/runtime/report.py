@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lynx.paths import write_text
@@ -37,6 +37,9 @@ class StageRecord:
     ondemand_s: float
     restored: dict[str, int]
     """Ops restored per place (fwd_attn, fwd_mlp, bwd_mlp, bwd_attn, cooldown, on_demand)."""
+    offloaded_bytes: int = 0
+    """Bytes the engine copied to the host (the policy's offloaded ops); 0 without offloading."""
+    host_peak_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,9 @@ class RankRecord:
     records: tuple[IterRecord, ...]
     events: tuple[Any, ...]
     predicted: dict[int, StagePrediction]
+    master_dtypes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """After the last step: the dtypes of this rank's parameters, gradients and AdamW state ("params",
+    "grads", "optimizer"); fp32 under mixed precision (master weights)."""
 
 
 def iter_record(it: int, warmup: bool, dt: float, runner: PipelineRunner, cuda: int | None) -> IterRecord:
@@ -73,7 +79,7 @@ def iter_record(it: int, warmup: bool, dt: float, runner: PipelineRunner, cuda: 
         if st is None:
             continue
         stages[s] = StageRecord(st.peak_bytes, max(st.fwd_end_bytes, default=0), st.window_s, st.cooldown_s,
-                                st.ondemand_s, dict(st.by_window))
+                                st.ondemand_s, dict(st.by_window), st.offloaded_bytes, st.host_peak_bytes)
     loss = sum(runner.losses) / len(runner.losses) if runner.losses else None
     return IterRecord(it, warmup, dt, loss, stages, cuda)
 
@@ -105,7 +111,9 @@ def _stages(ranks: list[RankRecord], timed: int) -> dict[str, Any]:
                 "measured_act_after_fwd_bytes": recs[-1].act_after_fwd_bytes,
                 "predicted_act_after_fwd_bytes": pred.act_after_fwd_bytes, "in_flight": pred.in_flight,
                 "window_s": sum(x.window_s for x in recs) / n, "cooldown_s": sum(x.cooldown_s for x in recs) / n,
-                "ondemand_s": sum(x.ondemand_s for x in recs) / n, "restored": recs[-1].restored})
+                "ondemand_s": sum(x.ondemand_s for x in recs) / n, "restored": recs[-1].restored,
+                "offloaded_bytes": recs[-1].offloaded_bytes,
+                "measured_host_peak_bytes": max(x.host_peak_bytes for x in recs)})
     return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 
@@ -120,6 +128,9 @@ def build(args: argparse.Namespace, rp: RunPlan, ranks: list[RankRecord], backen
         "plan": str(args.plan), "method": rp.method, "family": rp.problem.model.family,
         "tp": L.tp, "pp": L.pp, "dp": L.dp, "vpp": L.vpp, "num_layers": sum(L.layers_per_stage),
         "num_microbatches": L.num_microbatches, "device": args.device, "dtype": args.dtype, "backend": backend,
+        "precision": getattr(args, "precision", "fp32"),
+        "master_dtypes": {k: sorted({d for r in ranks for d in r.master_dtypes.get(k, ())})
+                          for k in ("params", "grads", "optimizer")},
         "p2p": "host memory" if host_staged else "direct",
         "config": {k: (str(v) if k == "dtype" else v) for k, v in asdict(rp.cfg).items()},
         "iterations": iters, "median_time_s": sorted(r["time_s"] for r in timed)[len(timed) // 2],

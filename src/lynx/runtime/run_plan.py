@@ -45,6 +45,10 @@ def load_run(plan_path: str, dtype: torch.dtype, core_attn: bool) -> RunPlan:
     if names != problem.graph.names:
         raise PlanFormatError(f"{plan_path}: the plan's layer ops ({', '.join(problem.graph.names)}) are not "
                               f"this runtime layer's ({', '.join(names)}); check --core-attn")
+    if model.vocab_size % par.tp:
+        raise PlanFormatError(f"{plan_path}: vocab_size {model.vocab_size} is not divisible by tp {par.tp}: the "
+                              f"runtime's embedding and LM head are vocabulary-parallel (pad the vocabulary to a "
+                              f"multiple of {par.tp}, as Megatron's --make-vocab-size-divisible-by does)")
     vpp = problem.options.vpp
     virtual = tuple(result.partition.chunks or result.partition.layers_per_stage)
     try:

@@ -45,6 +45,10 @@ from lynx.runtime.run_plan import RunPlan, load_run
 from lynx.schedule import Schedule
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+PRECISIONS = {"fp32": None, "megatron-bf16": torch.bfloat16}
+"""`--precision`, named as `lynx plan --precision` names its recipes: fp32, or megatron-bf16 (Megatron-Core's
+`--bf16`: 16-bit compute with fp32 master weights, gradients and optimizer state; here bf16 autocast over fp32
+parameters). megatron-fp16 needs loss scaling, which this runtime does not implement."""
 
 __all__ = ["RunPlan", "TrainError", "launch", "load_run", "main", "parser"]
 
@@ -118,12 +122,13 @@ def _trace_collectives(runner: PipelineRunner) -> None:
 def run(args: argparse.Namespace, rank: int, world: int) -> dict[str, Any] | None:
     """One rank's training loop; returns the report on rank 0."""
     dtype = DTYPES[args.dtype]
+    amp = PRECISIONS[args.precision]
     rp = load_run(args.plan, dtype, args.core_attn)
     layout = rp.layout
     device = torch.device(f"cuda:{torch.cuda.current_device()}") if args.device == "cuda" else torch.device("cpu")
     runner = PipelineRunner(layout, run_schedule(args, layout), rp.cfg, rp.problem.model.vocab_size, rank,
                             make_groups(layout, rank, args.timeout), device, args.seed, timeout_s=args.timeout,
-                            host_staged=host_staged(args))
+                            host_staged=host_staged(args), autocast=amp)
     opt = torch.optim.AdamW(runner.parameters(), lr=args.lr)
     dp_rank = layout.coords(rank)[1]
     records: list[rep.IterRecord] = []
@@ -154,10 +159,18 @@ def run(args: argparse.Namespace, rank: int, world: int) -> dict[str, Any] | Non
             print(f"iter {it:3d}{' (warmup)' if it < args.warmup else '':9s} time {dt:7.3f} s (rank 0)", flush=True)
     tp_mod.set_collective_tracer(None)
     mine = rep.RankRecord(rank, tuple(sorted(runner.modules)), tuple(records), tuple(events),
-                          _predicted(rp, runner, dtype))
+                          _predicted(rp, runner, amp or dtype), _master_dtypes(runner, opt))
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, mine)
     return rep.build(args, rp, everyone, _backend(args), host_staged(args)) if rank == 0 else None
+
+
+def _master_dtypes(runner: PipelineRunner, opt: torch.optim.Optimizer) -> dict[str, tuple[str, ...]]:
+    params = list(runner.parameters())
+    state = [t for p in params for t in opt.state.get(p, {}).values() if isinstance(t, torch.Tensor) and t.dim()]
+    return {"params": tuple(sorted({str(p.dtype) for p in params})),
+            "grads": tuple(sorted({str(p.grad.dtype) for p in params if p.grad is not None})),
+            "optimizer": tuple(sorted({str(t.dtype) for t in state}))}
 
 
 def _predicted(rp: RunPlan, runner: PipelineRunner, dtype: torch.dtype) -> dict[int, rep.StagePrediction]:
@@ -241,6 +254,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads per rank (0: default)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+    p.add_argument("--precision", choices=tuple(PRECISIONS), default="fp32",
+                   help="fp32, or megatron-bf16: bf16 autocast with fp32 master weights, gradients and AdamW state")
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
                    help="process groups: auto (NCCL on CUDA, gloo on CPU); gloo on CUDA runs the pipeline's "
                         "p2p through host memory (several ranks on one GPU)")
@@ -265,6 +280,7 @@ def launch(args: argparse.Namespace) -> None:
     check_train_args(args)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_precision(args)
     if args.compare_trace and not args.trace:
         raise TrainError("--compare-trace needs --trace FILE (the measured timeline to compare)")
     rp = load_run(args.plan, torch.float32, args.core_attn)
@@ -284,6 +300,18 @@ def launch(args: argparse.Namespace) -> None:
         rank_main(0, 1, f"tcp://127.0.0.1:{free_port()}", args)
         return
     spawn_ranks(rank_main, layout.world_size, args)
+
+
+def check_precision(args: argparse.Namespace) -> None:
+    """`--precision megatron-bf16` needs fp32 parameters (the master weights) and a device that computes in bf16."""
+    if args.precision == "fp32":
+        return
+    if args.dtype != "float32":
+        raise TrainError(f"--precision {args.precision} keeps fp32 master weights: use it with --dtype float32 "
+                         f"(got --dtype {args.dtype})")
+    if args.device == "cuda" and not torch.cuda.is_bf16_supported():
+        raise TrainError(f"--precision {args.precision}: this GPU does not support bf16 "
+                         f"(torch.cuda.is_bf16_supported() is False); use --precision fp32")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,15 +18,21 @@ the weight gradient, as Megatron does); anything not restored by then (phase 5, 
 1/2 with no later forward) is restored on demand when backward unpacks it. A comm op is only ever
 restored on demand (its collective then runs in backward on every rank, in the same order).
 
+A third choice beside keeping and recomputing: ops in a layer policy's `offload` set have what they save copied
+to the host after their forward and back one layer ahead of their backward (`engine/offload.py`); the ledger
+drops the bytes while they are out. Recomputation replays under the autocast state of the original forward.
+
 The engine does not know about pipeline stages: it runs whatever layers it is given, for whatever
 micro-batch schedule its caller drives (F0 F1 B0 F2 B1 ... or F0 B0 F1 B1 ...).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -34,6 +40,7 @@ from lynx.graph import LAYER_INPUT
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
 from lynx.runtime.engine.hooks import NO_OP, Handle, SavedTensorHooks
 from lynx.runtime.engine.ledger import Ledger, Record, storage_key
+from lynx.runtime.engine.offload import OffloadEntry, OffloadHandle, Streams, view_of
 from lynx.runtime.engine.place import BWD_PHASE, FWD_PHASE, Direction, Place
 from lynx.runtime.layers.base import RuntimeLayer
 
@@ -53,6 +60,15 @@ class EngineStats:
     """Peak activation bytes held for backward (saved tensors kept, plus restored ones), all micro-batches."""
     fwd_end_bytes: list[int] = field(default_factory=list)
     window_calls: int = 0
+    offloaded_bytes: int = 0
+    """Bytes copied to the host (each storage once per record)."""
+    reloaded_bytes: int = 0
+    host_bytes: int = 0
+    """Bytes on the host now (copied out, not yet copied back)."""
+    host_peak_bytes: int = 0
+    reloads_prefetched: int = 0
+    """Reloads started ahead of the backward that reads them (one layer ahead); the rest were started by it."""
+    reloads_on_demand: int = 0
 
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]
@@ -70,6 +86,22 @@ class EngineStats:
             self.cooldown_s += seconds
 
 
+def autocast_state(device_type: str) -> tuple[str, bool, torch.dtype] | None:
+    """Autocast on `device_type` now: (device type, enabled, dtype), or None where autocast does not apply."""
+    try:
+        return device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+    except (RuntimeError, TypeError, ValueError):
+        return None
+
+
+def replay_autocast(state: tuple[str, bool, torch.dtype] | None) -> contextlib.AbstractContextManager[Any]:
+    """Re-enter the autocast state a layer's forward ran under (a backward runs outside any autocast region)."""
+    if state is None:
+        return contextlib.nullcontext()
+    device_type, enabled, dtype = state
+    return torch.autocast(device_type, dtype=dtype, enabled=enabled)
+
+
 class RecomputeEngine:
     """Runs `layers` (one stage, bottom first) under `policy`; see the module docstring."""
 
@@ -82,7 +114,15 @@ class RecomputeEngine:
         self.stats = EngineStats()
         param_keys = {storage_key(p) for m in layers for p in m.parameters()} | {storage_key(p) for p in params}
         self._ledger = Ledger(param_keys)
-        self._saved = SavedTensorHooks(param_keys, self._dropped, self._hold, self._handed_out, self._restored)
+        # Offloading (issue 22): a policy's per-layer `offload` set of op names, read with a default so a
+        # LayerPolicy without the field offloads nothing. The layer's last op is the next layer's input
+        # checkpoint and is never offloaded here.
+        self._offload = [frozenset(getattr(p, "offload", frozenset())) - {layer.op_names[-1]}
+                         for p, layer in zip(pols, layers, strict=True)]
+        self._any_offload = any(self._offload)
+        self._streams = Streams()
+        self._saved = SavedTensorHooks(param_keys, self._dropped, self._hold, self._handed_out, self._restored,
+                                       self._offload_saved if self._any_offload else None, self._reloaded)
         self._records: dict[tuple[int, int], Record] = {}
         self._pending_fwd: list[tuple[int, int, str, Phase]] = []
         self._replaying = 0
@@ -122,7 +162,7 @@ class RecomputeEngine:
     def _layer_forward(self, li: int, layer: RuntimeLayer, x: torch.Tensor, mb: int) -> torch.Tensor:
         pol = self.policies[li]
         ckpt = li == 0 or pol.input_checkpoint
-        rec = Record(input=x if ckpt else None, input_rg=x.requires_grad)
+        rec = Record(input=x if ckpt else None, input_rg=x.requires_grad, amp=autocast_state(x.device.type))
         self._records[(li, mb)] = rec
         if ckpt:
             self._ledger.acquire(rec, x)
@@ -136,10 +176,17 @@ class RecomputeEngine:
                 env[name] = out
                 self._saved.registry.setdefault(storage_key(out), (li, name, out))
                 rec.out_layout[name] = (tuple(out.stride()), int(out.storage_offset()))
-                if name in pol.keep and name != out_op:  # the layer output is the next layer's input
+                if name in self._offload[li]:
+                    rec.out_meta[name] = (storage_key(out), tuple(out.shape), tuple(out.stride()),
+                                          int(out.storage_offset()), out.dtype)
+                elif name in pol.keep and name != out_op:  # the layer output is the next layer's input
                     rec.kept[name] = out
                     self._ledger.acquire(rec, out)
         self._saved.current = NO_OP
+        rec.offload_pins.clear()  # the forward is over: the offloaded device storages may go
+        top = li == len(self.layers) - 1
+        if self._any_offload and top and env[out_op].requires_grad:  # the stage's backward starts here
+            env[out_op].register_hook(lambda g, li=li, mb=mb: self._prefetch(li, mb))
         self._pending_fwd.extend((li, mb, n, p) for n, p in pol.recompute if p in FWD_PHASE.values())
         if x.requires_grad:
             x.register_hook(lambda g, li=li, mb=mb: self._release(li, mb))
@@ -169,6 +216,66 @@ class RecomputeEngine:
             return saved[h.index]
         return out.as_strided(h.size, h.stride, out.storage_offset() + h.offset)
 
+    # -- offloading ---------------------------------------------------------------------------------
+    def _offload_saved(self, li: int, mb: int, op: str, t: torch.Tensor) -> OffloadHandle | None:
+        """Autograd saves `t`, owned by op `op` of (li, mb): copy its storage to the host if the policy offloads
+        that op (once per storage), and hand autograd a handle."""
+        if op not in self._offload[li]:
+            return None
+        rec = self._records[(li, mb)]
+        key = storage_key(t)
+        if key not in rec.offloaded:
+            entry = OffloadEntry(t, self._streams)
+            rec.offloaded[key] = entry
+            rec.offload_pins.append(t)
+            self.stats.offloaded_bytes += entry.nbytes
+            self._host(entry.nbytes)
+        return OffloadHandle(li, mb, key, tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), t.dtype)
+
+    def _host(self, delta: int) -> None:
+        self.stats.host_bytes += delta
+        self.stats.host_peak_bytes = max(self.stats.host_peak_bytes, self.stats.host_bytes)
+
+    def _start_reload(self, rec: Record, entry: OffloadEntry) -> None:
+        """Copy `entry` back to the device; its bytes return to the ledger now."""
+        if entry.reloaded is not None:
+            return
+        entry.start_reload()
+        assert entry.reloaded is not None
+        self._ledger.acquire(rec, entry.reloaded)
+        self.stats.reloaded_bytes += entry.nbytes
+        self._host(-entry.nbytes)
+        self._update_peak()
+
+    def _prefetch(self, li: int, mb: int) -> None:
+        """The top layer li's backward is starting: start copying back what it and the layer below read (later
+        layers' reloads start as each backward ends, `_release`: one layer ahead)."""
+        self._reload_layer(li, mb)
+        self._reload_layer(li - 1, mb)
+
+    def _reload_layer(self, li: int, mb: int) -> None:
+        """Start copying back everything (layer li, micro-batch mb) offloaded, ahead of its backward."""
+        rec = self._records.get((li, mb))
+        if rec is None:
+            return
+        for entry in rec.offloaded.values():
+            if entry.reloaded is None:
+                self.stats.reloads_prefetched += 1
+                self._start_reload(rec, entry)
+
+    def _reloaded(self, h: OffloadHandle) -> torch.Tensor:
+        """What an offload handle stands for, back on the device (waiting for its copy)."""
+        rec = self._records[(h.layer, h.mb)]
+        entry = rec.offloaded[h.key]
+        if entry.reloaded is None:
+            self.stats.reloads_on_demand += 1
+            self._start_reload(rec, entry)
+        return view_of(entry.fetch(), h)
+
+    def offloaded_host_bytes(self) -> int:
+        """Bytes copied out to the host and not yet back."""
+        return self.stats.host_bytes
+
     # -- restoring -----------------------------------------------------------------------------------
     def _value(self, li: int, mb: int, dep: str, place: Place) -> torch.Tensor:
         rec = self._records[(li, mb)]
@@ -180,6 +287,10 @@ class RecomputeEngine:
             return self._records[(li - 1, mb)].restored[below][0]
         if dep in rec.kept:
             return rec.kept[dep]
+        meta = rec.out_meta.get(dep)
+        if meta is not None and meta[0] in rec.offloaded:  # offloaded: reload it rather than recompute it
+            key, size, stride, offset, dtype = meta
+            return self._reloaded(OffloadHandle(li, mb, key, size, stride, offset, dtype))
         self._ensure(li, mb, dep, place)
         return rec.restored[dep][0]
 
@@ -211,7 +322,8 @@ class RecomputeEngine:
         env = {d: v.detach().requires_grad_(rg[d] and v.is_floating_point()) for d, v in env.items()}
         self._replaying += 1
         try:
-            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(capture, lambda t: t):
+            with torch.enable_grad(), replay_autocast(rec.amp), \
+                    torch.autograd.graph.saved_tensors_hooks(capture, lambda t: t):
                 out = layer.run_op(op, env, mb)
         finally:
             self._replaying -= 1
@@ -321,16 +433,23 @@ class RecomputeEngine:
         self._update_peak()
         rec = self._records.pop((li, mb), None)
         if rec is not None:
-            self._ledger.forget(rec)
+            self._forget(rec)
+        if self._any_offload and li >= 2:  # layer li-1's backward starts now, already reloaded: the next one
+            self._reload_layer(li - 2, mb)
         self._pending_fwd = [t for t in self._pending_fwd if (t[0], t[1]) != (li, mb)]
 
     def end_step(self) -> None:
         """Forget everything (call after the last backward of an iteration)."""
         self._update_peak()
         for rec in self._records.values():
-            self._ledger.forget(rec)
+            self._forget(rec)
         self._records.clear()
         self._pending_fwd.clear()
+
+    def _forget(self, rec: Record) -> None:
+        self._ledger.forget(rec)
+        self._host(-sum(e.nbytes for e in rec.offloaded.values() if e.reloaded is None))
+        rec.offloaded.clear()
 
     def held_bytes(self) -> int:
         """Activation bytes the engine holds for backward now (each storage once)."""

@@ -4,7 +4,9 @@ autograd saves to the op that owns it and hold either the tensor or a small `Han
 Attribution: a parameter is held as is; a tensor sharing storage with an op's output (the layer input is
 the previous layer's last output) belongs to that op, and the handle records its view (size, stride, offset
 from the output); anything else (a dropout mask, norm statistics) belongs to the op running when it was
-saved, as the k-th tensor that op's forward saved. Unpacking a handle asks the engine to restore its op."""
+saved, as the k-th tensor that op's forward saved. Unpacking a handle asks the engine to restore its op.
+A tensor whose owner the policy offloads is copied to the host and held as an `OffloadHandle` (offload.py);
+unpacking it asks the engine for the reloaded copy."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import torch
 
 from lynx.graph import LAYER_INPUT
 from lynx.runtime.engine.ledger import storage_key
+from lynx.runtime.engine.offload import OffloadHandle
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +46,14 @@ class SavedTensorHooks:
 
     def __init__(self, param_keys: set[int], dropped: Callable[[int, str, bool], bool],
                  hold: Callable[[int, int, int, torch.Tensor], None], handed_out: Callable[[int, int, str], None],
-                 restored: Callable[[Handle], torch.Tensor]) -> None:
+                 restored: Callable[[Handle], torch.Tensor],
+                 offload: Callable[[int, int, str, torch.Tensor], Any] | None = None,
+                 reloaded: Callable[[Any], torch.Tensor] | None = None) -> None:
         self.param_keys = param_keys
         self._dropped, self._hold, self._handed_out, self._restored = dropped, hold, handed_out, restored
+        self._offload, self._reloaded = offload, reloaded
+        """`offload(layer, mb, op, t)`: a handle if the policy offloads that op (None otherwise);
+        `reloaded(handle)`: the tensor back on the device."""
         self.current: tuple[int, int, str] = NO_OP
         """(layer, micro-batch, op) whose forward is running."""
         self.count = 0
@@ -64,6 +72,12 @@ class SavedTensorHooks:
             return t
         li, mb, cur = self.current
         owner = self.registry.get(key)
+        if self._offload is not None:
+            who = (owner[0], owner[1]) if owner is not None else (li, cur)
+            if who[1] != LAYER_INPUT:
+                off = self._offload(who[0], mb, who[1], t)
+                if off is not None:
+                    return off
         if owner is not None:
             ol, oname, base = owner
             if oname == LAYER_INPUT or not self._dropped(ol, oname, True):
@@ -78,6 +92,8 @@ class SavedTensorHooks:
         return Handle(li, mb, cur, k)
 
     def unpack(self, h: Any) -> torch.Tensor:
+        if self._reloaded is not None and isinstance(h, OffloadHandle):
+            return self._reloaded(h)
         if not isinstance(h, Handle):
             held: torch.Tensor = h
             return held

@@ -8,6 +8,7 @@ after each restoration cost more Python time than some restorations themselves (
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -35,6 +36,18 @@ class Record:
     """Ops whose output (or a view of it) autograd holds as a handle: backward will ask for it."""
     refs: dict[int, int] = field(default_factory=dict)
     """storage key -> how many times this record counts it in the ledger's running total."""
+    offloaded: dict[int, Any] = field(default_factory=dict)
+    """device storage key at offload time -> its `OffloadEntry` (copied to the host; not in the running total
+    until reloaded)."""
+    offload_pins: list[torch.Tensor] = field(default_factory=list)
+    """Offloaded storages kept alive until the layer's forward ends, so no later tensor of the same forward
+    reuses an address (the entries' keys) meanwhile."""
+    out_meta: dict[str, tuple[int, tuple[int, ...], tuple[int, ...], int, torch.dtype]] = field(default_factory=dict)
+    """Offloaded ops: (storage key, size, stride, offset, dtype) of the output, so a recomputation that reads it
+    reloads it instead of recomputing it."""
+    amp: tuple[str, bool, torch.dtype] | None = None
+    """(device type, enabled, dtype) of autocast when the layer's forward ran: a recomputation replays under it
+    (as `torch.utils.checkpoint` restores the autocast state), so mixed precision recomputes bit for bit."""
 
 
 class Ledger:
@@ -95,6 +108,7 @@ class Ledger:
             for out, saved in rec.restored.values():
                 tensors.append(out)
                 tensors.extend(saved)
+            tensors.extend(e.reloaded for e in rec.offloaded.values() if e.reloaded is not None)
             for t in tensors:
                 k = storage_key(t)
                 if k not in self.param_keys:

@@ -40,10 +40,14 @@ class ModelEnds(Protocol):
         ...
 
     def head(self, owner: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        """hidden [s, b, h] (or this rank's sequence shard) -> logits [s, b, V]."""
+        """hidden [s, b, h] (or this rank's sequence shard) -> this TP rank's logits [s, b, V / t] (the head
+        is vocabulary-parallel, `lynx.runtime.layers.vocab`)."""
         ...
 
 
-def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy; labels [b, s]."""
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.transpose(0, 1).flatten())
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """Mean next-token cross-entropy; logits [s, b, V / t] sharded over the TP `group` (None: the whole
+    vocabulary), labels [b, s]."""
+    from lynx.runtime.layers.vocab import cross_entropy
+
+    return cross_entropy(logits, labels, group)

@@ -1,10 +1,12 @@
 """The GPT model around its layers: token and position embeddings (+ dropout), a stack of `GPTLayer`s,
 final LayerNorm, LM head tied to the token embedding, loss.
 
-The embedding and the (tied) LM head are replicated on every TP rank (vocab-parallel embeddings are not implemented:
-they change no recomputation decision, only the size of the head). With sequence parallelism the
-embedding output is split along the sequence before the first layer and gathered after the last, and the
-LayerNorm weight gradients, which are partial per rank, are all-reduced by `allreduce_sp_grads`.
+The word embedding and the (tied) LM head are vocabulary-parallel over TP (`layers.vocab`, as Megatron-Core's
+`VocabParallelEmbedding`): each rank holds V / t rows, the lookups meet in an all-reduce, the logits are
+[s, b, V / t] per rank and the loss is the vocabulary-parallel cross-entropy, as the planner prices them. The
+position embedding is replicated. With sequence parallelism the embedding output is split along the sequence
+before its dropout (Megatron-Core's order, so the mask is s b h / t) and gathered before the final LayerNorm,
+and the LayerNorm weight gradients, which are partial per rank, are all-reduced by `allreduce_sp_grads`.
 
 The layer stack runs either plainly (`engine=None`, every activation kept by autograd: the reference) or
 through a `RecomputeEngine`. A pipeline stage builds its ends through `GPT_ENDS` exactly as this model does.
@@ -16,10 +18,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from lynx.runtime.engine import RecomputeEngine
-from lynx.runtime.layers import tp
+from lynx.runtime.layers import tp, vocab
 from lynx.runtime.layers.ends import lm_loss
 from lynx.runtime.layers.family import RuntimeFamily
 from lynx.runtime.layers.gpt import GPTLayer, LayerConfig, op_names_for
@@ -41,6 +42,8 @@ class GPTEnds:
         if not (first or last):
             return
         wte, wpe = embedding_weights(cfg, vocab_size, seed)
+        owner.vocab_size = vocab_size
+        wte = vocab.shard_rows(wte, getattr(owner, "group", None))  # this TP rank's rows (vocabulary-parallel)
         owner.wte = torch.nn.Parameter(wte.to(device=device, dtype=cfg.dtype))
         if first:
             owner.wpe = torch.nn.Parameter(wpe.to(device=device, dtype=cfg.dtype))
@@ -49,7 +52,7 @@ class GPTEnds:
 
     def embed(self, owner: Any, tokens: torch.Tensor, microbatch: int, group: Any) -> torch.Tensor:
         return embed(owner.wte, owner.wpe, tokens, microbatch, owner.cfg, owner.seed,
-                     owner.training, group)
+                     owner.training, group, owner.vocab_size)
 
     def head(self, owner: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
         ln_f: torch.nn.Module = owner.ln_f
@@ -83,7 +86,7 @@ class GPTModel(torch.nn.Module):
         else:
             for layer in self.layers:
                 x = layer(x, microbatch)
-        return lm_loss(GPT_ENDS.head(self, x, self.group), labels)
+        return lm_loss(GPT_ENDS.head(self, x, self.group), labels, self.group)
 
     def allreduce_sp_grads(self) -> None:
         """Sum the partial LayerNorm gradients of the sequence-parallel region over the TP group."""
@@ -100,25 +103,32 @@ def embedding_weights(cfg: LayerConfig, vocab_size: int, seed: int) -> tuple[tor
 
 
 def embed(wte: torch.Tensor, wpe: torch.Tensor, tokens: torch.Tensor, microbatch: int, cfg: LayerConfig,
-          seed: int, training: bool, group: Any) -> torch.Tensor:
-    """tokens [b, s] -> [s, b, h] (with SP: this rank's [s/t, b, h]); dropout seeded by micro-batch."""
-    x = (wte[tokens] + wpe[: tokens.shape[1]]).transpose(0, 1).contiguous()
+          seed: int, training: bool, group: Any, vocab_size: int | None = None) -> torch.Tensor:
+    """tokens [b, s] -> [s, b, h] (with SP: this rank's [s/t, b, h]); `wte` is this TP rank's rows of the
+    word embedding (`vocab_size` rows in all; None: `wte` is the whole matrix, TP = 1); dropout seeded by
+    micro-batch, the same mask on every rank (with SP each rank applies its slice of it)."""
+    v = wte.shape[0] * tp.world(group) if vocab_size is None else vocab_size
+    x = vocab.embed_tokens(wte, tokens, v, group, False) + wpe[: tokens.shape[1]].unsqueeze(1)
+    if cfg.sequence_parallel:
+        x = tp.apply_fn(tp.SplitSeqFn, x, group, False)
     p = cfg.dropout_p
     if training and p > 0:
         gen = torch.Generator(device=x.device).manual_seed(seed * 7919 + microbatch)
-        mask = torch.empty(x.shape, dtype=torch.bool, device=x.device).bernoulli_(1 - p, generator=gen)
+        shape = (tokens.shape[1], *x.shape[1:])
+        mask = torch.empty(shape, dtype=torch.bool, device=x.device).bernoulli_(1 - p, generator=gen)
+        if cfg.sequence_parallel:
+            mask = mask.chunk(tp.world(group), 0)[tp.rank_in(group)]
         x = x * mask * (1.0 / (1.0 - p))
-    if cfg.sequence_parallel:
-        x = tp.apply_fn(tp.SplitSeqFn, x, group, False)
     return x
 
 
 def head_logits(x: torch.Tensor, ln_f: torch.nn.Module, wte: torch.Tensor, cfg: LayerConfig,
                 group: Any) -> torch.Tensor:
-    """The final LayerNorm and the tied LM head: [s, b, h] -> logits [s, b, V]."""
+    """The final LayerNorm and the tied, vocabulary-parallel LM head: [s, b, h] (with SP this rank's
+    sequence shard) -> this rank's logits [s, b, V / t]."""
     if cfg.sequence_parallel:
         x = tp.apply_fn(tp.SplitSeqFn, x, group, True)
-    return F.linear(ln_f(x), wte)
+    return vocab.head_logits(tp.call(ln_f, x), wte, group)
 
 
 def synthetic_batch(vocab: int, micro_batch: int, seq: int, microbatch: int, seed: int = 0,

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from lynx.runtime.layers import tp
+from lynx.runtime.layers import tp, vocab
 from lynx.runtime.layers.base import Direction, OpFn, OpLayer
 from lynx.runtime.layers.ends import lm_loss
 from lynx.runtime.layers.family import RuntimeFamily
@@ -265,30 +265,30 @@ class LlamaEnds:
         gen = torch.Generator().manual_seed(seed)  # both drawn in this order on either end: equal to the model's
         wte = torch.empty(vocab_size, h).normal_(0, 0.02, generator=gen)
         head = torch.empty(vocab_size, h).normal_(0, 0.02, generator=gen)
+        group = getattr(owner, "group", None)  # both vocabulary-parallel: this TP rank's rows
+        owner.vocab_size = vocab_size
         if first:
-            owner.wte = torch.nn.Parameter(wte.to(**kw))
+            owner.wte = torch.nn.Parameter(vocab.shard_rows(wte, group).to(**kw))
         if last:
-            owner.head = torch.nn.Parameter(head.to(**kw))
+            owner.head = torch.nn.Parameter(vocab.shard_rows(head, group).to(**kw))
             owner.norm_f = torch.nn.Parameter(torch.ones(h, device=device, dtype=cfg.dtype))
 
     def embed(self, owner: Any, tokens: torch.Tensor, microbatch: int, group: Any) -> torch.Tensor:
-        x = owner.wte[tokens].transpose(0, 1).contiguous()  # [s, b, h]
-        if owner.cfg.sequence_parallel:
-            x = tp.apply_fn(tp.SplitSeqFn, x, group, False)
-        return x  # type: ignore[no-any-return]
+        # [s, b, h]; with SP reduce-scattered to this rank's [s/t, b, h] (no positions to add after it)
+        return vocab.embed_tokens(owner.wte, tokens, owner.vocab_size, group, owner.cfg.sequence_parallel)
 
     def head(self, owner: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
         if owner.cfg.sequence_parallel:
             x = tp.apply_fn(tp.SplitSeqFn, x, group, True)
-        return F.linear(tp.apply_fn(_RMSNorm, x, owner.norm_f, owner.cfg.norm_eps), owner.head)
+        return vocab.head_logits(tp.apply_fn(_RMSNorm, x, owner.norm_f, owner.cfg.norm_eps), owner.head, group)
 
 
 LLAMA_ENDS = LlamaEnds()
 
 
 class LlamaModel(torch.nn.Module):
-    """Embedding, a stack of `LlamaLayer`s, final RMSNorm, untied LM head, loss (replicated over TP like
-    `GPTModel`'s embedding and head); same interface as `GPTModel`."""
+    """Embedding, a stack of `LlamaLayer`s, final RMSNorm, untied LM head, loss (embedding and head
+    vocabulary-parallel over TP like `GPTModel`'s); same interface as `GPTModel`."""
 
     def __init__(self, cfg: LlamaConfig, num_layers: int, vocab_size: int, group: Any = None,
                  device: Any = None, seed: int = 1234) -> None:
@@ -308,7 +308,7 @@ class LlamaModel(torch.nn.Module):
         else:
             for layer in self.layers:
                 x = layer(x, microbatch)
-        return lm_loss(LLAMA_ENDS.head(self, x, self.group), labels)
+        return lm_loss(LLAMA_ENDS.head(self, x, self.group), labels, self.group)
 
     def allreduce_sp_grads(self) -> None:
         """Sum the partial RMSNorm weight gradients of the sequence-parallel region over the TP group."""

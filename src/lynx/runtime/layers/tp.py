@@ -195,14 +195,23 @@ def reduce_scatter_to_sp(x: torch.Tensor, group: Any, fwd_window: Window = None,
 class ColumnParallelLinearFn(torch.autograd.Function):
     """y = x W^T + b with W split by output rows, preceded by Megatron's *copy* (f). Backward: dgrad, launch
     its all-reduce, wgrad while it is in flight, then the window, then wait (Megatron's async grad
-    all-reduce). Saves x and W only, so the saved-tensor accounting is exactly the GEMM's input."""
+    all-reduce). Saves x and W only, so the saved-tensor accounting is exactly the GEMM's input.
+
+    Under autocast the GEMM runs in the autocast dtype as `torch.nn.functional.linear` would (Megatron's
+    `custom_fwd`): x, W and b are cast first and the casts are saved, so backward's GEMMs see one dtype; the
+    gradients return in the parameters' dtype (fp32 master weights)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
                 group: Any, bwd_window: Window) -> torch.Tensor:
+        dev = x.device.type
+        if torch.is_autocast_enabled(dev):
+            dt = torch.get_autocast_dtype(dev)
+            x, w, b = x.to(dt), w.to(dt), (b.to(dt) if b is not None else None)
         ctx.save_for_backward(x, w)
         ctx.has_bias, ctx.group, ctx.bwd_window = b is not None, group, bwd_window
-        return torch.nn.functional.linear(x, w, b)
+        with torch.autocast(dev, enabled=False):
+            return torch.nn.functional.linear(x, w, b)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:

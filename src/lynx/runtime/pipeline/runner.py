@@ -139,9 +139,12 @@ class PipelineRunner:
 
     def __init__(self, layout: PipelineLayout, schedule: Schedule, cfg: Any, vocab: int, rank: int,
                  groups: Groups, device: torch.device, seed: int = 1234, workdir: str | None = None,
-                 timeout_s: float | None = None, host_staged: bool = False) -> None:
+                 timeout_s: float | None = None, host_staged: bool = False,
+                 autocast: torch.dtype | None = None) -> None:
         """`host_staged`: p2p through host memory (`HostStaged`): the PipelineStages and their buffers on the
-        CPU, the stage modules on `device` (gloo on CUDA, several ranks on one GPU)."""
+        CPU, the stage modules on `device` (gloo on CUDA, several ranks on one GPU). `autocast`: mixed
+        precision, every stage's forward under autocast to that dtype with the parameters as built (fp32
+        master weights and gradients; recomputation replays under the same autocast state)."""
         L = layout
         check_executable(schedule, L.pp, L.vpp, L.num_microbatches)
         cfg = replace(cfg, num_layers=sum(L.layers_per_stage))  # Megatron's scaled init reads the depth
@@ -151,6 +154,8 @@ class PipelineRunner:
         self.hosts, self.cool, self.in_flight = order.hosts, order.cooldown, order.in_flight
         specs = [s for s in L.stage_specs() if s.index % L.pp == self.pp_rank]
         self.modules = {s.index: StageModule(s, cfg, vocab, groups.tp, device, seed) for s in specs}
+        for mod in self.modules.values():
+            mod.autocast = autocast
         self.losses: list[float] = []
         self.events: list[tuple[str, str, float, float, int]] = []
         """(category, name, t0, t1, stage) while `tracing`: stage is the one whose action was running."""
@@ -176,8 +181,8 @@ class PipelineRunner:
         with tempfile.TemporaryDirectory(prefix="lynx-pp-") as tmp:  # torch loads the list from a CSV file
             csv_path = Path(workdir or tmp) / f"actions-rank{rank}.csv"
             save_csv(schedule, csv_path)
-            self.schedule = tpp.build_schedule(stages, L.num_microbatches,
-                                               make_loss_fn(L.num_microbatches, self.losses), str(csv_path), hooks)
+            loss_fn = make_loss_fn(L.num_microbatches, self.losses, groups.tp)
+            self.schedule = tpp.build_schedule(stages, L.num_microbatches, loss_fn, str(csv_path), hooks)
 
     # -- hooks ---------------------------------------------------------------------------------------
     def event(self, cat: str, name: str, t0: float, t1: float, stage: int | None = None) -> None:

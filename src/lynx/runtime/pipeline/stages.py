@@ -58,6 +58,9 @@ class StageModule(torch.nn.Module):
         self.layers = torch.nn.ModuleDict({str(layer.layer_index): cast(torch.nn.Module, layer) for layer in stack})
         self.engine = RecomputeEngine(stack, spec.policy) if spec.policy is not None and stack else None
         self.microbatch = 0
+        self.autocast: torch.dtype | None = None
+        """Mixed precision: the forward runs under autocast to this dtype, parameters stay as built (fp32
+        master weights; `lynx train --precision megatron-bf16`). None: no autocast."""
         self.hosts: frozenset[int] = frozenset()
         self.guest: tuple[RecomputeEngine, int] | None = None
 
@@ -68,6 +71,13 @@ class StageModule(torch.nn.Module):
         self.microbatch, self.hosts, self.guest = microbatch, frozenset(hosts), guest
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.autocast is None:
+            return self._forward(x)
+        dev = next(self.parameters()).device.type
+        with torch.autocast(dev, dtype=self.autocast):
+            return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         mb = self.microbatch
         if self.spec.is_first:
             x = self.ends.embed(self, x, mb, self.group)
@@ -90,7 +100,11 @@ class StageModule(torch.nn.Module):
         else:
             inp = hidden.clone().requires_grad_(True)
         if self.spec.is_last:
-            out = torch.empty(c.seq_length, c.micro_batch_size, vocab_size, dtype=c.dtype, device=device)
+            # this TP rank's vocabulary shard of the logits (the head is vocabulary-parallel)
+            v_local = vocab_size // (1 if self.group is None else torch.distributed.get_world_size(self.group))
+            # under autocast the head's GEMM gives the logits in the autocast dtype
+            out = torch.empty(c.seq_length, c.micro_batch_size, v_local, dtype=self.autocast or c.dtype,
+                              device=device)
         else:
             out = hidden.clone()
         return inp, out.requires_grad_(True)
@@ -119,13 +133,13 @@ class HostStaged(torch.nn.Module):
         return y if self.inner.spec.is_last else y.to(self.comm, copy=True)
 
 
-def make_loss_fn(num_microbatches: int, record: list[float]) -> Any:
+def make_loss_fn(num_microbatches: int, record: list[float], group: Any = None) -> Any:
     """The last stage's loss: mean cross-entropy / num_microbatches (a single-process run backpropagates
-    loss / m for each micro-batch; gradients are then equal without rescaling). Records each micro-batch's
-    mean cross-entropy in `record`."""
+    loss / m for each micro-batch; gradients are then equal without rescaling), over logits sharded by
+    vocabulary over the TP `group`. Records each micro-batch's mean cross-entropy in `record`."""
 
     def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        loss = lm_loss(logits, labels)
+        loss = lm_loss(logits, labels, group)
         record.append(float(loss.detach()))
         return loss / num_microbatches
 
