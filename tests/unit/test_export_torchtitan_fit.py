@@ -4,6 +4,7 @@ for torchtitan's kernels and FSDP, a warning when it does not fit, and the confi
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 import sys
 from pathlib import Path
@@ -62,7 +63,7 @@ def test_replicated_optimizer_state_exports_hsdp_replicate_and_is_priced_unshard
     sharded = _export70("torchtitan-llama3")
     # the same plan: fp32 parameters and Adam's moments (12 bytes) on every rank instead of half of them
     src = exp.source
-    n = stage_params(src.problem.model, src.problem.parallel, 1, 20).total
+    n = stage_params(src.problem.model, src.problem.parallel, 1, src.result.partition.layers_per_stage[1]).total
     grown = exp.figures[1].stages[1].peak_bytes - sharded.figures[1].stages[1].peak_bytes
     assert grown == pytest.approx(6 * n, rel=1e-9)
     assert any("replicate_degree 2, shard 1" in n for n in exp.notes)
@@ -91,7 +92,9 @@ def test_torchtitans_config_manager_loads_the_written_registry(tmp_path: Path,
     assert (par.pipeline_parallel_degree, par.tensor_parallel_degree, par.data_parallel_shard_degree,
             par.data_parallel_replicate_degree, par.enable_sequence_parallel) == (4, 8, 2, 1, True)
     assert par.pipeline_parallel_schedule_csv == str(tmp_path / "lynx_schedule.csv")
-    assert [p[-1] for p in par.module_fqns_per_model_part] == ["layers.19", "layers.39", "layers.59", "lm_head"]
+    ends = list(itertools.accumulate(exp.source.result.partition.layers_per_stage))  # the plan's own split (uneven in general)
+    assert [p[-1] for p in par.module_fqns_per_model_part] == [f"layers.{e - 1}" for e in ends[:-1]] + ["lm_head"]
+    assert ends[-1] == 80
     assert (cfg.training.seq_len, cfg.training.local_batch_size, cfg.training.steps) == (8192, 256, 3)
     assert type(cfg.activation_checkpoint).__qualname__ == "LynxPlanAC.Config"
     assert cfg.model_spec is not None  # torchtitan's own llama3_70b model
