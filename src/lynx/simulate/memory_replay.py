@@ -76,6 +76,10 @@ class StageMemory:
             self._touch((i + 1) / n, m.dropped)
         self.cur += sum(guest[n:])
         self._touch(1.0, self.ctx.extra_transient_bytes if chunk == self.last_chunk else 0.0)
+        off = sum(m.offloaded for m in mems)
+        if off:  # copied out behind the following work (docs/offload.md): off the device until the reload
+            self.cur -= off
+            self._touch(1.0)
 
     def _backward_events(self, chunk: int, carried: bool, prefetched: bool) -> None:
         mems, held = self.chunks[chunk], carried or prefetched
@@ -84,6 +88,7 @@ class StageMemory:
         n = len(mems)
         if prefetched:
             self.cur += sum(tr.fwd_held)
+        self.cur += sum(m.offloaded for m in mems)  # reloaded before the backward (docs/offload.md)
         start = self.cur
         self._touch(0.0, transient + self.ctx.grad_workspace_bytes)
         for i in range(n - 1, -1, -1):  # layer i's backward: what the lifetime replay has alive at its peak
