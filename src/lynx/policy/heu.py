@@ -180,9 +180,9 @@ def add_offload_stage(m: Milp, graph: LayerGraph, groups: list[Group], ctx: Stag
     t_fwd, t_bwd = stage_cycle(graph, ctx.num_layers, ctx.subtract_wgrad)
     E = m.var("E", cost=OBJ_SCALE)
     # (O3) E >= a V - b for each copy bound (throughput of each stream per 1F1B cycle T_F + T_B, or of the one
-    #      shared engine; latency: the round trip within the in_flight cycles micro-batch j waits on stage s,
-    #      f = min(p - s, m), none on the last stage): sum a M_i O_i - E <= b
-    for a, b in exposure_rows(link, t_fwd, t_bwd, ctx.in_flight):
+    #      shared engine; latency: the round trip within the f - 1 cycles micro-batch j waits on stage s,
+    #      f = min(p - s, m), plus the layer-wise overlap (n - 1) / n of one cycle): sum a M_i O_i - E <= b
+    for a, b in exposure_rows(link, t_fwd, t_bwd, ctx.in_flight, ctx.num_layers):
         m.le({**{v: a * x for v, x in volume.items()}, E: -1.0}, b)
     # tie-break: among equal critical times prefer moving fewer bytes (as for recomputation)
     for v, x in volume.items():

@@ -10,10 +10,12 @@ stage's offloaded bytes. In the 1F1B steady state a stage runs one forward and o
 * throughput: each copy stream must move V per cycle; what it cannot is exposed (the stage waits for the
   reload, or for the copy-out to free its buffer): ``max(0, V / BW_d2h - cycle, V / BW_h2d - cycle)``, and with
   one copy engine for both directions ``max(0, V (1 / BW_d2h + 1 / BW_h2d) - cycle)``;
-* latency: micro-batch j's round trip must fit between its forward's start and its backward's end; on stage s
-  j waits through p - s - 1 other forwards and backwards (the schedule's in-flight count f = min(p - s, m)), so
-  the window is f cycles: ``max(0, V (1 / BW_d2h + 1 / BW_h2d) - f * cycle)``; with f = 1 (the last stage) the
-  backward follows its own forward at once and nothing hides the round trip.
+* latency: micro-batch j's round trip must fit between its forward and its backward; on stage s j waits through
+  p - s - 1 other forwards and backwards (the schedule's in-flight count f = min(p - s, m)), and the copies go
+  layer by layer (a layer's copy-out starts when its forward ends, its reload must end before its backward
+  starts: the layers above it run in between), so the window is ``W = (f - 1) cycle + cycle (n - 1) / n`` for
+  n layers: ``max(0, V (1 / BW_d2h + 1 / BW_h2d) - W)``. On the last stage (f = 1) only the layer-wise overlap
+  is left, and offloading there frees nothing (one micro-batch in flight is on the device anyway).
 
 The exposed time E (seconds per micro-batch) is the largest of these and 0. Bandwidths are the host link's per
 GPU (`spec.HostLink.per_gpu`: every GPU of a node behind the same uplink copies at once in a pipeline stage).
@@ -62,10 +64,12 @@ def stage_cycle(graph: LayerGraph, num_layers: int, subtract_wgrad: bool) -> tup
     return num_layers * fwd, num_layers * bwd
 
 
-def exposure_rows(link: OffloadLink, t_fwd: float, t_bwd: float, in_flight: int) -> tuple[tuple[float, float], ...]:
+def exposure_rows(link: OffloadLink, t_fwd: float, t_bwd: float, in_flight: int,
+                  num_layers: int) -> tuple[tuple[float, float], ...]:
     """The lower bounds E >= a * V - b of the exposed copy time, as (a, b) pairs (V in bytes per micro-batch)."""
     cycle = t_fwd + t_bwd
-    rows = [(link.round_trip_s_per_byte, in_flight * cycle if in_flight > 1 else 0.0)]
+    window = (max(1, in_flight) - 1) * cycle + cycle * (num_layers - 1) / max(1, num_layers)
+    rows = [(link.round_trip_s_per_byte, window)]
     if link.duplex:
         rows += [(1.0 / link.d2h_Bps, cycle), (1.0 / link.h2d_Bps, cycle)]
     else:
@@ -73,13 +77,14 @@ def exposure_rows(link: OffloadLink, t_fwd: float, t_bwd: float, in_flight: int)
     return tuple(rows)
 
 
-def exposed_copy_time(volume: float, link: OffloadLink | None, t_fwd: float, t_bwd: float, in_flight: int) -> float:
+def exposed_copy_time(volume: float, link: OffloadLink | None, t_fwd: float, t_bwd: float, in_flight: int,
+                      num_layers: int) -> float:
     """Seconds per micro-batch the stage waits for its copies (module docstring)."""
     if volume <= 0:
         return 0.0
     if link is None:
         raise ValueError("the plan offloads activations but the hardware has no host link")
-    return max(0.0, *(a * volume - b for a, b in exposure_rows(link, t_fwd, t_bwd, in_flight)))
+    return max(0.0, *(a * volume - b for a, b in exposure_rows(link, t_fwd, t_bwd, in_flight, num_layers)))
 
 
 def offloaded_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...]) -> float:
@@ -95,7 +100,7 @@ def stage_exposed_copy(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: 
     if v <= 0:
         return 0.0
     t_fwd, t_bwd = stage_cycle(graph, len(layers), ctx.subtract_wgrad)
-    return exposed_copy_time(v, link, t_fwd, t_bwd, ctx.in_flight)
+    return exposed_copy_time(v, link, t_fwd, t_bwd, ctx.in_flight, len(layers))
 
 
 def copy_times(graph: LayerGraph, layers: tuple[LayerPolicy, ...], link: OffloadLink | None) -> tuple[float, float]:

@@ -17,9 +17,13 @@ from lynx.plan import Plan
 from lynx.simulate import Segment, SegmentKind, SimResult
 
 K = SegmentKind
-_COLORS = {K.F: "#4C72B0", K.B: "#55A868", K.RECOMPUTE: "#C44E52", K.OVERLAP: "#DD8452", K.STALL: "#E3E3E3"}
+_COLORS = {K.F: "#4C72B0", K.B: "#55A868", K.RECOMPUTE: "#C44E52", K.OVERLAP: "#DD8452", K.STALL: "#E3E3E3",
+           K.COPY_OUT: "#8172B3", K.RELOAD: "#937860"}
 _LABELS = {K.F: "forward", K.B: "backward", K.RECOMPUTE: "recompute on the critical path",
-           K.OVERLAP: "recompute hidden (in a collective window or a stall)", K.STALL: "stall"}
+           K.OVERLAP: "recompute hidden (in a collective window or a stall)", K.STALL: "stall",
+           K.COPY_OUT: "offload copy to host (D2H stream)", K.RELOAD: "reload from host (H2D stream)"}
+_COPY_LANE = {K.COPY_OUT: (0.37, 0.07), K.RELOAD: (0.29, 0.07)}
+"""Copies run on their own streams: thin lanes above the compute bar (offset from the row, height)."""
 _DPI = 130
 
 FULL_GANTT_MAX_MICROBATCHES = 16
@@ -126,7 +130,8 @@ def _draw_panel(ax: Any, sim: SimResult, lo: float, hi: float) -> tuple[int, int
                                                       s.kind is kind), lo, hi)]
             if not spans:
                 continue
-            ybox = (y - 0.45, 0.16) if kind is K.OVERLAP else (y - 0.25, 0.6)
+            ybox = (y - 0.45, 0.16) if kind is K.OVERLAP else \
+                (y + _COPY_LANE[kind][0], _COPY_LANE[kind][1]) if kind in _COPY_LANE else (y - 0.25, 0.6)
             edge = "white" if kind in (K.F, K.B) else _COLORS[kind]
             ax.broken_barh(spans, ybox, facecolors=_COLORS[kind], edgecolors=edge, linewidth=0.4)
             bars += len(spans)
@@ -201,9 +206,9 @@ def gantt_figure(plan: Plan) -> tuple[Any, GanttDrawing]:
         phrase += "; bar labels: micro-batch.model chunk"
     title = _gantt_title(plan, phrase)
     fig.suptitle(title, fontsize=9)
-    handles = [plt.Rectangle((0, 0), 1, 1, facecolor=_COLORS[k], edgecolor=_COLORS[k])
-               for k in _COLORS]
-    fig.legend(handles, [_LABELS[k] for k in _COLORS], loc="outside lower center", ncol=len(handles),
+    kinds = [k for k in _COLORS if k not in _COPY_LANE or any(s.kind is k for s in sim.segments)]
+    handles = [plt.Rectangle((0, 0), 1, 1, facecolor=_COLORS[k], edgecolor=_COLORS[k]) for k in kinds]
+    fig.legend(handles, [_LABELS[k] for k in kinds], loc="outside lower center", ncol=len(handles),
                fontsize=8, frameon=False)
     labels = _label_bars(fig, axes, sim, windows)
     return fig, GanttDrawing(tuple(windows), bars, recompute, labels, title)

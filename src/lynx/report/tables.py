@@ -63,8 +63,8 @@ def stage_table(plan: Plan) -> Table:
 def policy_table(plan: Plan) -> Table:
     """Per stage, the distinct layer policies: which ops are recomputed and in which phase."""
     g = plan.problem.graph
-    t = Table(title=f"{plan.result.method}: policy per stage (K keep, K5 keep and re-run on demand, 1-5 recompute "
-              "phase, . free)",
+    t = Table(title=f"{plan.result.method}: policy per stage (K keep, K5 keep and re-run on demand, O offload to "
+              "host, 1-5 recompute phase, . free)",
               title_justify="left")
     t.add_column("stage/layers")
     for n in g.names:
@@ -77,7 +77,7 @@ def policy_table(plan: Plan) -> Table:
             cells = []
             for n in g.names:
                 v = grp["ops"][n]
-                cells.append({"keep": "K", "keep+rerun": "K5"}.get(v) or (v.split(":")[1] if v.startswith("recompute")
+                cells.append({"keep": "K", "keep+rerun": "K5", "offload": "O"}.get(v) or (v.split(":")[1] if v.startswith("recompute")
                                                                          else "."))
             t.add_row(label, *cells)
             first += grp["count"]
