@@ -35,6 +35,12 @@ def one_torch_thread():  # type: ignore[no-untyped-def]
 # The default run stays under 8 minutes on 2 cores (README, "Tests"): these cases are marked `slow`, each with
 # the case of its kind that stays in the default run. `python -m pytest -m ""` runs them all.
 SLOW_CASES: dict[str, str] = {
+    "unit/test_offload.py::test_heu_with_offload_matches_brute_force[True-1]":
+        "test_offload.py::test_heu_with_offload_matches_brute_force[True-0]",
+    "unit/test_offload.py::test_heu_with_offload_matches_brute_force[False-0]":
+        "test_offload.py::test_heu_with_offload_matches_brute_force[True-0]",
+    "unit/test_offload.py::test_heu_with_offload_matches_brute_force[False-1]":
+        "test_offload.py::test_heu_with_offload_matches_brute_force[True-0]",
     "integration/test_runtime_llama_train.py::test_llama_pipeline_trains_as_the_single_process_run[1-2]":
         "test_runtime_pipeline.py::test_llama_pp2_tp2_lynx_bitwise (LLaMA in the pipeline, bitwise)",
     "integration/test_runtime_pipeline_train.py::test_host_staged_p2p_trains_as_the_direct_one":

@@ -84,7 +84,7 @@ class LayerVars:
     S: dict[str, int]
     R: dict[str, dict[Phase, int]]
     F: dict[str, int]
-    O: dict[str, int] = field(default_factory=dict)
+    O: dict[str, int] = field(default_factory=dict)  # noqa: E741 (the paper's notation, as S, R, F)
     """Offload variables (only with `HeuOptions.offload`)."""
 
 

@@ -77,8 +77,8 @@ def policy_table(plan: Plan) -> Table:
             cells = []
             for n in g.names:
                 v = grp["ops"][n]
-                cells.append({"keep": "K", "keep+rerun": "K5", "offload": "O"}.get(v) or (v.split(":")[1] if v.startswith("recompute")
-                                                                         else "."))
+                short = {"keep": "K", "keep+rerun": "K5", "offload": "O"}.get(v)
+                cells.append(short or (v.split(":")[1] if v.startswith("recompute") else "."))
             t.add_row(label, *cells)
             first += grp["count"]
     return t

@@ -16,9 +16,9 @@ from lynx.costmodel import p2p_time
 from lynx.edge_pricing import device_hardware, stage_edge_times
 from lynx.partition.base import Partition
 from lynx.policy.base import RecomputePolicy, StageContext, check_policy
+from lynx.policy.offload import offload_link
 from lynx.problem import PlanProblem
 from lynx.schedule import Schedule, ScheduleFacts, derive_facts, validate
-from lynx.policy.offload import offload_link
 from lynx.simulate.copies import charge_copies, copy_segments, stage_offload_bytes
 from lynx.simulate.engine import Loop, RankState
 from lynx.simulate.memory_replay import StageMemory

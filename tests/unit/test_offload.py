@@ -1,0 +1,159 @@
+"""Offloading as the third state (docs/offload.md): HEU with offload matches brute force on tiny graphs, plan files
+without offload load unchanged, the simulator's memory and copy pricing agree with the closed form, and the
+Megatron-Core baseline maps its modules to ops."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+
+import pytest
+
+from lynx.api import make_problem, plan
+from lynx.graph import LayerGraph
+from lynx.memory import host_bytes, layer_memory, linear_peak_bytes, stage_peak_bytes
+from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, StageContext, validate_layer_policy
+from lynx.policy.heu import HeuOptions, heu_policy, min_budget_bytes
+from lynx.policy.megatron_offload import megatron_offload_policy, module_offload_ops, ops_to_modules
+from lynx.policy.offload import OffloadLink, exposed_copy_time, offload_link, stage_cycle, stage_exposed_copy
+from lynx.spec import ParallelSpec, load_hardware, load_model
+from tests.unit.test_heu_bruteforce import tiny_graph, windows_ok
+
+
+def _policies(graph: LayerGraph) -> list[LayerPolicy]:
+    """Every keep / free / phase 3-5 assignment (no forward windows), then every offload subset of its kept ops."""
+    choices: list[str | Phase] = ["keep", "free", Phase.BWD_MLP, Phase.BWD_ATTN, Phase.ON_DEMAND]
+    out = []
+    for combo in itertools.product(choices, repeat=len(graph.ops)):
+        if any(o.is_comm and isinstance(c, Phase) and c != Phase.ON_DEMAND for o, c in zip(graph.ops, combo,
+                                                                                            strict=True)):
+            continue
+        keep = frozenset(o.name for o, c in zip(graph.ops, combo, strict=True) if c == "keep")
+        rec = tuple((o.name, c) for o, c in zip(graph.ops, combo, strict=True) if isinstance(c, Phase))
+        lp = LayerPolicy(keep, rec)
+        if validate_layer_policy(graph, lp, False) or not windows_ok(graph, lp):
+            continue
+        cand = sorted(n for n in keep if graph.keep_bytes(n) > 0)
+        for k in range(len(cand) + 1):
+            for off in itertools.combinations(cand, k):
+                out.append(LayerPolicy(keep, rec, offload=frozenset(off)))
+    return out
+
+
+def _objective(graph: LayerGraph, lp: LayerPolicy, ctx: StageContext, link: OffloadLink, tie: float) -> float:
+    """Independent pricing: n * phase 5 + the top layer's phases 3, 4 + tie * all recomputation (as the
+    recompute brute force), + the exposed copy time + tie * the copy-out time."""
+    n = ctx.num_layers
+    c = {o.name: o.fwd_time for o in graph.ops}
+    total = sum((tie * n + (n if ph == Phase.ON_DEMAND else 1.0)) * c[name] for name, ph in lp.recompute)
+    v = n * sum(graph.keep_bytes(x) for x in lp.offload)
+    t_f, t_b = stage_cycle(graph, n, ctx.subtract_wgrad)
+    return total + exposed_copy_time(v, link, t_f, t_b, ctx.in_flight, n) + tie * v / link.d2h_Bps
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("duplex", [True, False])
+def test_heu_with_offload_matches_brute_force(seed: int, duplex: bool) -> None:
+    rng = random.Random(seed)
+    graph = tiny_graph(rng)
+    n, tie = 2, 1e-3
+    base = StageContext(0, 4, n, 3, 8, budget_bytes=1e15, static_bytes=1e9, fwd_windows=False)
+    pols = _policies(graph)
+    t_f, t_b = stage_cycle(graph, n, True)
+    # a link that moves about one layer's kept bytes per cycle: offloading everything is partly exposed
+    full = sum(graph.keep_bytes(x) for x in graph.needed())
+    bw = full / (t_f + t_b)
+    link0 = OffloadLink(bw, bw * 1.3, duplex, 1e15)
+    # (peak, host bytes, objective) of every policy: none depends on the budget or the host memory
+    priced = [(linear_peak_bytes(graph, (lp,) * n, base), host_bytes([layer_memory(graph, lp)] * n, base),
+               _objective(graph, lp, base, link0, tie)) for lp in pols]
+    for host in (1e15, 2.5 * full):  # host memory unbounded, then binding
+        link = dataclasses.replace(link0, host_bytes=host)
+        opts = HeuOptions(tie_break=tie, offload=link, skip_when_all_fit=False)
+        lo = min_budget_bytes(graph, base, opts)
+        hi = linear_peak_bytes(graph, (LayerPolicy(graph.needed()),) * n, base)
+        for frac in (0.1, 0.5, 0.9):
+            ctx = dataclasses.replace(base, budget_bytes=lo + frac * (hi - lo))
+            want = min(o for peak, hb, o in priced if peak <= ctx.budget_bytes and hb <= host)
+            got = heu_policy(ctx, graph, opts)
+            assert got.stats.status == "optimal"
+            assert _objective(graph, got.layers[0], ctx, link, tie) == pytest.approx(want, rel=1e-6, abs=1e-9)
+            assert got.stats.objective == pytest.approx(want, rel=1e-6, abs=1e-9)
+
+
+def test_offload_memory_accounting() -> None:
+    """Offloaded bytes count once on the device (not per micro-batch in flight) and in_flight times on the host;
+    nothing offloaded leaves every figure bit-identical."""
+    graph = tiny_graph(random.Random(0))
+    ctx = StageContext(0, 4, 3, 4, 8, budget_bytes=1e15, static_bytes=1e9)
+    keep = LayerPolicy(graph.needed())
+    off_op = max(graph.needed(), key=graph.keep_bytes)
+    off = LayerPolicy(graph.needed(), offload=frozenset({off_op}))
+    b = graph.keep_bytes(off_op)
+    assert stage_peak_bytes(graph, (keep,) * 3, ctx) - stage_peak_bytes(graph, (off,) * 3, ctx) == \
+        pytest.approx((ctx.in_flight - 1) * 3 * b)
+    assert host_bytes([layer_memory(graph, off)] * 3, ctx) == pytest.approx(ctx.in_flight * 3 * b)
+    assert host_bytes([layer_memory(graph, keep)] * 3, ctx) == 0.0
+
+
+def test_plan_file_round_trip_and_compat() -> None:
+    graph = tiny_graph(random.Random(1))
+    lp = LayerPolicy(graph.needed(), offload=frozenset({"m_mm"}))
+    d = RecomputePolicy("x", (lp,) * 2).to_dict(graph)
+    assert d["layers"][0]["ops"]["m_mm"] == "offload"
+    assert RecomputePolicy.from_dict(d).layers == (lp, lp)
+    old = RecomputePolicy("x", (LayerPolicy(graph.needed()),)).to_dict(graph)
+    assert "offload" not in set(old["layers"][0]["ops"].values())
+    assert RecomputePolicy.from_dict(old).layers[0].offload == frozenset()
+    bad = LayerPolicy(graph.needed() - {"m_mm"}, ((("m_mm", Phase.ON_DEMAND)),), offload=frozenset({"m_mm"}))
+    assert any("offloaded but not kept" in e for e in validate_layer_policy(graph, bad))
+
+
+@pytest.fixture(scope="module")
+def llama() -> object:
+    return make_problem(load_model("llama3-70b"), load_hardware("h100-80g-nvlink"),
+                        ParallelSpec(tp=8, pp=8, sequence_parallel=True, micro_batch_size=1, global_batch_size=32,
+                                     seq_length=8192))
+
+
+def test_simulator_prices_copies_and_memory(llama: object) -> None:
+    from lynx.problem import PlanProblem
+
+    assert isinstance(llama, PlanProblem)
+    none = plan(llama, "none", record=False)
+    p = plan(llama, "offload-all", record=True)
+    link = offload_link(llama.hardware)
+    ctxs = llama.stage_contexts(p.result.partition)
+    for s, (st, pol, ctx) in enumerate(zip(p.sim.stages, p.result.policies, ctxs, strict=True)):
+        e = stage_exposed_copy(llama.graph, pol.layers, ctx, link)
+        assert st.copy_exposed_s == pytest.approx(llama.parallel.num_microbatches * e)
+        # the event replay never exceeds the closed form, and offloading frees (f - 1) micro-batches' worth
+        assert st.peak_memory_bytes <= stage_peak_bytes(llama.graph, pol.layers, ctx) * (1 + 1e-9)
+        if ctx.in_flight > 1:
+            assert st.peak_memory_bytes < none.sim.stages[s].peak_memory_bytes
+    assert p.sim.iteration_time_s > none.sim.iteration_time_s  # the last stage's round trip is exposed
+    kinds = {seg.kind.value for seg in p.sim.segments}
+    assert {"copy-out", "reload"} <= kinds
+    # without offloading nothing changes: no copy fields, no copy bars
+    assert all(st.copy_exposed_s == 0 and st.offloaded_bytes == 0 for st in none.sim.stages)
+
+
+def test_megatron_modules_map_to_ops(llama: object) -> None:
+    from lynx.problem import PlanProblem
+
+    assert isinstance(llama, PlanProblem)
+    g = llama.graph
+    assert module_offload_ops(g, "attn_norm") == ()  # the layer input: lynx keeps it
+    assert module_offload_ops(g, "attn_proj") == ("core_attn",)
+    assert set(module_offload_ops(g, "core_attn")) == {"rope", "qkv"}
+    mods, rest = ops_to_modules(g, frozenset({"core_attn", "rope", "qkv", "gate_up"}))
+    assert mods == ("core_attn", "attn_proj") and rest == frozenset({"gate_up"})
+    ctx = llama.stage_contexts(llama.problem_partition() if hasattr(llama, "problem_partition") else
+                               plan(llama, "none", record=False).result.partition)[1]
+    pol = megatron_offload_policy(ctx, g, fraction=0.5)
+    on = [bool(lp.offload) for lp in pol.layers]
+    assert not on[-1]  # the offload margin keeps the last layer's groups
+    assert sum(on) < ctx.num_layers - 1  # the fraction turned some off
+    delta = megatron_offload_policy(ctx, g, delta_bytes=1e12)  # stage 1 keeps 1 TB: nothing offloaded
+    assert not any(lp.offload for lp in delta.layers)
