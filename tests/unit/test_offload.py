@@ -157,3 +157,45 @@ def test_megatron_modules_map_to_ops(llama: object) -> None:
     assert sum(on) < ctx.num_layers - 1  # the fraction turned some off
     delta = megatron_offload_policy(ctx, g, delta_bytes=1e12)  # stage 1 keeps 1 TB: nothing offloaded
     assert not any(lp.offload for lp in delta.layers)
+
+
+def test_export_sets_offloading_on_megatron_transformer_config(tmp_path: object, llama: object) -> None:
+    """The exported flags name Megatron's offload options; the plugin sets each stage's modules on megatron-core's
+    own TransformerConfig (0.16.1 has offload_modules but not the fraction: a fraction below 1 is refused there
+    with a line naming the field)."""
+    from pathlib import Path
+
+    from lynx.export.megatron import build_megatron, render_plugin
+    from lynx.export.source import source_from
+    from lynx.problem import PlanProblem
+    from tests.unit.test_export_megatron import _load
+
+    tc = pytest.importorskip("megatron.core.transformer.transformer_config")
+    torch = pytest.importorskip("torch")
+    assert isinstance(llama, PlanProblem) and isinstance(tmp_path, Path)
+    p = plan(llama, "mc-offload", record=False)
+    exp = build_megatron(source_from(p.problem, p.result), simulate=False)
+    flags = {f[0]: f[1:] for f in exp.args}
+    assert "--fine-grained-activation-offloading" in flags
+    assert set(flags["--offload-modules"]) == {"qkv_linear", "core_attn", "attn_proj", "mlp_norm"}
+    table = exp.plugin_table()
+    path = tmp_path / "lynx_megatron_plugin.py"
+    path.write_text(render_plugin(table))
+    plugin = _load(path, "lynx_megatron_plugin_offload_test")
+    base = tc.TransformerConfig(num_layers=80, hidden_size=8192, num_attention_heads=64, num_query_groups=8,
+                                tensor_model_parallel_size=8, pipeline_model_parallel_size=8,
+                                pipeline_dtype=torch.bfloat16)
+    have = {f.name for f in dataclasses.fields(tc.TransformerConfig)}
+    if "offload_modules" not in have:
+        pytest.skip("this megatron-core predates fine-grained activation offloading")
+    for s, entry in enumerate(table["stages"]):
+        if entry.get("activation_offload_fraction", 1.0) != 1.0 and "activation_offload_fraction" not in have:
+            with pytest.raises(ValueError, match="activation_offload_fraction"):
+                plugin.apply_lynx_plan(base, pp_rank=s)
+            continue
+        cfg = plugin.apply_lynx_plan(base, pp_rank=s)
+        assert isinstance(cfg, tc.TransformerConfig)
+        assert cfg.fine_grained_activation_offloading is True
+        assert cfg.offload_modules == entry["offload_modules"]
+    assert any("top layer" in n for n in exp.notes) or all(not lp.offload for pol in p.result.policies
+                                                            for lp in pol.layers[-1:])

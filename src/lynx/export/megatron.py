@@ -13,6 +13,7 @@ from typing import Any
 from lynx.errors import LynxError
 from lynx.export.layout import first_last_counts, megatron_layout
 from lynx.export.megatron_model import model_flags
+from lynx.export.megatron_offload import offload_entry, offload_flags, offload_notes
 from lynx.export.megatron_recompute import MegatronRecompute, chunk_setting, collapse, hidden_note
 from lynx.export.pricing import (
     Figures,
@@ -58,8 +59,10 @@ class MegatronExport:
         lay = self.source.layout
         stages = []
         for v, rec in enumerate(self.per_stage):
+            off = offload_entry(self.source.problem.graph, self.source.policies[v]) \
+                if v < len(self.source.policies) else {}
             stages.append({"virtual_stage": v, "pp_rank": v % lay.pp, "vp_rank": v // lay.pp,
-                           "num_layers": lay.layers[v], "first_layer": lay.first_layer(v), **rec.to_dict()})
+                           "num_layers": lay.layers[v], "first_layer": lay.first_layer(v), **rec.to_dict(), **off})
         return {"pp": lay.pp, "vpp": lay.vpp, "num_layers": lay.num_layers, "method": self.source.result.method,
                 "stages": stages}
 
@@ -80,6 +83,7 @@ def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
         per_stage.append(rec)
         rounding += n
         notes += hidden_note(pol, where)
+        notes += offload_notes(graph, pol, where)
     rounded = list(per_stage)
     stock, n = collapse(per_stage, lay.layers)
     rounding += n
@@ -106,6 +110,7 @@ def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
         ("--micro-batch-size", str(par.micro_batch_size)), ("--global-batch-size", str(par.global_batch_size)),
         *model_flags(src.problem.model, par.seq_length), *run_flags(src.problem.options, par),
         *_as_flags(stock.flags()),
+        *offload_flags([offload_entry(graph, pol) for pol in src.policies]),
     ]
     fl = first_last_counts(lay)
     if fl is not None:

@@ -1,0 +1,59 @@
+"""A plan's offloading as Megatron-Core's fine-grained activation offloading (docs/offload.md).
+
+Megatron-Core's fields (megatron/core/transformer/transformer_config.py): ``fine_grained_activation_offloading``
+and ``offload_modules`` (in 0.16.1), ``activation_offload_fraction`` and ``delta_offload_bytes_across_pp_ranks``
+(added after 0.16.1, on Megatron-LM's main branch). Flags: ``--fine-grained-activation-offloading
+--offload-modules ... --activation-offload-fraction F``. The plugin sets each stage's modules and fraction on its
+own TransformerConfig; the PP delta is not needed (the plan gives every stage its own setting).
+
+What Megatron cannot express is listed beside the plan: op outputs that no module's input covers (the dense
+MLP's activations: Megatron offloads only MoE ``expert_fc1``/``moe_act`` there), and the offload margin (Megatron
+never offloads the last layer's groups of a chunk, lynx may)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lynx.graph import LayerGraph
+from lynx.policy.base import RecomputePolicy
+from lynx.policy.megatron_offload import module_offload_ops, ops_to_modules
+
+
+def offload_entry(graph: LayerGraph, pol: RecomputePolicy) -> dict[str, Any]:
+    """The plugin's offload fields for one (virtual) stage; empty when it offloads nothing."""
+    ops = frozenset(n for lp in pol.layers for n in lp.offload)
+    if not ops:
+        return {}
+    mods, _ = ops_to_modules(graph, ops)
+    if not mods:
+        return {}
+    covered = {n for m in mods for n in module_offload_ops(graph, m)}
+    layers_on = sum(1 for lp in pol.layers if covered & lp.offload)
+    return {"fine_grained_activation_offloading": True, "offload_modules": list(mods),
+            "activation_offload_fraction": round(layers_on / max(1, len(pol.layers)), 6)}
+
+
+def offload_notes(graph: LayerGraph, pol: RecomputePolicy, where: str) -> list[str]:
+    """What Megatron's modules cannot express of this stage's offloading."""
+    ops = frozenset(n for lp in pol.layers for n in lp.offload)
+    if not ops:
+        return []
+    _, rest = ops_to_modules(graph, ops)
+    notes = []
+    if rest:
+        notes.append(f"{where}: offloads {', '.join(sorted(rest))}, which no Megatron --offload-modules entry covers "
+                     "(Megatron keeps them on the device)")
+    if pol.layers and pol.layers[-1].offload:
+        notes.append(f"{where}: offloads in its top layer; Megatron's offload margin keeps the last layer's groups "
+                     "on the device")
+    return notes
+
+
+def offload_flags(entries: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """The global flags: offloading on with the union of the stages' modules (the plugin narrows each stage)."""
+    mods: list[str] = []
+    for e in entries:
+        mods += [m for m in e.get("offload_modules", []) if m not in mods]
+    if not mods:
+        return []
+    return [("--fine-grained-activation-offloading",), ("--offload-modules", *mods)]
