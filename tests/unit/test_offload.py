@@ -34,7 +34,7 @@ def _policies(graph: LayerGraph) -> list[LayerPolicy]:
         lp = LayerPolicy(keep, rec)
         if validate_layer_policy(graph, lp, False) or not windows_ok(graph, lp):
             continue
-        cand = sorted(n for n in keep if graph.keep_bytes(n) > 0)
+        cand = sorted(n for n in keep & graph.needed() if graph.keep_bytes(n) > 0)
         for k in range(len(cand) + 1):
             for off in itertools.combinations(cand, k):
                 out.append(LayerPolicy(keep, rec, offload=frozenset(off)))

@@ -147,10 +147,12 @@ def add_layer_vars(m: Milp, graph: LayerGraph, has_fwd_windows: bool, tag: str =
 
 
 def add_offload_vars(m: Milp, graph: LayerGraph, lv: LayerVars, tag: str = "") -> None:
-    """The third state's per-layer constraint groups (O1), (O2)."""
+    """The third state's per-layer constraint groups (O1), (O2). Only outputs some backward reads are offload
+    candidates (an output kept only as a recomputation source is needed in a window, before any reload)."""
+    needed = graph.needed()
     for op in graph.ops:
         n = op.name
-        if graph.keep_bytes(n) <= 0:
+        if n not in needed or graph.keep_bytes(n) <= 0:
             continue
         lv.O[n] = m.binary(f"O{tag}[{n}]")
         # (O1) only a kept output is offloaded: O_i <= S_i
@@ -302,7 +304,8 @@ def build_model(graph: LayerGraph, ctx: StageContext, opts: HeuOptions, counts: 
     caps = window_caps(graph, ctx.subtract_wgrad)
     lvs = [add_layer_vars(m, graph, ctx.has_fwd_windows, tag=f"{g}" if len(counts) > 1 else "", caps=caps)
            for g in range(len(counts))]
-    link = opts.offload if not ctx.chunk_layers else None
+    # offloading frees (f - 1) micro-batches' bytes: nothing with one in flight (the last stage), so no variables
+    link = opts.offload if not ctx.chunk_layers and ctx.in_flight > 1 else None
     for g, lv in enumerate(lvs):
         add_windows(m, graph, lv, ctx.subtract_wgrad)
         if link is not None:

@@ -86,6 +86,15 @@ class SimResult:
         return max((s.recompute_critical_s for s in self.stages), default=0.0)
 
     @property
+    def copy_exposed_s(self) -> float:
+        """Offload copies waited for, on the stage that waits most (docs/offload.md)."""
+        return max((s.copy_exposed_s for s in self.stages), default=0.0)
+
+    @property
+    def offloads(self) -> bool:
+        return any(s.offloaded_bytes > 0 for s in self.stages)
+
+    @property
     def recompute_hidden_s(self) -> float:
         """Recomputation hidden in collective windows and pipeline stalls, on the stage that hides most."""
         return max((s.recompute_overlapped_s for s in self.stages), default=0.0)
