@@ -40,7 +40,8 @@ def memory_table(stages: Sequence[StageMemory], title: str) -> Table:
                       "offloading, offloaded/mb: the part of act/mb copied to host memory (on the device for one "
                       "micro-batch), host: the pinned host memory it takes")
     cols: tuple[str, ...] = ("stage", "layers", "params", "grads", "optimizer", "act/mb", "in flight",
-                             "activations", "fwd windows", "transient", "emb/logits", "peak", "sim peak", "budget", "headroom")
+                             "activations", "fwd windows", "transient", "emb/logits", "peak", "sim peak", "budget",
+                             "headroom")
     offloads = any(st.act.offloaded_per_microbatch > 0 for st in stages)
     if offloads:  # where the offloaded bytes went (docs/offload.md); absent for plans that do not offload
         cols = (*cols[:6], "offloaded/mb", "host", *cols[6:])
