@@ -199,3 +199,26 @@ def test_export_sets_offloading_on_megatron_transformer_config(tmp_path: object,
         assert cfg.offload_modules == entry["offload_modules"]
     assert any("top layer" in n for n in exp.notes) or all(not lp.offload for pol in p.result.policies
                                                             for lp in pol.layers[-1:])
+
+
+def test_offload_plan_file_round_trip(tmp_path: object, llama: object) -> None:
+    """A lynx-offload plan saved and loaded simulates to the same iteration and memory (the plan file carries the
+    offload choices; the host link comes back from the device's default)."""
+    from pathlib import Path
+
+    from lynx.plan import Plan, load_plan
+    from lynx.problem import PlanProblem
+
+    assert isinstance(llama, PlanProblem) and isinstance(tmp_path, Path)
+    tight = dataclasses.replace(llama, options=dataclasses.replace(llama.options, budget_bytes=24.0 * (1 << 30)))
+    p = plan(tight, "lynx-offload", record=False)
+    assert any(lp.offload for pol in p.result.policies for lp in pol.layers)  # the tight budget makes it offload
+    lynx_only = plan(tight, "lynx", record=False)
+    assert not lynx_only.sim.oom and not p.sim.oom
+    assert p.sim.iteration_time_s < lynx_only.sim.iteration_time_s  # offloading beats recomputing here
+    path = tmp_path / "plan.json"
+    p.save(path)
+    prob2, res2 = load_plan(path)
+    again = Plan.evaluate(prob2, res2, record=False)
+    assert again.sim.iteration_time_s == p.sim.iteration_time_s
+    assert [s.peak_memory_bytes for s in again.sim.stages] == [s.peak_memory_bytes for s in p.sim.stages]
