@@ -54,7 +54,7 @@ def problem(model: str, tp: int, pp: int, dp: int, gb: int, seq: int, budget: fl
 
 def judged(out: Out, tg: Targets) -> None:
     t = Table(title="offloading in --compare (iteration s; peak GiB is the largest stage's)", title_justify="left")
-    for c in ("case", *METHODS, "best offload vs lynx", "target: fits, <= lynx, < mc-offload", "holds"):
+    for c in ("case", *METHODS, "best offload vs lynx", "target: fits, <= lynx, < mc-offload (or it OOMs)", "holds"):
         t.add_column(c, justify="right" if c != "case" else "left")
     for label, model, tp, pp, dp, gb, seq, budget, ends in CASES:
         prob = problem(model, tp, pp, dp, gb, seq, budget, ends)
@@ -76,7 +76,7 @@ def judged(out: Out, tg: Targets) -> None:
         mc = times.get("mc-offload")
         ok = None if best is None or lynx is None else (best <= lynx * (1 + 1e-9) and (mc is None or best < mc))
         gain = "" if best is None or lynx is None else f"{(lynx - best) / lynx:+.2%}"
-        t.add_row(label, *cells, gain, "fits, <= lynx, < mc-offload", tg.add(label, ok))
+        t.add_row(label, *cells, gain, "fits, <= lynx, < mc-offload (or it OOMs)", tg.add(label, ok))
     out.print(t)
 
 
