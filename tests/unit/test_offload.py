@@ -222,3 +222,36 @@ def test_offload_plan_file_round_trip(tmp_path: object, llama: object) -> None:
     again = Plan.evaluate(prob2, res2, record=False)
     assert again.sim.iteration_time_s == p.sim.iteration_time_s
     assert [s.peak_memory_bytes for s in again.sim.stages] == [s.peak_memory_bytes for s in p.sim.stages]
+
+
+def test_gantt_draws_copies_and_memory_table_shows_host_bytes(llama: object) -> None:
+    pytest.importorskip("matplotlib")
+    from lynx.breakdown import stage_memories
+    from lynx.problem import PlanProblem
+    from lynx.report.memory import memory_table
+    from lynx.report.plots import gantt_figure
+
+    assert isinstance(llama, PlanProblem)
+    p = plan(llama, "offload-all", record=True)
+    fig, drawing = gantt_figure(p)
+    try:
+        assert drawing.copy_bars > 0
+        texts = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert any("D2H" in t for t in texts) and any("H2D" in t for t in texts)
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    fig2, plain = gantt_figure(plan(llama, "none", record=True))
+    try:
+        assert plain.copy_bars == 0 and not any("D2H" in t.get_text() for t in fig2.legends[0].get_texts())
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig2)
+    mems = stage_memories(p)
+    assert mems[0].act.host == pytest.approx(p.sim.stages[0].host_bytes) and mems[0].act.host > 0
+    cols = [c.header for c in memory_table(mems, "t").columns]
+    assert "offloaded/mb" in cols and "host" in cols
+    none_cols = [c.header for c in memory_table(stage_memories(plan(llama, "none", record=False)), "t").columns]
+    assert "host" not in none_cols

@@ -56,6 +56,8 @@ class GanttDrawing:
     labels: int
     """Micro-batch numbers written inside bars (only where they fit)."""
     title: str
+    copy_bars: int = 0
+    """Rectangles of offload copies (copy-out and reload lanes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,13 +118,13 @@ def _clip(segs: Iterable[Segment], lo: float, hi: float) -> list[tuple[Segment, 
     return [(s, max(s.start, lo), min(s.end, hi)) for s in segs if s.end > lo and s.start < hi]
 
 
-def _draw_panel(ax: Any, sim: SimResult, lo: float, hi: float) -> tuple[int, int]:
+def _draw_panel(ax: Any, sim: SimResult, lo: float, hi: float) -> tuple[int, int, int]:
     """Bars of one time window; returns (bars, recomputation bars). Hidden recomputation gets its own lane
     under each stage's row: it runs beside the compute it hides behind, so drawn in the row it would be
     covered. Recomputation bars have an edge in their own colour so a 2 ms one stays at least a pixel wide
     (a hatch would need a contrasting edge, which would eat such a bar, so colour and lane tell them apart)."""
     p = len(sim.stages)
-    bars = recompute = 0
+    bars = recompute = copies = 0
     for stage in range(p):
         y = _row_y(p, stage)
         for kind in K:
@@ -136,9 +138,10 @@ def _draw_panel(ax: Any, sim: SimResult, lo: float, hi: float) -> tuple[int, int
             ax.broken_barh(spans, ybox, facecolors=_COLORS[kind], edgecolors=edge, linewidth=0.4)
             bars += len(spans)
             recompute += len(spans) if kind in (K.RECOMPUTE, K.OVERLAP) else 0
+            copies += len(spans) if kind in _COPY_LANE else 0
     ax.set_xlim(lo, hi)
     ax.set_ylim(-0.6, p - 0.4)
-    return bars, recompute
+    return bars, recompute, copies
 
 
 def _label_bars(fig: Any, axes: Sequence[Any], sim: SimResult, windows: Sequence[tuple[float, float]]) -> int:
@@ -193,10 +196,10 @@ def gantt_figure(plan: Plan) -> tuple[Any, GanttDrawing]:
     fig, axes = plt.subplots(1, len(windows), figsize=(14, 0.75 * p + 2.4), sharey=True, squeeze=False,
                              width_ratios=spans, layout="constrained")
     axes = list(axes[0])
-    bars = recompute = 0
+    bars = recompute = copies = 0
     for ax, (lo, hi) in zip(axes, windows, strict=True):
-        b, r = _draw_panel(ax, sim, lo, hi)
-        bars, recompute = bars + b, recompute + r
+        b, r, c = _draw_panel(ax, sim, lo, hi)
+        bars, recompute, copies = bars + b, recompute + r, copies + c
         ax.tick_params(axis="x", labelsize=8)
     axes[0].set_yticks([_row_y(p, s) for s in range(p)], [f"stage {s}" for s in range(p)])
     _mark_breaks(axes)
@@ -211,7 +214,7 @@ def gantt_figure(plan: Plan) -> tuple[Any, GanttDrawing]:
     fig.legend(handles, [_LABELS[k] for k in kinds], loc="outside lower center", ncol=len(handles),
                fontsize=8, frameon=False)
     labels = _label_bars(fig, axes, sim, windows)
-    return fig, GanttDrawing(tuple(windows), bars, recompute, labels, title)
+    return fig, GanttDrawing(tuple(windows), bars, recompute, labels, title, copies)
 
 
 def gantt(plan: Plan, path: str | Path) -> GanttDrawing:
