@@ -28,9 +28,12 @@ def offload_entry(graph: LayerGraph, pol: RecomputePolicy) -> dict[str, Any]:
     if not mods:
         return {}
     covered = {n for m in mods for n in module_offload_ops(graph, m)}
-    layers_on = sum(1 for lp in pol.layers if covered & lp.offload)
+    # Megatron's margin always keeps the top layer's groups; the fraction applies to the layers below it, whose
+    # groups it turns off from the top (forward order's end): the share of them the plan offloads
+    below = pol.layers[:-1] or pol.layers
+    layers_on = sum(1 for lp in below if covered & lp.offload)
     return {"fine_grained_activation_offloading": True, "offload_modules": list(mods),
-            "activation_offload_fraction": round(layers_on / max(1, len(pol.layers)), 6)}
+            "activation_offload_fraction": round(layers_on / len(below), 6)}
 
 
 def offload_notes(graph: LayerGraph, pol: RecomputePolicy, where: str) -> list[str]:
