@@ -263,3 +263,25 @@ def test_gantt_draws_copies_and_memory_table_shows_host_bytes(llama: object) -> 
     assert "offloaded/mb" in cols and "host" in cols
     none_cols = [c.header for c in memory_table(stage_memories(plan(llama, "none", record=False)), "t").columns]
     assert "host" not in none_cols
+
+
+def test_export_prices_the_plugin_with_its_offloading(llama: object) -> None:
+    """A lynx-offload plan's export simulates Megatron with the plugin offloading as the plan does (so the fit
+    search does not add recomputation offloading already saves), and the policies it builds offload."""
+    from lynx.export.megatron import build_megatron
+    from lynx.export.megatron_offload import apply_offload, offload_entry
+    from lynx.export.source import source_from
+    from lynx.problem import PlanProblem
+
+    assert isinstance(llama, PlanProblem)
+    tight = dataclasses.replace(llama, options=dataclasses.replace(llama.options, budget_bytes=24.0 * (1 << 30)))
+    p = plan(tight, "mc-offload", record=False)
+    entry = offload_entry(tight.graph, p.result.policies[0])
+    keep = (LayerPolicy(tight.graph.needed()),) * 4
+    applied = apply_offload(tight.graph, keep, entry)
+    assert all(lp.offload for lp in applied[:3]) and not applied[3].offload  # the margin
+    half = apply_offload(tight.graph, keep, {**entry, "activation_offload_fraction": 0.5})
+    assert [bool(lp.offload) for lp in half] == [True, True, False, False]
+    q = plan(tight, "lynx-offload", record=False)
+    exp = build_megatron(source_from(q.problem, q.result))
+    assert exp.sim_note == "" and exp.figures

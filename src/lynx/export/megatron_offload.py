@@ -12,10 +12,11 @@ never offloads the last layer's groups of a chunk, lynx may)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from lynx.graph import LayerGraph
-from lynx.policy.base import RecomputePolicy
+from lynx.policy.base import LayerPolicy, RecomputePolicy
 from lynx.policy.megatron_offload import module_offload_ops, ops_to_modules
 
 
@@ -60,3 +61,21 @@ def offload_flags(entries: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     if not mods:
         return []
     return [("--fine-grained-activation-offloading",), ("--offload-modules", *mods)]
+
+
+def apply_offload(graph: LayerGraph, layers: tuple[LayerPolicy, ...], entry: Mapping[str, Any] | None
+                  ) -> tuple[LayerPolicy, ...]:
+    """What Megatron offloads under one stage's plugin entry, on top of its recomputation setting's layer policies
+    (to price the exported plugin): the modules' input tensors where the setting keeps them, in every layer but
+    the top one (the margin), less the last ``1 - fraction`` of those layers (Megatron turns groups off from the
+    end of the forward order)."""
+    if not entry or not entry.get("fine_grained_activation_offloading"):
+        return layers
+    ops = frozenset(n for m in entry.get("offload_modules", []) for n in module_offload_ops(graph, m))
+    below = len(layers) - 1
+    k = below - int(below * (1.0 - float(entry.get("activation_offload_fraction", 1.0))))
+    out = list(layers)
+    for i in range(max(0, k)):
+        lp = layers[i]
+        out[i] = LayerPolicy(lp.keep, lp.recompute, lp.input_checkpoint, lp.rerun, (ops & lp.keep) - lp.rerun)
+    return tuple(out)
