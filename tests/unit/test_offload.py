@@ -285,3 +285,34 @@ def test_export_prices_the_plugin_with_its_offloading(llama: object) -> None:
     q = plan(tight, "lynx-offload", record=False)
     exp = build_megatron(source_from(q.problem, q.result))
     assert exp.sim_note == "" and exp.figures
+
+
+def test_from_megatron_reads_and_prices_the_offload_flags() -> None:
+    from lynx.errors import SpecError
+    from lynx.export.megatron_args import parse_megatron_args
+    from lynx.export.megatron_offload import command_offload
+    from lynx.export.pricing import imported_problem, simulate_stock
+    from lynx.problem import PlanOptions
+
+    base = ("--num-layers 16 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 --micro-batch-size 1 "
+            "--global-batch-size 32 --tensor-model-parallel-size 4 --pipeline-model-parallel-size 4 --swiglu "
+            "--normalization RMSNorm --position-embedding-type rope --disable-bias-linear --bf16 "
+            "--sequence-parallel --vocab-size 32000 --ffn-hidden-size 11008")
+    plain = parse_megatron_args(base)
+    assert plain.offload is None
+    cmd = parse_megatron_args(base + " --fine-grained-activation-offloading --offload-modules core_attn attn_proj "
+                              "--activation-offload-fraction 0.5 --delta-offload-bytes-across-pp-ranks 1e8")
+    assert cmd.offload is not None and cmd.offload["offload_modules"] == ["core_attn", "attn_proj"]
+    assert not any("offload" in w for w in cmd.warnings)  # read, not ignored
+    per = command_offload(cmd.offload, 4, 4)
+    assert per is not None and [e["keep_on_device_bytes"] for e in per] == [0.0, 1e8, 2e8, 3e8]
+    problem = imported_problem(cmd.model, cmd.parallel(2), cmd.layout, "h100-80g-nvlink", PlanOptions())
+    off = simulate_stock(problem, cmd.layout, cmd.recompute, per)
+    on_device = simulate_stock(problem, cmd.layout, cmd.recompute)
+    assert off.plan is not None and on_device.plan is not None
+    assert off.plan.sim.stages[0].peak_memory_bytes < on_device.plan.sim.stages[0].peak_memory_bytes
+    assert off.plan.sim.stages[0].offloaded_bytes > 0
+    with pytest.raises(SpecError, match="attn_proj needs core_attn"):
+        parse_megatron_args(base + " --fine-grained-activation-offloading --offload-modules attn_proj")
+    with pytest.raises(SpecError, match="needs --offload-modules"):
+        parse_megatron_args(base + " --fine-grained-activation-offloading")

@@ -73,9 +73,25 @@ def apply_offload(graph: LayerGraph, layers: tuple[LayerPolicy, ...], entry: Map
         return layers
     ops = frozenset(n for m in entry.get("offload_modules", []) for n in module_offload_ops(graph, m))
     below = len(layers) - 1
-    k = below - int(below * (1.0 - float(entry.get("activation_offload_fraction", 1.0))))
+    sets = [(ops & lp.keep) - lp.rerun for lp in layers[:max(0, below)]]
+    # the PP delta: `rank * delta` bytes stay on the device, whole layers' groups from the front
+    keep_dev, first = float(entry.get("keep_on_device_bytes", 0.0)), 0
+    while first < len(sets) and keep_dev > 0:
+        keep_dev -= sum(graph.keep_bytes(n) for n in sets[first])
+        first += 1
+    rest = len(sets) - first
+    k = first + rest - int(rest * (1.0 - float(entry.get("activation_offload_fraction", 1.0))))
     out = list(layers)
-    for i in range(max(0, k)):
+    for i in range(first, k):
         lp = layers[i]
-        out[i] = LayerPolicy(lp.keep, lp.recompute, lp.input_checkpoint, lp.rerun, (ops & lp.keep) - lp.rerun)
+        out[i] = LayerPolicy(lp.keep, lp.recompute, lp.input_checkpoint, lp.rerun, sets[i])
     return tuple(out)
+
+
+def command_offload(entry: Mapping[str, Any] | None, num_virtual_stages: int, pp: int) -> list[dict[str, Any]] | None:
+    """An imported command's offloading per virtual stage (`apply_offload` entries): the same modules and
+    fraction everywhere, rank r keeping ``r * delta`` bytes on the device."""
+    if not entry:
+        return None
+    delta = float(entry.get("delta_offload_bytes_across_pp_ranks", 0.0))
+    return [{**entry, "keep_on_device_bytes": (v % pp) * delta} for v in range(num_virtual_stages)]
