@@ -39,11 +39,16 @@ class ActivationTerms:
     """The embedding masks of every in-flight micro-batch."""
     logits: float
     """The last stage's logits and their fp32 copy for the loss."""
+    offloaded_per_microbatch: float = 0.0
+    """The part of `per_microbatch` offloaded to host memory (docs/offload.md): on the device for one micro-batch
+    only, so `held` counts it once."""
+    host: float = 0.0
+    """Pinned host memory the offloaded activations of every in-flight micro-batch take, per GPU."""
 
 
 def activation_terms(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> ActivationTerms:
     """The closed form's activation terms, from `lynx.memory`'s pieces (the ones `stage_peak_bytes` adds)."""
-    from lynx.memory import held_bytes, layer_memory, stage_lifetimes
+    from lynx.memory import held_bytes, host_bytes, layer_memory, stage_lifetimes
 
     mems = [layer_memory(graph, lp) for lp in layers]
     work_f = max((m.dropped for m in mems), default=0.0)
@@ -59,6 +64,8 @@ def activation_terms(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: St
         grad_workspace=ctx.grad_workspace_bytes,
         embedding_per_microbatch=ctx.extra_retained_bytes,
         logits=ctx.extra_transient_bytes,
+        offloaded_per_microbatch=sum(m.offloaded for m in mems),
+        host=host_bytes(mems, ctx),
     )
 
 

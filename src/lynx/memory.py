@@ -80,6 +80,9 @@ class LayerMemory:
     """Recomputed right before this layer's backward."""
     dropped: float
     """Produced in forward and freed at once (alive while the layer's forward runs)."""
+    offloaded: float = 0.0
+    """The part of `retained` that is offloaded (`LayerPolicy.offload`): on the device only for the micro-batch
+    being copied out or reloaded (docs/offload.md), on the host for the others."""
 
 
 def layer_memory(graph: LayerGraph, lp: LayerPolicy) -> LayerMemory:
@@ -99,6 +102,7 @@ def layer_memory(graph: LayerGraph, lp: LayerPolicy) -> LayerMemory:
         bwd_window=sum_phase(BWD_PHASES),
         on_demand=sum_phase((Phase.ON_DEMAND,)) + rerun_work,
         dropped=graph.full_activation_bytes() - retained,
+        offloaded=sum(graph.keep_bytes(n) for n in lp.offload),
     )
 
 
@@ -114,12 +118,28 @@ def fixed_bytes(ctx: StageContext, num_layers: int, input_bytes: float) -> float
 
 def held_bytes(mems: list[LayerMemory], ctx: StageContext) -> float:
     """Activations the stage holds for backward at its peak: each chunk's in-flight micro-batches times
-    its layers' retained bytes, plus the non-layer retained bytes (the schedule's facts give the counts)."""
+    its layers' retained bytes, plus the non-layer retained bytes (the schedule's facts give the counts).
+    Offloaded bytes count once per chunk (one micro-batch on the device: the one being copied out, or the one
+    reloaded for its backward; docs/offload.md) instead of once per micro-batch in flight."""
+    off = [sum(m.offloaded for m in mems[lo:hi]) for lo, hi in ctx.chunk_slices()]
     if not ctx.chunk_layers:
-        return ctx.in_flight * (sum(m.retained for m in mems) + ctx.extra_retained_bytes)
-    per_chunk = [sum(m.retained for m in mems[lo:hi]) for lo, hi in ctx.chunk_slices()]
+        if not off[0]:  # bit-identical to the figure before offloading existed
+            return ctx.in_flight * (sum(m.retained for m in mems) + ctx.extra_retained_bytes)
+        return (ctx.in_flight * (sum(m.retained - m.offloaded for m in mems) + ctx.extra_retained_bytes)
+                + min(ctx.in_flight, 1) * off[0])
+    per_chunk = [sum(m.retained - m.offloaded for m in mems[lo:hi]) if o else sum(m.retained for m in mems[lo:hi])
+                 for (lo, hi), o in zip(ctx.chunk_slices(), off, strict=True)]
     per_chunk[0] += ctx.extra_retained_bytes  # the first virtual stage's embedding mask
-    return ctx.peak_weighted(tuple(per_chunk))
+    return ctx.peak_weighted(tuple(per_chunk)) + sum(off)
+
+
+def host_bytes(mems: list[LayerMemory], ctx: StageContext) -> float:
+    """Host memory one GPU of the stage pins for offloaded activations: every in-flight micro-batch's offloaded
+    bytes (an upper bound: the micro-batch on the device may still have its copy on the host)."""
+    off = tuple(sum(m.offloaded for m in mems[lo:hi]) for lo, hi in ctx.chunk_slices())
+    if not ctx.chunk_layers:
+        return ctx.in_flight * off[0]
+    return ctx.peak_weighted(off)
 
 
 def linear_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> float:

@@ -51,6 +51,14 @@ class StagePrediction:
     recompute_overlapped_s: float
     fwd_time_s: float
     bwd_time_s: float
+    copy_exposed_s: float = 0.0
+    """Offload copies waited for over the iteration (docs/offload.md); with the next two, written only when the
+    plan offloads."""
+    offloaded_bytes: float = 0.0
+    host_bytes: float = 0.0
+
+
+_OFFLOAD_FIELDS = ("copy_exposed_s", "offloaded_bytes", "host_bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +83,17 @@ class Prediction:
                 stage=st.stage, num_layers=st.num_layers, peak_memory_bytes=st.peak_memory_bytes,
                 budget_bytes=st.budget_bytes, static_bytes=st.static_bytes, oom=st.oom,
                 recompute_critical_s=st.recompute_critical_s, recompute_overlapped_s=st.recompute_overlapped_s,
-                fwd_time_s=st.fwd_time_s, bwd_time_s=st.bwd_time_s) for st in s.stages),
+                fwd_time_s=st.fwd_time_s, bwd_time_s=st.bwd_time_s, copy_exposed_s=st.copy_exposed_s,
+                offloaded_bytes=st.offloaded_bytes, host_bytes=st.host_bytes) for st in s.stages),
         )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["stages"] = [asdict(st) for st in self.stages]
+        if not any(st.offloaded_bytes for st in self.stages):  # written as before offloading existed
+            for st in d["stages"]:
+                for k in _OFFLOAD_FIELDS:
+                    st.pop(k, None)
         return d
 
 

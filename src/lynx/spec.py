@@ -189,6 +189,61 @@ class DeviceSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class HostLink:
+    """The link between a GPU and its host's memory, which activation offloading copies over (docs/offload.md).
+    Bandwidths are what a pinned-memory ``cudaMemcpyAsync`` reaches per direction, not the line rate."""
+
+    d2h_Bps: float = field(metadata=rng(gt=0))
+    """Device-to-host bandwidth of one uplink, bytes/s."""
+    h2d_Bps: float = field(metadata=rng(gt=0))
+    """Host-to-device bandwidth of one uplink, bytes/s."""
+    gpus_per_link: int = field(default=1, metadata=rng(gt=0, le=64))
+    """GPUs behind one uplink (a PCIe switch): in a pipeline stage every GPU of the node copies at once, so each
+    gets 1 / gpus_per_link of it."""
+    duplex: bool = True
+    """Separate copy engines for the two directions run a copy-out and a reload at once (PCIe and NVLink-C2C
+    are full duplex); False: one copy engine, the two directions take turns."""
+    host_memory_bytes: float = field(default=1e12, metadata=rng(gt=0))
+    """Host memory of one node."""
+    host_usable_fraction: float = field(default=0.5, metadata=rng(gt=0, le=1))
+    """Share of the host memory that pinned offload buffers may take (the OS, the data loader, checkpoint
+    staging and NCCL keep the rest; an assumption, override per file)."""
+
+    def per_gpu(self, devices_per_node: int) -> tuple[float, float, float]:
+        """(D2H B/s, H2D B/s, host bytes) that one GPU gets when every GPU of its node offloads at once."""
+        return (self.d2h_Bps / self.gpus_per_link, self.h2d_Bps / self.gpus_per_link,
+                self.host_memory_bytes * self.host_usable_fraction / devices_per_node)
+
+
+PCIE_GEN4_X16 = HostLink(d2h_Bps=25e9, h2d_Bps=25e9, gpus_per_link=2, host_memory_bytes=1e12)
+"""DGX A100-class: PCIe Gen4 x16 is 16 GT/s x 16 lanes x 128/130 = 31.5 GB/s per direction (PCI-SIG PCIe 4.0);
+pinned cudaMemcpyAsync reaches ~25 GB/s (CUDA samples bandwidthTest on A100 SXM); two GPUs share one PCIe Gen4
+switch uplink to the CPU (NVIDIA DGX A100 System Architecture whitepaper, fig. "PCIe topology"); 1 TB system
+memory (DGX A100 320GB datasheet)."""
+PCIE_GEN5_X16 = HostLink(d2h_Bps=50e9, h2d_Bps=50e9, gpus_per_link=2, host_memory_bytes=2e12)
+"""DGX H100-class (H100 SXM5): PCIe Gen5 x16 is 32 GT/s x 16 x 128/130 = 63 GB/s per direction (PCI-SIG PCIe
+5.0); pinned copies reach ~50 GB/s (NVIDIA H100 measurements in nvbandwidth's host_to_device_memcpy_ce, ~52-55
+GB/s); GPUs behind PCIe switches two to an uplink as on DGX A100 (an assumption for the DGX H100 layout,
+override per file); 2 TB system memory (NVIDIA DGX H100 datasheet)."""
+NVLINK_C2C = HostLink(d2h_Bps=450e9, h2d_Bps=450e9, gpus_per_link=1, host_memory_bytes=480e9,
+                      host_usable_fraction=0.5)
+"""GH200 Grace Hopper: NVLink-C2C 900 GB/s total = 450 GB/s per direction between the Hopper GPU and its own Grace
+CPU (NVIDIA GH200 Grace Hopper Superchip datasheet); 480 GB LPDDR5X per superchip (datasheet)."""
+
+
+def default_host_link(device_name: str) -> HostLink | None:
+    """The host link a device's usual system has (None: unknown; give ``host_link`` in the hardware file)."""
+    n = device_name.upper()
+    if "GH200" in n or "GRACE" in n:
+        return NVLINK_C2C
+    if "H100" in n or "H200" in n or "H800" in n:
+        return PCIE_GEN5_X16
+    if "A100" in n or "A800" in n:
+        return PCIE_GEN4_X16
+    return None
+
+
+@dataclass(frozen=True, slots=True)
 class Hardware:
     """A node type and its links. The number of nodes follows from TP * PP * DP (capped by `max_nodes`)."""
 
@@ -208,6 +263,13 @@ class Hardware:
     topology: Topology | None = None
     """Per-pair links inside a node (boards without NVSwitch, PCIe switches, sockets); None: `intra_node`
     (and `inter_group` between boards of `intra_group_size`) for every group inside a node."""
+    host_link: HostLink | None = None
+    """GPU <-> host memory, for activation offloading; None: the default of the device's usual system
+    (`default_host_link`), or no offloading where there is none."""
+
+    def host(self) -> HostLink | None:
+        """The host link offloading copies over (the file's, else the device's usual system's)."""
+        return self.host_link if self.host_link is not None else default_host_link(self.device.name)
 
     def __post_init__(self) -> None:
         check_instance(self, f"hardware {self.name!r}")
@@ -540,7 +602,10 @@ def model_to_dict(m: ModelSpec) -> dict[str, Any]:
 
 
 def hardware_to_dict(h: Hardware) -> dict[str, Any]:
-    return dataclasses.asdict(h)
+    d = dataclasses.asdict(h)
+    if d.get("host_link") is None:  # a plan without a host link is written as before offloading existed
+        d.pop("host_link", None)
+    return d
 
 
 _CP_DEFAULTS = {"cp": 1, "cp_comm_type": "p2p", "cp_a2a_size": 1}

@@ -25,7 +25,7 @@ RANKS: dict[str, int] = {
     "lynx.policy.heu": 5, "lynx.policy.heu_mixed": 5, "lynx.policy.opt": 5, "lynx.policy.opt_model": 5,
     "lynx.policy.opt_check": 5, "lynx.policy.opt_timeline": 5, "lynx.policy.rules": 5,
     "lynx.policy.adapipe": 5, "lynx.policy.heu_objective": 5, "lynx.partition": 5,
-    "lynx.policy.megatron_modules": 5,
+    "lynx.policy.megatron_modules": 5, "lynx.policy.megatron_offload": 5, "lynx.policy.offload": 5,
     "lynx.problem": 6,
     "lynx.simulate": 7, "lynx.simulate.runtime_costs": 7,
     "lynx.methods": 8,
@@ -35,7 +35,8 @@ RANKS: dict[str, int] = {
     "lynx.cli": 12, "lynx.__main__": 12,
 }
 SOLVERS = ("lynx.policy.heu", "lynx.policy.heu_objective", "lynx.policy.heu_mixed", "lynx.policy.opt",
-           "lynx.policy.rules", "lynx.policy.adapipe", "lynx.policy.megatron_modules")
+           "lynx.policy.rules", "lynx.policy.adapipe", "lynx.policy.megatron_modules",
+           "lynx.policy.megatron_offload", "lynx.policy.offload")
 SOLVER_MAY_IMPORT = ("lynx.errors", "lynx.graph", "lynx.spec", "lynx.memory", "lynx.milp", "lynx.policy",
                      "lynx.schedule", "lynx.pricing")
 

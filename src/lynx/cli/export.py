@@ -182,7 +182,10 @@ def plan_from_megatron(args: str, hardware: str, dp: int, nodes: int | None, bud
     problem = imported_problem(cmd.model, cmd.parallel(dp), cmd.layout, hardware, opts)
     for w in budget_warnings(budget_gb, hw):  # after the checks: a NaN has been refused
         err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
-    mine = simulate_stock(problem, cmd.layout, cmd.recompute)
+    from lynx.export.megatron_offload import command_offload
+
+    mine = simulate_stock(problem, cmd.layout, cmd.recompute,
+                          command_offload(cmd.offload, len(cmd.layout.layers), cmd.layout.pp))
     free = replace(problem, options=replace(problem.options, layers_per_stage=None))
     lynx_row = plan_method(free, "lynx")
     for w in cmd.warnings:
@@ -193,5 +196,7 @@ def plan_from_megatron(args: str, hardware: str, dp: int, nodes: int | None, bud
     if as_json:
         print_json({"megatron": mine.to_dict(), "lynx": lynx_row.to_dict(), "warnings": list(cmd.warnings)})
         return
-    mine_row = replace(mine, label="your megatron", setting=f"{mine.setting}; layers {cmd.layout.layers}")
+    off = "" if cmd.offload is None else (
+        f"; offload {' '.join(cmd.offload['offload_modules'])} fraction {cmd.offload['activation_offload_fraction']:g}")
+    mine_row = replace(mine, label="your megatron", setting=f"{mine.setting}{off}; layers {cmd.layout.layers}")
     console.print(figures_table([lynx_row, mine_row], f"Megatron command line on {hardware}, DP {dp}"))

@@ -13,6 +13,7 @@ from typing import Any
 from lynx.errors import LynxError
 from lynx.export.layout import first_last_counts, megatron_layout
 from lynx.export.megatron_model import model_flags
+from lynx.export.megatron_offload import offload_entry, offload_flags, offload_notes
 from lynx.export.megatron_recompute import MegatronRecompute, chunk_setting, collapse, hidden_note
 from lynx.export.pricing import (
     Figures,
@@ -58,8 +59,10 @@ class MegatronExport:
         lay = self.source.layout
         stages = []
         for v, rec in enumerate(self.per_stage):
+            off = offload_entry(self.source.problem.graph, self.source.policies[v]) \
+                if v < len(self.source.policies) else {}
             stages.append({"virtual_stage": v, "pp_rank": v % lay.pp, "vp_rank": v // lay.pp,
-                           "num_layers": lay.layers[v], "first_layer": lay.first_layer(v), **rec.to_dict()})
+                           "num_layers": lay.layers[v], "first_layer": lay.first_layer(v), **rec.to_dict(), **off})
         return {"pp": lay.pp, "vpp": lay.vpp, "num_layers": lay.num_layers, "method": self.source.result.method,
                 "stages": stages}
 
@@ -80,16 +83,19 @@ def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
         per_stage.append(rec)
         rounding += n
         notes += hidden_note(pol, where)
+        notes += offload_notes(graph, pol, where)
     rounded = list(per_stage)
     stock, n = collapse(per_stage, lay.layers)
     rounding += n
     figures: tuple[Figures, ...] = ()
     sim_note = "not simulated: not asked to"
+    offload = _offload_entries(src)
     if simulate:
         try:
-            per_stage, stock, more = _fit(src, rounded, stock)
-            figures = (simulate_lynx(src.problem, src.result), simulate_per_stage(src.problem, lay, per_stage),
-                       simulate_stock(src.problem, lay, stock))
+            per_stage, stock, more = _fit(src, rounded, stock, offload)
+            figures = (simulate_lynx(src.problem, src.result),
+                       simulate_per_stage(src.problem, lay, per_stage, offload[0]),
+                       simulate_stock(src.problem, lay, stock, offload[1]))
             even, why = stock_on_even_split(src.problem, lay)
             figures += (even,) if even is not None else ()
             notes, sim_note = notes + more + ([why] if why else []), ""
@@ -106,6 +112,7 @@ def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
         ("--micro-batch-size", str(par.micro_batch_size)), ("--global-batch-size", str(par.global_batch_size)),
         *model_flags(src.problem.model, par.seq_length), *run_flags(src.problem.options, par),
         *_as_flags(stock.flags()),
+        *offload_flags([offload_entry(graph, pol) for pol in src.policies]),
     ]
     fl = first_last_counts(lay)
     if fl is not None:
@@ -114,28 +121,41 @@ def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
     return MegatronExport(src, tuple(args), tuple(per_stage), stock, tuple(notes), figures, sim_note)
 
 
-def _fit(src: ExportSource, rounded: list[MegatronRecompute], collapsed: MegatronRecompute
+def _offload_entries(src: ExportSource) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]:
+    """(each virtual stage's plugin offload entry, the global flags' entry on every stage: the union of the
+    modules at fraction 1), or (None, None) when the plan does not offload."""
+    per = [offload_entry(src.problem.graph, pol) for pol in src.policies]
+    if not any(per):
+        return None, None
+    mods = [m for flag in offload_flags(per) if flag[0] == "--offload-modules" for m in flag[1:]]
+    glob = {"fine_grained_activation_offloading": True, "offload_modules": mods, "activation_offload_fraction": 1.0}
+    return per, [glob] * len(per)
+
+
+def _fit(src: ExportSource, rounded: list[MegatronRecompute], collapsed: MegatronRecompute,
+         offload: tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None] = (None, None)
          ) -> tuple[list[MegatronRecompute], MegatronRecompute, list[str]]:
     """Megatron cannot keep lynx's exact op sets, so each stage gets the fastest setting Megatron can express
     that the simulator says fits (the rounded translation is the fallback); stock Megatron gets the fastest
-    single setting that fits every stage."""
+    single setting that fits every stage. `offload`: the plugin's and the global flags' offloading, priced
+    with them (`_offload_entries`)."""
     notes: list[str] = []
     word = "stage" if src.layout.vpp == 1 else "virtual stage"
-    per_stage, found = fastest_fitting(src.problem, src.layout, rounded)
+    per_stage, found = fastest_fitting(src.problem, src.layout, rounded, offload[0])
     for v, (a, b, ok) in enumerate(zip(rounded, per_stage, found, strict=True)):
         if not ok:
             notes.append(f"{word} {v}: no Megatron setting fits; kept the translation {a.short()}")
         elif a != b:
             notes.append(f"{word} {v}: plugin uses {b.short()}, the fastest Megatron setting that fits "
                          f"(the translation of lynx's keep set would be {a.short()})")
-    stock = fastest_fitting_global(src.problem, src.layout)
+    stock = fastest_fitting_global(src.problem, src.layout, offload[1])
     if stock is None:
         notes.append(f"stock: no single setting fits every stage; showing the most frugal translation "
                      f"{collapsed.short()}")
         stock = collapsed
     elif all(found):  # the plugin can always express the stock setting: never hand out a slower one
-        mine = simulate_per_stage(src.problem, src.layout, per_stage)
-        if simulate_stock(src.problem, src.layout, stock).iteration_time_s < mine.iteration_time_s:
+        mine = simulate_per_stage(src.problem, src.layout, per_stage, offload[0])
+        if simulate_stock(src.problem, src.layout, stock, offload[1]).iteration_time_s < mine.iteration_time_s:
             notes.append(f"plugin: the per-stage choice simulates slower than {stock.short()} everywhere; "
                          "using that on every rank")
             per_stage = [stock] * len(per_stage)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from lynx.errors import SpecError
 from lynx.export.layout import ChunkLayout, even_layout, first_last_layout, parse_megatron_layout
@@ -25,15 +25,16 @@ _INT = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-h
         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
         "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank", "--num-query-groups",
         "--context-parallel-size")
-_FLOAT = ("--attention-dropout", "--hidden-dropout", "--rotary-base")
+_FLOAT = ("--attention-dropout", "--hidden-dropout", "--rotary-base", "--activation-offload-fraction",
+          "--delta-offload-bytes-across-pp-ranks")
 _STR = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--normalization",
         "--position-embedding-type", "--attention-backend", "--transformer-impl", "--cp-comm-type")
-_LIST = ("--recompute-modules", "--hierarchical-context-parallel-sizes")
+_LIST = ("--recompute-modules", "--hierarchical-context-parallel-sizes", "--offload-modules")
 _BOOL = ("--sequence-parallel", "--bf16", "--fp16", "--recompute-activations", "--swiglu", "--group-query-attention",
          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--use-distributed-optimizer",
          "--use-flash-attn", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
          "--grad-reduce-in-bf16", "--squared-relu", "--add-qkv-bias", "--account-for-embedding-in-pipeline-split",
-         "--account-for-loss-in-pipeline-split")
+         "--account-for-loss-in-pipeline-split", "--fine-grained-activation-offloading")
 _REFUSED = {
     "--num-experts": "mixture-of-experts layers",
     "--multi-latent-attention": "multi-latent attention",
@@ -80,6 +81,9 @@ class MegatronCommand:
     """--cp-comm-type (Megatron's default p2p)."""
     cp_a2a_size: int = 1
     """a2a+p2p: the first of --hierarchical-context-parallel-sizes."""
+    offload: dict[str, Any] | None = None
+    """Megatron-Core's fine-grained activation offloading (`export.megatron_offload.apply_offload`'s entry, with
+    ``keep_bytes_per_rank`` for --delta-offload-bytes-across-pp-ranks); None when off."""
 
     def parallel(self, dp: int) -> ParallelSpec:
         return ParallelSpec(tp=self.tp, pp=self.pp, dp=dp, sequence_parallel=self.sequence_parallel,
@@ -236,7 +240,36 @@ def parse_megatron_args(args: str | Sequence[str]) -> MegatronCommand:
         sequence_parallel=bool(k.get("--sequence-parallel", False)), micro_batch_size=_int(k, "--micro-batch-size"),
         global_batch_size=_int(k, "--global-batch-size"), seq_length=seq, layout=_layout(k, pp, layers),
         recompute=_recompute(k), warnings=tuple(warn), run=_run(k), cp=cp, cp_comm_type=kind, cp_a2a_size=a2a,
+        offload=_offload(k),
     )
+
+
+def _offload(k: dict[str, Value]) -> dict[str, Any] | None:
+    """--fine-grained-activation-offloading with its modules, fraction and PP delta, checked as Megatron-Core's
+    TransformerConfig checks them (transformer_config.py __post_init__)."""
+    from lynx.policy.megatron_offload import OFFLOAD_MODULES
+
+    on = bool(k.get("--fine-grained-activation-offloading", False))
+    mods = cast(tuple[str, ...], k.get("--offload-modules", ()))
+    if not on:
+        return None
+    if not mods:
+        raise SpecError("--from-megatron: --fine-grained-activation-offloading needs --offload-modules "
+                        f"({' '.join(OFFLOAD_MODULES)})")
+    bad = [m for m in mods if m not in OFFLOAD_MODULES]
+    if bad:
+        raise SpecError(f"--from-megatron: --offload-modules {' '.join(bad)}: lynx models the dense modules "
+                        f"{' '.join(OFFLOAD_MODULES)}")
+    if "attn_proj" in mods and "core_attn" not in mods:
+        raise SpecError("--from-megatron: --offload-modules attn_proj needs core_attn too (Megatron refuses it alone)")
+    frac = float(cast(float, k.get("--activation-offload-fraction", 1.0)))
+    if not 0.0 <= frac <= 1.0:
+        raise SpecError(f"--from-megatron: --activation-offload-fraction {frac}: valid 0 to 1")
+    delta = float(cast(float, k.get("--delta-offload-bytes-across-pp-ranks", 0.0)))
+    if delta < 0:
+        raise SpecError(f"--from-megatron: --delta-offload-bytes-across-pp-ranks {delta:g}: must be >= 0")
+    return {"fine_grained_activation_offloading": True, "offload_modules": list(mods),
+            "activation_offload_fraction": frac, "delta_offload_bytes_across_pp_ranks": delta}
 
 
 def _cp(k: dict[str, Value]) -> tuple[int, str, int]:

@@ -31,6 +31,9 @@ else:
     C = TypeVar("C")
 
 RECOMPUTE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules")
+OFFLOAD_FIELDS = ("fine_grained_activation_offloading", "offload_modules", "activation_offload_fraction")
+"""Megatron-Core's fine-grained activation offloading, per stage when the plan offloads (the first two exist in
+megatron-core 0.16.1, the fraction in later versions)."""
 
 LYNX_PLAN: dict[str, Any] = {}  # lynx:plan-table (filled in by `lynx export megatron`)
 
@@ -45,7 +48,22 @@ def recompute_for(pp_rank: int, vp_rank: int | None = None, plan: Mapping[str, A
     if not (0 <= pp_rank < pp and 0 <= chunk < vpp):
         raise ValueError(f"lynx plugin: rank {pp_rank} chunk {chunk} outside the plan's PP {pp} x VPP {vpp}")
     entry = table["stages"][chunk * pp + pp_rank]
-    return {f: (list(entry[f]) if isinstance(entry[f], list) else entry[f]) for f in RECOMPUTE_FIELDS}
+    fields = RECOMPUTE_FIELDS + tuple(f for f in OFFLOAD_FIELDS if f in entry)
+    return {f: (list(entry[f]) if isinstance(entry[f], list) else entry[f]) for f in fields}
+
+
+def _offload_supported(config: Any, fields: dict[str, Any]) -> dict[str, Any]:
+    """Drop a fraction of 1 the installed megatron-core cannot take (its default offloads every group); any other
+    offload field the config lacks is an error naming it."""
+    have = {f.name for f in dataclasses.fields(config)}
+    if fields.get("activation_offload_fraction") == 1.0 and "activation_offload_fraction" not in have:
+        fields = {k: v for k, v in fields.items() if k != "activation_offload_fraction"}
+    missing = [f for f in OFFLOAD_FIELDS if f in fields and f not in have]
+    if missing:
+        raise ValueError(f"lynx plugin: the plan offloads with {', '.join(missing)}, which this megatron-core's "
+                         "TransformerConfig lacks (fine-grained activation offloading with a fraction needs a "
+                         "version after 0.16.1)")
+    return fields
 
 
 def _check_config(config: Any, table: Mapping[str, Any]) -> None:
@@ -69,4 +87,4 @@ def apply_lynx_plan(config: C, pp_rank: int | None = None, vp_rank: int | None =
     if pp_rank is None:
         ps = importlib.import_module("megatron.core.parallel_state")
         pp_rank = int(ps.get_pipeline_model_parallel_rank())
-    return dataclasses.replace(config, **recompute_for(pp_rank, vp_rank, table))
+    return dataclasses.replace(config, **_offload_supported(config, recompute_for(pp_rank, vp_rank, table)))

@@ -7,7 +7,7 @@ a refactor of the simulator's internals does not reach here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +16,9 @@ from lynx.export.layout import ChunkLayout, even_layout
 from lynx.export.megatron_recompute import MegatronRecompute, layer_policies
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
 from lynx.spec import ModelSpec, ParallelSpec
+
+Offload = Sequence[Mapping[str, Any]] | None
+"""The plugin's offload entry per virtual stage (`export.megatron_offload.offload_entry`; empty: none)."""
 
 if TYPE_CHECKING:
     from lynx.plan import Plan
@@ -85,10 +88,12 @@ def _registry_method(rec: MegatronRecompute) -> tuple[str, int | None] | None:
 
 
 def _run(problem: PlanProblem, layout: ChunkLayout | None,
-         how: str | PlanResult | MegatronRecompute | Sequence[MegatronRecompute]) -> Plan:
+         how: str | PlanResult | MegatronRecompute | Sequence[MegatronRecompute],
+         offload: Offload = None) -> Plan:
     """The one call into the planner: plan with a registered method, simulate a lynx result, one global
     Megatron setting (through the method registry when it has that baseline), or one setting per virtual
-    stage (policies built here; with interleaving, one policy per rank, chunk 0's layers first)."""
+    stage (policies built here; with interleaving, one policy per rank, chunk 0's layers first). `offload`:
+    the plugin's offload entry per virtual stage (`export.megatron_offload`), applied on top."""
     from lynx.api import plan as plan_with
     from lynx.plan import Plan
 
@@ -98,7 +103,7 @@ def _run(problem: PlanProblem, layout: ChunkLayout | None,
         return Plan.evaluate(problem, how, record=False)
     assert layout is not None
     if isinstance(how, MegatronRecompute):
-        known = _registry_method(how) if layout.vpp == 1 else None
+        known = _registry_method(how) if layout.vpp == 1 and not offload else None
         if known is not None:
             method, n = known
             opts = replace(problem.options, layers_per_stage=layout.layers, recompute_num_layers=n)
@@ -109,6 +114,10 @@ def _run(problem: PlanProblem, layout: ChunkLayout | None,
 
     g, pp = problem.graph, layout.pp
     chunk_pols = [layer_policies(g, rec, n) for rec, n in zip(how, layout.layers, strict=True)]
+    if offload:
+        from lynx.export.megatron_offload import apply_offload
+
+        chunk_pols = [apply_offload(g, tuple(lps), e) for lps, e in zip(chunk_pols, offload, strict=True)]
     if layout.vpp == 1:
         part = Partition(layout.layers, "explicit")
         pols = tuple(RecomputePolicy("megatron", lps) for lps in chunk_pols)
@@ -136,17 +145,20 @@ def plan_method(problem: PlanProblem, method: str) -> Figures:
     return _figures(method, f"{plan.result.method}, partition {plan.result.partition}", plan)
 
 
-def simulate_stock(problem: PlanProblem, layout: ChunkLayout, rec: MegatronRecompute) -> Figures:
-    """Stock Megatron-Core: the layout and one global recomputation setting."""
+def simulate_stock(problem: PlanProblem, layout: ChunkLayout, rec: MegatronRecompute,
+                   offload: Offload = None) -> Figures:
+    """Stock Megatron-Core: the layout and one global recomputation setting (and the global offload flags)."""
     _check_simulable(problem, layout)
-    return _figures("megatron", rec.describe(), _run(problem, layout, rec))
+    return _figures("megatron", rec.describe(), _run(problem, layout, rec, offload))
 
 
-def simulate_per_stage(problem: PlanProblem, layout: ChunkLayout, settings: Sequence[MegatronRecompute]) -> Figures:
-    """Megatron-Core with the lynx plugin: each stage its own setting, every recomputation on demand."""
+def simulate_per_stage(problem: PlanProblem, layout: ChunkLayout, settings: Sequence[MegatronRecompute],
+                       offload: Offload = None) -> Figures:
+    """Megatron-Core with the lynx plugin: each stage its own setting, every recomputation on demand (and each
+    stage's offloading, when the plan offloads)."""
     _check_simulable(problem, layout)
     label = "per stage: " + " | ".join(s.short() for s in settings)
-    return _figures("megatron+plugin", label, _run(problem, layout, settings))
+    return _figures("megatron+plugin", label, _run(problem, layout, settings, offload))
 
 
 def imported_problem(model: ModelSpec, parallel: ParallelSpec, layout: ChunkLayout, hardware: str,
@@ -159,8 +171,8 @@ def imported_problem(model: ModelSpec, parallel: ParallelSpec, layout: ChunkLayo
     return make_problem(model, load_hardware(hardware), parallel, opts)
 
 
-def fastest_fitting(problem: PlanProblem, layout: ChunkLayout,
-                    start: Sequence[MegatronRecompute]) -> tuple[list[MegatronRecompute], list[bool]]:
+def fastest_fitting(problem: PlanProblem, layout: ChunkLayout, start: Sequence[MegatronRecompute],
+                    offload: Offload = None) -> tuple[list[MegatronRecompute], list[bool]]:
     """Per (virtual) stage, the cheapest Megatron setting (forward work rerun) with which the simulator says
     its rank fits; memory is per rank, so ranks are independent. Each rank first gets the cheapest setting
     shared by all its chunks that fits (without interleaving that is exact); with interleaving each chunk
@@ -173,7 +185,7 @@ def fastest_fitting(problem: PlanProblem, layout: ChunkLayout,
     chosen, found = list(start), [False] * len(start)
 
     def fits(trial: list[MegatronRecompute], rank: int) -> bool:
-        return simulate_per_stage(problem, layout, trial).stages[rank].fits
+        return simulate_per_stage(problem, layout, trial, offload).stages[rank].fits
 
     for r in range(pp):
         vs = [c * pp + r for c in range(layout.vpp)]
@@ -197,7 +209,8 @@ def fastest_fitting(problem: PlanProblem, layout: ChunkLayout,
     return chosen, found
 
 
-def fastest_fitting_global(problem: PlanProblem, layout: ChunkLayout) -> MegatronRecompute | None:
+def fastest_fitting_global(problem: PlanProblem, layout: ChunkLayout,
+                           offload: Offload = None) -> MegatronRecompute | None:
     """The cheapest single setting with which every stage fits (what a stock-Megatron user would tune to)."""
     from lynx.export.megatron_recompute import candidates, recompute_cost
 
@@ -205,7 +218,7 @@ def fastest_fitting_global(problem: PlanProblem, layout: ChunkLayout) -> Megatro
     g = problem.graph
     pool = {c for n in set(layout.layers) for c in candidates(g, n)}
     for cand in sorted(pool, key=lambda r: (sum(recompute_cost(g, r, n) for n in layout.layers), r.short())):
-        if simulate_per_stage(problem, layout, [cand] * len(layout.layers)).fits:
+        if simulate_per_stage(problem, layout, [cand] * len(layout.layers), offload).fits:
             return cand
     return None
 

@@ -15,12 +15,15 @@ from lynx.partition.lynx import search_partitions
 from lynx.policy.base import RecomputePolicy, StageContext
 from lynx.policy.heu import HeuCache, HeuOptions, infeasible
 from lynx.policy.heu_mixed import mixed_policy
+from lynx.policy.offload import offload_link
 from lynx.problem import PlanProblem, PlanResult
 
 
 def heu_options(problem: PlanProblem, method: str) -> HeuOptions:
+    # offloading as HEU's third choice only for the offload method (lynx.methods.offload; docs/offload.md)
+    link = offload_link(problem.hardware) if method == "lynx-offload" else None
     return HeuOptions(cooldown_overlap=problem.options.cooldown_overlap,
-                      time_limit_s=min(problem.options.time_limit_s, 10.0), method=method)
+                      time_limit_s=min(problem.options.time_limit_s, 10.0), method=method, offload=link)
 
 
 def stage_time(graph: LayerGraph, ctx: StageContext, pol: RecomputePolicy) -> float:

@@ -10,6 +10,7 @@ from lynx.errors import SpecError
 from lynx.methods.adapipe import plan_adapipe
 from lynx.methods.common import MethodFn
 from lynx.methods.heu import lynx, lynx_heu, lynx_mixed
+from lynx.methods.offload import plan_lynx_offload, plan_mc_offload, plan_offload_all
 from lynx.methods.opt import plan_checkmate, plan_lynx_opt
 from lynx.methods.rules import (
     MEGATRON_MODULE_LISTS,
@@ -50,6 +51,11 @@ METHODS: tuple[Method, ...] = (
            "(slow: --time-limit per stage)", plan_checkmate, in_compare=False),
     Method("adapipe", "AdaPipe (ASPLOS'24): per-stage DP over sub-layer units + partitioning DP; "
            "recomputation on demand", plan_adapipe),
+    Method("lynx-offload", "lynx with offloading as HEU's third choice per op (keep, recompute or copy to host "
+           "memory behind compute; docs/offload.md)", plan_lynx_offload),
+    Method("mc-offload", "Megatron-Core stock --fine-grained-activation-offloading of every dense module "
+           "(fraction 1, no PP delta, no recomputation)", plan_mc_offload),
+    Method("offload-all", "keep every activation and offload all of it to host memory", plan_offload_all),
     *(Method("mc-" + "+".join(mods), f"Megatron-Core --recompute-modules {' '.join(mods)} (on demand)",
              plan_modules(mods)) for mods in MEGATRON_MODULE_LISTS),
 )

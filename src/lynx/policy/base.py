@@ -59,6 +59,11 @@ class LayerPolicy:
     Their output stays kept, their side state (``mask_bytes``) is freed after forward, and the re-run costs
     the op's forward on the critical path and holds a fresh output and side state while their backward runs.
     Only Megatron's baselines set it; no solver chooses it."""
+    offload: frozenset[str] = frozenset()
+    """Kept ops whose output (and side state) is offloaded: copied to host memory after the forward, off the
+    device from the copy's end until the reload before the layer's backward (docs/offload.md). A subset of
+    `keep`: for validation and the backward an offloaded op is kept; only memory and the copy streams
+    differ. Empty in every plan written before offloading existed."""
 
     def phase_of(self, name: str) -> Phase | None:
         for n, p in self.recompute:
@@ -75,32 +80,35 @@ class LayerPolicy:
         out: dict[str, str] = {} if self.input_checkpoint else {"input": "free"}
         for n in names:
             p = self.phase_of(n)
-            out[n] = ("keep+rerun" if n in self.rerun else "keep") if n in self.keep else \
-                (f"recompute:{int(p)}" if p is not None else "free")
+            out[n] = ("offload" if n in self.offload else "keep+rerun" if n in self.rerun else "keep") \
+                if n in self.keep else (f"recompute:{int(p)}" if p is not None else "free")
         return out
 
     @staticmethod
     def from_dict(d: Mapping[str, str]) -> LayerPolicy:
         keep: set[str] = set()
         rerun: set[str] = set()
+        off: set[str] = set()
         rec: list[tuple[str, Phase]] = []
         for n, v in d.items():
             if n == "input":
                 continue
-            if v in ("keep", "keep+rerun"):
+            if v in ("keep", "keep+rerun", "offload"):
                 keep.add(n)
                 if v == "keep+rerun":
                     rerun.add(n)
+                if v == "offload":
+                    off.add(n)
             elif v.startswith("recompute:"):
                 try:
                     rec.append((n, Phase(int(v.split(":", 1)[1]))))
                 except ValueError:
                     raise PlanFormatError(f"policy: op {n!r} has an unknown phase in {v!r}") from None
             elif v != "free":
-                raise PlanFormatError(f"policy: op {n!r}: expected keep, keep+rerun, recompute:<1-5> or free, "
-                                      f"got {v!r}")
+                raise PlanFormatError(f"policy: op {n!r}: expected keep, keep+rerun, offload, recompute:<1-5> or "
+                                      f"free, got {v!r}")
         return LayerPolicy(frozenset(keep), tuple(rec), input_checkpoint=d.get("input", "keep") != "free",
-                           rerun=frozenset(rerun))
+                           rerun=frozenset(rerun), offload=frozenset(off))
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +282,8 @@ def validate_layer_policy(graph: LayerGraph, lp: LayerPolicy, has_fwd_windows: b
     - Comm ops are never recomputed inside a window (paper eq. 6): only on demand.
     - Phases 1, 2 only where the stage has forward windows.
     - A re-run op is kept, and its inputs are kept or recomputed (it runs again before its backward).
+    - An offloaded op is kept and not re-run; no phase-1/2 recomputation reads it (those run in a later
+      forward, before the reload).
     """
     errors: list[str] = []
     names = set(graph.names)
@@ -300,8 +310,16 @@ def validate_layer_policy(graph: LayerGraph, lp: LayerPolicy, has_fwd_windows: b
         for dep in graph.op(n).inputs:
             if dep != LAYER_INPUT and dep not in lp.keep and dep not in phases:
                 errors.append(f"{n!r} is re-run but its input {dep!r} is neither kept nor recomputed")
+    for n in sorted(lp.offload):
+        if n not in lp.keep:
+            errors.append(f"{n!r} is offloaded but not kept (offload keeps the output on the host)")
+        if n in lp.rerun:
+            errors.append(f"{n!r} is both offloaded and re-run")
     order = {n: i for i, n in enumerate(graph.names)}
     for n, p in phases.items():
+        if p in FWD_PHASES and any(d in lp.offload for d in graph.op(n).inputs):
+            errors.append(f"{n!r} (phase {int(p)}) reads an offloaded input, which is back only before the "
+                          "backward")
         op = graph.op(n)
         if op.is_comm and p != Phase.ON_DEMAND:
             errors.append(f"comm op {n!r} can only be recomputed on demand, not in phase {int(p)}")

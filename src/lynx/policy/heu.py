@@ -14,6 +14,12 @@ the paper (docs/heu.md has every constraint and what is approximated):
 The objective is the stage's on-critical-path recomputation per micro-batch (eq. 2 summed over the stage's
 layers), plus the top layer's phase 3/4 work, which has no layer above it to hide in and so runs on demand
 (the simulator charges it the same way).
+
+Beyond the paper, with ``HeuOptions.offload`` (a host link), a third state (docs/offload.md):
+
+* ``O_i``      - op i's kept output is offloaded: copied to the host after the forward, reloaded before the
+  backward (``O_i <= S_i``); ``V = sum_l sum_i O_i M_i`` the bytes one micro-batch of the stage moves each way;
+* ``E``        - the copy time per micro-batch the stage cannot hide (`lynx.policy.offload`), in the objective.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from lynx.policy.heu_objective import cooldown_weight as cooldown_weight
 from lynx.policy.heu_objective import critical_recompute as critical_recompute
 from lynx.policy.heu_objective import recompute_time as recompute_time
 from lynx.policy.heu_objective import window_caps as window_caps
+from lynx.policy.offload import OffloadLink, exposure_rows, stage_cycle, stage_exposed_copy
 from lynx.pricing import op_recompute_cost
 
 GiB = float(1 << 30)
@@ -65,6 +72,9 @@ class HeuOptions:
     skip_when_all_fit: bool = True
     """Answer without an ILP when keeping every activation fits (objective 0 is then optimal)."""
     method: str = "lynx-heu"
+    offload: OffloadLink | None = None
+    """The per-GPU host link: offloading is a third choice per op (None: keep or recompute only, the paper's
+    HEU). Interleaved stages (several chunks) are solved without it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +84,8 @@ class LayerVars:
     S: dict[str, int]
     R: dict[str, dict[Phase, int]]
     F: dict[str, int]
+    O: dict[str, int] = field(default_factory=dict)  # noqa: E741 (the paper's notation, as S, R, F)
+    """Offload variables (only with `HeuOptions.offload`)."""
 
 
 def allowed_phases(graph: LayerGraph, name: str, has_fwd_windows: bool,
@@ -134,6 +146,51 @@ def add_layer_vars(m: Milp, graph: LayerGraph, has_fwd_windows: bool, tag: str =
     return LayerVars(S, R, F)
 
 
+def add_offload_vars(m: Milp, graph: LayerGraph, lv: LayerVars, tag: str = "") -> None:
+    """The third state's per-layer constraint groups (O1), (O2). Only outputs some backward reads are offload
+    candidates (an output kept only as a recomputation source is needed in a window, before any reload)."""
+    needed = graph.needed()
+    for op in graph.ops:
+        n = op.name
+        if n not in needed or graph.keep_bytes(n) <= 0:
+            continue
+        lv.O[n] = m.binary(f"O{tag}[{n}]")
+        # (O1) only a kept output is offloaded: O_i <= S_i
+        m.le({lv.O[n]: 1.0, lv.S[n]: -1.0}, 0.0)
+    # (O2) phase-1/2 recomputation runs in a later forward, before the reload: an op recomputed there reads no
+    #      offloaded input: R_{t,c} + O_j <= 1 for t in 1, 2 and every input j of c
+    for op in graph.ops:
+        for j in op.inputs:
+            if j in lv.O:
+                for t in FWD_PHASES:
+                    if t in lv.R[op.name]:
+                        m.le({lv.R[op.name][t]: 1.0, lv.O[j]: 1.0}, 1.0)
+
+
+def add_offload_stage(m: Milp, graph: LayerGraph, groups: list[Group], ctx: StageContext,
+                      link: OffloadLink, tie: float, price: bool = True) -> None:
+    """The third state's stage-wide rows: host memory (O4) and, with `price`, the exposed copy time (O3) in the
+    objective."""
+    volume = {lv.O[n]: c * graph.keep_bytes(n) for lv, c in groups for n in lv.O}
+    if not volume:
+        return
+    # (O4) host memory: every in-flight micro-batch's offloaded bytes fit the GPU's share of the node's host
+    #      memory: f * V <= H
+    m.le({v: ctx.in_flight * x for v, x in volume.items()}, link.host_bytes)
+    if not price:
+        return
+    t_fwd, t_bwd = stage_cycle(graph, ctx.num_layers, ctx.subtract_wgrad)
+    E = m.var("E", cost=OBJ_SCALE)
+    # (O3) E >= a V - b for each copy bound (throughput of each stream per 1F1B cycle T_F + T_B, or of the one
+    #      shared engine; latency: the round trip within the f - 1 cycles micro-batch j waits on stage s,
+    #      f = min(p - s, m), plus the layer-wise overlap (n - 1) / n of one cycle): sum a M_i O_i - E <= b
+    for a, b in exposure_rows(link, t_fwd, t_bwd, ctx.in_flight, ctx.num_layers):
+        m.le({**{v: a * x for v, x in volume.items()}, E: -1.0}, b)
+    # tie-break: among equal critical times prefer moving fewer bytes (as for recomputation)
+    for v, x in volume.items():
+        m.add_cost(v, tie * x / link.d2h_Bps * OBJ_SCALE)
+
+
 def add_windows(m: Milp, graph: LayerGraph, lv: LayerVars, subtract_wgrad: bool) -> None:
     # (5) window capacity: sum_i R_{t,i} C_i <= CTime_t for t in 1..4; CTime_3,4 is the idle part only
     #     (comm - wgrad when Megatron already overlaps the weight-gradient GEMM, ctx.subtract_wgrad).
@@ -176,9 +233,12 @@ def memory_rows(graph: LayerGraph, groups: list[Group], ctx: StageContext) -> li
     # interleaved, one group: each chunk's in-flight count times its layers; several groups: the largest)
     held = [ctx.layer_microbatches() if len(groups) == 1 else ctx.in_flight * c for _, c in groups]
     base: dict[int, float] = {}
-    for t, (_, c), h in zip(terms, groups, held, strict=True):
+    for t, (lv, c), h in zip(terms, groups, held, strict=True):
         _acc(base, {v: h * x for v, x in t["kept"].items()})
         _acc(base, {v: c * x for v, x in t["fwd"].items()})  # empty without forward windows
+        # (8') an offloaded output is on the device for one micro-batch of the stage (being copied out, or
+        #      reloaded for its backward), not for each in flight: - (f - 1) * c * sum_i O_i M_i
+        _acc(base, {v: -(ctx.in_flight - 1) * c * graph.keep_bytes(n) for n, v in lv.O.items()})
     offset = sum(held) * graph.input_bytes
     rows: list[tuple[dict[int, float], float]] = []
     for g, t in enumerate(terms):
@@ -230,7 +290,8 @@ def add_objective(m: Milp, graph: LayerGraph, groups: list[Group], lam: float, t
 def extract(graph: LayerGraph, sol: MilpSolution, lv: LayerVars) -> LayerPolicy:
     keep = frozenset(n for n, v in lv.S.items() if sol.is_one(v))
     rec = tuple((n, t) for n in graph.names for t, v in lv.R[n].items() if sol.is_one(v))
-    return LayerPolicy(keep=keep, recompute=rec)
+    off = frozenset(n for n, v in lv.O.items() if sol.is_one(v))
+    return LayerPolicy(keep=keep, recompute=rec, offload=off)
 
 
 def build_model(graph: LayerGraph, ctx: StageContext, opts: HeuOptions, counts: tuple[int, ...] = (),
@@ -243,8 +304,12 @@ def build_model(graph: LayerGraph, ctx: StageContext, opts: HeuOptions, counts: 
     caps = window_caps(graph, ctx.subtract_wgrad)
     lvs = [add_layer_vars(m, graph, ctx.has_fwd_windows, tag=f"{g}" if len(counts) > 1 else "", caps=caps)
            for g in range(len(counts))]
-    for lv in lvs:
+    # offloading frees (f - 1) micro-batches' bytes: nothing with one in flight (the last stage), so no variables
+    link = opts.offload if not ctx.chunk_layers and ctx.in_flight > 1 else None
+    for g, lv in enumerate(lvs):
         add_windows(m, graph, lv, ctx.subtract_wgrad)
+        if link is not None:
+            add_offload_vars(m, graph, lv, tag=f"{g}" if len(counts) > 1 else "")
     groups = list(zip(lvs, counts, strict=True))
     z = -1
     if min_memory:
@@ -256,6 +321,9 @@ def build_model(graph: LayerGraph, ctx: StageContext, opts: HeuOptions, counts: 
             m.le(row, ctx.activation_budget_bytes - off)
         add_objective(m, graph, groups, cooldown_weight(ctx, opts.cooldown_overlap), opts.tie_break,
                       ctx.num_chunks)
+    if link is not None:
+        # the smallest budget: the host memory still binds, the copy time does not matter
+        add_offload_stage(m, graph, groups, ctx, link, opts.tie_break, price=not min_memory)
     return m, lvs, z
 
 
@@ -316,8 +384,11 @@ def solve_stage(ctx: StageContext, graph: LayerGraph, opts: HeuOptions, counts: 
         raise AssertionError(f"HEU policy peaks at {peak / GiB:.3f} GiB, over the budget "
                              f"{ctx.budget_bytes / GiB:.3f} GiB")
     crit = critical_recompute(graph, layers, ctx, opts.cooldown_overlap)
+    msg = f"critical recompute {crit * 1e3:.3f} ms per micro-batch"
+    if any(lp.offload for lp in layers):
+        msg += f", exposed copies {stage_exposed_copy(graph, layers, ctx, opts.offload) * 1e3:.3f} ms"
     return RecomputePolicy(opts.method, layers, cooldown_overlap=opts.cooldown_overlap,
-                           stats=_stats(sol, f"critical recompute {crit * 1e3:.3f} ms per micro-batch"))
+                           stats=_stats(sol, msg))
 
 
 def heu_policy(ctx: StageContext, graph: LayerGraph, opts: HeuOptions = HeuOptions()) -> RecomputePolicy:

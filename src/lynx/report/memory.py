@@ -36,16 +36,24 @@ def memory_table(stages: Sequence[StageMemory], title: str) -> Table:
     t = Table(title=title, title_justify="left", caption_justify="left",
               caption="GiB per device. activations = per micro-batch x in flight; forward windows: recomputed in "
                       "forward collectives and held (M_fwd_comm); transient: largest working set + gradient "
-                      "buffers; peak: the closed form the planner constrains (sim: the event simulator's)")
-    cols = ("stage", "layers", "params", "grads", "optimizer", "act/mb", "in flight", "activations",
-            "fwd windows", "transient", "emb/logits", "peak", "sim peak", "budget", "headroom")
+                      "buffers; peak: the closed form the planner constrains (sim: the event simulator's); with "
+                      "offloading, offloaded/mb: the part of act/mb copied to host memory (on the device for one "
+                      "micro-batch), host: the pinned host memory it takes")
+    cols: tuple[str, ...] = ("stage", "layers", "params", "grads", "optimizer", "act/mb", "in flight",
+                             "activations", "fwd windows", "transient", "emb/logits", "peak", "sim peak", "budget",
+                             "headroom")
+    offloads = any(st.act.offloaded_per_microbatch > 0 for st in stages)
+    if offloads:  # where the offloaded bytes went (docs/offload.md); absent for plans that do not offload
+        cols = (*cols[:6], "offloaded/mb", "host", *cols[6:])
     for c in cols:
         t.add_column(c, justify="right")
     for st in stages:
         head = st.headroom
+        off = (_g(st.act.offloaded_per_microbatch), _g(st.act.host)) if offloads else ()
         t.add_row(
             str(st.stage), str(st.num_layers), _g(st.static.param_bytes), _g(st.static.grad_bytes),
-            _g(st.static.optimizer_bytes), _g(st.act.per_microbatch), str(st.act.in_flight), _g(st.activations),
+            _g(st.static.optimizer_bytes), _g(st.act.per_microbatch), *off, str(st.act.in_flight),
+            _g(st.activations),
             _g(st.act.fwd_window), _g(st.transient), _g(st.embedding_logits), _g(st.peak),
             "" if st.simulated_peak_bytes is None else _g(st.simulated_peak_bytes), _g(st.budget_bytes),
             f"[red]{_g(head)}[/red]" if head < 0 else f"[green]{_g(head)}[/green]",

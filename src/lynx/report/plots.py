@@ -17,9 +17,13 @@ from lynx.plan import Plan
 from lynx.simulate import Segment, SegmentKind, SimResult
 
 K = SegmentKind
-_COLORS = {K.F: "#4C72B0", K.B: "#55A868", K.RECOMPUTE: "#C44E52", K.OVERLAP: "#DD8452", K.STALL: "#E3E3E3"}
+_COLORS = {K.F: "#4C72B0", K.B: "#55A868", K.RECOMPUTE: "#C44E52", K.OVERLAP: "#DD8452", K.STALL: "#E3E3E3",
+           K.COPY_OUT: "#8172B3", K.RELOAD: "#937860"}
 _LABELS = {K.F: "forward", K.B: "backward", K.RECOMPUTE: "recompute on the critical path",
-           K.OVERLAP: "recompute hidden (in a collective window or a stall)", K.STALL: "stall"}
+           K.OVERLAP: "recompute hidden (in a collective window or a stall)", K.STALL: "stall",
+           K.COPY_OUT: "offload copy to host (D2H stream)", K.RELOAD: "reload from host (H2D stream)"}
+_COPY_LANE = {K.COPY_OUT: (0.37, 0.07), K.RELOAD: (0.29, 0.07)}
+"""Copies run on their own streams: thin lanes above the compute bar (offset from the row, height)."""
 _DPI = 130
 
 FULL_GANTT_MAX_MICROBATCHES = 16
@@ -54,6 +58,8 @@ class GanttDrawing:
     title: str
     cp_windows: int = 0
     """Context-parallel exchange windows drawn (`_draw_cp_windows`; 0 without CP)."""
+    copy_bars: int = 0
+    """Rectangles of offload copies (copy-out and reload lanes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +120,13 @@ def _clip(segs: Iterable[Segment], lo: float, hi: float) -> list[tuple[Segment, 
     return [(s, max(s.start, lo), min(s.end, hi)) for s in segs if s.end > lo and s.start < hi]
 
 
-def _draw_panel(ax: Any, sim: SimResult, lo: float, hi: float) -> tuple[int, int]:
+def _draw_panel(ax: Any, sim: SimResult, lo: float, hi: float) -> tuple[int, int, int]:
     """Bars of one time window; returns (bars, recomputation bars). Hidden recomputation gets its own lane
     under each stage's row: it runs beside the compute it hides behind, so drawn in the row it would be
     covered. Recomputation bars have an edge in their own colour so a 2 ms one stays at least a pixel wide
     (a hatch would need a contrasting edge, which would eat such a bar, so colour and lane tell them apart)."""
     p = len(sim.stages)
-    bars = recompute = 0
+    bars = recompute = copies = 0
     for stage in range(p):
         y = _row_y(p, stage)
         for kind in K:
@@ -128,14 +134,16 @@ def _draw_panel(ax: Any, sim: SimResult, lo: float, hi: float) -> tuple[int, int
                                                       s.kind is kind), lo, hi)]
             if not spans:
                 continue
-            ybox = (y - 0.45, 0.16) if kind is K.OVERLAP else (y - 0.25, 0.6)
+            ybox = (y - 0.45, 0.16) if kind is K.OVERLAP else \
+                (y + _COPY_LANE[kind][0], _COPY_LANE[kind][1]) if kind in _COPY_LANE else (y - 0.25, 0.6)
             edge = "white" if kind in (K.F, K.B) else _COLORS[kind]
             ax.broken_barh(spans, ybox, facecolors=_COLORS[kind], edgecolors=edge, linewidth=0.4)
             bars += len(spans)
             recompute += len(spans) if kind in (K.RECOMPUTE, K.OVERLAP) else 0
+            copies += len(spans) if kind in _COPY_LANE else 0
     ax.set_xlim(lo, hi)
     ax.set_ylim(-0.6, p - 0.4)
-    return bars, recompute
+    return bars, recompute, copies
 
 
 def _label_bars(fig: Any, axes: Sequence[Any], sim: SimResult, windows: Sequence[tuple[float, float]]) -> int:
@@ -190,10 +198,10 @@ def gantt_figure(plan: Plan) -> tuple[Any, GanttDrawing]:
     fig, axes = plt.subplots(1, len(windows), figsize=(14, 0.75 * p + 2.4), sharey=True, squeeze=False,
                              width_ratios=spans, layout="constrained")
     axes = list(axes[0])
-    bars = recompute = 0
+    bars = recompute = copies = 0
     for ax, (lo, hi) in zip(axes, windows, strict=True):
-        b, r = _draw_panel(ax, sim, lo, hi)
-        bars, recompute = bars + b, recompute + r
+        b, r, c = _draw_panel(ax, sim, lo, hi)
+        bars, recompute, copies = bars + b, recompute + r, copies + c
         ax.tick_params(axis="x", labelsize=8)
     axes[0].set_yticks([_row_y(p, s) for s in range(p)], [f"stage {s}" for s in range(p)])
     _mark_breaks(axes)
@@ -204,20 +212,20 @@ def gantt_figure(plan: Plan) -> tuple[Any, GanttDrawing]:
     title = _gantt_title(plan, phrase)
     fig.suptitle(title, fontsize=9)
     cp = sum(_draw_cp_windows(ax, plan, lo, hi) for ax, (lo, hi) in zip(axes, windows, strict=True))
-    handles = [plt.Rectangle((0, 0), 1, 1, facecolor=_COLORS[k], edgecolor=_COLORS[k])
-               for k in _COLORS]
-    names = [_LABELS[k] for k in _COLORS]
+    kinds = [k for k in _COLORS if k not in _COPY_LANE or any(s.kind is k for s in sim.segments)]
+    handles = [plt.Rectangle((0, 0), 1, 1, facecolor=_COLORS[k], edgecolor=_COLORS[k]) for k in kinds]
+    names = [_LABELS[k] for k in kinds]
     if cp:
         handles.append(plt.Rectangle((0, 0), 1, 1, facecolor=_CP_COLOR, edgecolor=_CP_COLOR))
         names.append(_CP_LABEL)
     fig.legend(handles, names, loc="outside lower center", ncol=len(handles), fontsize=8, frameon=False)
     labels = _label_bars(fig, axes, sim, windows)
-    return fig, GanttDrawing(tuple(windows), bars, recompute, labels, title, cp)
+    return fig, GanttDrawing(tuple(windows), bars, recompute, labels, title, cp, copies)
 
 
 # --- context parallelism's exchange window (issue 21) ------------------------------------------------------
 
-_CP_COLOR = "#8172B2"
+_CP_COLOR = "#DA8BC3"
 _CP_LABEL = "CP exchange window (idle, recomputation can hide)"
 
 
@@ -258,7 +266,7 @@ def _draw_cp_windows(ax: Any, plan: Plan, lo: float, hi: float) -> int:
     n = 0
     for stage, spans in cp_window_spans(plan, lo, hi).items():
         y = _row_y(p, stage)
-        ax.broken_barh(spans, (y + 0.36, 0.08), facecolors=_CP_COLOR, edgecolors=_CP_COLOR, linewidth=0.4)
+        ax.broken_barh(spans, (y + 0.45, 0.07), facecolors=_CP_COLOR, edgecolors=_CP_COLOR, linewidth=0.4)
         n += len(spans)
     return n
 

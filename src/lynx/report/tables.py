@@ -27,9 +27,13 @@ def compare_table(rows: Sequence[CompareRow], title: str) -> Table:
                       ("hidden s", "right"), ("peak GiB", "left"),
                       ("fits", "left")]:
         t.add_column(col, justify=just, no_wrap=col in ("peak GiB", "layers/stage"))  # type: ignore[arg-type]
+    copies = any(r.plan is not None and r.plan.sim.offloads for r in rows)
+    if copies:  # offload copies waited for (docs/offload.md); only when some method offloads
+        t.add_column("copy s", justify="right")
+        t.caption = str(t.caption) + "; copy s: offload copies waited for per iteration (busiest stage)"
     for r in rows:
         if r.plan is None:
-            t.add_row(r.method, "", "", "", "", "", "", "", "", f"[red]{r.error}[/red]")
+            t.add_row(r.method, "", "", "", "", "", "", "", "", f"[red]{r.error}[/red]", *([""] if copies else []))
             continue
         s = r.plan.sim
         speed = f"{s.samples_per_s / base.sim.samples_per_s:.2f}x" if base is not None else ""
@@ -41,6 +45,7 @@ def compare_table(rows: Sequence[CompareRow], title: str) -> Table:
             r.method, str(r.plan.result.partition), f"{s.iteration_time_s:.3f}", f"{s.samples_per_s:.2f}", speed,
             f"{s.mfu:.1%}", f"{s.recompute_critical_s:.3f}", f"{s.recompute_hidden_s:.3f}", peaks,
             "[red]OOM[/red]" if s.oom else "[green]yes[/green]",
+            *([f"{s.copy_exposed_s:.3f}" if s.offloads else "-"] if copies else []),
         )
     return t
 
@@ -63,8 +68,8 @@ def stage_table(plan: Plan) -> Table:
 def policy_table(plan: Plan) -> Table:
     """Per stage, the distinct layer policies: which ops are recomputed and in which phase."""
     g = plan.problem.graph
-    t = Table(title=f"{plan.result.method}: policy per stage (K keep, K5 keep and re-run on demand, 1-5 recompute "
-              "phase, . free)",
+    t = Table(title=f"{plan.result.method}: policy per stage (K keep, K5 keep and re-run on demand, O offload to "
+              "host, 1-5 recompute phase, . free)",
               title_justify="left")
     t.add_column("stage/layers")
     for n in g.names:
@@ -77,8 +82,8 @@ def policy_table(plan: Plan) -> Table:
             cells = []
             for n in g.names:
                 v = grp["ops"][n]
-                cells.append({"keep": "K", "keep+rerun": "K5"}.get(v) or (v.split(":")[1] if v.startswith("recompute")
-                                                                         else "."))
+                short = {"keep": "K", "keep+rerun": "K5", "offload": "O"}.get(v)
+                cells.append(short or (v.split(":")[1] if v.startswith("recompute") else "."))
             t.add_row(label, *cells)
             first += grp["count"]
     return t

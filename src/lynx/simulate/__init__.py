@@ -10,12 +10,16 @@ all-reduce and the optimizer step.
 
 from __future__ import annotations
 
+import dataclasses
+
 from lynx.costmodel import p2p_time
 from lynx.edge_pricing import device_hardware, stage_edge_times
 from lynx.partition.base import Partition
 from lynx.policy.base import RecomputePolicy, StageContext
+from lynx.policy.offload import offload_link
 from lynx.problem import PlanProblem
 from lynx.schedule import Schedule, ScheduleFacts, derive_facts, validate
+from lynx.simulate.copies import charge_copies, copy_segments, stage_offload_bytes
 from lynx.simulate.engine import Loop, RankState, checked, hosts, priced
 from lynx.simulate.memory_replay import StageMemory
 from lynx.simulate.metrics import DpOverlap, tail_time, throughput
@@ -56,6 +60,8 @@ def _device_hardware(problem: PlanProblem) -> Hardware:
 def _costs(problem: PlanProblem, policies: tuple[RecomputePolicy, ...],
            ctxs: tuple[StageContext, ...]) -> list[list[ChunkCosts]]:
     costs = [priced(problem.graph, pol, ctx) for pol, ctx in zip(policies, ctxs, strict=True)]
+    if any(lp.offload for pol in policies for lp in pol.layers):  # offload copies (lynx.simulate.copies)
+        charge_copies(problem.graph, policies, ctxs, costs, offload_link(problem.hardware))
     if problem.options.include_edges:  # embedding on the first virtual stage, LM head + loss on the last
         et = stage_edge_times(problem.model, problem.hardware, problem.parallel, problem.graph)
         costs[0][0].fwd_plain += et.embedding_fwd
@@ -118,11 +124,22 @@ def _result(problem: PlanProblem, ctxs: tuple[StageContext, ...], loop: Loop) ->
         )
         for s, st in enumerate(ranks)
     )
+    offloads = any(lp.offload for st in ranks for lp in st.policy.layers)
+    if offloads:
+        m = par.num_microbatches
+        off = [stage_offload_bytes(problem.graph, st.policy, ctxs[s]) for s, st in enumerate(ranks)]
+        stages = tuple(dataclasses.replace(r, copy_exposed_s=m * sum(c.copy_exposed for c in ranks[s].costs),
+                                           offloaded_bytes=off[s][0], host_bytes=off[s][1])
+                       for s, r in enumerate(stages))
+    segments = tuple(loop.segments)
+    if offloads and loop.record:
+        segments += tuple(copy_segments(problem.graph, tuple(st.policy for st in ranks),
+                                        offload_link(problem.hardware), loop.segments))
     busy = sum(st.busy for st in ranks)
     bubble = 1.0 - busy / (par.pp * pipeline_time) if pipeline_time > 0 else 0.0
     return SimResult(
         iteration_time_s=iteration, pipeline_time_s=pipeline_time, samples_per_s=samples,
         tokens_per_s=samples * par.seq_length, model_tflops_per_gpu=tflops, mfu=mfu, bubble_fraction=bubble,
-        stages=stages, segments=tuple(loop.segments),
+        stages=stages, segments=segments,
         memory_curves=tuple(tuple(st.memory.curve) for st in ranks) if loop.record else (),
     )

@@ -65,6 +65,10 @@ class StageModel:
             points.append(((i + 1) / n, cur + m.dropped))
         cur += sum(guest[n:])
         points.append((1.0, cur + (self.extra_transient if chunk == self.last_chunk else 0.0)))
+        off = sum(m.offloaded for m in mems)
+        if off:  # copied out behind the following work (docs/offload.md): off the device until the reload
+            cur -= off
+            points.append((1.0, cur))
         return cur
 
     def _backward_events(self, points: list[tuple[float, float]], chunk: int, carried: bool,
@@ -76,6 +80,7 @@ class StageModel:
         cur = 0.0
         if prefetched:
             cur += sum(tr.fwd_held)
+        cur += sum(m.offloaded for m in mems)  # reloaded before the backward (docs/offload.md)
         start = cur
         points.append((0.0, cur + (transient + self.grad_workspace)))
         for i in range(n - 1, -1, -1):  # layer i's backward: what the lifetime replay has alive at its peak

@@ -54,6 +54,8 @@ class ChunkCosts:
     fwd_loads: list[tuple[float, float]] = field(default_factory=list)
     """Per layer, its phase-1 and phase-2 recomputation time."""
     win_f: tuple[float, float] = (0.0, 0.0)
+    copy_exposed: float = 0.0
+    """Offload copies this chunk's backward waits for (`lynx.simulate.copies`; part of bwd_base)."""
     _carry: dict[int, tuple[float, float]] = field(default_factory=dict)
 
     def carried(self, host_layers: int) -> tuple[float, float]:

@@ -16,6 +16,10 @@ class SegmentKind(str, Enum):
     OVERLAP = "overlap"
     """Recomputation hidden in a collective window or a pipeline stall."""
     STALL = "stall"
+    COPY_OUT = "copy-out"
+    """An offloaded activation's device-to-host copy (its own stream, beside compute)."""
+    RELOAD = "reload"
+    """Its host-to-device copy before the backward that reads it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,12 @@ class StageResult:
     recompute_overlapped_s: float
     """Recomputation hidden in collective windows or pipeline stalls."""
     recompute_total_s: float
+    copy_exposed_s: float = 0.0
+    """Offload copies the stage waited for (not hidden behind compute), summed over the iteration."""
+    offloaded_bytes: float = 0.0
+    """Bytes one micro-batch offloads on the stage (each way)."""
+    host_bytes: float = 0.0
+    """Pinned host memory the stage's offloaded activations take per GPU."""
 
     @property
     def oom(self) -> bool:
@@ -74,6 +84,15 @@ class SimResult:
     @property
     def recompute_critical_s(self) -> float:
         return max((s.recompute_critical_s for s in self.stages), default=0.0)
+
+    @property
+    def copy_exposed_s(self) -> float:
+        """Offload copies waited for, on the stage that waits most (docs/offload.md)."""
+        return max((s.copy_exposed_s for s in self.stages), default=0.0)
+
+    @property
+    def offloads(self) -> bool:
+        return any(s.offloaded_bytes > 0 for s in self.stages)
 
     @property
     def recompute_hidden_s(self) -> float:

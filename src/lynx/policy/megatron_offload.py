@@ -1,0 +1,92 @@
+"""Megatron-Core's fine-grained activation offloading as a baseline (docs/offload.md), and the mapping from lynx's
+per-op offload choices back to its modules (the export).
+
+Megatron's semantics (megatron/core/transformer/transformer_config.py ``fine_grained_activation_offloading``,
+``offload_modules``; megatron/core/pipeline_parallel/fine_grained_activation_offload.py): each listed module
+offloads its *input* on a D2H stream after the forward and reloads it on an H2D stream before its backward.
+Dense-model modules: ``attn_norm`` (the layer input), ``qkv_linear`` (the first norm's output), ``core_attn``
+(Q, K, V), ``attn_proj`` (the attention output), ``mlp_norm`` (the residual after attention); ``expert_fc1`` and
+``moe_act`` exist only in MoE layers, so the dense MLP's activations cannot be offloaded. After a warm-up step
+(the versions after 0.16.1 that have the two knobs below) it fixes which groups (one per module and layer) go
+out: the last group of each module stays on the device (the "offload margin": its reload would block the
+compute stream), rank r keeps ``r * --delta-offload-bytes-across-pp-ranks`` bytes on the device by disabling
+groups from the front, and ``--activation-offload-fraction`` disables the last ``1 - fraction`` of the remaining
+groups in forward order.
+
+lynx always stores the layer input (its checkpoint), so ``attn_norm`` is not modelled: the baseline keeps the
+layer input on the device (Megatron would offload it too; listed in the method's notes).
+"""
+
+from __future__ import annotations
+
+from lynx.graph import LAYER_INPUT, LayerGraph
+from lynx.policy.base import LayerPolicy, RecomputePolicy, StageContext
+from lynx.policy.rules import keep_all
+
+OFFLOAD_MODULES: tuple[str, ...] = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm")
+"""Megatron-Core's dense-layer ``--offload-modules`` choices, in forward order."""
+STOCK_MODULES: tuple[str, ...] = OFFLOAD_MODULES
+"""The stock setting the baseline prices: every dense module, fraction 1, no PP delta."""
+
+
+def module_offload_ops(graph: LayerGraph, module: str) -> tuple[str, ...]:
+    """The lynx ops whose outputs Megatron's `module` offloads (its input tensors), forward order; () for
+    attn_norm (the layer input, always stored by lynx) or a module the graph lacks."""
+    names = set(graph.names)
+    needed = graph.needed()
+    norms = graph.module_ops("layernorm")
+    out: list[str] = []
+    if module == "qkv_linear" and "qkv" in names:
+        out = list(graph.op("qkv").saved)
+    elif module == "core_attn":
+        inside = set(graph.module_ops("core_attn"))
+        out = [s for n in graph.module_ops("core_attn") for s in graph.op(n).saved if s not in inside]
+    elif module == "attn_proj" and "attn_proj" in names:
+        out = list(graph.op("attn_proj").saved)
+    elif module == "mlp_norm" and len(norms) >= 2:
+        out = list(graph.op(norms[1]).saved)
+    return tuple(dict.fromkeys(n for n in out if n != LAYER_INPUT and n in needed))
+
+
+def ops_to_modules(graph: LayerGraph, ops: frozenset[str]) -> tuple[tuple[str, ...], frozenset[str]]:
+    """(Megatron modules whose every offloaded input is in `ops`, the ops no such module covers)."""
+    mods, covered = [], set()
+    for m in OFFLOAD_MODULES:
+        mo = set(module_offload_ops(graph, m))
+        if mo and mo <= ops:
+            mods.append(m)
+            covered |= mo
+    if "attn_proj" in mods and "core_attn" not in mods:  # Megatron refuses attn_proj alone (config check)
+        mods.remove("attn_proj")
+        covered -= set(module_offload_ops(graph, "attn_proj")) - set(module_offload_ops(graph, "core_attn"))
+    return tuple(mods), frozenset(ops - covered)
+
+
+def megatron_offload_policy(ctx: StageContext, graph: LayerGraph, modules: tuple[str, ...] = STOCK_MODULES,
+                            fraction: float = 1.0, delta_bytes: float = 0.0) -> RecomputePolicy:
+    """Every layer keeps everything (no recomputation) and offloads what Megatron's modules pick on this stage
+    (module docstring: margin, PP delta, fraction)."""
+    groups = [(li, m, module_offload_ops(graph, m)) for li in range(ctx.num_layers) for m in modules]
+    groups = [g for g in groups if g[2]]
+    last = {m: max(li for li, mm, _ in groups if mm == m) for _, m, _ in groups}
+    on = [g for g in groups if g[0] != last[g[1]]]  # the offload margin
+    keep_dev = ctx.stage * delta_bytes
+    while on and keep_dev > 0:  # the PP delta, from the front
+        keep_dev -= sum(graph.keep_bytes(n) for n in on[0][2])
+        on.pop(0)
+    drop = int(len(on) * (1.0 - fraction))  # the fraction, from the back
+    on = on[:len(on) - drop]
+    base = keep_all(graph)
+    per_layer: list[set[str]] = [set() for _ in range(ctx.num_layers)]
+    for li, _, ops in on:
+        per_layer[li] |= set(ops)
+    layers = tuple(LayerPolicy(base.keep, base.recompute, offload=frozenset(s) & base.keep) for s in per_layer)
+    return RecomputePolicy("mc-offload", layers)
+
+
+def offload_all_policy(ctx: StageContext, graph: LayerGraph) -> RecomputePolicy:
+    """Keep every activation and offload all of it (no margin, no recomputation): the bound that maximises the
+    memory saved and the copy volume."""
+    base = keep_all(graph)
+    off = frozenset(n for n in base.keep if graph.keep_bytes(n) > 0)
+    return RecomputePolicy("offload-all", (LayerPolicy(base.keep, base.recompute, offload=off),) * ctx.num_layers)
