@@ -242,7 +242,21 @@ def _rank_argv(*extra: str) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), *extra]
 
 
-def profile(tb: Any, work: Path, repeats: int) -> Any:
+def reads_of_family(graph: Any) -> Any:
+    """The profiled graph with each op's backward reads (`Op.saved`) taken from the family's analytic graph of
+    the same shape (times and bytes stay measured). On TitanLayer the profiler's `count_saved` charges the
+    GEMMs qkv, attn_proj, gate, up and down with reading their own output in backward (and rope with an 8 MiB
+    side state); the engine disagrees: run on demand it never restores qkv or attn_proj, so a plan made from
+    the raw profile restores them in windows for no backward (docs/benchmarks.md, section titan3)."""
+    from dataclasses import replace
+
+    from lynx.profile.profiler import analytic_graph
+
+    ref = {o.name: o for o in analytic_graph(_profile_config(1)).ops}
+    return replace(graph, ops=tuple(replace(o, saved=ref[o.name].saved) for o in graph.ops))
+
+
+def profile(tb: Any, work: Path, repeats: int, reads: str = "profile") -> Any:
     from lynx.profile.profiler import assemble
 
     out = work / "profile.pkl"
@@ -251,7 +265,7 @@ def profile(tb: Any, work: Path, repeats: int) -> Any:
     pt._ok(res, "profiling torchtitan's block")
     raw = pickle.loads(out.read_bytes())
     result = assemble(_profile_config(repeats), raw, time.perf_counter() - t0)
-    g = result.graph
+    g = result.graph if reads == "profile" else reads_of_family(result.graph)
     fwd = sum(o.fwd_time for o in g.ops if not o.is_comm)
     comm = sum(o.fwd_time for o in g.ops if o.is_comm)
     print(f"profiled torchtitan's block in the testbed: compute forward {1e3 * fwd:.1f} ms, its "
@@ -280,6 +294,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--method", default="lynx", choices=("lynx", "lynx-heu"))
     ap.add_argument("--min-signal", type=float, default=0.04,
                     help="refuse when predicted control - plan is below this share of the predicted iteration")
+    ap.add_argument("--reads", choices=("profile", "family"), default="profile",
+                    help="which backward reads which output: as lynx's profiler counted them on the integration's "
+                         "layer (default), or the torchtitan-llama3 family's (times and bytes measured either way)")
     ap.add_argument("--iters", type=int, default=10, help="timed iterations per training run")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of A B A'")
     ap.add_argument("--repeats", type=int, default=5, help="profiler repeats")
@@ -357,7 +374,7 @@ def main() -> None:
     load_before = os.getloadavg()
     start = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     with Testbed(args.rate) as tb:  # the namespaces are removed on the way out, whatever happens
-        graph = profile(tb, work, args.repeats)
+        graph = profile(tb, work, args.repeats, args.reads)
         pred, plan, ctl = choose(graph, args.layers, args.rate, args.budget_frac, args.method)
         print("torchtitan tp2: " + wc.prediction_text(pred, args.rate), flush=True)
         if pred["hidden_s"] < args.min_signal * pred["plan_s"]:
@@ -377,8 +394,9 @@ def main() -> None:
     load_after = os.getloadavg()
     print("\n" + wc.report_text(wc.analyse(rounds, pred), pred))
     meta = {"command": " ".join(sys.argv), "date": start, "layout": "torchtitan-tp2", "rate_mbit": args.rate,
-            "layers": args.layers, "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, "
-            f"{platform.node()}", "load_before": load_before, "load_after": load_after, "iters": args.iters,
+            "layers": args.layers, "reads": args.reads,
+            "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, {platform.node()}",
+            "load_before": load_before, "load_after": load_after, "iters": args.iters,
             "rounds": args.rounds, "workdir": str(work)}
     print(f"\nload average before {load_before}, after {load_after}; plans and train reports in {work}")
     if args.out is not None:
