@@ -35,6 +35,9 @@ def one_torch_thread():  # type: ignore[no-untyped-def]
 # The default run stays under 8 minutes on 2 cores (README, "Tests"): these cases are marked `slow`, each with
 # the case of its kind that stays in the default run. `python -m pytest -m ""` runs them all.
 SLOW_CASES: dict[str, str] = {
+    "integration/test_window_control_torchtitan.py::test_smoke_runs_torchtitans_model_with_the_plan_and_its_control":
+        "test_window_control_torchtitan.py::test_bad_options_are_one_clear_line_and_exit_2 and "
+        "unit/test_window_control_bench.py (the analysis)",
     "integration/test_torchtitan_pp_tp.py::test_pp2_tp2_loss_and_grads_equal_torchtitans_own":
         "test_pp2_loss_and_grads_equal_torchtitans_own[windows-1f1b] (PP) and the TP window test",
     "integration/test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[windows-gpipe]":
