@@ -35,6 +35,9 @@ def one_torch_thread():  # type: ignore[no-untyped-def]
 # The default run stays under 8 minutes on 2 cores (README, "Tests"): these cases are marked `slow`, each with
 # the case of its kind that stays in the default run. `python -m pytest -m ""` runs them all.
 SLOW_CASES: dict[str, str] = {
+    **{f"integration/test_torchtitan_fsdp.py::test_fsdp2_loss_and_grads_equal_torchtitans_own[{c}]":
+       "test_torchtitan_fsdp.py::test_fsdp2_loss_and_grads_equal_torchtitans_own[uniform] (FSDP, bitwise, unshard)"
+       for c in ("none", "full", "lynx", "trainer")},
     "integration/test_torchtitan_pp_tp.py::test_pp2_tp2_loss_and_grads_equal_torchtitans_own":
         "test_pp2_loss_and_grads_equal_torchtitans_own[windows-1f1b] (PP) and the TP window test",
     "integration/test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[windows-gpipe]":

@@ -92,7 +92,8 @@ def test_torchtitans_config_manager_loads_the_written_registry(tmp_path: Path,
     assert (par.pipeline_parallel_degree, par.tensor_parallel_degree, par.data_parallel_shard_degree,
             par.data_parallel_replicate_degree, par.enable_sequence_parallel) == (4, 8, 2, 1, True)
     assert par.pipeline_parallel_schedule_csv == str(tmp_path / "lynx_schedule.csv")
-    ends = list(itertools.accumulate(exp.source.result.partition.layers_per_stage))  # the plan's own split (uneven in general)
+    # the plan's own split (uneven in general)
+    ends = list(itertools.accumulate(exp.source.result.partition.layers_per_stage))
     assert [p[-1] for p in par.module_fqns_per_model_part] == [f"layers.{e - 1}" for e in ends[:-1]] + ["lm_head"]
     assert ends[-1] == 80
     assert (cfg.training.seq_len, cfg.training.local_batch_size, cfg.training.steps) == (8192, 256, 3)

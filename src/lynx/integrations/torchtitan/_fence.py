@@ -110,14 +110,14 @@ def block_parts(block: nn.Module) -> BlockParts:
             raise TypeError(f"lynx.integrations.torchtitan: the block has {name} (Qwen3-style); not modelled")
     if not is_fsdp(block):  # FSDP2's sharded parameters are DTensors; `weights` reads the unsharded ones
         for p in (parts.wqkv, parts.wo, parts.w1, parts.w2, parts.w3):
-            if _is_dtensor(p):
+            if is_dtensor(p):
                 raise TypeError("lynx.integrations.torchtitan: DTensor parameters (parallelism.spmd_backend "
                                 "partial_dtensor/full_dtensor) are not supported; use torchtitan 0.3.0's default "
                                 "spmd_types backend")
     return parts
 
 
-def _is_dtensor(t: Any) -> bool:
+def is_dtensor(t: Any) -> bool:
     return type(t).__name__ == "DTensor" or hasattr(t, "placements")
 
 
@@ -140,7 +140,7 @@ def weights(parts: BlockParts, on_unshard: Any = None) -> dict[str, torch.Tensor
         return {"norm1": parts.norm1_weight, "norm2": parts.norm2_weight, "wqkv": parts.wqkv, "wo": parts.wo,
                 "w1": parts.w1, "w2": parts.w2, "w3": parts.w3}
     w = _read_weights(parts.module)
-    if any(_is_dtensor(t) for t in w.values()):
+    if any(is_dtensor(t) for t in w.values()):
         if not is_fsdp(parts.module):
             raise TypeError("lynx.integrations.torchtitan: a block's parameters became DTensors after the plan "
                             "was applied")
@@ -148,7 +148,7 @@ def weights(parts: BlockParts, on_unshard: Any = None) -> dict[str, torch.Tensor
         if on_unshard is not None:
             on_unshard()
         w = _read_weights(parts.module)
-        if any(_is_dtensor(t) for t in w.values()):
+        if any(is_dtensor(t) for t in w.values()):
             raise TypeError("lynx.integrations.torchtitan: FSDP's unsharded parameters are DTensors (FSDP over a "
                             "DTensor tensor-parallel mesh); use the spmd_types backend")
     return w

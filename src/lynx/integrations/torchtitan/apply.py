@@ -21,15 +21,34 @@ from torch import nn
 
 from lynx.integrations.torchtitan import _fence
 from lynx.integrations.torchtitan.layer import TitanLayer
-from lynx.runtime.layers import tp
 from lynx.policy.base import LayerPolicy
 from lynx.runtime.engine import EngineStats, RecomputeEngine
+from lynx.runtime.layers import tp
 
 
 def plan_layer_policies(plan: str | Path) -> dict[int, LayerPolicy]:
-    """Global layer id -> the plan's layer policy (every virtual stage, model order)."""
+    """Global layer id -> the plan's layer policy (every virtual stage, model order), from a plan file or the
+    layer table `lynx export torchtitan` writes (`lynx.export.torchtitan.ENGINE_FILE`)."""
+    import json
+
     from lynx.export.source import load_source
     from lynx.families.titan import NAME
+    from lynx.policy.base import Phase
+
+    try:
+        raw = json.loads(Path(plan).read_text())
+    except (OSError, ValueError):
+        raw = None
+    if isinstance(raw, dict) and "layers" in raw and "model" not in raw:
+        if raw.get("family") != NAME:
+            raise ValueError(f"lynx.integrations.torchtitan: {plan}: family {raw.get('family')!r}, expected {NAME}")
+        try:
+            return {i: LayerPolicy(keep=frozenset(e["keep"]),
+                                   recompute=tuple((str(n), Phase(int(p))) for n, p in e["recompute"]),
+                                   input_checkpoint=bool(e.get("input_checkpoint", True)))
+                    for i, e in enumerate(raw["layers"])}
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"lynx.integrations.torchtitan: {plan}: a malformed layer table ({e})") from None
 
     src = load_source(plan)
     if src.family != NAME:
@@ -53,22 +72,26 @@ class LynxTorchtitan:
                                  f"({len(policies)} layers planned)")
         self.blocks = [b for _, b in blocks]
         self.layers = [TitanLayer(b, int(n), group) for n, b in blocks]
-        self.fsdp = any(_fence.is_fsdp(b) for b in self.blocks)
-        if self.fsdp and group is not None and tp.world(group) > 1:
-            raise TypeError("lynx.integrations.torchtitan: FSDP-wrapped blocks with tensor parallelism are not "
-                            "tested yet (FSDP alone, or TP without FSDP, are)")
+        if any(_fence.is_fsdp(b) for b in self.blocks) and group is not None and tp.world(group) > 1:
+            # the blocks' sizes are read from sharded DTensors here; apply the plan before FSDP (as torchtitan's
+            # trainer does, `trainer.LynxEngineAC`) to combine TP and FSDP
+            raise TypeError("lynx.integrations.torchtitan: FSDP-wrapped blocks with tensor parallelism: apply "
+                            "the plan after TP and before FSDP")
         pols = [policies[int(n)] for n, _ in blocks]
         for layer, pol in zip(self.layers, pols, strict=True):
             unknown = (set(pol.keep) | {n for n, _ in pol.recompute}) - set(layer.op_names)
             if unknown:
                 raise ValueError(f"lynx.integrations.torchtitan: layer {layer.layer_index}'s policy names ops "
                                  f"the block does not have: {', '.join(sorted(unknown))}")
-        # FSDP: the module holds sharded DTensors between calls; the unsharded parameters its ops read are
-        # the engine's live parameters, layer by layer
-        params = [] if self.fsdp else [p for layer in self.layers for p in layer.block_parameters()]
-        live = (lambda li: self.layers[li].live_parameters()) if self.fsdp else None
-        self.engine = RecomputeEngine(self.layers, pols, params, live_params=live)
+        # FSDP (now, or applied after this, as torchtitan's trainer does): the module holds sharded DTensors
+        # between calls; the unsharded parameters its ops read are the engine's live parameters, layer by layer
+        params = [p for layer in self.layers for p in layer.block_parameters() if not _fence.is_dtensor(p)]
+        self.engine = RecomputeEngine(self.layers, pols, params,
+                                      live_params=lambda li: self.layers[li].live_parameters())
         self._microbatch = 0
+        self.auto_step = True
+        """Start a new step (micro-batch 0) when the part's first block runs with nothing held for backward (a
+        training loop that never calls `end_step`, such as torchtitan's trainer)."""
         self._install()
 
     @property
@@ -84,9 +107,12 @@ class LynxTorchtitan:
     def _step(self, li: int, own: Any) -> Any:
         """Block li's forward: its step of the engine (the part's first block starts a micro-batch)."""
         def run(x: torch.Tensor, attention_masks: Any = None, positions: Any = None) -> torch.Tensor:
-            if x.is_meta:  # torch.distributed.pipelining's shape inference: no engine, no micro-batch
+            if x.is_meta or not torch.is_grad_enabled():
+                # torch.distributed.pipelining's shape inference, or an evaluation: nothing kept for backward
                 return own(x, attention_masks, positions)  # type: ignore[no-any-return]
             if li == 0:
+                if self.auto_step and self.engine.idle():
+                    self.end_step()  # every backward of the last step ran: a new step starts here
                 self._microbatch += 1
             mb = self._microbatch - 1
             self.layers[li].context[mb] = (attention_masks, positions)

@@ -490,6 +490,11 @@ class RecomputeEngine:
         self._host(-sum(e.nbytes for e in rec.offloaded.values() if e.reloaded is None))
         rec.offloaded.clear()
 
+    def idle(self) -> bool:
+        """Nothing held for a backward still to run (every layer's backward released its record, or
+        `end_step`)."""
+        return not self._records
+
     def held_bytes(self) -> int:
         """Activation bytes the engine holds for backward now (each storage once)."""
         return self._ledger.held_bytes()
