@@ -1,9 +1,10 @@
 """lynx's engine on torchtitan's own Llama 3 debug model wrapped by FSDP2 as torchtitan's trainer wraps it
-(`torchtitan.distributed.fsdp.apply_fsdp_to_decoder`: every block, the embedding, the head and the root
-``fully_shard``-ed, bf16 parameters, fp32 reductions) at FSDP shard 2 (two gloo ranks on CPU, each on its own
-tokens): loss and gradient shards equal those of the same wrapped model without the integration, bitwise, for
-none, full, windowed and lynx plans. Each block's forward runs its own engine step inside FSDP's hooks; an op
-restored in another block's window (the next block's backward) unshards its block first."""
+(`wrap_like_torchtitan`: every block, the embedding, the head and the root ``fully_shard``-ed, bf16 parameters,
+fp32 reductions) at FSDP shard 2 (two gloo ranks on CPU, each on its own tokens): loss and gradient shards equal
+those of the same wrapped model without the integration, bitwise, for none, full, lynx and Megatron-uniform plans
+and for the lynx plan applied in torchtitan's trainer order (`LynxEngineAC`, before FSDP); each op restored
+where the same plan restores it without FSDP. Each block's forward runs its own engine step inside FSDP's hooks;
+an op replayed outside its block's own call unshards its block first."""
 
 from __future__ import annotations
 
