@@ -38,6 +38,12 @@ SLOW_CASES: dict[str, str] = {
     "integration/test_window_control_torchtitan.py::test_smoke_runs_torchtitans_model_with_the_plan_and_its_control":
         "test_window_control_torchtitan.py::test_bad_options_are_one_clear_line_and_exit_2 and "
         "unit/test_window_control_bench.py (the analysis)",
+    **{f"integration/test_torchtitan_fsdp.py::test_fsdp2_loss_and_grads_equal_torchtitans_own[{c}]":
+       "test_torchtitan_fsdp.py::test_fsdp2_loss_and_grads_equal_torchtitans_own[uniform] (FSDP, bitwise, unshard)"
+       for c in ("none", "full", "lynx", "trainer")},
+    **{f"integration/test_torchtitan_fsdp_tp.py::test_tp2_fsdp2_loss_and_grads_equal_torchtitans_own[{c}]":
+       "test_torchtitan_fsdp_tp.py::test_tp2_fsdp2_windows_bitwise_and_where_planned (bitwise too)"
+       for c in ("none", "full", "lynx")},
     "integration/test_torchtitan_pp_tp.py::test_pp2_tp2_loss_and_grads_equal_torchtitans_own":
         "test_pp2_loss_and_grads_equal_torchtitans_own[windows-1f1b] (PP) and the TP window test",
     "integration/test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[windows-gpipe]":

@@ -30,6 +30,9 @@ CSV_FILE = "lynx_schedule.csv"
 AC_FILE = "lynx_torchtitan_ac.py"
 REGISTRY_FILE = "lynx_torchtitan_registry.py"
 REGISTRY_FUNCTION = "lynx_plan"
+ENGINE_FILE = "lynx_engine_layers.json"
+"""The plan's layer policies with their phases, for lynx's engine inside torchtitan's trainer
+(`lynx.integrations.torchtitan.trainer.LynxEngineAC`); written only when the engine can run the plan."""
 # torchtitan 0.3.0's Llama 3 flavors (torchtitan/models/llama3/__init__.py) and their config_registry functions
 # (torchtitan/models/llama3/config_registry.py), by (hidden size, layers, FFN width, query heads, KV heads).
 TITAN_FLAVORS: dict[tuple[int, int, int, int, int], str] = {
@@ -95,6 +98,8 @@ class TorchtitanExport:
     """The plan as lynx priced it, then as torchtitan runs the export (its kernels, its FSDP, the AC module)."""
     base_config: str | None = None
     """torchtitan's config_registry function for this model's shape (None: the user names theirs)."""
+    engine: dict[str, Any] | None = None
+    """The layer table `ENGINE_FILE` holds (None: the plan runs through the AC module, all on demand)."""
 
     @property
     def fits(self) -> bool:
@@ -202,6 +207,22 @@ def _notes(src: ExportSource, layers: list[dict[str, Any]]) -> list[str]:
     return notes
 
 
+def engine_table(src: ExportSource) -> tuple[dict[str, Any] | None, str | None]:
+    """The layer table lynx's engine runs inside torchtitan's trainer, or (None, why not): the plan must be
+    priced for torchtitan's block (family torchtitan-llama3), without sequence or context parallelism (the
+    integration runs torchtitan's TP without SP: lynx/integrations/torchtitan/layer.py)."""
+    par = src.problem.parallel
+    if src.family != TITAN:
+        return None, f"the plan's family is {src.family!r}, the engine runs family {TITAN}"
+    if par.sequence_parallel and par.tp > 1:
+        return None, "sequence parallelism, which the integration does not run yet"
+    if par.cp > 1:
+        return None, "context parallelism, which the integration does not run"
+    layers = [{"keep": sorted(lp.keep), "recompute": [[n, int(p)] for n, p in lp.recompute],
+               "input_checkpoint": lp.input_checkpoint} for pol in src.policies for lp in pol.layers]
+    return {"family": TITAN, "method": src.result.method, "layers": layers}, None
+
+
 def build_torchtitan(src: ExportSource) -> TorchtitanExport:
     from lynx.errors import SpecError
 
@@ -251,7 +272,11 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
     if base is None:
         notes.append(f"no torchtitan llama3 flavor has this model's shape: set BASE in {REGISTRY_FILE} to your "
                      "own config_registry function")
-    return TorchtitanExport(src, config, table, rows, tuple(notes), figures, base)
+    engine, why_not = engine_table(src)
+    if engine is None:
+        notes.append(f"torchtitan runs the plan through the AC module (every recomputation on demand), not lynx's "
+                     f"engine: {why_not}")
+    return TorchtitanExport(src, config, table, rows, tuple(notes), figures, base, engine)
 
 
 def render_ac(exp: TorchtitanExport) -> str:
@@ -273,13 +298,20 @@ def render_registry(exp: TorchtitanExport) -> str:
     marker = "BASE: str | None = None  # lynx:base"
     if marker not in text:
         raise RuntimeError("torchtitan registry template lost its lynx:base marker")
-    return text.replace(marker, f"BASE: str | None = {exp.base_config!r}  # written by `lynx export torchtitan`")
+    text = text.replace(marker, f"BASE: str | None = {exp.base_config!r}  # written by `lynx export torchtitan`")
+    marker = "ENGINE_LAYERS: str | None = None  # lynx:engine"
+    if marker not in text:
+        raise RuntimeError("torchtitan registry template lost its lynx:engine marker")
+    engine = ENGINE_FILE if exp.engine is not None else None
+    return text.replace(marker, f"ENGINE_LAYERS: str | None = {engine!r}  # written by `lynx export torchtitan`")
 
 
 def write_torchtitan(exp: TorchtitanExport, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {CONFIG_FILE: json.dumps(exp.config, indent=2) + "\n", CSV_FILE: to_csv(exp.csv_rows),
              AC_FILE: render_ac(exp), REGISTRY_FILE: render_registry(exp)}
+    if exp.engine is not None:
+        files[ENGINE_FILE] = json.dumps(exp.engine, indent=1) + "\n"
     paths = []
     for name, text in files.items():
         p = out_dir / name

@@ -83,6 +83,8 @@ class BlockParts:
     enable_gqa: bool
     rope: nn.Module
     inner_attention: nn.Module
+    module: nn.Module | None = None
+    """The block itself: `weights` reads its parameters when an op runs (FSDP2 swaps them per call)."""
 
 
 def block_parts(block: nn.Module) -> BlockParts:
@@ -98,7 +100,7 @@ def block_parts(block: nn.Module) -> BlockParts:
             wqkv=qkv.wqkv.weight, wo=att.wo.weight, w1=ffn.w1.weight, w2=ffn.w2.weight, w3=ffn.w3.weight,
             heads_per_kv=int(qkv.heads_per_kv), r_dim=int(qkv.r_dim), head_dim=int(att.head_dim),
             n_heads=int(att.n_heads), n_kv_heads=int(att.n_kv_heads), scaling=att.scaling,
-            enable_gqa=bool(att.enable_gqa), rope=att.rope, inner_attention=att.inner_attention,
+            enable_gqa=bool(att.enable_gqa), rope=att.rope, inner_attention=att.inner_attention, module=block,
         )
     except AttributeError as e:
         raise TypeError(f"lynx.integrations.torchtitan: {type(block).__name__} is not torchtitan 0.3.0's "
@@ -106,12 +108,50 @@ def block_parts(block: nn.Module) -> BlockParts:
     for name in ("q_norm", "k_norm"):
         if getattr(att, name, None) is not None:
             raise TypeError(f"lynx.integrations.torchtitan: the block has {name} (Qwen3-style); not modelled")
-    for p in (parts.wqkv, parts.wo, parts.w1, parts.w2, parts.w3):
-        if type(p).__name__ == "DTensor" or hasattr(p, "placements"):
-            raise TypeError("lynx.integrations.torchtitan: DTensor parameters (parallelism.spmd_backend "
-                            "partial_dtensor/full_dtensor, or FSDP) are not supported; use torchtitan 0.3.0's "
-                            "default spmd_types backend without FSDP")
+    if not is_fsdp(block):  # FSDP2's sharded parameters are DTensors; `weights` reads the unsharded ones
+        for p in (parts.wqkv, parts.wo, parts.w1, parts.w2, parts.w3):
+            if is_dtensor(p):
+                raise TypeError("lynx.integrations.torchtitan: DTensor parameters (parallelism.spmd_backend "
+                                "partial_dtensor/full_dtensor) are not supported; use torchtitan 0.3.0's default "
+                                "spmd_types backend")
     return parts
+
+
+def is_dtensor(t: Any) -> bool:
+    return type(t).__name__ == "DTensor" or hasattr(t, "placements")
+
+
+WEIGHTS = ("norm1", "norm2", "wqkv", "wo", "w1", "w2", "w3")
+
+
+def _read_weights(b: Any) -> dict[str, torch.Tensor]:
+    att, ffn = b.attention, b.feed_forward
+    return {"norm1": b.attention_norm.weight, "norm2": b.ffn_norm.weight, "wqkv": att.qkv_linear.wqkv.weight,
+            "wo": att.wo.weight, "w1": ffn.w1.weight, "w2": ffn.w2.weight, "w3": ffn.w3.weight}
+
+
+def weights(parts: BlockParts, on_unshard: Any = None) -> dict[str, torch.Tensor]:
+    """The block's parameters as its forward sees them now. Without FSDP: the parameters themselves. With
+    FSDP2 (``fully_shard``): inside the block's forward or backward, the unsharded parameters FSDP put on the
+    module; outside them (a restoration in another block's window, or in a cool-down stall) the module holds
+    its sharded DTensors, and the block is unsharded first (``FSDPModule.unshard``, public; FSDP's own
+    pre-backward then finds it unsharded and its post-backward reshards it), calling `on_unshard()`."""
+    if parts.module is None:
+        return {"norm1": parts.norm1_weight, "norm2": parts.norm2_weight, "wqkv": parts.wqkv, "wo": parts.wo,
+                "w1": parts.w1, "w2": parts.w2, "w3": parts.w3}
+    w = _read_weights(parts.module)
+    if any(is_dtensor(t) for t in w.values()):
+        if not is_fsdp(parts.module):
+            raise TypeError("lynx.integrations.torchtitan: a block's parameters became DTensors after the plan "
+                            "was applied")
+        parts.module.unshard()  # type: ignore[operator]
+        if on_unshard is not None:
+            on_unshard()
+        w = _read_weights(parts.module)
+        if any(is_dtensor(t) for t in w.values()):
+            raise TypeError("lynx.integrations.torchtitan: FSDP's unsharded parameters are DTensors (FSDP over a "
+                            "DTensor tensor-parallel mesh); use the spmd_types backend")
+    return w
 
 
 def rope(parts: BlockParts, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor | None) -> Any:

@@ -3,10 +3,11 @@ torchtitan has parallelized it: its transformer blocks run under lynx's recomput
 (`lynx.runtime.engine.RecomputeEngine`), each as a `TitanLayer`, with the plan's per-layer keep / recompute
 decisions looked up by the block's FQN (``layers.<global id>``).
 
-The engine runs a stage's layers bottom first in one call, so the part's first block runs them all and the
-others pass their input through (their FQNs, parameters and optimizer state are untouched). That is also why
-FSDP-wrapped blocks are refused: FSDP2 gathers and reduces each block's parameters in that block's own call
-(see docs/export.md, "lynx inside torchtitan", for the engine change that lifts it).
+Each block's own `forward` runs that block's step of the engine (`RecomputeEngine.forward_layer`), so whatever
+torchtitan wrapped around the block's call runs around its step: FSDP2's per-block hooks (``fully_shard``)
+all-gather the block's parameters before it and reshard them after, and their backward hooks reduce-scatter
+its gradients. A restoration that runs outside its block's own call (in the next block's backward window, in
+a cool-down stall) unshards the block first (`_fence.weights`).
 """
 
 from __future__ import annotations
@@ -22,12 +23,32 @@ from lynx.integrations.torchtitan import _fence
 from lynx.integrations.torchtitan.layer import TitanLayer
 from lynx.policy.base import LayerPolicy
 from lynx.runtime.engine import EngineStats, RecomputeEngine
+from lynx.runtime.layers import tp
 
 
 def plan_layer_policies(plan: str | Path) -> dict[int, LayerPolicy]:
-    """Global layer id -> the plan's layer policy (every virtual stage, model order)."""
+    """Global layer id -> the plan's layer policy (every virtual stage, model order), from a plan file or the
+    layer table `lynx export torchtitan` writes (`lynx.export.torchtitan.ENGINE_FILE`)."""
+    import json
+
     from lynx.export.source import load_source
     from lynx.families.titan import NAME
+    from lynx.policy.base import Phase
+
+    try:
+        raw = json.loads(Path(plan).read_text())
+    except (OSError, ValueError):
+        raw = None
+    if isinstance(raw, dict) and "layers" in raw and "model" not in raw:
+        if raw.get("family") != NAME:
+            raise ValueError(f"lynx.integrations.torchtitan: {plan}: family {raw.get('family')!r}, expected {NAME}")
+        try:
+            return {i: LayerPolicy(keep=frozenset(e["keep"]),
+                                   recompute=tuple((str(n), Phase(int(p))) for n, p in e["recompute"]),
+                                   input_checkpoint=bool(e.get("input_checkpoint", True)))
+                    for i, e in enumerate(raw["layers"])}
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"lynx.integrations.torchtitan: {plan}: a malformed layer table ({e})") from None
 
     src = load_source(plan)
     if src.family != NAME:
@@ -45,24 +66,32 @@ class LynxTorchtitan:
         blocks: Sequence[tuple[str, nn.Module]] = list(model_part.get_submodule("layers").named_children())
         if not blocks:
             raise ValueError("lynx.integrations.torchtitan: the model part has no blocks under `layers`")
-        for name, block in blocks:
-            if _fence.is_fsdp(block):
-                raise TypeError(f"lynx.integrations.torchtitan: layers.{name} is FSDP-wrapped; the integration "
-                                "runs a stage's blocks in one engine call and does not support FSDP yet")
+        for name, _block in blocks:
             if int(name) not in policies:
                 raise ValueError(f"lynx.integrations.torchtitan: the plan has no layer {name} "
                                  f"({len(policies)} layers planned)")
         self.blocks = [b for _, b in blocks]
         self.layers = [TitanLayer(b, int(n), group) for n, b in blocks]
+        if any(_fence.is_fsdp(b) for b in self.blocks) and group is not None and tp.world(group) > 1:
+            # the blocks' sizes are read from sharded DTensors here; apply the plan before FSDP (as torchtitan's
+            # trainer does, `trainer.LynxEngineAC`) to combine TP and FSDP
+            raise TypeError("lynx.integrations.torchtitan: FSDP-wrapped blocks with tensor parallelism: apply "
+                            "the plan after TP and before FSDP")
         pols = [policies[int(n)] for n, _ in blocks]
         for layer, pol in zip(self.layers, pols, strict=True):
             unknown = (set(pol.keep) | {n for n, _ in pol.recompute}) - set(layer.op_names)
             if unknown:
                 raise ValueError(f"lynx.integrations.torchtitan: layer {layer.layer_index}'s policy names ops "
                                  f"the block does not have: {', '.join(sorted(unknown))}")
-        params = [p for layer in self.layers for p in layer.block_parameters()]
-        self.engine = RecomputeEngine(self.layers, pols, params)
+        # FSDP (now, or applied after this, as torchtitan's trainer does): the module holds sharded DTensors
+        # between calls; the unsharded parameters its ops read are the engine's live parameters, layer by layer
+        params = [p for layer in self.layers for p in layer.block_parameters() if not _fence.is_dtensor(p)]
+        self.engine = RecomputeEngine(self.layers, pols, params,
+                                      live_params=lambda li: self.layers[li].live_parameters())
         self._microbatch = 0
+        self.auto_step = True
+        """Start a new step (micro-batch 0) when the part's first block runs with nothing held for backward (a
+        training loop that never calls `end_step`, such as torchtitan's trainer)."""
         self._install()
 
     @property
@@ -71,25 +100,24 @@ class LynxTorchtitan:
 
     def _install(self) -> None:
         own = [b.forward for b in self.blocks]  # torchtitan's (its parallelize may have wrapped them)
-
-        def run(x: torch.Tensor, attention_masks: Any = None, positions: Any = None) -> torch.Tensor:
-            if x.is_meta:  # torch.distributed.pipelining's shape inference: no engine, no micro-batch
-                for f in own:
-                    x = f(x, attention_masks, positions)
-                return x
-            mb = self._microbatch
-            self._microbatch += 1
-            for layer in self.layers:
-                layer.context[mb] = (attention_masks, positions)
-            return self.engine.forward(x, mb)
-
-        def passthrough(x: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
-            return x
-
         self._own = own
-        self.blocks[0].forward = run
-        for b in self.blocks[1:]:
-            b.forward = passthrough
+        for li, b in enumerate(self.blocks):
+            b.forward = self._step(li, own[li])
+
+    def _step(self, li: int, own: Any) -> Any:
+        """Block li's forward: its step of the engine (the part's first block starts a micro-batch)."""
+        def run(x: torch.Tensor, attention_masks: Any = None, positions: Any = None) -> torch.Tensor:
+            if x.is_meta or not torch.is_grad_enabled():
+                # torch.distributed.pipelining's shape inference, or an evaluation: nothing kept for backward
+                return own(x, attention_masks, positions)  # type: ignore[no-any-return]
+            if li == 0:
+                if self.auto_step and self.engine.idle():
+                    self.end_step()  # every backward of the last step ran: a new step starts here
+                self._microbatch += 1
+            mb = self._microbatch - 1
+            self.layers[li].context[mb] = (attention_masks, positions)
+            return self.engine.forward_layer(li, x, mb)
+        return run
 
     def end_step(self) -> None:
         """Forget the step's records (after its last backward); the next forward is micro-batch 0."""

@@ -52,6 +52,9 @@ class TitanLayer(OpLayer):
         self.parts, self.group = parts, group
         self.heads_local = parts.n_heads // n
         self.kv_local = parts.n_kv_heads // n
+        self.unshards = 0
+        """FSDP2: times lynx unsharded the block itself (a restoration outside the block's own forward and
+        backward, where FSDP holds it sharded)."""
         self.context: dict[int, tuple[Any, Any]] = {}
         """Per micro-batch: (attention masks, positions) the block was called with (recomputation reuses them)."""
         self.set_ops({name: self._op(name) for name in names})
@@ -59,6 +62,16 @@ class TitanLayer(OpLayer):
     def block_parameters(self) -> list[torch.nn.Parameter]:
         p = self.parts
         return [p.norm1_weight, p.norm2_weight, p.wqkv, p.wo, p.w1, p.w2, p.w3]
+
+    def live_parameters(self) -> list[torch.Tensor]:
+        """The parameters the block's ops read now (FSDP2: the unsharded ones, all-gathered first if needed)."""
+        return list(_fence.weights(self.parts, self._unsharded).values())
+
+    def _w(self, name: str) -> torch.Tensor:
+        return _fence.weights(self.parts, self._unsharded)[name]
+
+    def _unsharded(self) -> None:
+        self.unshards += 1
 
     # -- ops -----------------------------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, w: torch.Tensor, eps: float | None, comm: str, mb: int) -> torch.Tensor:
@@ -90,18 +103,18 @@ class TitanLayer(OpLayer):
         p, ins = self.parts, self.op_inputs[name]
         x0 = ins[0]
         fns: dict[str, OpFn] = {
-            "rmsnorm1": lambda e, m: self._norm(e[x0], p.norm1_weight, p.norm1_eps, "attn_allreduce", m),
-            "rmsnorm2": lambda e, m: self._norm(e[x0], p.norm2_weight, p.norm2_eps, "mlp_allreduce", m),
-            "qkv": lambda e, m: F.linear(e[x0], p.wqkv),
+            "rmsnorm1": lambda e, m: self._norm(e[x0], self._w("norm1"), p.norm1_eps, "attn_allreduce", m),
+            "rmsnorm2": lambda e, m: self._norm(e[x0], self._w("norm2"), p.norm2_eps, "mlp_allreduce", m),
+            "qkv": lambda e, m: F.linear(e[x0], self._w("wqkv")),
             "v_copy": lambda e, m: self._split(e[x0])[2],
             "rope": lambda e, m: self._rope(e[x0], m),
             "core_attn": lambda e, m: self._core(e["rope"], e["v_copy"], m),
-            "attn_proj": lambda e, m: F.linear(e[x0], p.wo),
-            "gate": lambda e, m: F.linear(e[x0], p.w1),
-            "up": lambda e, m: F.linear(e[x0], p.w3),
+            "attn_proj": lambda e, m: F.linear(e[x0], self._w("wo")),
+            "gate": lambda e, m: F.linear(e[x0], self._w("w1")),
+            "up": lambda e, m: F.linear(e[x0], self._w("w3")),
             "silu": lambda e, m: F.silu(e[x0]),
             "swiglu": lambda e, m: e["silu"] * e["up"],
-            "down": lambda e, m: F.linear(e[x0], p.w2),
+            "down": lambda e, m: F.linear(e[x0], self._w("w2")),
         }
         if name in fns:
             return fns[name]

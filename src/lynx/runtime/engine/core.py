@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,13 +106,21 @@ class RecomputeEngine:
     """Runs `layers` (one stage, bottom first) under `policy`; see the module docstring."""
 
     def __init__(self, layers: Sequence[RuntimeLayer], policy: RecomputePolicy | Sequence[LayerPolicy],
-                 params: Sequence[torch.nn.Parameter] = ()) -> None:
+                 params: Sequence[torch.nn.Parameter] = (),
+                 live_params: Callable[[int], Iterable[torch.Tensor]] | None = None) -> None:
+        """`params`: parameters beyond the layers' own (their storages are never activations). `live_params`:
+        layer index -> the parameter tensors that layer reads *now*, for parameters that are not the same
+        tensors for the engine's life (FSDP2 all-gathers a block's parameters into fresh storages for its
+        forward and backward): their storages count as parameters while that layer's forward step or a replay
+        of one of its ops runs (the callback may make them ready first, e.g. unshard them)."""
         pols = tuple(policy.layers if isinstance(policy, RecomputePolicy) else policy)
         if len(pols) != len(layers):
             raise ValueError(f"policy has {len(pols)} layers, the stage has {len(layers)}")
         self.layers, self.policies = list(layers), pols
         self.stats = EngineStats()
         param_keys = {storage_key(p) for m in layers for p in m.parameters()} | {storage_key(p) for p in params}
+        self._param_keys = param_keys  # shared with the ledger and the hooks (live keys come and go)
+        self._live_params = live_params
         self._ledger = Ledger(param_keys)
         # Offloading (issue 22): a policy's per-layer `offload` set of op names, read with a default so a
         # LayerPolicy without the field offloads nothing. The layer's last op is the next layer's input
@@ -147,17 +155,44 @@ class RecomputeEngine:
         of the micro-batches in `hosts` (None: of every pending micro-batch, the PP = 1 behaviour), and with
         `guest` = (engine, j) those of another chunk's engine for its micro-batch j (interleaved schedules:
         guest layer g in this stage's layer g * n / n_guest)."""
+        for li in range(len(self.layers)):
+            x = self.forward_layer(li, x, microbatch, hosts, guest)
+        return x
+
+    def forward_layer(self, li: int, x: torch.Tensor, microbatch: int = 0, hosts: Collection[int] | None = None,
+                      guest: tuple[RecomputeEngine, int] | None = None) -> torch.Tensor:
+        """One step of `forward`: layer `li` alone on its input `x` (the output of layer li - 1's step for the
+        same micro-batch, or the stage input for li = 0), with the same restorations in its windows. Calling it
+        for li = 0, 1, ..., n - 1 is `forward`; a caller whose layers are called one by one (a framework's own
+        blocks, each wrapped by hooks such as FSDP2's all-gather and reduce-scatter) calls it from each layer's
+        forward. The last layer's step closes the stage's forward (peak, `fwd_end_bytes`)."""
+        if not 0 <= li < len(self.layers):
+            raise IndexError(f"layer {li} of a {len(self.layers)}-layer stage")
         self._hosts = None if hosts is None else frozenset(hosts)
         self._guest = guest
         try:
-            for li, layer in enumerate(self.layers):
-                x = self._layer_forward(li, layer, x, microbatch)
+            with self._live(li):
+                x = self._layer_forward(li, self.layers[li], x, microbatch)
         finally:
             self._hosts, self._guest = None, None
-        self._saved.registry = {}  # the last layer's outputs: kept, they would outlive the step
-        self._update_peak()
-        self.stats.fwd_end_bytes.append(self.held_bytes())
+        if li == len(self.layers) - 1:
+            self._saved.registry = {}  # the last layer's outputs: kept, they would outlive the step
+            self._update_peak()
+            self.stats.fwd_end_bytes.append(self.held_bytes())
         return x
+
+    @contextlib.contextmanager
+    def _live(self, li: int) -> Iterator[None]:
+        """Layer li's live parameter storages count as parameters meanwhile (see `__init__`)."""
+        if self._live_params is None:
+            yield
+            return
+        added = {storage_key(p) for p in self._live_params(li)} - self._param_keys
+        self._param_keys |= added
+        try:
+            yield
+        finally:
+            self._param_keys -= added
 
     def _layer_forward(self, li: int, layer: RuntimeLayer, x: torch.Tensor, mb: int) -> torch.Tensor:
         pol = self.policies[li]
@@ -315,25 +350,29 @@ class RecomputeEngine:
             # Python's collector cannot see; the replay's graph is never run backward, so it leaked every
             # such restoration (~220 MiB per iteration of the testbed GPT) and its pages faulted back.
             d = t.detach()
-            captured.append(d)
+            # A parameter's slot is never read back (autograd holds parameters as themselves, never as a
+            # handle): keep the index, not the tensor (FSDP2's parameter storages come and go).
+            captured.append(d.new_empty(0) if storage_key(t) in self._param_keys else d)
             return d
 
         rg = {d: (rec.input_rg if d == LAYER_INPUT else True) for d in env}
         env = {d: v.detach().requires_grad_(rg[d] and v.is_floating_point()) for d, v in env.items()}
-        self._replaying += 1
-        try:
-            with torch.enable_grad(), replay_autocast(rec.amp), \
-                    torch.autograd.graph.saved_tensors_hooks(capture, lambda t: t):
-                out = layer.run_op(op, env, mb)
-        finally:
-            self._replaying -= 1
-        out = out.detach()
-        stride, _ = rec.out_layout[op]
-        if tuple(out.stride()) != stride:
-            raise RuntimeError(f"recompute of {op!r} (layer {li}) changed its layout {stride} -> {out.stride()}")
-        rec.restored[op] = (out, captured)
-        for t in (out, *rec.restored[op][1]):
-            self._ledger.acquire(rec, t)
+        with self._live(li):
+            self._replaying += 1
+            try:
+                with torch.enable_grad(), replay_autocast(rec.amp), \
+                        torch.autograd.graph.saved_tensors_hooks(capture, lambda t: t):
+                    out = layer.run_op(op, env, mb)
+            finally:
+                self._replaying -= 1
+            out = out.detach()
+            stride, _ = rec.out_layout[op]
+            if tuple(out.stride()) != stride:
+                raise RuntimeError(f"recompute of {op!r} (layer {li}) changed its layout {stride} -> "
+                                   f"{out.stride()}")
+            rec.restored[op] = (out, captured)
+            for t in (out, *rec.restored[op][1]):
+                self._ledger.acquire(rec, t)
         self._free_intermediates(li, mb)
         t1 = time.perf_counter()
         dt = t1 - t0
@@ -450,6 +489,11 @@ class RecomputeEngine:
         self._ledger.forget(rec)
         self._host(-sum(e.nbytes for e in rec.offloaded.values() if e.reloaded is None))
         rec.offloaded.clear()
+
+    def idle(self) -> bool:
+        """Nothing held for a backward still to run (every layer's backward released its record, or
+        `end_step`)."""
+        return not self._records
 
     def held_bytes(self) -> int:
         """Activation bytes the engine holds for backward now (each storage once)."""

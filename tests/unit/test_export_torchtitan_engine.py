@@ -1,0 +1,72 @@
+"""`lynx export torchtitan` hands a plan for torchtitan's block to lynx's engine inside torchtitan's trainer: the
+layer table it writes is the plan's, and the registry module torchtitan loads sets `LynxEngineAC` as its
+activation checkpointing (torchtitan's parallelize function applies it to every pipeline part)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from lynx.api import make_problem
+from lynx.api import plan as plan_with
+from lynx.export.source import source_from
+from lynx.export.torchtitan import ENGINE_FILE, TorchtitanExport, build_torchtitan, render_registry, write_torchtitan
+from lynx.problem import PlanOptions
+from lynx.spec import ParallelSpec, load_hardware, load_model
+
+
+def _export8(sp: bool, family: str = "torchtitan-llama3") -> TorchtitanExport:
+    """Llama-3-8B on 32 H100: TP 4, PP 4, DP 2, sequence 4096, global batch 64; Megatron's full recomputation
+    (a plan that recomputes every op, fast to make; the export does not depend on the method)."""
+    m = dataclasses.replace(load_model("llama3-8b"), family=family)
+    par = ParallelSpec(tp=4, pp=4, dp=2, sequence_parallel=sp, micro_batch_size=1, global_batch_size=64,
+                       seq_length=4096)
+    problem = make_problem(m, load_hardware("h100-80g-nvlink"), par,
+                           PlanOptions(precision="megatron-bf16", distributed_optimizer=True))
+    return build_torchtitan(source_from(problem, plan_with(problem, "full", record=False).result))
+
+
+def test_a_torchtitan_plan_without_sp_runs_through_the_engine(tmp_path: Path) -> None:
+    from lynx.integrations.torchtitan import plan_layer_policies
+
+    exp = _export8(sp=False)
+    assert exp.engine is not None
+    write_torchtitan(exp, tmp_path)
+    assert f"ENGINE_LAYERS: str | None = {ENGINE_FILE!r}" in (tmp_path / "lynx_torchtitan_registry.py").read_text()
+    flat = [lp for pol in exp.source.policies for lp in pol.layers]
+    assert plan_layer_policies(tmp_path / ENGINE_FILE) == dict(enumerate(flat))
+    assert len(flat) == 32 and all(lp.recompute for lp in flat)
+    assert not any("AC module (every recomputation on demand), not lynx's engine" in n for n in exp.notes)
+
+
+@pytest.mark.parametrize(("sp", "family", "why"), [(True, "torchtitan-llama3", "sequence parallelism"),
+                                                   (False, "llama", "family is 'llama'")])
+def test_otherwise_the_ac_module_and_a_note_say_why(sp: bool, family: str, why: str, tmp_path: Path) -> None:
+    exp = _export8(sp=sp, family=family)
+    assert exp.engine is None
+    assert any("not lynx's engine" in n and why in n for n in exp.notes), exp.notes
+    assert "ENGINE_LAYERS: str | None = None" in render_registry(exp)
+    assert ENGINE_FILE not in {p.name for p in write_torchtitan(exp, tmp_path)}
+
+
+def test_torchtitans_config_manager_loads_the_engine_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torchtitan")
+    from torchtitan.config.manager import ConfigManager
+
+    from lynx.integrations.torchtitan.trainer import LynxEngineAC
+
+    write_torchtitan(_export8(sp=False), tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for mod in ("lynx_torchtitan_registry", "lynx_torchtitan_ac"):
+        sys.modules.pop(mod, None)
+    cfg = ConfigManager().parse_args(["--module", "lynx_torchtitan_registry", "--config", "lynx_plan",
+                                      "--training.steps", "3"])
+    ac = cfg.activation_checkpoint
+    assert isinstance(ac, LynxEngineAC.Config)
+    assert ac.plan == str(tmp_path / ENGINE_FILE)
+    assert (ac.tensor_parallel_degree, ac.pipeline_parallel_degree, ac.data_parallel_shard_degree) == (4, 4, 2)
+    assert json.loads(Path(ac.plan).read_text())["family"] == "torchtitan-llama3"
