@@ -42,8 +42,22 @@ SLOW_CASES: dict[str, str] = {
        "test_torchtitan_fsdp.py::test_fsdp2_loss_and_grads_equal_torchtitans_own[uniform] (FSDP, bitwise, unshard)"
        for c in ("none", "full", "lynx", "trainer")},
     **{f"integration/test_torchtitan_fsdp_tp.py::test_tp2_fsdp2_loss_and_grads_equal_torchtitans_own[{c}]":
-       "test_torchtitan_fsdp_tp.py::test_tp2_fsdp2_windows_bitwise_and_where_planned (bitwise too)"
+       "test_torchtitan_fsdp.py::test_fsdp2_loss_and_grads_equal_torchtitans_own[uniform] (FSDP) and "
+       "test_torchtitan_tp.py::test_tp2_every_window_restores_what_the_plan_put_there (TP windows)"
        for c in ("none", "full", "lynx")},
+    "integration/test_torchtitan_fsdp_tp.py::test_tp2_fsdp2_windows_bitwise_and_where_planned":
+        "test_torchtitan_fsdp.py::test_fsdp2_loss_and_grads_equal_torchtitans_own[uniform] (FSDP) and "
+        "test_torchtitan_tp.py::test_tp2_every_window_restores_what_the_plan_put_there (TP windows)",
+    "integration/test_torchtitan_plan_file.py::test_a_plan_file_runs_torchtitans_model_bitwise":
+        "test_torchtitan_tp.py::test_tp2_every_window_restores_what_the_plan_put_there (the integration, bitwise)",
+    "integration/test_runtime_pipeline_train.py::test_pp2_dp2_reports_stages_and_writes_a_trace_beside_the_simulator":
+        "test_the_runtime_executes_the_given_action_list (lynx train on a pipeline plan)",
+    "integration/test_interleaved.py::test_cli_schedule_plan_and_simulate":
+        "test_every_fast_method_plans_interleaved and test_runtime_pipeline.py's interleaved case",
+    "integration/test_cli.py::test_compare_prices_stock_megatron_on_its_balancing_flags":
+        "unit/test_megatron_baselines.py (Megatron's split from its balancing flags)",
+    "integration/test_cli_llama.py::test_compare_shows_the_module_baselines_beside_lynx":
+        "test_cli.py::test_readme_compare_command (the baselines beside lynx)",
     "integration/test_torchtitan_pp_tp.py::test_pp2_tp2_loss_and_grads_equal_torchtitans_own":
         "test_pp2_loss_and_grads_equal_torchtitans_own[windows-1f1b] (PP) and the TP window test",
     "integration/test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[windows-gpipe]":
