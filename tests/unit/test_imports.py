@@ -31,7 +31,7 @@ RANKS: dict[str, int] = {
     "lynx.methods": 8,
     "lynx.plan": 9,
     "lynx.api": 10, "lynx.breakdown": 10,
-    "lynx.report": 11, "lynx.profile": 11, "lynx.runtime": 11,
+    "lynx.report": 11, "lynx.profile": 11, "lynx.runtime": 11, "lynx.integrations": 11,
     "lynx.cli": 12, "lynx.__main__": 12,
 }
 SOLVERS = ("lynx.policy.heu", "lynx.policy.heu_objective", "lynx.policy.heu_mixed", "lynx.policy.opt",
@@ -94,6 +94,27 @@ def test_no_upward_imports() -> None:
             if r is not None and d is not None and d > r:
                 bad.append(f"{mod} (layer {r}) imports {dep} (layer {d})")
     assert not bad, "\n".join(sorted(bad))
+
+
+TORCH_SIDE = ("lynx.runtime", "lynx.profile", "lynx.integrations")
+"""The torch half (README "Layout"); everything else is the planner half and never imports torch."""
+
+
+def _third_party(path: Path) -> set[str]:
+    out: set[str] = set()
+    for n in ast.walk(ast.parse(path.read_text())):
+        if isinstance(n, ast.Import):
+            out.update(a.name.split(".")[0] for a in n.names)
+        elif isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+            out.add(n.module.split(".")[0])
+    return out
+
+
+def test_the_planner_half_never_imports_torch() -> None:
+    bad = [mod for mod, path in MODULES.items()
+           if not any(mod == t or mod.startswith(t + ".") for t in TORCH_SIDE)
+           and _third_party(path) & {"torch", "torchtitan"}]
+    assert not bad, f"planner modules importing torch or torchtitan: {sorted(bad)}"
 
 
 def test_solvers_import_only_graph_specs_memory_milp_and_their_types() -> None:
