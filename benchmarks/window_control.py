@@ -54,6 +54,7 @@ import os
 import platform
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,19 +131,26 @@ def predict(model: Path, pid: int, db: Path, lay: Layout, rate: float, frac: flo
 def choose(model: Path, pid: int, db: Path, lay: Layout, rate: float, frac: str, method: str
            ) -> tuple[dict[str, Any], Any, Any]:
     peaks = stage_peaks(model, pid, db, lay, rate)
-    fracs = FRACS if frac == "auto" else (float(frac),)
+    return best_fraction(lambda f: predict(model, pid, db, lay, rate, f, method, peaks), frac, peaks,
+                         "window_control")
+
+
+def best_fraction(predict_at: Callable[[float], tuple[dict[str, Any], Any, Any]], frac: str, peaks: Any,
+                  name: str) -> tuple[dict[str, Any], Any, Any]:
+    """The budget fraction F (`--budget-frac`, or each of FRACS for auto) whose plan hides the largest share of
+    its iteration; SystemExit naming every F when no plan fits."""
     best: tuple[dict[str, Any], Any, Any] | None = None
     errors = []
-    for f in fracs:
+    for f in FRACS if frac == "auto" else (float(frac),):
         try:
-            cand = predict(model, pid, db, lay, rate, f, method, peaks)
+            cand = predict_at(f)
         except Exception as e:  # no policy fits this budget: try the next F
             errors.append(f"F={f:g}: {e}")
             continue
         if best is None or cand[0]["hidden_s"] / cand[0]["plan_s"] > best[0]["hidden_s"] / best[0]["plan_s"]:
             best = cand
     if best is None:
-        raise SystemExit("window_control: --budget-frac: no plan at " + "; ".join(errors))
+        raise SystemExit(f"{name}: --budget-frac: no plan at " + "; ".join(errors))
     best[0]["simulated_peaks"] = peaks
     return best
 

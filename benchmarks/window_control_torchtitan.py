@@ -222,20 +222,8 @@ def choose(graph: Any, layers: int, rate: float, frac: str, method: str) -> tupl
     prob = problem(graph, layers, rate)
     peaks = {m: [s.peak_memory_bytes for s in Plan.evaluate(prob, get_method(m).fn(prob)).sim.stages]
              for m in ("none", "full")}
-    best: tuple[dict[str, Any], Any, Any] | None = None
-    errors = []
-    for f in wc.FRACS if frac == "auto" else (float(frac),):
-        try:
-            cand = predict(graph, layers, rate, f, method, peaks)
-        except Exception as e:  # no policy fits this budget: try the next F
-            errors.append(f"F={f:g}: {e}")
-            continue
-        if best is None or cand[0]["hidden_s"] / cand[0]["plan_s"] > best[0]["hidden_s"] / best[0]["plan_s"]:
-            best = cand
-    if best is None:
-        raise SystemExit("window_control_torchtitan: --budget-frac: no plan at " + "; ".join(errors))
-    best[0]["simulated_peaks"] = peaks
-    return best
+    return wc.best_fraction(lambda f: predict(graph, layers, rate, f, method, peaks), frac, peaks,
+                            "window_control_torchtitan")
 
 
 def _rank_argv(*extra: str) -> list[str]:
