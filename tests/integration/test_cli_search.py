@@ -74,6 +74,13 @@ def test_idle_gpus_are_an_error_naming_the_product(tmp_path: Path, capsys: pytes
     assert code == 2 and "does not divide the 4 GPUs" in text
 
 
+@pytest.mark.parametrize("flag", ["--cp", "--pp"])
+def test_one_pinned_size_not_dividing_the_gpus_is_named(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, text = _main([*SMALL, flag, "3"], capsys)
+    assert code == 2 and len(text.strip().splitlines()) == 1, text
+    assert f"no layout satisfies the pinned options ({flag} 3 does not divide the 4 GPUs)" in text
+
+
 def test_nodes_with_tp_pp_derives_dp() -> None:
     # a100-40g-nvlink: 4 GPUs per node; 2 nodes = 8 GPUs = TP 2 x PP 2 x DP 2.
     r = runner.invoke(app, ["plan", "--model", "gpt-tiny", "--tp", "2", "--pp", "2", "--nodes", "2",

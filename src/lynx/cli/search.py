@@ -89,7 +89,10 @@ def run_search(a: SearchArgs, base: PlanOptions) -> None:
                   a.allow_cross_node_tp, a.cp_comm_type)
     cands, rejected = candidates(space)
     if not cands:  # nothing to search: say which rule the pins break, before any work
-        why = "; ".join(dict.fromkeys(r.reason for r in rejected[:4])) or (
+        pinned = [f"{flag} {size} does not divide the {a.gpus} GPUs"
+                  for flag, size in (("--tp", a.tp), ("--cp", a.cp), ("--pp", a.pp))
+                  if size is not None and a.gpus % size]  # the pin to change, named first
+        why = "; ".join(pinned or dict.fromkeys(r.reason for r in rejected[:4])) or (
             "TP x PP must divide the GPUs and PP must not exceed the layers")
         raise SpecError(f"--gpus {a.gpus}: no layout satisfies the pinned options ({why})")
     res = _with_progress(lambda cb: search(space, base, top=a.top, progress=cb))
