@@ -43,6 +43,8 @@ ASSUMPTIONS = (
     "Megatron's even split of the layers over PP x VP chunks, 1F1B (interleaved when VP > 1).",
     "The recipe's deferred embedding weight-gradient GEMM (`defer_embedding_wgrad_compute`) and p2p overlap "
     "are not modelled (lynx charges p2p as exposed).",
+    "Nemotron-4 340B's optimizer as its YAML sets it (`grad_sync_dtype: bf16`, `dtype: bf16`): 2-byte "
+    "gradients reduced in bf16 and 4 bytes of Adam state (lynx --precision paper --bytes-per-param 8).",
     "GPT-3's vocabulary is GPT-2's 50,257 padded to a multiple of 128 x TP (Megatron's "
     "`make_vocab_size_divisible_by` 128 times TP 4): 50,688; the Llama and Nemotron vocabularies are the "
     "presets' (128,256 and 256,000, both already multiples of 128 x TP).",
@@ -75,6 +77,10 @@ class Run:
     query_groups: int | None = None
     vocab: int | None = None
     dropout: bool = False
+    precision: str = "megatron-bf16"
+    """lynx's name for the optimizer's dtypes: megatron-bf16 (fp32 gradients reduced in fp32, fp32 Adam state;
+    NeMo's default `grad_sync_dtype` = `dtype` = fp32) unless the recipe says otherwise."""
+    bytes_per_param: float | None = None
 
 
 def _l8(gpus: int, step: float) -> Run:
@@ -102,8 +108,10 @@ def _n340(gpus: int, step: float) -> Run:
     # nemotron/README_340b.md "Nemotron4 340b 24.11 BF16 (TP=8, PP=8, MBS=1, GA=16, VP=12)"; configure.sh: GBS =
     # 2 x nodes, SP, ub_tp_comm_overlap True; nemotron4-340b-synth.yaml: activations_checkpoint_granularity
     # selective.
+    # Its optim block sets `grad_sync_dtype: bf16` and `dtype: bf16`: bf16 gradients reduced in bf16 and bf16
+    # Adam state, so the parameters are the main weights: lynx's 2-byte-gradient recipe with 2 + 2 + 4 bytes.
     return Run("Nemotron-4 340B, NeMo 24.11", "nemotron4-340b", 8, 8, 1, 12, 1, 4096, gpus, gpus // 4, step,
-               method="selective")
+               method="selective", precision="paper", bytes_per_param=8.0)
 
 
 def _g175(gpus: int, step: float) -> Run:
@@ -145,7 +153,8 @@ def parallel_of(r: Run) -> ParallelSpec:
 
 def predicted(r: Run, hw: Hardware) -> tuple[float, float]:
     """(iteration s, the largest stage peak in GiB) of lynx's prediction of the run as the recipe sets it."""
-    opts = PlanOptions(precision="megatron-bf16", distributed_optimizer=True,
+    opts = PlanOptions(precision=r.precision, bytes_per_param=r.bytes_per_param,  # type: ignore[arg-type]
+                       distributed_optimizer=True,
                        nodes=-(-r.gpus // hw.devices_per_node), vpp=r.vpp, overlap_grad_reduce=True,
                        overlap_param_gather=True, tp_comm_overlap=r.tp_comm_overlap and r.tp > 1,
                        budget_bytes=hw.device.memory_bytes)
@@ -169,7 +178,7 @@ def main() -> None:
     rows = errors(hw)
     t = Table(title=f"Held out: NVIDIA DGX Cloud benchmarking recipes (H100, BF16) vs lynx on {hw.name}")
     for c in ("recipe", "TP", "PP", "CP", "VP", "MBS", "seq", "GPUs", "GBS", "recompute", "published step s",
-              "lynx step s", "peak GiB", "error", "target", "holds"):
+              "lynx step s", "peak GiB", "fits", "error", "target", "holds"):
         t.add_column(c, justify="left" if c in ("recipe", "recompute") else "right")
     held, worst = 0, 0.0
     for r, pred, peak in rows:
@@ -179,9 +188,14 @@ def main() -> None:
         worst = max(worst, abs(err))
         t.add_row(r.recipe + (f" ({r.layers} layers)" if r.layers else ""), str(r.tp), str(r.pp), str(r.cp),
                   str(r.vpp), str(r.mbs), str(r.seq), str(r.gpus), str(r.gbs), r.method, f"{r.step_s:.2f}",
-                  f"{pred:.2f}", f"{peak:.1f}", f"{100 * err:+.1f}%", f"±{100 * TARGET:.0f}%",
+                  f"{pred:.2f}", f"{peak:.1f}", "yes" if peak * 2**30 <= hw.device.usable_bytes else "NO",
+                  f"{100 * err:+.1f}%", f"±{100 * TARGET:.0f}%",
                   "yes" if ok else "NO")
     out.print(t)
+    fits = sum(peak * 2**30 <= hw.device.usable_bytes for _, _, peak in rows)
+    out.print(f"fits: lynx's peak within the usable {hw.device.usable_bytes / 2**30:.1f} GiB (capacity less "
+              f"reserve and fragmentation); every run ran on 80 GB H100s, so a NO is a memory over-estimate: "
+              f"{fits} of {len(rows)} fit.")
     out.print(f"{held} of {len(rows)} runs within ±{100 * TARGET:.0f}%; worst |error| {100 * worst:.1f}%; "
               f"{time.perf_counter() - t0:.1f} s")
     if a.markdown:
