@@ -17,7 +17,7 @@ requires it), flash attention (TransformerEngine's fused attention, Megatron-Cor
 embeddings, the distributed optimizer with Megatron's bf16 recipe (fp32 gradients reduced in fp32), 1F1B
 without interleaving, Megatron's even split of the layers.
 
-Run: python benchmarks/megatron_readme.py [--markdown] [--no-overlaps] [--fit] [--sensitivity]
+Run: python benchmarks/megatron_readme.py [--markdown] [--no-overlaps] [--fit] [--sensitivity] [--candidates]
 """
 
 from __future__ import annotations
@@ -73,18 +73,19 @@ PP 6) at global batch 1152 "from 96 H100 GPUs to 4608 GPUs ... MFU from 47% to 4
 the README's text rounds it, so +-0.5 points, about +-1% in time)."""
 
 
-def held_out() -> list[tuple[int, float, float, float]]:
+def held_out(hw: Hardware | None = None, micro_batch: int = MICRO_BATCH, vpp: int = 1
+             ) -> list[tuple[int, float, float, float]]:
     """(DP, published MFU, published step s, predicted step s) of the strong-scaling endpoints."""
-    hw = load_hardware("h100-80g-nvlink")
+    hw = hw if hw is not None else load_hardware("h100-80g-nvlink")
     r = ROWS[6]
     out = []
     for dp, mfu in HELD_OUT:
-        par = ParallelSpec(tp=r.tp, pp=r.pp, dp=dp, sequence_parallel=True, micro_batch_size=MICRO_BATCH,
+        par = ParallelSpec(tp=r.tp, pp=r.pp, dp=dp, sequence_parallel=True, micro_batch_size=micro_batch,
                            global_batch_size=1152, seq_length=SEQ)
         gpus = r.tp * r.pp * dp
         opts = PlanOptions(precision="megatron-bf16", distributed_optimizer=True, nodes=-(-gpus // hw.devices_per_node),
                            overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True,
-                           budget_bytes=hw.device.memory_bytes)
+                           budget_bytes=hw.device.memory_bytes, vpp=vpp)
         pred = plan(make_problem(model_of(r), hw, par, opts), "none", record=False).sim.iteration_time_s
         pub = model_flops_per_iteration(model_of(r), par) / (mfu * hw.device.peak_flops * gpus)
         out.append((dp, mfu, pub, pred))
@@ -115,7 +116,7 @@ def predicted(r: Row, hw: Hardware, overlaps: bool = True, micro_batch: int = MI
     return _predicted(r, hw, overlaps, micro_batch)[:2]
 
 
-def _predicted(r: Row, hw: Hardware, overlaps: bool = True, micro_batch: int = MICRO_BATCH
+def _predicted(r: Row, hw: Hardware, overlaps: bool = True, micro_batch: int = MICRO_BATCH, vpp: int = 1
                ) -> tuple[float, float, float]:
     """(iteration, after the pipeline, the largest stage peak in GiB)."""
     from dataclasses import replace
@@ -123,7 +124,7 @@ def _predicted(r: Row, hw: Hardware, overlaps: bool = True, micro_batch: int = M
     gpus = r.tp * r.pp * DP
     opts = PlanOptions(precision="megatron-bf16", distributed_optimizer=True, nodes=-(-gpus // hw.devices_per_node),
                        overlap_grad_reduce=overlaps, overlap_param_gather=overlaps,
-                       tp_comm_overlap=overlaps and r.tp > 1, budget_bytes=hw.device.memory_bytes)
+                       tp_comm_overlap=overlaps and r.tp > 1, budget_bytes=hw.device.memory_bytes, vpp=vpp)
     par = replace(parallel_of(r), micro_batch_size=micro_batch)
     p = plan(make_problem(model_of(r), hw, par, opts), "none", record=False)
     peak = max(st.peak_memory_bytes for st in p.sim.stages) / 2**30
@@ -146,6 +147,48 @@ def sensitivity(hw: Hardware) -> Table:
             pred, tail, peak = _predicted(r, hw, True, mb)
             cells.append(f"{100 * (pred / published_step_s(r) - 1):+.1f}% ({tail:.2f} s, {peak:.0f})")
         t.add_row(r.name, str(r.tp), str(r.pp), str(per), *cells)
+    return t
+
+
+INTERLEAVE = {"none": lambda lps: 1, "2 chunks": lambda lps: 2 if lps % 2 == 0 else 1,
+              "1 layer per chunk": lambda lps: lps}
+"""Candidate interleaving rules, each the same for every PP > 1 row (VP chunks per stage from the layers per
+stage; Megatron needs the layers per stage divisible by VP, so 119B's 23 and 462B's 7 admit only 1 or all).
+"1 layer per chunk" is what NVIDIA's own H100 recipes of GPT-3 175B and Nemotron-4 340B run (TP 4 / 8, PP 8,
+VP 12 on 96 layers: dgxc-benchmarking 143b90dd, nemo_megatron/README_175b.md, nemotron/README_340b.md)."""
+CANDIDATE_MATMUL = (0.8, 0.75, 0.7)
+
+
+def candidates(hw: Hardware) -> Table:
+    """Every (micro-batch, interleaving rule, matmul asymptote) candidate applied to all nine rows at once: the
+    rows outside +-10%, the held-out checks (177B strong scaling, benchmarks/published_runs.py), and whether
+    the largest stage fits the usable memory. Evidence for docs/benchmarks.md section fit4; nothing is applied."""
+    from dataclasses import replace
+
+    import published_runs
+
+    t = Table(title="One assumption for every row: README rows and the held-out checks under each candidate")
+    for c in ("matmul", "micro-batch", "interleaving", "README rows outside ±10%", "README errors",
+              "largest peak GiB (usable)", "177B strong DP 2 / DP 96 (±15%)", "dgxc runs within ±15%"):
+        t.add_column(c, justify="left" if c in ("interleaving", "README errors") else "right")
+    for mm in CANDIDATE_MATMUL:
+        h = replace(hw, device=replace(hw.device, matmul_efficiency=mm))
+        pr = [pred / r.step_s - 1 for r, pred, _ in published_runs.errors(h)]
+        dgxc = f"{sum(abs(e) <= published_runs.TARGET for e in pr)} of {len(pr)} ({100 * min(pr):+.1f}% .. " \
+               f"{100 * max(pr):+.1f}%)"
+        for mb in (1, 2):
+            for name, rule in INTERLEAVE.items():
+                errs, peaks = [], []
+                for r in ROWS:
+                    v = rule(r.layers // r.pp) if r.pp > 1 else 1
+                    pred, _, peak = _predicted(r, h, True, mb, v)
+                    errs.append(pred / published_step_s(r) - 1)
+                    peaks.append(peak)
+                strong = held_out(h, mb, INTERLEAVE[name](ROWS[6].layers // ROWS[6].pp))
+                t.add_row(f"{mm:.2f}", str(mb), name, str(sum(abs(e) > TARGET for e in errs)),
+                          " ".join(f"{100 * e:+.0f}" for e in errs),
+                          f"{max(peaks):.0f} ({h.device.usable_bytes / 2**30:.0f})",
+                          " / ".join(f"{100 * (p / q - 1):+.1f}%" for _, _, q, p in strong), dgxc)
     return t
 
 
@@ -180,11 +223,16 @@ def main() -> None:
     ap.add_argument("--no-overlaps", action="store_true", help="price every collective as exposed (the old model)")
     ap.add_argument("--fit", action="store_true", help="search FIT_GRID for the kernel constants (about a minute)")
     ap.add_argument("--sensitivity", action="store_true", help="each row at micro-batch 1, 2 and 4")
+    ap.add_argument("--candidates", action="store_true",
+                    help="one micro-batch / interleaving / matmul assumption for all rows, with the held-out checks")
     a = ap.parse_args()
     out = Out(a.markdown)
     hw = load_hardware(a.hardware)
     if a.sensitivity:
         out.print(sensitivity(hw))
+        return
+    if a.candidates:
+        out.print(candidates(hw))
         return
     if a.fit:
         for outside, rms, kw in fit(hw)[:5]:
