@@ -177,14 +177,13 @@ def candidates(hw: Hardware) -> Table:
         dgxc = f"{sum(abs(e) <= published_runs.TARGET for e in pr)} of {len(pr)} ({100 * min(pr):+.1f}% .. " \
                f"{100 * max(pr):+.1f}%)"
         for mb in (1, 2):
-            for name, rule in INTERLEAVE.items():
+            for name in INTERLEAVE:
                 errs, peaks = [], []
                 for r in ROWS:
-                    v = rule(r.layers // r.pp) if r.pp > 1 else 1
-                    pred, _, peak = _predicted(r, h, True, mb, v)
+                    pred, _, peak = _predicted(r, h, True, mb, vpp_of(r, name))
                     errs.append(pred / published_step_s(r) - 1)
                     peaks.append(peak)
-                strong = held_out(h, mb, INTERLEAVE[name](ROWS[6].layers // ROWS[6].pp))
+                strong = held_out(h, mb, vpp_of(ROWS[6], name))
                 t.add_row(f"{mm:.2f}", str(mb), name, str(sum(abs(e) > TARGET for e in errs)),
                           " ".join(f"{100 * e:+.0f}" for e in errs),
                           f"{max(peaks):.0f} ({h.device.usable_bytes / 2**30:.0f})",
@@ -192,8 +191,15 @@ def candidates(hw: Hardware) -> Table:
     return t
 
 
-def errors(hw: Hardware, overlaps: bool = True) -> list[tuple[Row, float, tuple[float, float]]]:
-    return [(r, published_step_s(r), predicted(r, hw, overlaps)) for r in ROWS]
+def vpp_of(r: Row, interleave: str) -> int:
+    """The row's VP chunks per stage under an INTERLEAVE rule (1 at PP 1)."""
+    return INTERLEAVE[interleave](r.layers // r.pp) if r.pp > 1 else 1
+
+
+def errors(hw: Hardware, overlaps: bool = True, interleave: str = "none"
+           ) -> list[tuple[Row, float, tuple[float, float]]]:
+    return [(r, published_step_s(r), _predicted(r, hw, overlaps, MICRO_BATCH, vpp_of(r, interleave))[:2])
+            for r in ROWS]
 
 
 FIT_GRID = {"matmul_efficiency": (0.75, 0.8, 0.85), "gemm_half_dim": (128.0, 256.0, 384.0),
@@ -201,7 +207,7 @@ FIT_GRID = {"matmul_efficiency": (0.75, 0.8, 0.85), "gemm_half_dim": (128.0, 256
 """The grid the H100 preset's kernel constants were chosen from (flash backward = 0.8 x forward)."""
 
 
-def fit(hw: Hardware) -> list[tuple[int, float, dict[str, float]]]:
+def fit(hw: Hardware, interleave: str = "none") -> list[tuple[int, float, dict[str, float]]]:
     """Every point of FIT_GRID with (rows outside the target, RMS error), best first: most rows within
     +-10%, then the smallest RMS."""
     import itertools
@@ -211,7 +217,7 @@ def fit(hw: Hardware) -> list[tuple[int, float, dict[str, float]]]:
     for vals in itertools.product(*FIT_GRID.values()):
         kw = dict(zip(FIT_GRID, vals, strict=True))
         dev = replace(hw.device, **kw, flash_bwd_efficiency=0.8 * kw["flash_fwd_efficiency"])
-        errs = [pred / pub - 1 for _, pub, (pred, _) in errors(replace(hw, device=dev))]
+        errs = [pred / pub - 1 for _, pub, (pred, _) in errors(replace(hw, device=dev), True, interleave)]
         out.append((sum(abs(e) > TARGET for e in errs), (sum(e * e for e in errs) / len(errs)) ** 0.5, kw))
     return sorted(out, key=lambda x: (x[0], x[1]))
 
@@ -223,6 +229,8 @@ def main() -> None:
     ap.add_argument("--no-overlaps", action="store_true", help="price every collective as exposed (the old model)")
     ap.add_argument("--fit", action="store_true", help="search FIT_GRID for the kernel constants (about a minute)")
     ap.add_argument("--sensitivity", action="store_true", help="each row at micro-batch 1, 2 and 4")
+    ap.add_argument("--interleave", choices=tuple(INTERLEAVE), default="none",
+                    help="an interleaving rule for every PP > 1 row (the table and --fit; not published)")
     ap.add_argument("--candidates", action="store_true",
                     help="one micro-batch / interleaving / matmul assumption for all rows, with the held-out checks")
     a = ap.parse_args()
@@ -235,11 +243,11 @@ def main() -> None:
         out.print(candidates(hw))
         return
     if a.fit:
-        for outside, rms, kw in fit(hw)[:5]:
+        for outside, rms, kw in fit(hw, a.interleave)[:5]:
             print(f"{outside} rows outside ±{100 * TARGET:.0f}%, RMS error {100 * rms:.1f}%: {kw}")
         return
     t0 = time.perf_counter()
-    rows = errors(hw, not a.no_overlaps)
+    rows = errors(hw, not a.no_overlaps, a.interleave)
     t = Table(title=f"Megatron-LM README weak scaling (H100, seq {SEQ}, bf16) vs lynx on {hw.name}"
                     f"{' without overlaps' if a.no_overlaps else ''}")
     for c in ("model", "TP", "PP", "DP", "GPUs", "global batch", "published TFLOP/s/GPU", "published step s",
@@ -262,7 +270,7 @@ def main() -> None:
     h = Table(title="Held out: the README's strong scaling of the 177B model (TP 8, PP 6, global batch 1152)")
     for c in ("GPUs", "DP", "published MFU", "published step s", "lynx step s", "error", "target", "holds"):
         h.add_column(c, justify="right")
-    for dp, mfu, pub, pred in held_out():
+    for dp, mfu, pub, pred in held_out(hw, MICRO_BATCH, vpp_of(ROWS[6], a.interleave)):
         err = pred / pub - 1
         h.add_row(str(48 * dp), str(dp), f"{100 * mfu:.0f}%", f"{pub:.3f}", f"{pred:.3f}", f"{100 * err:+.1f}%",
                   f"±{100 * HELD_OUT_TARGET:.0f}%", "yes" if abs(err) <= HELD_OUT_TARGET else "NO")

@@ -47,3 +47,11 @@ def test_interleaving_shrinks_the_strong_scaling_bubble_and_defaults_are_unchang
     inter = mr.held_out(hw, 1, mr.INTERLEAVE["1 layer per chunk"](mr.ROWS[6].layers // mr.ROWS[6].pp))
     assert inter[1][3] < plain[1][3]  # DP 96: 12 micro-batches, the bubble is most of the gap
     assert inter[0][3] <= plain[0][3] * 1.01  # DP 2: 576 micro-batches, the bubble hardly matters
+
+
+@pytest.mark.parametrize("rule", list(mr.INTERLEAVE))
+def test_interleaving_rules_give_chunks_megatron_accepts(rule: str) -> None:
+    for r in mr.ROWS:
+        v = mr.vpp_of(r, rule)
+        assert v >= 1 and (r.layers // r.pp) % v == 0, (r.name, v)
+        assert r.pp > 1 or v == 1
