@@ -17,7 +17,7 @@ requires it), flash attention (TransformerEngine's fused attention, Megatron-Cor
 embeddings, the distributed optimizer with Megatron's bf16 recipe (fp32 gradients reduced in fp32), 1F1B
 without interleaving, Megatron's even split of the layers.
 
-Run: python benchmarks/megatron_readme.py [--markdown] [--no-overlaps] [--fit] [--sensitivity]
+Run: python benchmarks/megatron_readme.py [--markdown] [--no-overlaps] [--fit] [--sensitivity] [--candidates]
 """
 
 from __future__ import annotations
@@ -73,18 +73,19 @@ PP 6) at global batch 1152 "from 96 H100 GPUs to 4608 GPUs ... MFU from 47% to 4
 the README's text rounds it, so +-0.5 points, about +-1% in time)."""
 
 
-def held_out() -> list[tuple[int, float, float, float]]:
+def held_out(hw: Hardware | None = None, micro_batch: int = MICRO_BATCH, vpp: int = 1
+             ) -> list[tuple[int, float, float, float]]:
     """(DP, published MFU, published step s, predicted step s) of the strong-scaling endpoints."""
-    hw = load_hardware("h100-80g-nvlink")
+    hw = hw if hw is not None else load_hardware("h100-80g-nvlink")
     r = ROWS[6]
     out = []
     for dp, mfu in HELD_OUT:
-        par = ParallelSpec(tp=r.tp, pp=r.pp, dp=dp, sequence_parallel=True, micro_batch_size=MICRO_BATCH,
+        par = ParallelSpec(tp=r.tp, pp=r.pp, dp=dp, sequence_parallel=True, micro_batch_size=micro_batch,
                            global_batch_size=1152, seq_length=SEQ)
         gpus = r.tp * r.pp * dp
         opts = PlanOptions(precision="megatron-bf16", distributed_optimizer=True, nodes=-(-gpus // hw.devices_per_node),
                            overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True,
-                           budget_bytes=hw.device.memory_bytes)
+                           budget_bytes=hw.device.memory_bytes, vpp=vpp)
         pred = plan(make_problem(model_of(r), hw, par, opts), "none", record=False).sim.iteration_time_s
         pub = model_flops_per_iteration(model_of(r), par) / (mfu * hw.device.peak_flops * gpus)
         out.append((dp, mfu, pub, pred))
@@ -115,7 +116,7 @@ def predicted(r: Row, hw: Hardware, overlaps: bool = True, micro_batch: int = MI
     return _predicted(r, hw, overlaps, micro_batch)[:2]
 
 
-def _predicted(r: Row, hw: Hardware, overlaps: bool = True, micro_batch: int = MICRO_BATCH
+def _predicted(r: Row, hw: Hardware, overlaps: bool = True, micro_batch: int = MICRO_BATCH, vpp: int = 1
                ) -> tuple[float, float, float]:
     """(iteration, after the pipeline, the largest stage peak in GiB)."""
     from dataclasses import replace
@@ -123,7 +124,7 @@ def _predicted(r: Row, hw: Hardware, overlaps: bool = True, micro_batch: int = M
     gpus = r.tp * r.pp * DP
     opts = PlanOptions(precision="megatron-bf16", distributed_optimizer=True, nodes=-(-gpus // hw.devices_per_node),
                        overlap_grad_reduce=overlaps, overlap_param_gather=overlaps,
-                       tp_comm_overlap=overlaps and r.tp > 1, budget_bytes=hw.device.memory_bytes)
+                       tp_comm_overlap=overlaps and r.tp > 1, budget_bytes=hw.device.memory_bytes, vpp=vpp)
     par = replace(parallel_of(r), micro_batch_size=micro_batch)
     p = plan(make_problem(model_of(r), hw, par, opts), "none", record=False)
     peak = max(st.peak_memory_bytes for st in p.sim.stages) / 2**30
@@ -149,8 +150,56 @@ def sensitivity(hw: Hardware) -> Table:
     return t
 
 
-def errors(hw: Hardware, overlaps: bool = True) -> list[tuple[Row, float, tuple[float, float]]]:
-    return [(r, published_step_s(r), predicted(r, hw, overlaps)) for r in ROWS]
+INTERLEAVE = {"none": lambda lps: 1, "2 chunks": lambda lps: 2 if lps % 2 == 0 else 1,
+              "1 layer per chunk": lambda lps: lps}
+"""Candidate interleaving rules, each the same for every PP > 1 row (VP chunks per stage from the layers per
+stage; Megatron needs the layers per stage divisible by VP, so 119B's 23 and 462B's 7 admit only 1 or all).
+"1 layer per chunk" is what NVIDIA's own H100 recipes of GPT-3 175B and Nemotron-4 340B run (TP 4 / 8, PP 8,
+VP 12 on 96 layers: dgxc-benchmarking 143b90dd, nemo_megatron/README_175b.md, nemotron/README_340b.md)."""
+CANDIDATE_MATMUL = (0.8, 0.75, 0.7)
+
+
+def candidates(hw: Hardware) -> Table:
+    """Every (micro-batch, interleaving rule, matmul asymptote) candidate applied to all nine rows at once: the
+    rows outside +-10%, the held-out checks (177B strong scaling, benchmarks/published_runs.py), and whether
+    the largest stage fits the usable memory. Evidence for docs/benchmarks.md section fit4; nothing is applied."""
+    from dataclasses import replace
+
+    import published_runs
+
+    t = Table(title="One assumption for every row: README rows and the held-out checks under each candidate")
+    for c in ("matmul", "micro-batch", "interleaving", "README rows outside ±10%", "README errors",
+              "largest peak GiB (usable)", "177B strong DP 2 / DP 96 (±15%)", "dgxc runs within ±15%"):
+        t.add_column(c, justify="left" if c in ("interleaving", "README errors") else "right")
+    for mm in CANDIDATE_MATMUL:
+        h = replace(hw, device=replace(hw.device, matmul_efficiency=mm))
+        pr = [pred / r.step_s - 1 for r, pred, _ in published_runs.errors(h)]
+        dgxc = f"{sum(abs(e) <= published_runs.TARGET for e in pr)} of {len(pr)} ({100 * min(pr):+.1f}% .. " \
+               f"{100 * max(pr):+.1f}%)"
+        for mb in (1, 2):
+            for name in INTERLEAVE:
+                errs, peaks = [], []
+                for r in ROWS:
+                    pred, _, peak = _predicted(r, h, True, mb, vpp_of(r, name))
+                    errs.append(pred / published_step_s(r) - 1)
+                    peaks.append(peak)
+                strong = held_out(h, mb, vpp_of(ROWS[6], name))
+                t.add_row(f"{mm:.2f}", str(mb), name, str(sum(abs(e) > TARGET for e in errs)),
+                          " ".join(f"{100 * e:+.0f}" for e in errs),
+                          f"{max(peaks):.0f} ({h.device.usable_bytes / 2**30:.0f})",
+                          " / ".join(f"{100 * (p / q - 1):+.1f}%" for _, _, q, p in strong), dgxc)
+    return t
+
+
+def vpp_of(r: Row, interleave: str) -> int:
+    """The row's VP chunks per stage under an INTERLEAVE rule (1 at PP 1)."""
+    return INTERLEAVE[interleave](r.layers // r.pp) if r.pp > 1 else 1
+
+
+def errors(hw: Hardware, overlaps: bool = True, interleave: str = "none"
+           ) -> list[tuple[Row, float, tuple[float, float]]]:
+    return [(r, published_step_s(r), _predicted(r, hw, overlaps, MICRO_BATCH, vpp_of(r, interleave))[:2])
+            for r in ROWS]
 
 
 FIT_GRID = {"matmul_efficiency": (0.75, 0.8, 0.85), "gemm_half_dim": (128.0, 256.0, 384.0),
@@ -158,7 +207,7 @@ FIT_GRID = {"matmul_efficiency": (0.75, 0.8, 0.85), "gemm_half_dim": (128.0, 256
 """The grid the H100 preset's kernel constants were chosen from (flash backward = 0.8 x forward)."""
 
 
-def fit(hw: Hardware) -> list[tuple[int, float, dict[str, float]]]:
+def fit(hw: Hardware, interleave: str = "none") -> list[tuple[int, float, dict[str, float]]]:
     """Every point of FIT_GRID with (rows outside the target, RMS error), best first: most rows within
     +-10%, then the smallest RMS."""
     import itertools
@@ -168,7 +217,7 @@ def fit(hw: Hardware) -> list[tuple[int, float, dict[str, float]]]:
     for vals in itertools.product(*FIT_GRID.values()):
         kw = dict(zip(FIT_GRID, vals, strict=True))
         dev = replace(hw.device, **kw, flash_bwd_efficiency=0.8 * kw["flash_fwd_efficiency"])
-        errs = [pred / pub - 1 for _, pub, (pred, _) in errors(replace(hw, device=dev))]
+        errs = [pred / pub - 1 for _, pub, (pred, _) in errors(replace(hw, device=dev), True, interleave)]
         out.append((sum(abs(e) > TARGET for e in errs), (sum(e * e for e in errs) / len(errs)) ** 0.5, kw))
     return sorted(out, key=lambda x: (x[0], x[1]))
 
@@ -180,18 +229,25 @@ def main() -> None:
     ap.add_argument("--no-overlaps", action="store_true", help="price every collective as exposed (the old model)")
     ap.add_argument("--fit", action="store_true", help="search FIT_GRID for the kernel constants (about a minute)")
     ap.add_argument("--sensitivity", action="store_true", help="each row at micro-batch 1, 2 and 4")
+    ap.add_argument("--interleave", choices=tuple(INTERLEAVE), default="none",
+                    help="an interleaving rule for every PP > 1 row (the table and --fit; not published)")
+    ap.add_argument("--candidates", action="store_true",
+                    help="one micro-batch / interleaving / matmul assumption for all rows, with the held-out checks")
     a = ap.parse_args()
     out = Out(a.markdown)
     hw = load_hardware(a.hardware)
     if a.sensitivity:
         out.print(sensitivity(hw))
         return
+    if a.candidates:
+        out.print(candidates(hw))
+        return
     if a.fit:
-        for outside, rms, kw in fit(hw)[:5]:
+        for outside, rms, kw in fit(hw, a.interleave)[:5]:
             print(f"{outside} rows outside ±{100 * TARGET:.0f}%, RMS error {100 * rms:.1f}%: {kw}")
         return
     t0 = time.perf_counter()
-    rows = errors(hw, not a.no_overlaps)
+    rows = errors(hw, not a.no_overlaps, a.interleave)
     t = Table(title=f"Megatron-LM README weak scaling (H100, seq {SEQ}, bf16) vs lynx on {hw.name}"
                     f"{' without overlaps' if a.no_overlaps else ''}")
     for c in ("model", "TP", "PP", "DP", "GPUs", "global batch", "published TFLOP/s/GPU", "published step s",
@@ -214,7 +270,7 @@ def main() -> None:
     h = Table(title="Held out: the README's strong scaling of the 177B model (TP 8, PP 6, global batch 1152)")
     for c in ("GPUs", "DP", "published MFU", "published step s", "lynx step s", "error", "target", "holds"):
         h.add_column(c, justify="right")
-    for dp, mfu, pub, pred in held_out():
+    for dp, mfu, pub, pred in held_out(hw, MICRO_BATCH, vpp_of(ROWS[6], a.interleave)):
         err = pred / pub - 1
         h.add_row(str(48 * dp), str(dp), f"{100 * mfu:.0f}%", f"{pub:.3f}", f"{pred:.3f}", f"{100 * err:+.1f}%",
                   f"±{100 * HELD_OUT_TARGET:.0f}%", "yes" if abs(err) <= HELD_OUT_TARGET else "NO")
