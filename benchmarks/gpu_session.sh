@@ -3,12 +3,13 @@
 # torch; lynx's other dependencies are there except highspy, carried as a wheel in .whl/):
 #
 #   bash benchmarks/gpu_session.sh OUTDIR [steps...]     steps: env tests overlap memory profile nccl pipeline netns
+#                                                        eager
 #
 # Each step has its own time limit and writes its log to OUTDIR; a failing step does not stop the others.
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUTDIR [steps...]}
 shift
-steps=${*:-env tests overlap memory profile nccl pipeline}
+steps=${*:-env tests overlap memory profile nccl pipeline eager}
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -82,3 +83,4 @@ step profile 240 profile_vs_model
 step nccl 90 nccl_probe
 step pipeline 420 pipeline_cpu
 step netns 60 netns_probe
+step eager 300 python3 benchmarks/gpu_eager_ops.py --out "$out/gpu_eager_ops.json"

@@ -24,6 +24,9 @@ def check_inputs(model: ModelSpec, hardware: Hardware, parallel: ParallelSpec, o
             )
     check_vpp(opts.vpp, model, parallel, opts.layers_per_stage is not None)
     check_overlaps(opts, parallel)
+    if opts.tp_comm_overlap and model.transformer_impl == "local" and parallel.tp > 1:
+        raise SpecError("--tp-comm-overlap needs --transformer-impl transformer_engine (the userbuffers overlap is "
+                        "TransformerEngine's; Megatron-Core's local modules have none)")
 
 
 def check_overlaps(opts: PlanOptions, par: ParallelSpec) -> None:

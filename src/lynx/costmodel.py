@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from lynx.families import get_family
 from lynx.families.base import ACT_BYTES, BWD_MATMUL_FACTOR, BWD_MEMORY_FACTOR, MASK_BYTES, OpSpec
+from lynx.families.fusion import MAIN_GRAD_PASS_BYTES
 from lynx.graph import GraphMeta, LayerGraph, Op
 from lynx.kernels import KernelCurves
 from lynx.spec import Hardware, LinkSpec, ModelSpec, ParallelSpec
@@ -71,9 +72,9 @@ class _Pricer:
         self.tp_link = hw.link_for_group(par.tp, 1)
         self.curves = KernelCurves.of(hw.device, cp.matmul_efficiency)
 
-    def _compute_time(self, flops: float, nbytes: float, eff: float | None = None) -> float:
+    def _compute_time(self, flops: float, nbytes: float, eff: float | None = None, kernels: float = 1.0) -> float:
         d = self.hw.device
-        return self.cp.kernel_overhead_s + max(
+        return kernels * self.cp.kernel_overhead_s + max(
             flops / (d.peak_flops * (self.cp.matmul_efficiency if eff is None else eff)),
             nbytes / (d.memory_bandwidth_Bps * self.cp.memory_efficiency),
         )
@@ -91,8 +92,18 @@ class _Pricer:
                                      self.curves.flash(s, d, backward=True))
             return fwd, bwd
         eff = self.curves.gemm(*o.gemm_mnk) if o.gemm_mnk is not None else None
-        fwd = self._compute_time(o.flops, o.mem_bytes, eff)
+        fwd = self._compute_time(o.flops, o.mem_bytes, eff, o.kernels)
+        if o.bwd_mem_bytes is not None:  # an eager op: its backward kernels counted on their own
+            return fwd, self._compute_time(o.bwd_factor * o.flops, o.bwd_mem_bytes, eff, o.bwd_kernels)
         return fwd, o.bwd_factor * fwd
+
+    def main_grad_time(self, o: OpSpec) -> float:
+        """A weight GEMM without gradient-accumulation fusion: the separate add of its 16-bit weight gradient into
+        the fp32 main gradient, every backward (`families.fusion.MAIN_GRAD_PASS_BYTES` per weight element)."""
+        if not o.main_grad_pass or o.gemm_mnk is None:
+            return 0.0
+        _, k, n = o.gemm_mnk
+        return self._compute_time(0.0, MAIN_GRAD_PASS_BYTES * k * n)
 
     def _cp_link(self, o: OpSpec) -> LinkSpec:
         """The link of a collective over CP ranks: ranks are TP-innermost, so CP neighbours are TP x stride
@@ -133,9 +144,10 @@ class _Pricer:
                       inputs=o.inputs, saved=(), overlaps_wgrad_of=o.overlaps_wgrad_of, module=o.module,
                       regather_time=re)
         fwd, bwd = self._compute_op(o)
-        return Op(name=o.name, kind="compute", block=o.block, fwd_time=fwd, bwd_time=bwd,
+        acc = self.main_grad_time(o)  # part of the weight gradient's work (0 with the fusion on)
+        return Op(name=o.name, kind="compute", block=o.block, fwd_time=fwd, bwd_time=bwd + acc,
                   out_bytes=o.out_bytes, mask_bytes=o.mask_bytes, inputs=o.inputs, saved=o.saved,
-                  wgrad_time=o.wgrad_factor * fwd, fwd_flops=o.flops, module=o.module)
+                  wgrad_time=o.wgrad_factor * fwd + acc, fwd_flops=o.flops, module=o.module)
 
 
 def price_op(o: OpSpec, hw: Hardware, par: ParallelSpec, cost: CostParams | None = None) -> Op:
@@ -214,7 +226,8 @@ def edge_times(model: ModelSpec, hw: Hardware, par: ParallelSpec, cost: CostPara
     h, v = model.hidden_size, model.vocab_size / par.tp
     emb_fwd = b._compute_time(tok_ln * h, ACT_BYTES * tok_ln * h * 3 + MASK_BYTES * tok_ln * h)
     head_gemm = b._gemm_time(tok, h, v)
-    loss_fwd = b._compute_time(LOSS_FWD_FLOPS * tok * v, LOSS_FWD_BYTES * tok * v)
+    fwd_bytes = LOSS_FWD_BYTES_FUSED if model.cross_entropy_loss_fusion else LOSS_FWD_BYTES
+    loss_fwd = b._compute_time(LOSS_FWD_FLOPS * tok * v, fwd_bytes * tok * v)
     loss_bwd = b._compute_time(LOSS_BWD_FLOPS * tok * v, LOSS_BWD_BYTES * tok * v)
     return EdgeTimes(emb_fwd, BWD_MEMORY_FACTOR * emb_fwd, head_gemm + loss_fwd,
                      BWD_MATMUL_FACTOR * head_gemm + loss_bwd)
@@ -225,6 +238,10 @@ def edge_times(model: ModelSpec, hw: Hardware, par: ParallelSpec, cost: CostPara
 LOSS_FWD_BYTES = 38.0
 """Forward: the 16-bit logits cast to fp32 (read 2, write 4), the row max (read 4), subtract it in place
 (read 4, write 4), exp in place (4 + 4), the row sum (4), divide by it in place, the saved softmax (4 + 4)."""
+LOSS_FWD_BYTES_FUSED = 22.0
+"""--cross-entropy-loss-fusion (megatron/core/fusions/fused_cross_entropy.py, jit-fused stages): the cast to fp32
+with the row max in one kernel (read 2, write 4), subtract and exp in place with the row sum (4 + 4), divide
+(4 + 4); the backward is the same kernel as unfused (`LOSS_BWD_BYTES`) and the saved fp32 softmax is the same."""
 LOSS_BWD_BYTES = 14.0
 """Backward: the saved softmax times the incoming loss gradient in place (read 4, write 4; the target's
 one-hot subtraction touches one logit per row), and the fp32 gradient cast back to 16 bits (read 4, write 2)."""

@@ -22,9 +22,9 @@ its inputs are still alive (the restoration's working set, what the CUDA allocat
 only after the op that reads it has returned its output), and again after the frees. The recompute engine's
 byte ledger counts a restoration only after the frees; `transient=False` replays that view (what
 `runtime.check` compares against, exactly). On one H100 the allocator's peak was 8-23% above the after-the-
-frees model for every plan that recomputes (docs/benchmarks.md section 9). One exception: a layer output rebuilt for
-its dropout mask counts only the mask in that moment, as HEU's and OPT's linear memory rows (`keep_bytes`)
-count it; those rows are an upper bound of this replay only so (docs/costmodel.md, "The solvers").
+frees model for every plan that recomputes (docs/benchmarks.md section 9). A layer output rebuilt for its dropout
+mask counts whole in that moment (one `s b h / t` tensor beside the mask it is rebuilt for); HEU's and OPT's
+linear rows add it (`memory.restored_output_bytes`) to stay an upper bound (docs/costmodel.md, "The solvers").
 """
 
 from __future__ import annotations
@@ -107,8 +107,8 @@ class _Replay:
         st.side[op] = o.mask_bytes + self.extra.get(op, 0.0)
         st.cached = None
         self.active.add(li)
-        if self.transient:  # the output beside its inputs, before they are freed (a layer output: see above)
-            self.peak = max(self.peak, self.total() - (o.out_bytes if op == self.g.output_op else 0.0))
+        if self.transient:  # the output beside its inputs, before they are freed (a layer output too)
+            self.peak = max(self.peak, self.total())
         self.free(li)
         self.sample()
 

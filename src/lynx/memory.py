@@ -150,14 +150,28 @@ def linear_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: S
     solvers"; property-tested); uniform chunks are outside it."""
     mems = [layer_memory(graph, lp) for lp in layers]
     held_fwd = sum(m.fwd_window for m in mems) if ctx.has_fwd_windows else 0.0
+    bwd_phases = BWD_PHASES + (Phase.ON_DEMAND,) + (() if ctx.has_fwd_windows else FWD_PHASES)
     work_b = 0.0
     for i, m in enumerate(mems):
         below = mems[i - 1].bwd_window if i > 0 else 0.0
         own = m.on_demand + m.bwd_window + (0.0 if ctx.has_fwd_windows else m.fwd_window)
-        work_b = max(work_b, own + below)
+        out = (restored_output_bytes(graph, layers[i], bwd_phases)
+               + (restored_output_bytes(graph, layers[i - 1], BWD_PHASES) if i > 0 else 0.0))
+        work_b = max(work_b, own + below + out)
     work_f = max((m.dropped for m in mems), default=0.0)
+    if ctx.has_fwd_windows:  # a layer output rebuilt in a forward window, beside that forward's working set
+        work_f += max((restored_output_bytes(graph, lp, FWD_PHASES) for lp in layers), default=0.0)
     return (ctx.static_bytes + ctx.extra_transient_bytes + ctx.grad_workspace_bytes
             + held_bytes(mems, ctx) + held_fwd + max(work_f, work_b))
+
+
+def restored_output_bytes(graph: LayerGraph, lp: LayerPolicy, phases: tuple[Phase, ...]) -> float:
+    """The layer output's bytes when `lp` recomputes the output op in one of `phases`, else 0: `keep_bytes`
+    counts only its mask (the output is the next layer's input, counted there), but while the restoration runs
+    the rebuilt output exists beside it (`lynx.lifetime`'s transient sample). HEU's rows and OPT's M5 add the
+    same term (R_out x out_bytes) so that they bound the replay."""
+    out = graph.output_op
+    return graph.op(out).out_bytes if any(n == out and p in phases for n, p in lp.recompute) else 0.0
 
 
 def stage_lifetimes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext

@@ -37,6 +37,8 @@ Normalization = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned", "rope", "none"]
 Bias = Literal["all", "qkv", "none"]
 Attention = Literal["standard", "flash"]
+TransformerImpl = Literal["transformer_engine", "local"]
+"""Megatron-Core's --transformer-impl: TransformerEngine's modules (the default) or Megatron-Core's own ("local")."""
 CpCommType = Literal["p2p", "a2a", "all_gather", "a2a+p2p"]
 """Megatron-Core's --cp-comm-type: how context-parallel attention exchanges K/V (TransformerEngine's
 AttnFuncWithCPAndKVP2P, AttnFuncWithCPAndQKVOA2A, AttnFuncWithCPAndKVAllGather; a2a+p2p: hierarchical, a2a
@@ -87,6 +89,26 @@ class ModelSpec:
     rotary_base: float = field(default=10000.0, metadata=rng(gt=0))
     """RoPE base (Megatron's --rotary-base; Llama 3: 500000). No effect on time or memory; exported with the
     plan so the command line lynx writes trains the model it priced."""
+    # --- how Megatron-Core runs the layer's memory-bound ops (TransformerConfig's fusion fields; defaults are
+    # what `pretrain_gpt.py` runs without flags: megatron/training/arguments.py turns every fusion on except the
+    # fused cross entropy). docs/costmodel.md "Fused versus eager memory-bound ops" prices each one.
+    transformer_impl: TransformerImpl = "transformer_engine"
+    """--transformer-impl: "local" builds Megatron-Core's own modules, whose core attention is unfused (the s x s
+    tensors: `lynx plan --transformer-impl local` and --from-megatron plan `attention: standard`) and which cannot
+    run --tp-comm-overlap (userbuffers are TransformerEngine's)."""
+    bias_activation_fusion: bool = True
+    """--no-bias-swiglu-fusion / --no-bias-gelu-fusion turn it off: SwiGLU (and GeLU after a bias) run eager."""
+    masked_softmax_fusion: bool = True
+    """--no-masked-softmax-fusion: standard attention's mask and softmax as two eager kernels."""
+    bias_dropout_fusion: bool = True
+    """--no-bias-dropout-fusion: the residual's bias add, dropout and add as separate kernels."""
+    apply_rope_fusion: bool = True
+    """--no-rope-fusion: RoPE as Megatron's eager rotate-half (five kernels per Q and K)."""
+    gradient_accumulation_fusion: bool = True
+    """--no-gradient-accumulation-fusion: each weight gradient is written in 16 bits and added into the fp32
+    main gradient by a separate pass, every micro-batch."""
+    cross_entropy_loss_fusion: bool = False
+    """--cross-entropy-loss-fusion (off by default in Megatron): the vocab-parallel loss in fewer passes."""
 
     def __post_init__(self) -> None:
         check_instance(self, f"model {self.name!r}")
@@ -114,6 +136,9 @@ class ModelSpec:
                       ("bias", get_args(Bias))):
             if getattr(self, f) not in ok:
                 raise SpecError(f"model {self.name!r}: {f} {getattr(self, f)!r}; choose one of {', '.join(ok)}")
+        if self.transformer_impl not in get_args(TransformerImpl):
+            raise SpecError(f"model {self.name!r}: transformer_impl {self.transformer_impl!r}; choose one of "
+                            f"{', '.join(get_args(TransformerImpl))}")
         for f in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, f) < 1.0:
                 raise SpecError(f"model {self.name!r}: {f} must lie in [0, 1), got {getattr(self, f)}")
@@ -597,8 +622,27 @@ def hardware_presets() -> list[str]:
     return _preset_names("hardware")
 
 
+FUSION_DEFAULTS: dict[str, Any] = {
+    "transformer_impl": "transformer_engine", "bias_activation_fusion": True, "masked_softmax_fusion": True,
+    "bias_dropout_fusion": True, "apply_rope_fusion": True, "gradient_accumulation_fusion": True,
+    "cross_entropy_loss_fusion": False,
+}
+"""Megatron-Core's defaults for the fusion fields (ModelSpec's): a model at these is written without them."""
+
+
+def fusion_changes(m: ModelSpec) -> dict[str, Any]:
+    """The fusion fields where `m` differs from Megatron-Core's defaults (empty: TransformerEngine, fusions on)."""
+    return {k: getattr(m, k) for k, v in FUSION_DEFAULTS.items() if getattr(m, k) != v}
+
+
 def model_to_dict(m: ModelSpec) -> dict[str, Any]:
-    return dataclasses.asdict(m)
+    """The model's fields; the fusion fields only where they differ from Megatron's defaults, so that a plan at
+    the defaults is written exactly as before the fields existed (and older plans load with the defaults)."""
+    d = dataclasses.asdict(m)
+    for k, v in FUSION_DEFAULTS.items():
+        if d.get(k) == v:
+            del d[k]
+    return d
 
 
 def hardware_to_dict(h: Hardware) -> dict[str, Any]:

@@ -82,3 +82,23 @@ def test_the_overlaps_and_precision_change_the_prediction(direct: dict) -> None:
     mine = json.loads(r.stdout)["megatron"]
     assert mine["iteration_time_s"] > 1.02 * direct["prediction"]["iteration_time_s"]
     assert mine["stages"][0]["peak_memory_bytes"] > direct["prediction"]["stages"][0]["peak_memory_bytes"]
+
+
+def test_the_fusion_flags_predict_what_lynx_plan_predicts_with_them(direct: dict) -> None:
+    """Recipes without TransformerEngine's fused kernels pass Megatron's --no-*-fusion flags; the command line and
+    `lynx plan` with the same flags agree, and both are slower than the fused run (eager memory-bound ops)."""
+    flags = ("--no-bias-swiglu-fusion", "--no-rope-fusion", "--no-gradient-accumulation-fusion")
+    r = lynx_cli("plan", "--from-megatron", LLAMA3_70B + " --vocab-size 128256 " + " ".join(flags), "--hardware",
+                 "h100-80g-nvlink", "--nodes", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert not any(f in w for w in got["warnings"] for f in flags)
+    d = lynx_cli(*DIRECT, *flags)
+    assert d.returncode == 0, d.stderr
+    want = json.loads(d.stdout)["prediction"]
+    mine = got["megatron"]
+    assert mine["iteration_time_s"] == pytest.approx(want["iteration_time_s"], rel=0.01)
+    assert [s["peak_memory_bytes"] for s in mine["stages"]] == pytest.approx(
+        [s["peak_memory_bytes"] for s in want["stages"]], rel=0.01)
+    assert want["iteration_time_s"] > 1.01 * direct["prediction"]["iteration_time_s"]
+    assert want["stages"][0]["peak_memory_bytes"] > direct["prediction"]["stages"][0]["peak_memory_bytes"]

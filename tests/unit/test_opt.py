@@ -120,3 +120,28 @@ def test_time_limit_returns_the_best_schedule_with_its_gap() -> None:
     assert check_schedule(r.schedule, ctx).ok
     assert stage_peak_bytes(g, r.policy.layers, ctx) <= ctx.budget_bytes  # type: ignore[arg-type]
     assert lines and "variables" in lines[0]
+
+
+def test_m5_counts_a_restored_layer_output_whole() -> None:
+    """OPT's M5 (the linear bound `memory.linear_peak_bytes` also computes): an R variable of the layer's output op
+    weighs its mask (`keep_bytes`) plus the output itself in the backward working-set rows, as the lifetime
+    rule's transient sample sees it; every other op weighs its `keep_bytes`."""
+    from lynx.policy.opt_model import MIB, build
+
+    ctx, g = _ctx(1, 2, 0.5)
+    tl = build_timeline(g, 2, ctx.has_fwd_windows, True)  # type: ignore[arg-type]
+    om = build(tl, ctx)
+    out_op = g.op(g.output_op)  # type: ignore[attr-defined]
+    assert out_op.mask_bytes > 0  # GPT's residual dropout: rebuilt for its mask
+    w = om.milp.names.index("W")
+    wb_rows = [terms for lb, terms, ub in om.milp.rows if terms.get(w) == 1.0 and lb == 0.0]
+    assert wb_rows
+    seen = 0
+    for (t, v), r in om.R.items():
+        coefs = {-terms[r] for terms in wb_rows if r in terms}
+        if not coefs:
+            continue
+        want = tl.mem(v) + (out_op.out_bytes if tl.op_of(v) == tl.n_ops - 1 else 0.0)
+        assert all(c == pytest.approx(want / MIB) for c in coefs), (t, v, coefs, want / MIB)
+        seen += tl.op_of(v) == tl.n_ops - 1
+    assert seen > 0

@@ -64,6 +64,29 @@ def with_megatron_split(problem: PlanProblem, first: int | None, last: int | Non
     return replace(problem, options=opts)
 
 
+_FUSION_PANEL = "Megatron-Core fusions (docs/costmodel.md)"
+
+
+def _fusions_given(flags: dict[str, Any]) -> list[str]:
+    """The fusion flags that differ from Megatron-Core's defaults, by name."""
+    return [f"{f} {v}" if f == "--transformer-impl" else f for f, v in flags.items()
+            if (v != "transformer_engine" if f == "--transformer-impl" else v)]
+
+
+def with_fusions(problem: PlanProblem, flags: dict[str, Any]) -> PlanProblem:
+    """The problem with the model's fusion fields set from Megatron's flags (`--transformer-impl local` plans
+    Megatron-Core's local attention, which is unfused), its graph rebuilt and its inputs checked again."""
+    from dataclasses import replace
+
+    from lynx.api import make_problem
+    from lynx.export.megatron_fusion import fusion_fields
+
+    fields = fusion_fields(flags, problem.model.activation)
+    if fields["transformer_impl"] == "local":
+        fields["attention"] = "standard"
+    return make_problem(replace(problem.model, **fields), problem.hardware, problem.parallel, problem.options)
+
+
 def with_vpp(problem: PlanProblem, vpp: int) -> PlanProblem:
     """The problem planned with `vpp` model chunks per rank (validated like every other layout option)."""
     from dataclasses import replace
@@ -324,12 +347,51 @@ def plan_cmd(
     account_for_loss_in_pipeline_split: Annotated[bool, typer.Option(
         "--account-for-loss-in-pipeline-split", help="Megatron's flag, for the stock Megatron rows: the loss "
         "counts as a layer of the even split.")] = False,
+    transformer_impl: Annotated[str, typer.Option(
+        "--transformer-impl", help="transformer_engine (Megatron-Core's default) or local: Megatron-Core's own "
+        "modules, whose core attention is unfused (planned as standard attention).",
+        rich_help_panel=_FUSION_PANEL)] = "transformer_engine",
+    no_bias_swiglu_fusion: Annotated[bool, typer.Option(
+        "--no-bias-swiglu-fusion", help="SwiGLU as eager silu and product (more HBM passes; saves silu(gate)).",
+        rich_help_panel=_FUSION_PANEL)] = False,
+    no_bias_gelu_fusion: Annotated[bool, typer.Option(
+        "--no-bias-gelu-fusion", help="GeLU after FC1's bias as two eager kernels.",
+        rich_help_panel=_FUSION_PANEL)] = False,
+    no_masked_softmax_fusion: Annotated[bool, typer.Option(
+        "--no-masked-softmax-fusion", help="Standard attention's mask and softmax as two eager kernels.",
+        rich_help_panel=_FUSION_PANEL)] = False,
+    no_bias_dropout_fusion: Annotated[bool, typer.Option(
+        "--no-bias-dropout-fusion", help="The residuals' bias add, dropout and add as separate kernels.",
+        rich_help_panel=_FUSION_PANEL)] = False,
+    no_rope_fusion: Annotated[bool, typer.Option(
+        "--no-rope-fusion", help="RoPE as Megatron's eager rotate-half.", rich_help_panel=_FUSION_PANEL)] = False,
+    no_gradient_accumulation_fusion: Annotated[bool, typer.Option(
+        "--no-gradient-accumulation-fusion", help="A separate pass adds each weight gradient into the fp32 main "
+        "gradient every micro-batch.", rich_help_panel=_FUSION_PANEL)] = False,
+    cross_entropy_loss_fusion: Annotated[bool, typer.Option(
+        "--cross-entropy-loss-fusion", help="Megatron-Core's fused vocab-parallel cross entropy (off by default, "
+        "as in Megatron).", rich_help_panel=_FUSION_PANEL)] = False,
 ) -> None:
     """Plan recomputation and partitioning for a model on a cluster, and predict its iteration.
 
     With --compare the exit code is 3 when no method fits the memory budget (the table says so)."""
     from lynx.methods import available_methods
 
+    fusion_flags = {"--transformer-impl": transformer_impl, "--no-bias-swiglu-fusion": no_bias_swiglu_fusion,
+                    "--no-bias-gelu-fusion": no_bias_gelu_fusion,
+                    "--no-masked-softmax-fusion": no_masked_softmax_fusion,
+                    "--no-bias-dropout-fusion": no_bias_dropout_fusion, "--no-rope-fusion": no_rope_fusion,
+                    "--no-gradient-accumulation-fusion": no_gradient_accumulation_fusion,
+                    "--cross-entropy-loss-fusion": cross_entropy_loss_fusion}
+    fusions_given = _fusions_given(fusion_flags)
+    if fusions_given and (gpus is not None or (nodes is not None and (tp is None or pp is None))):
+        raise SpecError(f"{fusions_given[0]}: the configuration search (--gpus / --nodes) plans Megatron-Core's "
+                        "defaults (TransformerEngine, fusions on); pin --tp and --pp to plan this flag")
+    if fusions_given and from_megatron is not None:
+        raise SpecError(f"{fusions_given[0]}: with --from-megatron give it inside the Megatron command line")
+    if fusions_given and profile:
+        raise SpecError(f"{fusions_given[0]} with --profile: a profile measured the kernels it ran; the fusion flags "
+                        "change the analytic model only")
     _check_plan_outputs(out, gantt, memory_png)
     check_outputs(**{"--search-png": (search_png, PLOT_FORMATS)})
     check_ints(**{"--gpus": (gpus, POSITIVE), "--top": (top, POSITIVE), "--vpp": (vpp, POSITIVE)})
@@ -373,6 +435,8 @@ def plan_cmd(
                             overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
                             tp_comm_overlap=tp_comm_overlap, cp=cp, cp_comm_type=cp_comm_type,
                             hierarchical_cp=hierarchical_cp)
+    if fusions_given:
+        problem = with_fusions(problem, fusion_flags)
     from lynx.cli.export import budget_warnings
 
     for w in budget_warnings(budget_gb, problem.hardware):  # after the checks: a NaN has been refused
@@ -394,7 +458,8 @@ def plan_cmd(
     cp_text = f" CP {cp}" + (f" ({kind})" if kind != "p2p" else "") if cp > 1 else ""
     title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp}{cp_text} PP {pp}{vpp_text} DP {dp}"
              f"{' SP' if sp else ''}, micro-batch {micro_batch}, global batch {global_batch}, seq {seq_len}, "
-             f"{problem.parallel.num_microbatches} micro-batches")
+             f"{problem.parallel.num_microbatches} micro-batches" + (f"; {' '.join(fusions_given)}" if fusions_given
+                                                                      else ""))
     if compare:
         plan, none_fits = _compare(problem, method, title, as_json, gantt is not None or memory_png is not None)
     else:

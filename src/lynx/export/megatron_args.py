@@ -7,6 +7,7 @@ other flag (data, optimizer, logging, ...) is listed in a warning and ignored.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any, Literal, cast
 
 from lynx.errors import SpecError
 from lynx.export.layout import ChunkLayout, even_layout, first_last_layout, parse_megatron_layout
+from lynx.export.megatron_fusion import BOOL_FLAGS, fusion_fields
 from lynx.export.megatron_model import model_from_flags
 from lynx.export.megatron_recompute import MegatronRecompute, RecomputeMethod
 from lynx.spec import ModelSpec, ParallelSpec
@@ -28,13 +30,14 @@ _INT = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-h
 _FLOAT = ("--attention-dropout", "--hidden-dropout", "--rotary-base", "--activation-offload-fraction",
           "--delta-offload-bytes-across-pp-ranks")
 _STR = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--normalization",
-        "--position-embedding-type", "--attention-backend", "--transformer-impl", "--cp-comm-type")
+        "--position-embedding-type", "--attention-backend", "--transformer-impl", "--cp-comm-type",
+        "--cross-entropy-fusion-impl")
 _LIST = ("--recompute-modules", "--hierarchical-context-parallel-sizes", "--offload-modules")
 _BOOL = ("--sequence-parallel", "--bf16", "--fp16", "--recompute-activations", "--swiglu", "--group-query-attention",
          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--use-distributed-optimizer",
          "--use-flash-attn", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
          "--grad-reduce-in-bf16", "--squared-relu", "--add-qkv-bias", "--account-for-embedding-in-pipeline-split",
-         "--account-for-loss-in-pipeline-split", "--fine-grained-activation-offloading")
+         "--account-for-loss-in-pipeline-split", "--fine-grained-activation-offloading", *BOOL_FLAGS)
 _REFUSED = {
     "--num-experts": "mixture-of-experts layers",
     "--multi-latent-attention": "multi-latent attention",
@@ -233,6 +236,8 @@ def parse_megatron_args(args: str | Sequence[str]) -> MegatronCommand:
         warn.append("neither --bf16 nor --fp16: Megatron trains in fp32; lynx prices 16-bit activations with the "
                     "fp32 static recipe")
     model = model_from_flags(k, warn)
+    # --transformer-impl and the fusion flags (`export.megatron_fusion`; local's unfused attention: attention_of)
+    model = dataclasses.replace(model, **fusion_fields(k, model.activation, "--from-megatron: --transformer-impl"))
     pp = _int(k, "--pipeline-model-parallel-size", 1)
     cp, kind, a2a = _cp(k)
     return MegatronCommand(

@@ -10,6 +10,7 @@ Adding a family: one module that builds a `Family`, one line in `lynx.families.F
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -78,6 +79,15 @@ class OpSpec:
     """Comm ops over context-parallel ranks: how many ranks the collective spans (0: a TP collective)."""
     cp_stride: int = 1
     """Their distance in CP ranks (a2a+p2p: the p2p ring joins every cp_a2a_size-th CP rank)."""
+    kernels: float = 1.0
+    """Kernels the forward launches (an eager op is several; each pays the kernel overhead)."""
+    bwd_mem_bytes: float | None = None
+    """HBM traffic of the backward when it is not bwd_factor x the forward's (eager ops, `families.fusion`)."""
+    bwd_kernels: float = 1.0
+    """Kernels the backward launches (with `bwd_mem_bytes`)."""
+    main_grad_pass: bool = False
+    """Weight GEMMs without --gradient-accumulation-fusion: the 16-bit weight gradient is added into the fp32
+    main gradient by one more memory-bound kernel every backward (priced in `costmodel`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +126,25 @@ class Family:
     (imported only by the runtime and the profiler)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Passes:
+    """An eager memory-bound op as its kernels: elements read plus written forward and backward (in units of
+    the op's size), kernel counts, and the elements autograd saves besides the op's output."""
+
+    fwd: float
+    bwd: float
+    fwd_kernels: int
+    bwd_kernels: int
+    saved: float = 0.0
+
+
 class LayerBuilder:
     """Shared vocabulary for writing a family's op list (no hardware, no times)."""
 
-    def __init__(self) -> None:
+    def __init__(self, main_grad_pass: bool = False) -> None:
         self.ops: list[OpSpec] = []
+        self.main_grad_pass = main_grad_pass
+        """Weight GEMMs get `OpSpec.main_grad_pass` (the model runs without gradient-accumulation fusion)."""
 
     def gemm(self, name: str, block: Block, m: float, k: float, n: float, inputs: tuple[str, ...],
              saved: tuple[str, ...], batch: float = 1.0, weight: bool = True, module: str = "") -> None:
@@ -130,8 +154,20 @@ class LayerBuilder:
             out_bytes=ACT_BYTES * batch * m * n, flops=2.0 * batch * m * k * n,
             mem_bytes=ACT_BYTES * batch * (m * k + k * n + m * n),
             bwd_factor=BWD_MATMUL_FACTOR, wgrad_factor=1.0 if weight else 0.0, module=module,
-            gemm_mnk=(m, k, n),
+            gemm_mnk=(m, k, n), main_grad_pass=weight and self.main_grad_pass,
         ))
+
+    def eager(self, name: str, passes: Passes, elems: float) -> None:
+        """Re-describe the memory-bound op `name` (already added) as the eager kernels `passes` counts, in units
+        of `elems` elements of 16 bits: its HBM traffic forward and backward, its kernels, and what autograd saves
+        besides its output (side state, kept with the op and rebuilt when it is recomputed)."""
+        i = next(j for j, o in enumerate(self.ops) if o.name == name)
+        o = self.ops[i]
+        mask = o.mask_bytes  # a dropout mask's traffic stays as the fused op counted it
+        self.ops[i] = dataclasses.replace(
+            o, mem_bytes=ACT_BYTES * passes.fwd * elems + mask, bwd_mem_bytes=ACT_BYTES * passes.bwd * elems + mask,
+            kernels=passes.fwd_kernels, bwd_kernels=passes.bwd_kernels,
+            mask_bytes=o.mask_bytes + ACT_BYTES * passes.saved * elems)
 
     def elementwise(self, name: str, block: Block, elems: float, inputs: tuple[str, ...],
                     saved: tuple[str, ...], reads: float = 1.0, mask: bool = False, flops_per_elem: float = 1.0,
@@ -262,4 +298,5 @@ def cp_flash_attention(b: LayerBuilder, par: ParallelSpec, mb: float, a_l: float
 
 
 __all__ = ["LAYER_INPUT", "ACT_BYTES", "MASK_BYTES", "LSE_BYTES", "Family", "LayerBuilder", "LayerSpec", "OpSpec",
+           "Passes",
            "cp_flash_attention", "standard_attention"]

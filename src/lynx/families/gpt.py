@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lynx.errors import SpecError
+from lynx.families import fusion
 from lynx.families.base import (
     ACT_BYTES,
     LAYER_INPUT,
@@ -74,7 +75,7 @@ def check_layout(m: ModelSpec, tp: int) -> None:
 
 def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     """The ops of one GPT layer on one TP rank."""
-    b = LayerBuilder()
+    b = LayerBuilder(main_grad_pass=not model.gradient_accumulation_fusion)
     s, mb, h, a, f, t = (par.seq_length, par.micro_batch_size, model.hidden_size,
                          model.num_attention_heads, model.ffn_hidden_size, par.tp)
     sp = par.sequence_parallel
@@ -122,6 +123,7 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     red = _reduce(b, sp, "mlp", "fc2", tok, tok_ln, h, "fc1")
     b.elementwise("mlp_residual", "mlp", tok_ln * h, (red, "attn_residual"), ("mlp_residual",) if drop_res else (),
                   reads=2, mask=drop_res)
+    fusion.apply(b, model)  # the memory-bound ops a disabled fusion runs eager
     return b.spec(ACT_BYTES * tok_ln * h)
 
 

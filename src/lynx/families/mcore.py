@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lynx.families import fusion
 from lynx.families.base import (
     ACT_BYTES,
     LAYER_INPUT,
@@ -107,7 +108,7 @@ def _mlp(b: LayerBuilder, m: ModelSpec, par: ParallelSpec, tok: float, tok_ln: f
 
 def layer(m: ModelSpec, par: ParallelSpec) -> LayerSpec:
     """The ops of one Megatron-Core layer on one TP rank."""
-    b = LayerBuilder()
+    b = LayerBuilder(main_grad_pass=not m.gradient_accumulation_fusion)
     tok = par.seq_length * par.micro_batch_size // par.cp  # s / CP tokens of each sequence on this rank
     tok_ln = tok / par.tp if par.sequence_parallel else tok
     h = m.hidden_size
@@ -118,6 +119,7 @@ def layer(m: ModelSpec, par: ParallelSpec) -> LayerSpec:
     red = _mlp(b, m, par, tok, tok_ln)
     b.elementwise("mlp_residual", "mlp", tok_ln * h, (red, "attn_residual"), ("mlp_residual",) if drop else (),
                   reads=2, mask=drop)
+    fusion.apply(b, m)  # the memory-bound ops a disabled fusion runs eager
     return b.spec(ACT_BYTES * tok_ln * h)
 
 

@@ -240,23 +240,39 @@ def memory_rows(graph: LayerGraph, groups: list[Group], ctx: StageContext) -> li
         #      reloaded for its backward), not for each in flight: - (f - 1) * c * sum_i O_i M_i
         _acc(base, {v: -(ctx.in_flight - 1) * c * graph.keep_bytes(n) for n, v in lv.O.items()})
     offset = sum(held) * graph.input_bytes
+    # R_out x out_bytes: a restored layer output exists whole beside its restoration (keep_bytes counts its mask
+    # only; lynx.lifetime's transient sample), as memory.linear_peak_bytes counts it
+    out_b = graph.op(graph.output_op).out_bytes
+
+    def r_out(lv: LayerVars, phases: tuple[Phase, ...]) -> dict[int, float]:
+        return {v: out_b for p, v in lv.R.get(graph.output_op, {}).items() if p in phases}
+
+    own_ph = (*BWD_PHASES, Phase.ON_DEMAND)
+    fwd_out: dict[int, float] = {}
+    for lv, _ in groups:
+        _acc(fwd_out, r_out(lv, FWD_PHASES))
     rows: list[tuple[dict[int, float], float]] = []
     for g, t in enumerate(terms):
         # forward working set of a layer of group g: full - M_in - sum_i S_i M_i
         row = dict(base)
         _acc(row, {v: -x for v, x in t["kept"].items()})
+        _acc(row, fwd_out)
         rows.append((row, offset + graph.full_activation_bytes() - graph.input_bytes))
         # backward working set of group g's bottom layer (the layer below is group g-1's top, if any)
         row = dict(base)
         _acc(row, t["od"])
         _acc(row, t["bwd"])
+        _acc(row, r_out(groups[g][0], own_ph))
         if g > 0:
             _acc(row, terms[g - 1]["bwd"])
+            _acc(row, r_out(groups[g - 1][0], BWD_PHASES))
         rows.append((row, offset))
         if groups[g][1] >= 2:  # a layer of group g above another of group g
             row = dict(base)
             _acc(row, t["od"])
             _acc(row, {v: 2.0 * x for v, x in t["bwd"].items()})
+            _acc(row, r_out(groups[g][0], own_ph))
+            _acc(row, r_out(groups[g][0], BWD_PHASES))
             rows.append((row, offset))
     return rows
 

@@ -248,15 +248,24 @@ def _memory_layers(om: OptModel, budget: float) -> None:
         base + in_flight * sum_l kept(l) + sum_l fwd_window(l) + W <= M_budget
         W >= full - input - kept(l)                              (forward working set of layer l)
         W >= on_demand(l) + bwd_window(l) + bwd_window(l - 1)    (backward working set of layer l)
+    with a restored layer output counted whole in the working sets (R_out x out_bytes; in the forward row when a
+    forward window rebuilds it).
     M1-M4 see the modelled micro-batch op by op; M5 is the bound every other policy is held to."""
     m, tl = om.milp, om.tl
     n, L = tl.n_ops, tl.num_layers
     ph: dict[tuple[int, str], Expr] = {}
+    # R_out x out_bytes: a restored layer output exists whole beside its restoration (lynx.lifetime's transient
+    # sample) although M_v counts only its mask; memory.linear_peak_bytes adds the same term
+    out_i, out_mb = n - 1, tl.graph.op(tl.graph.output_op).out_bytes / MIB
+    fw_out: Expr = {}
     for (t, v), r in om.R.items():
         st = tl.stages[t]
         kind = "od" if not (st.window is not None and tl.layer_of(v) == st.serves) else (
             "fw" if st.window in (Phase.FWD_ATTN, Phase.FWD_MLP) else "bw")
-        ph.setdefault((tl.layer_of(v), kind), {})[r] = _mem(tl, v)
+        extra = out_mb if tl.op_of(v) == out_i else 0.0
+        ph.setdefault((tl.layer_of(v), kind), {})[r] = _mem(tl, v) + (extra if kind != "fw" else 0.0)
+        if kind == "fw" and extra:
+            fw_out[r] = extra
     kept: dict[int, Expr] = {ly: {om.S[(tl.first_post, tl.node(ly, i))]: _mem(tl, tl.node(ly, i)) for i in range(n)}
                              for ly in range(L)}
     w = m.var("W")
@@ -269,7 +278,7 @@ def _memory_layers(om: OptModel, budget: float) -> None:
     m.le(row, budget - base_bytes(tl, om.ctx))
     dropped_all = (tl.graph.full_activation_bytes() - tl.graph.input_bytes) / MIB
     for ly in range(L):
-        m.ge({w: 1.0, **kept[ly]}, dropped_all)
+        m.ge({w: 1.0, **kept[ly], **{r: -x for r, x in fw_out.items()}}, dropped_all)
         wb: Expr = {w: 1.0}
         for key in ((ly, "od"), (ly, "bw"), (ly - 1, "bw")):
             for h, x in ph.get(key, {}).items():
