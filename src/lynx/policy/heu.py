@@ -358,7 +358,7 @@ def build_model(graph: LayerGraph, ctx: StageContext, opts: HeuOptions, counts: 
             lvs[0].chunk_O.append(view.O)
     groups = list(zip(lvs, counts, strict=True))
     z = m.var("A", lb=-math.inf, cost=1.0) if min_memory else -1
-    for row, off in _all_memory_rows(graph, groups, ctx):
+    for row, off in _all_memory_rows(graph, groups, ctx, m):
         if min_memory:
             m.le({**row, z: -1.0}, -off)
         else:
@@ -372,22 +372,43 @@ def build_model(graph: LayerGraph, ctx: StageContext, opts: HeuOptions, counts: 
     return m, lvs, z
 
 
-def _all_memory_rows(graph: LayerGraph, groups: list[Group], ctx: StageContext
+def _all_memory_rows(graph: LayerGraph, groups: list[Group], ctx: StageContext, m: Milp
                      ) -> list[tuple[dict[int, float], float]]:
-    """`memory_rows`, and for an interleaved stage with per-chunk offload variables one copy of them per live
-    vector v of the schedule (the peak is the largest of them; `memory.held_bytes`): the layers' kept bytes
-    weighted by v (`memory_rows` on the context with v alone) and chunk k's offloaded bytes on the device once
-    instead of v_k times: - (v_k - 1) * n_k * sum_i O_ki M_i."""
+    """`memory_rows`, and for an interleaved stage with per-chunk offload variables its rows at every live vector
+    v of the schedule (the peak is the largest; `memory.held_bytes`): the layers' kept bytes weighted by v
+    (`memory_rows` on the context with v alone) and chunk k's offloaded bytes on the device once instead of v_k
+    times: - (v_k - 1) * n_k * sum_i O_ki M_i. The vectors change only the held part, which every row shares, so
+    one continuous D >= held(v) - held(v0) for each v, added to v0's rows, stands for all of them (exact, and
+    rows + vectors instead of rows x vectors)."""
     lv = groups[0][0]
     if not any(lv.chunk_O):
         return memory_rows(graph, groups, ctx)
+    vectors = ctx.live_vectors or (ctx.chunk_in_flight,)
+    d = m.var("D", lb=-math.inf)
+    held: list[tuple[dict[int, float], float]] = []  # (held(v) less the rows' shared part, its offset) per v
+    first: list[tuple[dict[int, float], float]] = []
+    for vec in vectors:
+        rows = memory_rows(graph, groups, replace(ctx, live_vectors=(vec,)))
+        row0 = dict(rows[0][0])
+        _acc(row0, {v: -(f - 1) * n * graph.keep_bytes(x) for f, n, o in zip(vec, ctx.chunk_layers, lv.chunk_O,
+                                                                              strict=True) for x, v in o.items()})
+        held.append((row0, rows[0][1]))
+        first = first or rows
+    # held(v) - held(v0) <= D for every v (v0 itself: D >= 0)
+    for row0, off0 in held:
+        diff = dict(row0)
+        _acc(diff, {v: -x for v, x in held[0][0].items()})
+        _acc(diff, {d: -1.0})
+        m.le(diff, held[0][1] - off0)
+    # v0's rows with its offload terms and D: row_r(v0) + extra(v0) + D <= A - offset_r(v0)
+    extra0 = dict(held[0][0])
+    _acc(extra0, {v: -x for v, x in first[0][0].items()})
     out = []
-    for vec in ctx.live_vectors or (ctx.chunk_in_flight,):
-        extra = {v: -(f - 1) * n * graph.keep_bytes(x) for f, n, o in zip(vec, ctx.chunk_layers, lv.chunk_O,
-                                                                         strict=True) for x, v in o.items()}
-        for row, off in memory_rows(graph, groups, replace(ctx, live_vectors=(vec,))):
-            _acc(row, extra)
-            out.append((row, off))
+    for row, off in first:
+        row = dict(row)
+        _acc(row, extra0)
+        _acc(row, {d: 1.0})
+        out.append((row, off))
     return out
 
 
