@@ -383,3 +383,25 @@ def test_heu_with_offload_matches_brute_force_interleaved(duplex: bool) -> None:
                 _chunk_exposed(graph, got.layers, ctx, link), rel=1e-9, abs=1e-12)
     # the optimum offloads, and the two chunks offload different sets at some budget (per-chunk variables matter)
     assert any(ls[0].offload != ls[1].offload for ls in chosen)
+
+
+def test_interleaved_lynx_offload_plan_is_priced_by_the_simulator_as_heu_prices_it() -> None:
+    """lynx-offload on an interleaved layout (gpt-tiny, PP 2, VPP 2, a tight budget): the plan offloads, per chunk;
+    the simulator charges each stage exactly the exposed copy time HEU's rows price, and its event replay stays
+    within the closed-form peak."""
+    from lynx.problem import PlanOptions
+
+    prob = make_problem(load_model("gpt-tiny"), load_hardware("a100-40g-nvlink"),
+                        ParallelSpec(tp=1, pp=2, dp=2, micro_batch_size=1, global_batch_size=32, seq_length=512),
+                        PlanOptions(vpp=2, budget_bytes=0.05 * (1 << 30), distributed_optimizer=True))
+    p = plan(prob, "lynx-offload", record=False)
+    link = offload_link(prob.hardware)
+    ctxs = prob.stage_contexts(p.result.partition)
+    assert any(lp.offload for pol in p.result.policies for lp in pol.layers)
+    assert all(c.chunk_layers for c in ctxs)
+    for st, pol, ctx in zip(p.sim.stages, p.result.policies, ctxs, strict=True):
+        e = stage_exposed_copy(prob.graph, pol.layers, ctx, link)
+        assert e == pytest.approx(_chunk_exposed(prob.graph, pol.layers, ctx, link), abs=1e-15)
+        assert st.copy_exposed_s == pytest.approx(prob.parallel.num_microbatches * e, abs=1e-12)
+        assert st.peak_memory_bytes <= stage_peak_bytes(prob.graph, pol.layers, ctx) * (1 + 1e-9)
+    assert not p.sim.oom
