@@ -112,15 +112,18 @@ def _pins(p: Pins) -> dict[str, object]:
     return {f: getattr(p, f) for f in ("tp", "pp", "vpp", "sp", "mb", "dist_opt")}
 
 
-def _run(name: str, hardware: str, precision: str, exhaustive: bool) -> bool:
+def _run(name: str, hardware: str, precision: str, exhaustive: bool, offload: bool = True) -> bool:
     if name == "gpt-175b-single":
         print(f"{name}: load average {os.getloadavg()[0]:.2f} (2-core VM, shared)")
         return _single()
     case = CASES[name]
-    space = Space(load_model(case.model), load_hardware(hardware), case.gpus, case.global_batch, case.seq_len,
-                  case.pins)
+    hw = load_hardware(hardware)
+    # as `lynx plan --gpus`: the offloading methods too when the hardware has a host link (--no-offload: not)
+    space = Space(load_model(case.model), hw, case.gpus, case.global_batch, case.seq_len, case.pins,
+                  offload=offload and hw.host() is not None)
     opts = PlanOptions(precision=precision)  # type: ignore[arg-type]
-    print(f"{name}: {case.gpus} x {hardware}, batch {case.global_batch}, seq {case.seq_len}; "
+    print(f"{name}: {case.gpus} x {hardware}, batch {case.global_batch}, seq {case.seq_len}, offloading "
+          f"{'on' if space.offload else 'off'}; "
           f"load average {os.getloadavg()[0]:.2f} (2-core VM, shared)")
     t0, c0 = time.perf_counter(), time.process_time()
     res = search(space, opts)
@@ -164,11 +167,13 @@ def main() -> int:
     ap.add_argument("--precision", default="megatron-bf16")
     ap.add_argument("--exhaustive", action="store_true",
                     help="also plan every candidate the memory bound keeps (the planned-per-30-s target)")
+    ap.add_argument("--no-offload", action="store_true",
+                    help="search without the offloading methods (lynx plan --gpus --no-offload)")
     args = ap.parse_args()
     names = ["llama3-70b-64", "llama3.1-405b-1024", "gpt-175b-single"] if args.case == "all" else [args.case]
     ok = True
     for name in names:
-        ok &= _run(name, args.hardware, args.precision, args.exhaustive)
+        ok &= _run(name, args.hardware, args.precision, args.exhaustive, not args.no_offload)
     return 0 if ok else 1
 
 

@@ -7,9 +7,16 @@
    the best offloading plan fits and is predicted at least as fast as lynx without offloading and faster than
    Megatron-Core's stock offloading (`mc-offload`) unless that does not fit.
 2. HEU with offload per stage on the 175B (GPT-175B, 8 x 8 H100, TP 8 PP 8, mb 1, gb 512, seq 2048) and the 70B
-   plans (seq 8192 and 32768): target at most 50 ms per stage (median over repeats, the slowest stage).
+   plans (seq 8192 and 32768; and interleaved, TP 4 PP 4 VPP 4 DP 4, one offload set per chunk): target at most
+   50 ms per stage (median over repeats, the slowest stage).
+3. The configuration search (`lynx plan --gpus N`) with and without offloading (`--offload` / `--no-offload`) on
+   the judged cases: Llama-3-70B on 64 H100 at 8192 and 32768 (global batch 128) and Llama-3.1-405B on 1,024 H100
+   (global batch 1024), sequence parallelism, layout searched, the device's budget. Each way: the search's pick,
+   its iteration, largest stage peak and headroom; with offloading also the fastest Megatron-Core stock-offloading
+   (`mc-offload`) candidate it planned (a pruned one has a time bound above the pick's time). Target: the pick
+   with offloading is at least as fast as without and faster than every mc-offload plan that fits.
 
-Run: python benchmarks/offload.py [--repeats 3] [--markdown]
+Run: python benchmarks/offload.py [--repeats 3] [--markdown] [--part compare|heu|search]
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from lynx.methods import base_partition
 from lynx.policy.heu import HeuOptions, heu_policy
 from lynx.policy.offload import offload_link
 from lynx.problem import PlanOptions, PlanProblem
+from lynx.search import Pins, Space, search
 from lynx.spec import ParallelSpec, load_hardware, load_model
 
 METHODS = ["lynx", "lynx-offload", "mc-offload", "offload-all"]
@@ -88,8 +96,14 @@ def heu_speed(out: Out, tg: Targets, repeats: int) -> None:
     plans = [("gpt-175b, 8x8 H100, seq 2048", "gpt-175b", 512, 2048),
              ("llama3-70b, 8x8 H100, seq 8192", "llama3-70b", 128, 8192),
              ("llama3-70b, 8x8 H100, seq 32768", "llama3-70b", 128, 32768)]
+    plans.append(("llama3-70b, TP4 PP4 VPP4 DP4 (64 H100), seq 8192", "llama3-70b", 128, 8192))
     for label, model, gb, seq in plans:
         prob = problem(model, 8, 8, 1, gb, seq, None, None)
+        if "VPP4" in label:  # the 70B search's interleaved pick: HEU with one offload set per chunk
+            hw = load_hardware("h100-80g-nvlink")
+            par = ParallelSpec(tp=4, pp=4, dp=4, sequence_parallel=True, micro_batch_size=1, global_batch_size=gb,
+                               seq_length=seq)
+            prob = make_problem(load_model(model), hw, par, PlanOptions(vpp=4, nodes=8))
         opts = HeuOptions(offload=offload_link(prob.hardware), skip_when_all_fit=False)
         plain = HeuOptions(skip_when_all_fit=False)
         per_stage: dict[int, list[float]] = {}
@@ -109,14 +123,64 @@ def heu_speed(out: Out, tg: Targets, repeats: int) -> None:
     out.print(t)
 
 
+SEARCHED = [
+    # label, model, GPUs, global batch, sequence
+    ("Llama-3-70B, 64 H100, seq 8192", "llama3-70b", 64, 128, 8192),
+    ("Llama-3-70B, 64 H100, seq 32768", "llama3-70b", 64, 128, 32768),
+    ("Llama-3.1-405B, 1024 H100, seq 8192", "llama3.1-405b", 1024, 1024, 8192),
+]
+
+
+def searched(out: Out, tg: Targets) -> None:
+    t = Table(title="the configuration search with vs without offloading (the device's budget)",
+              title_justify="left")
+    for c in ("case", "offloading", "pick", "iteration s", "peak GiB", "headroom GiB", "search s",
+              "best mc-offload s (peak GiB)", "target", "holds"):
+        t.add_column(c, justify="left" if c in ("case", "pick", "target") else "right")
+    hw = load_hardware("h100-80g-nvlink")
+    for label, model, gpus, gb, seq in SEARCHED:
+        picks = {}
+        for on in (False, True):
+            space = Space(load_model(model), hw, gpus, gb, seq, Pins(sp=True), offload=on)
+            res = search(space, PlanOptions())
+            b = res.best
+            picks[on] = b
+            mc = [o for o in res.ranked if o.candidate.method == "mc-offload"]
+            mc_cell = "-" if not on else (f"{mc[0].iteration_s:.3f} ({max(mc[0].stage_peak_gib):.1f})" if mc
+                                          else "none fits")
+            if b is None:
+                t.add_row(label, "on" if on else "off", "nothing fits", "-", "-", "-", f"{res.seconds:.0f}", mc_cell,
+                          "", "")
+                continue
+            target, holds = "", ""
+            if on:
+                off = picks[False]
+                ok = off is not None and b.iteration_s <= off.iteration_s * (1 + 1e-9) and (
+                    not mc or b.iteration_s < mc[0].iteration_s)
+                target = "<= without, < every mc-offload plan that fits"
+                holds = tg.add(f"searched {label}", ok if off is not None else None)
+                if off is not None:
+                    target += f" ({(off.iteration_s - b.iteration_s) / off.iteration_s:+.2%} vs without)"
+            t.add_row(label, "on" if on else "off", f"{b.candidate.layout.label()} {b.candidate.method}",
+                      f"{b.iteration_s:.3f}", f"{max(b.stage_peak_gib):.1f}", f"{b.headroom_gib:.1f}",
+                      f"{res.seconds:.0f}", mc_cell, target, holds)
+    out.print(t)
+
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--part", choices=["all", "compare", "heu", "search"], default="all")
     args = ap.parse_args()
     out, tg = Out(args.markdown), Targets()
-    judged(out, tg)
-    heu_speed(out, tg, args.repeats)
+    if args.part in ("all", "compare"):
+        judged(out, tg)
+    if args.part in ("all", "heu"):
+        heu_speed(out, tg, args.repeats)
+    if args.part in ("all", "search"):
+        searched(out, tg)
     out.print(tg.summary())
 
 

@@ -116,3 +116,30 @@ def test_search_takes_context_parallelism(capsys: pytest.CaptureFixture[str]) ->
     assert code == 2 and "--tp 1 x --cp 2 x --pp 1 x --dp 1 = 2 GPUs leaves 2 of the 4" in text
     code, text = _main([*SMALL, "--cp", "2"], capsys)
     assert code == 2 and "lynx: error: --gpus 4: no layout satisfies the pinned options" in text and "flash" in text
+
+
+def test_search_offloads_by_default_with_a_host_link_and_no_offload_turns_it_off(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    on = runner.invoke(app, [*SMALL, "--tp", "1", "--micro-batch", "1", "--json"])
+    off = runner.invoke(app, [*SMALL, "--tp", "1", "--micro-batch", "1", "--no-offload", "--json"])
+    assert on.exit_code == 0 and off.exit_code == 0, (on.output, off.output)
+    m_on = {c["method"] for c in _json(on.stdout)["candidates"]}
+    m_off = {c["method"] for c in _json(off.stdout)["candidates"]}
+    assert {"lynx-offload", "mc-offload"} <= m_on  # the A100's DGX host link (spec.default_host_link)
+    assert m_on - m_off == {"lynx-offload", "mc-offload"}
+    # a device lynx knows no host link for: --offload is one clear line, the default searches without it
+    src = (Path(__file__).parents[2] / "src/lynx/presets/hardware/a100-40g-nvlink.yaml").read_text()
+    hw = tmp_path / "nolink.yaml"
+    hw.write_text(src.replace("name: A100-SXM4-40GB", "name: X1-40GB").replace("name: a100-40g-nvlink", "name: x"))
+    args = ["--hardware", str(hw)]
+    small = [a for a in SMALL if a not in ("--hardware", "a100-40g-nvlink")]
+    code, text = _main([*small, *args, "--offload"], capsys)
+    assert code == 2 and "--offload: hardware 'x' has no host link" in text
+    plain = runner.invoke(app, [*small, *args, "--tp", "1", "--micro-batch", "1", "--json"])
+    assert plain.exit_code == 0, plain.output
+    assert not {c["method"] for c in _json(plain.stdout)["candidates"]} & {"lynx-offload", "mc-offload"}
+    code, text = _main([*SMALL, "--offload", "--method", "lynx"], capsys)
+    assert code == 2 and "--offload/--no-offload adds the offloading methods" in text
+    code, text = _main(["plan", "--model", "gpt-tiny", "--hardware", "a100-40g-nvlink", "--tp", "1", "--pp", "2",
+                        "--global-batch", "16", "--seq-len", "512", "--offload"], capsys)
+    assert code == 2 and "--offload/--no-offload chooses the search's methods" in text

@@ -316,3 +316,92 @@ def test_from_megatron_reads_and_prices_the_offload_flags() -> None:
         parse_megatron_args(base + " --fine-grained-activation-offloading --offload-modules attn_proj")
     with pytest.raises(SpecError, match="needs --offload-modules"):
         parse_megatron_args(base + " --fine-grained-activation-offloading")
+
+
+def _chunk_exposed(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext,
+                   link: OffloadLink) -> float:
+    """Independent pricing of an interleaved stage's exposed copies (docs/offload.md): the streams' throughput on
+    V = sum_k V_k per rank cycle, and each chunk's round trip within (f_k - 1) steps of cycle / chunks plus its own
+    layers' overlap."""
+    t_f, t_b = stage_cycle(graph, len(layers), ctx.subtract_wgrad)
+    cycle, chunks, total = t_f + t_b, len(ctx.chunk_layers), len(layers)
+    vk = [sum(graph.keep_bytes(x) for lp in layers[lo:hi] for x in lp.offload) for lo, hi in ctx.chunk_slices()]
+    rt = 1 / link.d2h_Bps + 1 / link.h2d_Bps
+    out = [0.0]
+    out += [rt * v - ((f - 1) * cycle / chunks + cycle * (n - 1) / total)
+            for v, f, n in zip(vk, ctx.chunk_in_flight, ctx.chunk_layers, strict=True)]
+    out += [sum(vk) / link.d2h_Bps - cycle, sum(vk) / link.h2d_Bps - cycle] if link.duplex else \
+        [sum(vk) * rt - cycle]
+    return max(out)
+
+
+@pytest.mark.parametrize("duplex", [True, False])
+def test_heu_with_offload_matches_brute_force_interleaved(duplex: bool) -> None:
+    """An interleaved stage (two chunks of one layer, two live vectors): HEU's one policy with a per-chunk offload
+    set is optimal over every policy and every pair of offload sets, with host memory free and binding."""
+    graph = tiny_graph(random.Random(0))
+    tie = 1e-3
+    base = StageContext(0, 4, 2, 4, 8, budget_bytes=1e15, static_bytes=1e9, fwd_windows=False,
+                        chunk_layers=(1, 1), chunk_in_flight=(4, 3), live_vectors=((4, 2), (3, 3)))
+    t_f, t_b = stage_cycle(graph, 2, True)
+    full = sum(graph.keep_bytes(x) for x in graph.needed())
+    bw = full / (t_f + t_b)
+    link0 = OffloadLink(bw, bw * 1.3, duplex, 1e15)
+    by_base: dict[tuple[object, ...], list[LayerPolicy]] = {}
+    for lp in _policies(graph):
+        by_base.setdefault((lp.keep, lp.recompute), []).append(lp)
+    c = {o.name: o.fwd_time for o in graph.ops}
+    priced = []
+    for group in by_base.values():
+        lp0 = group[0]
+        # two layers; on demand in both, phases 3/4 in both chunks' top layers (each chunk's one layer)
+        rec = sum((tie * 2 + 2.0) * c[n] for n, _ in lp0.recompute)
+        for a in group:
+            for b in group:
+                layers = (a, b)
+                v = sum(graph.keep_bytes(x) for lp in layers for x in lp.offload)
+                priced.append((linear_peak_bytes(graph, layers, base),
+                               host_bytes([layer_memory(graph, lp) for lp in layers], base),
+                               rec + tie * v / link0.d2h_Bps, layers))
+    chosen = []
+    for host in (1e15, 2.5 * full):
+        link = dataclasses.replace(link0, host_bytes=host)
+        opts = HeuOptions(tie_break=tie, offload=link, skip_when_all_fit=False)
+        lo = min_budget_bytes(graph, base, opts)
+        hi = linear_peak_bytes(graph, (LayerPolicy(graph.needed()),) * 2, base)
+        assert lo < hi
+        for frac in (0.1, 0.5, 0.9):
+            ctx = dataclasses.replace(base, budget_bytes=lo + frac * (hi - lo))
+            want = min(o + _chunk_exposed(graph, ls, ctx, link) for peak, hb, o, ls in priced
+                       if peak <= ctx.budget_bytes and hb <= host)
+            got = heu_policy(ctx, graph, opts)
+            chosen.append(got.layers)
+            assert got.stats.status == "optimal"
+            assert got.stats.objective == pytest.approx(want, rel=1e-6, abs=1e-9)
+            # the simulator's pricing (policy.offload.stage_exposed_copy) is the same as the independent one
+            assert stage_exposed_copy(graph, got.layers, ctx, link) == pytest.approx(
+                _chunk_exposed(graph, got.layers, ctx, link), rel=1e-9, abs=1e-12)
+    # the optimum offloads, and the two chunks offload different sets at some budget (per-chunk variables matter)
+    assert any(ls[0].offload != ls[1].offload for ls in chosen)
+
+
+def test_interleaved_lynx_offload_plan_is_priced_by_the_simulator_as_heu_prices_it() -> None:
+    """lynx-offload on an interleaved layout (gpt-tiny, PP 2, VPP 2, a tight budget): the plan offloads, per chunk;
+    the simulator charges each stage exactly the exposed copy time HEU's rows price, and its event replay stays
+    within the closed-form peak."""
+    from lynx.problem import PlanOptions
+
+    prob = make_problem(load_model("gpt-tiny"), load_hardware("a100-40g-nvlink"),
+                        ParallelSpec(tp=1, pp=2, dp=2, micro_batch_size=1, global_batch_size=32, seq_length=512),
+                        PlanOptions(vpp=2, budget_bytes=0.05 * (1 << 30), distributed_optimizer=True))
+    p = plan(prob, "lynx-offload", record=False)
+    link = offload_link(prob.hardware)
+    ctxs = prob.stage_contexts(p.result.partition)
+    assert any(lp.offload for pol in p.result.policies for lp in pol.layers)
+    assert all(c.chunk_layers for c in ctxs)
+    for st, pol, ctx in zip(p.sim.stages, p.result.policies, ctxs, strict=True):
+        e = stage_exposed_copy(prob.graph, pol.layers, ctx, link)
+        assert e == pytest.approx(_chunk_exposed(prob.graph, pol.layers, ctx, link), abs=1e-15)
+        assert st.copy_exposed_s == pytest.approx(prob.parallel.num_microbatches * e, abs=1e-12)
+        assert st.peak_memory_bytes <= stage_peak_bytes(prob.graph, pol.layers, ctx) * (1 + 1e-9)
+    assert not p.sim.oom

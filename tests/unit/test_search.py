@@ -191,3 +191,42 @@ def test_exact_partition_with_a_lower_bound_makes_the_same_moves() -> None:
         plain, bounded = CostTable(cost), CostTable(cost)
         assert exact_partition(tuple(start), plain) == exact_partition(tuple(start), bounded, lower)
         assert len(bounded.values) <= len(plain.values)
+
+
+OFFLOAD_SPACES = [
+    # every layout (VPP searched: interleaved stages offload per chunk) with lynx, lynx-offload, mc-offload and the
+    # stock flags, under budgets where keeping everything does not fit and offloading has something to win
+    pytest.param("gpt-tiny", "a100-40g-nvlink", 4, 32, 512, 0.05, id="gpt-tiny-tight"),
+    pytest.param("llama-tiny", "h100-80g-nvlink", 4, 8, 16384, 0.6, id="llama-tiny-16k"),
+]
+
+
+@pytest.mark.parametrize(("model", "hw", "gpus", "gb", "seq", "budget"), OFFLOAD_SPACES)
+def test_pruned_search_equals_exhaustive_with_offloading(model: str, hw: str, gpus: int, gb: int, seq: int,
+                                                         budget: float) -> None:
+    """With the offloading methods in the space (`lynx plan --gpus --offload`) the memory bound still refuses only
+    what cannot fit (it counts the layer inputs, which no method offloads), the time bound stays below every
+    planned iteration (copies only add time), and pruning returns exactly the exhaustive table."""
+    from lynx.search.evaluate import Shared, plan_candidate
+
+    space = Space(load_model(model), load_hardware(hw), gpus, gb, seq, Pins(), offload=True)
+    opts = PlanOptions(budget_bytes=budget * GiB)
+    top = 3
+    pruned = search(space, opts, top=top)
+    full = search(space, opts, top=top, exhaustive=True)
+    assert [_key(o) for o in pruned.ranked[:top]] == [_key(o) for o in full.ranked[:top]]
+    assert (pruned.best_stock and _key(pruned.best_stock)) == (full.best_stock and _key(full.best_stock))
+    assert pruned.considered == full.considered
+    methods = {o.candidate.method for o in full.outcomes}
+    assert {"lynx-offload", "mc-offload"} <= methods
+    # some lynx-offload plan offloads, interleaved ones included where the space has them
+    offloading = [o for o in full.outcomes if o.plan is not None and o.candidate.method == "lynx-offload"
+                  and any(lp.offload for pol in o.plan.result.policies for lp in pol.layers)]
+    assert offloading
+    for o in full.outcomes:
+        if not math.isnan(o.iteration_s):
+            assert o.bound_s <= o.iteration_s, (o.candidate, o.bound_s, o.iteration_s)
+    shared = Shared(space, opts)
+    for o in full.outcomes:
+        if o.status == "over budget (bound)" and o.candidate.method in ("lynx-offload", "mc-offload"):
+            assert not plan_candidate(shared, o.candidate, o.bound_s).fits, o.candidate

@@ -214,6 +214,7 @@ def _search(model: str, hardware: str, gpus: int | None, nodes: int | None, tp: 
     where = f"--gpus {gpus}" if gpus is not None else f"--nodes {nodes} x {hw.devices_per_node} per node"
     cp = knobs.pop("cp")
     cp_comm_type = knobs.pop("cp_comm_type")
+    offload = knobs.pop("offload")
     check_ints(**{"--cp": (cp, POSITIVE)})
     if tp is not None and pp is not None:  # the layout is pinned: CP too (1 unless --cp), DP derived
         cp = cp or 1
@@ -240,7 +241,7 @@ def _search(model: str, hardware: str, gpus: int | None, nodes: int | None, tp: 
     if knobs["busbw"] is not None:
         raise SpecError("--busbw is a TP group's measured bandwidth; pin --tp to use it (not with the search)")
     run_search(SearchArgs(model, hardware, total, global_batch, seq_len, tp, pp, vpp, sp, mb, dist_opt, method,
-                          cross_node, top, as_json, out, png, cp, cp_comm_type), problem.options)
+                          cross_node, top, as_json, out, png, cp, cp_comm_type, offload), problem.options)
 
 
 @app.command("plan")
@@ -371,6 +372,9 @@ def plan_cmd(
     cross_entropy_loss_fusion: Annotated[bool, typer.Option(
         "--cross-entropy-loss-fusion", help="Megatron-Core's fused vocab-parallel cross entropy (off by default, "
         "as in Megatron).", rich_help_panel=_FUSION_PANEL)] = False,
+    offload: Annotated[bool | None, typer.Option(
+        "--offload/--no-offload", help="With --gpus: also plan every layout with activation offloading (lynx-offload "
+        "and Megatron's mc-offload) [default: on when the hardware has a host link].")] = None,
 ) -> None:
     """Plan recomputation and partitioning for a model on a cluster, and predict its iteration.
 
@@ -406,7 +410,10 @@ def plan_cmd(
                             recompute_num_layers=recompute_num_layers, no_wgrad_overlap=no_wgrad_overlap,
                             time_limit=time_limit, cooldown_overlap=not no_cooldown_overlap, busbw=busbw,
                             overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
-                            tp_comm_overlap=tp_comm_overlap, cp=cp, cp_comm_type=cp_comm_type))
+                            tp_comm_overlap=tp_comm_overlap, cp=cp, cp_comm_type=cp_comm_type, offload=offload))
+    if offload is not None:
+        raise SpecError("--offload/--no-offload chooses the search's methods (with --gpus); for one layout use "
+                        "--method lynx-offload or --compare")
     cp = _given(cp, 1)
     if nodes is not None and dp is None and tp is not None and pp is not None:
         from lynx.cli.search import derive_dp

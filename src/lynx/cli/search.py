@@ -44,6 +44,8 @@ class SearchArgs:
     png: Path | None
     cp: int | None = None
     cp_comm_type: CpCommType = "p2p"
+    offload: bool | None = None
+    """--offload/--no-offload (None: on when the hardware has a host link)."""
 
 
 def cluster_gpus(hw: Hardware, gpus: int | None, nodes: int | None) -> int | None:
@@ -83,10 +85,17 @@ def run_search(a: SearchArgs, base: PlanOptions) -> None:
 
         get_method(a.method)  # one clear line for an unknown name
     hw = load_hardware(a.hardware)
+    has_link = hw.host() is not None
+    if a.offload and not has_link:
+        raise SpecError(f"--offload: hardware {hw.name!r} has no host link; give host_link (d2h_Bps, h2d_Bps, ...) "
+                        "in the hardware file, or drop --offload")
+    if a.offload is not None and a.method is not None:
+        raise SpecError("--offload/--no-offload adds the offloading methods to the search's; with --method the "
+                        "search plans that method only (use --method lynx-offload)")
     space = Space(load_model(a.model), hw, a.gpus, a.global_batch, a.seq_len,
                   Pins(tp=a.tp, pp=a.pp, vpp=a.vpp, sp=a.sp, mb=a.mb, dist_opt=a.dist_opt, cp=a.cp,
                        methods=None if a.method is None else (a.method,)),
-                  a.allow_cross_node_tp, a.cp_comm_type)
+                  a.allow_cross_node_tp, a.cp_comm_type, has_link if a.offload is None else a.offload)
     cands, rejected = candidates(space)
     if not cands:  # nothing to search: say which rule the pins break, before any work
         pinned = [f"{flag} {size} does not divide the {a.gpus} GPUs"

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from lynx.errors import InfeasibleError
 from lynx.graph import LAYER_INPUT, LayerGraph
@@ -47,7 +47,14 @@ from lynx.policy.heu_objective import cooldown_weight as cooldown_weight
 from lynx.policy.heu_objective import critical_recompute as critical_recompute
 from lynx.policy.heu_objective import recompute_time as recompute_time
 from lynx.policy.heu_objective import window_caps as window_caps
-from lynx.policy.offload import OffloadLink, exposure_rows, stage_cycle, stage_exposed_copy
+from lynx.policy.offload import (
+    OffloadLink,
+    chunk_exposure_rows,
+    chunk_in_flight,
+    exposure_rows,
+    stage_cycle,
+    stage_exposed_copy,
+)
 from lynx.pricing import op_recompute_cost
 
 GiB = float(1 << 30)
@@ -74,7 +81,7 @@ class HeuOptions:
     method: str = "lynx-heu"
     offload: OffloadLink | None = None
     """The per-GPU host link: offloading is a third choice per op (None: keep or recompute only, the paper's
-    HEU). Interleaved stages (several chunks) are solved without it."""
+    HEU). Interleaved stages get one offload set per model chunk (`LayerVars.chunk_O`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +93,9 @@ class LayerVars:
     F: dict[str, int]
     O: dict[str, int] = field(default_factory=dict)  # noqa: E741 (the paper's notation, as S, R, F)
     """Offload variables (only with `HeuOptions.offload`)."""
+    chunk_O: list[dict[str, int]] = field(default_factory=list)  # noqa: N815
+    """Interleaved stages: offload variables per model chunk (chunk 0 first; empty for a chunk whose in-flight
+    count never exceeds one, where offloading frees nothing); `O` is then empty."""
 
 
 def allowed_phases(graph: LayerGraph, name: str, has_fwd_windows: bool,
@@ -171,6 +181,9 @@ def add_offload_stage(m: Milp, graph: LayerGraph, groups: list[Group], ctx: Stag
                       link: OffloadLink, tie: float, price: bool = True) -> None:
     """The third state's stage-wide rows: host memory (O4) and, with `price`, the exposed copy time (O3) in the
     objective."""
+    if groups[0][0].chunk_O:
+        add_offload_chunks(m, graph, groups[0][0].chunk_O, ctx, link, tie, price)
+        return
     volume = {lv.O[n]: c * graph.keep_bytes(n) for lv, c in groups for n in lv.O}
     if not volume:
         return
@@ -189,6 +202,31 @@ def add_offload_stage(m: Milp, graph: LayerGraph, groups: list[Group], ctx: Stag
     # tie-break: among equal critical times prefer moving fewer bytes (as for recomputation)
     for v, x in volume.items():
         m.add_cost(v, tie * x / link.d2h_Bps * OBJ_SCALE)
+
+
+def add_offload_chunks(m: Milp, graph: LayerGraph, chunk_O: list[dict[str, int]], ctx: StageContext,
+                       link: OffloadLink, tie: float, price: bool) -> None:
+    """(O3), (O4) for an interleaved stage, chunk k moving V_k = n_k sum_i O_ki M_i per micro-batch:
+    host memory at each live vector v, sum_k v_k V_k <= H (`memory.host_bytes`); the exposed copy time
+    E >= sum_k w_k V_k - b for the throughput rows on V = sum_k V_k and each chunk's round trip
+    (`policy.offload.chunk_exposure_rows`, which the simulator prices too)."""
+    volume = [{v: n * graph.keep_bytes(x) for x, v in o.items()} for o, n in zip(chunk_O, ctx.chunk_layers,
+                                                                                 strict=True)]
+    if not any(volume):
+        return
+    for vec in ctx.live_vectors or (ctx.chunk_in_flight,):
+        m.le({v: f * x for f, vol in zip(vec, volume, strict=True) for v, x in vol.items()}, link.host_bytes)
+    if not price:
+        return
+    t_fwd, t_bwd = stage_cycle(graph, ctx.num_layers, ctx.subtract_wgrad)
+    E = m.var("E", cost=OBJ_SCALE)
+    for ws, b in chunk_exposure_rows(link, t_fwd, t_bwd, chunk_in_flight(ctx), ctx.chunk_layers):
+        row = {v: w * x for w, vol in zip(ws, volume, strict=True) if w for v, x in vol.items()}
+        if row:
+            m.le({**row, E: -1.0}, b)
+    for vol in volume:
+        for v, x in vol.items():
+            m.add_cost(v, tie * x / link.d2h_Bps * OBJ_SCALE)
 
 
 def add_windows(m: Milp, graph: LayerGraph, lv: LayerVars, subtract_wgrad: bool) -> None:
@@ -320,27 +358,74 @@ def build_model(graph: LayerGraph, ctx: StageContext, opts: HeuOptions, counts: 
     caps = window_caps(graph, ctx.subtract_wgrad)
     lvs = [add_layer_vars(m, graph, ctx.has_fwd_windows, tag=f"{g}" if len(counts) > 1 else "", caps=caps)
            for g in range(len(counts))]
-    # offloading frees (f - 1) micro-batches' bytes: nothing with one in flight (the last stage), so no variables
-    link = opts.offload if not ctx.chunk_layers and ctx.in_flight > 1 else None
+    # offloading frees (f - 1) micro-batches' bytes: nothing with one in flight (the last stage), so no variables;
+    # interleaved stages (one policy for the rank's layers) get one offload set per chunk
+    chunked = bool(ctx.chunk_layers) and len(counts) == 1 and opts.offload is not None
+    link = opts.offload if (chunked or not ctx.chunk_layers) and ctx.in_flight > 1 else None
     for g, lv in enumerate(lvs):
         add_windows(m, graph, lv, ctx.subtract_wgrad)
-        if link is not None:
+        if link is not None and not chunked:
             add_offload_vars(m, graph, lv, tag=f"{g}" if len(counts) > 1 else "")
+    if link is not None and chunked:
+        for k, f in enumerate(chunk_in_flight(ctx)):
+            view = LayerVars(lvs[0].S, lvs[0].R, lvs[0].F)
+            if f > 1:
+                add_offload_vars(m, graph, view, tag=f"c{k}")
+            lvs[0].chunk_O.append(view.O)
     groups = list(zip(lvs, counts, strict=True))
-    z = -1
-    if min_memory:
-        z = m.var("A", lb=-math.inf, cost=1.0)
-        for row, off in memory_rows(graph, groups, ctx):
+    z = m.var("A", lb=-math.inf, cost=1.0) if min_memory else -1
+    for row, off in _all_memory_rows(graph, groups, ctx, m):
+        if min_memory:
             m.le({**row, z: -1.0}, -off)
-    else:
-        for row, off in memory_rows(graph, groups, ctx):
+        else:
             m.le(row, ctx.activation_budget_bytes - off)
+    if not min_memory:
         add_objective(m, graph, groups, cooldown_weight(ctx, opts.cooldown_overlap), opts.tie_break,
                       ctx.num_chunks)
     if link is not None:
         # the smallest budget: the host memory still binds, the copy time does not matter
         add_offload_stage(m, graph, groups, ctx, link, opts.tie_break, price=not min_memory)
     return m, lvs, z
+
+
+def _all_memory_rows(graph: LayerGraph, groups: list[Group], ctx: StageContext, m: Milp
+                     ) -> list[tuple[dict[int, float], float]]:
+    """`memory_rows`, and for an interleaved stage with per-chunk offload variables its rows at every live vector
+    v of the schedule (the peak is the largest; `memory.held_bytes`): the layers' kept bytes weighted by v
+    (`memory_rows` on the context with v alone) and chunk k's offloaded bytes on the device once instead of v_k
+    times: - (v_k - 1) * n_k * sum_i O_ki M_i. The vectors change only the held part, which every row shares, so
+    one continuous D >= held(v) - held(v0) for each v, added to v0's rows, stands for all of them (exact, and
+    rows + vectors instead of rows x vectors)."""
+    lv = groups[0][0]
+    if not any(lv.chunk_O):
+        return memory_rows(graph, groups, ctx)
+    vectors = ctx.live_vectors or (ctx.chunk_in_flight,)
+    d = m.var("D", lb=-math.inf)
+    held: list[tuple[dict[int, float], float]] = []  # (held(v) less the rows' shared part, its offset) per v
+    first: list[tuple[dict[int, float], float]] = []
+    for vec in vectors:
+        rows = memory_rows(graph, groups, replace(ctx, live_vectors=(vec,)))
+        row0 = dict(rows[0][0])
+        _acc(row0, {v: -(f - 1) * n * graph.keep_bytes(x) for f, n, o in zip(vec, ctx.chunk_layers, lv.chunk_O,
+                                                                              strict=True) for x, v in o.items()})
+        held.append((row0, rows[0][1]))
+        first = first or rows
+    # held(v) - held(v0) <= D for every v (v0 itself: D >= 0)
+    for row0, off0 in held:
+        diff = dict(row0)
+        _acc(diff, {v: -x for v, x in held[0][0].items()})
+        _acc(diff, {d: -1.0})
+        m.le(diff, held[0][1] - off0)
+    # v0's rows with its offload terms and D: row_r(v0) + extra(v0) + D <= A - offset_r(v0)
+    extra0 = dict(held[0][0])
+    _acc(extra0, {v: -x for v, x in first[0][0].items()})
+    out = []
+    for row, off in first:
+        row = dict(row)
+        _acc(row, extra0)
+        _acc(row, {d: 1.0})
+        out.append((row, off))
+    return out
 
 
 def min_budget_bytes(graph: LayerGraph, ctx: StageContext, opts: HeuOptions = HeuOptions()) -> float:
@@ -391,10 +476,15 @@ def solve_stage(ctx: StageContext, graph: LayerGraph, opts: HeuOptions, counts: 
     layers: tuple[LayerPolicy, ...] = ()
     for lv, c in zip(lvs, counts, strict=True):
         lp = extract(graph, sol, lv)
-        errs = validate_layer_policy(graph, lp, ctx.has_fwd_windows)
-        if errs:  # a modelling bug, never a user error
-            raise AssertionError(f"HEU produced an invalid policy: {errs}")
-        layers += (lp,) * c
+        runs = [(lp, c)]
+        if lv.chunk_O:  # interleaved: the policy with each chunk's own offload set
+            runs = [(replace(lp, offload=frozenset(x for x, v in o.items() if sol.is_one(v))), n)
+                    for o, n in zip(lv.chunk_O, ctx.chunk_layers, strict=True)]
+        for lpk, n in runs:
+            errs = validate_layer_policy(graph, lpk, ctx.has_fwd_windows)
+            if errs:  # a modelling bug, never a user error
+                raise AssertionError(f"HEU produced an invalid policy: {errs}")
+            layers += (lpk,) * n
     peak = stage_peak_bytes(graph, layers, ctx)
     if peak > ctx.budget_bytes * (1 + 1e-6):
         raise AssertionError(f"HEU policy peaks at {peak / GiB:.3f} GiB, over the budget "
@@ -417,15 +507,15 @@ def _quiet_solve(ctx: StageContext, graph: LayerGraph, opts: HeuOptions) -> Reco
     return solve_stage(ctx, graph, opts, explain=False)
 
 
-CacheKey = tuple[int, int, int, bool, bool, int, float, tuple[int, ...], int]
+CacheKey = tuple[int, int, int, bool, bool, int, float, tuple[int, ...], int, tuple[tuple[int, ...], ...]]
 
 
 @dataclass
 class HeuCache:
     """HEU results per distinct stage problem within one planning call (the partitioner asks many times).
     Key: (layers, in flight, activation budget in bytes, forward windows, wgrad overlap, cool-down
-    micro-batches, cool-down weight, layers per chunk, in flight per chunk), all from the schedule's
-    facts; the value is a policy or the InfeasibleError."""
+    micro-batches, cool-down weight, layers per chunk, in flight per chunk, and with offloading the live
+    vectors), all from the schedule's facts; the value is a policy or the InfeasibleError."""
 
     graph: LayerGraph
     opts: HeuOptions = field(default_factory=HeuOptions)
@@ -439,7 +529,9 @@ class HeuCache:
     def key(self, ctx: StageContext) -> CacheKey:
         return (ctx.num_layers, ctx.in_flight, round(ctx.activation_budget_bytes), ctx.has_fwd_windows,
                 ctx.subtract_wgrad, ctx.cooldown_count, cooldown_weight(ctx, self.opts.cooldown_overlap),
-                ctx.chunk_layers, ctx.layer_microbatches())
+                ctx.chunk_layers, ctx.layer_microbatches(),
+                # per-chunk offloading reads each live vector (memory and host rows)
+                ctx.live_vectors or (ctx.chunk_in_flight,) if self.opts.offload is not None else ())
 
     def get(self, ctx: StageContext) -> RecomputePolicy | InfeasibleError:
         k = self.key(ctx)

@@ -17,6 +17,15 @@ stage's offloaded bytes. In the 1F1B steady state a stage runs one forward and o
   n layers: ``max(0, V (1 / BW_d2h + 1 / BW_h2d) - W)``. On the last stage (f = 1) only the layer-wise overlap
   is left, and offloading there frees nothing (one micro-batch in flight is on the device anyway).
 
+Interleaved stages (several model chunks per rank) move V = sum_k V_k, V_k chunk k's offloaded bytes: the
+throughput bounds are the same on V (the rank's cycle runs every chunk once each way); each chunk has its own
+round trip window. A rank's steady state alternates one chunk forward and one chunk backward (a step, on average
+cycle / v for v chunks), and chunk k's micro-batch j waits through at least f_k - 1 steps between F_k(j) and
+B_k(j) (f_k the chunk's in-flight count at its peak), so ``W_k = (f_k - 1) cycle / v + cycle (n_k - 1) / L``
+(n_k of the rank's L layers in chunk k, the layer-wise overlap of its own forward and backward):
+``max(0, V_k (1 / BW_d2h + 1 / BW_h2d) - W_k)`` for each chunk. Steps of the other chunks between F_k(j) and
+B_k(j) only lengthen the window, so this is conservative.
+
 The exposed time E (seconds per micro-batch) is the largest of these and 0. Bandwidths are the host link's per
 GPU (`spec.HostLink.per_gpu`: every GPU of a node behind the same uplink copies at once in a pipeline stage).
 """
@@ -77,6 +86,24 @@ def exposure_rows(link: OffloadLink, t_fwd: float, t_bwd: float, in_flight: int,
     return tuple(rows)
 
 
+def chunk_exposure_rows(link: OffloadLink, t_fwd: float, t_bwd: float, in_flight: tuple[int, ...],
+                        layers: tuple[int, ...]) -> tuple[tuple[tuple[float, ...], float], ...]:
+    """The lower bounds E >= sum_k w_k V_k - b of an interleaved stage's exposed copy time (module docstring), as
+    (per-chunk weights w, b) pairs: the throughput rows weigh every chunk alike, each chunk's round trip only its
+    own bytes."""
+    cycle = t_fwd + t_bwd
+    total, chunks = max(1, sum(layers)), len(layers)
+    step = cycle / chunks
+    rows: list[tuple[tuple[float, ...], float]] = []
+    for k, (f, n) in enumerate(zip(in_flight, layers, strict=True)):
+        w = tuple(link.round_trip_s_per_byte if i == k else 0.0 for i in range(chunks))
+        rows.append((w, (max(1, f) - 1) * step + cycle * (max(1, n) - 1) / total))
+    for a, b in exposure_rows(link, t_fwd, t_bwd, 1, 1)[1:] if link.duplex else ((link.round_trip_s_per_byte,
+                                                                                  cycle),):
+        rows.append(((a,) * chunks, b))
+    return tuple(rows)
+
+
 def exposed_copy_time(volume: float, link: OffloadLink | None, t_fwd: float, t_bwd: float, in_flight: int,
                       num_layers: int) -> float:
     """Seconds per micro-batch the stage waits for its copies (module docstring)."""
@@ -100,7 +127,19 @@ def stage_exposed_copy(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: 
     if v <= 0:
         return 0.0
     t_fwd, t_bwd = stage_cycle(graph, len(layers), ctx.subtract_wgrad)
+    if ctx.chunk_layers:  # interleaved: each chunk's own round trip window
+        if link is None:
+            raise ValueError("the plan offloads activations but the hardware has no host link")
+        vk = [offloaded_bytes(graph, layers[lo:hi]) for lo, hi in ctx.chunk_slices()]
+        rows = chunk_exposure_rows(link, t_fwd, t_bwd, chunk_in_flight(ctx), ctx.chunk_layers)
+        return max(0.0, *(sum(w * x for w, x in zip(ws, vk, strict=True)) - b for ws, b in rows))
     return exposed_copy_time(v, link, t_fwd, t_bwd, ctx.in_flight, len(layers))
+
+
+def chunk_in_flight(ctx: StageContext) -> tuple[int, ...]:
+    """Each chunk's in-flight micro-batches at its peak (the largest over the schedule's live vectors)."""
+    vectors = ctx.live_vectors or (ctx.chunk_in_flight,)
+    return tuple(max(vec[k] for vec in vectors) for k in range(ctx.num_chunks))
 
 
 def copy_times(graph: LayerGraph, layers: tuple[LayerPolicy, ...], link: OffloadLink | None) -> tuple[float, float]:

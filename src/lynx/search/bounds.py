@@ -4,6 +4,11 @@
   and, for each micro-batch in flight at its peak, at least its layers' inputs (every policy but Megatron's
   uniform/block chunks checkpoints each layer's input; those keep at least the stage's input). If no split
   of the layers over the stages keeps every stage within budget, no method and no partition fits.
+  Offloading (`lynx-offload`, `mc-offload`) leaves the bound a lower bound as it is: the bytes it may move to
+  the host are the offloadable ones of each in-flight micro-batch, and the bound counts none of those (a layer's
+  input is never an offload candidate: HEU offloads op outputs only, and `mc-offload` does not model
+  `attn_norm`, docs/offload.md), so the maximum offloadable bytes removed from it are zero whatever the host
+  memory. tests/unit/test_search.py plans the refused offloading candidates anyway: none fits.
 * Time: a 1F1B pipeline cannot finish before some stage k has received micro-batch 0 (the forwards of the
   stages before it), run all its micro-batches, and sent the last backward down (the backwards of the stages
   before it). With each layer costing at least its plain forward + backward `u` (`LayerGraph.step_time`,

@@ -19,9 +19,11 @@ from lynx.partition.base import Partition
 from lynx.plan import Plan
 from lynx.policy.heu import HeuCache
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
-from lynx.search.space import Candidate, Layout, Space
+from lynx.search.space import STOCK_OFFLOAD, Candidate, Layout, Space
 from lynx.spec import GiB, ParallelSpec
 
+LYNX_SEARCHED = ("lynx", "lynx-offload")
+"""Methods planned through `lynx_search` with the search's shared HEU caches (one per graph and method)."""
 Status = Literal["planned", "does not fit", "over budget (bound)", "pruned (time bound)", "invalid"]
 
 
@@ -59,7 +61,7 @@ class Shared:
     space: Space
     base: PlanOptions
     graphs: dict[tuple[int, int, bool, int], LayerGraph] = field(default_factory=dict)
-    heu: dict[tuple[int, int, bool, int], HeuCache] = field(default_factory=dict)
+    heu: dict[tuple[int, int, bool, int, str], HeuCache] = field(default_factory=dict)
     problems: dict[tuple[Layout, tuple[int, ...] | None], PlanProblem] = field(default_factory=dict)
 
     def parallel(self, lay: Layout) -> ParallelSpec:
@@ -86,20 +88,23 @@ class Shared:
                                               self.graph(lay))
         return self.problems[key]
 
-    def heu_cache(self, problem: PlanProblem, lay: Layout) -> HeuCache:
-        key = (lay.tp, lay.cp, lay.sp, lay.mb)
+    def heu_cache(self, problem: PlanProblem, lay: Layout, method: str = "lynx") -> HeuCache:
+        key = (lay.tp, lay.cp, lay.sp, lay.mb, method)
         cache = self.heu.get(key)
         if cache is None:
-            cache = HeuCache(problem.graph, heu_options(problem, "lynx"))
+            cache = HeuCache(problem.graph, heu_options(problem, method))
             self.heu[key] = cache
         return cache
 
 
 def _result(shared: Shared, cand: Candidate, problem: PlanProblem, refine: bool) -> PlanResult:
-    if cand.method == "lynx":
-        return lynx_search(problem, "lynx", shared.heu_cache(problem, cand.layout), refine, explain=False)[0]
+    if cand.method in LYNX_SEARCHED:
+        return lynx_search(problem, cand.method, shared.heu_cache(problem, cand.layout, cand.method), refine,
+                           explain=False)[0]
     result = get_method(cand.method).fn(problem)
-    return _even_chunks(problem, result) if cand.stock and problem.options.vpp > 1 else result
+    # Megatron's offloading is planned on Megatron's own layout already (`methods.offload`)
+    even = cand.stock and problem.options.vpp > 1 and cand.method != STOCK_OFFLOAD
+    return _even_chunks(problem, result) if even else result
 
 
 def _even_chunks(problem: PlanProblem, result: PlanResult) -> PlanResult:

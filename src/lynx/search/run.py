@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from lynx.errors import LynxError
 from lynx.problem import PlanOptions
 from lynx.search.bounds import memory_bound_reason, time_bound_s
-from lynx.search.evaluate import Outcome, Shared, plan_candidate
+from lynx.search.evaluate import LYNX_SEARCHED, Outcome, Shared, plan_candidate
 from lynx.search.space import Candidate, Rejected, Space, candidates
 
 Progress = Callable[[int, int, str], None]
@@ -119,7 +119,8 @@ def _refine_finalists(shared: Shared, outcomes: list[Outcome], n: int) -> list[O
     """lynx's simulator-judged partition refinement (up to 40 simulations each) for the `n` fastest lynx
     candidates only: it moves a plan by a fraction of a percent, and screening every candidate with it would
     multiply the search's time by ten (docs/decisions.md)."""
-    lynx = sorted((o for o in outcomes if o.fits and o.candidate.method == "lynx"), key=lambda o: o.iteration_s)
+    lynx = sorted((o for o in outcomes if o.fits and o.candidate.method in LYNX_SEARCHED),
+                  key=lambda o: o.iteration_s)
     better = {id(o): plan_candidate(shared, o.candidate, o.bound_s, refine=True) for o in lynx[:n]}
     return [better.get(id(o), o) for o in outcomes]
 

@@ -26,6 +26,10 @@ STOCK_METHODS: tuple[str, ...] = (
 of the default search: its automatic --recompute-num-layers is itself a search (seconds per layout); pin it
 with --method block (docs/decisions.md)."""
 LYNX_METHOD = "lynx"
+OFFLOAD_METHODS: tuple[str, ...] = ("lynx-offload", "mc-offload")
+"""With a host link (`Space.offload`): lynx with offloading as HEU's third choice on its own partition, and
+Megatron-Core's stock fine-grained activation offloading (a stock candidate, on its even split)."""
+STOCK_OFFLOAD = "mc-offload"
 MAX_SEARCHED_VPP = 4
 """Model chunks per rank tried when --vpp is not pinned. Deeper interleaving shaves the bubble further but
 multiplies the schedule's actions (and the simulation's time) by VPP; `--vpp N` pins any value."""
@@ -91,6 +95,9 @@ class Space:
     allow_cross_node_tp: bool = False
     cp_comm_type: CpCommType = "p2p"
     """Megatron's --cp-comm-type for every CP > 1 layout (not searched)."""
+    offload: bool = False
+    """Plan every layout with the offloading methods too (`OFFLOAD_METHODS`; `lynx plan --offload`, on by default
+    when the hardware has a host link). Only without pinned methods."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,9 +231,10 @@ def candidates(space: Space) -> tuple[list[Candidate], list[Rejected]]:
     methods = space.pins.methods
     out: list[Candidate] = []
     for lay in lays:
-        names = methods if methods is not None else (LYNX_METHOD, *STOCK_METHODS)
+        names = methods if methods is not None else (
+            (LYNX_METHOD, *STOCK_METHODS) + (OFFLOAD_METHODS if space.offload else ()))
         for name in names:
-            stock = name in STOCK_METHODS
+            stock = name in STOCK_METHODS or name == STOCK_OFFLOAD
             if stock and not even_split(space.model, lay):
                 if methods is None:
                     rejected.append(Rejected(f"{lay.label()} {name}", "Megatron-Core splits layers evenly; "
