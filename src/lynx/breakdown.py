@@ -44,6 +44,9 @@ class ActivationTerms:
     only, so `held` counts it once."""
     host: float = 0.0
     """Pinned host memory the offloaded activations of every in-flight micro-batch take, per GPU."""
+    chunk_microbatches: int = 0
+    """Interleaved stages: the most (chunk, micro-batch) pairs alive at once, summed over the stage's chunks (the
+    schedule's peak live vector); `in_flight` is then only the largest single chunk's count. 0: one chunk."""
 
 
 def activation_terms(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> ActivationTerms:
@@ -66,6 +69,7 @@ def activation_terms(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: St
         logits=ctx.extra_transient_bytes,
         offloaded_per_microbatch=sum(m.offloaded for m in mems),
         host=host_bytes(mems, ctx),
+        chunk_microbatches=round(ctx.peak_weighted((1.0,) * len(ctx.chunk_layers))) if ctx.chunk_layers else 0,
     )
 
 

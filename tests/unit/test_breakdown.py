@@ -49,3 +49,20 @@ def test_terms_mean_what_they_say() -> None:
     assert none[0].embedding_logits > 0 and none[1].embedding_logits == 0 and none[-1].act.logits > 0
     assert all(f.act.per_microbatch < n.act.per_microbatch / 5 for f, n in zip(full, none, strict=True))
     assert all(f.act.fwd_window == 0 for f in full)
+
+
+def test_interleaved_stages_count_chunk_microbatches() -> None:
+    """An interleaved stage holds (chunk, micro-batch) pairs: the table shows their number at the schedule's peak,
+    not the largest single chunk's in-flight count (which under-states what the activations column holds)."""
+    from lynx.report.memory import _in_flight
+
+    flat = stage_memories(plan(problem_for(), "full", record=False))
+    assert all(s.act.chunk_microbatches == 0 and _in_flight(s) == str(s.act.in_flight) for s in flat)
+    p = plan(problem_for(gb=256, vpp=2), "full", record=False)
+    ctxs = p.problem.stage_contexts(p.result.partition)
+    stages = stage_memories(p)
+    for st, ctx in zip(stages, ctxs, strict=True):
+        vectors = ctx.live_vectors or (ctx.chunk_in_flight,)
+        assert st.act.chunk_microbatches == max(sum(v) for v in vectors) >= max(ctx.chunk_in_flight)
+        assert _in_flight(st) == f"{st.act.chunk_microbatches}c"
+    assert stages[0].act.chunk_microbatches > stages[0].act.in_flight

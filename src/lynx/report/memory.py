@@ -32,9 +32,15 @@ def _g(x: float) -> str:
     return f"{x / GiB:.2f}"
 
 
+def _in_flight(st: StageMemory) -> str:
+    """Micro-batches held; an interleaved stage shows its chunk micro-batches at the peak ("71c")."""
+    return f"{st.act.chunk_microbatches}c" if st.act.chunk_microbatches else str(st.act.in_flight)
+
+
 def memory_table(stages: Sequence[StageMemory], title: str) -> Table:
     t = Table(title=title, title_justify="left", caption_justify="left",
-              caption="GiB per device. activations = per micro-batch x in flight; forward windows: recomputed in "
+              caption="GiB per device. activations = per micro-batch x in flight (interleaved stages, Nc: the N chunk "
+                      "micro-batches alive at the schedule's peak, summed over chunks); forward windows: recomputed in "
                       "forward collectives and held (M_fwd_comm); transient: largest working set + gradient "
                       "buffers; peak: the closed form the planner constrains (sim: the event simulator's); with "
                       "offloading, offloaded/mb: the part of act/mb copied to host memory (on the device for one "
@@ -52,7 +58,7 @@ def memory_table(stages: Sequence[StageMemory], title: str) -> Table:
         off = (_g(st.act.offloaded_per_microbatch), _g(st.act.host)) if offloads else ()
         t.add_row(
             str(st.stage), str(st.num_layers), _g(st.static.param_bytes), _g(st.static.grad_bytes),
-            _g(st.static.optimizer_bytes), _g(st.act.per_microbatch), *off, str(st.act.in_flight),
+            _g(st.static.optimizer_bytes), _g(st.act.per_microbatch), *off, _in_flight(st),
             _g(st.activations),
             _g(st.act.fwd_window), _g(st.transient), _g(st.embedding_logits), _g(st.peak),
             "" if st.simulated_peak_bytes is None else _g(st.simulated_peak_bytes), _g(st.budget_bytes),
