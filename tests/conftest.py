@@ -86,6 +86,8 @@ SLOW_CASES: dict[str, str] = {
     "integration/test_runtime_offload_train.py::test_train_offload_plan_equals_keeping[tp2-pp2]":
         "test_runtime_offload_train.py::test_train_offload_plan_equals_keeping[pp2] (lynx train offloading, "
         "bitwise) and test_runtime_offload.py (the engine, bitwise)",
+    "integration/test_runtime_offload_train.py::test_train_interleaved_plan_offloading":
+        "test_runtime_offload_train.py::test_train_offload_plan_equals_keeping[pp2]",
     "integration/test_runtime_offload_train.py::test_train_tp_plan_offloading_the_last_op":
         "test_runtime_offload_lastop.py::test_last_op_offloads_its_mask_not_its_output",
     "integration/test_runtime_llama_train.py::test_llama_pipeline_trains_as_the_single_process_run[1-2]":
