@@ -3,13 +3,13 @@
 # torch; lynx's other dependencies are there except highspy, carried as a wheel in .whl/):
 #
 #   bash benchmarks/gpu_session.sh OUTDIR [steps...]     steps: env tests overlap memory profile nccl pipeline netns
-#                                                        eager
+#                                                        eager offload
 #
 # Each step has its own time limit and writes its log to OUTDIR; a failing step does not stop the others.
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUTDIR [steps...]}
 shift
-steps=${*:-env tests overlap memory profile nccl pipeline eager}
+steps=${*:-env tests overlap memory profile nccl pipeline eager offload}
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -76,7 +76,7 @@ export -f netns_probe env_info profile_vs_model nccl_probe pipeline_cpu lynx
 export out
 step env 60 env_info
 step tests 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/integration/test_runtime_gpu.py \
-  tests/integration/test_runtime_pipeline_gpu.py
+  tests/integration/test_runtime_pipeline_gpu.py tests/integration/test_runtime_offload.py
 step overlap 120 python3 benchmarks/bench_gpu_overlap.py
 step memory 180 python3 benchmarks/gpu_memory.py --out "$out/gpu_memory.json"
 step profile 240 profile_vs_model
@@ -84,3 +84,4 @@ step nccl 90 nccl_probe
 step pipeline 420 pipeline_cpu
 step netns 60 netns_probe
 step eager 300 python3 benchmarks/gpu_eager_ops.py --out "$out/gpu_eager_ops.json"
+step offload 300 python3 benchmarks/gpu_offload.py --out "$out/gpu_offload.json"

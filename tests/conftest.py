@@ -87,6 +87,14 @@ SLOW_CASES: dict[str, str] = {
         "test_offload.py::test_heu_with_offload_matches_brute_force_interleaved[True]",
     "unit/test_search.py::test_pruned_search_equals_exhaustive_with_offloading[gpt-tiny-tight]":
         "test_search.py::test_pruned_search_equals_exhaustive_with_offloading[llama-tiny-16k]",
+
+    "integration/test_runtime_offload_train.py::test_train_offload_plan_equals_keeping[tp2-pp2]":
+        "test_runtime_offload_train.py::test_train_offload_plan_equals_keeping[pp2] (lynx train offloading, "
+        "bitwise) and test_runtime_offload.py (the engine, bitwise)",
+    "integration/test_runtime_offload_train.py::test_train_interleaved_plan_offloading":
+        "test_runtime_offload_train.py::test_train_offload_plan_equals_keeping[pp2]",
+    "integration/test_runtime_offload_train.py::test_train_tp_plan_offloading_the_last_op":
+        "test_runtime_offload_lastop.py::test_last_op_offloads_its_mask_not_its_output",
     "integration/test_runtime_llama_train.py::test_llama_pipeline_trains_as_the_single_process_run[1-2]":
         "test_runtime_pipeline.py::test_llama_pp2_tp2_lynx_bitwise (LLaMA in the pipeline, bitwise)",
     "integration/test_runtime_pipeline_train.py::test_host_staged_p2p_trains_as_the_direct_one":

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from lynx.graph import LayerGraph
+from lynx.memory import layer_memory
 from lynx.memory import predicted_activation_bytes as _predicted
 from lynx.policy.base import RecomputePolicy
 from lynx.schedule import derive_facts, schedule_1f1b
@@ -56,5 +57,20 @@ def predicted_activation_bytes(graph: LayerGraph, policy: RecomputePolicy, cfg: 
     facts = derive_facts(schedule_1f1b(k, k)).of(0)
     ln = [float(layernorm_stats_bytes(cfg, lp.keep)) for lp in policy.layers]
     per_op = {n: float(layernorm_stats_bytes(cfg, frozenset({n}))) for n in graph.names}
-    return _predicted(graph, policy.layers, ln, facts.in_flight, facts.has_fwd_windows,
-                      {n: b for n, b in per_op.items() if b})
+    after, peak = _predicted(graph, policy.layers, ln, facts.in_flight, facts.has_fwd_windows,
+                             {n: b for n, b in per_op.items() if b})
+    off = predicted_offloaded_bytes(graph, policy, cfg)
+    if not off:
+        return after, peak
+    # Offloaded bytes leave the device as the forward saves them (the engine's ledger drops them at once) and
+    # come back for their micro-batch's backward: after the forwards, none of them is held; at the peak, at most
+    # one micro-batch's (the planner's rule, `lynx.memory.held_bytes`: an upper bound, the engine reloads one
+    # layer ahead and frees each layer's as its backward ends).
+    return after - facts.in_flight * off, peak - (facts.in_flight - 1) * off
+
+
+def predicted_offloaded_bytes(graph: LayerGraph, policy: RecomputePolicy, cfg: Any) -> float:
+    """Bytes per micro-batch the planner's memory model says leave the device (`LayerMemory.offloaded`, what
+    `lynx memory` shows), plus the LayerNorm statistics the runtime's offloaded norms save beside their output
+    (as `layernorm_stats_bytes` adds them for kept norms)."""
+    return sum(layer_memory(graph, lp).offloaded + layernorm_stats_bytes(cfg, lp.offload) for lp in policy.layers)

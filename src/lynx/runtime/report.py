@@ -58,6 +58,8 @@ class StagePrediction:
     act_after_fwd_bytes: float
     act_peak_bytes: float
     in_flight: int
+    offloaded_bytes: float = 0.0
+    """Per micro-batch: what the planner's memory model says leaves the device (`predict.predicted_offloaded_bytes`)."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ def _iteration(i: int, ranks: list[RankRecord]) -> dict[str, Any]:
             "recompute_window_s": sum(st.window_s + st.cooldown_s for st in mine)}
 
 
-def _stages(ranks: list[RankRecord], timed: int) -> dict[str, Any]:
+def _stages(ranks: list[RankRecord], timed: int, microbatches: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for r in ranks:
         for s, pred in r.predicted.items():
@@ -113,6 +115,8 @@ def _stages(ranks: list[RankRecord], timed: int) -> dict[str, Any]:
                 "window_s": sum(x.window_s for x in recs) / n, "cooldown_s": sum(x.cooldown_s for x in recs) / n,
                 "ondemand_s": sum(x.ondemand_s for x in recs) / n, "restored": recs[-1].restored,
                 "offloaded_bytes": recs[-1].offloaded_bytes,
+                "offloaded_bytes_per_microbatch": recs[-1].offloaded_bytes / max(1, microbatches),
+                "predicted_offloaded_bytes_per_microbatch": pred.offloaded_bytes,
                 "measured_host_peak_bytes": max(x.host_peak_bytes for x in recs)})
     return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
@@ -122,7 +126,7 @@ def build(args: argparse.Namespace, rp: RunPlan, ranks: list[RankRecord], backen
     L = rp.layout
     iters = [_iteration(i, ranks) for i in range(len(ranks[0].records))]
     timed = [r for r in iters if not r["warmup"]] or iters
-    stages = _stages(ranks, len(timed))
+    stages = _stages(ranks, len(timed), rp.layout.num_microbatches)
     first = stages.get("0", {})
     report: dict[str, Any] = {
         "plan": str(args.plan), "method": rp.method, "family": rp.problem.model.family,

@@ -4,7 +4,8 @@ simulator's for the same plan, side by side, with per-stage differences.
 A measured event is (category, name, t0, t1) in `time.perf_counter()` seconds of one rank; each rank's
 events are shifted by its own iteration start (after a barrier), so ranks line up within the barrier's
 skew. Categories: "pipeline" (F, B, p2p waits), "recompute" (each restored op, with its window),
-"collective" (each TP collective's window and wait, the gradient all-reduces).
+"collective" (each TP collective's window and wait, the gradient all-reduces), "copy" (each offloaded storage's
+copy to the host, "d2h", and back, "h2d": the host time to issue it; on the CPU the whole copy).
 
 `python -m lynx.runtime.trace compare --plan plan.json --trace trace.json [--out both.json]` prints the
 comparison and writes one trace with the measured ranks and the simulated stages as separate processes.
@@ -25,7 +26,7 @@ from lynx.paths import MAX_JSON_BYTES, check_output, read_text, write_text
 
 Event = tuple[str, str, float, float, int]
 """(category, name, t0, t1, stage)."""
-_TID = {"pipeline": 0, "recompute": 1, "collective": 2, "sim": 0}
+_TID = {"pipeline": 0, "recompute": 1, "collective": 2, "copy": 3, "sim": 0}
 
 
 def chrome_events(rank: int, label: str, events: Iterable[Event], origin: float) -> list[dict[str, Any]]:
@@ -35,7 +36,7 @@ def chrome_events(rank: int, label: str, events: Iterable[Event], origin: float)
           for c, t in _TID.items() if c != "sim"),
     ]
     for cat, name, t0, t1, stage in events:
-        out.append({"ph": "X", "pid": rank, "tid": _TID.get(cat, 3), "cat": cat, "name": name,
+        out.append({"ph": "X", "pid": rank, "tid": _TID.get(cat, 4), "cat": cat, "name": name,
                     "ts": (t0 - origin) * 1e6, "dur": max(0.0, t1 - t0) * 1e6, "args": {"stage": stage}})
     return out
 

@@ -40,7 +40,7 @@ from lynx.runtime.layers import tp as tp_mod
 from lynx.runtime.layers.gpt_model import synthetic_batch
 from lynx.runtime.pipeline import PipelineLayout, PipelineRunner, check_world, make_groups
 from lynx.runtime.pipeline.order import check_executable, layout_schedule, read_schedule
-from lynx.runtime.predict import predicted_activation_bytes, runtime_graph
+from lynx.runtime.predict import predicted_activation_bytes, predicted_offloaded_bytes, runtime_graph
 from lynx.runtime.run_plan import RunPlan, load_run
 from lynx.schedule import Schedule
 
@@ -147,6 +147,10 @@ def run(args: argparse.Namespace, rank: int, world: int) -> dict[str, Any] | Non
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         runner.step(data)
+        if args.save_grads and it == total - 1:  # tests: this rank's gradients of the last iteration
+            Path(args.save_grads).mkdir(parents=True, exist_ok=True)
+            torch.save({n: g.detach().cpu() for n, g in runner.named_grads().items()},
+                       Path(args.save_grads) / f"grads-rank{rank}.pt")
         opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -183,7 +187,7 @@ def _predicted(rp: RunPlan, runner: PipelineRunner, dtype: torch.dtype) -> dict[
             continue
         k = runner.in_flight.get(s, 1)
         after, peak = predicted_activation_bytes(g, pol, rp.cfg, in_flight=k)
-        out[s] = rep.StagePrediction(after, peak, k)
+        out[s] = rep.StagePrediction(after, peak, k, predicted_offloaded_bytes(g, pol, rp.cfg))
     return out
 
 
@@ -268,6 +272,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", default=None, help="write the last iteration's timeline (Chrome trace)")
     p.add_argument("--compare-trace", action="store_true",
                    help="print the measured timeline beside the simulator's (needs --trace)")
+    p.add_argument("--save-grads", default=None, help=argparse.SUPPRESS)  # tests: a folder for each rank's grads
     p.add_argument("--die-at", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--freeze-at", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--die-rank", type=int, default=1, help=argparse.SUPPRESS)

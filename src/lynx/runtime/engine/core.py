@@ -123,10 +123,11 @@ class RecomputeEngine:
         self._live_params = live_params
         self._ledger = Ledger(param_keys)
         # Offloading (issue 22): a policy's per-layer `offload` set of op names, read with a default so a
-        # LayerPolicy without the field offloads nothing. The layer's last op is the next layer's input
-        # checkpoint and is never offloaded here.
-        self._offload = [frozenset(getattr(p, "offload", frozenset())) - {layer.op_names[-1]}
-                         for p, layer in zip(pols, layers, strict=True)]
+        # LayerPolicy without the field offloads nothing. The layer's last op may be in it: what it saves beside
+        # its output (the residual dropout mask) is offloaded, its output never (it is the next layer's input,
+        # which the planner counts as always stored, `LayerGraph.keep_bytes`; docs/decisions.md `rtoff`).
+        self._offload = [frozenset(getattr(p, "offload", frozenset())) for p in pols]
+        self._out_op = [layer.op_names[-1] for layer in layers]
         self._any_offload = any(self._offload)
         self._streams = Streams()
         self._saved = SavedTensorHooks(param_keys, self._dropped, self._hold, self._handed_out, self._restored,
@@ -140,6 +141,9 @@ class RecomputeEngine:
         self._guest: tuple[RecomputeEngine, int] | None = None
         self.tracer: Callable[[str, float, float], None] | None = None
         """Called as tracer(name, t0, t1) for every restoration (perf_counter seconds)."""
+        self.copy_tracer: Callable[[str, float, float], None] | None = None
+        """Called as copy_tracer(name, t0, t1) for every copy out ("d2h ...") and back ("h2d ..."): the host time
+        the copy took to issue (on the CPU the whole synchronous copy; on CUDA the launch on the side stream)."""
         # Per layer, fixed for the engine's life: who reads each op, and what the policy recomputes
         # (`_free_intermediates` asked for both after every restoration).
         self._users = [{n: tuple(c for c, ins in layer.op_inputs.items() if n in ins) for n in layer.op_names}
@@ -211,7 +215,7 @@ class RecomputeEngine:
                 env[name] = out
                 self._saved.registry.setdefault(storage_key(out), (li, name, out))
                 rec.out_layout[name] = (tuple(out.stride()), int(out.storage_offset()))
-                if name in self._offload[li]:
+                if name in self._offload[li] and name != out_op:
                     rec.out_meta[name] = (storage_key(out), tuple(out.shape), tuple(out.stride()),
                                           int(out.storage_offset()), out.dtype)
                 elif name in pol.keep and name != out_op:  # the layer output is the next layer's input
@@ -252,15 +256,20 @@ class RecomputeEngine:
         return out.as_strided(h.size, h.stride, out.storage_offset() + h.offset)
 
     # -- offloading ---------------------------------------------------------------------------------
-    def _offload_saved(self, li: int, mb: int, op: str, t: torch.Tensor) -> OffloadHandle | None:
-        """Autograd saves `t`, owned by op `op` of (li, mb): copy its storage to the host if the policy offloads
-        that op (once per storage), and hand autograd a handle."""
-        if op not in self._offload[li]:
+    def _offload_saved(self, li: int, mb: int, op: str, t: torch.Tensor, output: bool) -> OffloadHandle | None:
+        """Autograd saves `t`, owned by op `op` of layer li (a view of its output if `output`) for micro-batch
+        mb: copy its storage to the host if the policy offloads that op (once per storage), and hand autograd a
+        handle. A layer's output is never offloaded: it is the next layer's input."""
+        if op not in self._offload[li] or (output and op == self._out_op[li]):
             return None
         rec = self._records[(li, mb)]
         key = storage_key(t)
         if key not in rec.offloaded:
+            t0 = time.perf_counter()
             entry = OffloadEntry(t, self._streams)
+            entry.label = f"{op} L{li} mb{mb}"
+            if self.copy_tracer is not None:
+                self.copy_tracer(f"d2h {entry.label} {entry.nbytes} B", t0, time.perf_counter())
             rec.offloaded[key] = entry
             rec.offload_pins.append(t)
             self.stats.offloaded_bytes += entry.nbytes
@@ -275,7 +284,10 @@ class RecomputeEngine:
         """Copy `entry` back to the device; its bytes return to the ledger now."""
         if entry.reloaded is not None:
             return
+        t0 = time.perf_counter()
         entry.start_reload()
+        if self.copy_tracer is not None:
+            self.copy_tracer(f"h2d {entry.label} {entry.nbytes} B", t0, time.perf_counter())
         assert entry.reloaded is not None
         self._ledger.acquire(rec, entry.reloaded)
         self.stats.reloaded_bytes += entry.nbytes

@@ -47,12 +47,13 @@ class SavedTensorHooks:
     def __init__(self, param_keys: set[int], dropped: Callable[[int, str, bool], bool],
                  hold: Callable[[int, int, int, torch.Tensor], None], handed_out: Callable[[int, int, str], None],
                  restored: Callable[[Handle], torch.Tensor],
-                 offload: Callable[[int, int, str, torch.Tensor], Any] | None = None,
+                 offload: Callable[[int, int, str, torch.Tensor, bool], Any] | None = None,
                  reloaded: Callable[[Any], torch.Tensor] | None = None) -> None:
         self.param_keys = param_keys
         self._dropped, self._hold, self._handed_out, self._restored = dropped, hold, handed_out, restored
         self._offload, self._reloaded = offload, reloaded
-        """`offload(layer, mb, op, t)`: a handle if the policy offloads that op (None otherwise);
+        """`offload(layer, mb, op, t, output)`: a handle if the policy offloads that op (None otherwise; `output`:
+        `t` is a view of op's output, else a tensor op's forward saved beside it, a mask or statistics);
         `reloaded(handle)`: the tensor back on the device."""
         self.current: tuple[int, int, str] = NO_OP
         """(layer, micro-batch, op) whose forward is running."""
@@ -75,7 +76,7 @@ class SavedTensorHooks:
         if self._offload is not None:
             who = (owner[0], owner[1]) if owner is not None else (li, cur)
             if who[1] != LAYER_INPUT:
-                off = self._offload(who[0], mb, who[1], t)
+                off = self._offload(who[0], mb, who[1], t, owner is not None)
                 if off is not None:
                     return off
         if owner is not None:

@@ -61,6 +61,8 @@ class OffloadEntry:
     def __init__(self, t: torch.Tensor, streams: Streams) -> None:
         src = _bytes_of(t)
         self.nbytes = int(src.numel())
+        self.label = ""
+        """Which op, layer and micro-batch it belongs to (the engine's trace names it so)."""
         self.device = t.device
         self._streams = streams
         self._cuda = t.device.type == "cuda"

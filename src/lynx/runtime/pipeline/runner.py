@@ -172,6 +172,7 @@ class PipelineRunner:
             stages.append(tpp.make_stage(wrapped, s, L.num_stages, comm, inp, out, groups.pp))
             if mod.engine is not None:
                 mod.engine.tracer = lambda n, a, b: self.event("recompute", n, a, b, None)
+                mod.engine.copy_tracer = lambda n, a, b: self.event("copy", n, a, b, None)
         hooks = tpp.Hooks(before_forward=self.before_forward, before_grad_wait=self._before_grad_wait,
                           span=lambda n, a, b, s: self.event("pipeline", n, a, b, s),
                           peer_rank=lambda s: L.rank_of(s % L.pp, self.dp_rank, self.tp_rank), timeout_s=timeout_s)
