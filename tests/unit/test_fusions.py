@@ -164,3 +164,19 @@ def test_bad_fusion_input_is_one_line(tmp_path: Path, extra: tuple[str, ...], ms
               "--micro-batch", "1", "--global-batch", "8", "--seq-len", "4096", *extra])
     err = capsys.readouterr().err
     assert e.value.code == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_lynx_train_refuses_a_plan_with_eager_saved_tensors(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """lynx train builds the fused layers only: a plan priced with eager SwiGLU's extra saved tensor would fail
+    the runtime's exact byte check, so it is refused with one line before any rank starts (exit 2)."""
+    pytest.importorskip("torch")
+    from tests.harness.cli import run_main
+
+    out = tmp_path / "eager.json"
+    code, _, err = run_main(["plan", "--model", "llama-tiny", "--hardware", "a100-40g-nvlink", "--tp", "1", "--pp",
+                             "1", "--micro-batch", "2", "--global-batch", "4", "--seq-len", "64",
+                             "--no-bias-swiglu-fusion", "--out", str(out)], capsys)
+    assert code == 0, err
+    code, _, err = run_main(["train", "--plan", str(out), "--iters", "1"], capsys)
+    assert code == 2 and "bias_activation_fusion=False" in err and len(err.strip().splitlines()) == 1, err

@@ -15,6 +15,7 @@ from lynx.policy.base import validate_layer_policy
 from lynx.problem import PlanProblem
 from lynx.runtime.layers.family import RuntimeFamily, runtime_for
 from lynx.runtime.pipeline import LayoutError, PipelineLayout
+from lynx.spec import fusion_changes
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,20 @@ class RunPlan:
     """The simulator's per-pipeline-rank peak memory (static included), bytes."""
 
 
+_FUSIONS_THAT_CHANGE_SAVED_BYTES = ("transformer_impl", "bias_activation_fusion")
+"""The fusion fields (lynx.families.fusion) whose eager form saves other tensors for backward: local's unfused
+core attention, eager SwiGLU's silu(gate). The others change only time, which lynx train measures."""
+
+
 def load_run(plan_path: str, dtype: torch.dtype, core_attn: bool) -> RunPlan:
     problem, result = load_plan(plan_path)
     par, model = problem.parallel, problem.model
     family = runtime_for(model)  # the plan's model family picks the runtime layer and the model's ends
+    eager = {k: v for k, v in fusion_changes(model).items() if k in _FUSIONS_THAT_CHANGE_SAVED_BYTES}
+    if eager:  # the plan prices what eager kernels save; the runtime's layers save what the fused ones do
+        raise PlanFormatError(f"{plan_path}: the plan's model runs {', '.join(f'{k}={v}' for k, v in eager.items())}; "
+                              "lynx train builds only the fused layers (TransformerEngine's saved tensors): plan "
+                              "with Megatron's default fusions to train it here")
     try:
         cfg = family.config(model, par, dtype, core_attn)
     except ValueError as e:
