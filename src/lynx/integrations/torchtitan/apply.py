@@ -124,7 +124,7 @@ class LynxTorchtitan:
         self.engine.end_step()
         self._microbatch = 0
         for layer in self.layers:
-            layer.context.clear()
+            layer.end_step()
 
     def remove(self) -> None:
         """Give the blocks their own forward back."""
