@@ -85,7 +85,10 @@ class LynxTorchtitan:
                                  f"the block does not have: {', '.join(sorted(unknown))}")
         # FSDP (now, or applied after this, as torchtitan's trainer does): the module holds sharded DTensors
         # between calls; the unsharded parameters its ops read are the engine's live parameters, layer by layer
-        params = [p for layer in self.layers for p in layer.block_parameters() if not _fence.is_dtensor(p)]
+        params: list[Any] = [p for layer in self.layers for p in layer.block_parameters() if not _fence.is_dtensor(p)]
+        # the blocks' buffers are not activations either: RoPE's table is saved by the complex product, and was
+        # held (and counted) as rope's side state (8 MiB per block of the debug model)
+        params += [b for block in self.blocks for b in block.buffers() if not _fence.is_dtensor(b)]
         self.engine = RecomputeEngine(self.layers, pols, params,
                                       live_params=lambda li: self.layers[li].live_parameters())
         self._microbatch = 0

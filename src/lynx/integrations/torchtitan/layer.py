@@ -123,6 +123,13 @@ class TitanLayer(OpLayer):
         p = self.parts
         return [p.norm1_weight, p.norm2_weight, p.wqkv, p.wo, p.w1, p.w2, p.w3]
 
+    def static_tensors(self) -> list[torch.Tensor]:
+        """Tensors the ops read that are not activations (`lynx.profile.measure.count_saved` leaves them out):
+        the block's parameters as the ops read them and its buffers (RoPE's table, which the complex product
+        saves for backward). The block is not this module's child, so neither is among `parameters()`."""
+        block = self.parts.module if self.parts.module is not None else self.parts.rope
+        return [*self.live_parameters(), *block.buffers()]
+
     def live_parameters(self) -> list[torch.Tensor]:
         """The parameters the block's ops read now (FSDP2: the unsharded ones, all-gathered first if needed)."""
         return list(_fence.weights(self.parts, self._unsharded).values())
