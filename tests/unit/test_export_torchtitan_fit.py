@@ -41,6 +41,8 @@ def test_a_plan_for_torchtitans_kernels_exports_a_fitting_fsdp_config() -> None:
     assert (par["data_parallel_shard_degree"], par["data_parallel_replicate_degree"]) == (2, 1)
     lynx_row, titan_row = exp.figures
     assert titan_row.label == "torchtitan" and "FSDP shard 2" in titan_row.setting
+    # TP 8 with SP: the integration runs it, so torchtitan runs the plan as planned (lynx's engine)
+    assert exp.engine is not None and "lynx's engine as planned" in titan_row.setting
     assert exp.fits and titan_row.fits
     assert not any("WARNING" in n for n in exp.notes)
     assert exp.base_config == "llama3_70b"
