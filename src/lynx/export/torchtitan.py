@@ -189,10 +189,15 @@ def price_on_torchtitan(src: ExportSource, layers: list[dict[str, Any]], engine:
             replace(fig, label="torchtitan", setting=setting))
 
 
-def _notes(src: ExportSource, layers: list[dict[str, Any]]) -> list[str]:
+def _notes(src: ExportSource, layers: list[dict[str, Any]], engine: bool = False) -> list[str]:
     notes: list[str] = []
     named = {n for names in ORDER.get(src.family, {}).values() for n in names}
     hidden = sum(1 for pol in src.policies for lp in pol.layers for _, p in lp.recompute if p != Phase.ON_DEMAND)
+    if engine:  # the AC module's blocks (printed above) are only the fallback: lynx's engine runs the plan
+        notes.append(f"lynx's engine runs the plan ({ENGINE_FILE}, lynx.integrations.torchtitan.trainer."
+                     f"LynxEngineAC): every block as planned, {hidden} op recomputations in collectives' windows; "
+                     f"the AC module's blocks run instead only if {REGISTRY_FILE} sets ENGINE_LAYERS to None")
+        return notes
     if hidden:
         notes.append(f"{hidden} op recomputations lynx hides in collectives or stalls run on demand")
     g = src.problem.graph
@@ -252,11 +257,11 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
     }
     table = {"family": src.family, "method": src.result.method, "layers": layers}
     rows = schedule_rows(lay.pp, lay.vpp, par.num_microbatches)
-    notes = _notes(src, layers)
+    engine, why_not = engine_table(src)
+    notes = _notes(src, layers, engine is not None)
     if par.cp > 1 and par.cp_comm_type != "p2p":
         notes.append(f"context_parallel_degree {par.cp}: torchtitan runs PyTorch's ring attention (context_parallel), "
                      f"not Megatron's --cp-comm-type {par.cp_comm_type} the plan priced")
-    engine, why_not = engine_table(src)
     figures = price_on_torchtitan(src, layers, engine is not None)
     if len(figures) > 1 and not figures[1].fits:
         over = [f"stage {st.stage} {st.peak_bytes / 2**30:.1f} GiB > {st.budget_bytes / 2**30:.1f}"
