@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -87,18 +86,12 @@ def lynx_plan_policies(tp: int, sp: bool = False) -> dict[int, Any]:
 
 def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> None:
     import torch
-    import torch.distributed as dist
     import torch.distributed.nn.functional as dnn
     import torch.nn.functional as F
 
-    from lynx.runtime.launch import init_group, rank_failure
+    from tests.harness.torchtitan_models import parallel_dims, titan_rank
 
-    phase = "rendezvous"
-    try:
-        init_group("gloo", init_method, rank, world, TIMEOUT_S)
-        phase = "training"
-        torch.set_num_threads(1)
-        from torchtitan.distributed.parallel_dims import ParallelDims
+    with titan_rank(rank, world, init_method, TIMEOUT_S):
         from torchtitan.distributed.spmd_types import annotate_input_spmd_types
         from torchtitan.distributed.utils import get_spmd_context
         from torchtitan.models.llama3.sharding import set_llama3_sharding_config
@@ -106,8 +99,7 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
         from lynx.integrations.torchtitan import apply_lynx_plan
         from tests.harness.torchtitan_models import debug_config
 
-        pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=world, pp=1, ep=1, world_size=world)
-        pd.build_mesh()
+        pd = parallel_dims(world, tp=world)
         group = pd.get_mesh("tp").get_group()
 
         def build() -> Any:
@@ -150,11 +142,6 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
                "peak_bytes": stats.peak_bytes,
                "none_grad": [n for n in ref_grads if grads.get(n) is None]}
         Path(args.out, f"rank{rank}.json").write_text(json.dumps(out))
-        dist.barrier()
-    except Exception as e:
-        print(rank_failure(e, rank, world, phase, TIMEOUT_S), flush=True)
-        raise
-    os._exit(0)  # gloo's destructors abort now and then after a clean run (as `lynx train` does)
 
 
 def run_case(case: str, tmp_path: Path, sp: bool = False) -> list[dict[str, Any]]:

@@ -4,8 +4,8 @@ weights and eps, fused QKV, RoPE, inner attention, w1/w2/w3), and the tensor-par
 (`lynx.runtime.layers.tp`): launched asynchronously, the recomputation the plan put in their window run while
 they are in flight, then waited for. torchtitan's own TP redistributions are bypassed for the block (its
 parameters are already the local shards torchtitan's tensor parallelism made) and placed where torchtitan
-0.3.0's plan puts them without sequence parallelism: the attention and feed-forward inputs all-reduce their
-gradient (one all-reduce each), wo and w2 all-reduce their output.
+0.3.0's plan puts them. Without sequence parallelism the attention and feed-forward inputs all-reduce their
+gradient (one all-reduce each), wo and w2 all-reduce their output; with it, see below.
 
 The backward all-reduces run in Megatron's order (`ColumnGEMM`), the order lynx's cost model prices
 (`Op.overlaps_wgrad_of`: qkv, gate): the input gradient of the column-parallel GEMMs, launch its all-reduce,
