@@ -232,10 +232,12 @@ def _rank_argv(*extra: str) -> list[str]:
 
 def reads_of_family(graph: Any) -> Any:
     """The profiled graph with each op's backward reads (`Op.saved`) taken from the family's analytic graph of
-    the same shape (times and bytes stay measured). On TitanLayer the profiler's `count_saved` charges the
-    GEMMs qkv, attn_proj, gate, up and down with reading their own output in backward (and rope with an 8 MiB
-    side state); the engine disagrees: run on demand it never restores qkv or attn_proj, so a plan made from
-    the raw profile restores them in windows for no backward (docs/benchmarks.md, section titan3)."""
+    the same shape (times and bytes stay measured). The family's reads are bf16's: there they equal what
+    `count_saved` measures on TitanLayer op by op (tests/unit/test_titan_profile_reads.py). In fp32 (this
+    benchmark) eager RMSNorm saves its input itself (no upcast copy), so rmsnorm1 / rmsnorm2 also read the
+    layer input / attn_residual, as the profile says and the engine does; the family's reads miss that.
+    (Before titan4 the profiler also charged each GEMM with its weight and rope with RoPE's table, because
+    TitanLayer's parameters are the block's, not its own: docs/benchmarks.md sections titan3, titan4.)"""
     from dataclasses import replace
 
     from lynx.profile.profiler import analytic_graph

@@ -7,6 +7,9 @@ Flux) is put in each block instead. Without attention masks it runs causal SDPA,
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -40,3 +43,36 @@ def debug_model(n_layers: int = 6, n_kv_heads: int | None = None, seed: int = 0)
     model = debug_config(n_layers, n_kv_heads).build()
     model.init_states()
     return model
+
+
+@contextmanager
+def titan_rank(rank: int, world: int, init_method: str, timeout_s: float) -> Iterator[None]:
+    """The entry of every torchtitan test rank (run by `lynx.runtime.launch.spawn_ranks`): gloo rendezvous, one
+    torch thread, then the body; a failure is printed as `lynx.runtime.launch.rank_failure` words it (naming
+    the phase) and re-raised; after a clean body, a barrier and ``os._exit(0)`` (gloo's destructors abort now
+    and then after a clean run, as `lynx train` knows)."""
+    import torch
+    import torch.distributed as dist
+
+    from lynx.runtime.launch import init_group, rank_failure
+
+    phase = "rendezvous"
+    try:
+        init_group("gloo", init_method, rank, world, timeout_s)
+        phase = "training"
+        torch.set_num_threads(1)
+        yield
+        dist.barrier()
+    except Exception as e:
+        print(rank_failure(e, rank, world, phase, timeout_s), flush=True)
+        raise
+    os._exit(0)
+
+
+def parallel_dims(world: int, *, tp: int = 1, pp: int = 1, dp_shard: int = 1) -> Any:
+    """torchtitan's `ParallelDims` for these degrees, its meshes built."""
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    pd = ParallelDims(dp_replicate=1, dp_shard=dp_shard, cp=1, tp=tp, pp=pp, ep=1, world_size=world)
+    pd.build_mesh()
+    return pd

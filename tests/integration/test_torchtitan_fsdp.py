@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -54,26 +53,19 @@ def wrap_like_torchtitan(model: Any, mesh: Any) -> None:
 
 def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> None:
     import torch
-    import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
 
-    from lynx.runtime.launch import init_group, rank_failure
+    from tests.harness.torchtitan_models import parallel_dims, titan_rank
 
-    phase = "rendezvous"
-    try:
-        init_group("gloo", init_method, rank, world, TIMEOUT_S)
-        phase = "training"
-        torch.set_num_threads(1)
-        from torchtitan.distributed.parallel_dims import ParallelDims
+    with titan_rank(rank, world, init_method, TIMEOUT_S):
         from torchtitan.distributed.utils import get_spmd_context
         from torchtitan.models.llama3.sharding import set_llama3_sharding_config
 
         from lynx.integrations.torchtitan import apply_lynx_plan
         from tests.harness.torchtitan_models import debug_config
 
-        pd = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, tp=1, pp=1, ep=1, world_size=world)
-        pd.build_mesh()
+        pd = parallel_dims(world, dp_shard=world)
         # torchtitan's meshes have device type "cuda" even without CUDA (torchtitan.tools.utils.device_type),
         # which fully_shard cannot place parameters on: FSDP gets the same one-axis mesh on the CPU.
         fsdp_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
@@ -148,11 +140,6 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
         out["loss2_finite"] = all(x == x for x in loss2)
         out["second_step_by_window"] = {k: v - out["by_window"].get(k, 0) for k, v in stats.by_window.items()}
         Path(args.out, f"rank{rank}.json").write_text(json.dumps(out))
-        dist.barrier()
-    except Exception as e:
-        print(rank_failure(e, rank, world, phase, TIMEOUT_S), flush=True)
-        raise
-    os._exit(0)  # gloo's destructors abort now and then after a clean run (as `lynx train` does)
 
 
 def run_case(case: str, tmp_path: Path) -> list[dict[str, Any]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +24,9 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
 
-    from lynx.runtime.launch import init_group, rank_failure
+    from tests.harness.torchtitan_models import parallel_dims, titan_rank
 
-    phase = "rendezvous"
-    try:
-        init_group("gloo", init_method, rank, world, TIMEOUT_S)
-        phase = "training"
-        torch.set_num_threads(1)
-        from torchtitan.distributed.parallel_dims import ParallelDims
+    with titan_rank(rank, world, init_method, TIMEOUT_S):
         from torchtitan.distributed.spmd_types import annotate_input_spmd_types
         from torchtitan.distributed.utils import get_spmd_context
         from torchtitan.models.llama3.sharding import set_llama3_sharding_config
@@ -40,8 +34,7 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
         from lynx.integrations.torchtitan import apply_lynx_plan
         from tests.harness.torchtitan_models import debug_config
 
-        pd = ParallelDims(dp_replicate=1, dp_shard=2, cp=1, tp=2, pp=1, ep=1, world_size=world)
-        pd.build_mesh()
+        pd = parallel_dims(world, tp=2, dp_shard=2)
         group = pd.get_mesh("tp").get_group()
         dp_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "tp"))["dp_shard"]
 
@@ -95,11 +88,6 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
                "maxdiff": max(float((grads[n] - ref_grads[n]).abs().max()) for n in ref_grads),
                "unshards": [layer.unshards for layer in lynx.layers]}
         Path(args.out, f"rank{rank}.json").write_text(json.dumps(out))
-        dist.barrier()
-    except Exception as e:
-        print(rank_failure(e, rank, world, phase, TIMEOUT_S), flush=True)
-        raise
-    os._exit(0)  # gloo's destructors abort now and then after a clean run (as `lynx train` does)
 
 
 def run_case(case: str, tmp_path: Path) -> list[dict[str, Any]]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +49,9 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
     import torch.nn.functional as F
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    from lynx.runtime.launch import init_group, rank_failure
+    from tests.harness.torchtitan_models import titan_rank
 
-    phase = "rendezvous"
-    try:
-        init_group("gloo", init_method, rank, world, TIMEOUT_S)
-        phase = "training"
-        torch.set_num_threads(1)
+    with titan_rank(rank, world, init_method, TIMEOUT_S):
         from lynx.integrations.torchtitan import apply_lynx_plan
         from tests.harness.torchtitan_models import debug_model
 
@@ -97,11 +92,6 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
         out = {"loss": loss, "ref_loss": ref_loss, "by_window": by_window,
                "bitwise": {n: bool(torch.equal(grads[n], ref_grads[n])) for n in ref_grads}}
         Path(args.out, f"rank{rank}.json").write_text(json.dumps(out))
-        dist.barrier()
-    except Exception as e:
-        print(rank_failure(e, rank, world, phase, TIMEOUT_S), flush=True)
-        raise
-    os._exit(0)
 
 
 @pytest.mark.parametrize(("case", "schedule"), [("windows", "gpipe"), ("windows", "1f1b"), ("full", "1f1b"),

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +22,9 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
     import torch.nn.functional as F
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    from lynx.runtime.launch import init_group, rank_failure
+    from tests.harness.torchtitan_models import parallel_dims, titan_rank
 
-    phase = "rendezvous"
-    try:
-        init_group("gloo", init_method, rank, world, TIMEOUT_S)
-        phase = "training"
-        torch.set_num_threads(1)
-        from torchtitan.distributed.parallel_dims import ParallelDims
+    with titan_rank(rank, world, init_method, TIMEOUT_S):
         from torchtitan.distributed.spmd_types import annotate_input_spmd_types
         from torchtitan.distributed.utils import get_spmd_context
         from torchtitan.models.llama3.sharding import set_llama3_sharding_config
@@ -40,8 +34,7 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
         from tests.integration.test_torchtitan_pp import stage_part
         from tests.integration.test_torchtitan_tp import titan_graph, windowed_policy
 
-        pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=2, pp=2, ep=1, world_size=world)
-        pd.build_mesh()
+        pd = parallel_dims(world, tp=2, pp=2)
         tp_group, pp_mesh = pd.get_mesh("tp").get_group(), pd.get_mesh("pp")
         stage_id = pp_mesh.get_local_rank()
         cfg = debug_config(LAYERS)
@@ -102,11 +95,6 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
         out = {"loss": loss, "ref_loss": ref_loss, "by_window": by_window, "stage": stage_id,
                "bitwise": {n: bool(torch.equal(grads[n], ref_grads[n])) for n in ref_grads}}
         Path(args.out, f"rank{rank}.json").write_text(json.dumps(out))
-        dist.barrier()
-    except Exception as e:
-        print(rank_failure(e, rank, world, phase, TIMEOUT_S), flush=True)
-        raise
-    os._exit(0)
 
 
 def test_pp2_tp2_loss_and_grads_equal_torchtitans_own(tmp_path: Path) -> None:

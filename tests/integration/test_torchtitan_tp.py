@@ -1,12 +1,13 @@
 """lynx's engine on torchtitan's own Llama 3 debug model at TP 2 (two gloo ranks on CPU, launched by
 lynx.runtime.launch): loss and gradients equal those of the same torchtitan model without the integration,
-for none, full, selective and lynx plans, and the engine restores each op where the plan put it."""
+for none, full, selective and lynx plans, and the engine restores each op where the plan put it; the same with
+torchtitan's sequence parallelism (``enable_sp``: norms on sequence shards, all-gather before wqkv / w1, w3,
+reduce-scatter after wo / w2), planned with SP."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ LAYERS, MICROBATCHES, BATCH, SEQ = 2, 2, 2, 32
 TIMEOUT_S = 60.0
 
 
-def titan_graph(tp: int) -> Any:
+def titan_graph(tp: int, sp: bool = False) -> Any:
     """The family torchtitan-llama3 graph of the debug model's block."""
     from lynx.costmodel import build_layer_graph
     from lynx.spec import ModelSpec, ParallelSpec, load_hardware
@@ -25,7 +26,8 @@ def titan_graph(tp: int) -> Any:
                   num_attention_heads=16, num_query_groups=16, ffn_hidden_size=768, vocab_size=2048,
                   max_position_embeddings=4096, activation="swiglu", normalization="rmsnorm",
                   position_embedding="rope", tie_embeddings=False, attention="flash", dropout=False, bias="none")
-    par = ParallelSpec(tp=tp, micro_batch_size=BATCH, global_batch_size=BATCH * MICROBATCHES, seq_length=SEQ)
+    par = ParallelSpec(tp=tp, sequence_parallel=sp and tp > 1, micro_batch_size=BATCH,
+                       global_batch_size=BATCH * MICROBATCHES, seq_length=SEQ)
     return build_layer_graph(m, load_hardware("h100-80g-nvlink"), par), m, par
 
 
@@ -39,11 +41,11 @@ def windowed_policy(graph: Any) -> Any:
     return LayerPolicy(keep=graph.needed() - {n for n, _ in rec}, recompute=rec)
 
 
-def policies(case: str, tp: int) -> dict[int, Any]:
+def policies(case: str, tp: int, sp: bool = False) -> dict[int, Any]:
     from lynx.policy.megatron_modules import modules_layer
     from lynx.policy.rules import full_layer, keep_all
 
-    g = titan_graph(tp)[0]
+    g = titan_graph(tp, sp)[0]
     if case == "none":
         lp = keep_all(g)
     elif case == "full":
@@ -51,13 +53,13 @@ def policies(case: str, tp: int) -> dict[int, Any]:
     elif case == "selective":  # Megatron's selective: core attention recomputed
         lp = modules_layer(g, ("core_attn",))
     elif case == "lynx":
-        return lynx_plan_policies(tp)
+        return lynx_plan_policies(tp, sp)
     else:
         lp = windowed_policy(g)
     return dict.fromkeys(range(LAYERS), lp)
 
 
-def lynx_plan_policies(tp: int) -> dict[int, Any]:
+def lynx_plan_policies(tp: int, sp: bool = False) -> dict[int, Any]:
     """lynx's own solver on the debug model, with a budget 30% of the way from every layer kept to every layer
     recomputed, so that the plan recomputes some ops and keeps others."""
     import dataclasses
@@ -67,7 +69,7 @@ def lynx_plan_policies(tp: int) -> dict[int, Any]:
     from lynx.problem import PlanOptions
     from lynx.spec import load_hardware
 
-    _, m, par = titan_graph(tp)
+    _, m, par = titan_graph(tp, sp)
     problem = make_problem(m, load_hardware("h100-80g-nvlink"), par, PlanOptions())
 
     def peak(method: str) -> float:
@@ -84,18 +86,12 @@ def lynx_plan_policies(tp: int) -> dict[int, Any]:
 
 def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> None:
     import torch
-    import torch.distributed as dist
     import torch.distributed.nn.functional as dnn
     import torch.nn.functional as F
 
-    from lynx.runtime.launch import init_group, rank_failure
+    from tests.harness.torchtitan_models import parallel_dims, titan_rank
 
-    phase = "rendezvous"
-    try:
-        init_group("gloo", init_method, rank, world, TIMEOUT_S)
-        phase = "training"
-        torch.set_num_threads(1)
-        from torchtitan.distributed.parallel_dims import ParallelDims
+    with titan_rank(rank, world, init_method, TIMEOUT_S):
         from torchtitan.distributed.spmd_types import annotate_input_spmd_types
         from torchtitan.distributed.utils import get_spmd_context
         from torchtitan.models.llama3.sharding import set_llama3_sharding_config
@@ -103,13 +99,12 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
         from lynx.integrations.torchtitan import apply_lynx_plan
         from tests.harness.torchtitan_models import debug_config
 
-        pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=world, pp=1, ep=1, world_size=world)
-        pd.build_mesh()
+        pd = parallel_dims(world, tp=world)
         group = pd.get_mesh("tp").get_group()
 
         def build() -> Any:
             cfg = debug_config(LAYERS)
-            set_llama3_sharding_config(cfg, enable_sp=False)
+            set_llama3_sharding_config(cfg, enable_sp=args.sp)
             torch.manual_seed(0)
             model = cfg.build()
             model.init_states()
@@ -135,7 +130,7 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
 
         ref_loss, ref_grads = step(build())
         model = build()
-        lynx = apply_lynx_plan(model, policies(args.case, world), group)
+        lynx = apply_lynx_plan(model, policies(args.case, world, args.sp), group, sequence_parallel=args.sp)
         trace: list[str] = []
         lynx.engine.tracer = lambda name, t0, t1: trace.append(name)
         loss, grads = step(model)
@@ -147,18 +142,13 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
                "peak_bytes": stats.peak_bytes,
                "none_grad": [n for n in ref_grads if grads.get(n) is None]}
         Path(args.out, f"rank{rank}.json").write_text(json.dumps(out))
-        dist.barrier()
-    except Exception as e:
-        print(rank_failure(e, rank, world, phase, TIMEOUT_S), flush=True)
-        raise
-    os._exit(0)  # gloo's destructors abort now and then after a clean run (as `lynx train` does)
 
 
-def run_case(case: str, tmp_path: Path) -> list[dict[str, Any]]:
+def run_case(case: str, tmp_path: Path, sp: bool = False) -> list[dict[str, Any]]:
     pytest.importorskip("torchtitan")
     from lynx.runtime.launch import spawn_ranks
 
-    spawn_ranks(_rank, 2, argparse.Namespace(case=case, out=str(tmp_path)))
+    spawn_ranks(_rank, 2, argparse.Namespace(case=case, out=str(tmp_path), sp=sp))
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
@@ -173,6 +163,22 @@ def test_tp2_every_window_restores_what_the_plan_put_there(tmp_path: Path) -> No
     """Two layers, micro-batches F0 F1 B0 B1: micro-batch 0's phase-1/2 ops in micro-batch 1's forward
     windows, layer 0's phase-3/4 ops in layer 1's backward windows, the rest on demand."""
     for r in run_case("windows", tmp_path):
+        planned = {"fwd_attn": 2, "fwd_mlp": 2, "bwd_mlp": 2, "bwd_attn": 2, "on_demand": 12}
+        assert r["by_window"] == planned, " | ".join(r["trace"])
+        assert r["loss"] == r["ref_loss"] and all(r["bitwise"].values())
+
+
+@pytest.mark.parametrize("case", ["none", "full", "lynx"])
+def test_tp2_sp_loss_and_grads_equal_torchtitans_own(case: str, tmp_path: Path) -> None:
+    for r in run_case(case, tmp_path, sp=True):
+        assert r["loss"] == r["ref_loss"]
+        assert all(r["bitwise"].values()), (r["maxdiff"], [n for n, ok in r["bitwise"].items() if not ok])
+
+
+def test_tp2_sp_every_window_restores_what_the_plan_put_there(tmp_path: Path) -> None:
+    """As without SP: the backward windows are the sequence all-gathers' reduce-scatters (launched by the
+    column GEMMs after the input gradient), the forward ones the all-gathers."""
+    for r in run_case("windows", tmp_path, sp=True):
         planned = {"fwd_attn": 2, "fwd_mlp": 2, "bwd_mlp": 2, "bwd_attn": 2, "on_demand": 12}
         assert r["by_window"] == planned, " | ".join(r["trace"])
         assert r["loss"] == r["ref_loss"] and all(r["bitwise"].values())

@@ -43,8 +43,23 @@ def test_a_torchtitan_plan_without_sp_runs_through_the_engine(tmp_path: Path) ->
     assert not any("AC module (every recomputation on demand), not lynx's engine" in n for n in exp.notes)
 
 
-@pytest.mark.parametrize(("sp", "family", "why"), [(True, "torchtitan-llama3", "sequence parallelism"),
-                                                   (False, "llama", "family is 'llama'")])
+def test_a_torchtitan_plan_with_sp_runs_through_the_engine_and_its_config_says_sp(tmp_path: Path) -> None:
+    """The integration runs torchtitan's TP plan with sequence parallelism (tests/integration/test_torchtitan_tp.py
+    checks it bitwise); the layer table carries the SP ops, and the trainer's config its SP flag."""
+    from lynx.integrations.torchtitan import plan_layer_policies
+
+    exp = _export8(sp=True)
+    assert exp.engine is not None and exp.config["parallelism"]["enable_sequence_parallel"] is True
+    write_torchtitan(exp, tmp_path)
+    pols = plan_layer_policies(tmp_path / ENGINE_FILE)
+    names = {n for lp in pols.values() for n in lp.keep | {m for m, _ in lp.recompute}}
+    assert names and names <= set(exp.source.problem.graph.names) and "attn_allreduce" not in names
+    assert any(n.endswith(("_allgather", "_reducescatter")) for n in names)  # the SP op list
+    titan_row = exp.figures[1]
+    assert "lynx's engine as planned" in titan_row.setting
+
+
+@pytest.mark.parametrize(("sp", "family", "why"), [(False, "llama", "family is 'llama'")])
 def test_otherwise_the_ac_module_and_a_note_say_why(sp: bool, family: str, why: str, tmp_path: Path) -> None:
     exp = _export8(sp=sp, family=family)
     assert exp.engine is None
@@ -69,4 +84,5 @@ def test_torchtitans_config_manager_loads_the_engine_registry(tmp_path: Path, mo
     assert isinstance(ac, LynxEngineAC.Config)
     assert ac.plan == str(tmp_path / ENGINE_FILE)
     assert (ac.tensor_parallel_degree, ac.pipeline_parallel_degree, ac.data_parallel_shard_degree) == (4, 4, 2)
+    assert ac.enable_sequence_parallel is False
     assert json.loads(Path(ac.plan).read_text())["family"] == "torchtitan-llama3"

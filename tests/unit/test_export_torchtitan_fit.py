@@ -41,6 +41,8 @@ def test_a_plan_for_torchtitans_kernels_exports_a_fitting_fsdp_config() -> None:
     assert (par["data_parallel_shard_degree"], par["data_parallel_replicate_degree"]) == (2, 1)
     lynx_row, titan_row = exp.figures
     assert titan_row.label == "torchtitan" and "FSDP shard 2" in titan_row.setting
+    # TP 8 with SP: the integration runs it, so torchtitan runs the plan as planned (lynx's engine)
+    assert exp.engine is not None and "lynx's engine as planned" in titan_row.setting
     assert exp.fits and titan_row.fits
     assert not any("WARNING" in n for n in exp.notes)
     assert exp.base_config == "llama3_70b"
@@ -97,5 +99,7 @@ def test_torchtitans_config_manager_loads_the_written_registry(tmp_path: Path,
     assert [p[-1] for p in par.module_fqns_per_model_part] == [f"layers.{e - 1}" for e in ends[:-1]] + ["lm_head"]
     assert ends[-1] == 80
     assert (cfg.training.seq_len, cfg.training.local_batch_size, cfg.training.steps) == (8192, 256, 3)
-    assert type(cfg.activation_checkpoint).__qualname__ == "LynxPlanAC.Config"
+    ac = cfg.activation_checkpoint  # TP 8 with SP runs through lynx's engine, which gets the run's SP flag
+    assert type(ac).__qualname__ == "LynxEngineAC.Config"
+    assert (ac.tensor_parallel_degree, ac.enable_sequence_parallel, ac.data_parallel_shard_degree) == (8, True, 2)
     assert cfg.model_spec is not None  # torchtitan's own llama3_70b model

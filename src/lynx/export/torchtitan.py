@@ -145,11 +145,12 @@ def titan_policies(graph: LayerGraph, family: str, layers: list[dict[str, Any]])
     return out
 
 
-def price_on_torchtitan(src: ExportSource, layers: list[dict[str, Any]]) -> tuple[Figures, ...]:
+def price_on_torchtitan(src: ExportSource, layers: list[dict[str, Any]], engine: bool = False) -> tuple[Figures, ...]:
     """The plan as lynx priced it, and the export as torchtitan runs it: the model re-priced for torchtitan's
     eager kernels (family torchtitan-llama3), static memory for torchtitan's FSDP with the export's shard
-    degree (`dp_degrees`), the AC module's per-layer decisions, all recomputation on demand. () for a family
-    torchtitan has no block for."""
+    degree (`dp_degrees`), and either the AC module's per-layer decisions, all recomputation on demand, or,
+    with `engine` (the export runs the plan through lynx.integrations.torchtitan), the plan's own policies as
+    planned. () for a family torchtitan has no block for."""
     from dataclasses import replace
 
     from lynx.api import make_problem
@@ -169,6 +170,11 @@ def price_on_torchtitan(src: ExportSource, layers: list[dict[str, Any]]) -> tupl
     except SpecError as e:  # e.g. context parallelism, which the torchtitan family does not model
         return (replace(mine, label="lynx plan", setting=f"{src.result.method} as planned; torchtitan not "
                         f"priced: {e}"),)
+    shard_text = f"FSDP shard {shard}" if shard > 1 else "FSDP shard 1 (nothing sharded)"
+    if engine:
+        fig = simulate_lynx(tp, src.result)
+        return (replace(mine, label="lynx plan", setting=f"{src.result.method} as planned"),
+                replace(fig, label="torchtitan", setting=f"eager kernels, {shard_text}, lynx's engine as planned"))
     per_layer = titan_policies(tp.graph, src.family, layers)
     lay, pp, starts = src.layout, src.layout.pp, [0]
     for n in lay.layers:
@@ -178,16 +184,20 @@ def price_on_torchtitan(src: ExportSource, layers: list[dict[str, Any]]) -> tupl
     result = PlanResult("torchtitan-ac", src.result.partition,
                         tuple(RecomputePolicy("torchtitan-ac", tuple(r)) for r in ranks))
     fig = simulate_lynx(tp, result)
-    setting = (f"eager kernels, FSDP shard {shard}, AC module on demand" if shard > 1
-               else "eager kernels, FSDP shard 1 (nothing sharded), AC module on demand")
+    setting = f"eager kernels, {shard_text}, AC module on demand"
     return (replace(mine, label="lynx plan", setting=f"{src.result.method} as planned"),
             replace(fig, label="torchtitan", setting=setting))
 
 
-def _notes(src: ExportSource, layers: list[dict[str, Any]]) -> list[str]:
+def _notes(src: ExportSource, layers: list[dict[str, Any]], engine: bool = False) -> list[str]:
     notes: list[str] = []
     named = {n for names in ORDER.get(src.family, {}).values() for n in names}
     hidden = sum(1 for pol in src.policies for lp in pol.layers for _, p in lp.recompute if p != Phase.ON_DEMAND)
+    if engine:  # the AC module's blocks (printed above) are only the fallback: lynx's engine runs the plan
+        notes.append(f"lynx's engine runs the plan ({ENGINE_FILE}, lynx.integrations.torchtitan.trainer."
+                     f"LynxEngineAC): every block as planned, {hidden} op recomputations in collectives' windows; "
+                     f"the AC module's blocks run instead only if {REGISTRY_FILE} sets ENGINE_LAYERS to None")
+        return notes
     if hidden:
         notes.append(f"{hidden} op recomputations lynx hides in collectives or stalls run on demand")
     g = src.problem.graph
@@ -209,13 +219,11 @@ def _notes(src: ExportSource, layers: list[dict[str, Any]]) -> list[str]:
 
 def engine_table(src: ExportSource) -> tuple[dict[str, Any] | None, str | None]:
     """The layer table lynx's engine runs inside torchtitan's trainer, or (None, why not): the plan must be
-    priced for torchtitan's block (family torchtitan-llama3), without sequence or context parallelism (the
-    integration runs torchtitan's TP without SP: lynx/integrations/torchtitan/layer.py)."""
+    priced for torchtitan's block (family torchtitan-llama3), without context parallelism (the integration runs
+    torchtitan's TP, with or without SP: lynx/integrations/torchtitan/layer.py)."""
     par = src.problem.parallel
     if src.family != TITAN:
         return None, f"the plan's family is {src.family!r}, the engine runs family {TITAN}"
-    if par.sequence_parallel and par.tp > 1:
-        return None, "sequence parallelism, which the integration does not run yet"
     if par.cp > 1:
         return None, "context parallelism, which the integration does not run"
     layers = [{"keep": sorted(lp.keep), "recompute": [[n, int(p)] for n, p in lp.recompute],
@@ -249,11 +257,12 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
     }
     table = {"family": src.family, "method": src.result.method, "layers": layers}
     rows = schedule_rows(lay.pp, lay.vpp, par.num_microbatches)
-    notes = _notes(src, layers)
+    engine, why_not = engine_table(src)
+    notes = _notes(src, layers, engine is not None)
     if par.cp > 1 and par.cp_comm_type != "p2p":
         notes.append(f"context_parallel_degree {par.cp}: torchtitan runs PyTorch's ring attention (context_parallel), "
                      f"not Megatron's --cp-comm-type {par.cp_comm_type} the plan priced")
-    figures = price_on_torchtitan(src, layers)
+    figures = price_on_torchtitan(src, layers, engine is not None)
     if len(figures) > 1 and not figures[1].fits:
         over = [f"stage {st.stage} {st.peak_bytes / 2**30:.1f} GiB > {st.budget_bytes / 2**30:.1f}"
                 for st in figures[1].stages if not st.fits]
@@ -272,7 +281,6 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
     if base is None:
         notes.append(f"no torchtitan llama3 flavor has this model's shape: set BASE in {REGISTRY_FILE} to your "
                      "own config_registry function")
-    engine, why_not = engine_table(src)
     if engine is None:
         notes.append(f"torchtitan runs the plan through the AC module (every recomputation on demand), not lynx's "
                      f"engine: {why_not}")

@@ -112,6 +112,8 @@ def _storage(t: torch.Tensor) -> tuple[int, int]:
 def count_saved(layer: Any, x: torch.Tensor, microbatch: int = 0) -> SavedBytes:
     """One forward pass under saved-tensor hooks: which storages autograd keeps for backward, per op."""
     excluded = {_storage(p)[0] for p in layer.parameters()} | {_storage(b)[0] for b in layer.buffers()}
+    # a layer that runs another module's weights (lynx.integrations.torchtitan's TitanLayer) names them itself
+    excluded |= {_storage(t)[0] for t in getattr(layer, "static_tensors", list)()}
     env: dict[str, torch.Tensor] = {LAYER_INPUT: x}
     owner: dict[int, str] = {_storage(x)[0]: LAYER_INPUT}
     packed: dict[str, list[torch.Tensor]] = {}
@@ -158,7 +160,7 @@ def restore_times(layer: Any, x: torch.Tensor, policy: Any, repeats: int,
     (a `LayerPolicy`, recomputations on demand), over `repeats` forward + backward passes after a warm-up."""
     from lynx.runtime.engine import RecomputeEngine
 
-    engine = RecomputeEngine([layer], [policy])
+    engine = RecomputeEngine([layer], [policy], getattr(layer, "static_tensors", list)())
     out: dict[str, list[float]] = {}
     engine.tracer = lambda name, t0, t1: out.setdefault(name.split()[1], []).append(t1 - t0)
     try:

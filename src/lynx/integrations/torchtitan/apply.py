@@ -61,7 +61,8 @@ def plan_layer_policies(plan: str | Path) -> dict[int, LayerPolicy]:
 class LynxTorchtitan:
     """lynx's engine on one torchtitan model part. Call `end_step()` after the last backward of a step."""
 
-    def __init__(self, model_part: nn.Module, policies: Mapping[int, LayerPolicy], group: Any = None) -> None:
+    def __init__(self, model_part: nn.Module, policies: Mapping[int, LayerPolicy], group: Any = None,
+                 sequence_parallel: bool = False) -> None:
         _fence.check_versions()
         blocks: Sequence[tuple[str, nn.Module]] = list(model_part.get_submodule("layers").named_children())
         if not blocks:
@@ -71,7 +72,7 @@ class LynxTorchtitan:
                 raise ValueError(f"lynx.integrations.torchtitan: the plan has no layer {name} "
                                  f"({len(policies)} layers planned)")
         self.blocks = [b for _, b in blocks]
-        self.layers = [TitanLayer(b, int(n), group) for n, b in blocks]
+        self.layers = [TitanLayer(b, int(n), group, sequence_parallel) for n, b in blocks]
         if any(_fence.is_fsdp(b) for b in self.blocks) and group is not None and tp.world(group) > 1:
             # the blocks' sizes are read from sharded DTensors here; apply the plan before FSDP (as torchtitan's
             # trainer does, `trainer.LynxEngineAC`) to combine TP and FSDP
@@ -85,7 +86,10 @@ class LynxTorchtitan:
                                  f"the block does not have: {', '.join(sorted(unknown))}")
         # FSDP (now, or applied after this, as torchtitan's trainer does): the module holds sharded DTensors
         # between calls; the unsharded parameters its ops read are the engine's live parameters, layer by layer
-        params = [p for layer in self.layers for p in layer.block_parameters() if not _fence.is_dtensor(p)]
+        params: list[Any] = [p for layer in self.layers for p in layer.block_parameters() if not _fence.is_dtensor(p)]
+        # the blocks' buffers are not activations either: RoPE's table is saved by the complex product, and was
+        # held (and counted) as rope's side state (8 MiB per block of the debug model)
+        params += [b for block in self.blocks for b in block.buffers() if not _fence.is_dtensor(b)]
         self.engine = RecomputeEngine(self.layers, pols, params,
                                       live_params=lambda li: self.layers[li].live_parameters())
         self._microbatch = 0
@@ -124,7 +128,7 @@ class LynxTorchtitan:
         self.engine.end_step()
         self._microbatch = 0
         for layer in self.layers:
-            layer.context.clear()
+            layer.end_step()
 
     def remove(self) -> None:
         """Give the blocks their own forward back."""
@@ -133,8 +137,9 @@ class LynxTorchtitan:
 
 
 def apply_lynx_plan(model_part: nn.Module, plan: str | Path | Mapping[int, LayerPolicy],
-                    group: Any = None) -> LynxTorchtitan:
+                    group: Any = None, sequence_parallel: bool = False) -> LynxTorchtitan:
     """Run `model_part`'s blocks under the plan (a plan file of family torchtitan-llama3, or layer policies by
-    global layer id); `group`: the tensor-parallel process group (None: TP 1)."""
+    global layer id); `group`: the tensor-parallel process group (None: TP 1); `sequence_parallel`: torchtitan
+    parallelized the part with SP (``parallelism.enable_sequence_parallel``, TP > 1), as the plan must price it."""
     pols = plan if isinstance(plan, Mapping) else plan_layer_policies(plan)
-    return LynxTorchtitan(model_part, pols, group)
+    return LynxTorchtitan(model_part, pols, group, sequence_parallel)

@@ -51,6 +51,7 @@ class LynxEngineAC(ActivationCheckpointing):  # type: ignore[misc]
         context_parallel_degree: int = 1
         tensor_parallel_degree: int = 1
         pipeline_parallel_degree: int = 1
+        enable_sequence_parallel: bool = False
         """The run's parallelism (the trainer's ``parallelism`` fields): the TP group is torchtitan's."""
 
     applied: list[LynxTorchtitan] = []
@@ -62,7 +63,8 @@ class LynxEngineAC(ActivationCheckpointing):  # type: ignore[misc]
             raise ValueError("LynxEngineAC.Config.plan: the lynx plan file is not set")
         group = tp_group(c.data_parallel_replicate_degree, c.data_parallel_shard_degree, c.context_parallel_degree,
                          c.tensor_parallel_degree, c.pipeline_parallel_degree)
-        LynxEngineAC.applied.append(apply_lynx_plan(model, c.plan, group))
+        LynxEngineAC.applied.append(apply_lynx_plan(model, c.plan, group,
+                                                    c.enable_sequence_parallel and c.tensor_parallel_degree > 1))
 
 
 def engine_ac_config(config: Any, plan: str) -> Any:
@@ -71,7 +73,8 @@ def engine_ac_config(config: Any, plan: str) -> Any:
     return LynxEngineAC.Config(
         plan=plan, data_parallel_replicate_degree=p.data_parallel_replicate_degree,
         data_parallel_shard_degree=p.data_parallel_shard_degree, context_parallel_degree=p.context_parallel_degree,
-        tensor_parallel_degree=p.tensor_parallel_degree, pipeline_parallel_degree=p.pipeline_parallel_degree)
+        tensor_parallel_degree=p.tensor_parallel_degree, pipeline_parallel_degree=p.pipeline_parallel_degree,
+        enable_sequence_parallel=p.enable_sequence_parallel)
 
 
 __all__ = ["LynxEngineAC", "engine_ac_config", "tp_group"]
