@@ -2,7 +2,7 @@
 # The GPU checks of docs/benchmarks.md section 9, in one command for a lent GPU machine (its python3 has a CUDA
 # torch; lynx's other dependencies are there except highspy, carried as a wheel in .whl/):
 #
-#   bash benchmarks/gpu_session.sh OUTDIR [steps...]     steps: env tests overlap memory profile nccl pipeline netns
+#   bash benchmarks/gpu_session.sh OUTDIR [steps...]     steps: env tests overlap memory profile nccl pipeline eager offload netns
 #                                                        eager offload
 #
 # Each step has its own time limit and writes its log to OUTDIR; a failing step does not stop the others.
