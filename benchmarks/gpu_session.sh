@@ -3,7 +3,6 @@
 # torch; lynx's other dependencies are there except highspy, carried as a wheel in .whl/):
 #
 #   bash benchmarks/gpu_session.sh OUTDIR [steps...]     steps: env tests overlap memory profile nccl pipeline eager offload netns
-#                                                        eager offload
 #
 # Each step has its own time limit and writes its log to OUTDIR; a failing step does not stop the others.
 set -uo pipefail
