@@ -5,6 +5,7 @@ hid. Shared by benchmarks/testbed_experiment.py (TP) and benchmarks/pipeline_tes
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,3 +37,16 @@ def save_control(problem: PlanProblem, result: PlanResult, out: Path) -> bool:
 def control_file(plan_path: Path, out: Path) -> bool:
     problem, result = load_plan(plan_path)
     return save_control(problem, result, out)
+
+
+def check_control_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The options both window controls share: one usage error (exit 2) naming the option and what is valid."""
+    if args.budget_frac != "auto":
+        try:
+            ok = 0 < float(args.budget_frac) <= 1
+        except ValueError:
+            ok = False
+        if not ok:
+            ap.error(f"--budget-frac: {args.budget_frac!r} is not auto or a number in (0, 1]")
+    if not 0 <= args.min_signal < 1:
+        ap.error(f"--min-signal {args.min_signal}: expected a fraction in [0, 1)")

@@ -61,7 +61,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import pipeline_testbed as pt  # noqa: E402
-from _window_control import control_of  # noqa: E402
+from _window_control import check_control_args, control_of  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -295,15 +295,7 @@ def parse() -> argparse.Namespace:
                     "window_control_LAYOUT.json; with --smoke, none unless given)")
     ap.add_argument("--from-json", type=Path, default=None, help="re-print the tables and targets of a saved run")
     args = ap.parse_args()
-    if args.budget_frac != "auto":
-        try:
-            ok = 0 < float(args.budget_frac) <= 1
-        except ValueError:
-            ok = False
-        if not ok:
-            ap.error(f"--budget-frac: {args.budget_frac!r} is not auto or a number in (0, 1]")
-    if not 0 <= args.min_signal < 1:
-        ap.error(f"--min-signal {args.min_signal}: expected a fraction in [0, 1)")
+    check_control_args(ap, args)
     if args.smoke:
         args.iters, args.rounds, args.repeats = 2, 1, 2
     if args.out is None and not args.smoke and args.from_json is None:

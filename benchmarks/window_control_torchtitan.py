@@ -46,7 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 import pipeline_testbed as pt  # noqa: E402
 import window_control as wc  # noqa: E402
-from _window_control import control_of  # noqa: E402
+from _window_control import check_control_args, control_of  # noqa: E402
 
 H, HEADS, FFN, VOCAB = 256, 16, 768, 2048  # torchtitan 0.3.0's llama3 "debugmodel" (llama3/__init__.py)
 MB, SEQ, MICROBATCHES = 2, 256, 2
@@ -303,15 +303,7 @@ def parse() -> argparse.Namespace:
     args = ap.parse_args()
     if args.rank_profile or args.rank_train:
         return args
-    if args.budget_frac != "auto":
-        try:
-            ok = 0 < float(args.budget_frac) <= 1
-        except ValueError:
-            ok = False
-        if not ok:
-            ap.error(f"--budget-frac: {args.budget_frac!r} is not auto or a number in (0, 1]")
-    if not 0 <= args.min_signal < 1:
-        ap.error(f"--min-signal {args.min_signal}: expected a fraction in [0, 1)")
+    check_control_args(ap, args)
     if args.layers < 1:
         ap.error(f"--layers {args.layers}: must be at least 1")
     if args.smoke:
