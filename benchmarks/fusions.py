@@ -203,6 +203,8 @@ def main() -> None:
     if a.json:
         print(json.dumps(rows_rows()))
         return
+    if a.before_src and not os.path.isfile(os.path.join(a.before_src, "lynx", "__init__.py")):
+        ap.error(f"--before-src {a.before_src}: not a checkout's src/ (no lynx/__init__.py in it)")
     bad = 0
     if a.part in ("fusions", "all"):
         print("**Fused (TransformerEngine) vs eager memory-bound ops, H100 (predicted)**\n")

@@ -174,6 +174,8 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--part", choices=["all", "compare", "heu", "search"], default="all")
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: must be at least 1")
     out, tg = Out(args.markdown), Targets()
     if args.part in ("all", "compare"):
         judged(out, tg)
