@@ -14,10 +14,21 @@ forward. So:
 
 Without the switches both run after the last backward, as before. Contention of the concurrent collective
 for SMs and memory bandwidth is left out (docs/costmodel.md).
+
+An interleaved stage (VP model chunks per rank) reduces each chunk's gradients on their own
+(`interleaved_exposed`): Megatron's interleaved schedule runs the final backwards chunk by chunk, pp micro-batches
+of chunk v-1, then of chunk v-2, ..., then of chunk 0, and launches a chunk's reduction once its last micro-batch's
+backward is done; with --delay-grad-reduce (Megatron's default) `rank` backward steps later, the same moment on
+every rank of the pipeline (megatron/core/pipeline_parallel/schedules.py,
+forward_backward_pipelining_with_interleaving, `grad_sync_microbatch_id`; training.py sets `grad_sync_func`).
+Chunk 0's reduction is launched after the last backward, so at least it is exposed. The parameter all-gathers run
+one after another from the start of the iteration in chunk order, and chunk c's first forward comes after pp
+forwards of every chunk before it (the warm-up order).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lynx.costmodel import allreduce_time, gather_time
@@ -69,3 +80,57 @@ def dp_sync(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int, re
                       gather_time(per * recipe.param_bytes, g, link))
     return DpSync(allreduce_time(n * recipe.grad_bytes, g, link),
                   allreduce_time(per * recipe.grad_bytes, g, link), 0.0, 0.0)
+
+
+def dp_sync_chunks(model: ModelSpec, par: ParallelSpec, stage: int, chunk_layers: Sequence[int], recipe: Recipe,
+                   link: LinkSpec, distributed_optimizer: bool, bucket_size: int | None = None) -> list[DpSync]:
+    """`dp_sync` per model chunk of an interleaved stage: chunk c of rank `stage` is virtual stage c x pp + stage,
+    so the word embedding is on chunk 0 of stage 0 and the head on the last chunk of the last stage."""
+    g = par.dp_cp
+    full = stage_params(model, par, stage, sum(chunk_layers))
+    per_layer = full.layers / max(1, sum(chunk_layers))
+    out = []
+    last = len(chunk_layers) - 1
+    for c, n_layers in enumerate(chunk_layers):
+        n = n_layers * per_layer + (full.embedding if c == 0 else 0.0) \
+            + (full.head + full.final_norm if c == last else 0.0)
+        if g <= 1 or n <= 0:
+            out.append(DpSync(0.0, 0.0, 0.0, 0.0))
+            continue
+        per = min(n, bucket_params(par, bucket_size))
+        if distributed_optimizer:
+            out.append(DpSync(gather_time(n * recipe.grad_bytes, g, link),
+                              gather_time(per * recipe.grad_bytes, g, link),
+                              gather_time(n * recipe.param_bytes, g, link),
+                              gather_time(per * recipe.param_bytes, g, link)))
+        else:
+            out.append(DpSync(allreduce_time(n * recipe.grad_bytes, g, link),
+                              allreduce_time(per * recipe.grad_bytes, g, link), 0.0, 0.0))
+    return out
+
+
+def interleaved_exposed(chunks: Sequence[DpSync], overlap_grad: bool, overlap_param: bool, bwd_s: Sequence[float],
+                        fwd_s: Sequence[float], pp: int, rank: int) -> float:
+    """Exposed DP communication of an interleaved stage (module docstring): `chunks` per model chunk, `bwd_s` /
+    `fwd_s` one micro-batch's backward / forward of each chunk. With one chunk it is `DpSync.exposed`."""
+    if len(chunks) == 1:
+        return chunks[0].exposed(overlap_grad, overlap_param, bwd_s[0], fwd_s[0])
+    v = len(chunks)
+    if overlap_grad:
+        # chunk c's last backward ends pp x (chunks below it) before the rank's last backward (time 0)
+        finish = float("-inf")
+        for c in range(v - 1, -1, -1):
+            launch = 0.0 if c == 0 else min(0.0, -pp * sum(bwd_s[:c]) + rank * bwd_s[c - 1])
+            finish = max(finish, launch) + chunks[c].grad_s
+        grad = max(0.0, finish)
+    else:
+        grad = sum(ch.grad_s for ch in chunks)
+    if overlap_param:
+        gathered, delay = 0.0, chunks[0].param_bucket_s
+        for c in range(v):
+            gathered += chunks[c].param_s
+            delay = max(delay, gathered - pp * sum(fwd_s[:c]) - fwd_s[c])
+        param = min(sum(ch.param_s for ch in chunks), delay)
+    else:
+        param = sum(ch.param_s for ch in chunks)
+    return grad + param

@@ -196,6 +196,23 @@ def optimizer_step_bytes(recipe: Recipe) -> float:
     return copy + 2 * grad + weights + 2 * recipe.optimizer_bytes
 
 
+def grad_buffer_passes(par: ParallelSpec) -> int:
+    """Passes over the whole local gradient buffer Megatron-Core's DistributedDataParallel makes per iteration
+    besides the collectives (megatron/core/distributed/param_and_grad_buffer.py at f2e5db402c): it zeroes the
+    buffer (`reset`, `grad_data.zero_()`: a write), and before each bucket's collective takes its norm for the
+    NaN check (`check_for_nan_in_grad`, on by default: a read) and, over more than one data-parallel rank,
+    scales it by 1/DP (`grad_data *= gradient_scaling_factor`: a read and a write)."""
+    return 1 + 1 + (2 if par.dp_cp > 1 else 0)
+
+
+def grad_buffer_time(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int, recipe: Recipe,
+                     device: DeviceSpec) -> float:
+    """`grad_buffer_passes` over the stage's local gradient buffer (every local parameter, unsharded), memory-
+    bound at the device's streaming bandwidth; on the stage's compute stream, so on its critical path."""
+    n = stage_params(model, par, stage, num_layers).total
+    return grad_buffer_passes(par) * n * recipe.grad_bytes / (device.memory_bandwidth_Bps * device.memory_efficiency)
+
+
 def optimizer_step_time(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int, recipe: Recipe,
                         device: DeviceSpec, distributed_optimizer: bool = False) -> float:
     """The optimizer step of one stage on one device: memory-bound over the parameters it updates (all local

@@ -109,7 +109,9 @@ def _result(problem: PlanProblem, ctxs: tuple[StageContext, ...], loop: Loop) ->
         o = problem.options
         overlap = DpOverlap(o.overlap_grad_reduce, o.overlap_param_gather, o.ddp_bucket_size,
                             tuple(sum(c.bwd_base for c in st.costs) for st in ranks),
-                            tuple(sum(c.fwd_plain for c in st.costs) for st in ranks))
+                            tuple(sum(c.fwd_plain for c in st.costs) for st in ranks),
+                            tuple(tuple(c.bwd_base for c in st.costs) for st in ranks),
+                            tuple(tuple(c.fwd_plain for c in st.costs) for st in ranks))
         tail = tail_time(problem.model, _device_hardware(problem), par, ctxs, ready, problem.static_recipe,
                          o.distributed_optimizer, sync, overlap)
     iteration = pipeline_time + tail

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lynx.costmodel import model_flops_per_iteration
-from lynx.dp_overlap import dp_sync
+from lynx.dp_overlap import dp_sync, dp_sync_chunks, interleaved_exposed
 from lynx.policy.base import StageContext
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
-from lynx.static_memory import Recipe, dp_sync_time, optimizer_step_time
+from lynx.static_memory import Recipe, dp_sync_time, grad_buffer_time, optimizer_step_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,13 +22,17 @@ class DpOverlap:
     bucket_size: int | None = None
     last_bwd_s: tuple[float, ...] = ()
     first_fwd_s: tuple[float, ...] = ()
+    chunk_bwd_s: tuple[tuple[float, ...], ...] = ()
+    """Per stage, one micro-batch's backward of each model chunk (interleaved stages; `lynx.dp_overlap`)."""
+    chunk_fwd_s: tuple[tuple[float, ...], ...] = ()
 
 
 def tail_time(model: ModelSpec, hw: Hardware, par: ParallelSpec, ctxs: tuple[StageContext, ...],
               ready: list[float], recipe: Recipe, distributed_optimizer: bool, tied_sync_s: float = 0.0,
               overlap: DpOverlap | None = None) -> float:
     """Time after the pipeline's last backward until every stage has reduced its gradients and stepped (and,
-    with the distributed optimizer, gathered its parameters: before the next forward needs them).
+    with the distributed optimizer, gathered its parameters: before the next forward needs them), with
+    Megatron's passes over the gradient buffer (`static_memory.grad_buffer_passes`).
     `tied_sync_s` > 0: the first and the last stage also all-reduce the tied embedding's gradient, once both
     have reduced their own (then step). `overlap`: what Megatron's DP overlaps hide of the reduction."""
     pipeline_time = max(ready)
@@ -39,11 +43,18 @@ def tail_time(model: ModelSpec, hw: Hardware, par: ParallelSpec, ctxs: tuple[Sta
     for s, ctx in enumerate(ctxs):
         dp_link = hw.link_for_group(par.dp_cp, par.tp)  # DP x CP ranks, TP apart (CP then DP in rank order)
         if ov.grad_reduce or ov.param_gather:
-            sync = dp_sync(model, par, s, ctx.num_layers, recipe, dp_link, distributed_optimizer, ov.bucket_size)
-            ar = sync.exposed(ov.grad_reduce, ov.param_gather, ov.last_bwd_s[s], ov.first_fwd_s[s])
+            if len(ctx.chunk_layers) > 1 and ov.chunk_bwd_s:
+                chunks = dp_sync_chunks(model, par, s, ctx.chunk_layers, recipe, dp_link, distributed_optimizer,
+                                        ov.bucket_size)
+                ar = interleaved_exposed(chunks, ov.grad_reduce, ov.param_gather, ov.chunk_bwd_s[s],
+                                         ov.chunk_fwd_s[s], par.pp, s)
+            else:
+                sync = dp_sync(model, par, s, ctx.num_layers, recipe, dp_link, distributed_optimizer, ov.bucket_size)
+                ar = sync.exposed(ov.grad_reduce, ov.param_gather, ov.last_bwd_s[s], ov.first_fwd_s[s])
         else:
             ar = dp_sync_time(model, par, s, ctx.num_layers, recipe, dp_link, distributed_optimizer)
-        opt = optimizer_step_time(model, par, s, ctx.num_layers, recipe, hw.device, distributed_optimizer)
+        opt = optimizer_step_time(model, par, s, ctx.num_layers, recipe, hw.device, distributed_optimizer) \
+            + grad_buffer_time(model, par, s, ctx.num_layers, recipe, hw.device)
         synced.append(ready[s] - pipeline_time + ar)
         opts.append(opt)
     if tied_sync_s > 0 and len(synced) > 1:
