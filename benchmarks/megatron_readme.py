@@ -32,13 +32,14 @@ Assumptions (not in the table), each with its reason (docs/decisions.md "The REA
   dropout, GeLU MLP of 4h, learned position embeddings, the distributed optimizer with Megatron's bf16 recipe
   (fp32 gradients reduced in fp32), Megatron's even split of the layers.
 
-Run: python benchmarks/megatron_readme.py [--markdown] [--no-overlaps] [--fit] [--scan] [--sensitivity]
+Run: python benchmarks/megatron_readme.py [--markdown] [--no-overlaps] [--fit] [--scan] [--sensitivity] [--ablation]
      [--candidates] [--interleave RULE] [--pp1-micro-batch N]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -297,6 +298,46 @@ def scan(hw: Hardware, interleave: str = PP_INTERLEAVE, pp1_micro_batch: int | N
     return t
 
 
+def ablation(hw: Hardware) -> Table:
+    """What each change of docs/benchmarks.md section 32 does to the rows, one step at a time from the model
+    before it: micro-batch 1 without interleaving at the 0.80 asymptote (tied embeddings then too), then the
+    documented schedule, interleaved stages reducing chunk by chunk, the gradient buffer's passes, the refit."""
+    from dataclasses import replace
+    from unittest import mock
+
+    import lynx.simulate.metrics as metrics
+    from lynx.dp_overlap import DpSync
+
+    def as_one_chunk(chunks: list[DpSync], og: bool, op: bool, bwd: list[float], fwd: list[float], pp: int,
+                     rank: int) -> float:
+        one = DpSync(sum(c.grad_s for c in chunks), max(c.grad_bucket_s for c in chunks),
+                     sum(c.param_s for c in chunks), max(c.param_bucket_s for c in chunks))
+        return one.exposed(og, op, sum(bwd), sum(fwd))
+
+    old_hw = replace(hw, device=replace(hw.device, matmul_efficiency=0.80))
+    no_passes = mock.patch.object(metrics, "grad_buffer_time", lambda *a, **k: 0.0)
+    one_chunk = mock.patch.object(metrics, "interleaved_exposed", as_one_chunk)
+    tied = mock.patch(__name__ + ".model_of", lambda r, f=model_of: replace(f(r), tie_embeddings=True))
+    steps = (("before: micro-batch 1, no interleaving, tied, 0.80", old_hw, (1, "none"), (no_passes, one_chunk, tied)),
+             ("+ untied embeddings", old_hw, (1, "none"), (no_passes, one_chunk)),
+             ("+ the documented schedule", old_hw, (None, PP_INTERLEAVE), (no_passes, one_chunk)),
+             ("+ interleaved stages reduce chunk by chunk", old_hw, (None, PP_INTERLEAVE), (no_passes,)),
+             ("+ the gradient buffer's passes", old_hw, (None, PP_INTERLEAVE), ()),
+             ("+ matmul asymptote 0.75 (the preset)", hw, (None, PP_INTERLEAVE), ()))
+    t = Table(title="One change at a time: error of each README row, and the held-out strong scaling")
+    for c in ("step", *(r.name for r in ROWS), "rows outside ±10%", "177B strong DP 2 / DP 96"):
+        t.add_column(c, justify="left" if c == "step" else "right")
+    for name, h, (mb, rule), patches in steps:
+        with contextlib.ExitStack() as stack:
+            for ptc in patches:
+                stack.enter_context(ptc)
+            errs = [pred / pub - 1 for _, pub, (pred, _) in errors(h, True, rule, mb)]
+            strong = held_out(h, 1, vpp_of(ROWS[6], rule))
+        t.add_row(name, *(f"{100 * e:+.1f}%" for e in errs), str(sum(abs(e) > TARGET for e in errs)),
+                  " / ".join(f"{100 * (p / q - 1):+.1f}%" for _, _, q, p in strong))
+    return t
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hardware", default="h100-80g-nvlink")
@@ -306,6 +347,7 @@ def main() -> None:
     ap.add_argument("--scan", action="store_true",
                     help="the matmul asymptote over SCAN: README rows beside the held-out checks (about a minute)")
     ap.add_argument("--sensitivity", action="store_true", help="each row at micro-batch 1, 2 and 4")
+    ap.add_argument("--ablation", action="store_true", help="what each change of section 32 does, one at a time")
     ap.add_argument("--interleave", choices=tuple(INTERLEAVE), default=PP_INTERLEAVE,
                     help=f"the interleaving rule of the PP > 1 rows (default: {PP_INTERLEAVE!r}, module docstring)")
     ap.add_argument("--pp1-micro-batch", type=int, default=None, metavar="N",
@@ -321,6 +363,9 @@ def main() -> None:
     hw = load_hardware(a.hardware)
     if a.sensitivity:
         out.print(sensitivity(hw))
+        return
+    if a.ablation:
+        out.print(ablation(hw))
         return
     if a.candidates:
         out.print(candidates(hw))

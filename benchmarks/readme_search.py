@@ -5,8 +5,9 @@ published TP/PP with DP 48, Megatron-Core r0.8.0 with its data-parallel overlaps
 with every stock Megatron-Core recompute flag (none among them) and the best of those is shown beside the search's
 pick for the same model, GPUs and global batch. Both use Megatron's bf16 recipe with the overlaps the README
 names (`--overlap-grad-reduce --overlap-param-gather`; `--tp-comm-overlap` where TP > 1 is left to each layout's
-default, off, so the two sides are priced alike). The search keeps the README's micro-batch assumption (1) and
-1F1B without interleaving, and searches TP, PP, DP, SP, the distributed optimizer and the method.
+default, off, so the two sides are priced alike). Both sides keep micro-batch 1 and 1F1B without interleaving
+(like for like; `megatron_readme.py` prices the published rows with its documented schedule instead), and the
+search searches TP, PP, DP, SP, the distributed optimizer and the method.
 
     python benchmarks/readme_search.py [--rows 1.7B,7.1B,...]
 
