@@ -109,3 +109,24 @@ def test_the_iteration_pays_the_grad_buffer_passes(monkeypatch: pytest.MonkeyPat
     expect = grad_buffer_time(m, par, 0, m.num_layers, RECIPES["megatron-bf16"], hw.device)
     assert with_passes - without == pytest.approx(expect)
     assert expect > 0
+
+
+def test_the_chunk_order_interleaved_exposed_assumes_is_the_simulated_schedules() -> None:
+    """`interleaved_exposed` takes chunk c's last backward to end pp x (one micro-batch's backward of every chunk
+    below it) before the rank's last backward: checked on the simulator's own timeline of Megatron's
+    interleaved order (cool-down stalls only put it earlier, which hides more)."""
+    m, hw = load_model("gpt-7b"), load_hardware(H100)
+    par = ParallelSpec(tp=8, pp=4, dp=16, sequence_parallel=True, micro_batch_size=1, global_batch_size=128,
+                       seq_length=2048)
+    opts = PlanOptions(precision="megatron-bf16", distributed_optimizer=True, nodes=64, overlap_grad_reduce=True,
+                       overlap_param_gather=True, vpp=4)
+    sim = plan(make_problem(m, hw, par, opts), "none", record=True).sim
+    bwd = [seg for seg in sim.segments if seg.kind.value == "B"]
+    for rank in range(par.pp):
+        mine = [seg for seg in bwd if seg.stage == rank]
+        end = max(seg.end for seg in mine)
+        per_chunk = {c: max(seg.end for seg in mine if seg.chunk == c) for c in range(4)}
+        one = {c: min(seg.end - seg.start for seg in mine if seg.chunk == c) for c in range(4)}
+        for c in range(1, 4):
+            assert per_chunk[c] <= end - par.pp * sum(one[k] for k in range(c)) + 1e-9, (rank, c)
+        assert per_chunk[0] == pytest.approx(end)
