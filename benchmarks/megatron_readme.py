@@ -17,7 +17,7 @@ Assumptions (not in the table), each with its reason (docs/decisions.md "The REA
 * PP > 1: micro-batch 1 and Megatron's interleaved 1F1B with 2 model chunks per stage where the layers per stage
   are even (Megatron needs them divisible by the chunks), 1F1B without interleaving where they are odd (119B's
   23 and 462B's 7 per stage). Not published. Without interleaving the held-out strong scaling at DP 96 (12
-  micro-batches on 6 stages) is out of reach (+23%: the bubble); 2 chunks holds all nine rows for matmul
+  micro-batches on 6 stages) is out of reach (+24%: the bubble); 2 chunks holds all nine rows for matmul
   asymptotes 0.73-0.78, one layer per chunk (what NVIDIA's own H100 GPT-3 recipe runs) only at 0.70 or below,
   which takes 4-5 of NVIDIA's 29 held-out runs out of target (--candidates, --scan --interleave).
   The README's "pipeline-parallel communication (enabled by default)" is the flag's default
