@@ -21,9 +21,10 @@ of chunk v-1, then of chunk v-2, ..., then of chunk 0, and launches a chunk's re
 backward is done; with --delay-grad-reduce (Megatron's default) `rank` backward steps later, the same moment on
 every rank of the pipeline (megatron/core/pipeline_parallel/schedules.py,
 forward_backward_pipelining_with_interleaving, `grad_sync_microbatch_id`; training.py sets `grad_sync_func`).
-Chunk 0's reduction is launched after the last backward, so at least it is exposed. The parameter all-gathers run
-one after another from the start of the iteration in chunk order, and chunk c's first forward comes after pp
-forwards of every chunk before it (the warm-up order).
+Chunk 0's reduction is launched after the last backward, so at least it is exposed. The parameter all-gathers
+are chained in chunk order, each bucket's dispatched when the forward pre-hook waits for the one before it
+(megatron/core/optimizer/distrib_optimizer.py at f2e5db402c, `_finish_param_sync_helper`): chunk c's gathers run
+during its own first forward, so each chunk is priced as one stage is, and the chunks' delays add up.
 """
 
 from __future__ import annotations
@@ -126,11 +127,8 @@ def interleaved_exposed(chunks: Sequence[DpSync], overlap_grad: bool, overlap_pa
     else:
         grad = sum(ch.grad_s for ch in chunks)
     if overlap_param:
-        gathered, delay = 0.0, chunks[0].param_bucket_s
-        for c in range(v):
-            gathered += chunks[c].param_s
-            delay = max(delay, gathered - pp * sum(fwd_s[:c]) - fwd_s[c])
-        param = min(sum(ch.param_s for ch in chunks), delay)
+        param = sum(min(ch.param_s, max(ch.param_bucket_s, ch.param_s - f)) for ch, f in zip(chunks, fwd_s,
+                                                                                         strict=True))
     else:
         param = sum(ch.param_s for ch in chunks)
     return grad + param
