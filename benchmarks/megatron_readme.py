@@ -326,7 +326,7 @@ def ablation(hw: Hardware) -> Table:
              ("+ the documented schedule", old_hw, (None, PP_INTERLEAVE), (no_passes, one_chunk)),
              ("+ interleaved stages reduce chunk by chunk", old_hw, (None, PP_INTERLEAVE), (no_passes,)),
              ("+ the gradient buffer's passes", old_hw, (None, PP_INTERLEAVE), ()),
-             ("+ matmul asymptote 0.75 (the preset)", hw, (None, PP_INTERLEAVE), ()))
+             (f"+ matmul asymptote {hw.device.matmul_efficiency:.2f} (the preset)", hw, (None, PP_INTERLEAVE), ()))
     t = Table(title="One change at a time: error of each README row, and the held-out strong scaling")
     for c in ("step", *(r.name for r in ROWS), "rows outside ±10%", "177B strong DP 2 / DP 96"):
         t.add_column(c, justify="left" if c == "step" else "right")
