@@ -88,9 +88,10 @@ ROWS = (
 HELD_OUT_TARGET = 0.15
 """The issue's target for published runs the constants were not fitted to."""
 HELD_OUT = ((2, 0.47), (96, 0.42))
-"""Held out (not used by --fit): the README's strong scaling of its 177B model (the 177B row's shape, TP 8,
-PP 6) at global batch 1152 "from 96 H100 GPUs to 4608 GPUs ... MFU from 47% to 42%" (DP 2 and DP 96; MFU as
-the README's text rounds it, so +-0.5 points, about +-1% in time)."""
+"""Not fitted (--fit does not read it; it informed the interleaving rule, module docstring): the README's strong
+scaling of its 177B model (the 177B row's shape, TP 8, PP 6) at global batch 1152 "from 96 H100 GPUs to 4608
+GPUs ... MFU from 47% to 42%" (DP 2 and DP 96; MFU as the README's text rounds it, so +-0.5 points, about +-1%
+in time)."""
 
 
 def held_out(hw: Hardware | None = None, micro_batch: int | None = None, vpp: int | None = None
@@ -211,7 +212,7 @@ def candidates(hw: Hardware) -> Table:
 
     import published_runs
 
-    t = Table(title="One assumption for every row: README rows and the held-out checks under each candidate")
+    t = Table(title="One assumption for every row: README rows and the runs outside the table under each candidate")
     for c in ("matmul", "micro-batch", "interleaving", "README rows outside ±10%", "README errors",
               "largest peak GiB (usable)", "177B strong DP 2 / DP 96 (±15%)", "dgxc runs within ±15%"):
         t.add_column(c, justify="left" if c in ("interleaving", "README errors") else "right")
@@ -282,7 +283,7 @@ def scan(hw: Hardware, interleave: str = PP_INTERLEAVE, pp1_micro_batch: int | N
 
     import published_runs
 
-    t = Table(title="The matmul asymptote: README rows (fitted) and the held-out checks")
+    t = Table(title="The matmul asymptote: README rows (fitted) and the runs outside the table")
     for c in ("matmul", "README rows outside ±10%", "worst README error", "README RMS",
               "177B strong DP 2 / DP 96 (±15%)", "dgxc runs within ±15%", "preset"):
         t.add_column(c, justify="right")
@@ -327,7 +328,7 @@ def ablation(hw: Hardware) -> Table:
              ("+ interleaved stages reduce chunk by chunk", old_hw, (None, PP_INTERLEAVE), (no_passes,)),
              ("+ the gradient buffer's passes", old_hw, (None, PP_INTERLEAVE), ()),
              (f"+ matmul asymptote {hw.device.matmul_efficiency:.2f} (the preset)", hw, (None, PP_INTERLEAVE), ()))
-    t = Table(title="One change at a time: error of each README row, and the held-out strong scaling")
+    t = Table(title="One change at a time: error of each README row, and the README's strong scaling")
     for c in ("step", *(r.name for r in ROWS), "rows outside ±10%", "177B strong DP 2 / DP 96"):
         t.add_column(c, justify="left" if c == "step" else "right")
     for name, h, (mb, rule), patches in steps:
@@ -403,7 +404,7 @@ def main() -> None:
               f"{time.perf_counter() - t0:.1f} s (micro-batch and VP: assumptions, module docstring)")
     if a.no_overlaps or a.hardware != "h100-80g-nvlink":
         return
-    h = Table(title="Held out: the README's strong scaling of the 177B model (TP 8, PP 6, global batch 1152, "
+    h = Table(title="Not fitted: the README's strong scaling of the 177B model (TP 8, PP 6, global batch 1152, "
                     f"VP {vpp_of(ROWS[6], a.interleave)}, micro-batch 1)")
     for c in ("GPUs", "DP", "published MFU", "published step s", "lynx step s", "error", "target", "holds"):
         h.add_column(c, justify="right")
