@@ -70,6 +70,12 @@ class PlanOptions:
     collectives are pipelined with their GEMMs and the windows shrink to what is left (`lynx.tp_overlap`)."""
     ddp_bucket_size: int | None = field(default=None, metadata=rng(gt=0))
     """Megatron's --ddp-bucket-size in parameters; None: Megatron's default max(40M, 1M x DP)."""
+    check_for_nan_in_grad: bool = True
+    """Megatron's DDP NaN check (default on; off with --no-check-for-nan-in-loss-and-grad): a norm of every
+    gradient bucket before its collective, one read of the gradient buffer (`static_memory.grad_buffer_passes`)."""
+    ddp_average_in_collective: bool = False
+    """Megatron's --ddp-average-in-collective: the collective averages, so the 1/DP scaling pass over the
+    gradient buffer is not made."""
 
 
 @functools.lru_cache(maxsize=256)  # the configuration search visits a few hundred (PP, micro-batches, VPP)

@@ -196,21 +196,24 @@ def optimizer_step_bytes(recipe: Recipe) -> float:
     return copy + 2 * grad + weights + 2 * recipe.optimizer_bytes
 
 
-def grad_buffer_passes(par: ParallelSpec) -> int:
+def grad_buffer_passes(par: ParallelSpec, check_for_nan: bool = True, average_in_collective: bool = False) -> int:
     """Passes over the whole local gradient buffer Megatron-Core's DistributedDataParallel makes per iteration
     besides the collectives (megatron/core/distributed/param_and_grad_buffer.py at f2e5db402c): it zeroes the
     buffer (`reset`, `grad_data.zero_()`: a write), and before each bucket's collective takes its norm for the
     NaN check (`check_for_nan_in_grad`, on by default: a read) and, over more than one data-parallel rank,
-    scales it by 1/DP (`grad_data *= gradient_scaling_factor`: a read and a write)."""
-    return 1 + 1 + (2 if par.dp_cp > 1 else 0)
+    scales it by 1/DP (`grad_data *= gradient_scaling_factor`: a read and a write). Megatron's
+    `--no-check-for-nan-in-loss-and-grad` drops the norm; `--ddp-average-in-collective` averages inside the
+    collective (gradient_scaling_factor 1.0), which drops the scaling."""
+    return 1 + (1 if check_for_nan else 0) + (2 if par.dp_cp > 1 and not average_in_collective else 0)
 
 
 def grad_buffer_time(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int, recipe: Recipe,
-                     device: DeviceSpec) -> float:
+                     device: DeviceSpec, check_for_nan: bool = True, average_in_collective: bool = False) -> float:
     """`grad_buffer_passes` over the stage's local gradient buffer (every local parameter, unsharded), memory-
     bound at the device's streaming bandwidth; on the stage's compute stream, so on its critical path."""
     n = stage_params(model, par, stage, num_layers).total
-    return grad_buffer_passes(par) * n * recipe.grad_bytes / (device.memory_bandwidth_Bps * device.memory_efficiency)
+    passes = grad_buffer_passes(par, check_for_nan, average_in_collective)
+    return passes * n * recipe.grad_bytes / (device.memory_bandwidth_Bps * device.memory_efficiency)
 
 
 def optimizer_step_time(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int, recipe: Recipe,

@@ -189,6 +189,10 @@ def run_flags(opts: PlanOptions, par: ParallelSpec) -> list[tuple[str, ...]]:
         out.append(("--tp-comm-overlap",))
     if opts.ddp_bucket_size is not None:
         out.append(("--ddp-bucket-size", str(opts.ddp_bucket_size)))
+    if not opts.check_for_nan_in_grad:
+        out.append(("--no-check-for-nan-in-loss-and-grad",))
+    if opts.ddp_average_in_collective:
+        out.append(("--ddp-average-in-collective",))
     return out
 
 

@@ -37,7 +37,8 @@ _BOOL = ("--sequence-parallel", "--bf16", "--fp16", "--recompute-activations", "
          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--use-distributed-optimizer",
          "--use-flash-attn", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
          "--grad-reduce-in-bf16", "--squared-relu", "--add-qkv-bias", "--account-for-embedding-in-pipeline-split",
-         "--account-for-loss-in-pipeline-split", "--fine-grained-activation-offloading", *BOOL_FLAGS)
+         "--account-for-loss-in-pipeline-split", "--fine-grained-activation-offloading",
+         "--no-check-for-nan-in-loss-and-grad", "--ddp-average-in-collective", *BOOL_FLAGS)
 _REFUSED = {
     "--num-experts": "mixture-of-experts layers",
     "--multi-latent-attention": "multi-latent attention",
@@ -61,6 +62,9 @@ class MegatronRun:
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
     ddp_bucket_size: int | None = None
+    check_for_nan_in_grad: bool = True
+    """False with --no-check-for-nan-in-loss-and-grad."""
+    ddp_average_in_collective: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,4 +313,6 @@ def _run(k: dict[str, Value]) -> MegatronRun:
         overlap_param_gather=bool(k.get("--overlap-param-gather")),
         tp_comm_overlap=bool(k.get("--tp-comm-overlap")),
         ddp_bucket_size=None if bucket is None else int(cast(int, bucket)),
+        check_for_nan_in_grad=not k.get("--no-check-for-nan-in-loss-and-grad"),
+        ddp_average_in_collective=bool(k.get("--ddp-average-in-collective")),
     )

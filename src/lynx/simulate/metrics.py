@@ -25,6 +25,9 @@ class DpOverlap:
     chunk_bwd_s: tuple[tuple[float, ...], ...] = ()
     """Per stage, one micro-batch's backward of each model chunk (interleaved stages; `lynx.dp_overlap`)."""
     chunk_fwd_s: tuple[tuple[float, ...], ...] = ()
+    check_for_nan: bool = True
+    """Megatron's DDP switches for the passes over the gradient buffer (`static_memory.grad_buffer_passes`)."""
+    average_in_collective: bool = False
 
 
 def tail_time(model: ModelSpec, hw: Hardware, par: ParallelSpec, ctxs: tuple[StageContext, ...],
@@ -54,7 +57,8 @@ def tail_time(model: ModelSpec, hw: Hardware, par: ParallelSpec, ctxs: tuple[Sta
         else:
             ar = dp_sync_time(model, par, s, ctx.num_layers, recipe, dp_link, distributed_optimizer)
         opt = optimizer_step_time(model, par, s, ctx.num_layers, recipe, hw.device, distributed_optimizer) \
-            + grad_buffer_time(model, par, s, ctx.num_layers, recipe, hw.device)
+            + grad_buffer_time(model, par, s, ctx.num_layers, recipe, hw.device, ov.check_for_nan,
+                               ov.average_in_collective)
         synced.append(ready[s] - pipeline_time + ar)
         opts.append(opt)
     if tied_sync_s > 0 and len(synced) > 1:
