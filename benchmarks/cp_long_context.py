@@ -33,6 +33,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+import _results
 from _targets import Targets
 
 from lynx.api import compare, make_problem
@@ -261,7 +262,9 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="the 8k and the 64-GPU 32k tables only")
     ap.add_argument("--only", choices=("memory", "published", "grid"), help="one part only")
+    _results.add_option(ap, "cp_long_context")
     a = ap.parse_args()
+    run_ = _results.Run()
     targets = Targets()
     if a.only in (None, "memory"):
         memory_vs_estimator(targets)
@@ -270,3 +273,6 @@ if __name__ == "__main__":
     if a.only in (None, "grid"):
         run(a.quick)
     print("\n" + targets.summary())
+    run_.write(a.results, "cp_long_context", "Context parallelism: activations against Megatron-Core's estimator, "
+               "the published NeMo Llama 3.1 70B run", "prediction", _results.figures_of(targets),
+               targets.summary())

@@ -46,6 +46,7 @@ import contextlib
 import time
 from dataclasses import dataclass
 
+import _results
 from _markdown import Out
 from rich.table import Table
 
@@ -358,7 +359,9 @@ def main() -> None:
                     help="micro-batch of the PP 1 rows, 1, 2 or 4 (default: 4 = global batch / DP, no accumulation)")
     ap.add_argument("--candidates", action="store_true",
                     help="one micro-batch / interleaving / matmul assumption for all rows, with the held-out checks")
+    _results.add_option(ap, "megatron_readme")
     a = ap.parse_args()
+    run = _results.Run()
     per_replica = ROWS[0].global_batch // DP
     if a.pp1_micro_batch is not None and (a.pp1_micro_batch < 1 or per_replica % a.pp1_micro_batch):
         ap.exit(2, f"megatron_readme.py: error: --pp1-micro-batch {a.pp1_micro_batch}: must divide the PP 1 rows' "
@@ -390,10 +393,14 @@ def main() -> None:
               "target", "holds"):
         t.add_column(c, justify="left" if c == "model" else "right")
     worst = 0.0
+    figures: list[_results.Figure] = []
     for r, pub, (pred, tail) in rows:
         err = pred / pub - 1
         worst = max(worst, abs(err))
         mb, vp = schedule_of(r, a.pp1_micro_batch, a.interleave)
+        figures.append(_results.Figure(f"{r.name} step (TP {r.tp} PP {r.pp} DP {DP}, micro-batch {mb}, VP {vp})",
+                                       round(pred, 3), "s", f"published ± {TARGET:.0%}", abs(err) <= TARGET,
+                                       round(pub, 3)))
         t.add_row(r.name, str(r.tp), str(r.pp), str(DP), str(r.tp * r.pp * DP), str(r.global_batch), str(mb), str(vp),
                   f"{r.tflops_per_gpu:.1f}", f"{pub:.3f}", f"{pred:.3f}", f"{tail:.3f}",
                   f"{r.tflops_per_gpu * pub / pred:.1f}",
@@ -402,7 +409,9 @@ def main() -> None:
     held = sum(abs(p / q - 1) <= TARGET for _, q, (p, _) in rows)
     out.print(f"{held} of {len(rows)} rows within ±{100 * TARGET:.0f}%; worst |error| {100 * worst:.1f}%; "
               f"{time.perf_counter() - t0:.1f} s (micro-batch and VP: assumptions, module docstring)")
+    title = "Megatron-LM README weak scaling on H100: published step time vs lynx's prediction"
     if a.no_overlaps or a.hardware != "h100-80g-nvlink":
+        run.write(a.results, "megatron_readme", title, "prediction", figures)
         return
     h = Table(title="Not fitted: the README's strong scaling of the 177B model (TP 8, PP 6, global batch 1152, "
                     f"VP {vpp_of(ROWS[6], a.interleave)}, micro-batch 1)")
@@ -412,7 +421,11 @@ def main() -> None:
         err = pred / pub - 1
         h.add_row(str(48 * dp), str(dp), f"{100 * mfu:.0f}%", f"{pub:.3f}", f"{pred:.3f}", f"{100 * err:+.1f}%",
                   f"±{100 * HELD_OUT_TARGET:.0f}%", "yes" if abs(err) <= HELD_OUT_TARGET else "NO")
+        figures.append(_results.Figure(f"177B strong scaling at {48 * dp} GPUs step (not fitted)", round(pred, 3),
+                                       "s", f"published ± {HELD_OUT_TARGET:.0%}", abs(err) <= HELD_OUT_TARGET,
+                                       round(pub, 3)))
     out.print(h)
+    run.write(a.results, "megatron_readme", title, "prediction", figures)
 
 
 if __name__ == "__main__":

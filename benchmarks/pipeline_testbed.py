@@ -1,9 +1,9 @@
 """The pipeline Model Deployer experiment on the namespace testbed. Needs root.
 
     python benchmarks/pipeline_testbed.py --layout pp2 --rate 100 --iters 10 --rounds 3 \\
-        --out benchmarks/results/pipeline_testbed_pp2.json
+        --out benchmarks/results/raw/pipeline_testbed_pp2.json
     python benchmarks/pipeline_testbed.py --layout pp2tp2 --rate 100 --iters 10 --rounds 3 \\
-        --out benchmarks/results/pipeline_testbed_pp2tp2.json
+        --out benchmarks/results/raw/pipeline_testbed_pp2tp2.json
 
 Layouts. `pp2`: PP = 2, TP = 1, stage r in namespace r on CPU r; the shaped link carries the pipeline's
 activations and gradients (no TP collectives: the only place to hide recomputation is the cool-down stall).
@@ -276,7 +276,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over all plans and controls")
     ap.add_argument("--repeats", type=int, default=5, help="profiler repeats")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/pipeline_testbed.json"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/raw/pipeline_testbed.json"))
     ap.add_argument("--from-json", type=Path, default=None, help="re-print the tables of a saved run")
     args = ap.parse_args()
     if args.from_json is not None:

@@ -32,6 +32,7 @@ import argparse
 import time
 from dataclasses import dataclass, replace
 
+import _results
 from _markdown import Out
 from rich.table import Table
 
@@ -273,11 +274,14 @@ def main() -> None:
     ap.add_argument("--megatron-buffers", action="store_true",
                     help="price the optimizer as section 25 (fit4) did: Megatron-Core's fp32 main_grad and 12 "
                          "bytes of state instead of the YAMLs' Apex DistributedFusedAdam (the 'before' of mem5)")
+    _results.add_option(ap, "published_runs")
     a = ap.parse_args()
+    run = _results.Run()
     out = Out(a.markdown)
     hw = load_hardware(a.hardware)
     t0 = time.perf_counter()
     rows = errors(hw, a.megatron_buffers)
+    figures: list[_results.Figure] = []
     t = Table(title=f"Held out: NVIDIA DGX Cloud benchmarking recipes (H100, BF16) vs lynx on {hw.name}"
                     + (" (Megatron-Core buffers, as fit4)" if a.megatron_buffers else ""))
     for c in ("recipe", "TP", "PP", "CP", "VP", "MBS", "seq", "GPUs", "GBS", "recompute", "published step s",
@@ -294,6 +298,9 @@ def main() -> None:
                   f"{pred:.2f}", f"{peak:.1f}", "yes" if peak * 2**30 <= hw.device.usable_bytes else "NO",
                   f"{100 * err:+.1f}%", f"±{100 * TARGET:.0f}%",
                   "yes" if ok else "NO")
+        figures.append(_results.Figure(
+            f"{r.recipe}{f' ({r.layers} layers)' if r.layers else ''}, {r.gpus} GPUs step", round(pred, 2), "s",
+            f"published ± {TARGET:.0%}", ok, r.step_s))
     out.print(t)
     fits = sum(peak * 2**30 <= hw.device.usable_bytes for _, _, peak in rows)
     out.print(f"fits: lynx's peak within the usable {hw.device.usable_bytes / 2**30:.1f} GiB (capacity less "
@@ -301,6 +308,12 @@ def main() -> None:
               f"{fits} of {len(rows)} fit.")
     out.print(f"{held} of {len(rows)} runs within ±{100 * TARGET:.0f}%; worst |error| {100 * worst:.1f}%; "
               f"{time.perf_counter() - t0:.1f} s")
+    figures.append(_results.Figure("runs whose predicted peak fits the usable memory (all ran on 80 GB H100s)", fits,
+                                   f"of {len(rows)}", f"= {len(rows)}", fits == len(rows)))
+    mean_abs = sum(abs(pred / r.step_s - 1) for r, pred, _ in rows) / len(rows)
+    figures.append(_results.Figure("mean |error| of the step times", round(100 * mean_abs, 1), "%"))
+    run.write(a.results, "published_runs", "NVIDIA's DGX Cloud benchmarking runs on H100 (held out): published "
+              "step time vs lynx's prediction", "prediction", figures)
     if a.breakdown:
         usable = hw.device.usable_bytes / G
         b = Table(title=f"Peak stage of each run, GiB (usable {usable:.1f}, card {hw.device.memory_bytes / G:.1f})")

@@ -1,6 +1,6 @@
 """The Model Deployer experiment on the namespace testbed. Needs root.
 
-    python benchmarks/testbed_experiment.py --rates 100 400 --out benchmarks/results/testbed.json
+    python benchmarks/testbed_experiment.py --rates 100 400 --out benchmarks/results/raw/testbed.json
 
 For each link rate: start the testbed (two ranks, TP=2, one CPU each, a tbf-shaped veth pair), profile the
 layer there with `lynx profile` (so the comm ops carry the shaped link's real collective times), pick a
@@ -189,7 +189,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over all policies")
     ap.add_argument("--repeats", type=int, default=5, help="profiler repeats")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/testbed.json"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/raw/testbed.json"))
     args = ap.parse_args()
     _repo_on_path()
     from tests.harness.testbed import unavailable

@@ -2,7 +2,7 @@
 measured peak against `lynx.runtime.predict.predicted_activation_bytes`, without the shaped link (memory does
 not depend on it). Two gloo ranks on 127.0.0.1, TP 2, float32, PP 1, 2 micro-batches.
 
-    python benchmarks/testbed_memory.py [--json benchmarks/results/testbed_memory.json]
+    python benchmarks/testbed_memory.py [--json benchmarks/results/raw/testbed_memory.json]
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What the windows hide, measured against its own noise. Needs root (network namespaces).
 
-    python benchmarks/window_control.py --layout tp2    --out benchmarks/results/window_control_tp2.json
-    python benchmarks/window_control.py --layout pp2tp2 --out benchmarks/results/window_control_pp2tp2.json
-    python benchmarks/window_control.py --from-json benchmarks/results/window_control_tp2.json
+    python benchmarks/window_control.py --layout tp2    --out benchmarks/results/raw/window_control_tp2.json
+    python benchmarks/window_control.py --layout pp2tp2 --out benchmarks/results/raw/window_control_pp2tp2.json
+    python benchmarks/window_control.py --from-json benchmarks/results/raw/window_control_tp2.json
     python benchmarks/window_control.py --layout tp2 --smoke        # end to end in about a minute
 
 Layouts: `tp2` is the set-up of testbed_experiment.py (TP 2, PP 1, 2 micro-batches of 2 x 256 tokens, the
@@ -291,7 +291,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=6, help="rounds of A B A'")
     ap.add_argument("--repeats", type=int, default=5, help="profiler repeats")
     ap.add_argument("--smoke", action="store_true", help="2 iterations, 1 round, 2 profiler repeats")
-    ap.add_argument("--out", type=Path, default=None, help="JSON of the run (default benchmarks/results/"
+    ap.add_argument("--out", type=Path, default=None, help="JSON of the run (default benchmarks/results/raw/"
                     "window_control_LAYOUT.json; with --smoke, none unless given)")
     ap.add_argument("--from-json", type=Path, default=None, help="re-print the tables and targets of a saved run")
     args = ap.parse_args()
@@ -299,7 +299,7 @@ def parse() -> argparse.Namespace:
     if args.smoke:
         args.iters, args.rounds, args.repeats = 2, 1, 2
     if args.out is None and not args.smoke and args.from_json is None:
-        args.out = Path(f"benchmarks/results/window_control_{args.layout}.json")
+        args.out = Path(f"benchmarks/results/raw/window_control_{args.layout}.json")
     if args.from_json is None:
         pt.check_args(ap, args)
     return args

@@ -1,7 +1,7 @@
 """The window control on torchtitan's own Llama 3 model (issue 24 item 5). Needs root (network namespaces).
 
-    python benchmarks/window_control_torchtitan.py --out benchmarks/results/window_control_torchtitan.json
-    python benchmarks/window_control_torchtitan.py --from-json benchmarks/results/window_control_torchtitan.json
+    python benchmarks/window_control_torchtitan.py --out benchmarks/results/raw/window_control_torchtitan.json
+    python benchmarks/window_control_torchtitan.py --from-json benchmarks/results/raw/window_control_torchtitan.json
     python benchmarks/window_control_torchtitan.py --smoke        # end to end in a few minutes
 
 The same control as benchmarks/window_control.py (read its docstring for the design, the noise and the
@@ -292,7 +292,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=5, help="profiler repeats")
     ap.add_argument("--smoke", action="store_true",
                     help="end to end only: 2 layers, 2 iterations, 1 round, 2 profiler repeats, no --min-signal")
-    ap.add_argument("--out", type=Path, default=None, help="JSON of the run (default benchmarks/results/"
+    ap.add_argument("--out", type=Path, default=None, help="JSON of the run (default benchmarks/results/raw/"
                     "window_control_torchtitan.json; with --smoke, none unless given)")
     ap.add_argument("--from-json", type=Path, default=None, help="re-print the tables and targets of a saved run")
     # inside a rank (run by the driver in the testbed)
@@ -309,7 +309,7 @@ def parse() -> argparse.Namespace:
     if args.smoke:
         args.layers, args.iters, args.rounds, args.repeats, args.min_signal = 2, 2, 1, 2, 0.0
     if args.out is None and not args.smoke and args.from_json is None:
-        args.out = Path("benchmarks/results/window_control_torchtitan.json")
+        args.out = Path("benchmarks/results/raw/window_control_torchtitan.json")
     if args.from_json is None:
         pt.check_args(ap, args)
     return args
