@@ -1,5 +1,5 @@
 """Targets a benchmark states, checked against what it measured: a "holds" cell per figure and one summary
-line, so a run says by itself which of its claims hold (docs/decisions/0048-benchmarks-check-their-targets.md).
+line, so a run says by itself which of its claims hold (docs/decisions/0047-benchmarks-check-their-targets.md).
 Each check keeps the figure and the target it was held to, so `_results.py` can write them as data.
 
 Kinds of target, each with the rule that decides it:
