@@ -123,7 +123,7 @@ class Run:
         self.started = datetime.now(UTC)
         self.load_start = load_average()
 
-    def write(self, path: Path | None, benchmark: str, title: str, kind: Kind, figures: list[Figure],
+    def write(self, path: Path | None, benchmark: str, kind: Kind, title: str, figures: list[Figure],
               summary: str = "", notes: tuple[str, ...] = ()) -> None:
         if path is None:
             return

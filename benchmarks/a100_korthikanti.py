@@ -150,8 +150,8 @@ def main() -> None:
         figures.append(_results.Figure(f"22B layer forward, {label}", round(pf, 1), "ms", reference=fwd))
         figures.append(_results.Figure(f"22B layer backward, {label}", round(pb, 1), "ms", reference=bwd))
     out.print(lt)
-    run.write(a.results, "a100_korthikanti", "Korthikanti et al. 2022 on A100 80GB (held out): published vs lynx's "
-              "prediction", "prediction", figures)
+    run.write(a.results, "a100_korthikanti", "prediction", "Korthikanti et al. 2022 on A100 80GB (held out): "
+              "published vs lynx's prediction", figures)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+import _results
+
 from lynx.api import make_problem, plan
 from lynx.errors import InfeasibleError
 from lynx.problem import PlanOptions, PlanProblem
@@ -125,11 +127,15 @@ def print_fusions(rows: list[dict[str, Any]]) -> int:
             target, ok = "slower than TE", r["iteration_s"] > te["iteration_s"]
             holds = "yes" if ok else "NO"
             bad += not ok
+            FIGURES.append(_results.Figure(f"{r['case']} {r['variant']} {r['method']}: iteration",
+                                           round(r["iteration_s"], 3), "s", f"> TE's {te['iteration_s']:.3f}", ok))
         if r["method"] == "lynx" and "iteration_s" in full:
             ok = r["iteration_s"] <= full["iteration_s"] * (1 + 1e-9)
             target += ("; " if target else "") + "<= full"
             holds += ("; " if holds else "") + ("yes" if ok else "NO")
             bad += not ok
+            FIGURES.append(_results.Figure(f"{r['case']} {r['variant']} lynx: iteration", round(r["iteration_s"], 3),
+                                           "s", f"<= full's {full['iteration_s']:.3f}", ok))
         rec = ", ".join(r["recomputed"]) if r["method"] == "lynx" else ""
         peak = f"{r['peak_gib']:.1f}" + (" OOM" if r["oom"] else "")
         print(f"| {r['case']} | {r['variant']} | {r['method']} | {r['iteration_s']:.3f} | {peak} | "
@@ -150,6 +156,9 @@ def print_rows(rows: list[dict[str, Any]], before: list[dict[str, Any]] | None) 
             continue
         ok = r["peak_gib"] <= r["budget_gib"] * (1 + 1e-9) or r["method"] == "full"
         bad += not ok
+        if r["method"] != "full":
+            FIGURES.append(_results.Figure(f"{r['case']} {r['method']}: peak (restored output in the rows)",
+                                           round(r["peak_gib"], 3), "GiB", f"<= budget {r['budget_gib']:.1f}", ok))
         rec = ", ".join(r["recomputed"]) if r["method"] != "full" else "all"
         print(f"| {r['case']} | {r['method']} | {r['iteration_s']:.3f} | {r['peak_gib']:.3f} | "
               f"{r['budget_gib']:.1f} | {_fmt(b, 'iteration_s', '.3f')} | {_fmt(b, 'peak_gib', '.3f')} | "
@@ -157,6 +166,9 @@ def print_rows(rows: list[dict[str, Any]], before: list[dict[str, Any]] | None) 
               f"{('yes' if ok else 'NO') if r['method'] != 'full' else ''} |")
     return bad
 
+
+FIGURES: list[_results.Figure] = []
+"""What each target compared, for `--results`."""
 
 SECTION9_EAGER_MS = {  # docs/benchmarks.md section 9: one H100, eager PyTorch ops of lynx's runtime, fwd / bwd
     ("llama3-8b", "rope"): (0.58, 0.53), ("llama3-8b", "swiglu"): (0.43, 1.45),
@@ -187,6 +199,10 @@ def section9_rows() -> int:
         ok = all(abs(math.log(e / m)) < abs(math.log(f / m)) for e, f, m in
                  ((eager.fwd_time * 1e3, fused.fwd_time * 1e3, mf), (eager.bwd_time * 1e3, fused.bwd_time * 1e3, mb)))
         bad += not ok
+        FIGURES.append(_results.Figure(f"{name} {op}: eager price fwd / bwd against the measured eager kernel",
+                                       f"{eager.fwd_time * 1e3:.2f} / {eager.bwd_time * 1e3:.2f} ms",
+                                       target="nearer than the fused price", holds=ok,
+                                       reference=f"{mf:.2f} / {mb:.2f} ms"))
         print(f"| {name} | {op} | {mf:.2f} / {mb:.2f} | {fused.fwd_time * 1e3:.2f} / {fused.bwd_time * 1e3:.2f} | "
               f"{eager.fwd_time * 1e3:.2f} / {eager.bwd_time * 1e3:.2f} | {eager.fwd_time * 1e3 / mf:.2f} / "
               f"{eager.bwd_time * 1e3 / mb:.2f} | eager nearer than fused | {'yes' if ok else 'NO'} |")
@@ -199,7 +215,9 @@ def main() -> None:
     ap.add_argument("--before-src", help="another checkout's src/ for part 2's 'before' columns")
     ap.add_argument("--markdown", action="store_true", help="(tables are markdown already)")
     ap.add_argument("--json", action="store_true", help="print part 2's rows as JSON (used by --before-src)")
+    _results.add_option(ap, "fusions")
     a = ap.parse_args()
+    run = _results.Run()
     if a.json:
         print(json.dumps(rows_rows()))
         return
@@ -223,6 +241,8 @@ def main() -> None:
               "(predicted)**\n")
         bad += print_rows(rows_rows(), before)
     print(f"\n{'every target holds' if not bad else f'{bad} target(s) do NOT hold'}")
+    run.write(a.results, "fusions", "prediction", "Fused (TransformerEngine) against eager memory-bound ops; the "
+              "restored layer output in the solvers' rows", FIGURES)
 
 
 if __name__ == "__main__":

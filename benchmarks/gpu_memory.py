@@ -27,6 +27,7 @@ import json
 import sys
 from pathlib import Path
 
+import _results
 from _markdown import Out
 from _targets import Targets
 from rich.table import Table
@@ -115,7 +116,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu only smoke-tests the script (no allocator figures)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--markdown", action="store_true")
+    _results.add_option(ap, "gpu_memory")
     a = ap.parse_args()
+    run_results = _results.Run()
     for name in ("hidden", "heads", "seq", "micro_batch", "layers"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: must be at least 1")
@@ -148,6 +151,9 @@ def main() -> None:
     con = Out(a.markdown)
     con.print(t)
     con.print(targets.summary())
+    run_results.write(a.results, "gpu_memory", "measurement",
+                      "The CUDA allocator against lynx's activation-memory prediction (GPU)",
+                      _results.figures_of(targets), targets.summary())
     if a.out:
         name = torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu"
         a.out.write_text(json.dumps({"device": name, "torch": torch.__version__,

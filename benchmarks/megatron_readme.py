@@ -411,7 +411,7 @@ def main() -> None:
               f"{time.perf_counter() - t0:.1f} s (micro-batch and VP: assumptions, module docstring)")
     title = "Megatron-LM README weak scaling on H100: published step time vs lynx's prediction"
     if a.no_overlaps or a.hardware != "h100-80g-nvlink":
-        run.write(a.results, "megatron_readme", title, "prediction", figures)
+        run.write(a.results, "megatron_readme", "prediction", title, figures)
         return
     h = Table(title="Not fitted: the README's strong scaling of the 177B model (TP 8, PP 6, global batch 1152, "
                     f"VP {vpp_of(ROWS[6], a.interleave)}, micro-batch 1)")
@@ -425,7 +425,7 @@ def main() -> None:
                                        "s", f"published ± {HELD_OUT_TARGET:.0%}", abs(err) <= HELD_OUT_TARGET,
                                        round(pub, 3)))
     out.print(h)
-    run.write(a.results, "megatron_readme", title, "prediction", figures)
+    run.write(a.results, "megatron_readme", "prediction", title, figures)
 
 
 if __name__ == "__main__":

@@ -312,8 +312,8 @@ def main() -> None:
                                    f"of {len(rows)}", f"= {len(rows)}", fits == len(rows)))
     mean_abs = sum(abs(pred / r.step_s - 1) for r, pred, _ in rows) / len(rows)
     figures.append(_results.Figure("mean |error| of the step times", round(100 * mean_abs, 1), "%"))
-    run.write(a.results, "published_runs", "NVIDIA's DGX Cloud benchmarking runs on H100 (held out): published "
-              "step time vs lynx's prediction", "prediction", figures)
+    run.write(a.results, "published_runs", "prediction", "NVIDIA's DGX Cloud benchmarking runs on H100 (held out): "
+              "published step time vs lynx's prediction", figures)
     if a.breakdown:
         usable = hw.device.usable_bytes / G
         b = Table(title=f"Peak stage of each run, GiB (usable {usable:.1f}, card {hw.device.memory_bytes / G:.1f})")
