@@ -22,7 +22,7 @@ Prints, as markdown:
 3. **The grid**: for each layout (TP x CP x PP x DP, VPP) and method the predicted iteration, tokens/s/GPU,
    model TFLOP/s/GPU, peak memory of the fullest stage and whether it fits.
 
-Planner only (no torch, no GPU). docs/benchmarks.md records a run.
+Planner only (no torch, no GPU). docs/results.md records a run (--results).
 """
 
 from __future__ import annotations

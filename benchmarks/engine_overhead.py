@@ -47,7 +47,7 @@ from tests.harness.check import method_policy, problem_for, train_step  # noqa: 
 
 H, HEADS, FFN, SEQ, MB, LAYERS, MBS, VOCAB = 512, 8, 2048, 256, 2, 4, 4, 1024
 LYNX_LIKE = ("ln1", "attn_scores", "softmax", "attn_dropout", "ln2", "gelu")
-"""What the PP 2 testbed's lynx plan recomputes on stage 0 (phase 5), docs/benchmarks.md section 7."""
+"""What the PP 2 testbed's lynx plan recomputes on stage 0 (phase 5), benchmarks/pipeline_testbed.py."""
 
 
 def layer_config() -> LayerConfig:

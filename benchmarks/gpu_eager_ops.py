@@ -2,11 +2,12 @@
 lynx's eager prices (`lynx.families.fusion`), and the same functions compiled into fused kernels (torch.compile,
 what Megatron-Core's `jit_fuser` is on current torch) against lynx's fused prices.
 
-Shapes: section 9's Llama-3-8B layer (h 4096, 32 heads, 8 query groups, FFN 14336, s 4096, micro-batch 1, TP 1)
-for SwiGLU and RoPE; section 9's GPT-1.3B layer (h 2048, 16 heads, s 2048, micro-batch 4) for the causal masked
-softmax and bias + dropout + residual. bf16, CUDA events, median of `--repeats` after warm-ups. Prints one table:
-measured ms forward / backward beside lynx's price on the H100 preset, and measured / predicted. Target (stated,
-not fitted): eager within a factor 2 of lynx's eager price. Without CUDA it prints "not measured" and exits 0.
+Shapes: the H100 session's (2026-11-23) Llama-3-8B layer (h 4096, 32 heads, 8 query groups, FFN 14336, s 4096,
+micro-batch 1, TP 1) for SwiGLU and RoPE; its GPT-1.3B layer (h 2048, 16 heads, s 2048, micro-batch 4) for the
+causal masked softmax and bias + dropout + residual. bf16, CUDA events, median of `--repeats` after warm-ups.
+Prints one table: measured ms forward / backward beside lynx's price on the H100 preset, and measured /
+predicted. Target (stated, not fitted): eager within a factor 2 of lynx's eager price.
+Without CUDA it prints "not measured" and exits 0.
 
     python benchmarks/gpu_eager_ops.py [--repeats 20] [--no-compile] [--out FILE.json]
 """

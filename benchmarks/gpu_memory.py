@@ -17,7 +17,7 @@ Against `predicted_activation_bytes` (the planner's `lynx.memory` on the graph r
 forward and the peak held including what backward restores. Target: held after forward within 5% of the
 prediction. The allocator's peak also holds backward's transient buffers, which the planner's stage peak
 covers with a gradient workspace (`lynx.memory.grad_workspace_bytes`, twice the largest activation): the
-column "pred + workspace" is that sum; it is reported, not judged (docs/benchmarks.md section 9).
+column "pred + workspace" is that sum; it is reported, not judged (docs/results.md, `restoration_peaks` judges it).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def measure(family: str, hidden: int, heads: int, seq: int, mb: int, layers: int
     graph = runtime_graph(prob.graph, torch.bfloat16)
     methods = ["none", "selective", "full", "uniform", "block", "lynx"]
     if family == "llama":
-        methods.remove("selective")  # flash attention: selective frees nothing (docs/benchmarks.md section 6)
+        methods.remove("selective")  # flash attention: selective frees nothing (decision 0034)
     grad_bytes = sum(p.numel() * p.element_size() for p in stack.parameters())
     rows = []
     for m in methods:

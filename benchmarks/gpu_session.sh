@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of docs/benchmarks.md section 9, in one command for a lent GPU machine (its python3 has a CUDA
+# The GPU checks (docs/results.md: bench_gpu_overlap, gpu_memory, gpu_offload, gpu_eager_ops), in one command for a lent GPU machine (its python3 has a CUDA
 # torch; lynx's other dependencies are there except highspy, carried as a wheel in .whl/):
 #
 #   bash benchmarks/gpu_session.sh OUTDIR [steps...]     steps: env tests overlap memory profile nccl pipeline eager offload netns

@@ -10,7 +10,7 @@ Published step time = model FLOPs of one iteration / (per-GPU TFLOP/s x GPUs), w
 count (megatron/training/training.py `num_floating_point_operations`: 72 B s L h^2 (1 + s/(6h)) + 6 B s h V,
 the same as `lynx.costmodel.model_flops_per_iteration` for these GPT models).
 
-Assumptions (not in the table), each with its reason (docs/decisions.md "The README's schedule"):
+Assumptions (not in the table), each with its reason (docs/decisions/0089-readme-rows-documented-schedule.md):
 
 * Untied embeddings: the rows' names are their parameter counts with a separate output layer (1.7B = 12 L h^2 +
   2 V h = 1.74e9; tied it would be 1.48e9; likewise 7.1B, 16B, 177B, 462B).
@@ -208,7 +208,7 @@ accumulation, PP > 1 rows at 1)."""
 def candidates(hw: Hardware) -> Table:
     """Every (micro-batch, interleaving rule, matmul asymptote) candidate applied to all nine rows at once: the
     rows outside +-10%, the held-out checks (177B strong scaling, benchmarks/published_runs.py), and whether
-    the largest stage fits the usable memory. Evidence for docs/benchmarks.md sections 25 and 32."""
+    the largest stage fits the usable memory. Evidence for decisions 0082 and 0089-0091."""
     from dataclasses import replace
 
     import published_runs
@@ -304,7 +304,7 @@ def scan(hw: Hardware, interleave: str = PP_INTERLEAVE, pp1_micro_batch: int | N
 
 
 def ablation(hw: Hardware) -> Table:
-    """What each change of docs/benchmarks.md section 32 does to the rows, one step at a time from the model
+    """What each change of decisions 0089-0091 does to the rows, one step at a time from the model
     before it: micro-batch 1 without interleaving at the 0.80 asymptote (tied embeddings then too), then the
     documented schedule, interleaved stages reducing chunk by chunk, the gradient buffer's passes, the refit."""
     from dataclasses import replace
@@ -352,7 +352,8 @@ def main() -> None:
     ap.add_argument("--scan", action="store_true",
                     help="the matmul asymptote over SCAN: README rows beside the held-out checks (about a minute)")
     ap.add_argument("--sensitivity", action="store_true", help="each row at micro-batch 1, 2 and 4")
-    ap.add_argument("--ablation", action="store_true", help="what each change of section 32 does, one at a time")
+    ap.add_argument("--ablation", action="store_true",
+                    help="what each change of decisions 0089-0091 does, one at a time")
     ap.add_argument("--interleave", choices=tuple(INTERLEAVE), default=PP_INTERLEAVE,
                     help=f"the interleaving rule of the PP > 1 rows (default: {PP_INTERLEAVE!r}, module docstring)")
     ap.add_argument("--pp1-micro-batch", type=int, default=None, metavar="N",

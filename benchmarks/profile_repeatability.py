@@ -7,7 +7,7 @@ Profiles gpt-tiny (h 512, s 128, micro-batch 2, TP 1, one thread) twice in one p
 direction, the two medians should differ by at most the sum of their spreads plus 10% of the larger
 median plus 0.2 ms; target: at most 4 of the 30 numbers miss, and the layer totals agree within their
 spreads plus 15%. One thread: with two OpenMP threads on two busy cores every op waits for a descheduled
-thread. Run on a quiet machine (docs/benchmarks.md section 4).
+thread. Run on a quiet machine (docs/profiling.md).
 """
 
 from __future__ import annotations

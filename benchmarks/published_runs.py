@@ -10,13 +10,13 @@ and the run configuration of the same commit: the model YAML the recipe ships (`
 `nemotron/nemotron4-340b-synth.yaml`, `nemo_megatron/gpt3_175b_hydra.yaml`, `llama3.1/llama3.1_8b.yaml`,
 `llama3.1/llama3.1_405b.yaml`) with the overrides of its `configure.sh` (TP, PP, VP, MBS, GBS per scale, the
 405B proxy layer counts, `model.ub_tp_comm_overlap=True` for Nemotron, `model.fp8=false` for BF16). The Llama
-3.1 70B recipe of the same repository is section 17's (benchmarks/cp_long_context.py --only published).
+3.1 70B recipe of the same repository is checked by `benchmarks/cp_long_context.py --only published`.
 
 Every run uses NeMo's `distributed_fused_adam` with `overlap_grad_sync` and `overlap_param_sync` (the YAMLs'
 `optim` blocks), TransformerEngine with fused (flash) attention, Megatron-Core models (`mcore_gpt`). How lynx
 is told each run, row by row, is in RUNS; what is assumed beyond the recipe is in ASSUMPTIONS.
 
-The optimizer's buffers (mem5, docs/benchmarks.md): every YAML sets `grad_sync_dtype: bf16` with
+The optimizer's buffers (docs/decisions/0086-dgxc-optimizer-as-yaml.md): every YAML sets `grad_sync_dtype: bf16` with
 `contiguous_grad_buffer: true`, so Apex's DistributedFusedAdam keeps one full bf16 gradient buffer (2 bytes per
 parameter, not Megatron-Core's fp32 main_grad); NeMo 24.09's `MegatronBaseModel.setup_optimization` (NeMo
 v2.0.0) sets the optimizer dtype fp32 and, for a bf16 model, `store_params=False, store_param_remainders=True`:
@@ -180,7 +180,7 @@ def parallel_of(r: Run) -> ParallelSpec:
 
 
 def megatron_buffers(r: Run) -> Run:
-    """The run priced as section 25 (fit4) did: Megatron-Core's distributed optimizer buffers (fp32 main_grad,
+    """The run priced as fit4 (decision 0081) did: Megatron-Core's distributed optimizer buffers (fp32 main_grad,
     12 bytes of sharded state) for every recipe but Nemotron-4 340B. For the before/after of mem5."""
     if r.bytes_per_param != APEX_BF16_BYTES:
         return r
@@ -272,7 +272,7 @@ def main() -> None:
                     help="also print each run's peak stage split into parameters, gradients, optimizer state, "
                          "activations, windows, transient and logits")
     ap.add_argument("--megatron-buffers", action="store_true",
-                    help="price the optimizer as section 25 (fit4) did: Megatron-Core's fp32 main_grad and 12 "
+                    help="price the optimizer as fit4 (decision 0081) did: Megatron-Core's fp32 main_grad and 12 "
                          "bytes of state instead of the YAMLs' Apex DistributedFusedAdam (the 'before' of mem5)")
     _results.add_option(ap, "published_runs")
     a = ap.parse_args()

@@ -79,6 +79,8 @@ def section(r: dict[str, object]) -> list[str]:
         lines.append(f"- transcribed from: {r['transcribed']}")
     lines += [f"- note: {n}" for n in r.get("notes") or []]  # type: ignore[union-attr]
     lines.append("")
+    if not figs:
+        return lines
     with_ref = any(f.get("reference") is not None for f in figs)
     head = ["figure", "value", *(["published / paper"] if with_ref else []), "target", "holds"]
     lines += ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 3) + "---|---|"]

@@ -1,7 +1,7 @@
-"""The allocator's peaks measured on one H100 (docs/benchmarks.md section 9) against lynx's activation peak
-before and after counting the restoration's working set (`lynx.lifetime`, `transient`).
+"""The allocator's peaks measured on one H100 (2026-11-23; `git show 44d9795:docs/benchmarks.md`, section 9)
+against lynx's activation peak before and after counting the restoration's working set (`lynx.lifetime`, `transient`).
 
-No GPU needed: the measured figures are section 9's (`benchmarks/gpu_memory.py`, four layers, h 2048, 16 heads,
+No GPU needed: the measured figures are the H100 session's (`benchmarks/gpu_memory.py`, four layers, h 2048, 16 heads,
 s 2048, micro-batch 4, bf16); the predictions are recomputed here. Columns: the allocator's peak, the
 prediction sampled after the frees (the engine's ledger) and with the transient, each plus the gradient
 workspace (`lynx.memory.grad_workspace_bytes`), and allocator / prediction. Target: 1.00 or below (the
@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-MEASURED_MIB = {  # docs/benchmarks.md section 9, "peak, allocator MiB"
+MEASURED_MIB = {  # the H100 session of 2026-11-23, "peak, allocator MiB" (git history)
     ("gpt", "none"): 8680.3, ("gpt", "selective"): 4840.3, ("gpt", "full"): 3528.1, ("gpt", "uniform"): 5256.2,
     ("gpt", "block"): 5096.0, ("llama", "none"): 2798.2, ("llama", "full"): 1388.6, ("llama", "uniform"): 1869.1,
     ("llama", "block"): 1693.1,

@@ -1,4 +1,4 @@
-"""Activation memory of the testbed model (docs/benchmarks.md section 5) per policy: the recompute engine's
+"""Activation memory of the testbed model (docs/results.md, `testbed_experiment`) per policy: the recompute engine's
 measured peak against `lynx.runtime.predict.predicted_activation_bytes`, without the shaped link (memory does
 not depend on it). Two gloo ranks on 127.0.0.1, TP 2, float32, PP 1, 2 micro-batches.
 
@@ -36,7 +36,7 @@ def _policies(cfg):  # type: ignore[no-untyped-def]
     out = {m: method_policy(m, prob2) for m in ("none", "selective", "full")}
     out["uniform(2)"] = method_policy("uniform", prob2)
     out["block(2)"] = method_policy("block", prob2)
-    # the plan lynx chose on the testbed (docs/benchmarks.md section 5)
+    # the plan lynx chose on the testbed (docs/results.md, `testbed_experiment`)
     lp = LayerPolicy(keep=frozenset({"softmax", "attn_residual", "mlp_residual"}),
                      recompute=(("ln1", Phase.BWD_ATTN), ("qkv", Phase.BWD_ATTN), ("attn_dropout", Phase.ON_DEMAND),
                                 ("attn_context", Phase.ON_DEMAND), ("ln2", Phase.BWD_MLP), ("fc1", Phase.BWD_MLP),

@@ -237,7 +237,7 @@ def reads_of_family(graph: Any) -> Any:
     benchmark) eager RMSNorm saves its input itself (no upcast copy), so rmsnorm1 / rmsnorm2 also read the
     layer input / attn_residual, as the profile says and the engine does; the family's reads miss that.
     (Before titan4 the profiler also charged each GEMM with its weight and rope with RoPE's table, because
-    TitanLayer's parameters are the block's, not its own: docs/benchmarks.md sections titan3, titan4.)"""
+    TitanLayer's parameters are the block's, not its own: decision 0088.)"""
     from dataclasses import replace
 
     from lynx.profile.profiler import analytic_graph

@@ -146,7 +146,7 @@ def linear_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: S
     """The linear form HEU's memory rows and OPT's M5 constrain: `stage_peak_bytes` with the forward-window
     holdings and the backward working set replaced by sums of `keep_bytes` (phase-1/2 ops; per layer
     on_demand(l) + bwd_window(l) + bwd_window(l - 1), plus phase 1/2 without forward windows). An upper bound
-    of `stage_peak_bytes` for policies whose layers all checkpoint their input (docs/costmodel.md, "The
+    of `stage_peak_bytes` for policies whose layers all checkpoint their input (docs/concepts/memory.md, "The
     solvers"; property-tested); uniform chunks are outside it."""
     mems = [layer_memory(graph, lp) for lp in layers]
     held_fwd = sum(m.fwd_window for m in mems) if ctx.has_fwd_windows else 0.0

@@ -2,7 +2,7 @@
 
 A recipe says how many bytes each parameter costs in each buffer; the distributed optimizer shards the
 fp32 state (main weights, main gradients where they are a separate copy, Adam's m and v) over the
-data-parallel ranks, as Megatron-LM does. Every figure and its source: docs/costmodel.md, "Static memory".
+data-parallel ranks, as Megatron-LM does. Every figure and its source: docs/concepts/memory.md, "Static memory".
 
 Megatron-LM's published accounting (docs/source/api-guide/dist_optimizer.md, "bytes per parameter"):
 

@@ -118,7 +118,7 @@ def _bounds(shared: Shared, cands: list[Candidate]) -> tuple[list[tuple[float, i
 def _refine_finalists(shared: Shared, outcomes: list[Outcome], n: int) -> list[Outcome]:
     """lynx's simulator-judged partition refinement (up to 40 simulations each) for the `n` fastest lynx
     candidates only: it moves a plan by a fraction of a percent, and screening every candidate with it would
-    multiply the search's time by ten (docs/decisions.md)."""
+    multiply the search's time by ten (docs/decisions/0069-configuration-search.md)."""
     lynx = sorted((o for o in outcomes if o.fits and o.candidate.method in LYNX_SEARCHED),
                   key=lambda o: o.iteration_s)
     better = {id(o): plan_candidate(shared, o.candidate, o.bound_s, refine=True) for o in lynx[:n]}

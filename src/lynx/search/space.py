@@ -24,7 +24,7 @@ STOCK_METHODS: tuple[str, ...] = (
 """Megatron-Core's own recompute flags, priced on its even layout (uniform with one layer per chunk is
 `full`; `--recompute-modules core_attn` is `selective`, so neither is listed twice). `block` is left out
 of the default search: its automatic --recompute-num-layers is itself a search (seconds per layout); pin it
-with --method block (docs/decisions.md)."""
+with --method block (docs/decisions/0069-configuration-search.md)."""
 LYNX_METHOD = "lynx"
 OFFLOAD_METHODS: tuple[str, ...] = ("lynx-offload", "mc-offload")
 """With a host link (`Space.offload`): lynx with offloading as HEU's third choice on its own partition, and

@@ -125,7 +125,7 @@ class RecomputeEngine:
         # Offloading (issue 22): a policy's per-layer `offload` set of op names, read with a default so a
         # LayerPolicy without the field offloads nothing. The layer's last op may be in it: what it saves beside
         # its output (the residual dropout mask) is offloaded, its output never (it is the next layer's input,
-        # which the planner counts as always stored, `LayerGraph.keep_bytes`; docs/decisions.md `rtoff`).
+        # which the planner counts as always stored, `LayerGraph.keep_bytes`; docs/decisions/0087-last-op-offload.md).
         self._offload = [frozenset(getattr(p, "offload", frozenset())) for p in pols]
         self._out_op = [layer.op_names[-1] for layer in layers]
         self._any_offload = any(self._offload)
