@@ -26,12 +26,11 @@ import json
 import pstats
 import resource
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
+from _harness import method_policy, problem_for, train_step
 from _targets import Targets
 
 from lynx.graph import LAYER_INPUT
@@ -41,9 +40,6 @@ from lynx.runtime.cpu_alloc import keep_freed_memory
 from lynx.runtime.engine import RecomputeEngine
 from lynx.runtime.layers.gpt import LayerConfig
 from lynx.runtime.layers.gpt_model import GPTModel
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test harnesses live beside the package
-from tests.harness.check import method_policy, problem_for, train_step  # noqa: E402
 
 H, HEADS, FFN, SEQ, MB, LAYERS, MBS, VOCAB = 512, 8, 2048, 256, 2, 4, 4, 1024
 LYNX_LIKE = ("ln1", "attn_scores", "softmax", "attn_dropout", "ln2", "gelu")

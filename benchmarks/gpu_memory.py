@@ -33,23 +33,14 @@ from _targets import Targets
 from rich.table import Table
 
 
-def _repo_on_path() -> None:
-    """The test harnesses (`tests.harness`) live beside the package, not in it: the repository root on the path."""
-    import sys as _sys
-    from pathlib import Path as _Path
-
-    root = str(_Path(__file__).resolve().parents[1])
-    if root not in _sys.path:
-        _sys.path.insert(0, root)
-
 def measure(family: str, hidden: int, heads: int, seq: int, mb: int, layers: int, device: str) -> list[dict]:
     import torch
+    from _harness import method_policy, problem_for
 
     from lynx.memory import grad_workspace_bytes
-    _repo_on_path()
     from lynx.runtime.engine import RecomputeEngine
     from lynx.runtime.layers.gpt import GPTLayer, LayerConfig
-    from tests.harness.check import method_policy, predicted_activation_bytes, problem_for, runtime_graph
+    from lynx.runtime.predict import predicted_activation_bytes, runtime_graph
 
     dev = torch.device(device)
     cuda = dev.type == "cuda"

@@ -155,16 +155,13 @@ def measure_peak(layers: int = 4, hidden: int = 2048, seq: int = 2048, mb: int =
     """The offloading engine's allocator peak against the planner's (see the module docstring, 3). On the CPU
     (tests: small sizes) no allocator figure ("peak_bytes" None), the rest the same."""
     import torch
+    from _harness import problem_for
 
-    root = str(Path(__file__).resolve().parents[1])
-    if root not in sys.path:
-        sys.path.insert(0, root)
     from lynx.memory import grad_workspace_bytes
     from lynx.policy.base import LayerPolicy, RecomputePolicy
     from lynx.runtime.engine import RecomputeEngine
     from lynx.runtime.layers.gpt import GPTLayer, LayerConfig
     from lynx.runtime.predict import predicted_activation_bytes, predicted_offloaded_bytes, runtime_graph
-    from tests.harness.check import problem_for
 
     dev = torch.device(device)
     cuda = dev.type == "cuda"

@@ -18,19 +18,10 @@ LAYERS, VOCAB, MBS = 4, 1024, 2
 
 
 
-def _repo_on_path() -> None:
-    """The test harnesses (`tests.harness`) live beside the package, not in it: the repository root on the path."""
-    import sys as _sys
-    from pathlib import Path as _Path
-
-    root = str(_Path(__file__).resolve().parents[1])
-    if root not in _sys.path:
-        _sys.path.insert(0, root)
-
 def _policies(cfg):  # type: ignore[no-untyped-def]
+    from _harness import method_policy, problem_for
+
     from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
-    _repo_on_path()
-    from tests.harness.check import method_policy, problem_for
 
     prob2 = problem_for(cfg, LAYERS, VOCAB, MBS, recompute_num_layers=2)
     out = {m: method_policy(m, prob2) for m in ("none", "selective", "full")}
@@ -50,12 +41,12 @@ def _worker(rank: int, port: int, outdir: str) -> None:
 
     import torch
     import torch.distributed as dist
+    from _harness import problem_for, train_step
 
-    _repo_on_path()
     from lynx.runtime.engine import RecomputeEngine
     from lynx.runtime.layers.gpt import LayerConfig
     from lynx.runtime.layers.gpt_model import GPTModel
-    from tests.harness.check import predicted_activation_bytes, problem_for, runtime_graph, train_step
+    from lynx.runtime.predict import predicted_activation_bytes, runtime_graph
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=120))
