@@ -124,13 +124,15 @@ class Run:
     def __init__(self) -> None:
         self.started = datetime.now(UTC)
         self.load_start = load_average()
+        self.commit = commit()
 
     def write(self, path: Path | None, benchmark: str, kind: Kind, title: str, figures: list[Figure],
               summary: str = "", notes: tuple[str, ...] = ()) -> None:
         if path is None:
             return
         decided = [f for f in figures if f.holds is not None]
-        summary = summary or f"targets: {sum(bool(f.holds) for f in decided)} of {len(decided)} hold"
+        summary = summary or (f"targets: {sum(bool(f.holds) for f in decided)} of {len(decided)} hold" if decided
+                              else "no targets (figures reported)")
         end = datetime.now(UTC)
         rec = Record(
             benchmark=benchmark, title=title, kind=kind,
@@ -139,5 +141,5 @@ class Run:
             machine=machine(),
             date=f"{self.started:%Y-%m-%d %H:%M}-{end:%H:%M} UTC",
             load_average=f"{self.load_start} (start), {load_average()} (end)",
-            commit=commit(), figures=tuple(figures), summary=summary, notes=notes)
+            commit=self.commit, figures=tuple(figures), summary=summary, notes=notes)
         path.write_text(json.dumps(rec.to_dict(), indent=1, ensure_ascii=False) + "\n")

@@ -18,6 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "results.md"
 SCHEMA = "lynx-benchmark-result/1"
+LONG = 16
+"""A record with more figures than this shows only those that do not hold or have no target (the page stays short;
+the JSON has them all)."""
 FIELDS = ("benchmark", "title", "kind", "command", "machine", "date", "load_average", "commit", "figures",
           "summary")
 
@@ -81,14 +84,19 @@ def section(r: dict[str, object]) -> list[str]:
     lines.append("")
     if not figs:
         return lines
-    with_ref = any(f.get("reference") is not None for f in figs)
+    shown = figs if len(figs) <= LONG else [f for f in figs if not f["holds"]]
+    with_ref = any(f.get("reference") is not None for f in shown)
     head = ["figure", "value", *(["published / paper"] if with_ref else []), "target", "holds"]
-    lines += ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 3) + "---|---|"]
-    for f in figs:
+    if shown:
+        lines += ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 3) + "---|---|"]
+    for f in shown:
         value = _num(f["value"]) + (f" {f['unit']}" if f.get("unit") and f["value"] is not None else "")
         cells = [_num(f["name"]), value, *([_num(f.get("reference"))] if with_ref else []), _num(f["target"]),
                  "" if f["holds"] is None and not f["target"] else _holds(f["holds"])]
         lines.append("| " + " | ".join(cells) + " |")
+    if len(shown) < len(figs):
+        lines += ["", f"{len(figs) - len(shown)} more figures, each holding its target: "
+                      f"`benchmarks/results/{r['benchmark']}.json`."]
     return [*lines, ""]
 
 
