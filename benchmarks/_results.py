@@ -19,11 +19,12 @@ import platform
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from _targets import Targets
 
@@ -143,3 +144,31 @@ class Run:
             load_average=f"{self.load_start} (start), {load_average()} (end)",
             commit=self.commit, figures=tuple(figures), summary=summary, notes=notes)
         path.write_text(json.dumps(rec.to_dict(), indent=1, ensure_ascii=False) + "\n")
+
+
+def _load(x: object) -> str:
+    return " ".join(f"{v:.2f}" for v in x) if isinstance(x, list | tuple) else str(x)
+
+
+def write_saved(path: Path | None, benchmark: str, kind: Kind, title: str, figures: list[Figure], summary: str,
+                runs: Sequence[tuple[Path, Mapping[str, Any]]], notes: tuple[str, ...] = ()) -> None:
+    """A results file from saved runs (`--from-json`): their own command, machine, date and load, not this
+    process's; `transcribed` names the saved files."""
+    if path is None:
+        return
+
+    def each(f: Callable[[Mapping[str, Any]], str]) -> str:
+        parts = [f(m) for _, m in runs]
+        return parts[0] if len(set(parts)) == 1 else "; ".join(parts)
+
+    rec = Record(
+        benchmark=benchmark, title=title, kind=kind,
+        command=each(lambda m: ("" if str(m.get("command", "")).startswith("python") else "python ")
+                     + str(m.get("command", "not recorded"))),
+        machine=each(lambda m: str(m.get("machine", "not recorded"))),
+        date=each(lambda m: str(m.get("date", "not recorded"))),
+        load_average=each(lambda m: f"{_load(m.get('load_before'))} (before), {_load(m.get('load_after'))} (after)"),
+        commit=each(lambda m: str(m.get("commit", "not recorded"))), figures=tuple(figures), summary=summary,
+        transcribed="re-read from the saved run" + ("s " if len(runs) > 1 else " ")
+                    + ", ".join(str(p) for p, _ in runs) + " (not re-run)", notes=notes)
+    path.write_text(json.dumps(rec.to_dict(), indent=1, ensure_ascii=False) + "\n")

@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import _results
 from _targets import Targets
 
 MIB = 2**20
@@ -205,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--markdown", action="store_true")
+    _results.add_option(ap, "gpu_offload")
     a = ap.parse_args(argv)
+    run = _results.Run()
     if a.reps < 1:
         ap.error("--reps: must be at least 1")
     if a.out is not None and not a.out.resolve().parent.is_dir():
@@ -235,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     con.print(targets.summary())
     if a.out:
         a.out.write_text(json.dumps(m, indent=2))
+    run.write(a.results, "gpu_offload", "measurement", "Offload copies on a GPU: bandwidth, exposed copy time, "
+              "allocator peak", _results.figures_of(targets), targets.summary())
     return 0
 
 

@@ -44,8 +44,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+import _results  # noqa: E402
 import pipeline_testbed as pt  # noqa: E402
 import window_control as wc  # noqa: E402
+from _targets import Targets  # noqa: E402
 from _window_control import check_control_args, control_of  # noqa: E402
 
 H, HEADS, FFN, VOCAB = 256, 16, 768, 2048  # torchtitan 0.3.0's llama3 "debugmodel" (llama3/__init__.py)
@@ -294,7 +296,9 @@ def parse() -> argparse.Namespace:
                     help="end to end only: 2 layers, 2 iterations, 1 round, 2 profiler repeats, no --min-signal")
     ap.add_argument("--out", type=Path, default=None, help="JSON of the run (default benchmarks/results/raw/"
                     "window_control_torchtitan.json; with --smoke, none unless given)")
-    ap.add_argument("--from-json", type=Path, default=None, help="re-print the tables and targets of a saved run")
+    ap.add_argument("--from-json", type=Path, default=None,
+                    help="re-print the tables and targets of a saved run (with --results: write its figures)")
+    _results.add_option(ap, "window_control_torchtitan")
     # inside a rank (run by the driver in the testbed)
     ap.add_argument("--rank-profile", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rank-train", action="store_true", help=argparse.SUPPRESS)
@@ -315,7 +319,10 @@ def parse() -> argparse.Namespace:
     return args
 
 
-def from_json(path: Path) -> None:
+TITLE = "What the windows hide on torchtitan's own Llama 3 model"
+
+
+def from_json(path: Path, results: Path | None = None) -> None:
     try:
         saved = json.loads(path.read_text())
         meta, pred, rounds = saved["meta"], saved["prediction"], saved["rounds"]
@@ -324,9 +331,12 @@ def from_json(path: Path) -> None:
               file=sys.stderr)
         raise SystemExit(2) from None
     print("torchtitan tp2: " + wc.prediction_text(pred, meta["rate_mbit"]) + "\n")
-    print(wc.report_text(wc.analyse(rounds, pred), pred))
+    t = Targets()
+    print(wc.report_text(wc.analyse(rounds, pred), pred, t))
     print(f"\n{meta['command']}; {meta['date']}; {meta['machine']}; load average before {meta['load_before']}, "
           f"after {meta['load_after']}")
+    _results.write_saved(results, "window_control_torchtitan", "measurement", TITLE, _results.figures_of(t),
+                         wc._plain(t.summary()), [(path, meta)])
 
 
 def main() -> None:
@@ -341,8 +351,9 @@ def main() -> None:
         rank_train(args)
         return
     if args.from_json is not None:
-        from_json(args.from_json)
+        from_json(args.from_json, args.results)
         return
+    run = _results.Run()
     import importlib.util
     import tempfile
 
@@ -374,7 +385,10 @@ def main() -> None:
             print(f"round {k + 1}/{args.rounds}: " + ", ".join(f"{x} {rnd[x]['median_s']:.3f} s" for x in ROLES)
                   + f"; restorations A {rnd['A']['by_window']}, B {rnd['B']['by_window']}", flush=True)
     load_after = os.getloadavg()
-    print("\n" + wc.report_text(wc.analyse(rounds, pred), pred))
+    targets = Targets()
+    print("\n" + wc.report_text(wc.analyse(rounds, pred), pred, targets))
+    run.write(args.results, "window_control_torchtitan", "measurement", TITLE, _results.figures_of(targets),
+              wc._plain(targets.summary()))
     meta = {"command": " ".join(sys.argv), "date": start, "layout": "torchtitan-tp2", "rate_mbit": args.rate,
             "layers": args.layers, "reads": args.reads,
             "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, {platform.node()}",
