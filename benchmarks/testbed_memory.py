@@ -14,6 +14,8 @@ import socket
 import tempfile
 from pathlib import Path
 
+import _results
+
 LAYERS, VOCAB, MBS = 4, 1024, 2
 
 
@@ -71,7 +73,9 @@ def _worker(rank: int, port: int, outdir: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=None)
+    _results.add_option(ap, "testbed_memory")
     args = ap.parse_args()
+    run = _results.Run()
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
@@ -89,6 +93,12 @@ def main() -> None:
               f"{r['peak_measured'] / r['peak_predicted']:.3f} |")
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
+    figures = [_results.Figure(f"{name}: activation peak held, measured by the engine (MiB)",
+                               round(r["peak_measured"] / mib, 2), "", f"= predicted {r['peak_predicted'] / mib:.2f}",
+                               abs(r["peak_measured"] - r["peak_predicted"]) <= 1e-6 * r["peak_predicted"])
+               for name, r in res.items()]
+    run.write(args.results, "testbed_memory", "measurement", "Activation memory on two gloo ranks: the engine "
+              "against the lifetime model (bytes; they do not depend on the load)", figures)
 
 
 if __name__ == "__main__":

@@ -270,11 +270,11 @@ def report_text(an: dict[str, Any], pred: dict[str, Any], t: Targets | None = No
 TITLE = "What the windows hide: each plan against its control with every window moved on demand (lynx's layers)"
 
 
-def from_json(paths: list[Path], results: Path | None = None) -> None:
+def from_json(paths: Path | list[Path], results: Path | None = None) -> None:
     """Re-print saved runs; with `results`, write their figures as one results file."""
     t = Targets()
     runs = []
-    for path in paths:
+    for path in [paths] if isinstance(paths, Path) else paths:
         try:
             saved = json.loads(path.read_text())
             meta, pred, rounds = saved["meta"], saved["prediction"], saved["rounds"]

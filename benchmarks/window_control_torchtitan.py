@@ -296,8 +296,8 @@ def parse() -> argparse.Namespace:
                     help="end to end only: 2 layers, 2 iterations, 1 round, 2 profiler repeats, no --min-signal")
     ap.add_argument("--out", type=Path, default=None, help="JSON of the run (default benchmarks/results/raw/"
                     "window_control_torchtitan.json; with --smoke, none unless given)")
-    ap.add_argument("--from-json", type=Path, default=None,
-                    help="re-print the tables and targets of a saved run (with --results: write its figures)")
+    ap.add_argument("--from-json", type=Path, nargs="+", default=None,
+                    help="re-print the tables and targets of saved runs (with --results: write their figures)")
     _results.add_option(ap, "window_control_torchtitan")
     # inside a rank (run by the driver in the testbed)
     ap.add_argument("--rank-profile", action="store_true", help=argparse.SUPPRESS)
@@ -322,21 +322,27 @@ def parse() -> argparse.Namespace:
 TITLE = "What the windows hide on torchtitan's own Llama 3 model"
 
 
-def from_json(path: Path, results: Path | None = None) -> None:
-    try:
-        saved = json.loads(path.read_text())
-        meta, pred, rounds = saved["meta"], saved["prediction"], saved["rounds"]
-    except (OSError, ValueError, KeyError) as e:
-        print(f"window_control_torchtitan: --from-json {path}: not a saved run of this benchmark ({e})",
-              file=sys.stderr)
-        raise SystemExit(2) from None
-    print("torchtitan tp2: " + wc.prediction_text(pred, meta["rate_mbit"]) + "\n")
+def from_json(paths: Path | list[Path], results: Path | None = None) -> None:
+    """Re-print saved runs; with `results`, write their figures as one results file (each run labelled by its
+    rate and file name)."""
     t = Targets()
-    print(wc.report_text(wc.analyse(rounds, pred), pred, t))
-    print(f"\n{meta['command']}; {meta['date']}; {meta['machine']}; load average before {meta['load_before']}, "
-          f"after {meta['load_after']}")
+    runs = []
+    for path in [paths] if isinstance(paths, Path) else paths:
+        try:
+            saved = json.loads(path.read_text())
+            meta, pred, rounds = saved["meta"], saved["prediction"], saved["rounds"]
+        except (OSError, ValueError, KeyError) as e:
+            print(f"window_control_torchtitan: --from-json {path}: not a saved run of this benchmark ({e})",
+                  file=sys.stderr)
+            raise SystemExit(2) from None
+        print("torchtitan tp2: " + wc.prediction_text(pred, meta["rate_mbit"]) + "\n")
+        label = f"{meta['rate_mbit']:g} Mbit/s ({path.stem}): "
+        print(wc.report_text(wc.analyse(rounds, pred), pred, t, label))
+        print(f"\n{meta['command']}; {meta['date']}; {meta['machine']}; load average before "
+              f"{meta['load_before']}, after {meta['load_after']}")
+        runs.append((path, meta))
     _results.write_saved(results, "window_control_torchtitan", "measurement", TITLE, _results.figures_of(t),
-                         wc._plain(t.summary()), [(path, meta)])
+                         wc._plain(t.summary()), runs)
 
 
 def main() -> None:
