@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import _results
+
 from lynx.problem import PlanOptions
 from lynx.search import Pins, SearchResult, Space, search
 from lynx.spec import load_hardware, load_model
@@ -104,8 +106,14 @@ def _single() -> bool:
           f"{p.result.search_time_s:.3f} s, plan + simulation {wall:.3f} s wall, {cpu:.3f} s CPU "
           "(process start and imports excluded)")
     holds = wall <= SINGLE_SECONDS
+    FIGURES.append(_results.Figure("gpt-175b, 8 x 8 H100: one lynx plan", round(wall, 3), "s", f"<= {SINGLE_SECONDS}",
+                                   holds))
     print(f"target: one plan <= {SINGLE_SECONDS} s: {'holds' if holds else 'DOES NOT HOLD'} ({wall:.3f} s)")
     return holds
+
+
+FIGURES: list[_results.Figure] = []
+"""Each case's time and target, for `--results`."""
 
 
 def _pins(p: Pins) -> dict[str, object]:
@@ -135,6 +143,11 @@ def _run(name: str, hardware: str, precision: str, exhaustive: bool, offload: bo
         print(f"pick: {b.candidate.layout.label()} {b.candidate.method}: {b.iteration_s:.2f} s, MFU {b.mfu:.1%}, "
               f"peak {max(b.stage_peak_gib):.1f} GiB")
     holds = wall <= case.seconds_at_most and res.planned >= case.planned_at_least
+    FIGURES.append(_results.Figure(f"{name}: search ({res.planned} planned"
+                                   + (f"; pick {res.best.candidate.layout.label()} {res.best.candidate.method} "
+                                      f"{res.best.iteration_s:.2f} s)" if res.best else ")"), round(wall, 1), "s",
+                                   f"<= {case.seconds_at_most:.0f}" + (f" with >= {case.planned_at_least} planned"
+                                                                       if case.planned_at_least else ""), holds))
     what = f">= {case.planned_at_least} candidates planned in " if case.planned_at_least else "the search in "
     print(f"target: {what}<= {case.seconds_at_most:.0f} s: {'holds' if holds else 'DOES NOT HOLD'} "
           f"({res.planned} planned, {res.simulated} of them simulated, in {wall:.1f} s)")
@@ -169,11 +182,15 @@ def main() -> int:
                     help="also plan every candidate the memory bound keeps (the planned-per-30-s target)")
     ap.add_argument("--no-offload", action="store_true",
                     help="search without the offloading methods (lynx plan --gpus --no-offload)")
+    _results.add_option(ap, "config_search")
     args = ap.parse_args()
+    run = _results.Run()
     names = ["llama3-70b-64", "llama3.1-405b-1024", "gpt-175b-single"] if args.case == "all" else [args.case]
     ok = True
     for name in names:
         ok &= _run(name, args.hardware, args.precision, args.exhaustive, not args.no_offload)
+    run.write(args.results, "config_search", "measurement", "The configuration search, `lynx plan --gpus N`: speed "
+              "and picks", FIGURES)
     return 0 if ok else 1
 
 
