@@ -270,8 +270,10 @@ def report_text(an: dict[str, Any], pred: dict[str, Any], t: Targets | None = No
 TITLE = "What the windows hide: each plan against its control with every window moved on demand (lynx's layers)"
 
 
-def from_json(paths: Path | list[Path], results: Path | None = None) -> None:
-    """Re-print saved runs; with `results`, write their figures as one results file."""
+def replay_saved(paths: Path | list[Path], results: Path | None, benchmark: str, title: str,
+                 label: Callable[[Path, dict[str, Any]], str]) -> None:
+    """Re-print saved runs of a window control (this one's or window_control_torchtitan's); with `results`, write
+    their figures as one results file, each run's figures prefixed by `label(path, meta)`."""
     t = Targets()
     runs = []
     for path in [paths] if isinstance(paths, Path) else paths:
@@ -279,17 +281,21 @@ def from_json(paths: Path | list[Path], results: Path | None = None) -> None:
             saved = json.loads(path.read_text())
             meta, pred, rounds = saved["meta"], saved["prediction"], saved["rounds"]
         except (OSError, ValueError, KeyError) as e:
-            print(f"window_control: --from-json {path}: not a saved run of this benchmark ({e})", file=sys.stderr)
+            print(f"{benchmark}: --from-json {path}: not a saved run of this benchmark ({e})", file=sys.stderr)
             raise SystemExit(2) from None
         print(f"{meta['layout']}: " + prediction_text(pred, meta["rate_mbit"]) + "\n")
-        print(report_text(analyse(rounds, pred), pred, t, f"{meta['layout']}: "))
+        print(report_text(analyse(rounds, pred), pred, t, label(path, meta)))
         if saved.get("timeline"):
             print(timeline_text(saved["timeline"]))
         print(f"\n{meta['command']}; {meta['date']}; {meta['machine']}; load average before "
               f"{meta['load_before']}, after {meta['load_after']}")
         runs.append((path, meta))
-    _results.write_saved(results, "window_control", "measurement", TITLE, _results.figures_of(t),
-                         _plain(t.summary()), runs)
+    _results.write_saved(results, benchmark, "measurement", title, _results.figures_of(t), _plain(t.summary()), runs)
+
+
+def from_json(paths: Path | list[Path], results: Path | None = None) -> None:
+    """Re-print saved runs; with `results`, write their figures as one results file."""
+    replay_saved(paths, results, "window_control", TITLE, lambda _, meta: f"{meta['layout']}: ")
 
 
 def _plain(text: str) -> str:

@@ -325,24 +325,8 @@ TITLE = "What the windows hide on torchtitan's own Llama 3 model"
 def from_json(paths: Path | list[Path], results: Path | None = None) -> None:
     """Re-print saved runs; with `results`, write their figures as one results file (each run labelled by its
     rate and file name)."""
-    t = Targets()
-    runs = []
-    for path in [paths] if isinstance(paths, Path) else paths:
-        try:
-            saved = json.loads(path.read_text())
-            meta, pred, rounds = saved["meta"], saved["prediction"], saved["rounds"]
-        except (OSError, ValueError, KeyError) as e:
-            print(f"window_control_torchtitan: --from-json {path}: not a saved run of this benchmark ({e})",
-                  file=sys.stderr)
-            raise SystemExit(2) from None
-        print("torchtitan tp2: " + wc.prediction_text(pred, meta["rate_mbit"]) + "\n")
-        label = f"{meta['rate_mbit']:g} Mbit/s ({path.stem}): "
-        print(wc.report_text(wc.analyse(rounds, pred), pred, t, label))
-        print(f"\n{meta['command']}; {meta['date']}; {meta['machine']}; load average before "
-              f"{meta['load_before']}, after {meta['load_after']}")
-        runs.append((path, meta))
-    _results.write_saved(results, "window_control_torchtitan", "measurement", TITLE, _results.figures_of(t),
-                         wc._plain(t.summary()), runs)
+    wc.replay_saved(paths, results, "window_control_torchtitan", TITLE,
+                    lambda path, meta: f"{meta['rate_mbit']:g} Mbit/s ({path.stem}): ")
 
 
 def main() -> None:
