@@ -35,7 +35,8 @@ those files (and of the former docs/benchmarks.md).
 *Prediction*: lynx's cost model and simulator against published or paper figures (deterministic, any machine
 gives the same). *Measurement*: timed or measured on the machine named (a shared 2-core VM unless it says
 otherwise; its times depend on the load). A section marked *transcribed* was not re-run when this page was
-introduced: its figures, command, date and load are the last recorded run's, as recorded.
+introduced: its figures, command, date and load are the last recorded run's, as recorded (in the former
+benchmarks page, or in the saved run under `benchmarks/results/raw/` that it names).
 """
 
 
