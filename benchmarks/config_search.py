@@ -29,9 +29,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lynx.models import load_model
 from lynx.problem import PlanOptions
 from lynx.search import Pins, SearchResult, Space, search
-from lynx.spec import load_hardware, load_model
+from lynx.spec import load_hardware
 
 HERE = Path(__file__).resolve().parent
 

@@ -28,7 +28,7 @@ def _repo_on_path() -> None:
         _sys.path.insert(0, root)
 
 def _policies(cfg):  # type: ignore[no-untyped-def]
-    from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
+    from lynx.decisions import LayerPolicy, Phase, RecomputePolicy
     _repo_on_path()
     from tests.harness.check import method_policy, problem_for
 

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lynx.policy.base import LayerPolicy, RecomputePolicy  # noqa: E402
+from lynx.decisions import LayerPolicy, RecomputePolicy  # noqa: E402
 from lynx.runtime.engine import RecomputeEngine  # noqa: E402
 from lynx.runtime.layers.gpt import LayerConfig  # noqa: E402
 from lynx.runtime.layers.gpt_model import GPTModel, synthetic_batch  # noqa: E402

@@ -16,11 +16,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lynx.api import make_problem  # noqa: E402
-from lynx.memory import layer_memory  # noqa: E402
+from lynx.cost.memory import layer_memory  # noqa: E402
 from lynx.methods import get_method  # noqa: E402
+from lynx.models import load_model  # noqa: E402
 from lynx.plan import Plan, load_plan  # noqa: E402
 from lynx.problem import PlanOptions  # noqa: E402
-from lynx.spec import ParallelSpec, load_hardware, load_model  # noqa: E402
+from lynx.spec import ParallelSpec, load_hardware  # noqa: E402
 
 
 def offload_plan(path: Path, tp: int, pp: int, frac: float = 0.3) -> Path:

@@ -20,8 +20,10 @@ from typing import Any
 import torch
 
 import lynx
-from lynx.costmodel import ACT_BYTES, build_layer_graph
+from lynx.cost.layer import build_layer_graph
+from lynx.families.base import ACT_BYTES
 from lynx.graph import LAYER_INPUT, GraphMeta, LayerGraph, Op, RuntimeCosts
+from lynx.models import layer_params
 from lynx.profile.calibrate import nominal_hardware
 from lynx.profile.errors import ProfileError
 from lynx.profile.measure import OpRunner, count_saved, restore_overhead, restore_times
@@ -139,7 +141,7 @@ def needed_bytes(cfg: ProfileConfig) -> float:
     """Per rank: parameters and their gradients, two forward passes' activations, and gradient buffers."""
     m = cfg.model_spec()
     g = analytic_graph(cfg)
-    params = m.layer_params() / cfg.tp * cfg.elem_bytes
+    params = layer_params(m) / cfg.tp * cfg.elem_bytes
     acts = g.full_activation_bytes() + sum(o.out_bytes for o in g.ops)
     return 2 * params + 3 * acts
 

@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
+from lynx.decisions import LayerPolicy, Phase, RecomputePolicy
 from lynx.graph import LAYER_INPUT
-from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
 from lynx.runtime.engine.hooks import NO_OP, Handle, SavedTensorHooks
 from lynx.runtime.engine.ledger import Ledger, Record, storage_key
 from lynx.runtime.engine.offload import OffloadEntry, OffloadHandle, Streams, view_of

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from lynx.policy.base import Phase
+from lynx.decisions import Phase
 from lynx.runtime.layers.base import Direction
 
 __all__ = ["BWD_PHASE", "FWD_PHASE", "Direction", "Place"]

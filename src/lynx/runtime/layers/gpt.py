@@ -1,7 +1,7 @@
 """A GPT layer built from the op vocabulary (`lynx.families.gpt.STANDARD_OPS` / `SP_OPS`), Megatron-style TP.
 
 Each op is a separate call, ``run_op(name, env)``, reading earlier outputs by name from `env` exactly as
-`lynx.costmodel.build_layer_graph` describes them (``op_inputs`` are the graph's ``Op.inputs``):
+`lynx.cost.layer.build_layer_graph` describes them (``op_inputs`` are the graph's ``Op.inputs``):
 
 - ``ln1``/``ln2``: LayerNorm (saves its input and per-token statistics).
 - ``qkv``: column-parallel [tok, h] -> [tok, 3h/t] (saves its input, i.e. the ``ln1`` output).

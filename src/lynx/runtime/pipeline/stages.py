@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import torch
 
-from lynx.policy.base import RecomputePolicy
+from lynx.decisions import RecomputePolicy
 from lynx.runtime.engine import RecomputeEngine
 from lynx.runtime.layers.ends import lm_loss
 from lynx.runtime.layers.family import runtime_of
