@@ -66,7 +66,7 @@ class LlamaConfig:
                          ffn_hidden_size=self.ffn_hidden_size, vocab_size=vocab,
                          max_position_embeddings=max(self.seq_length, 8), family="llama", activation="swiglu",
                          normalization="rmsnorm", position_embedding="rope", tie_embeddings=False,
-                         attention="flash", dropout=False)
+                         attention="flash", dropout=False, bias="none")
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
