@@ -70,13 +70,15 @@ def offloads(plan: Path) -> bool:
 
 def train(plan: Path, out: Path, trace: bool = False) -> dict[str, Any]:
     argv = ["--plan", str(plan), "--iters", "2", "--warmup", "0", "--out", str(out / "r.json"), "--quiet",
-            "--threads", "1", "--save-grads", str(out / "grads")]
+            "--threads", "1"]
     if trace:
         argv += ["--trace", str(out / "t.json")]
+    from lynx.runtime.config import TrainProbes
     from lynx.runtime.train import main
+    from tests.harness.train_probes import SaveGrads
 
     out.mkdir()
-    main(argv)
+    main(argv, TrainProbes(after_backward=SaveGrads(str(out / "grads"), at=1)))
     r: dict[str, Any] = json.loads((out / "r.json").read_text())
     return r
 
