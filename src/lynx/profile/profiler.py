@@ -28,6 +28,7 @@ from lynx.profile.calibrate import nominal_hardware
 from lynx.profile.errors import ProfileError
 from lynx.profile.measure import OpRunner, count_saved, restore_overhead, restore_times
 from lynx.profile.store import OpStats, RunInfo
+from lynx.runtime.layers.tp import Group
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -187,7 +188,7 @@ def measure_peaks(device: torch.device, dtype: torch.dtype, timer: Callable[[Cal
 
 
 # -- one rank ------------------------------------------------------------------------------------------
-def run_rank(cfg: ProfileConfig, group: Any, device: torch.device,
+def run_rank(cfg: ProfileConfig, group: Group, device: torch.device,
              progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Build the layer, count saved bytes, time all ops; returns plain data (picklable across processes)."""
     from lynx.runtime.layers.family import runtime_for

@@ -34,6 +34,7 @@ from lynx.families.gpt import SP_OPS, STANDARD_OPS
 from lynx.graph import LAYER_INPUT
 from lynx.runtime.layers import tp
 from lynx.runtime.layers.base import Direction, OpLayer
+from lynx.runtime.layers.tp import Group
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def op_inputs_for(names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
 class GPTLayer(OpLayer):
     """One transformer layer on one TP rank, executable op by op."""
 
-    def __init__(self, cfg: LayerConfig, group: Any = None, layer_index: int = 0, device: Any = None,
+    def __init__(self, cfg: LayerConfig, group: Group = None, layer_index: int = 0, device: Any = None,
                  seed: int = 1234) -> None:
         names = op_names_for(cfg)
         mlp_from = names.index("ln2")
