@@ -12,7 +12,7 @@ import torch
 from lynx.api import make_problem
 from lynx.graph import LayerGraph
 from lynx.methods import get_method
-from lynx.policy.base import RecomputePolicy
+from lynx.decisions import RecomputePolicy
 from lynx.problem import PlanOptions, PlanProblem
 from lynx.runtime.engine import RecomputeEngine
 from lynx.runtime.layers.gpt_model import synthetic_batch

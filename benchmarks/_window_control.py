@@ -9,8 +9,8 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
+from lynx.decisions import Phase
 from lynx.plan import Plan, load_plan
-from lynx.policy.base import Phase
 from lynx.problem import PlanProblem, PlanResult
 
 

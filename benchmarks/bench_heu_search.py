@@ -23,9 +23,10 @@ from rich.table import Table
 
 from lynx.api import make_problem, plan
 from lynx.methods import base_partition, get_method
+from lynx.models import load_model
 from lynx.policy.heu import heu_policy
 from lynx.problem import PlanProblem
-from lynx.spec import ParallelSpec, load_hardware, load_model
+from lynx.spec import ParallelSpec, load_hardware
 
 CASES: list[tuple[str, str, str, int, int, int, int, int]] = [
     # label, model, hardware, tp, pp, micro-batch, global batch, seq

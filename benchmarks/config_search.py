@@ -33,7 +33,8 @@ import _results
 
 from lynx.problem import PlanOptions
 from lynx.search import Pins, SearchResult, Space, search
-from lynx.spec import load_hardware, load_model
+from lynx.spec import load_hardware
+from lynx.models import load_model
 
 HERE = Path(__file__).resolve().parent
 

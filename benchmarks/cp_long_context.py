@@ -38,10 +38,11 @@ from _targets import Targets, cell
 
 from lynx.api import compare, make_problem
 from lynx.cli.plan import with_vpp
-from lynx.costmodel import build_layer_graph
+from lynx.cost.layer import build_layer_graph
 from lynx.errors import LynxError
+from lynx.models import load_model
 from lynx.problem import PlanOptions
-from lynx.spec import GiB, ModelSpec, ParallelSpec, load_hardware, load_model
+from lynx.spec import GiB, ModelSpec, ParallelSpec, load_hardware
 
 METHODS = ("none", "selective", "full", "block", "lynx")
 

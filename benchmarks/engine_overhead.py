@@ -34,8 +34,8 @@ import torch
 from _harness import method_policy, problem_for, train_step
 from _targets import Targets
 
+from lynx.decisions import LayerPolicy, Phase, RecomputePolicy
 from lynx.graph import LAYER_INPUT
-from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
 from lynx.profile.profiler import ProfileConfig, profile
 from lynx.runtime.cpu_alloc import keep_freed_memory
 from lynx.runtime.engine import RecomputeEngine

@@ -33,8 +33,9 @@ import _results
 
 from lynx.api import make_problem, plan
 from lynx.errors import InfeasibleError
+from lynx.models import load_model
 from lynx.problem import PlanOptions, PlanProblem
-from lynx.spec import GiB, ParallelSpec, load_hardware, load_model
+from lynx.spec import GiB, ParallelSpec, load_hardware
 
 EAGER = dict(bias_activation_fusion=False, masked_softmax_fusion=False, bias_dropout_fusion=False,
              apply_rope_fusion=False, gradient_accumulation_fusion=False)
@@ -74,7 +75,7 @@ def _plan(problem: PlanProblem, method: str) -> dict[str, Any]:
         p = plan(problem, method, record=False)
     except InfeasibleError as e:
         return {"error": str(e).splitlines()[0]}
-    from lynx.memory import stage_peak_bytes
+    from lynx.cost.memory import stage_peak_bytes
 
     peaks = [stage_peak_bytes(problem.graph, pol.layers, ctx)
              for pol, ctx in zip(p.result.policies, problem.stage_contexts(p.result.partition), strict=True)]
@@ -181,7 +182,7 @@ def section9_rows() -> int:
     eager price is nearer the measured eager kernel than the fused one (forward and backward); nothing is fitted."""
     import math
 
-    from lynx.costmodel import build_layer_graph
+    from lynx.cost.layer import build_layer_graph
     from lynx.spec import ModelSpec
 
     hw = load_hardware("h100-80g-nvlink")

@@ -83,8 +83,9 @@ def _time(torch: Any, fn: Callable[..., Any], make: Callable[[], tuple[Any, ...]
 
 
 def lynx_prices() -> dict[str, tuple[float, float, float, float]]:
-    from lynx.costmodel import build_layer_graph
-    from lynx.spec import ModelSpec, ParallelSpec, load_hardware, load_model
+    from lynx.cost.layer import build_layer_graph
+    from lynx.models import load_model
+    from lynx.spec import ModelSpec, ParallelSpec, load_hardware
 
     eager = dict(bias_activation_fusion=False, masked_softmax_fusion=False, bias_dropout_fusion=False,
                  apply_rope_fusion=False)

@@ -13,10 +13,10 @@ freed before each pass):
 - peak = max allocated over forward and backward - before - the parameters' gradients (which backward
   allocates and the planner counts as static memory, not activations).
 
-Against `predicted_activation_bytes` (the planner's `lynx.memory` on the graph rescaled to bf16): held after
+Against `predicted_activation_bytes` (the planner's `lynx.cost.memory` on the graph rescaled to bf16): held after
 forward and the peak held including what backward restores. Target: held after forward within 5% of the
 prediction. The allocator's peak also holds backward's transient buffers, which the planner's stage peak
-covers with a gradient workspace (`lynx.memory.grad_workspace_bytes`, twice the largest activation): the
+covers with a gradient workspace (`lynx.cost.memory.grad_workspace_bytes`, twice the largest activation): the
 column "pred + workspace" is that sum; it is reported, not judged (docs/results.md, `restoration_peaks` judges it).
 """
 
@@ -37,7 +37,7 @@ def measure(family: str, hidden: int, heads: int, seq: int, mb: int, layers: int
     import torch
     from _harness import method_policy, problem_for
 
-    from lynx.memory import grad_workspace_bytes
+    from lynx.cost.memory import grad_workspace_bytes
     from lynx.runtime.engine import RecomputeEngine
     from lynx.runtime.layers.gpt import GPTLayer, LayerConfig
     from lynx.runtime.predict import predicted_activation_bytes, runtime_graph
@@ -86,7 +86,7 @@ def measure(family: str, hidden: int, heads: int, seq: int, mb: int, layers: int
             del x
             reps.append({"before": before, "after_fwd": after, "peak": peak, "left_after_step": left})
         pred_after, pred_peak = predicted_activation_bytes(graph, pol, cfg, in_flight=1)
-        workspace = grad_workspace_bytes(graph)  # the stage peak's gradient buffers (lynx.memory)
+        workspace = grad_workspace_bytes(graph)  # the stage peak's gradient buffers (lynx.cost.memory)
         rows.append({"family": family, "method": m, "held_after_fwd_bytes": reps[-1]["after_fwd"],
                      "peak_bytes": reps[-1]["peak"], "engine_peak_bytes": eng.stats.peak_bytes,
                      "predicted_after_fwd_bytes": pred_after, "predicted_peak_bytes": pred_peak,

@@ -18,7 +18,7 @@ Three measurements, each printed beside its target:
    with its heavy ops offloaded, two micro-batches in flight (F0 F1 B0 B1, a first pipeline stage's order):
    `torch.cuda.max_memory_allocated` less what was allocated before and less the parameters' gradients,
    against the planner's predicted peak for that policy (`runtime.predict.predicted_activation_bytes`) plus its
-   gradient workspace (`lynx.memory.grad_workspace_bytes`, as benchmarks/gpu_memory.py). Target: peak <= planned.
+   gradient workspace (`lynx.cost.memory.grad_workspace_bytes`, as benchmarks/gpu_memory.py). Target: peak <= planned.
 
 Without CUDA it prints one line and exits 0 (benchmarks/gpu_session.sh runs it on a lent GPU). `table_rows` (the
 targets) and `layer_offload_sizes` (the planner's sizes) run anywhere; tests/unit/test_gpu_offload_bench.py
@@ -51,7 +51,8 @@ def layer_offload_sizes() -> tuple[list[tuple[str, int]], float, float]:
     from lynx.methods import get_method
     from lynx.policy.offload import offload_link
     from lynx.problem import PlanOptions
-    from lynx.spec import ParallelSpec, load_hardware, load_model
+    from lynx.spec import ParallelSpec, load_hardware
+    from lynx.models import load_model
 
     hw = load_hardware("h100-80g-nvlink")
     par = ParallelSpec(tp=8, pp=8, micro_batch_size=1, global_batch_size=64, seq_length=32768)
@@ -158,8 +159,8 @@ def measure_peak(layers: int = 4, hidden: int = 2048, seq: int = 2048, mb: int =
     import torch
     from _harness import problem_for
 
-    from lynx.memory import grad_workspace_bytes
-    from lynx.policy.base import LayerPolicy, RecomputePolicy
+    from lynx.cost.memory import grad_workspace_bytes
+    from lynx.decisions import LayerPolicy, RecomputePolicy
     from lynx.runtime.engine import RecomputeEngine
     from lynx.runtime.layers.gpt import GPTLayer, LayerConfig
     from lynx.runtime.predict import predicted_activation_bytes, predicted_offloaded_bytes, runtime_graph

@@ -28,15 +28,16 @@ from typing import Any
 import _results
 
 from lynx.api import make_problem
+from lynx.cost.memory import stage_peak_bytes
+from lynx.decisions import RecomputePolicy, StageContext
 from lynx.graph import LayerGraph
-from lynx.memory import stage_peak_bytes
-from lynx.policy.base import RecomputePolicy, StageContext
+from lynx.models import load_model
 from lynx.policy.heu import HeuOptions, critical_recompute, heu_policy
 from lynx.policy.opt import OptOptions, SolverTimeoutError, checkmate_options, solve_stage
 from lynx.policy.rules import full_policy, none_policy
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
 from lynx.simulate import simulate
-from lynx.spec import ParallelSpec, load_hardware, load_model
+from lynx.spec import ParallelSpec, load_hardware
 
 GiB = float(1 << 30)
 METHODS = ("checkmate", "lynx-opt", "lynx-heu")

@@ -25,9 +25,10 @@ from rich.table import Table
 
 from lynx.api import CompareRow, compare, make_problem
 from lynx.methods import available_methods
+from lynx.models import load_model
 from lynx.policy.rules import keep_all, selective_layer
 from lynx.problem import PlanOptions
-from lynx.spec import ParallelSpec, load_hardware, load_model
+from lynx.spec import ParallelSpec, load_hardware
 
 LAYOUTS = {  # (model, hardware) -> (tp, pp, nodes)
     ("llama3-8b", "h100-80g-nvlink"): (2, 2, 1), ("llama3-8b", "a100-40g-nvlink"): (4, 2, 2),

@@ -8,7 +8,7 @@ heads, hidden size, layers, TP, PP, DP (48), GPUs, global batch and the achieved
 
 Published step time = model FLOPs of one iteration / (per-GPU TFLOP/s x GPUs), with Megatron's own FLOPs
 count (megatron/training/training.py `num_floating_point_operations`: 72 B s L h^2 (1 + s/(6h)) + 6 B s h V,
-the same as `lynx.costmodel.model_flops_per_iteration` for these GPT models).
+the same as `lynx.cost.layer.model_flops_per_iteration` for these GPT models).
 
 Assumptions (not in the table), each with its reason (docs/decisions/0089-readme-rows-documented-schedule.md):
 
@@ -51,7 +51,7 @@ from _markdown import Out
 from rich.table import Table
 
 from lynx.api import make_problem, plan
-from lynx.costmodel import model_flops_per_iteration
+from lynx.cost.layer import model_flops_per_iteration
 from lynx.problem import PlanOptions
 from lynx.spec import Hardware, ModelSpec, ParallelSpec, load_hardware
 
@@ -311,7 +311,7 @@ def ablation(hw: Hardware) -> Table:
     from unittest import mock
 
     import lynx.simulate.metrics as metrics
-    from lynx.dp_overlap import DpSync
+    from lynx.cost.dp_overlap import DpSync
 
     def as_one_chunk(chunks: list[DpSync], og: bool, op: bool, bwd: list[float], fwd: list[float], pp: int,
                      rank: int) -> float:

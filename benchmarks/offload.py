@@ -32,11 +32,12 @@ from rich.table import Table
 
 from lynx.api import compare, make_problem
 from lynx.methods import base_partition
+from lynx.models import load_model
 from lynx.policy.heu import HeuOptions, heu_policy
 from lynx.policy.offload import offload_link
 from lynx.problem import PlanOptions, PlanProblem
 from lynx.search import Pins, Space, search
-from lynx.spec import ParallelSpec, load_hardware, load_model
+from lynx.spec import ParallelSpec, load_hardware
 
 METHODS = ["lynx", "lynx-offload", "mc-offload", "offload-all"]
 HEU_STAGE_S = 0.050

@@ -26,8 +26,9 @@ from rich.table import Table
 
 from lynx.api import CompareRow, compare, make_problem
 from lynx.methods import available_methods
+from lynx.models import load_model
 from lynx.problem import PlanProblem
-from lynx.spec import ParallelSpec, load_hardware, load_model
+from lynx.spec import ParallelSpec, load_hardware
 
 MODELS = ("gpt-1.3b", "gpt-4.7b", "gpt-7b", "gpt-13b", "gpt-23b")
 MICRO_BATCHES = (8, 16, 32)

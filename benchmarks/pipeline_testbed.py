@@ -150,9 +150,10 @@ def testbed_hardware(tp: int, pp: int, rate_mbit: float):
 def _problem(model: Path, pid: int, db: Path, tp: int, pp: int, rate: float, budget: float | None = None,
              gb: int = GB):
     from lynx.api import make_problem
+    from lynx.models import load_model
     from lynx.problem import PlanOptions
     from lynx.profile.store import load_profile_graph
-    from lynx.spec import ParallelSpec, load_model
+    from lynx.spec import ParallelSpec
 
     par = ParallelSpec(tp=tp, pp=pp, micro_batch_size=MB, global_batch_size=gb, seq_length=SEQ)
     return make_problem(load_model(str(model)), testbed_hardware(tp, pp, rate), par,

@@ -1,10 +1,10 @@
 """The allocator's peaks measured on one H100 (2026-11-23; `git show 44d9795:docs/benchmarks.md`, section 9)
-against lynx's activation peak before and after counting the restoration's working set (`lynx.lifetime`, `transient`).
+against lynx's activation peak before and after counting the restoration's working set (`lynx.cost.lifetime`, `transient`).
 
 No GPU needed: the measured figures are the H100 session's (`benchmarks/gpu_memory.py`, four layers, h 2048, 16 heads,
 s 2048, micro-batch 4, bf16); the predictions are recomputed here. Columns: the allocator's peak, the
 prediction sampled after the frees (the engine's ledger) and with the transient, each plus the gradient
-workspace (`lynx.memory.grad_workspace_bytes`), and allocator / prediction. Target: 1.00 or below (the
+workspace (`lynx.cost.memory.grad_workspace_bytes`), and allocator / prediction. Target: 1.00 or below (the
 allocator never above the plan); run `python restoration_peaks.py` from benchmarks/.
 """
 
@@ -30,8 +30,8 @@ def main() -> None:
     run = _results.Run()
     figures: list[_results.Figure] = []
 
-    from lynx.memory import grad_workspace_bytes
-    from lynx.memory import predicted_activation_bytes as predict
+    from lynx.cost.memory import grad_workspace_bytes
+    from lynx.cost.memory import predicted_activation_bytes as predict
     from lynx.runtime.layers.gpt import LayerConfig
     from lynx.runtime.layers.llama import LlamaConfig
     from lynx.runtime.predict import as_executed, layernorm_stats_bytes, runtime_graph

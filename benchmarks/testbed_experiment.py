@@ -64,10 +64,11 @@ def choose_budget(model: Path, pid: int, db: Path) -> tuple[float, dict[str, flo
     """A budget between full's and selective's simulated peak: none and selective do not fit."""
     from lynx.api import make_problem
     from lynx.methods import get_method
+    from lynx.models import load_model
     from lynx.plan import Plan
     from lynx.problem import PlanOptions
     from lynx.profile.store import load_profile_graph
-    from lynx.spec import ParallelSpec, load_hardware, load_model
+    from lynx.spec import ParallelSpec, load_hardware
 
     graph = load_profile_graph(str(pid), db)
     par = ParallelSpec(tp=2, pp=1, micro_batch_size=2, global_batch_size=4, seq_length=256)

@@ -23,7 +23,7 @@ LAYERS, VOCAB, MBS = 4, 1024, 2
 def _policies(cfg):  # type: ignore[no-untyped-def]
     from _harness import method_policy, problem_for
 
-    from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
+    from lynx.decisions import LayerPolicy, Phase, RecomputePolicy
 
     prob2 = problem_for(cfg, LAYERS, VOCAB, MBS, recompute_num_layers=2)
     out = {m: method_policy(m, prob2) for m in ("none", "selective", "full")}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from lynx.api import make_problem
+from lynx.models import load_model
 from lynx.problem import PlanOptions, PlanProblem
-from lynx.spec import ParallelSpec, load_hardware, load_model
+from lynx.spec import ParallelSpec, load_hardware
 
 
 def problem_for(model: str = "gpt-7b", hardware: str = "a100-40g-nvlink", tp: int = 4, pp: int = 4, mb: int = 8,

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
+from lynx.decisions import RecomputePolicy
 from lynx.graph import LayerGraph
-from lynx.policy.base import RecomputePolicy
 from lynx.runtime.engine import RecomputeEngine
 from tests.harness.check import grads_of, predicted_activation_bytes, train_step
 

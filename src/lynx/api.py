@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lynx.checks import check_graph_matches, check_inputs
-from lynx.costmodel import CostParams, build_layer_graph
+from lynx.cost.layer import CostParams, build_layer_graph
 from lynx.errors import InfeasibleError, LynxError
 from lynx.graph import LayerGraph
 from lynx.methods import available_methods, get_method

@@ -1,7 +1,7 @@
-"""Where a stage's memory goes: the closed-form peak of `lynx.memory` split into its terms, and the static
-part split by buffer (`lynx.static_memory`). What `lynx memory` prints. No torch.
+"""Where a stage's memory goes: the closed-form peak of `lynx.cost.memory` split into its terms, and the static
+part split by buffer (`lynx.cost.static_memory`). What `lynx memory` prints. No torch.
 
-The activation terms come from `lynx.memory` through ONE adapter, `activation_terms`; the breakdown must
+The activation terms come from `lynx.cost.memory` through ONE adapter, `activation_terms`; the breakdown must
 sum to `memory.stage_peak_bytes` (tested), so the two cannot drift apart unseen.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from lynx.cost.static_memory import StaticBreakdown, stage_static
+from lynx.decisions import LayerPolicy, StageContext
 from lynx.graph import LayerGraph
 from lynx.plan import Plan
-from lynx.policy.base import LayerPolicy, StageContext
-from lynx.static_memory import StaticBreakdown, stage_static
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +50,8 @@ class ActivationTerms:
 
 
 def activation_terms(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> ActivationTerms:
-    """The closed form's activation terms, from `lynx.memory`'s pieces (the ones `stage_peak_bytes` adds)."""
-    from lynx.memory import held_bytes, host_bytes, layer_memory, stage_lifetimes
+    """The closed form's activation terms, from `lynx.cost.memory`'s pieces (the ones `stage_peak_bytes` adds)."""
+    from lynx.cost.memory import held_bytes, host_bytes, layer_memory, stage_lifetimes
 
     mems = [layer_memory(graph, lp) for lp in layers]
     work_f = max((m.dropped for m in mems), default=0.0)

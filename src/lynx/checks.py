@@ -3,11 +3,12 @@ and `lynx simulate` / `lynx train` (on a plan file), so a saved plan is validate
 
 from __future__ import annotations
 
+from lynx.decisions import check_policy
 from lynx.errors import PlanFormatError, SpecError
 from lynx.graph import LayerGraph
-from lynx.policy.base import check_policy
+from lynx.models import validate_layout
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
-from lynx.spec import Hardware, ModelSpec, ParallelSpec, validate_layout
+from lynx.spec import Hardware, ModelSpec, ParallelSpec
 from lynx.validate import check_instance
 
 

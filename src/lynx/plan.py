@@ -14,23 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from lynx.checks import check_graph_matches, check_inputs, check_result
+from lynx.decisions import RecomputePolicy
 from lynx.errors import LynxError, PlanFormatError
 from lynx.families.gpt import MODULE_OF
 from lynx.graph import LayerGraph
+from lynx.models import model_from_dict
 from lynx.partition.base import Partition
 from lynx.paths import MAX_JSON_BYTES, read_text, write_text
-from lynx.policy.base import RecomputePolicy
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
 from lynx.schedule import Schedule
 from lynx.simulate import SimResult, simulate
-from lynx.spec import (
-    hardware_from_dict,
-    hardware_to_dict,
-    model_from_dict,
-    model_to_dict,
-    parallel_from_dict,
-    parallel_to_dict,
-)
+from lynx.spec import hardware_from_dict, hardware_to_dict, model_to_dict, parallel_from_dict, parallel_to_dict
 from lynx.validate import NON_NEGATIVE, build, check_field
 
 PLAN_SCHEMA_VERSION = 2

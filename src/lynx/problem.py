@@ -5,18 +5,18 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from lynx.graph import LayerGraph
-from lynx.memory import (
+from lynx.cost.memory import (
     extra_retained_bytes,
     extra_transient_bytes,
     grad_workspace_bytes,
     static_bytes,
 )
+from lynx.cost.static_memory import PrecisionName, Recipe, recipe_for
+from lynx.decisions import RecomputePolicy, StageContext
+from lynx.graph import LayerGraph
 from lynx.partition.base import Partition
-from lynx.policy.base import RecomputePolicy, StageContext
 from lynx.schedule import Schedule, ScheduleFacts, derive_facts, make_schedule
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
-from lynx.static_memory import PrecisionName, Recipe, recipe_for
 from lynx.validate import rng
 
 
@@ -27,7 +27,7 @@ class PlanOptions:
     bytes_per_param: float | None = field(default=None, metadata=rng(gt=0))
     """Override of the precision recipe's static bytes per parameter (the old --bytes-per-param)."""
     precision: PrecisionName = "paper"
-    """Static-memory recipe (`lynx.static_memory`): paper 16 B, megatron-bf16 18 B, megatron-fp16 20 B, fp32 16 B."""
+    """Static-memory recipe (`lynx.cost.static_memory`): paper 16 B, bf16 18 B, fp16 20 B, fp32 16 B."""
     distributed_optimizer: bool = False
     """Shard fp32 main weights and optimizer state over DP (Megatron --use-distributed-optimizer)."""
     budget_bytes: float | None = field(default=None, metadata=rng(gt=0))
@@ -67,7 +67,7 @@ class PlanOptions:
     during the next iteration's first forward; only what outlasts it (at least the first bucket) is exposed."""
     tp_comm_overlap: bool = False
     """Megatron's --tp-comm-overlap (TransformerEngine userbuffers; needs sequence parallelism): the SP
-    collectives are pipelined with their GEMMs and the windows shrink to what is left (`lynx.tp_overlap`)."""
+    collectives are pipelined with their GEMMs and the windows shrink to what is left (`lynx.cost.tp_overlap`)."""
     ddp_bucket_size: int | None = field(default=None, metadata=rng(gt=0))
     """Megatron's --ddp-bucket-size in parameters; None: Megatron's default max(40M, 1M x DP)."""
     check_for_nan_in_grad: bool = True

@@ -74,9 +74,10 @@ class ModelSpec:
     normalization: Normalization = "layernorm"
     position_embedding: PositionEmbedding = "learned"
     """"learned" adds a max_position_embeddings x hidden table; "rope" has no parameters."""
-    bias: Bias | None = None
+    bias: Bias = "all"
     """Linear-layer biases: all (Megatron's default), qkv (--disable-bias-linear --add-qkv-bias, Qwen2) or none
-    (--disable-bias-linear); None: the family's (gpt all, llama and mcore none). Parameters only."""
+    (--disable-bias-linear). A model file gets its family's value when it leaves this out (`lynx.models`:
+    gpt all, llama and mcore none). Parameters only."""
     tie_embeddings: bool = True
     """The LM head shares the word embedding (GPT); LLaMA unties them (a second V x h matrix)."""
     attention: Attention = "standard"
@@ -116,10 +117,6 @@ class ModelSpec:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
         if self.num_query_groups == 0:
             object.__setattr__(self, "num_query_groups", self.num_attention_heads)
-        if self.bias is None:
-            from lynx.families import get_family
-
-            object.__setattr__(self, "bias", get_family(self.family).defaults.get("bias", "all"))
         for f in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "num_query_groups"):
             if getattr(self, f) <= 0:
                 raise SpecError(f"model {self.name!r}: {f} must be positive")
@@ -142,31 +139,10 @@ class ModelSpec:
         for f in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, f) < 1.0:
                 raise SpecError(f"model {self.name!r}: {f} must lie in [0, 1), got {getattr(self, f)}")
-        from lynx.families import get_family
-
-        get_family(self.family).check_model(self)
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
-
-    def layer_params(self) -> int:
-        """Parameters of one transformer layer (the family's count, TP = 1)."""
-        from lynx.families import get_family
-
-        return round(get_family(self.family).layer_params(self, 1))
-
-    def embedding_params(self) -> int:
-        """Word (and learned position) embeddings; a tied LM head is this word embedding."""
-        from lynx.families import get_family
-
-        return round(get_family(self.family).embedding_params(self, 1))
-
-    def total_params(self) -> int:
-        from lynx.families import get_family
-
-        out = get_family(self.family).output_params(self)
-        return self.num_layers * self.layer_params() + self.embedding_params() + round(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +159,7 @@ class DeviceSpec:
     memory_efficiency: float = field(default=0.7, metadata=rng(gt=0, le=1))
     """Fraction of HBM bandwidth that elementwise / softmax / layernorm kernels reach."""
     gemm_half_dim: float = field(default=0.0, metadata=rng(ge=0, le=1 << 20))
-    """GEMM efficiency by shape (`lynx.kernels`): each of M, N, K scales `matmul_efficiency` by d / (d + this);
+    """GEMM efficiency by shape (`lynx.cost.kernels`): each of M, N, K scales `matmul_efficiency` by d / (d + this);
     0 keeps one efficiency for every GEMM."""
     flash_fwd_efficiency: float | None = field(default=None, metadata=rng(gt=0, le=1))
     """Flash attention's forward efficiency at head dim 128 and long sequences (causal FLOPs); None: the
@@ -448,44 +424,10 @@ class ParallelSpec:
         return self.global_batch_size // (self.micro_batch_size * self.dp)
 
 
-def validate_layout(model: ModelSpec, hw: Hardware, par: ParallelSpec, nodes: int | None = None) -> int:
-    """Check that `par` fits `model` and `hw`; return the number of nodes used."""
-    from lynx.families import get_family
-
-    get_family(model.family).check_layout(model, par.tp)
-    check_cp(model, par)
-    if par.seq_length > model.max_position_embeddings:
-        if model.position_embedding != "learned":
-            _warn_once(f"lynx: warning: {model.name}: --seq-len {par.seq_length} exceeds the model's "
-                       f"max_position_embeddings {model.max_position_embeddings}; rotary positions extend (as "
-                       "Megatron with --use-rope-scaling / a larger --max-position-embeddings), so lynx plans it; "
-                       "the model must be trained or scaled for that length")
-        else:
-            raise SpecError(f"{model.name}: --seq-len {par.seq_length} exceeds the model's max_position_embeddings "
-                            f"{model.max_position_embeddings} (learned positions have no entry beyond it); "
-                            f"valid: 1 to {model.max_position_embeddings}")
-    if model.num_layers < par.pp:
-        raise SpecError(f"{model.name}: {model.num_layers} layers cannot fill {par.pp} pipeline stages")
-    cap = hw.max_nodes if nodes is None else nodes
-    if cap <= 0:
-        raise SpecError(f"--nodes must be positive, got {cap}")
-    need = -(-par.world_size // hw.devices_per_node)
-    cp_text = f" x CP {par.cp}" if par.cp > 1 else ""
-    if need > cap:
-        raise SpecError(
-            f"TP {par.tp}{cp_text} x PP {par.pp} x DP {par.dp} = {par.world_size} devices needs {need} nodes of "
-            f"{hw.devices_per_node} x {hw.device.name}; only {cap} available (--nodes)"
-        )
-    if par.tp > hw.devices_per_node:
-        # Allowed, but TP collectives then cross the inter-node link; the cost model charges for it.
-        pass
-    return need
-
-
 _WARNED: set[str] = set()
 
 
-def _warn_once(msg: str) -> None:
+def warn_once(msg: str) -> None:
     """One line on stderr, once per process (a --compare plans the same layout many times)."""
     if msg not in _WARNED:
         _WARNED.add(msg)
@@ -554,38 +496,21 @@ def _read_yaml(path: Path | str, text: str) -> Mapping[str, Any]:
     return data
 
 
-def _preset_names(kind: str) -> list[str]:
+def preset_names(kind: str) -> list[str]:
     root = resources.files("lynx") / "presets" / kind
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
-def _load(kind: str, name_or_path: str) -> tuple[str, Mapping[str, Any]]:
+def read_spec_file(kind: str, name_or_path: str) -> tuple[str, Mapping[str, Any]]:
     p = Path(name_or_path)
     what = {"models": "model", "hardware": "hardware"}.get(kind, kind)
     if p.suffix in (".yaml", ".yml") or p.exists() or "/" in name_or_path:
         return str(p), _read_yaml(p, read_text(p, f"{what} YAML"))
-    names = _preset_names(kind)
+    names = preset_names(kind)
     if name_or_path not in names:
         raise SpecError(f"unknown {what} preset {name_or_path!r}; known: {', '.join(names)} (or a YAML file)")
     res = resources.files("lynx") / "presets" / kind / f"{name_or_path}.yaml"
     return f"preset {name_or_path}", _read_yaml(name_or_path, res.read_text())
-
-
-def _with_family_defaults(data: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """The family's values for the fields a model file leaves out (``family: llama`` alone means SwiGLU,
-    RMSNorm, RoPE, untied embeddings, flash attention, no dropout)."""
-    from lynx.families import get_family
-
-    if not isinstance(data, Mapping):
-        raise SpecError(f"{where}: expected a mapping of fields, got {type(data).__name__}")
-    fam = data.get("family", "gpt")
-    if not isinstance(fam, str):
-        raise SpecError(f"{where}: family must be a string, got {fam!r}")
-    try:
-        defaults = get_family(fam).defaults
-    except SpecError as e:
-        raise SpecError(f"{where}: {e}") from None
-    return {**defaults, **data}
 
 
 def _with_topology(data: Any, where: str) -> Any:
@@ -597,29 +522,17 @@ def _with_topology(data: Any, where: str) -> Any:
     return {**data, "topology": build_topology(data["topology"], f"{where}: topology")}
 
 
-_build = build  # the loaders' old name, kept for callers elsewhere
-
-
-def load_model(name_or_path: str) -> ModelSpec:
-    where, data = _load("models", name_or_path)
-    data = _with_family_defaults(data, where)
-    data.setdefault("name", name_or_path)
-    return build(ModelSpec, data, where)
 
 
 def load_hardware(name_or_path: str) -> Hardware:
-    where, data = _load("hardware", name_or_path)
+    where, data = read_spec_file("hardware", name_or_path)
     data = dict(data)
     data.setdefault("name", name_or_path)
     return build(Hardware, _with_topology(data, where), where)
 
 
-def model_presets() -> list[str]:
-    return _preset_names("models")
-
-
 def hardware_presets() -> list[str]:
-    return _preset_names("hardware")
+    return preset_names("hardware")
 
 
 FUSION_DEFAULTS: dict[str, Any] = {
@@ -664,10 +577,6 @@ def parallel_to_dict(p: ParallelSpec) -> dict[str, Any]:
             if d.get(k) == v:
                 del d[k]
     return d
-
-
-def model_from_dict(d: Mapping[str, Any], where: str = "plan: model") -> ModelSpec:
-    return build(ModelSpec, _with_family_defaults(d, where), where)
 
 
 def hardware_from_dict(d: Mapping[str, Any], where: str = "plan: hardware") -> Hardware:

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from lynx.api import make_problem
-from lynx.memory import stage_peak_bytes
+from lynx.cost.memory import stage_peak_bytes
+from lynx.decisions import LayerPolicy, Phase, RecomputePolicy
 from lynx.methods import get_method
-from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
 from lynx.problem import PlanOptions, PlanProblem
 from lynx.runtime.layers.family import runtime_of
 from lynx.runtime.layers.gpt import LayerConfig

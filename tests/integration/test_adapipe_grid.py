@@ -8,9 +8,10 @@ import pytest
 
 from lynx.api import make_problem, plan
 from lynx.errors import InfeasibleError
+from lynx.models import load_model
 from lynx.partition.dp import dp_partition
 from lynx.problem import PlanOptions
-from lynx.spec import ParallelSpec, load_hardware, load_model
+from lynx.spec import ParallelSpec, load_hardware
 
 MODELS = ("gpt-1.3b", "gpt-4.7b", "gpt-7b", "gpt-13b", "gpt-23b")
 CLUSTERS = (("a100-40g-nvlink", 4), ("a100-40g-pcie", 2))

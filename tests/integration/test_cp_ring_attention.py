@@ -283,9 +283,10 @@ def _run_threads(world: int) -> list[dict[str, Any]]:
 def _lynx_graph(cp: int, seq: int = SEQ) -> tuple[Any, float]:
     """Lynx's layer graph of a GPT layer with flash attention of the test's shape (TP 1, CP `cp`), and the
     bytes of one ring message its family prices (`OpSpec.comm_bytes` of the exchange)."""
-    from lynx.costmodel import build_layer_graph
+    from lynx.cost.layer import build_layer_graph
     from lynx.families import get_family
-    from lynx.spec import ParallelSpec, load_hardware, load_model
+    from lynx.models import load_model
+    from lynx.spec import ParallelSpec, load_hardware
 
     m = dataclasses.replace(load_model("gpt-7b"), hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS,
                             num_query_groups=HEADS, ffn_hidden_size=4 * HEADS * HEAD_DIM, attention="flash",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.train_probes import probe_command, probe_env
 from tests.integration.lynx_subprocess import TINY
 from tests.integration.lynx_subprocess import run_lynx as _subprocess_lynx
 
@@ -95,9 +96,9 @@ def test_a_dying_local_rank_is_one_line_per_rank_and_exit_1(files: Path) -> None
     pytest.importorskip("torch")
     e = {**os.environ}
     e.pop("LYNX_DEBUG", None)
-    r = subprocess.run([sys.executable, "-m", "lynx.runtime.train", "--plan", f"{files}/good.json", "--iters", "3",
-                        "--die-at", "1", "--die-rank", "1", "--timeout", "10", "--threads", "1", "--quiet"],
-                       capture_output=True, text=True, timeout=120, env=e)
+    r = subprocess.run(probe_command(["--die-at", "1", "--die-rank", "1"],
+                                     ["--plan", f"{files}/good.json", "--iters", "3", "--timeout", "10", "--threads",
+                                      "1", "--quiet"]), capture_output=True, text=True, timeout=120, env=probe_env(e))
     assert r.returncode == 1, r.stderr
     lines = r.stderr.strip().splitlines()
     assert lines and all(x.startswith(("lynx train: rank", "lynx: error: training failed")) for x in lines), lines

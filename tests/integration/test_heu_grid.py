@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from lynx.api import make_problem, plan
+from lynx.cost.memory import stage_peak_bytes
 from lynx.errors import InfeasibleError, SpecError
-from lynx.memory import stage_peak_bytes
-from lynx.spec import ParallelSpec, load_hardware, load_model
+from lynx.models import load_model
+from lynx.spec import ParallelSpec, load_hardware
 
 MODELS = ("gpt-1.3b", "gpt-4.7b", "gpt-7b", "gpt-13b", "gpt-23b")
 CLUSTERS = (("a100-40g-nvlink", 4), ("a100-40g-pcie", 2))

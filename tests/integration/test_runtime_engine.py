@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, validate_layer_policy  # noqa: E402
+from lynx.decisions import LayerPolicy, Phase, RecomputePolicy, validate_layer_policy  # noqa: E402
 from lynx.runtime.engine import RecomputeEngine  # noqa: E402
 from lynx.runtime.launch import run_ranks  # noqa: E402
 from lynx.runtime.layers.gpt import LayerConfig  # noqa: E402

@@ -16,9 +16,10 @@ pytest.importorskip("torch")
 
 from lynx.api import make_problem  # noqa: E402
 from lynx.methods import get_method  # noqa: E402
+from lynx.models import load_model
 from lynx.plan import Plan  # noqa: E402
 from lynx.problem import PlanOptions  # noqa: E402
-from lynx.spec import ParallelSpec, load_hardware, load_model  # noqa: E402
+from lynx.spec import ParallelSpec, load_hardware
 
 ITERS = 3
 

@@ -3,7 +3,7 @@
 For each policy (none, full, selective, uniform(1), uniform(2), block, the Megatron-Core module lists, lynx
 under a tight budget, and a hand-made policy using phases 1-5) on the tiny GPT and LLaMA test models, TP 1
 and TP 2 (two gloo processes), the engine's measured peak of held activation bytes never exceeds
-`runtime.check.predicted_activation_bytes` (the `lynx.memory` rule), and is at most 5% below it."""
+`runtime.check.predicted_activation_bytes` (the `lynx.cost.memory` rule), and is at most 5% below it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, validate_layer_policy  # noqa: E402
+from lynx.decisions import LayerPolicy, Phase, RecomputePolicy, validate_layer_policy  # noqa: E402
 from lynx.runtime.engine import RecomputeEngine  # noqa: E402
 from lynx.runtime.layers.gpt import LayerConfig  # noqa: E402
 from lynx.runtime.layers.gpt_model import GPTModel  # noqa: E402
@@ -103,7 +103,7 @@ def test_tp1_measured_peak_within_5_percent_below_predicted(family: str, sp: boo
 
 def _preset_cfg(family: str) -> Any:
     """The gpt-tiny / llama-tiny presets' layer shapes (4 layers, hidden 256, 8 heads), sequence 64."""
-    from lynx.spec import load_model
+    from lynx.models import load_model
 
     m = load_model(f"{family}-tiny")
     if family == "gpt":
@@ -116,7 +116,7 @@ def _preset_cfg(family: str) -> Any:
 
 @pytest.mark.parametrize("family", ["gpt", "llama"])
 def test_tiny_presets_measured_peak_within_5_percent_below_predicted(family: str) -> None:
-    from lynx.spec import load_model
+    from lynx.models import load_model
 
     res = measure(family, _preset_cfg(family), layers=load_model(f"{family}-tiny").num_layers)
     assert len(res) >= 14

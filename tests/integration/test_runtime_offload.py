@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lynx.policy.base import LayerPolicy, RecomputePolicy  # noqa: E402
+from lynx.decisions import LayerPolicy, RecomputePolicy  # noqa: E402
 from lynx.runtime.engine import RecomputeEngine  # noqa: E402
 from lynx.runtime.layers.gpt import LayerConfig  # noqa: E402
 from lynx.runtime.layers.gpt_model import GPTModel, synthetic_batch  # noqa: E402
@@ -90,14 +90,14 @@ def test_offloaded_bytes_leave_the_ledger_and_return_at_reload() -> None:
     model = GPTModel(CFG, LAYERS, VOCAB)
     eng = RecomputeEngine(model.layers, RecomputePolicy("o", (with_offload(keep_all, heavy),) * LAYERS))
     reloads: list[tuple[int, int, int]] = []
-    start = eng._start_reload
+    start = eng.offloader.start_reload
 
     def spy(rec: Any, entry: Any) -> None:
         before = eng.held_bytes()
         start(rec, entry)
         reloads.append((before, eng.held_bytes(), entry.nbytes))
 
-    eng._start_reload = spy  # type: ignore[method-assign]
+    eng.offloader.start_reload = spy  # type: ignore[method-assign]
     # one forward of micro-batch 0: what the keep-all engine holds, less exactly what went to the host
     tok, lab = synthetic_batch(VOCAB, CFG.micro_batch_size, CFG.seq_length, 0, 0)
     loss = model(tok, lab, 0, eng)
@@ -137,7 +137,7 @@ def test_gpu_offloading_is_bitwise_equal_to_keeping() -> None:
 
 def test_a_wrong_reload_breaks_equality(monkeypatch: pytest.MonkeyPatch) -> None:
     """The test can fail: a reload that hands back slightly different values changes the gradients."""
-    import lynx.runtime.engine.core as core
+    import lynx.runtime.engine.offloader as core
 
     ref, _ = _run(None, 1)
     orig = core.view_of

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lynx.policy.base import RecomputePolicy  # noqa: E402
+from lynx.decisions import RecomputePolicy  # noqa: E402
 from tests.harness.check import grads_of  # noqa: E402
 from tests.integration.test_runtime_offload import CFG, LAYERS, MBS, _keep_all, _run, with_offload  # noqa: E402
 

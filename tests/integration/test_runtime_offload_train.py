@@ -16,11 +16,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lynx.api import make_problem  # noqa: E402
-from lynx.memory import layer_memory  # noqa: E402
+from lynx.cost.memory import layer_memory  # noqa: E402
 from lynx.methods import get_method  # noqa: E402
+from lynx.models import load_model  # noqa: E402
 from lynx.plan import Plan, load_plan  # noqa: E402
 from lynx.problem import PlanOptions  # noqa: E402
-from lynx.spec import ParallelSpec, load_hardware, load_model  # noqa: E402
+from lynx.spec import ParallelSpec, load_hardware  # noqa: E402
 
 
 def offload_plan(path: Path, tp: int, pp: int, frac: float = 0.3) -> Path:
@@ -69,13 +70,15 @@ def offloads(plan: Path) -> bool:
 
 def train(plan: Path, out: Path, trace: bool = False) -> dict[str, Any]:
     argv = ["--plan", str(plan), "--iters", "2", "--warmup", "0", "--out", str(out / "r.json"), "--quiet",
-            "--threads", "1", "--save-grads", str(out / "grads")]
+            "--threads", "1"]
     if trace:
         argv += ["--trace", str(out / "t.json")]
+    from lynx.runtime.config import TrainProbes
     from lynx.runtime.train import main
+    from tests.harness.train_probes import SaveGrads
 
     out.mkdir()
-    main(argv)
+    main(argv, TrainProbes(after_backward=SaveGrads(str(out / "grads"), at=1)))
     r: dict[str, Any] = json.loads((out / "r.json").read_text())
     return r
 

@@ -62,9 +62,10 @@ def test_pp2_two_processes_one_gpu_equal_to_single_process(method: str, tmp_path
 def _plan(path: Path, dp: int = 1) -> Path:
     from lynx.api import make_problem
     from lynx.methods import get_method
+    from lynx.models import load_model
     from lynx.plan import Plan
     from lynx.problem import PlanOptions
-    from lynx.spec import ParallelSpec, load_hardware, load_model
+    from lynx.spec import ParallelSpec, load_hardware
 
     par = ParallelSpec(tp=1, pp=2, dp=dp, micro_batch_size=2, global_batch_size=8 * dp, seq_length=64)
     prob = make_problem(load_model("gpt-tiny"), load_hardware("h100-80g-nvlink"), par, PlanOptions())

@@ -19,9 +19,11 @@ pytest.importorskip("torch")
 
 from lynx.api import make_problem  # noqa: E402
 from lynx.methods import get_method  # noqa: E402
+from lynx.models import load_model
 from lynx.plan import Plan  # noqa: E402
 from lynx.problem import PlanOptions  # noqa: E402
-from lynx.spec import ParallelSpec, load_hardware, load_model  # noqa: E402
+from lynx.spec import ParallelSpec, load_hardware
+from tests.harness.train_probes import probe_command, probe_env
 
 
 def write_plan(path: Path, method: str, tp: int = 1, pp: int = 2, dp: int = 1) -> Path:
@@ -95,7 +97,7 @@ def test_layout_not_matching_the_world_is_refused_before_any_process_group(tmp_p
     assert time.monotonic() - t0 < 30  # no rendezvous was attempted (it would wait for rank 1)
 
 
-def _two_ranks(plan: Path, extra: list[str], timeout: int) -> list[subprocess.Popen]:
+def _two_ranks(plan: Path, probes: list[str], timeout: int) -> list[subprocess.Popen]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -103,8 +105,8 @@ def _two_ranks(plan: Path, extra: list[str], timeout: int) -> list[subprocess.Po
     for rank in (0, 1):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "lynx.runtime.train", "--plan", str(plan), "--iters", "3", "--threads", "1",
-             "--timeout", str(timeout), "--quiet", *extra], env=env, stderr=subprocess.PIPE, text=True))
+            probe_command(probes, ["--plan", str(plan), "--iters", "3", "--threads", "1", "--timeout", str(timeout),
+                                   "--quiet"]), env=probe_env(env), stderr=subprocess.PIPE, text=True))
     return procs
 
 

@@ -55,9 +55,10 @@ def test_p2p_probe_moves_the_message_at_the_shaped_rate_at_most() -> None:
 def test_cut_link_fails_both_ranks_within_timeout(tmp_path: Path) -> None:
     from lynx.api import make_problem
     from lynx.methods import get_method
+    from lynx.models import load_model
     from lynx.plan import Plan
     from lynx.problem import PlanOptions
-    from lynx.spec import ParallelSpec, load_hardware, load_model
+    from lynx.spec import ParallelSpec, load_hardware
 
     par = ParallelSpec(tp=2, micro_batch_size=2, global_batch_size=4, seq_length=64)
     prob = make_problem(load_model("gpt-tiny"), load_hardware("a100-40g-nvlink"), par, PlanOptions())

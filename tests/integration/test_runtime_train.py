@@ -7,7 +7,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,9 +16,11 @@ pytest.importorskip("torch")
 
 from lynx.api import make_problem  # noqa: E402
 from lynx.methods import get_method  # noqa: E402
+from lynx.models import load_model
 from lynx.plan import Plan  # noqa: E402
 from lynx.problem import PlanOptions  # noqa: E402
-from lynx.spec import ParallelSpec, load_hardware, load_model  # noqa: E402
+from lynx.spec import ParallelSpec, load_hardware
+from tests.harness.train_probes import probe_command, probe_env
 
 
 def write_plan(path: Path, method: str, tp: int = 1, pp: int = 1, seq: int = 32) -> Path:
@@ -67,9 +68,9 @@ def test_dead_rank_fails_fast_with_rank_and_cause(tmp_path: Path) -> None:
     for rank in (0, 1):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "lynx.runtime.train", "--plan", str(plan), "--iters", "4", "--threads", "1",
-             "--die-at", "1", "--die-rank", "1", "--timeout", "20", "--quiet"],
-            env=env, stderr=subprocess.PIPE, text=True))
+            probe_command(["--die-at", "1", "--die-rank", "1"],
+                          ["--plan", str(plan), "--iters", "4", "--threads", "1", "--timeout", "20", "--quiet"]),
+            env=probe_env(env), stderr=subprocess.PIPE, text=True))
     errs = [p.communicate(timeout=120)[1] for p in procs]
     assert procs[1].returncode == 17
     assert procs[0].returncode == 1

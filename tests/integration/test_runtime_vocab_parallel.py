@@ -1,7 +1,7 @@
 """The embedding and the LM head as the planner prices them (issue 23 item 3): at TP = 2 the runtime's stages
-hold the parameters `lynx.static_memory.stage_params` counts (vocabulary-parallel word embedding and head,
+hold the parameters `lynx.cost.static_memory.stage_params` counts (vocabulary-parallel word embedding and head,
 V h / t per rank), its logits and the cross-entropy's fp32 working copy are the bytes
-`lynx.memory.extra_transient_bytes` prices (6 s b V / t: 16-bit logits and their fp32 copy, under bf16
+`lynx.cost.memory.extra_transient_bytes` prices (6 s b V / t: 16-bit logits and their fp32 copy, under bf16
 autocast), and the vocabulary-parallel cross-entropy equals the whole-vocabulary one. Two gloo ranks through
 `lynx.runtime.launch.run_ranks`, GPT (tied, learned positions, dropout) and LLaMA (untied, RoPE)."""
 
@@ -15,7 +15,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lynx.memory import extra_transient_bytes  # noqa: E402
+from lynx.cost.memory import extra_transient_bytes  # noqa: E402
+from lynx.cost.static_memory import stage_params  # noqa: E402
 from lynx.runtime.launch import run_ranks  # noqa: E402
 from lynx.runtime.layers.ends import lm_loss  # noqa: E402
 from lynx.runtime.layers.gpt import LayerConfig  # noqa: E402
@@ -23,7 +24,6 @@ from lynx.runtime.layers.gpt_model import synthetic_batch  # noqa: E402
 from lynx.runtime.layers.llama import LlamaConfig  # noqa: E402
 from lynx.runtime.pipeline.stages import StageModule, StageSpec  # noqa: E402
 from lynx.spec import ParallelSpec  # noqa: E402
-from lynx.static_memory import stage_params  # noqa: E402
 from tests.harness.check import model_spec  # noqa: E402
 
 VOCAB = 96

@@ -81,8 +81,8 @@ def test_a_plan_for_megatrons_kernels_is_refused_naming_the_family(tmp_path: Pat
 
 def test_a_policy_naming_other_ops_is_refused() -> None:
     pytest.importorskip("torchtitan")
+    from lynx.decisions import LayerPolicy
     from lynx.integrations.torchtitan import apply_lynx_plan
-    from lynx.policy.base import LayerPolicy
     from tests.harness.torchtitan_models import debug_model
 
     gpt_like = LayerPolicy(keep=frozenset({"ln1", "qkv"}))

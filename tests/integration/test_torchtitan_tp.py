@@ -19,7 +19,7 @@ TIMEOUT_S = 60.0
 
 def titan_graph(tp: int, sp: bool = False) -> Any:
     """The family torchtitan-llama3 graph of the debug model's block."""
-    from lynx.costmodel import build_layer_graph
+    from lynx.cost.layer import build_layer_graph
     from lynx.spec import ModelSpec, ParallelSpec, load_hardware
 
     m = ModelSpec(name="titan-debug", family="torchtitan-llama3", num_layers=LAYERS, hidden_size=256,
@@ -34,7 +34,7 @@ def titan_graph(tp: int, sp: bool = False) -> Any:
 def windowed_policy(graph: Any) -> Any:
     """A plan with an op in every place: core_attn in phase 1, up in 2, gate in 3, rmsnorm1 in 4, swiglu on
     demand (each op's inputs kept or restored earlier, so each restoration counts once, at its place)."""
-    from lynx.policy.base import LayerPolicy, Phase
+    from lynx.decisions import LayerPolicy, Phase
 
     rec = (("core_attn", Phase.FWD_ATTN), ("up", Phase.FWD_MLP), ("gate", Phase.BWD_MLP),
            ("rmsnorm1", Phase.BWD_ATTN), ("swiglu", Phase.ON_DEMAND))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lynx.costmodel import model_flops_per_iteration
+from lynx.cost.layer import model_flops_per_iteration
 from lynx.spec import load_hardware
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))

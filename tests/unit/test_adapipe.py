@@ -10,14 +10,15 @@ import math
 import pytest
 
 from lynx.api import make_problem, plan
+from lynx.cost.memory import stage_peak_bytes
+from lynx.decisions import Phase, validate_layer_policy
 from lynx.errors import InfeasibleError
-from lynx.memory import stage_peak_bytes
+from lynx.models import load_model
 from lynx.partition.adapipe import adapipe_partition, pipeline_time
 from lynx.policy.adapipe import StageDP, adapipe_stage_policy, layer_strategies
-from lynx.policy.base import Phase, validate_layer_policy
 from lynx.policy.rules import full_layer, keep_all
 from lynx.problem import PlanOptions
-from lynx.spec import ParallelSpec, load_hardware, load_model
+from lynx.spec import ParallelSpec, load_hardware
 
 
 def _problem(model: str = "gpt-1.3b", mb: int = 16, budget: float | None = None):  # type: ignore[no-untyped-def]

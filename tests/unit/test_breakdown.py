@@ -6,7 +6,7 @@ import pytest
 
 from lynx.api import plan
 from lynx.breakdown import stage_memories
-from lynx.memory import stage_peak_bytes
+from lynx.cost.memory import stage_peak_bytes
 from lynx.methods import available_methods, get_method
 from tests.conftest import problem_for
 

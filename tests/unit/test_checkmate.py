@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from test_opt import _ctx
 
-from lynx.policy.base import Phase
+from lynx.decisions import Phase
 from lynx.policy.opt import OptOptions, checkmate_options, solve_stage
 from lynx.policy.opt_check import check_schedule
 from lynx.policy.opt_timeline import build_timeline

@@ -6,8 +6,10 @@ import dataclasses
 
 import pytest
 
-from lynx.costmodel import allreduce_time, build_layer_graph, gather_time, model_flops_per_iteration
-from lynx.spec import ParallelSpec, load_hardware, load_model
+from lynx.cost.collectives import allreduce_time, gather_time
+from lynx.cost.layer import build_layer_graph, model_flops_per_iteration
+from lynx.models import load_model
+from lynx.spec import ParallelSpec, load_hardware
 
 
 def _g(tp: int = 4, mb: int = 8, hw: str = "a100-40g-nvlink", model: str = "gpt-7b", sp: bool = False):  # type: ignore[no-untyped-def]

@@ -17,17 +17,11 @@ import dataclasses
 
 import pytest
 
-from lynx.costmodel import build_layer_graph, edge_times
+from lynx.cost.layer import build_layer_graph, edge_times
+from lynx.decisions import LayerPolicy, Phase, validate_layer_policy
 from lynx.errors import SpecError
-from lynx.policy.base import LayerPolicy, Phase, validate_layer_policy
-from lynx.spec import (
-    ParallelSpec,
-    load_hardware,
-    load_model,
-    parallel_from_dict,
-    parallel_to_dict,
-    validate_layout,
-)
+from lynx.models import load_model, validate_layout
+from lynx.spec import ParallelSpec, load_hardware, parallel_from_dict, parallel_to_dict
 from tests.harness.cli import run_main
 
 H100 = "h100-80g-nvlink"
@@ -108,7 +102,7 @@ def test_world_size_and_gradient_group() -> None:
 
 def _exchange_case(tp: int, cp: int, seq: int) -> tuple[float, float, float, float, float]:
     """(exposed fwd, exposed bwd, one step's message time, attention fwd, attention bwd) of a ring."""
-    from lynx.costmodel import p2p_time
+    from lynx.cost.collectives import p2p_time
 
     m, hw = load_model("llama3-70b"), load_hardware(H100)
     par = _par(tp=tp, cp=cp, seq_length=seq, pp=1, dp=1, global_batch_size=1)

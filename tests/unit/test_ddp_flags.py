@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from lynx.api import make_problem, plan
+from lynx.cost.static_memory import RECIPES, grad_buffer_passes, grad_buffer_time
 from lynx.export.megatron import run_flags
 from lynx.export.megatron_args import parse_megatron_args
+from lynx.models import load_model
 from lynx.plan import load_plan
 from lynx.problem import PlanOptions
-from lynx.spec import ParallelSpec, load_hardware, load_model
-from lynx.static_memory import RECIPES, grad_buffer_passes, grad_buffer_time
+from lynx.spec import ParallelSpec, load_hardware
 
 H100 = "h100-80g-nvlink"
 PAR = ParallelSpec(tp=2, pp=1, dp=8, sequence_parallel=True, micro_batch_size=2, global_batch_size=32, seq_length=2048)

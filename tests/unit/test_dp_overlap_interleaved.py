@@ -1,5 +1,5 @@
 """Megatron's data-parallel overlaps on interleaved stages (chunk by chunk) and the passes over the gradient
-buffer every iteration makes (`lynx.dp_overlap`, `lynx.static_memory.grad_buffer_passes`)."""
+buffer every iteration makes (`lynx.cost.dp_overlap`, `lynx.cost.static_memory.grad_buffer_passes`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import pytest
 
 import lynx.simulate.metrics as metrics
 from lynx.api import make_problem, plan
-from lynx.dp_overlap import DpSync, dp_sync, dp_sync_chunks, interleaved_exposed
+from lynx.cost.dp_overlap import DpSync, dp_sync, dp_sync_chunks, interleaved_exposed
+from lynx.cost.static_memory import RECIPES, grad_buffer_passes, grad_buffer_time
+from lynx.models import load_model
 from lynx.problem import PlanOptions
-from lynx.spec import ParallelSpec, load_hardware, load_model
-from lynx.static_memory import RECIPES, grad_buffer_passes, grad_buffer_time
+from lynx.spec import ParallelSpec, load_hardware
 
 H100 = "h100-80g-nvlink"
 

@@ -12,6 +12,7 @@ from types import ModuleType
 import pytest
 
 from lynx.api import plan as plan_with
+from lynx.decisions import RecomputePolicy
 from lynx.errors import SpecError
 from lynx.export.layout import ChunkLayout, parse_megatron_layout
 from lynx.export.megatron import build_megatron, render_plugin
@@ -25,7 +26,6 @@ from lynx.export.megatron_recompute import (
 )
 from lynx.export.pricing import simulate_per_stage, simulate_stock
 from lynx.export.source import ExportSource, source_from
-from lynx.policy.base import RecomputePolicy
 from lynx.policy.rules import full_layer, keep_all, on_demand, selective_layer
 from tests.conftest import problem_for
 

@@ -13,6 +13,7 @@ from lynx.export.megatron_args import parse_megatron_args
 from lynx.export.megatron_recompute import MegatronRecompute
 from lynx.export.pricing import imported_problem, simulate_stock
 from lynx.export.source import source_from
+from lynx.models import total_params
 from lynx.problem import PlanOptions
 from tests.conftest import problem_for
 
@@ -150,9 +151,9 @@ def test_each_switch_is_read_on_its_own() -> None:
     assert (nemo.family, nemo.activation, nemo.normalization, nemo.position_embedding, nemo.bias,
             nemo.num_query_groups, nemo.tie_embeddings) == ("mcore", "squared-relu", "layernorm", "rope", "none", 8,
                                                             False)
-    from lynx.spec import load_model
+    from lynx.models import load_model
 
-    assert nemo.total_params() == load_model("nemotron4-15b").total_params()
+    assert total_params(nemo) == total_params(load_model("nemotron4-15b"))
     qwen = parse_megatron_args(f"{BASE} --swiglu --normalization RMSNorm --position-embedding-type rope "
                                "--disable-bias-linear --add-qkv-bias").model
     assert (qwen.family, qwen.bias) == ("mcore", "qkv")

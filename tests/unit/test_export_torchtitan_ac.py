@@ -23,8 +23,8 @@ from torch import nn  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from lynx.api import plan as plan_with  # noqa: E402
+from lynx.decisions import RecomputePolicy  # noqa: E402
 from lynx.export.torchtitan import ORDER, build_torchtitan, render_ac, replayed_ops  # noqa: E402
-from lynx.policy.base import RecomputePolicy  # noqa: E402
 from lynx.policy.rules import full_layer, keep_all, on_demand  # noqa: E402
 from tests.conftest import problem_for  # noqa: E402
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from lynx.costmodel import build_layer_graph
-from lynx.spec import ModelSpec, ParallelSpec, load_hardware, load_model
+from lynx.cost.layer import build_layer_graph
+from lynx.models import layer_params, load_model
+from lynx.spec import ModelSpec, ParallelSpec, load_hardware
 
 
 def _model(family: str, n_kv: int) -> ModelSpec:
@@ -59,7 +60,7 @@ def test_titan_family_prices_a_llama3_8b_layer_half_again_above_megatron() -> No
     assert 1.45 < ratio < 1.55
     assert {o.name for o in titan.ops} >= {"rmsnorm1", "v_copy", "gate", "up", "silu", "swiglu", "down"}
     # parameters are LLaMA's: the same model, other kernels
-    assert m.layer_params() == dataclasses.replace(m, family="torchtitan-llama3").layer_params()
+    assert layer_params(m) == layer_params(dataclasses.replace(m, family="torchtitan-llama3"))
 
 
 def test_titan_family_with_sequence_parallelism_keeps_the_gathered_gemm_input() -> None:

@@ -15,8 +15,9 @@ from lynx.api import make_problem
 from lynx.api import plan as plan_with
 from lynx.export.source import source_from
 from lynx.export.torchtitan import ENGINE_FILE, TorchtitanExport, build_torchtitan, render_registry, write_torchtitan
+from lynx.models import load_model
 from lynx.problem import PlanOptions
-from lynx.spec import ParallelSpec, load_hardware, load_model
+from lynx.spec import ParallelSpec, load_hardware
 
 
 def _export8(sp: bool, family: str = "torchtitan-llama3") -> TorchtitanExport:

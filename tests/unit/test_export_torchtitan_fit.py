@@ -15,8 +15,9 @@ from lynx.api import make_problem
 from lynx.api import plan as plan_with
 from lynx.export.source import source_from
 from lynx.export.torchtitan import REGISTRY_FILE, TorchtitanExport, build_torchtitan, render_registry, write_torchtitan
+from lynx.models import load_model
 from lynx.problem import PlanOptions
-from lynx.spec import ParallelSpec, load_hardware, load_model
+from lynx.spec import ParallelSpec, load_hardware
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "export.md"
 
@@ -57,7 +58,7 @@ def test_a_plan_for_megatrons_kernels_is_warned_about_in_torchtitan() -> None:
 
 
 def test_replicated_optimizer_state_exports_hsdp_replicate_and_is_priced_unsharded() -> None:
-    from lynx.static_memory import stage_params
+    from lynx.cost.static_memory import stage_params
 
     exp = _export70("torchtitan-llama3", export_without_distributed=True)
     par = exp.config["parallelism"]

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from lynx.costmodel import CostParams, build_layer_graph
+from lynx.cost.kernels import KernelCurves
+from lynx.cost.layer import CostParams, build_layer_graph
+from lynx.cost.memory import layer_memory
 from lynx.errors import SpecError
 from lynx.graph import LayerGraph
-from lynx.kernels import KernelCurves
-from lynx.memory import layer_memory
+from lynx.models import check_model, layer_params, load_model, total_params, validate_layout
 from lynx.policy.megatron_modules import modules_layer, parse_modules
 from lynx.policy.rules import full_layer, keep_all, selective_layer
-from lynx.spec import ModelSpec, ParallelSpec, load_hardware, load_model, validate_layout
+from lynx.spec import ModelSpec, ParallelSpec, load_hardware
 
 SHAPES = [  # (model, tp, micro-batch, seq)
     ("llama3-8b", 1, 1, 4096), ("llama3-8b", 2, 2, 8192), ("llama3-70b", 8, 1, 4096), ("llama2-7b", 4, 4, 4096),
@@ -88,7 +89,7 @@ def test_flash_attention_pricing() -> None:
     op = g.op("core_attn")
     a_l, d, s, b = m.num_attention_heads / 2, m.head_dim, 4096, 2
     assert op.fwd_flops == pytest.approx(2 * b * a_l * s * s * d)  # 4 b a s^2 d, halved by the causal mask
-    # FlashAttention-2's 2.5x the forward's FLOPs, at the backward's own (lower) kernel efficiency (lynx.kernels)
+    # FlashAttention-2's 2.5x the forward's FLOPs, at the backward's own (lower) kernel efficiency (lynx.cost.kernels)
     curves = KernelCurves.of(load_hardware("h100-80g-nvlink").device)
     ko = CostParams.for_hardware(load_hardware("h100-80g-nvlink")).kernel_overhead_s
     ratio = curves.flash(s, d, backward=False) / curves.flash(s, d, backward=True)
@@ -124,18 +125,18 @@ def test_parse_modules() -> None:
     ("llama2-70b", 68_976_648_192), ("llama3-70b", 70_553_706_496), ("mistral-7b", 7_248_023_552),
 ])
 def test_parameter_counts_match_the_published_models(model: str, params: int) -> None:
-    assert load_model(model).total_params() == params
+    assert total_params(load_model(model)) == params
 
 
 def test_untied_head_on_the_last_stage() -> None:
-    from lynx.static_memory import stage_params
+    from lynx.cost.static_memory import stage_params
 
     def static_bytes(m: object, par: ParallelSpec, stage: int, n: int, _per_param: float) -> float:
         return stage_params(m, par, stage, n).total  # type: ignore[arg-type]
 
     m = load_model("llama3-8b")
     par = ParallelSpec(tp=2, pp=1, seq_length=4096)
-    layers = 32 * ((m.layer_params() - 2 * m.hidden_size) / 2 + 2 * m.hidden_size)  # RMSNorms replicated
+    layers = 32 * ((layer_params(m) - 2 * m.hidden_size) / 2 + 2 * m.hidden_size)  # RMSNorms replicated
     emb = m.vocab_size * m.hidden_size / 2
     assert static_bytes(m, par, 0, 32, 1.0) == pytest.approx(layers + 2 * emb + m.hidden_size)
     par4 = ParallelSpec(tp=2, pp=4, seq_length=4096)
@@ -151,12 +152,13 @@ def test_validation_errors() -> None:
     with pytest.raises(SpecError, match="not divisible by num_query_groups"):
         ModelSpec("x", 2, 64, 8, num_query_groups=3, family="llama", activation="swiglu", normalization="rmsnorm",
                   position_embedding="rope")
+    # the family's own rules: checked where a model meets its family (loading, and every problem's layout check)
     with pytest.raises(SpecError, match="family llama has activation swiglu"):
-        ModelSpec("x", 2, 64, 8, family="llama")
+        check_model(ModelSpec("x", 2, 64, 8, family="llama"))
     with pytest.raises(SpecError, match="family gpt has no grouped-query"):
-        ModelSpec("x", 2, 64, 8, num_query_groups=2)
+        validate_layout(ModelSpec("x", 2, 64, 8, num_query_groups=2), hw, ParallelSpec(tp=1))
     with pytest.raises(SpecError, match="unknown model family"):
-        ModelSpec("x", 2, 64, 8, family="mamba")
+        check_model(ModelSpec("x", 2, 64, 8, family="mamba"))
     with pytest.raises(SpecError, match="attention must be one of standard, flash"):
         ModelSpec("x", 2, 64, 8, attention="fast")  # type: ignore[arg-type]
 
@@ -167,7 +169,8 @@ def test_family_defaults_from_a_model_file(tmp_path) -> None:
     m = load_model(str(p))
     assert (m.activation, m.normalization, m.position_embedding, m.attention, m.tie_embeddings, m.dropout) == \
         ("swiglu", "rmsnorm", "rope", "flash", False, False)
-    from lynx.spec import model_from_dict, model_to_dict
+    from lynx.models import model_from_dict
+    from lynx.spec import model_to_dict
 
     assert model_from_dict(model_to_dict(m)) == m
 

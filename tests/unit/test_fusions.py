@@ -12,13 +12,14 @@ import pytest
 from typer.testing import CliRunner
 
 from lynx.cli import app
-from lynx.costmodel import build_layer_graph, edge_times
+from lynx.cost.layer import build_layer_graph, edge_times
 from lynx.errors import SpecError
 from lynx.export.megatron_args import parse_megatron_args
 from lynx.export.megatron_fusion import fusion_args
 from lynx.families.base import ACT_BYTES
 from lynx.families.fusion import SWIGLU_EAGER
-from lynx.spec import ModelSpec, ParallelSpec, load_hardware, load_model, model_to_dict
+from lynx.models import load_model
+from lynx.spec import ModelSpec, ParallelSpec, load_hardware, model_to_dict
 
 H100 = load_hardware("h100-80g-nvlink")
 PAR = ParallelSpec(tp=2, sequence_parallel=True, micro_batch_size=1, global_batch_size=1, seq_length=4096)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from lynx.costmodel import build_layer_graph
+from lynx.cost.layer import build_layer_graph
 from lynx.families.gpt import SP_OPS, STANDARD_OPS
 from lynx.graph import LayerGraph
+from lynx.models import load_model
 from lynx.policy.rules import full_layer, keep_all, selective_layer
-from lynx.spec import ParallelSpec, load_hardware, load_model
+from lynx.spec import ParallelSpec, load_hardware
 
 SHAPES = [  # (model, tp, micro-batch, seq)
     ("gpt-7b", 1, 1, 1024), ("gpt-7b", 4, 8, 1024), ("gpt-13b", 8, 2, 2048), ("gpt-1.3b", 2, 4, 512),

@@ -13,14 +13,15 @@ from typer.testing import CliRunner
 import lynx.cli.solve  # noqa: F401  (registers `lynx solve` on the app)
 from lynx.api import make_problem, plan
 from lynx.cli import app
+from lynx.cost.memory import stage_peak_bytes
+from lynx.decisions import FWD_PHASES, LayerPolicy, Phase, StageContext, check_policy
 from lynx.errors import InfeasibleError
-from lynx.memory import stage_peak_bytes
 from lynx.methods import available_methods, base_partition
-from lynx.policy.base import FWD_PHASES, LayerPolicy, Phase, StageContext, check_policy
+from lynx.models import load_model
 from lynx.policy.heu import HeuCache, critical_recompute, heu_policy
 from lynx.policy.heu_mixed import mixed_policy
 from lynx.problem import PlanOptions, PlanProblem
-from lynx.spec import GiB, ParallelSpec, load_hardware, load_model
+from lynx.spec import GiB, ParallelSpec, load_hardware
 
 
 def problem(model: str = "gpt-7b", hw: str = "a100-40g-nvlink", tp: int = 4, mb: int = 16,

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from lynx.cost.memory import linear_peak_bytes, stage_peak_bytes
+from lynx.decisions import LayerPolicy, Phase, StageContext, validate_layer_policy
 from lynx.errors import InfeasibleError
 from lynx.graph import LayerGraph, Op
-from lynx.memory import linear_peak_bytes, stage_peak_bytes
-from lynx.policy.base import LayerPolicy, Phase, StageContext, validate_layer_policy
 from lynx.policy.heu import HeuOptions, heu_policy, min_budget_bytes
 
 MiB = float(1 << 20)
@@ -148,7 +148,7 @@ def test_linear_rows_bound_the_exact_peak_for_every_policy(has_fwd: bool, monkey
     layer output rebuilt for its dropout mask (`m_res`) is what needs `restored_output_bytes`: without that term
     the linear form falls short of the rule for some policies (the output exists beside the mask it is rebuilt
     for)."""
-    import lynx.memory
+    import lynx.cost.memory
 
     graph = tiny_graph(random.Random(3))
     ctx = context(graph, n=3, in_flight=2, last=not has_fwd, frac=0.5)
@@ -163,7 +163,7 @@ def test_linear_rows_bound_the_exact_peak_for_every_policy(has_fwd: bool, monkey
     exact = [stage_peak_bytes(graph, layers, ctx) for layers in stacks]
     for layers, e in zip(stacks, exact, strict=True):
         assert e <= linear_peak_bytes(graph, layers, ctx) * (1 + 1e-12), layers[0]
-    monkeypatch.setattr(lynx.memory, "restored_output_bytes", lambda *a: 0.0)
+    monkeypatch.setattr(lynx.cost.memory, "restored_output_bytes", lambda *a: 0.0)
     short = sum(e > linear_peak_bytes(graph, layers, ctx) * (1 + 1e-12)
                 for layers, e in zip(stacks, exact, strict=True))
     assert len(stacks) > 100 and short > 0

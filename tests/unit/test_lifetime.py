@@ -1,4 +1,4 @@
-"""The activation-lifetime model (`lynx.lifetime`): the closed form bounds the event simulation for random
+"""The activation-lifetime model (`lynx.cost.lifetime`): the closed form bounds the event simulation for random
 valid policies and layouts, and the model's known answers on one layer."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lynx.api import make_problem
+from lynx.cost.lifetime import backward_trace
+from lynx.cost.memory import layer_memory, linear_peak_bytes, predicted_activation_bytes, stage_peak_bytes
+from lynx.decisions import LayerPolicy, Phase, RecomputePolicy, StageContext, check_policy
 from lynx.graph import LayerGraph
-from lynx.lifetime import backward_trace
-from lynx.memory import layer_memory, linear_peak_bytes, predicted_activation_bytes, stage_peak_bytes
 from lynx.partition.base import Partition
-from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, StageContext, check_policy
 from lynx.policy.rules import full_policy, uniform_policy
 from lynx.problem import PlanOptions, PlanProblem
 from lynx.simulate import simulate

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lynx.costmodel import build_layer_graph  # noqa: E402
+from lynx.cost.layer import build_layer_graph  # noqa: E402
 from lynx.graph import LAYER_INPUT  # noqa: E402
 from lynx.policy.rules import keep_all  # noqa: E402
 from lynx.profile.measure import count_saved  # noqa: E402

@@ -8,11 +8,12 @@ import dataclasses
 import pytest
 
 from lynx.api import make_problem, plan
-from lynx.costmodel import build_layer_graph
+from lynx.cost.layer import build_layer_graph
 from lynx.errors import SpecError
+from lynx.models import check_model, layer_params, load_model, total_params
 from lynx.policy.rules import keep_all
 from lynx.problem import PlanOptions
-from lynx.spec import ModelSpec, ParallelSpec, load_hardware, load_model
+from lynx.spec import ModelSpec, ParallelSpec, load_hardware
 
 
 def _par(tp: int, sp: bool, mb: int = 2, seq: int = 2048) -> ParallelSpec:
@@ -35,7 +36,7 @@ def test_mcore_with_a_familys_switches_is_that_family(name: str, tp: int, sp: bo
     assert a.retained_bytes(keep_all(a).keep) == pytest.approx(b.retained_bytes(keep_all(b).keep), rel=1e-12)
     assert a.fwd_time() == pytest.approx(b.fwd_time(), rel=1e-12)
     assert a.bwd_time() == pytest.approx(b.bwd_time(), rel=1e-12)
-    assert m.total_params() == _as_mcore(m).total_params()
+    assert total_params(m) == total_params(_as_mcore(m))
 
 
 def test_squared_relu_and_biases_change_what_they_should() -> None:
@@ -46,9 +47,9 @@ def test_squared_relu_and_biases_change_what_they_should() -> None:
     assert g_sq.op("squared_relu").fwd_flops < g_ge.op("gelu").fwd_flops
     assert g_sq.retained_bytes(keep_all(g_sq).keep) == g_ge.retained_bytes(keep_all(g_ge).keep)
     h, a, g, d, f = base.hidden_size, 48, 8, base.head_dim, base.ffn_hidden_size
-    with_bias = dataclasses.replace(base, bias="all").layer_params() - base.layer_params()
+    with_bias = layer_params(dataclasses.replace(base, bias="all")) - layer_params(base)
     assert with_bias == (a + 2 * g) * d + f + 2 * h      # QKV, FC1, proj and FC2 biases
-    qkv = dataclasses.replace(base, bias="qkv").layer_params() - base.layer_params()
+    qkv = layer_params(dataclasses.replace(base, bias="qkv")) - layer_params(base)
     assert qkv == (a + 2 * g) * d
 
 
@@ -56,7 +57,7 @@ def test_squared_relu_and_biases_change_what_they_should() -> None:
                                                 ("qwen2.5-7b", 7.62), ("qwen2.5-72b", 72.7)])
 def test_presets_have_their_published_size_and_plan(name: str, billions: float) -> None:
     m = load_model(name)
-    assert m.total_params() / 1e9 == pytest.approx(billions, rel=0.01)
+    assert total_params(m) / 1e9 == pytest.approx(billions, rel=0.01)
     if billions > 100:
         return
     tp = 4 if name == "qwen2.5-7b" else 8
@@ -69,9 +70,10 @@ def test_presets_have_their_published_size_and_plan(name: str, billions: float) 
 
 
 def test_fixed_families_point_to_mcore() -> None:
+    """A model changed in code is checked against its family where it meets it (`lynx.models.check_model`)."""
     with pytest.raises(SpecError, match="family mcore"):
-        dataclasses.replace(load_model("gpt-7b"), activation="squared-relu")
+        check_model(dataclasses.replace(load_model("gpt-7b"), activation="squared-relu"))
     with pytest.raises(SpecError, match="mcore"):
-        dataclasses.replace(load_model("gpt-7b"), num_query_groups=8)
+        check_model(dataclasses.replace(load_model("gpt-7b"), num_query_groups=8))
     with pytest.raises(SpecError, match="family mcore"):
-        dataclasses.replace(load_model("llama3-8b"), bias="qkv")
+        check_model(dataclasses.replace(load_model("llama3-8b"), bias="qkv"))

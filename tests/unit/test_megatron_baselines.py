@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from lynx.api import compare, plan
+from lynx.cost.memory import layer_memory
+from lynx.cost.pricing import recompute_time
+from lynx.decisions import LayerPolicy, Phase, RecomputePolicy, check_policy, validate_layer_policy
 from lynx.errors import SpecError
-from lynx.memory import layer_memory
-from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, check_policy, validate_layer_policy
 from lynx.policy.megatron_modules import modules_layer
 from lynx.policy.rules import keep_all, selective_layer
-from lynx.simulate.pricing import recompute_time
 from tests.conftest import problem_for
 
 BASELINES = ("none", "full", "selective", "uniform", "block", "mc-core_attn", "mc-mlp", "mc-core_attn+layernorm",

@@ -4,22 +4,23 @@ import itertools
 
 import pytest
 
+from lynx.cost.memory import embedding_params_per_rank, layer_params_per_rank, static_bytes
+from lynx.decisions import LayerPolicy, Phase, RecomputePolicy, check_policy, validate_layer_policy
 from lynx.errors import PlanFormatError
 from lynx.families.gpt import CORE_ATTENTION_OPS
-from lynx.memory import embedding_params_per_rank, layer_params_per_rank, static_bytes
+from lynx.models import load_model, total_params
 from lynx.partition import dp_partition, even_partition, explicit_partition
-from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, check_policy, validate_layer_policy
 from lynx.policy.rules import block_policy, full_layer, keep_all, selective_layer, uniform_policy
 from lynx.problem import PlanProblem
-from lynx.spec import ParallelSpec, SpecError, load_model
+from lynx.spec import ParallelSpec, SpecError
 from tests.conftest import problem_for
 
 
 def test_static_memory_is_16_bytes_per_parameter() -> None:
     m = load_model("gpt-7b")
     par = ParallelSpec(tp=1, pp=1)
-    assert static_bytes(m, par, 0, m.num_layers) == pytest.approx(16 * m.total_params(), rel=1e-9)
-    assert static_bytes(m, par, 0, m.num_layers, bytes_per_param=18) == pytest.approx(18 * m.total_params())
+    assert static_bytes(m, par, 0, m.num_layers) == pytest.approx(16 * total_params(m), rel=1e-9)
+    assert static_bytes(m, par, 0, m.num_layers, bytes_per_param=18) == pytest.approx(18 * total_params(m))
 
 
 def test_embeddings_live_on_first_and_last_stage() -> None:

@@ -11,13 +11,14 @@ import random
 import pytest
 
 from lynx.api import make_problem, plan
+from lynx.cost.memory import host_bytes, layer_memory, linear_peak_bytes, stage_peak_bytes
+from lynx.decisions import LayerPolicy, Phase, RecomputePolicy, StageContext, validate_layer_policy
 from lynx.graph import LayerGraph
-from lynx.memory import host_bytes, layer_memory, linear_peak_bytes, stage_peak_bytes
-from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, StageContext, validate_layer_policy
+from lynx.models import load_model
 from lynx.policy.heu import HeuOptions, heu_policy, min_budget_bytes
 from lynx.policy.megatron_offload import megatron_offload_policy, module_offload_ops, ops_to_modules
 from lynx.policy.offload import OffloadLink, exposed_copy_time, offload_link, stage_cycle, stage_exposed_copy
-from lynx.spec import ParallelSpec, load_hardware, load_model
+from lynx.spec import ParallelSpec, load_hardware
 from tests.unit.test_heu_bruteforce import tiny_graph, windows_ok
 
 

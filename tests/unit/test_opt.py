@@ -8,15 +8,16 @@ import dataclasses
 import pytest
 
 from lynx.api import make_problem, plan
+from lynx.cost.memory import stage_peak_bytes
+from lynx.decisions import Phase, StageContext, validate_layer_policy
 from lynx.errors import InfeasibleError
-from lynx.memory import stage_peak_bytes
-from lynx.policy.base import Phase, StageContext, validate_layer_policy
+from lynx.models import load_model
 from lynx.policy.opt import OptOptions, solve_stage
 from lynx.policy.opt_check import Schedule, check_schedule, policy_to_schedule
 from lynx.policy.opt_timeline import build_timeline
 from lynx.policy.rules import full_policy, none_policy
 from lynx.problem import PlanOptions
-from lynx.spec import ParallelSpec, load_hardware, load_model
+from lynx.spec import ParallelSpec, load_hardware
 
 
 def _problem(model: str = "gpt-300m", mb: int = 32, pp: int = 4, budget: float | None = None,

@@ -65,8 +65,9 @@ def test_lynx_opt_method_stopped_early_is_no_slower_than_lynx_heu() -> None:
     GPT-13B (stage 0's MILP cannot finish) starts every stage from HEU's policy, so its plan is never slower
     than lynx-heu's on the same dp partition (before the warm start it was 5.99 s against HEU's 4.88 s)."""
     from lynx.api import make_problem, plan
+    from lynx.models import load_model
     from lynx.problem import PlanOptions
-    from lynx.spec import ParallelSpec, load_hardware, load_model
+    from lynx.spec import ParallelSpec, load_hardware
 
     par = ParallelSpec(tp=4, pp=4, dp=1, micro_batch_size=16, global_batch_size=128, seq_length=1024)
     prob = make_problem(load_model("gpt-13b"), load_hardware("a100-40g-nvlink"), par, PlanOptions(time_limit_s=1.0))

@@ -8,17 +8,18 @@ import dataclasses
 import pytest
 
 from lynx.api import make_problem, plan
-from lynx.costmodel import CostParams, build_layer_graph
-from lynx.dp_overlap import DpSync
+from lynx.cost.dp_overlap import DpSync
+from lynx.cost.kernels import KernelCurves
+from lynx.cost.layer import CostParams, build_layer_graph
+from lynx.cost.pricing import op_recompute_cost
+from lynx.cost.pricing import recompute_time as sim_recompute_time
 from lynx.errors import SpecError
 from lynx.graph import RuntimeCosts
-from lynx.kernels import KernelCurves
+from lynx.models import load_model
 from lynx.policy.heu_objective import recompute_time as heu_recompute_time
 from lynx.policy.rules import full_layer
-from lynx.pricing import op_recompute_cost
 from lynx.problem import PlanOptions
-from lynx.simulate.pricing import recompute_time as sim_recompute_time
-from lynx.spec import ModelSpec, ParallelSpec, load_hardware, load_model
+from lynx.spec import ModelSpec, ParallelSpec, load_hardware
 
 H100 = "h100-80g-nvlink"
 
@@ -96,13 +97,14 @@ def test_a_dp_group_with_several_members_per_node_uses_their_nics() -> None:
 
 
 def test_heu_and_the_simulator_charge_the_same_restore_price() -> None:
+    """One price function (`lynx.cost.pricing.recompute_time`) serves both; its price includes the restore."""
     m = ModelSpec(name="t", num_layers=4, hidden_size=256, num_attention_heads=4)
     g = build_layer_graph(m, load_hardware(H100), _par(tp=1, sp=False))
     g = dataclasses.replace(g, runtime=RuntimeCosts(restore_op_s=1e-3))
     lp = full_layer(g)
     phases = tuple({p for _, p in lp.recompute})
     n = len(lp.recomputed(phases))
-    assert heu_recompute_time(g, lp, phases) == pytest.approx(sim_recompute_time(g, lp, phases))
+    assert heu_recompute_time is sim_recompute_time
     assert heu_recompute_time(g, lp, phases) == pytest.approx(
         sum(g.op(x).fwd_time for x in lp.recomputed(phases)) + n * 1e-3)
     assert op_recompute_cost(g, "qkv") == pytest.approx(g.op("qkv").fwd_time + 1e-3)

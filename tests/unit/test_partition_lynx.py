@@ -9,8 +9,9 @@ import random
 import pytest
 
 from lynx.api import make_problem, plan
+from lynx.models import load_model
 from lynx.partition.lynx import exact_partition, greedy_partition, minmax_cost, search_partitions
-from lynx.spec import ParallelSpec, load_hardware, load_model
+from lynx.spec import ParallelSpec, load_hardware
 
 INF = float("inf")
 

@@ -6,11 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from lynx.costmodel import CostParams, build_layer_graph
+from lynx.cost.layer import CostParams, build_layer_graph
+from lynx.models import load_model
 from lynx.profile.calibrate import calibrate, nominal_hardware, preset_for_device
 from lynx.profile.errors import ProfileError
 from lynx.profile.store import OpStats, ProfileRecord, RunInfo
-from lynx.spec import ParallelSpec, load_hardware, load_model
+from lynx.spec import ParallelSpec, load_hardware
 
 INFO = RunInfo("gpt-7b", "bf16", "some accelerator", "2.x", "0.1.0", "3.11")
 

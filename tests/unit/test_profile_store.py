@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from lynx.costmodel import build_layer_graph
+from lynx.cost.layer import build_layer_graph
 from lynx.graph import LayerGraph
+from lynx.models import load_model
 from lynx.profile.errors import ProfileStoreError
 from lynx.profile.store import (
     APPLICATION_ID,
@@ -25,7 +26,7 @@ from lynx.profile.store import (
     load_profile_graph,
     save_profile,
 )
-from lynx.spec import ParallelSpec, load_hardware, load_model
+from lynx.spec import ParallelSpec, load_hardware
 
 
 def _graph(tp: int = 1, mb: int = 2, seq: int = 256) -> LayerGraph:

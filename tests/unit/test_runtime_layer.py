@@ -6,9 +6,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lynx.costmodel import build_layer_graph  # noqa: E402
+from lynx.cost.layer import build_layer_graph  # noqa: E402
+from lynx.decisions import validate_layer_policy  # noqa: E402
 from lynx.families.gpt import SP_OPS, STANDARD_OPS  # noqa: E402
-from lynx.policy.base import validate_layer_policy  # noqa: E402
 from lynx.runtime.engine import RecomputeEngine  # noqa: E402
 from lynx.runtime.layers.gpt import GPTLayer, LayerConfig, op_inputs_for, op_names_for  # noqa: E402
 from lynx.runtime.layers.gpt_model import GPTModel  # noqa: E402

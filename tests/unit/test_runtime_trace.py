@@ -45,9 +45,10 @@ def test_compare_refuses_missing_and_foreign_files(tmp_path: Path) -> None:
     assert p.returncode == 2 and "no.json: no such" in p.stderr and "Traceback" not in p.stderr
     from lynx.api import make_problem
     from lynx.methods import get_method
+    from lynx.models import load_model
     from lynx.plan import Plan
     from lynx.problem import PlanOptions
-    from lynx.spec import ParallelSpec, load_hardware, load_model
+    from lynx.spec import ParallelSpec, load_hardware
 
     par = ParallelSpec(tp=1, pp=2, micro_batch_size=2, global_batch_size=4, seq_length=32)
     prob = make_problem(load_model("gpt-tiny"), load_hardware("a100-40g-nvlink"), par, PlanOptions())

@@ -7,10 +7,11 @@ import math
 
 import pytest
 
+from lynx.models import load_model
 from lynx.problem import PlanOptions
 from lynx.search import Pins, Space, search
 from lynx.search.space import STOCK_METHODS, candidates, layouts
-from lynx.spec import GiB, load_hardware, load_model
+from lynx.spec import GiB, load_hardware
 
 # Small spaces (4-8 GPUs, short sequences) that enumerate in seconds, over three model shapes: GPT with
 # standard attention, LLaMA with grouped-query attention, and a budget tight enough that some layouts

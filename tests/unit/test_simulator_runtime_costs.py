@@ -7,14 +7,14 @@ from dataclasses import replace
 import pytest
 
 from lynx.api import make_problem
-from lynx.costmodel import allreduce_time
+from lynx.cost.collectives import allreduce_time
+from lynx.cost.runtime import measured_hardware, tied_embedding_sync_time
 from lynx.errors import PlanFormatError
 from lynx.graph import LayerGraph, RuntimeCosts
 from lynx.partition.base import Partition
 from lynx.policy.rules import full_policy, none_policy
 from lynx.problem import PlanOptions, PlanProblem
 from lynx.simulate import simulate
-from lynx.simulate.runtime_costs import measured_hardware, tied_embedding_sync_time
 from lynx.spec import ModelSpec, ParallelSpec, load_hardware
 
 RC = RuntimeCosts(restore_op_s=2e-4, gemm_flops=5e10, memory_bw_Bps=1e10)

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lynx.api import make_problem
-from lynx.memory import stage_peak_bytes
+from lynx.cost.memory import stage_peak_bytes
 from lynx.methods.common import stage_policy
 from lynx.partition.base import Partition
 from lynx.policy.rules import block_policy, full_policy, none_policy, selective_policy, uniform_policy

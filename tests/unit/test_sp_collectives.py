@@ -10,9 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from lynx.cli import app
-from lynx.costmodel import build_layer_graph, gather_time
+from lynx.cost.collectives import gather_time
+from lynx.cost.layer import build_layer_graph
 from lynx.graph import LayerGraph
-from lynx.spec import ParallelSpec, load_hardware, load_model
+from lynx.models import load_model
+from lynx.spec import ParallelSpec, load_hardware
 
 
 def _graph(model: str = "gpt-7b", sp: bool = True, tp: int = 4) -> LayerGraph:

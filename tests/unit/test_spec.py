@@ -5,14 +5,8 @@ from pathlib import Path
 import pytest
 
 from lynx.errors import SpecError
-from lynx.spec import (
-    ParallelSpec,
-    hardware_presets,
-    load_hardware,
-    load_model,
-    model_presets,
-    validate_layout,
-)
+from lynx.models import layer_params, load_model, model_presets, total_params, validate_layout
+from lynx.spec import ParallelSpec, hardware_presets, load_hardware
 
 
 def test_all_presets_load() -> None:
@@ -31,12 +25,12 @@ def test_all_presets_load() -> None:
      ("gpt-23b", 23.0), ("gpt-175b", 174.6)],
 )
 def test_parameter_counts_match_names(name: str, billions: float) -> None:
-    assert load_model(name).total_params() / 1e9 == pytest.approx(billions, rel=0.03)
+    assert total_params(load_model(name)) / 1e9 == pytest.approx(billions, rel=0.03)
 
 
 def test_gpt175b_layer_params_follow_12h2() -> None:
     m = load_model("gpt-175b")
-    assert m.layer_params() == pytest.approx(12 * m.hidden_size**2, rel=0.001)
+    assert layer_params(m) == pytest.approx(12 * m.hidden_size**2, rel=0.001)
 
 
 @pytest.mark.parametrize(

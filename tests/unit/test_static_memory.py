@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from lynx.api import make_problem, plan
+from lynx.cost.memory import static_bytes
+from lynx.cost.static_memory import RECIPES, Precision, recipe_for, stage_params, stage_static
 from lynx.errors import SpecError
-from lynx.memory import static_bytes
+from lynx.models import load_model, total_params
 from lynx.problem import PlanOptions
-from lynx.spec import GiB, ModelSpec, ParallelSpec, load_hardware, load_model
-from lynx.static_memory import RECIPES, Precision, recipe_for, stage_params, stage_static
+from lynx.spec import GiB, ModelSpec, ParallelSpec, load_hardware
 
 # Megatron-LM docs/source/api-guide/dist_optimizer.md: bytes per parameter, d = data-parallel size.
 MEGATRON_TABLE = {
@@ -55,7 +56,7 @@ def test_stage_static_is_megatrons_formula(precision: Precision, dp: int, stage:
 def test_paper_recipe_is_zero_16_bytes_and_zero1_shards_12() -> None:
     m = load_model("gpt-1.3b")
     par = ParallelSpec(dp=4, global_batch_size=4)
-    total = m.total_params()
+    total = total_params(m)
     assert static_bytes(m, par, 0, m.num_layers) == pytest.approx(16 * total, rel=1e-12)
     # ZeRO stage 1 (Rajbhandari et al. 2020, Fig. 1): (2 + 2) + 12 / Nd
     assert static_bytes(m, par, 0, m.num_layers, distributed_optimizer=True) == pytest.approx(
@@ -78,7 +79,7 @@ def test_breakdown_buffers_and_head_copy() -> None:
 def test_bytes_per_param_override_and_bad_recipes() -> None:
     m = load_model("gpt-7b")
     par = ParallelSpec(tp=1, pp=1)
-    assert static_bytes(m, par, 0, m.num_layers, bytes_per_param=18) == pytest.approx(18 * m.total_params())
+    assert static_bytes(m, par, 0, m.num_layers, bytes_per_param=18) == pytest.approx(18 * total_params(m))
     assert recipe_for("megatron-bf16", 20.0).total == 20.0
     with pytest.raises(SpecError, match="--precision 'bf16'"):
         recipe_for("bf16")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from lynx.costmodel import edge_times
-from lynx.spec import ParallelSpec, load_hardware, load_model
-from lynx.static_memory import RECIPES, Precision, optimizer_step_bytes, optimizer_step_time, stage_params
+from lynx.cost.layer import edge_times
+from lynx.cost.static_memory import RECIPES, Precision, optimizer_step_bytes, optimizer_step_time, stage_params
+from lynx.models import load_model
+from lynx.spec import ParallelSpec, load_hardware
 
 
 def test_adam_bytes_per_parameter() -> None:

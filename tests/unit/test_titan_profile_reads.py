@@ -58,9 +58,9 @@ def test_fp32_norms_also_read_their_input_and_the_engine_restores_it() -> None:
     pytest.importorskip("torchtitan")
     import torch
 
+    from lynx.decisions import LayerPolicy
     from lynx.graph import LAYER_INPUT
     from lynx.integrations.torchtitan import apply_lynx_plan
-    from lynx.policy.base import LayerPolicy
     from tests.harness.torchtitan_models import debug_model
 
     layer, sv = _profile(torch.float32)

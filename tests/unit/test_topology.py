@@ -7,17 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from lynx.costmodel import build_layer_graph
+from lynx.cost.layer import build_layer_graph
 from lynx.errors import SpecError
-from lynx.spec import (
-    GB,
-    LinkSpec,
-    ParallelSpec,
-    hardware_from_dict,
-    hardware_to_dict,
-    load_hardware,
-    load_model,
-)
+from lynx.models import load_model
+from lynx.spec import GB, LinkSpec, ParallelSpec, hardware_from_dict, hardware_to_dict, load_hardware
 from lynx.topology import Topology
 
 # nvidia-smi topo -m of nccl-tests issue 178's node, one socket of it: NVLink-bridged pairs (0,1), (2,3);

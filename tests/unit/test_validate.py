@@ -95,9 +95,10 @@ def test_a_profile_of_another_shape_says_how_to_plan_it() -> None:
     import pytest
 
     from lynx.checks import check_graph_matches
-    from lynx.costmodel import build_layer_graph
+    from lynx.cost.layer import build_layer_graph
     from lynx.errors import SpecError
-    from lynx.spec import ParallelSpec, load_hardware, load_model
+    from lynx.models import load_model
+    from lynx.spec import ParallelSpec, load_hardware
 
     par = ParallelSpec(tp=1, pp=1, dp=1, micro_batch_size=1, global_batch_size=1, seq_length=64)
     g = build_layer_graph(load_model("gpt-tiny"), load_hardware("a100-40g-nvlink"), par)

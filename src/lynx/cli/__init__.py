@@ -24,27 +24,12 @@ EXIT_INTERRUPTED = 130
 EXIT_BUG = 1
 REPORT_TO = "the lynx issue tracker"
 
-app = typer.Typer(
-    name="lynx",
-    help=(
-        "Plan and run activation recomputation for tensor/pipeline-parallel transformer training.\n\n"
-        "lynx decides per pipeline stage which activations to keep and which to recompute, hides "
-        "recomputation inside tensor-parallel collectives and pipeline stalls, partitions layers knowing "
-        "that, and predicts iteration time and memory next to Megatron's baselines.\n\n"
-        "Errors: one line on stderr, exit 2 for bad input, 130 when interrupted; `--debug` anywhere on the "
-        "command line (or LYNX_DEBUG=1) shows tracebacks."
-    ),
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
-)
-
 # Subcommand modules: each adds its commands to `app` when imported. Keep one line per module.
 from lynx.cli import export as _export  # noqa: E402,F401
 from lynx.cli import memory as _memory  # noqa: E402,F401
 from lynx.cli import plan as _plan  # noqa: E402,F401
 from lynx.cli import schedule as _schedule  # noqa: E402,F401
+from lynx.cli.app import app  # noqa: E402  (the command registry; re-exported)
 
 _OPTIONAL_COMMANDS = (
     "lynx.cli.solve",    # lynx solve (Lynx-HEU on a user's graph)

@@ -13,9 +13,10 @@ from rich.console import Console
 
 from lynx.errors import SpecError
 from lynx.graph import LayerGraph
+from lynx.models import load_model, model_presets
 from lynx.paths import check_output
 from lynx.problem import PlanOptions, PlanProblem
-from lynx.spec import GiB, ParallelSpec, hardware_presets, load_hardware, load_model, model_presets
+from lynx.spec import GiB, ParallelSpec, hardware_presets, load_hardware
 from lynx.validate import POSITIVE, Range, check_option
 
 JSON_FORMATS = (".json",)
@@ -130,7 +131,7 @@ def build_problem(
     cp: int = 1, cp_comm_type: str = "p2p", hierarchical_cp: str | None = None,
 ) -> PlanProblem:
     from lynx.api import make_problem
-    from lynx.static_memory import parse_precision, recipe_for
+    from lynx.cost.static_memory import parse_precision, recipe_for
 
     check_floats(**{"--budget-gb": (budget_gb, BUDGET_GB), "--bytes-per-param": (bytes_per_param, BYTES_PER_PARAM),
                     "--time-limit": (time_limit_s, POSITIVE), "--busbw": (busbw_gbps, POSITIVE)})

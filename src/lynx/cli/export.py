@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from lynx.cli import app
+from lynx.cli.app import app
 from lynx.cli.common import JsonOpt, console, err_console, print_json
 from lynx.errors import SpecError
 from lynx.export.megatron_args import MegatronRun
@@ -141,7 +141,7 @@ def derived_dp(dp: int, nodes: int | None, per_node: int, tp: int, pp: int) -> i
 def megatron_options(run: MegatronRun, lynx: LynxFlags, bytes_per_param: float | None, nodes: int | None,
                      budget_gb: float | None) -> PlanOptions:
     """PlanOptions for an imported command line: its precision, optimizer and overlaps, lynx's flags on top."""
-    from lynx.static_memory import parse_precision
+    from lynx.cost.static_memory import parse_precision
 
     precision = lynx.precision or run.precision or "fp32"
     return PlanOptions(

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from lynx.cli import app
+from lynx.cli.app import app
 from lynx.cli.common import (
     BusbwOpt,
     BytesPerParamOpt,

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from lynx.cli import app
+from lynx.cli.app import app
 from lynx.cli.common import (
     JSON_FORMATS,
     PLOT_FORMATS,
@@ -35,6 +35,7 @@ from lynx.cli.common import (
     print_json,
 )
 from lynx.errors import SpecError
+from lynx.models import total_params
 from lynx.paths import atomic_path, write_text
 from lynx.spec import GiB
 from lynx.validate import POSITIVE
@@ -527,10 +528,11 @@ def graph_cmd(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the graph JSON to a file.")] = None,
 ) -> None:
     """Print the op graph of one transformer layer (the analytic cost model)."""
-    from lynx.costmodel import build_layer_graph
+    from lynx.cost.layer import build_layer_graph
+    from lynx.models import load_model, validate_layout
     from lynx.report.tables import graph_table
     from lynx.report.windows import windows_table
-    from lynx.spec import load_hardware, load_model, validate_layout
+    from lynx.spec import load_hardware
 
     check_outputs(**{"--out": (out, JSON_FORMATS)})
     check_ints(**{"--tp": (tp, POSITIVE), "--cp": (cp, POSITIVE), "--micro-batch": (micro_batch, POSITIVE),
@@ -566,20 +568,21 @@ def methods_cmd(as_json: JsonOpt = False) -> None:
 @app.command("presets")
 def presets_cmd(as_json: JsonOpt = False) -> None:
     """List the built-in model and hardware presets."""
-    from lynx.spec import hardware_presets, load_hardware, load_model, model_presets
+    from lynx.models import load_model, model_presets
+    from lynx.spec import hardware_presets, load_hardware
 
     models = {n: load_model(n) for n in model_presets()}
     hws = {n: load_hardware(n) for n in hardware_presets()}
     if as_json:
         print_json({"models": {n: {"family": m.family, "layers": m.num_layers, "hidden": m.hidden_size,
                                    "heads": m.num_attention_heads, "query_groups": m.num_query_groups,
-                                   "params": m.total_params()} for n, m in models.items()},
+                                   "params": total_params(m)} for n, m in models.items()},
                     "hardware": {n: {"device": h.device.name, "devices_per_node": h.devices_per_node,
                                      "max_nodes": h.max_nodes} for n, h in hws.items()}})
         return
     for n, m in models.items():
         gqa = f" ({m.num_query_groups} K/V)" if m.num_query_groups != m.num_attention_heads else ""
         console.print(f"model    [bold]{n:13s}[/bold] {m.family:5s} {m.num_layers} layers, hidden {m.hidden_size}, "
-                      f"{m.num_attention_heads} heads{gqa}, {m.total_params() / 1e9:.2f}B parameters")
+                      f"{m.num_attention_heads} heads{gqa}, {total_params(m) / 1e9:.2f}B parameters")
     for n, h in hws.items():
         console.print(f"hardware [bold]{n:16s}[/bold] {h.max_nodes} nodes x {h.devices_per_node} {h.device.name}")

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from lynx.cli import app
+from lynx.cli.app import app
 from lynx.cli.common import (
     JSON_FORMATS,
     JsonOpt,
@@ -72,8 +72,8 @@ def profile_cmd(
     from lynx.runtime.launch import quiet_torch_logs
 
     quiet_torch_logs()  # before the profiler imports torch: its C++ logs only with --debug
+    from lynx.models import load_model
     from lynx.profile.profiler import ProfileConfig, prepare, profile
-    from lynx.spec import load_model
 
     check_ints(**{"--hidden": (hidden, POSITIVE), "--heads": (heads, POSITIVE), "--ffn": (ffn, POSITIVE),
                   "--micro-batch": (micro_batch, POSITIVE), "--seq-len": (seq_len, POSITIVE), "--tp": (tp, POSITIVE),

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from lynx.cli import app
+from lynx.cli.app import app
 from lynx.cli.common import JsonOpt, check_ints, check_outputs, console, err_console, print_json
 from lynx.spec import MAX_MICROBATCHES, MAX_STAGES
 from lynx.validate import Range

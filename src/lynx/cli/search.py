@@ -13,8 +13,9 @@ import typer
 
 from lynx.cli.common import console, err_console, print_json
 from lynx.errors import SpecError
+from lynx.models import load_model
 from lynx.problem import PlanOptions
-from lynx.spec import CpCommType, Hardware, load_hardware, load_model
+from lynx.spec import CpCommType, Hardware, load_hardware
 
 if TYPE_CHECKING:
     from lynx.search import SearchResult

@@ -9,15 +9,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from lynx.cli import app
+from lynx.cli.app import app
 from lynx.cli.common import BUDGET_GB, JsonOpt, check_floats, check_ints, console, print_json
+from lynx.cost.memory import stage_peak_bytes
+from lynx.decisions import StageContext
 from lynx.errors import PlanFormatError, SpecError
 from lynx.families.gpt import MODULE_OF
 from lynx.graph import LayerGraph
-from lynx.memory import stage_peak_bytes
 from lynx.milp import Backend
 from lynx.paths import MAX_JSON_BYTES, read_text
-from lynx.policy.base import StageContext
 from lynx.schedule import facts_1f1b
 from lynx.spec import MAX_LAYERS, MAX_MICROBATCHES, MAX_STAGES, GiB
 from lynx.validate import POSITIVE, Range

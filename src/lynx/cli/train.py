@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
-from lynx.cli import app
+from lynx.cli.app import app
 from lynx.errors import SpecError
 
 
@@ -66,25 +66,14 @@ def train_cmd(
         raise SpecError(f"--precision {precision!r}: expected fp32 or megatron-bf16 (megatron-fp16 needs loss "
                         f"scaling, which lynx train does not implement)")
     _refuse_context_parallel(plan)
-    from lynx.runtime.train import launch, parser  # lynx.runtime quiets torch's C++ logs before torch loads
+    from lynx.runtime.config import Backend, Device, Dtype, Precision
+    from lynx.runtime.train import TrainConfig, launch  # lynx.runtime quiets torch's C++ logs before torch loads
 
-    argv = ["--plan", str(plan), "--iters", str(iters), "--warmup", str(warmup), "--timeout", str(timeout),
-            "--threads", str(threads), "--device", device, "--dtype", dtype, "--precision", precision,
-            "--seed", str(seed), "--backend", backend]
-    if data is not None:
-        argv += ["--data", str(data)]
-    if out is not None:
-        argv += ["--out", str(out)]
-    if core_attn:
-        argv.append("--core-attn")
-    if quiet:
-        argv.append("--quiet")
-    if host_staged:
-        argv.append("--host-staged")
-    if schedule is not None:
-        argv += ["--schedule", str(schedule)]
-    if trace is not None:
-        argv += ["--trace", str(trace)]
-    if compare_trace:
-        argv.append("--compare-trace")
-    launch(parser().parse_args(argv))
+    # the choices were checked above, one line each
+    launch(TrainConfig(plan=str(plan), iters=iters, warmup=warmup, data=None if data is None else str(data),
+                       out=None if out is None else str(out), timeout=timeout, threads=threads,
+                       device=cast(Device, device), dtype=cast(Dtype, dtype), precision=cast(Precision, precision),
+                       backend=cast(Backend, backend), seed=seed, host_staged=host_staged, core_attn=core_attn,
+                       quiet=quiet,
+                       schedule=None if schedule is None else str(schedule),
+                       trace=None if trace is None else str(trace), compare_trace=compare_trace))

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from lynx.decisions import LayerPolicy, RecomputePolicy
 from lynx.graph import LayerGraph
-from lynx.policy.base import LayerPolicy, RecomputePolicy
 from lynx.policy.megatron_offload import module_offload_ops, ops_to_modules
 
 

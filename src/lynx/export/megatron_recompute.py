@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Literal
 
+from lynx.cost.pricing import ops_recompute_cost
+from lynx.decisions import LayerPolicy, Phase, RecomputePolicy
 from lynx.errors import SpecError
 from lynx.graph import LayerGraph
-from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
 from lynx.policy.megatron_modules import dropped_ops, modules_layer
 from lynx.policy.rules import full_layer, keep_all
-from lynx.pricing import ops_recompute_cost
 
 Granularity = Literal["full", "selective"]
 RecomputeMethod = Literal["uniform", "block"]

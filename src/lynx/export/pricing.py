@@ -109,8 +109,8 @@ def _run(problem: PlanProblem, layout: ChunkLayout | None,
             opts = replace(problem.options, layers_per_stage=layout.layers, recompute_num_layers=n)
             return plan_with(replace(problem, options=opts), method, record=False)
         how = [how] * len(layout.layers)
+    from lynx.decisions import RecomputePolicy
     from lynx.partition.base import Partition
-    from lynx.policy.base import RecomputePolicy
 
     g, pp = problem.graph, layout.pp
     chunk_pols = [layer_policies(g, rec, n) for rec, n in zip(how, layout.layers, strict=True)]

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from lynx.decisions import RecomputePolicy
 from lynx.errors import PlanFormatError
 from lynx.export.layout import ChunkLayout
 from lynx.plan import policies_per_virtual_stage
-from lynx.policy.base import RecomputePolicy
 from lynx.problem import PlanProblem, PlanResult
 
 

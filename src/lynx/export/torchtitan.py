@@ -16,12 +16,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from lynx.decisions import LayerPolicy, Phase
 from lynx.export.layout import ChunkLayout
 from lynx.export.pricing import Figures
 from lynx.export.schedule_csv import schedule_rows, to_csv
 from lynx.export.source import ExportSource
 from lynx.graph import LayerGraph
-from lynx.policy.base import LayerPolicy, Phase
 
 TITAN = "torchtitan-llama3"
 """The family of torchtitan's Llama 3 block priced for its own eager kernels (`lynx.families.titan`)."""
@@ -154,9 +154,9 @@ def price_on_torchtitan(src: ExportSource, layers: list[dict[str, Any]], engine:
     from dataclasses import replace
 
     from lynx.api import make_problem
+    from lynx.decisions import RecomputePolicy
     from lynx.errors import SpecError
     from lynx.export.pricing import simulate_lynx
-    from lynx.policy.base import RecomputePolicy
     from lynx.problem import PlanResult
 
     mine = simulate_lynx(src.problem, src.result)

@@ -2,7 +2,7 @@
 
 A family module (`lynx.families.gpt`, `lynx.families.llama`) is the only place that knows a layer's
 structure. It describes each op by what it *does* (FLOPs, bytes moved, bytes kept, what its backward
-reads, which collective it is); `lynx.costmodel` prices those descriptions on a device. Nothing here
+reads, which collective it is); `lynx.cost.layer` prices those descriptions on a device. Nothing here
 imports torch or knows about hardware.
 
 Adding a family: one module that builds a `Family`, one line in `lynx.families.FAMILIES`, presets.

@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 import time
 
+from lynx.decisions import RecomputePolicy
 from lynx.errors import InfeasibleError
 from lynx.methods.common import base_partition, edge_times_per_stage
 from lynx.partition.adapipe import adapipe_partition
 from lynx.partition.base import Partition
 from lynx.policy.adapipe import StageDP, adapipe_stage_policy
-from lynx.policy.base import RecomputePolicy
 from lynx.problem import PlanProblem, PlanResult
 from lynx.simulate import simulate
 

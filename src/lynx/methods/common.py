@@ -6,11 +6,11 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+from lynx.decisions import RecomputePolicy, StageContext
 from lynx.errors import SpecError
 from lynx.graph import LayerGraph
 from lynx.partition.base import Partition
 from lynx.partition.dp import dp_partition
-from lynx.policy.base import RecomputePolicy, StageContext
 from lynx.problem import PlanProblem, PlanResult
 from lynx.simulate import simulate
 
@@ -109,7 +109,7 @@ def iteration_time(problem: PlanProblem, part: Partition, pols: tuple[RecomputeP
 
 def edge_times_per_stage(problem: PlanProblem) -> list[float]:
     """Embedding on the first stage, LM head + loss on the last (as the simulator charges them)."""
-    from lynx.edge_pricing import stage_edge_times
+    from lynx.cost.edges import stage_edge_times
 
     par = problem.parallel
     edge = [0.0] * par.pp

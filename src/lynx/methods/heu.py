@@ -7,12 +7,12 @@ from __future__ import annotations
 import math
 import time
 
+from lynx.decisions import RecomputePolicy, StageContext
 from lynx.errors import InfeasibleError, SpecError
 from lynx.graph import LayerGraph
 from lynx.methods.common import base_partition, edge_times_per_stage, iteration_time, megatron_partition
 from lynx.partition.base import Partition
 from lynx.partition.lynx import search_partitions
-from lynx.policy.base import RecomputePolicy, StageContext
 from lynx.policy.heu import HeuCache, HeuOptions, infeasible
 from lynx.policy.heu_mixed import mixed_policy
 from lynx.policy.offload import offload_link

@@ -3,11 +3,11 @@ the simulator as the judge."""
 
 from __future__ import annotations
 
+from lynx.decisions import LayerPolicy, RecomputePolicy, StageContext
 from lynx.errors import InfeasibleError, SpecError
 from lynx.graph import LayerGraph
 from lynx.methods.common import per_stage
 from lynx.methods.heu import heu_options
-from lynx.policy.base import LayerPolicy, RecomputePolicy, StageContext
 from lynx.policy.heu import HeuCache
 from lynx.policy.opt import OptOptions, checkmate_options, solve_stage, stderr_progress
 from lynx.problem import PlanProblem, PlanResult

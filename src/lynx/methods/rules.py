@@ -4,7 +4,7 @@ or the user's explicit layout), not on lynx's partitioners."""
 
 from __future__ import annotations
 
-from lynx.memory import stage_peak_bytes
+from lynx.cost.memory import stage_peak_bytes
 from lynx.methods.common import MethodFn, StagePolicyFn, megatron_partition, per_stage, stage_policy
 from lynx.policy.megatron_modules import modules_policy
 from lynx.policy.rules import block_policy, full_policy, none_policy, selective_policy, uniform_policy

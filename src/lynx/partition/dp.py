@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import functools
 
+from lynx.cost.memory import embedding_params_per_rank, layer_params_per_rank
 from lynx.errors import SpecError
-from lynx.memory import embedding_params_per_rank, layer_params_per_rank
 from lynx.partition.base import Partition
 from lynx.spec import ModelSpec, ParallelSpec
 

@@ -1,6 +1,6 @@
 """Recomputation policy algorithms: one module per algorithm, one result type (`RecomputePolicy`)."""
 
-from lynx.policy.base import (
+from lynx.decisions import (
     LayerPolicy,
     Phase,
     RecomputePolicy,

@@ -27,12 +27,12 @@ from itertools import combinations
 
 import numpy as np
 
+from lynx.cost.memory import layer_memory
+from lynx.cost.pricing import ops_recompute_cost
+from lynx.decisions import LayerPolicy, RecomputePolicy, SolveStats, StageContext
 from lynx.errors import InfeasibleError
 from lynx.graph import LayerGraph
-from lynx.memory import layer_memory
-from lynx.policy.base import LayerPolicy, RecomputePolicy, SolveStats, StageContext
 from lynx.policy.rules import on_demand
-from lynx.pricing import ops_recompute_cost
 
 GiB = float(1 << 30)
 MAX_UNITS = 14

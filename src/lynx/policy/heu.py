@@ -29,11 +29,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from lynx.errors import InfeasibleError
-from lynx.graph import LAYER_INPUT, LayerGraph
-from lynx.memory import stage_peak_bytes
-from lynx.milp import Backend, Milp, MilpSolution
-from lynx.policy.base import (
+from lynx.cost.memory import stage_peak_bytes
+from lynx.cost.pricing import op_recompute_cost
+from lynx.decisions import (
     BWD_PHASES,
     FWD_PHASES,
     LayerPolicy,
@@ -43,6 +41,9 @@ from lynx.policy.base import (
     StageContext,
     validate_layer_policy,
 )
+from lynx.errors import InfeasibleError
+from lynx.graph import LAYER_INPUT, LayerGraph
+from lynx.milp import Backend, Milp, MilpSolution
 from lynx.policy.heu_objective import cooldown_weight as cooldown_weight
 from lynx.policy.heu_objective import critical_recompute as critical_recompute
 from lynx.policy.heu_objective import recompute_time as recompute_time
@@ -55,7 +56,6 @@ from lynx.policy.offload import (
     stage_cycle,
     stage_exposed_copy,
 )
-from lynx.pricing import op_recompute_cost
 
 GiB = float(1 << 30)
 PHASES: tuple[Phase, ...] = tuple(Phase)
@@ -279,7 +279,7 @@ def memory_rows(graph: LayerGraph, groups: list[Group], ctx: StageContext) -> li
         _acc(base, {v: -(ctx.in_flight - 1) * c * graph.keep_bytes(n) for n, v in lv.O.items()})
     offset = sum(held) * graph.input_bytes
     # R_out x out_bytes: a restored layer output exists whole beside its restoration (keep_bytes counts its mask
-    # only; lynx.lifetime's transient sample), as memory.linear_peak_bytes counts it
+    # only; lynx.cost.lifetime's transient sample), as memory.linear_peak_bytes counts it
     out_b = graph.op(graph.output_op).out_bytes
 
     def r_out(lv: LayerVars, phases: tuple[Phase, ...]) -> dict[int, float]:

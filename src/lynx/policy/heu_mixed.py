@@ -3,9 +3,9 @@ the memory it can use is quantized by N; two policies (k layers each) use what o
 
 from __future__ import annotations
 
+from lynx.decisions import RecomputePolicy, SolveStats, StageContext
 from lynx.errors import InfeasibleError
 from lynx.graph import LayerGraph
-from lynx.policy.base import RecomputePolicy, SolveStats, StageContext
 from lynx.policy.heu import HeuOptions, critical_recompute, solve_stage
 
 

@@ -5,14 +5,10 @@ whoever compares policies."""
 
 from __future__ import annotations
 
+from lynx.cost.pricing import bwd_windows, fwd_windows, layer_recompute
+from lynx.cost.pricing import recompute_time as recompute_time
+from lynx.decisions import LayerPolicy, Phase, StageContext
 from lynx.graph import LayerGraph
-from lynx.policy.base import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase, StageContext
-from lynx.pricing import bwd_windows, fwd_windows, ops_recompute_cost
-
-
-def recompute_time(graph: LayerGraph, lp: LayerPolicy, phases: tuple[Phase, ...]) -> float:
-    """At the simulator's prices (`lynx.pricing`): forward re-runs plus the engine's per-restoration time."""
-    return ops_recompute_cost(graph, lp.recomputed(phases))
 
 
 def cooldown_weight(ctx: StageContext, cooldown_overlap: bool) -> float:
@@ -34,13 +30,10 @@ def critical_recompute(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: 
     tops = {hi - 1 for _, hi in ctx.chunk_slices()} if ctx.chunk_layers else {len(layers) - 1}
     total = 0.0
     for i, lp in enumerate(layers):
-        total += recompute_time(graph, lp, (Phase.ON_DEMAND,))
-        for k, ph in enumerate(FWD_PHASES):
-            load = recompute_time(graph, lp, (ph,))
+        r = layer_recompute(graph, lp, win_b, top=i in tops)
+        total += r.on_demand
+        for k, load in enumerate(r.fwd_loads):
             total += max(0.0, load - win_f[k]) + lam * min(load, win_f[k])
-        for k, ph in enumerate(BWD_PHASES):
-            load = recompute_time(graph, lp, (ph,))
-            total += load if i in tops else max(0.0, load - win_b[k])
     return total
 
 

@@ -20,8 +20,8 @@ demand per layer and micro-batch.
 
 from __future__ import annotations
 
+from lynx.decisions import LayerPolicy, RecomputePolicy, StageContext
 from lynx.graph import LayerGraph
-from lynx.policy.base import LayerPolicy, RecomputePolicy, StageContext
 from lynx.policy.rules import checkpointed_drops, checkpointed_reruns, on_demand
 
 MODULES: tuple[str, ...] = ("core_attn", "mlp", "layernorm")

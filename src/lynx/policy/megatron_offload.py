@@ -19,8 +19,8 @@ layer input on the device (Megatron would offload it too; listed in the method's
 
 from __future__ import annotations
 
+from lynx.decisions import LayerPolicy, RecomputePolicy, StageContext
 from lynx.graph import LAYER_INPUT, LayerGraph
-from lynx.policy.base import LayerPolicy, RecomputePolicy, StageContext
 from lynx.policy.rules import keep_all
 
 OFFLOAD_MODULES: tuple[str, ...] = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm")

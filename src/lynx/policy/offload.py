@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lynx.decisions import LayerPolicy, StageContext
 from lynx.graph import LayerGraph
-from lynx.policy.base import LayerPolicy, StageContext
 from lynx.spec import Hardware
 
 
@@ -66,7 +66,7 @@ def offload_link(hw: Hardware) -> OffloadLink | None:
 def stage_cycle(graph: LayerGraph, num_layers: int, subtract_wgrad: bool) -> tuple[float, float]:
     """(T_F, T_B): one micro-batch's forward and backward on the stage's layers, without recomputation (what
     copies can hide behind whatever the policy recomputes: the conservative part of the cycle)."""
-    # the simulator's per-layer prices (`lynx.simulate.pricing.layer_cost`; a solver does not import it)
+    # the simulator's per-layer prices (`lynx.cost.stage.layer_cost`; a solver does not import it)
     fwd = graph.fwd_time()
     bwd = (sum(o.bwd_time for o in graph.ops if not o.is_comm)
            + graph.bwd_window("attn", subtract_wgrad) + graph.bwd_window("mlp", subtract_wgrad))

@@ -15,11 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lynx.errors import InfeasibleError, LynxError
-from lynx.graph import LayerGraph
-from lynx.memory import stage_peak_bytes
-from lynx.milp import Backend, MilpSolution
-from lynx.policy.base import (
+from lynx.cost.memory import stage_peak_bytes
+from lynx.decisions import (
     LayerPolicy,
     Phase,
     RecomputePolicy,
@@ -27,6 +24,9 @@ from lynx.policy.base import (
     StageContext,
     validate_layer_policy,
 )
+from lynx.errors import InfeasibleError, LynxError
+from lynx.graph import LayerGraph
+from lynx.milp import Backend, MilpSolution
 from lynx.policy.opt_check import Schedule, check_schedule, policy_to_schedule
 from lynx.policy.opt_model import OptModel, build
 from lynx.policy.opt_timeline import Timeline, build_timeline

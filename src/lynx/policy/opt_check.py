@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lynx.memory import fixed_bytes
-from lynx.policy.base import LayerPolicy, StageContext
+from lynx.cost.memory import fixed_bytes
+from lynx.decisions import LayerPolicy, StageContext
 from lynx.policy.opt_timeline import Timeline
 
 

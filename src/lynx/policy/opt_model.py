@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lynx.memory import fixed_bytes
+from lynx.cost.memory import fixed_bytes
+from lynx.decisions import Phase, StageContext
 from lynx.milp import Milp
-from lynx.policy.base import Phase, StageContext
 from lynx.policy.opt_timeline import Timeline
 
 Expr = dict[int, float]
@@ -254,7 +254,7 @@ def _memory_layers(om: OptModel, budget: float) -> None:
     m, tl = om.milp, om.tl
     n, L = tl.n_ops, tl.num_layers
     ph: dict[tuple[int, str], Expr] = {}
-    # R_out x out_bytes: a restored layer output exists whole beside its restoration (lynx.lifetime's transient
+    # R_out x out_bytes: a restored layer output exists whole beside its restoration (lynx.cost.lifetime's transient
     # sample) although M_v counts only its mask; memory.linear_peak_bytes adds the same term
     out_i, out_mb = n - 1, tl.graph.op(tl.graph.output_op).out_bytes / MIB
     fw_out: Expr = {}

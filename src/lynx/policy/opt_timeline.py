@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from lynx.cost.pricing import op_recompute_cost
+from lynx.decisions import Phase
 from lynx.graph import LAYER_INPUT, LayerGraph
-from lynx.policy.base import Phase
-from lynx.pricing import op_recompute_cost
 
 StageKind = Literal["fwd", "host", "bwd"]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from lynx.decisions import LayerPolicy, Phase, RecomputePolicy, StageContext
 from lynx.graph import LAYER_INPUT, LayerGraph
-from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy, StageContext
 
 
 def keep_all(graph: LayerGraph) -> LayerPolicy:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from lynx.costmodel import CostParams, build_layer_graph
+from lynx.cost.layer import CostParams, build_layer_graph
 from lynx.graph import LayerGraph
 from lynx.profile.errors import ProfileError
 from lynx.profile.store import ProfileRecord

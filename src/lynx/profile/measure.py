@@ -36,6 +36,7 @@ import torch
 
 from lynx.graph import LAYER_INPUT
 from lynx.runtime.layers.base import RuntimeLayer
+from lynx.runtime.layers.tp import Group
 
 COMM_PREFIXES = ("allreduce", "allgather", "reducescatter")
 DUAL = {"allreduce": "allreduce", "allgather": "reducescatter", "reducescatter": "allgather"}
@@ -225,7 +226,7 @@ def _replay_linear(timer: Timer, x: torch.Tensor, params: list[torch.nn.Paramete
 class OpRunner:
     """Times every op of `layer` on `x`; call `repeat()` once per repeat."""
 
-    def __init__(self, layer: RuntimeLayer, x: torch.Tensor, group: Any, microbatch: int = 0) -> None:
+    def __init__(self, layer: RuntimeLayer, x: torch.Tensor, group: Group, microbatch: int = 0) -> None:
         self.layer, self.x, self.group, self.mb = layer, x, group, microbatch
         self.timer = Timer(x.device)
         self.names: tuple[str, ...] = tuple(layer.op_names)

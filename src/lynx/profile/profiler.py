@@ -20,12 +20,15 @@ from typing import Any
 import torch
 
 import lynx
-from lynx.costmodel import ACT_BYTES, build_layer_graph
+from lynx.cost.layer import build_layer_graph
+from lynx.families.base import ACT_BYTES
 from lynx.graph import LAYER_INPUT, GraphMeta, LayerGraph, Op, RuntimeCosts
+from lynx.models import layer_params
 from lynx.profile.calibrate import nominal_hardware
 from lynx.profile.errors import ProfileError
 from lynx.profile.measure import OpRunner, count_saved, restore_overhead, restore_times
 from lynx.profile.store import OpStats, RunInfo
+from lynx.runtime.layers.tp import Group
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -139,7 +142,7 @@ def needed_bytes(cfg: ProfileConfig) -> float:
     """Per rank: parameters and their gradients, two forward passes' activations, and gradient buffers."""
     m = cfg.model_spec()
     g = analytic_graph(cfg)
-    params = m.layer_params() / cfg.tp * cfg.elem_bytes
+    params = layer_params(m) / cfg.tp * cfg.elem_bytes
     acts = g.full_activation_bytes() + sum(o.out_bytes for o in g.ops)
     return 2 * params + 3 * acts
 
@@ -185,7 +188,7 @@ def measure_peaks(device: torch.device, dtype: torch.dtype, timer: Callable[[Cal
 
 
 # -- one rank ------------------------------------------------------------------------------------------
-def run_rank(cfg: ProfileConfig, group: Any, device: torch.device,
+def run_rank(cfg: ProfileConfig, group: Group, device: torch.device,
              progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Build the layer, count saved bytes, time all ops; returns plain data (picklable across processes)."""
     from lynx.runtime.layers.family import runtime_for

@@ -1,7 +1,7 @@
 """Lynx's four recomputation windows of one layer, split into what the tensor-parallel collectives and what
 context parallelism's exchange contribute (issue 21): `lynx graph` prints them, the Gantt chart draws the CP
 part. The windows are the ones Lynx-HEU's eq. (5) caps read (`policy.heu_objective.window_caps`, through
-`lynx.pricing`): a block's forward window is its collectives' forward time, its backward window their exposed
+`lynx.cost.pricing`): a block's forward window is its collectives' forward time, its backward window their exposed
 backward time, so the CP exchange (a comm op of the attention block, priced by `costmodel._cp_ring_overlap` as
 what the ring's attention steps do not hide) is part of the attention windows with nothing added here.
 """

@@ -9,7 +9,6 @@ import: this runs before torch is loaded.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
@@ -17,11 +16,14 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lynx.errors import LynxError
 from lynx.paths import check_output
 from lynx.validate import Range, check_option
+
+if TYPE_CHECKING:
+    from lynx.runtime.config import TrainConfig
 
 TIMEOUT_RANGE = Range(gt=0, le=86400)
 """A process-group timeout: positive, at most a day (torch turns it into milliseconds)."""
@@ -84,7 +86,7 @@ def stop_ranks(processes: list[Any], grace_s: float = 5.0) -> None:
             p.join()
 
 
-def check_train_args(args: argparse.Namespace) -> None:
+def check_train_args(args: TrainConfig) -> None:
     """Everything about `lynx train`'s arguments that can be checked before a process group exists."""
     check_option("--iters", args.iters, Range(gt=0, le=MAX_ITERS), integer=True)
     check_option("--warmup", args.warmup, Range(ge=0, le=MAX_ITERS), integer=True)
@@ -93,7 +95,7 @@ def check_train_args(args: argparse.Namespace) -> None:
     check_option("--lr", args.lr, Range(gt=0, le=1e3))
     if args.out:
         check_output(args.out, "--out", (".json",), RuntimeArgError)
-    if getattr(args, "trace", None):
+    if args.trace:
         check_output(args.trace, "--trace", (".json",), RuntimeArgError)  # Chrome-trace JSON
     check_launch_env()
     if args.data:
@@ -228,7 +230,7 @@ def init_group(backend: str, init_method: str, rank: int, world: int, timeout_s:
 def spawn_ranks(entry: Any, world: int, args: Any) -> None:
     """`entry(rank, world, init_method, args)` on `world` local processes (127.0.0.1); a failed rank is one
     line (the ranks print their own cause), Ctrl-C stops them all. `args` must pickle (an
-    `argparse.Namespace` for `lynx train` / `lynx profile`)."""
+    `TrainConfig` for `lynx train`, a namespace for `lynx profile`)."""
     from torch.multiprocessing.spawn import start_processes
 
     quiet_spawn_logs()

@@ -1,5 +1,5 @@
 """The planner's prediction of what the recompute engine holds: the analytic graph at the runtime's dtype
-and `lynx.memory`'s activation rule with the normalization statistics the runtime also keeps."""
+and `lynx.cost.memory`'s activation rule with the normalization statistics the runtime also keeps."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
+from lynx.cost.memory import layer_memory
+from lynx.cost.memory import predicted_activation_bytes as _predicted
+from lynx.decisions import RecomputePolicy
 from lynx.graph import LayerGraph
-from lynx.memory import layer_memory
-from lynx.memory import predicted_activation_bytes as _predicted
-from lynx.policy.base import RecomputePolicy
 from lynx.schedule import derive_facts, schedule_1f1b
 
 
@@ -48,7 +48,7 @@ def as_executed(policy: RecomputePolicy) -> RecomputePolicy:
 
 def predicted_activation_bytes(graph: LayerGraph, policy: RecomputePolicy, cfg: Any,
                                in_flight: int = 1) -> tuple[float, float]:
-    """The planner's view of what the engine measures, from `lynx.memory` on `graph` (bytes in the
+    """The planner's view of what the engine measures, from `lynx.cost.memory` on `graph` (bytes in the
     runtime's dtype): (held after the forward passes in flight, peak held including what backward
     restores). In-flight count and forward windows are the schedule's facts for the first stage of an
     `in_flight`-deep 1F1B pipeline. LayerNorm statistics are added as the runtime holds them."""
@@ -64,7 +64,7 @@ def predicted_activation_bytes(graph: LayerGraph, policy: RecomputePolicy, cfg: 
         return after, peak
     # Offloaded bytes leave the device as the forward saves them (the engine's ledger drops them at once) and
     # come back for their micro-batch's backward: after the forwards, none of them is held; at the peak, at most
-    # one micro-batch's (the planner's rule, `lynx.memory.held_bytes`: an upper bound, the engine reloads one
+    # one micro-batch's (the planner's rule, `lynx.cost.memory.held_bytes`: an upper bound, the engine reloads one
     # layer ahead and frees each layer's as its backward ends).
     return after - facts.in_flight * off, peak - (facts.in_flight - 1) * off
 

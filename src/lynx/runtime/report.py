@@ -14,7 +14,6 @@ rank 0 gathers every rank's `RankRecord` and `build` writes the JSON report:
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -24,6 +23,7 @@ from lynx.runtime import trace as trace_mod
 from lynx.runtime.launch import TrainError
 
 if TYPE_CHECKING:
+    from lynx.runtime.config import TrainConfig
     from lynx.runtime.pipeline import PipelineRunner
     from lynx.runtime.run_plan import RunPlan
 
@@ -121,7 +121,7 @@ def _stages(ranks: list[RankRecord], timed: int, microbatches: int) -> dict[str,
     return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 
-def build(args: argparse.Namespace, rp: RunPlan, ranks: list[RankRecord], backend: str,
+def build(args: TrainConfig, rp: RunPlan, ranks: list[RankRecord], backend: str,
           host_staged: bool) -> dict[str, Any]:
     L = rp.layout
     iters = [_iteration(i, ranks) for i in range(len(ranks[0].records))]
@@ -132,7 +132,7 @@ def build(args: argparse.Namespace, rp: RunPlan, ranks: list[RankRecord], backen
         "plan": str(args.plan), "method": rp.method, "family": rp.problem.model.family,
         "tp": L.tp, "pp": L.pp, "dp": L.dp, "vpp": L.vpp, "num_layers": sum(L.layers_per_stage),
         "num_microbatches": L.num_microbatches, "device": args.device, "dtype": args.dtype, "backend": backend,
-        "precision": getattr(args, "precision", "fp32"),
+        "precision": args.precision,
         "master_dtypes": {k: sorted({d for r in ranks for d in r.master_dtypes.get(k, ())})
                           for k in ("params", "grads", "optimizer")},
         "p2p": "host memory" if host_staged else "direct",
@@ -174,7 +174,7 @@ def _write_trace(path: str, ranks: list[RankRecord], iteration_s: float, layout:
                                        "stages_of_rank": {str(r.rank): list(r.stages) for r in ranks}})
 
 
-def finish(report: dict[str, Any] | None, args: argparse.Namespace) -> None:
+def finish(report: dict[str, Any] | None, args: TrainConfig) -> None:
     """Rank 0: write the report (--out), print the losses, each stage's peaks and the median iteration."""
     if report is None:
         return

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
+from lynx.decisions import validate_layer_policy
 from lynx.errors import PlanFormatError
 from lynx.plan import Plan, load_plan, policies_per_virtual_stage
-from lynx.policy.base import validate_layer_policy
 from lynx.problem import PlanProblem
 from lynx.runtime.layers.family import RuntimeFamily, runtime_for
 from lynx.runtime.pipeline import LayoutError, PipelineLayout

@@ -14,7 +14,6 @@ rank and the cause, and the rank exits 1 (`lynx.runtime.launch`).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -26,6 +25,7 @@ import torch.distributed as dist
 
 from lynx.errors import LynxError
 from lynx.runtime import report as rep
+from lynx.runtime.config import NO_PROBES, TrainConfig, TrainProbes, parse
 from lynx.runtime.launch import (
     TrainError,
     check_train_args,
@@ -46,17 +46,15 @@ from lynx.schedule import Schedule
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PRECISIONS = {"fp32": None, "megatron-bf16": torch.bfloat16}
-"""`--precision`, named as `lynx plan --precision` names its recipes: fp32, or megatron-bf16 (Megatron-Core's
-`--bf16`: 16-bit compute with fp32 master weights, gradients and optimizer state; here bf16 autocast over fp32
-parameters). megatron-fp16 needs loss scaling, which this runtime does not implement."""
+"""`TrainConfig.precision` as torch sees it: the autocast dtype (None: none)."""
 
-__all__ = ["RunPlan", "TrainError", "launch", "load_run", "main", "parser"]
+__all__ = ["RunPlan", "TrainConfig", "TrainError", "TrainProbes", "launch", "load_run", "main"]
 
 
-def run_schedule(args: argparse.Namespace, layout: PipelineLayout) -> Schedule:
-    sched = read_schedule(args.schedule) if args.schedule else layout_schedule(layout.pp, layout.vpp,
+def run_schedule(config: TrainConfig, layout: PipelineLayout) -> Schedule:
+    sched = read_schedule(config.schedule) if config.schedule else layout_schedule(layout.pp, layout.vpp,
                                                                                  layout.num_microbatches)
-    check_executable(sched, layout.pp, layout.vpp, layout.num_microbatches, args.schedule or "action list")
+    check_executable(sched, layout.pp, layout.vpp, layout.num_microbatches, config.schedule or "action list")
     return sched
 
 
@@ -79,38 +77,18 @@ def text_batches(path: str, vocab: int, cfg: Any, n: int, it: int, seed: int) ->
     return out
 
 
-def batches(args: argparse.Namespace, rp: RunPlan, it: int, dp_rank: int, device: torch.device) -> list[Batch]:
+def batches(config: TrainConfig, rp: RunPlan, it: int, dp_rank: int, device: torch.device) -> list[Batch]:
     """Iteration `it`'s micro-batches of DP rank `dp_rank`: the global batch's micro-batches
     (it * DP + dp_rank) * m .. + m - 1, so a DP run sees the single-process run's data."""
     cfg, m, vocab = rp.cfg, rp.layout.num_microbatches, rp.problem.model.vocab_size
     step = it * rp.layout.dp + dp_rank
-    if args.data:
-        return [(a.to(device), b.to(device)) for a, b in text_batches(args.data, vocab, cfg, m, step, args.seed)]
-    return [synthetic_batch(vocab, cfg.micro_batch_size, cfg.seq_length, step * m + j, args.seed, device)
+    if config.data:
+        return [(a.to(device), b.to(device)) for a, b in text_batches(config.data, vocab, cfg, m, step, config.seed)]
+    return [synthetic_batch(vocab, cfg.micro_batch_size, cfg.seq_length, step * m + j, config.seed, device)
             for j in range(m)]
 
 
 # -- the loop --------------------------------------------------------------------------------------------
-def _inject_fault(args: argparse.Namespace, runner: PipelineRunner, rank: int, it: int) -> None:
-    """Tests: in iteration --die-at (--freeze-at), rank --die-rank exits (stops answering) in the middle of
-    its second forward (after its first micro-batch went downstream), or at the start with one micro-batch."""
-    die = args.die_at is not None and it == args.die_at
-    freeze = args.freeze_at is not None and it == args.freeze_at
-    if rank != args.die_rank or not (die or freeze):
-        return
-    orig = runner.before_forward
-    at = min(1, runner.layout.num_microbatches - 1)
-
-    def faulty(stage: int, mb: int) -> None:
-        if mb == at:
-            if die:
-                os._exit(17)
-            time.sleep(10 ** 6)
-        orig(stage, mb)
-
-    runner.schedule_hooks.before_forward = faulty
-
-
 def _trace_collectives(runner: PipelineRunner) -> None:
     def tracer(kind: str, a: float, b: float, c: float) -> None:
         runner.event("collective", f"{kind} window", a, b)
@@ -119,26 +97,27 @@ def _trace_collectives(runner: PipelineRunner) -> None:
     tp_mod.set_collective_tracer(tracer if runner.tracing else None)
 
 
-def run(args: argparse.Namespace, rank: int, world: int) -> dict[str, Any] | None:
+def run(config: TrainConfig, rank: int, world: int) -> dict[str, Any] | None:
     """One rank's training loop; returns the report on rank 0."""
-    dtype = DTYPES[args.dtype]
-    amp = PRECISIONS[args.precision]
-    rp = load_run(args.plan, dtype, args.core_attn)
+    dtype = DTYPES[config.dtype]
+    amp = PRECISIONS[config.precision]
+    rp = load_run(config.plan, dtype, config.core_attn)
     layout = rp.layout
-    device = torch.device(f"cuda:{torch.cuda.current_device()}") if args.device == "cuda" else torch.device("cpu")
-    runner = PipelineRunner(layout, run_schedule(args, layout), rp.cfg, rp.problem.model.vocab_size, rank,
-                            make_groups(layout, rank, args.timeout), device, args.seed, timeout_s=args.timeout,
-                            host_staged=host_staged(args), autocast=amp)
-    opt = torch.optim.AdamW(runner.parameters(), lr=args.lr)
+    device = torch.device(f"cuda:{torch.cuda.current_device()}") if config.device == "cuda" else torch.device("cpu")
+    runner = PipelineRunner(layout, run_schedule(config, layout), rp.cfg, rp.problem.model.vocab_size, rank,
+                            make_groups(layout, rank, config.timeout), device, config.seed, timeout_s=config.timeout,
+                            host_staged=host_staged(config), autocast=amp)
+    opt = torch.optim.AdamW(runner.parameters(), lr=config.lr)
     dp_rank = layout.coords(rank)[1]
     records: list[rep.IterRecord] = []
     events: list[Any] = []
-    total = args.warmup + args.iters
+    total = config.warmup + config.iters
     for it in range(total):
-        _inject_fault(args, runner, rank, it)
+        if config.probes.before_iteration is not None:
+            config.probes.before_iteration(runner, rank, it)
         runner.reset_stats()
-        data = batches(args, rp, it, dp_rank, device)
-        runner.tracing, runner.events = it == total - 1 and bool(args.trace), []
+        data = batches(config, rp, it, dp_rank, device)
+        runner.tracing, runner.events = it == total - 1 and bool(config.trace), []
         _trace_collectives(runner)
         dist.barrier()
         if device.type == "cuda":
@@ -147,10 +126,8 @@ def run(args: argparse.Namespace, rank: int, world: int) -> dict[str, Any] | Non
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         runner.step(data)
-        if args.save_grads and it == total - 1:  # tests: this rank's gradients of the last iteration
-            Path(args.save_grads).mkdir(parents=True, exist_ok=True)
-            torch.save({n: g.detach().cpu() for n, g in runner.named_grads().items()},
-                       Path(args.save_grads) / f"grads-rank{rank}.pt")
+        if config.probes.after_backward is not None:
+            config.probes.after_backward(runner, rank, it)
         opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -158,15 +135,15 @@ def run(args: argparse.Namespace, rank: int, world: int) -> dict[str, Any] | Non
         if runner.tracing:
             events = [(c, n, a - t0, b - t0, st) for c, n, a, b, st in runner.events]
         cuda = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
-        records.append(rep.iter_record(it, it < args.warmup, dt, runner, cuda))
-        if rank == 0 and not args.quiet:
-            print(f"iter {it:3d}{' (warmup)' if it < args.warmup else '':9s} time {dt:7.3f} s (rank 0)", flush=True)
+        records.append(rep.iter_record(it, it < config.warmup, dt, runner, cuda))
+        if rank == 0 and not config.quiet:
+            print(f"iter {it:3d}{' (warmup)' if it < config.warmup else '':9s} time {dt:7.3f} s (rank 0)", flush=True)
     tp_mod.set_collective_tracer(None)
     mine = rep.RankRecord(rank, tuple(sorted(runner.modules)), tuple(records), tuple(events),
                           _predicted(rp, runner, amp or dtype), _master_dtypes(runner, opt))
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, mine)
-    return rep.build(args, rp, everyone, _backend(args), host_staged(args)) if rank == 0 else None
+    return rep.build(config, rp, everyone, _backend(config), host_staged(config)) if rank == 0 else None
 
 
 def _master_dtypes(runner: PipelineRunner, opt: torch.optim.Optimizer) -> dict[str, tuple[str, ...]]:
@@ -192,23 +169,23 @@ def _predicted(rp: RunPlan, runner: PipelineRunner, dtype: torch.dtype) -> dict[
 
 
 # -- ranks -----------------------------------------------------------------------------------------------
-def _backend(args: argparse.Namespace) -> str:
-    b: str = args.backend  # resolved by `launch`
-    return b if b != "auto" else ("nccl" if args.device == "cuda" else "gloo")
+def _backend(config: TrainConfig) -> str:
+    b: str = config.backend  # resolved by `launch`
+    return b if b != "auto" else ("nccl" if config.device == "cuda" else "gloo")
 
 
-def host_staged(args: argparse.Namespace) -> bool:
+def host_staged(config: TrainConfig) -> bool:
     """p2p through host memory: gloo on CUDA (gloo sends CPU tensors only), or forced by the hidden
     `--host-staged` (the CPU tests of that path)."""
-    return (args.device == "cuda" and _backend(args) == "gloo") or bool(args.host_staged)
+    return (config.device == "cuda" and _backend(config) == "gloo") or bool(config.host_staged)
 
 
-def rank_main(rank: int, world: int, init_method: str, args: argparse.Namespace) -> None:
+def rank_main(rank: int, world: int, init_method: str, config: TrainConfig) -> None:
     """Entry of one rank (spawned locally, under torchrun, in this process, or inside a testbed namespace).
     A rank of a multi-process run leaves with `os._exit`; the only rank of an in-process run returns."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.device == "cpu":
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    if config.device == "cpu":
         from lynx.runtime.cpu_alloc import keep_freed_memory
 
         keep_freed_memory()  # page faults from re-allocation are not recomputation (cpu_alloc.py)
@@ -216,11 +193,11 @@ def rank_main(rank: int, world: int, init_method: str, args: argparse.Namespace)
     alone = world == 1 and "RANK" not in os.environ
     phase = "rendezvous"
     try:
-        if args.device == "cuda":
+        if config.device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-        init_group(_backend(args), init_method, rank, world, args.timeout)
+        init_group(_backend(config), init_method, rank, world, config.timeout)
         phase = "training"
-        rep.finish(run(args, rank, world), args)
+        rep.finish(run(config, rank, world), config)
         if alone:
             dist.destroy_process_group()
             return
@@ -241,88 +218,54 @@ def rank_main(rank: int, world: int, init_method: str, args: argparse.Namespace)
         print(f"lynx train: rank {rank}/{world} interrupted", file=sys.stderr, flush=True)
         os._exit(130)
     except Exception as e:  # a dead or frozen peer, a cut link, a timeout: one line, the rank and the cause
-        print(rank_failure(e, rank, world, phase, args.timeout), file=sys.stderr, flush=True)
+        print(rank_failure(e, rank, world, phase, config.timeout), file=sys.stderr, flush=True)
         os._exit(1)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lynx.runtime.train", description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--plan", required=True)
-    p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--data", default=None, help="a text file: byte-level tokens instead of synthetic ones")
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--out", default=None, help="write the report (JSON) here (rank 0)")
-    p.add_argument("--timeout", type=float, default=60.0, help="process-group timeout, seconds")
-    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads per rank (0: default)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
-    p.add_argument("--precision", choices=tuple(PRECISIONS), default="fp32",
-                   help="fp32, or megatron-bf16: bf16 autocast with fp32 master weights, gradients and AdamW state")
-    p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
-                   help="process groups: auto (NCCL on CUDA, gloo on CPU); gloo on CUDA runs the pipeline's "
-                        "p2p through host memory (several ranks on one GPU)")
-    p.add_argument("--host-staged", action="store_true", help=argparse.SUPPRESS)  # tests: that p2p on the CPU
-    p.add_argument("--core-attn", action="store_true", help="scaled_dot_product_attention as core_attn")
-    p.add_argument("--quiet", action="store_true")
-    p.add_argument("--schedule", default=None,
-                   help="the action list to run (compute-only CSV, one row per pipeline rank); "
-                        "default 1F1B (interleaved with vpp > 1)")
-    p.add_argument("--trace", default=None, help="write the last iteration's timeline (Chrome trace)")
-    p.add_argument("--compare-trace", action="store_true",
-                   help="print the measured timeline beside the simulator's (needs --trace)")
-    p.add_argument("--save-grads", default=None, help=argparse.SUPPRESS)  # tests: a folder for each rank's grads
-    p.add_argument("--die-at", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--freeze-at", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--die-rank", type=int, default=1, help=argparse.SUPPRESS)
-    return p
-
-
-def launch(args: argparse.Namespace) -> None:
+def launch(config: TrainConfig) -> None:
     """Under torchrun (RANK set) this process is one rank; a one-rank layout runs in this process; otherwise
     the layout's ranks are spawned locally on 127.0.0.1. Everything checkable is checked first."""
-    check_train_args(args)
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    check_precision(args)
-    if args.compare_trace and not args.trace:
+    check_train_args(config)
+    if config.device == "auto":
+        config = config.but(device="cuda" if torch.cuda.is_available() else "cpu")
+    check_precision(config)
+    if config.compare_trace and not config.trace:
         raise TrainError("--compare-trace needs --trace FILE (the measured timeline to compare)")
-    rp = load_run(args.plan, torch.float32, args.core_attn)
+    rp = load_run(config.plan, torch.float32, config.core_attn)
     layout = rp.layout
-    run_schedule(args, layout)
-    if args.data and Path(args.data).stat().st_size < rp.cfg.seq_length + 1:
-        raise TrainError(f"--data {args.data}: {Path(args.data).stat().st_size} bytes; the plan's sequence "
+    run_schedule(config, layout)
+    if config.data and Path(config.data).stat().st_size < rp.cfg.seq_length + 1:
+        raise TrainError(f"--data {config.data}: {Path(config.data).stat().st_size} bytes; the plan's sequence "
                          f"length needs at least {rp.cfg.seq_length + 1}")
     local = int(os.environ.get("LOCAL_WORLD_SIZE", layout.world_size))
-    args.backend = resolve_backend(args.device, args.backend, local,
-                                   torch.cuda.device_count() if args.device == "cuda" else 0)
+    config = config.but(backend=resolve_backend(config.device, config.backend, local,
+                                            torch.cuda.device_count() if config.device == "cuda" else 0))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        check_world(layout, int(os.environ["WORLD_SIZE"]), args.plan)
-        rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://", args)
+        check_world(layout, int(os.environ["WORLD_SIZE"]), config.plan)
+        rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://", config)
         return
     if layout.world_size == 1:
-        rank_main(0, 1, f"tcp://127.0.0.1:{free_port()}", args)
+        rank_main(0, 1, f"tcp://127.0.0.1:{free_port()}", config)
         return
-    spawn_ranks(rank_main, layout.world_size, args)
+    spawn_ranks(rank_main, layout.world_size, config)
 
 
-def check_precision(args: argparse.Namespace) -> None:
+def check_precision(config: TrainConfig) -> None:
     """`--precision megatron-bf16` needs fp32 parameters (the master weights) and a device that computes in bf16."""
-    if args.precision == "fp32":
+    if config.precision == "fp32":
         return
-    if args.dtype != "float32":
-        raise TrainError(f"--precision {args.precision} keeps fp32 master weights: use it with --dtype float32 "
-                         f"(got --dtype {args.dtype})")
-    if args.device == "cuda" and not torch.cuda.is_bf16_supported():
-        raise TrainError(f"--precision {args.precision}: this GPU does not support bf16 "
+    if config.dtype != "float32":
+        raise TrainError(f"--precision {config.precision} keeps fp32 master weights: use it with --dtype float32 "
+                         f"(got --dtype {config.dtype})")
+    if config.device == "cuda" and not torch.cuda.is_bf16_supported():
+        raise TrainError(f"--precision {config.precision}: this GPU does not support bf16 "
                          f"(torch.cuda.is_bf16_supported() is False); use --precision fp32")
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+def main(argv: list[str] | None = None, probes: TrainProbes = NO_PROBES) -> None:
+    """The torchrun entry: `python -m lynx.runtime.train --plan ...` (`probes`: tests only)."""
     try:
-        launch(args)
+        launch(parse(argv, probes))
     except LynxError as e:
         print(f"lynx: error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)

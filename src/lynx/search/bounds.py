@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from lynx.edge_pricing import stage_edge_times
-from lynx.memory import static_bytes
+from lynx.cost.edges import stage_edge_times
+from lynx.cost.memory import static_bytes
 from lynx.problem import PlanProblem
 
 SAFETY = 1.0 - 1e-9

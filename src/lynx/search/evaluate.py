@@ -9,10 +9,10 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from lynx.api import make_problem
-from lynx.costmodel import build_layer_graph
+from lynx.cost.layer import build_layer_graph
+from lynx.cost.memory import LayerMemory, held_bytes, layer_memory
 from lynx.errors import InfeasibleError, LynxError
 from lynx.graph import LayerGraph
-from lynx.memory import LayerMemory, held_bytes, layer_memory
 from lynx.methods import get_method
 from lynx.methods.heu import heu_options, lynx_search
 from lynx.partition.base import Partition

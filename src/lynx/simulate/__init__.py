@@ -12,20 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 
-from lynx.costmodel import p2p_time
-from lynx.edge_pricing import device_hardware, stage_edge_times
+from lynx.cost.collectives import p2p_time
+from lynx.cost.edges import device_hardware, stage_edge_times
+from lynx.cost.runtime import tied_embedding_sync_time
+from lynx.cost.stage import ChunkCosts
+from lynx.decisions import RecomputePolicy, StageContext
 from lynx.partition.base import Partition
-from lynx.policy.base import RecomputePolicy, StageContext
-from lynx.policy.offload import offload_link
+from lynx.policy.offload import offload_link, stage_exposed_copy
 from lynx.problem import PlanProblem
 from lynx.schedule import Schedule, ScheduleFacts, derive_facts, validate
-from lynx.simulate.copies import charge_copies, copy_segments, stage_offload_bytes
+from lynx.simulate.copies import copy_segments, stage_offload_bytes
 from lynx.simulate.engine import Loop, RankState, checked, hosts, priced
 from lynx.simulate.memory_replay import StageMemory
 from lynx.simulate.metrics import DpOverlap, tail_time, throughput
-from lynx.simulate.pricing import ChunkCosts
 from lynx.simulate.results import Segment, SegmentKind, SimResult, StageResult
-from lynx.simulate.runtime_costs import tied_embedding_sync_time
 from lynx.spec import Hardware
 
 __all__ = ["Segment", "SegmentKind", "SimResult", "StageResult", "simulate"]
@@ -53,22 +53,19 @@ def _p2p(problem: PlanProblem) -> float:
 
 
 def _device_hardware(problem: PlanProblem) -> Hardware:
-    """The hardware that prices work outside the layer graph (`lynx.pricing.device_hardware`)."""
+    """The hardware that prices work outside the layer graph (`lynx.cost.pricing.device_hardware`)."""
     return device_hardware(problem.hardware, problem.graph)
 
 
 def _costs(problem: PlanProblem, policies: tuple[RecomputePolicy, ...],
            ctxs: tuple[StageContext, ...]) -> list[list[ChunkCosts]]:
-    costs = [priced(problem.graph, pol, ctx) for pol, ctx in zip(policies, ctxs, strict=True)]
-    if any(lp.offload for pol in policies for lp in pol.layers):  # offload copies (lynx.simulate.copies)
-        charge_copies(problem.graph, policies, ctxs, costs, offload_link(problem.hardware))
-    if problem.options.include_edges:  # embedding on the first virtual stage, LM head + loss on the last
-        et = stage_edge_times(problem.model, problem.hardware, problem.parallel, problem.graph)
-        costs[0][0].fwd_plain += et.embedding_fwd
-        costs[0][0].bwd_base += et.embedding_bwd
-        costs[-1][-1].fwd_plain += et.head_fwd
-        costs[-1][-1].bwd_base += et.head_bwd
-    return costs
+    g = problem.graph
+    # embedding on the first virtual stage, LM head + loss on the last
+    et = stage_edge_times(problem.model, problem.hardware, problem.parallel, g) if problem.options.include_edges \
+        else None
+    link = offload_link(problem.hardware) if any(lp.offload for pol in policies for lp in pol.layers) else None
+    return [priced(g, pol, ctx, et, stage_exposed_copy(g, pol.layers, ctx, link) if link is not None else 0.0)
+            for pol, ctx in zip(policies, ctxs, strict=True)]
 
 
 def simulate(

@@ -5,27 +5,11 @@ before each backward (the backward waits for its reload); the Gantt chart gets o
 
 from __future__ import annotations
 
+from lynx.cost.memory import host_bytes, layer_memory
+from lynx.decisions import RecomputePolicy, StageContext
 from lynx.graph import LayerGraph
-from lynx.memory import host_bytes, layer_memory
-from lynx.policy.base import RecomputePolicy, StageContext
-from lynx.policy.offload import OffloadLink, copy_times, offloaded_bytes, stage_exposed_copy
-from lynx.simulate.pricing import ChunkCosts
+from lynx.policy.offload import OffloadLink, copy_times, offloaded_bytes
 from lynx.simulate.results import Segment, SegmentKind
-
-
-def charge_copies(graph: LayerGraph, pols: tuple[RecomputePolicy, ...], ctxs: tuple[StageContext, ...],
-                  costs: list[list[ChunkCosts]], link: OffloadLink | None) -> list[float]:
-    """Add each stage's exposed copy time per micro-batch to its backwards (split evenly over its chunks, each
-    of which runs one backward per micro-batch); returns it per stage. Nothing changes without offloading."""
-    out = []
-    for pol, ctx, cc in zip(pols, ctxs, costs, strict=True):
-        e = stage_exposed_copy(graph, pol.layers, ctx, link)
-        if e > 0:
-            for c in cc:
-                c.copy_exposed = e / len(cc)
-                c.bwd_base += c.copy_exposed
-        out.append(e)
-    return out
 
 
 def stage_offload_bytes(graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext) -> tuple[float, float]:

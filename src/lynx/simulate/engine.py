@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from lynx.cost.layer import EdgeTimes
+from lynx.cost.stage import ChunkCosts, charge_stage
+from lynx.decisions import RecomputePolicy, StageContext, check_policy
 from lynx.graph import LayerGraph
-from lynx.policy.base import RecomputePolicy, StageContext, check_policy
 from lynx.schedule import ActionKind, Schedule, ScheduleError, ScheduleFacts
 from lynx.simulate.memory_replay import StageMemory
-from lynx.simulate.pricing import ChunkCosts, stage_costs
 from lynx.simulate.results import Segment, SegmentKind
 
 Key = tuple[int, int]
@@ -69,15 +70,16 @@ _CHECKED: dict[tuple[object, ...], LayerGraph] = {}
 MEMO_SIZE = 4096
 
 
-def priced(graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext) -> list[ChunkCosts]:
-    """`pricing.stage_costs(graph, pol, ctx)`, memoized per graph object and the whole policy and context
+def priced(graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext, edges: EdgeTimes | None = None,
+           copy_exposed: float = 0.0) -> list[ChunkCosts]:
+    """`cost.stage.charge_stage`, memoized per graph object and the whole policy, context, edges and copies
     (whatever of them the pricing reads); each call gets fresh copies, which the caller may add to."""
-    key = (id(graph), pol, ctx)
+    key = (id(graph), pol, ctx, edges, copy_exposed)
     hit = _PRICED.get(key)
     if hit is None or hit[0] is not graph:
         if len(_PRICED) >= MEMO_SIZE:
             _PRICED.clear()
-        hit = (graph, stage_costs(graph, pol, ctx))
+        hit = (graph, charge_stage(graph, pol, ctx, edges, copy_exposed))
         _PRICED[key] = hit
     return [replace(c, fwd_loads=list(c.fwd_loads), _carry=dict(c._carry)) for c in hit[1]]
 

@@ -1,4 +1,4 @@
-"""Event-by-event memory of one stage (a rank, with all its chunks), from `lynx.memory.layer_memory`:
+"""Event-by-event memory of one stage (a rank, with all its chunks), from `lynx.cost.memory.layer_memory`:
 the same per-layer terms the closed form and the solvers use, replayed action by action.
 
 An action of one kind (forward of chunk c hosting chunk h's phase-1/2 work; backward of chunk c, carried or
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from lynx.cost.lifetime import BackwardTrace, backward_trace
+from lynx.cost.memory import LayerMemory, layer_memory
+from lynx.decisions import LayerPolicy, RecomputePolicy, StageContext
 from lynx.graph import LayerGraph
-from lynx.lifetime import BackwardTrace, backward_trace
-from lynx.memory import LayerMemory, layer_memory
-from lynx.policy.base import LayerPolicy, RecomputePolicy, StageContext
 
 Pattern = tuple[tuple[tuple[float, float], ...], float, float]
 """(points relative to the action's start memory on a unit time axis, net change, top)."""

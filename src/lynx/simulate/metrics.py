@@ -5,17 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lynx.costmodel import model_flops_per_iteration
-from lynx.dp_overlap import dp_sync, dp_sync_chunks, interleaved_exposed
-from lynx.policy.base import StageContext
+from lynx.cost.dp_overlap import dp_sync, dp_sync_chunks, interleaved_exposed
+from lynx.cost.layer import model_flops_per_iteration
+from lynx.cost.static_memory import Recipe, dp_sync_time, grad_buffer_time, optimizer_step_time
+from lynx.decisions import StageContext
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
-from lynx.static_memory import Recipe, dp_sync_time, grad_buffer_time, optimizer_step_time
 
 
 @dataclass(frozen=True, slots=True)
 class DpOverlap:
     """Megatron's DP overlap switches and, per stage, the compute they hide behind (one micro-batch's
-    backward for the gradient reduction, one forward for the parameter gather; `lynx.dp_overlap`)."""
+    backward for the gradient reduction, one forward for the parameter gather; `lynx.cost.dp_overlap`)."""
 
     grad_reduce: bool = False
     param_gather: bool = False
@@ -23,7 +23,7 @@ class DpOverlap:
     last_bwd_s: tuple[float, ...] = ()
     first_fwd_s: tuple[float, ...] = ()
     chunk_bwd_s: tuple[tuple[float, ...], ...] = ()
-    """Per stage, one micro-batch's backward of each model chunk (interleaved stages; `lynx.dp_overlap`)."""
+    """Per stage, one micro-batch's backward of each model chunk (interleaved stages; `lynx.cost.dp_overlap`)."""
     chunk_fwd_s: tuple[tuple[float, ...], ...] = ()
     check_for_nan: bool = True
     """Megatron's DDP switches for the passes over the gradient buffer (`static_memory.grad_buffer_passes`)."""

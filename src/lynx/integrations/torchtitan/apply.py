@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from lynx.decisions import LayerPolicy
 from lynx.integrations.torchtitan import _fence
 from lynx.integrations.torchtitan.layer import TitanLayer
-from lynx.policy.base import LayerPolicy
 from lynx.runtime.engine import EngineStats, RecomputeEngine
 from lynx.runtime.layers import tp
 
@@ -31,9 +31,9 @@ def plan_layer_policies(plan: str | Path) -> dict[int, LayerPolicy]:
     layer table `lynx export torchtitan` writes (`lynx.export.torchtitan.ENGINE_FILE`)."""
     import json
 
+    from lynx.decisions import Phase
     from lynx.export.source import load_source
     from lynx.families.titan import NAME
-    from lynx.policy.base import Phase
 
     try:
         raw = json.loads(Path(plan).read_text())

@@ -24,6 +24,11 @@ drops the bytes while they are out. Recomputation replays under the autocast sta
 
 The engine does not know about pipeline stages: it runs whatever layers it is given, for whatever
 micro-batch schedule its caller drives (F0 F1 B0 F2 B1 ... or F0 B0 F1 B1 ...).
+
+The parts, as `torch/utils/checkpoint.py` separates them: the torch-free restore plan (`restore_plan`: what the
+policy drops, which restorations each window hosts, when a restored output may go), the replay of one op
+(`replay`), the offload manager (`offloader`), the saved-tensor hooks (`hooks`), the byte ledger (`ledger`), and
+this facade, which installs the hooks and the windows and drives the others.
 """
 
 from __future__ import annotations
@@ -31,75 +36,26 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
+from lynx.decisions import LayerPolicy, Phase, RecomputePolicy
 from lynx.graph import LAYER_INPUT
-from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
 from lynx.runtime.engine.hooks import NO_OP, Handle, SavedTensorHooks
 from lynx.runtime.engine.ledger import Ledger, Record, storage_key
-from lynx.runtime.engine.offload import OffloadEntry, OffloadHandle, Streams, view_of
-from lynx.runtime.engine.place import BWD_PHASE, FWD_PHASE, Direction, Place
+from lynx.runtime.engine.offload import OffloadHandle
+from lynx.runtime.engine.offloader import Offloader, Tracer
+from lynx.runtime.engine.place import Direction, Place
+from lynx.runtime.engine.replay import autocast_state, replay_op
+from lynx.runtime.engine.restore_plan import FWD_PHASE, LayerShape, RestorePlan
+from lynx.runtime.engine.stats import EngineStats
 from lynx.runtime.layers.base import RuntimeLayer
 
-
-@dataclass
-class EngineStats:
-    ondemand_s: float = 0.0
-    window_s: float = 0.0
-    """Seconds of recomputation inside collective windows (phases 1-4) and cool-down stalls."""
-    restored_in_window: int = 0
-    restored_on_demand: int = 0
-    cooldown_s: float = 0.0
-    """Of `window_s`: recomputation issued in a cool-down stall, before waiting for the next stage's gradient."""
-    by_window: dict[str, int] = field(default_factory=dict)
-    """Ops restored per place: "fwd_attn", "fwd_mlp", "bwd_mlp", "bwd_attn", "cooldown", "on_demand"."""
-    peak_bytes: int = 0
-    """Peak activation bytes held for backward (saved tensors kept, plus restored ones), all micro-batches."""
-    fwd_end_bytes: list[int] = field(default_factory=list)
-    window_calls: int = 0
-    offloaded_bytes: int = 0
-    """Bytes copied to the host (each storage once per record)."""
-    reloaded_bytes: int = 0
-    host_bytes: int = 0
-    """Bytes on the host now (copied out, not yet copied back)."""
-    host_peak_bytes: int = 0
-    reloads_prefetched: int = 0
-    """Reloads started ahead of the backward that reads them (one layer ahead); the rest were started by it."""
-    reloads_on_demand: int = 0
-
-    def reset(self) -> None:
-        self.__init__()  # type: ignore[misc]
-
-    def count(self, place: Place, seconds: float) -> None:
-        """One restoration at `place` that took `seconds`."""
-        self.by_window[place.value] = self.by_window.get(place.value, 0) + 1
-        if place is Place.ON_DEMAND:
-            self.ondemand_s += seconds
-            self.restored_on_demand += 1
-            return
-        self.window_s += seconds
-        self.restored_in_window += 1
-        if place is Place.COOLDOWN:
-            self.cooldown_s += seconds
+__all__ = ["EngineStats", "RecomputeEngine"]
 
 
-def autocast_state(device_type: str) -> tuple[str, bool, torch.dtype] | None:
-    """Autocast on `device_type` now: (device type, enabled, dtype), or None where autocast does not apply."""
-    try:
-        return device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
-    except (RuntimeError, TypeError, ValueError):
-        return None
-
-
-def replay_autocast(state: tuple[str, bool, torch.dtype] | None) -> contextlib.AbstractContextManager[Any]:
-    """Re-enter the autocast state a layer's forward ran under (a backward runs outside any autocast region)."""
-    if state is None:
-        return contextlib.nullcontext()
-    device_type, enabled, dtype = state
-    return torch.autocast(device_type, dtype=dtype, enabled=enabled)
+def _shape(layer: RuntimeLayer) -> LayerShape:
+    return LayerShape(tuple(layer.op_names), layer.op_inputs, layer.op_blocks)
 
 
 class RecomputeEngine:
@@ -114,43 +70,41 @@ class RecomputeEngine:
         forward and backward): their storages count as parameters while that layer's forward step or a replay
         of one of its ops runs (the callback may make them ready first, e.g. unshard them)."""
         pols = tuple(policy.layers if isinstance(policy, RecomputePolicy) else policy)
-        if len(pols) != len(layers):
-            raise ValueError(f"policy has {len(pols)} layers, the stage has {len(layers)}")
+        self.plan = RestorePlan([_shape(layer) for layer in layers], pols)
         self.layers, self.policies = list(layers), pols
         self.stats = EngineStats()
         param_keys = {storage_key(p) for m in layers for p in m.parameters()} | {storage_key(p) for p in params}
         self._param_keys = param_keys  # shared with the ledger and the hooks (live keys come and go)
         self._live_params = live_params
         self._ledger = Ledger(param_keys)
-        # Offloading (issue 22): a policy's per-layer `offload` set of op names, read with a default so a
-        # LayerPolicy without the field offloads nothing. The layer's last op may be in it: what it saves beside
-        # its output (the residual dropout mask) is offloaded, its output never (it is the next layer's input,
-        # which the planner counts as always stored, `LayerGraph.keep_bytes`; docs/decisions/0087-last-op-offload.md).
-        self._offload = [frozenset(getattr(p, "offload", frozenset())) for p in pols]
-        self._out_op = [layer.op_names[-1] for layer in layers]
-        self._any_offload = any(self._offload)
-        self._streams = Streams()
-        self._saved = SavedTensorHooks(param_keys, self._dropped, self._hold, self._handed_out, self._restored,
-                                       self._offload_saved if self._any_offload else None, self._reloaded)
         self._records: dict[tuple[int, int], Record] = {}
-        self._pending_fwd: list[tuple[int, int, str, Phase]] = []
+        self.offloader = Offloader(self._records, self._ledger, self.stats, self._update_peak)
+        self._saved = SavedTensorHooks(param_keys, self.plan.dropped, self._hold, self._handed_out, self._restored,
+                                       self._offload_saved if self.plan.any_offload else None,
+                                       self.offloader.reloaded)
         self._replaying = 0
         self._restoring: set[tuple[int, int, str]] = set()
         """(layer, micro-batch, op) restorations in progress: their inputs must not be freed meanwhile."""
         self._hosts: frozenset[int] | None = None
         self._guest: tuple[RecomputeEngine, int] | None = None
-        self.tracer: Callable[[str, float, float], None] | None = None
+        self.tracer: Tracer | None = None
         """Called as tracer(name, t0, t1) for every restoration (perf_counter seconds)."""
-        self.copy_tracer: Callable[[str, float, float], None] | None = None
-        """Called as copy_tracer(name, t0, t1) for every copy out ("d2h ...") and back ("h2d ..."): the host time
-        the copy took to issue (on the CPU the whole synchronous copy; on CUDA the launch on the side stream)."""
-        # Per layer, fixed for the engine's life: who reads each op, and what the policy recomputes
-        # (`_free_intermediates` asked for both after every restoration).
-        self._users = [{n: tuple(c for c, ins in layer.op_inputs.items() if n in ins) for n in layer.op_names}
-                       for layer in self.layers]
-        self._planned = [frozenset(p.recomputed()) for p in pols]
         for i, layer in enumerate(self.layers):
             layer.window_hook = self._make_hook(i)
+
+    @property
+    def copy_tracer(self) -> Tracer | None:
+        """Called as copy_tracer(name, t0, t1) for every copy out ("d2h ...") and back ("h2d ...")."""
+        return self.offloader.tracer
+
+    @copy_tracer.setter
+    def copy_tracer(self, fn: Tracer | None) -> None:
+        self.offloader.tracer = fn
+
+    @property
+    def replaying(self) -> bool:
+        """Is a restoration's replay running now (a layer's op called again, not its forward)?"""
+        return self._replaying > 0
 
     # -- forward -------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, microbatch: int = 0, hosts: Collection[int] | None = None,
@@ -199,8 +153,7 @@ class RecomputeEngine:
             self._param_keys -= added
 
     def _layer_forward(self, li: int, layer: RuntimeLayer, x: torch.Tensor, mb: int) -> torch.Tensor:
-        pol = self.policies[li]
-        ckpt = li == 0 or pol.input_checkpoint
+        ckpt = self.plan.checkpointed_input(li)
         rec = Record(input=x if ckpt else None, input_rg=x.requires_grad, amp=autocast_state(x.device.type))
         self._records[(li, mb)] = rec
         if ckpt:
@@ -215,31 +168,21 @@ class RecomputeEngine:
                 env[name] = out
                 self._saved.registry.setdefault(storage_key(out), (li, name, out))
                 rec.out_layout[name] = (tuple(out.stride()), int(out.storage_offset()))
-                if name in self._offload[li] and name != out_op:
+                if name in self.plan.offload[li] and name != out_op:
                     rec.out_meta[name] = (storage_key(out), tuple(out.shape), tuple(out.stride()),
                                           int(out.storage_offset()), out.dtype)
-                elif name in pol.keep and name != out_op:  # the layer output is the next layer's input
+                elif self.plan.kept_output(li, name):  # the layer output is the next layer's input
                     rec.kept[name] = out
                     self._ledger.acquire(rec, out)
         self._saved.current = NO_OP
         rec.offload_pins.clear()  # the forward is over: the offloaded device storages may go
         top = li == len(self.layers) - 1
-        if self._any_offload and top and env[out_op].requires_grad:  # the stage's backward starts here
-            env[out_op].register_hook(lambda g, li=li, mb=mb: self._prefetch(li, mb))
-        self._pending_fwd.extend((li, mb, n, p) for n, p in pol.recompute if p in FWD_PHASE.values())
+        if self.plan.any_offload and top and env[out_op].requires_grad:  # the stage's backward starts here
+            env[out_op].register_hook(lambda g, li=li, mb=mb: self.offloader.prefetch(li, mb))
+        self.plan.queue_forward(li, mb)
         if x.requires_grad:
             x.register_hook(lambda g, li=li, mb=mb: self._release(li, mb))
         return env[out_op]
-
-    def _dropped(self, layer: int, op: str, output: bool) -> bool:
-        if op == LAYER_INPUT:
-            return False
-        if output and op == self.layers[layer].op_names[-1]:  # a layer output is the next layer's input
-            nxt = layer + 1
-            if nxt < len(self.layers):
-                return not self.policies[nxt].input_checkpoint
-            return False
-        return op not in self.policies[layer].keep
 
     # -- saved-tensor hook callbacks ---------------------------------------------------------------------
     def _hold(self, li: int, mb: int, key: int, t: torch.Tensor) -> None:
@@ -255,69 +198,13 @@ class RecomputeEngine:
             return saved[h.index]
         return out.as_strided(h.size, h.stride, out.storage_offset() + h.offset)
 
-    # -- offloading ---------------------------------------------------------------------------------
+    # -- offloading (`offloader`) ----------------------------------------------------------------------------
     def _offload_saved(self, li: int, mb: int, op: str, t: torch.Tensor, output: bool) -> OffloadHandle | None:
         """Autograd saves `t`, owned by op `op` of layer li (a view of its output if `output`) for micro-batch
-        mb: copy its storage to the host if the policy offloads that op (once per storage), and hand autograd a
-        handle. A layer's output is never offloaded: it is the next layer's input."""
-        if op not in self._offload[li] or (output and op == self._out_op[li]):
+        mb: a handle if the policy offloads it (a layer's output never: it is the next layer's input)."""
+        if not self.plan.offloaded(li, op, output):
             return None
-        rec = self._records[(li, mb)]
-        key = storage_key(t)
-        if key not in rec.offloaded:
-            t0 = time.perf_counter()
-            entry = OffloadEntry(t, self._streams)
-            entry.label = f"{op} L{li} mb{mb}"
-            if self.copy_tracer is not None:
-                self.copy_tracer(f"d2h {entry.label} {entry.nbytes} B", t0, time.perf_counter())
-            rec.offloaded[key] = entry
-            rec.offload_pins.append(t)
-            self.stats.offloaded_bytes += entry.nbytes
-            self._host(entry.nbytes)
-        return OffloadHandle(li, mb, key, tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), t.dtype)
-
-    def _host(self, delta: int) -> None:
-        self.stats.host_bytes += delta
-        self.stats.host_peak_bytes = max(self.stats.host_peak_bytes, self.stats.host_bytes)
-
-    def _start_reload(self, rec: Record, entry: OffloadEntry) -> None:
-        """Copy `entry` back to the device; its bytes return to the ledger now."""
-        if entry.reloaded is not None:
-            return
-        t0 = time.perf_counter()
-        entry.start_reload()
-        if self.copy_tracer is not None:
-            self.copy_tracer(f"h2d {entry.label} {entry.nbytes} B", t0, time.perf_counter())
-        assert entry.reloaded is not None
-        self._ledger.acquire(rec, entry.reloaded)
-        self.stats.reloaded_bytes += entry.nbytes
-        self._host(-entry.nbytes)
-        self._update_peak()
-
-    def _prefetch(self, li: int, mb: int) -> None:
-        """The top layer li's backward is starting: start copying back what it and the layer below read (later
-        layers' reloads start as each backward ends, `_release`: one layer ahead)."""
-        self._reload_layer(li, mb)
-        self._reload_layer(li - 1, mb)
-
-    def _reload_layer(self, li: int, mb: int) -> None:
-        """Start copying back everything (layer li, micro-batch mb) offloaded, ahead of its backward."""
-        rec = self._records.get((li, mb))
-        if rec is None:
-            return
-        for entry in rec.offloaded.values():
-            if entry.reloaded is None:
-                self.stats.reloads_prefetched += 1
-                self._start_reload(rec, entry)
-
-    def _reloaded(self, h: OffloadHandle) -> torch.Tensor:
-        """What an offload handle stands for, back on the device (waiting for its copy)."""
-        rec = self._records[(h.layer, h.mb)]
-        entry = rec.offloaded[h.key]
-        if entry.reloaded is None:
-            self.stats.reloads_on_demand += 1
-            self._start_reload(rec, entry)
-        return view_of(entry.fetch(), h)
+        return self.offloader.offload(li, mb, op, t)
 
     def offloaded_host_bytes(self) -> int:
         """Bytes copied out to the host and not yet back."""
@@ -337,7 +224,7 @@ class RecomputeEngine:
         meta = rec.out_meta.get(dep)
         if meta is not None and meta[0] in rec.offloaded:  # offloaded: reload it rather than recompute it
             key, size, stride, offset, dtype = meta
-            return self._reloaded(OffloadHandle(li, mb, key, size, stride, offset, dtype))
+            return self.offloader.reloaded(OffloadHandle(li, mb, key, size, stride, offset, dtype))
         self._ensure(li, mb, dep, place)
         return rec.restored[dep][0]
 
@@ -354,30 +241,12 @@ class RecomputeEngine:
         finally:
             self._restoring.discard((li, mb, op))
         t0 = time.perf_counter()
-        captured: list[torch.Tensor] = []
-
-        def capture(t: torch.Tensor) -> torch.Tensor:
-            # Hand the replay's autograd node a detached alias, never `t` itself: an op that saves its own
-            # output (softmax) would otherwise hold it through its own grad_fn, a cycle through C++ that
-            # Python's collector cannot see; the replay's graph is never run backward, so it leaked every
-            # such restoration (~220 MiB per iteration of the testbed GPT) and its pages faulted back.
-            d = t.detach()
-            # A parameter's slot is never read back (autograd holds parameters as themselves, never as a
-            # handle): keep the index, not the tensor (FSDP2's parameter storages come and go).
-            captured.append(d.new_empty(0) if storage_key(t) in self._param_keys else d)
-            return d
-
-        rg = {d: (rec.input_rg if d == LAYER_INPUT else True) for d in env}
-        env = {d: v.detach().requires_grad_(rg[d] and v.is_floating_point()) for d, v in env.items()}
         with self._live(li):
             self._replaying += 1
             try:
-                with torch.enable_grad(), replay_autocast(rec.amp), \
-                        torch.autograd.graph.saved_tensors_hooks(capture, lambda t: t):
-                    out = layer.run_op(op, env, mb)
+                out, captured = replay_op(layer, op, env, mb, rec.input_rg, rec.amp, self._param_keys)
             finally:
                 self._replaying -= 1
-            out = out.detach()
             stride, _ = rec.out_layout[op]
             if tuple(out.stride()) != stride:
                 raise RuntimeError(f"recompute of {op!r} (layer {li}) changed its layout {stride} -> "
@@ -397,38 +266,19 @@ class RecomputeEngine:
         """Drop restored outputs that backward never reads and no pending recomputation needs (the
         all-reduce output once the residual is restored, ...), as a checkpointed re-forward frees them.
         Their saved tensors (masks, statistics) stay."""
-        rec, layer, pol = self._records[(li, mb)], self.layers[li], self.policies[li]
-        planned, users_of = self._planned[li], self._users[li]
-        chunk_top = li + 1 < len(self.layers) and not self.policies[li + 1].input_checkpoint
-        # still to restore: planned ops and ops whose output backward will unpack (a dropped comm op, e.g.
-        # the SP all-gather whose output the next GEMM saved, is restored on demand through its inputs)
-        pending = (planned | rec.out_handles) - set(rec.restored)
+        rec, layer = self._records[(li, mb)], self.layers[li]
+        users_of = self.plan.users[li]
+        chunk_top = self.plan.chunk_top(li)
+        pending = self.plan.pending(li, rec.restored, rec.out_handles)
         for name, (out, saved) in list(rec.restored.items()):
             if not out.numel() or name in rec.out_handles or (chunk_top and name == layer.op_names[-1]):
                 continue
             # an op being restored reads it next
             if self._restoring and any((li, mb, c) in self._restoring for c in users_of[name]):
                 continue
-            if not self._still_read(rec, layer, pol, name, pending):
+            if not self.plan.still_read(li, name, rec.restored, pending):
                 self._ledger.unref(rec, storage_key(out))
                 rec.restored[name] = (out.new_empty(0), saved)
-
-    @staticmethod
-    def _still_read(rec: Record, layer: RuntimeLayer, pol: LayerPolicy, name: str, pending: Collection[str]) -> bool:
-        """Does restoring a pending op read `name`, directly or through ops that are neither kept nor
-        restored (they would be restored on the way)?"""
-        stack, seen = list(pending), set()
-        while stack:
-            op = stack.pop()
-            if op in seen:
-                continue
-            seen.add(op)
-            for d in layer.op_inputs[op]:
-                if d == name:
-                    return True
-                if d != LAYER_INPUT and d not in rec.restored and d not in pol.keep:
-                    stack.append(d)
-        return False
 
     def _make_hook(self, li: int) -> Callable[[Direction, str, int], None]:
         def hook(direction: Direction, op: str, mb: int) -> None:
@@ -438,11 +288,7 @@ class RecomputeEngine:
             block = self.layers[li].op_blocks[op]  # the family's block of this comm op
             if direction is Direction.FWD:
                 phase = FWD_PHASE[block]
-                hosts = self._hosts
-                todo = [t for t in self._pending_fwd if t[0] == li and t[3] == phase and t[1] != mb
-                        and (hosts is None or t[1] in hosts)]
-                self._pending_fwd = [t for t in self._pending_fwd if t not in todo]
-                for tl, tmb, name, p in todo:
+                for tl, tmb, name, p in self.plan.take_window(li, block, mb, self._hosts):
                     if (tl, tmb) in self._records:
                         self._ensure(tl, tmb, name, Place.of(p))
                 if self._guest is not None:
@@ -450,34 +296,28 @@ class RecomputeEngine:
                     n, ng = len(self.layers), len(eng.layers)
                     eng.restore_pending(j, phase, [g for g in range(ng) if g * n // ng == li])
             elif li > 0 and (li - 1, mb) in self._records:
-                phase = BWD_PHASE[block]
-                for name, p in self.policies[li - 1].recompute:
-                    if p == phase:
-                        self._ensure(li - 1, mb, name, Place.of(p))
+                for name, p in self.plan.bwd_window_ops(li, block):
+                    self._ensure(li - 1, mb, name, Place.of(p))
         return hook
 
     def cooldown(self, mb: int) -> None:
         """Restore now every pending phase-1/2 op of micro-batch `mb` (no later forward hosts them): called in
         the cool-down stall before waiting for B(mb)'s gradient from the next stage (the paper's second
         optimization), bottom layer first, as the windows would have."""
-        todo = sorted((t for t in self._pending_fwd if t[1] == mb), key=lambda t: (t[0], t[3].value))
-        self._pending_fwd = [t for t in self._pending_fwd if t[1] != mb]
-        for tl, tmb, name, _ in todo:
+        for tl, tmb, name, _ in self.plan.take_cooldown(mb):
             if (tl, tmb) in self._records:
                 self._ensure(tl, tmb, name, Place.COOLDOWN)
 
     def restore_pending(self, mb: int, phase: Phase, layers: Collection[int]) -> None:
         """Restore now the pending `phase` ops of micro-batch `mb` in `layers` (another chunk's forward window
         hosts them)."""
-        todo = [t for t in self._pending_fwd if t[1] == mb and t[3] == phase and t[0] in layers]
-        self._pending_fwd = [t for t in self._pending_fwd if t not in todo]
-        for tl, tmb, name, p in todo:
+        for tl, tmb, name, p in self.plan.take(mb, phase, layers):
             if (tl, tmb) in self._records:
                 self._ensure(tl, tmb, name, Place.of(p))
 
     def pending_forward_work(self, mb: int) -> int:
         """How many phase-1/2 ops of micro-batch `mb` are still waiting for a window."""
-        return sum(1 for t in self._pending_fwd if t[1] == mb)
+        return self.plan.queued(mb)
 
     # -- bookkeeping ---------------------------------------------------------------------------------
     def _release(self, li: int, mb: int) -> None:
@@ -485,9 +325,9 @@ class RecomputeEngine:
         rec = self._records.pop((li, mb), None)
         if rec is not None:
             self._forget(rec)
-        if self._any_offload and li >= 2:  # layer li-1's backward starts now, already reloaded: the next one
-            self._reload_layer(li - 2, mb)
-        self._pending_fwd = [t for t in self._pending_fwd if (t[0], t[1]) != (li, mb)]
+        if self.plan.any_offload and li >= 2:  # layer li-1's backward starts now, already reloaded: the next one
+            self.offloader.reload_layer(li - 2, mb)
+        self.plan.forget(li, mb)
 
     def end_step(self) -> None:
         """Forget everything (call after the last backward of an iteration)."""
@@ -495,12 +335,11 @@ class RecomputeEngine:
         for rec in self._records.values():
             self._forget(rec)
         self._records.clear()
-        self._pending_fwd.clear()
+        self.plan.clear()
 
     def _forget(self, rec: Record) -> None:
         self._ledger.forget(rec)
-        self._host(-sum(e.nbytes for e in rec.offloaded.values() if e.reloaded is None))
-        rec.offloaded.clear()
+        self.offloader.forget(rec)
 
     def idle(self) -> bool:
         """Nothing held for a backward still to run (every layer's backward released its record, or

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from enum import Enum
 
-from lynx.policy.base import Phase
+from lynx.decisions import Phase
+from lynx.runtime.engine.restore_plan import BWD_PHASE, FWD_PHASE
 from lynx.runtime.layers.base import Direction
 
 __all__ = ["BWD_PHASE", "FWD_PHASE", "Direction", "Place"]
@@ -34,8 +35,3 @@ class Place(Enum):
 
 _OF_PHASE = {Phase.FWD_ATTN: Place.FWD_ATTN, Phase.FWD_MLP: Place.FWD_MLP, Phase.BWD_MLP: Place.BWD_MLP,
              Phase.BWD_ATTN: Place.BWD_ATTN}
-
-FWD_PHASE = {"attn": Phase.FWD_ATTN, "mlp": Phase.FWD_MLP}
-"""The phase a block's forward collective hosts."""
-BWD_PHASE = {"mlp": Phase.BWD_MLP, "attn": Phase.BWD_ATTN}
-"""The phase a block's backward collective hosts (for the layer below)."""

@@ -9,6 +9,8 @@ from typing import Any, Protocol
 
 import torch
 
+from lynx.runtime.layers.tp import Group
+
 
 class ModelEnds(Protocol):
     """How one family builds and runs the ends of its model on a module that owns the parameters (the
@@ -35,17 +37,17 @@ class ModelEnds(Protocol):
         """Register the first stage's and / or the last stage's parameters on `owner`."""
         ...
 
-    def embed(self, owner: Any, tokens: torch.Tensor, microbatch: int, group: Any) -> torch.Tensor:
+    def embed(self, owner: Any, tokens: torch.Tensor, microbatch: int, group: Group) -> torch.Tensor:
         """tokens [b, s] -> hidden [s, b, h] (with sequence parallelism: this rank's [s/t, b, h])."""
         ...
 
-    def head(self, owner: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+    def head(self, owner: Any, x: torch.Tensor, group: Group) -> torch.Tensor:
         """hidden [s, b, h] (or this rank's sequence shard) -> this TP rank's logits [s, b, V / t] (the head
         is vocabulary-parallel, `lynx.runtime.layers.vocab`)."""
         ...
 
 
-def lm_loss(logits: torch.Tensor, labels: torch.Tensor, group: Any = None) -> torch.Tensor:
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor, group: Group = None) -> torch.Tensor:
     """Mean next-token cross-entropy; logits [s, b, V / t] sharded over the TP `group` (None: the whole
     vocabulary), labels [b, s]."""
     from lynx.runtime.layers.vocab import cross_entropy

@@ -1,7 +1,7 @@
 """A GPT layer built from the op vocabulary (`lynx.families.gpt.STANDARD_OPS` / `SP_OPS`), Megatron-style TP.
 
 Each op is a separate call, ``run_op(name, env)``, reading earlier outputs by name from `env` exactly as
-`lynx.costmodel.build_layer_graph` describes them (``op_inputs`` are the graph's ``Op.inputs``):
+`lynx.cost.layer.build_layer_graph` describes them (``op_inputs`` are the graph's ``Op.inputs``):
 
 - ``ln1``/``ln2``: LayerNorm (saves its input and per-token statistics).
 - ``qkv``: column-parallel [tok, h] -> [tok, 3h/t] (saves its input, i.e. the ``ln1`` output).
@@ -34,6 +34,7 @@ from lynx.families.gpt import SP_OPS, STANDARD_OPS
 from lynx.graph import LAYER_INPUT
 from lynx.runtime.layers import tp
 from lynx.runtime.layers.base import Direction, OpLayer
+from lynx.runtime.layers.tp import Group
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def op_inputs_for(names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
 class GPTLayer(OpLayer):
     """One transformer layer on one TP rank, executable op by op."""
 
-    def __init__(self, cfg: LayerConfig, group: Any = None, layer_index: int = 0, device: Any = None,
+    def __init__(self, cfg: LayerConfig, group: Group = None, layer_index: int = 0, device: Any = None,
                  seed: int = 1234) -> None:
         names = op_names_for(cfg)
         mlp_from = names.index("ln2")

@@ -24,6 +24,7 @@ from lynx.runtime.layers import tp, vocab
 from lynx.runtime.layers.ends import lm_loss
 from lynx.runtime.layers.family import RuntimeFamily
 from lynx.runtime.layers.gpt import GPTLayer, LayerConfig, op_names_for
+from lynx.runtime.layers.tp import Group
 from lynx.spec import ModelSpec, ParallelSpec
 
 __all__ = ["GPTModel", "GPT_ENDS", "lm_loss", "synthetic_batch"]
@@ -50,11 +51,11 @@ class GPTEnds:
         if last:  # the LM head is tied to `wte`, as ModelSpec counts it
             owner.ln_f = torch.nn.LayerNorm(cfg.hidden_size, device=device, dtype=cfg.dtype)
 
-    def embed(self, owner: Any, tokens: torch.Tensor, microbatch: int, group: Any) -> torch.Tensor:
+    def embed(self, owner: Any, tokens: torch.Tensor, microbatch: int, group: Group) -> torch.Tensor:
         return embed(owner.wte, owner.wpe, tokens, microbatch, owner.cfg, owner.seed,
                      owner.training, group, owner.vocab_size)
 
-    def head(self, owner: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+    def head(self, owner: Any, x: torch.Tensor, group: Group) -> torch.Tensor:
         ln_f: torch.nn.Module = owner.ln_f
         return head_logits(x, ln_f, owner.wte, owner.cfg, group)
 
@@ -63,8 +64,8 @@ GPT_ENDS = GPTEnds()
 
 
 class GPTModel(torch.nn.Module):
-    def __init__(self, cfg: LayerConfig, num_layers: int, vocab_size: int, group: Any = None,
-                 device: Any = None, seed: int = 1234) -> None:
+    def __init__(self, cfg: LayerConfig, num_layers: int, vocab_size: int, group: Group = None,
+                 device: torch.device | str | None = None, seed: int = 1234) -> None:
         super().__init__()
         cfg = replace(cfg, num_layers=num_layers)
         self.cfg, self.group, self.seed = cfg, group, seed
@@ -103,7 +104,7 @@ def embedding_weights(cfg: LayerConfig, vocab_size: int, seed: int) -> tuple[tor
 
 
 def embed(wte: torch.Tensor, wpe: torch.Tensor, tokens: torch.Tensor, microbatch: int, cfg: LayerConfig,
-          seed: int, training: bool, group: Any, vocab_size: int | None = None) -> torch.Tensor:
+          seed: int, training: bool, group: Group, vocab_size: int | None = None) -> torch.Tensor:
     """tokens [b, s] -> [s, b, h] (with SP: this rank's [s/t, b, h]); `wte` is this TP rank's rows of the
     word embedding (`vocab_size` rows in all; None: `wte` is the whole matrix, TP = 1); dropout seeded by
     micro-batch, the same mask on every rank (with SP each rank applies its slice of it)."""
@@ -123,7 +124,7 @@ def embed(wte: torch.Tensor, wpe: torch.Tensor, tokens: torch.Tensor, microbatch
 
 
 def head_logits(x: torch.Tensor, ln_f: torch.nn.Module, wte: torch.Tensor, cfg: LayerConfig,
-                group: Any) -> torch.Tensor:
+                group: Group) -> torch.Tensor:
     """The final LayerNorm and the tied, vocabulary-parallel LM head: [s, b, h] (with SP this rank's
     sequence shard) -> this rank's logits [s, b, V / t]."""
     if cfg.sequence_parallel:
@@ -132,7 +133,7 @@ def head_logits(x: torch.Tensor, ln_f: torch.nn.Module, wte: torch.Tensor, cfg: 
 
 
 def synthetic_batch(vocab: int, micro_batch: int, seq: int, microbatch: int, seed: int = 0,
-                    device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Deterministic random tokens (identical on every rank) and next-token labels."""
     g = torch.Generator().manual_seed(seed * 100003 + microbatch)
     t = torch.randint(0, vocab, (micro_batch, seq + 1), generator=g)

@@ -29,6 +29,7 @@ from lynx.runtime.layers import tp, vocab
 from lynx.runtime.layers.base import Direction, OpFn, OpLayer
 from lynx.runtime.layers.ends import lm_loss
 from lynx.runtime.layers.family import RuntimeFamily
+from lynx.runtime.layers.tp import Group
 from lynx.spec import ModelSpec, ParallelSpec
 
 
@@ -66,7 +67,7 @@ class LlamaConfig:
                          ffn_hidden_size=self.ffn_hidden_size, vocab_size=vocab,
                          max_position_embeddings=max(self.seq_length, 8), family="llama", activation="swiglu",
                          normalization="rmsnorm", position_embedding="rope", tie_embeddings=False,
-                         attention="flash", dropout=False)
+                         attention="flash", dropout=False, bias="none")
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
@@ -161,7 +162,7 @@ class LlamaLayer(OpLayer):
     cos: torch.Tensor
     sin: torch.Tensor
 
-    def __init__(self, cfg: LlamaConfig, group: Any = None, layer_index: int = 0, device: Any = None,
+    def __init__(self, cfg: LlamaConfig, group: Group = None, layer_index: int = 0, device: Any = None,
                  seed: int = 1234) -> None:
         names, inputs, blocks = _names(cfg)
         super().__init__(layer_index, names, inputs, blocks)
@@ -273,11 +274,11 @@ class LlamaEnds:
             owner.head = torch.nn.Parameter(vocab.shard_rows(head, group).to(**kw))
             owner.norm_f = torch.nn.Parameter(torch.ones(h, device=device, dtype=cfg.dtype))
 
-    def embed(self, owner: Any, tokens: torch.Tensor, microbatch: int, group: Any) -> torch.Tensor:
+    def embed(self, owner: Any, tokens: torch.Tensor, microbatch: int, group: Group) -> torch.Tensor:
         # [s, b, h]; with SP reduce-scattered to this rank's [s/t, b, h] (no positions to add after it)
         return vocab.embed_tokens(owner.wte, tokens, owner.vocab_size, group, owner.cfg.sequence_parallel)
 
-    def head(self, owner: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+    def head(self, owner: Any, x: torch.Tensor, group: Group) -> torch.Tensor:
         if owner.cfg.sequence_parallel:
             x = tp.apply_fn(tp.SplitSeqFn, x, group, True)
         return vocab.head_logits(tp.apply_fn(_RMSNorm, x, owner.norm_f, owner.cfg.norm_eps), owner.head, group)
@@ -290,7 +291,7 @@ class LlamaModel(torch.nn.Module):
     """Embedding, a stack of `LlamaLayer`s, final RMSNorm, untied LM head, loss (embedding and head
     vocabulary-parallel over TP like `GPTModel`'s); same interface as `GPTModel`."""
 
-    def __init__(self, cfg: LlamaConfig, num_layers: int, vocab_size: int, group: Any = None,
+    def __init__(self, cfg: LlamaConfig, num_layers: int, vocab_size: int, group: Group = None,
                  device: Any = None, seed: int = 1234) -> None:
         super().__init__()
         cfg = replace(cfg, num_layers=num_layers)

@@ -27,6 +27,8 @@ import torch.distributed as dist
 
 Window = Callable[[], None] | None
 
+Group = dist.ProcessGroup | None
+"""A tensor-parallel process group (None: TP 1, no collective)."""
 _COMM_STREAMS: dict[int, Any] = {}
 CollectiveTracer = Callable[[str, float, float, float], None]
 _tracer: list[CollectiveTracer] = []
@@ -53,11 +55,11 @@ def apply_fn(fn: type[torch.autograd.Function], *args: Any) -> torch.Tensor:
     return out
 
 
-def world(group: Any) -> int:
+def world(group: Group) -> int:
     return 1 if group is None else dist.get_world_size(group)
 
 
-def rank_in(group: Any) -> int:
+def rank_in(group: Group) -> int:
     return 0 if group is None else dist.get_rank(group)
 
 
@@ -68,7 +70,7 @@ def _comm_stream(device: torch.device) -> Any:
     return _COMM_STREAMS[idx]
 
 
-def run_collective(kind: str, x: torch.Tensor, group: Any, window: Window = None) -> torch.Tensor:
+def run_collective(kind: str, x: torch.Tensor, group: Group, window: Window = None) -> torch.Tensor:
     """Run `kind` in {"allreduce", "allgather", "reducescatter"} on dim 0 of `x` asynchronously, call
     `window` while it is in flight, wait, return the result. TP = 1: the result is `x` (or a copy)."""
     n = world(group)
@@ -132,7 +134,7 @@ class CommFn(torch.autograd.Function):
     "reducescatter". `fwd_window` runs inside the forward collective, `bwd_window` inside the backward one."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, kind: str, group: Any, fwd_window: Window,
+    def forward(ctx: Any, x: torch.Tensor, kind: str, group: Group, fwd_window: Window,
                 bwd_window: Window) -> torch.Tensor:
         ctx.kind, ctx.group, ctx.bwd_window = kind, group, bwd_window
         if kind == "copy":
@@ -157,7 +159,7 @@ class SplitSeqFn(torch.autograd.Function):
     this rank's slice of a gradient that every rank holds in full, e.g. from a replicated LM head)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, gather: bool) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, group: Group, gather: bool) -> torch.Tensor:
         ctx.group, ctx.gather = group, gather
         return run_collective("allgather", x, group) if gather else _own_slice(x, group)
 
@@ -166,7 +168,7 @@ class SplitSeqFn(torch.autograd.Function):
         return (_own_slice(g, ctx.group) if ctx.gather else run_collective("allgather", g, ctx.group)), None, None
 
 
-def _own_slice(x: torch.Tensor, group: Any) -> torch.Tensor:
+def _own_slice(x: torch.Tensor, group: Group) -> torch.Tensor:
     n, r = world(group), rank_in(group)
     if x.shape[0] % n:
         raise ValueError(f"sequence length {x.shape[0]} not divisible by TP={n}")
@@ -175,19 +177,19 @@ def _own_slice(x: torch.Tensor, group: Any) -> torch.Tensor:
     return x.chunk(n, 0)[r].clone()
 
 
-def reduce_from_tp(x: torch.Tensor, group: Any, fwd_window: Window = None) -> torch.Tensor:
+def reduce_from_tp(x: torch.Tensor, group: Group, fwd_window: Window = None) -> torch.Tensor:
     return apply_fn(CommFn, x, "allreduce", group, fwd_window, None)
 
 
-def copy_to_tp(x: torch.Tensor, group: Any, bwd_window: Window = None) -> torch.Tensor:
+def copy_to_tp(x: torch.Tensor, group: Group, bwd_window: Window = None) -> torch.Tensor:
     return apply_fn(CommFn, x, "copy", group, None, bwd_window)
 
 
-def gather_from_sp(x: torch.Tensor, group: Any, fwd_window: Window = None, bwd_window: Window = None) -> torch.Tensor:
+def gather_from_sp(x: torch.Tensor, group: Group, fwd_window: Window = None, bwd_window: Window = None) -> torch.Tensor:
     return apply_fn(CommFn, x, "allgather", group, fwd_window, bwd_window)
 
 
-def reduce_scatter_to_sp(x: torch.Tensor, group: Any, fwd_window: Window = None,
+def reduce_scatter_to_sp(x: torch.Tensor, group: Group, fwd_window: Window = None,
                          bwd_window: Window = None) -> torch.Tensor:
     return apply_fn(CommFn, x, "reducescatter", group, fwd_window, bwd_window)
 
@@ -203,7 +205,7 @@ class ColumnParallelLinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-                group: Any, bwd_window: Window) -> torch.Tensor:
+                group: Group, bwd_window: Window) -> torch.Tensor:
         dev = x.device.type
         if torch.is_autocast_enabled(dev):
             dt = torch.get_autocast_dtype(dev)
@@ -240,8 +242,8 @@ def _init_weight(out_f: int, in_f: int, seed: int, std: float) -> torch.Tensor:
 class ColumnParallelLinear(torch.nn.Module):
     """Output features split over the group (QKV, FC1). Takes the full input, returns the local shard."""
 
-    def __init__(self, in_f: int, out_f: int, group: Any = None, seed: int = 0, std: float = 0.02,
-                 device: Any = None, dtype: torch.dtype = torch.float32,
+    def __init__(self, in_f: int, out_f: int, group: Group = None, seed: int = 0, std: float = 0.02,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
                  stride: int = 1) -> None:
         super().__init__()
         n, r = world(group), rank_in(group)
@@ -263,8 +265,8 @@ class RowParallelLinear(torch.nn.Module):
     without bias: the all-reduce (or reduce-scatter) and the bias add are separate ops, as in Megatron's
     fused bias-dropout-add."""
 
-    def __init__(self, in_f: int, out_f: int, group: Any = None, seed: int = 0, std: float = 0.02,
-                 device: Any = None, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, in_f: int, out_f: int, group: Group = None, seed: int = 0, std: float = 0.02,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         n, r = world(group), rank_in(group)
         if in_f % n:
@@ -282,7 +284,7 @@ def scaled_init_std(std: float, num_layers: int) -> float:
     return std / math.sqrt(2.0 * max(1, num_layers))
 
 
-def allreduce_sp_grads(module: torch.nn.Module, sequence_parallel: bool, group: Any) -> None:
+def allreduce_sp_grads(module: torch.nn.Module, sequence_parallel: bool, group: Group) -> None:
     """Sum the partial norm-weight gradients of the sequence-parallel region over the TP group."""
     if not sequence_parallel or world(group) == 1:
         return

@@ -27,9 +27,10 @@ import torch
 import torch.distributed as dist
 
 from lynx.runtime.layers import tp
+from lynx.runtime.layers.tp import Group
 
 
-def vocab_range(vocab_size: int, group: Any) -> tuple[int, int]:
+def vocab_range(vocab_size: int, group: Group) -> tuple[int, int]:
     """[start, end) of the vocabulary rows this rank owns."""
     n, r = tp.world(group), tp.rank_in(group)
     if vocab_size % n:
@@ -39,13 +40,13 @@ def vocab_range(vocab_size: int, group: Any) -> tuple[int, int]:
     return r * per, (r + 1) * per
 
 
-def shard_rows(full: torch.Tensor, group: Any) -> torch.Tensor:
+def shard_rows(full: torch.Tensor, group: Group) -> torch.Tensor:
     """This rank's rows of a full [V, h] embedding matrix (a copy, contiguous)."""
     a, b = vocab_range(full.shape[0], group)
     return full[a:b].clone()
 
 
-def embed_tokens(weight: torch.Tensor, tokens: torch.Tensor, vocab_size: int, group: Any,
+def embed_tokens(weight: torch.Tensor, tokens: torch.Tensor, vocab_size: int, group: Group,
                  reduce_scatter: bool) -> torch.Tensor:
     """tokens [b, s] -> [s, b, h] from this rank's rows `weight` [V / t, h]: the partial lookup summed over
     TP, or with `reduce_scatter` reduce-scattered along the sequence (this rank's [s / t, b, h]; Megatron-Core
@@ -62,7 +63,7 @@ def embed_tokens(weight: torch.Tensor, tokens: torch.Tensor, vocab_size: int, gr
     return tp.reduce_from_tp(part, group)
 
 
-def head_logits(x: torch.Tensor, weight: torch.Tensor, group: Any) -> torch.Tensor:
+def head_logits(x: torch.Tensor, weight: torch.Tensor, group: Group) -> torch.Tensor:
     """Normalized hidden [s, b, h] (replicated over TP) -> this rank's logits [s, b, V / t]."""
     return torch.nn.functional.linear(tp.copy_to_tp(x, group), weight)
 
@@ -71,7 +72,7 @@ class _VocabParallelCE(torch.autograd.Function):
     """Per-token cross-entropy of vocabulary-sharded logits [n, V / t] against targets [n] (global ids)."""
 
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, group: Any) -> torch.Tensor:
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, group: Group) -> torch.Tensor:
         a = tp.rank_in(group) * logits.shape[-1]
         b = a + logits.shape[-1]
         # one fp32 working copy (Megatron's logits.float()), then everything in place on it
@@ -102,7 +103,7 @@ class _VocabParallelCE(torch.autograd.Function):
         return grad.to(ctx.in_dtype), None, None
 
 
-def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, group: Any = None) -> torch.Tensor:
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, group: Group = None) -> torch.Tensor:
     """Mean next-token cross-entropy of logits [s, b, V / t] (this rank's vocabulary shard) against labels
     [b, s]; every rank of the TP group returns the same loss."""
     flat, target = logits.flatten(0, 1), labels.transpose(0, 1).flatten()

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from lynx.runtime.layers.tp import Group
+
 TESTED_TORCH = ("2.11", "2.13")
 """major.minor versions this module was checked against: 2.13 here and in CI; 2.11 (the lent GPU machine's
 torch) by the pipeline's CPU tests, which pass there (the lent H100 session of 2026-11-23;
@@ -168,7 +170,7 @@ def build_schedule(stages: list[Any], num_microbatches: int, loss_fn: Callable[.
 
 
 def make_stage(module: torch.nn.Module, stage_index: int, num_stages: int, device: torch.device,
-               example_input: torch.Tensor, example_output: torch.Tensor, group: Any) -> Any:
+               example_input: torch.Tensor, example_output: torch.Tensor, group: Group) -> Any:
     """A `PipelineStage` (public API) with static shapes, so torch never runs the module for shape
     inference (which would run TP collectives and the recompute engine on dummy data)."""
     from torch.distributed.pipelining import PipelineStage

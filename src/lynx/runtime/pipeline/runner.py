@@ -26,8 +26,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lynx.decisions import RecomputePolicy
 from lynx.errors import LynxError
-from lynx.policy.base import RecomputePolicy
 from lynx.runtime.pipeline import _torch_pipelining as tpp
 from lynx.runtime.pipeline.order import check_executable, rank_order
 from lynx.runtime.pipeline.stages import HostStaged, StageModule, StageSpec, make_loss_fn

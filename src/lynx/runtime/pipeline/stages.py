@@ -18,10 +18,11 @@ from typing import Any, cast
 
 import torch
 
-from lynx.policy.base import RecomputePolicy
+from lynx.decisions import RecomputePolicy
 from lynx.runtime.engine import RecomputeEngine
 from lynx.runtime.layers.ends import lm_loss
 from lynx.runtime.layers.family import runtime_of
+from lynx.runtime.layers.tp import Group
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +46,8 @@ class StageSpec:
 
 
 class StageModule(torch.nn.Module):
-    def __init__(self, spec: StageSpec, cfg: Any, vocab_size: int, group: Any = None,
-                 device: Any = None, seed: int = 1234) -> None:
+    def __init__(self, spec: StageSpec, cfg: Any, vocab_size: int, group: Group = None,
+                 device: torch.device | str | None = None, seed: int = 1234) -> None:
         super().__init__()
         self.spec, self.cfg, self.group, self.seed = spec, cfg, group, seed
         family = runtime_of(cfg)
@@ -133,7 +134,7 @@ class HostStaged(torch.nn.Module):
         return y if self.inner.spec.is_last else y.to(self.comm, copy=True)
 
 
-def make_loss_fn(num_microbatches: int, record: list[float], group: Any = None) -> Any:
+def make_loss_fn(num_microbatches: int, record: list[float], group: Group = None) -> Any:
     """The last stage's loss: mean cross-entropy / num_microbatches (a single-process run backpropagates
     loss / m for each micro-batch; gradients are then equal without rescaling), over logits sharded by
     vocabulary over the TP `group`. Records each micro-batch's mean cross-entropy in `record`."""

@@ -32,9 +32,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lynx.costmodel import allreduce_time, gather_time
+from lynx.cost.collectives import allreduce_time, gather_time
+from lynx.cost.static_memory import Recipe, stage_params
 from lynx.spec import LinkSpec, ModelSpec, ParallelSpec
-from lynx.static_memory import Recipe, stage_params
 
 DEFAULT_BUCKET_PARAMS = 40_000_000
 """Megatron-Core's default bucket: max(40000000, 1000000 * data-parallel size) parameters

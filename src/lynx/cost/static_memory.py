@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
-from lynx.costmodel import allreduce_time, gather_time
+from lynx.cost.collectives import allreduce_time, gather_time
 from lynx.errors import SpecError
 from lynx.families import get_family
 from lynx.spec import DeviceSpec, LinkSpec, ModelSpec, ParallelSpec

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lynx.costmodel import allreduce_time
+from lynx.cost.collectives import allreduce_time
 from lynx.graph import RuntimeCosts
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
 

@@ -1,4 +1,5 @@
-"""Pricing: what each action of a stage costs, from the layer graph and the stage's policy.
+"""Charging a stage: what each action of a pipeline stage costs, from the layer graph and the stage's policy
+(`charge_stage`, the one function the simulator prices a stage with).
 
 * F = the chunk's layers' forward ops, forward collectives blocking (Megatron TP), plus any overflow of
   recomputation that a plan put in a forward window beyond the window's idle time.
@@ -11,16 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lynx.cost.layer import EdgeTimes
+from lynx.cost.pricing import bwd_windows, fwd_windows, layer_recompute
+from lynx.decisions import LayerPolicy, RecomputePolicy, StageContext
 from lynx.graph import LayerGraph
-from lynx.policy.base import FWD_PHASES, LayerPolicy, Phase, RecomputePolicy, StageContext
-from lynx.pricing import bwd_windows, fwd_windows, ops_recompute_cost
-
-
-def recompute_time(graph: LayerGraph, lp: LayerPolicy, phases: tuple[Phase, ...]) -> float:
-    """The recomputation of these phases, at the one price list (`lynx.pricing`); on demand also the kept
-    ops a Megatron checkpoint re-runs (`LayerPolicy.rerun`)."""
-    rerun = ops_recompute_cost(graph, sorted(lp.rerun)) if Phase.ON_DEMAND in phases else 0.0
-    return ops_recompute_cost(graph, lp.recomputed(phases)) + rerun
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +50,7 @@ class ChunkCosts:
     """Per layer, its phase-1 and phase-2 recomputation time."""
     win_f: tuple[float, float] = (0.0, 0.0)
     copy_exposed: float = 0.0
-    """Offload copies this chunk's backward waits for (`lynx.simulate.copies`; part of bwd_base)."""
+    """Offload copies this chunk's backward waits for (part of bwd_base; `charge_stage`)."""
     _carry: dict[int, tuple[float, float]] = field(default_factory=dict)
 
     def carried(self, host_layers: int) -> tuple[float, float]:
@@ -78,20 +73,13 @@ def chunk_costs(graph: LayerGraph, layers: tuple[LayerPolicy, ...], lc: LayerCos
     for i, lp in enumerate(layers):
         c.fwd_plain += lc.fwd
         c.bwd_base += lc.bwd
-        demand = recompute_time(graph, lp, (Phase.ON_DEMAND,))
-        loads = tuple(recompute_time(graph, lp, (ph,)) for ph in FWD_PHASES)
-        c.fwd_loads.append((loads[0], loads[1]))
-        for load in loads:
+        r = layer_recompute(graph, lp, lc.win_b, top=i == n - 1)
+        c.fwd_loads.append(r.fwd_loads)
+        for load in r.fwd_loads:
             c.fwd_phase_load += load
-        for k, ph in enumerate((Phase.BWD_MLP, Phase.BWD_ATTN)):
-            load = recompute_time(graph, lp, (ph,))
-            if i == n - 1:  # the top layer has no layer above whose backward windows it could use
-                demand += load
-            else:
-                c.bwd_hidden += min(load, lc.win_b[k])
-                demand += max(0.0, load - lc.win_b[k])
-        c.bwd_base += demand
-        c.bwd_ondemand += demand
+        c.bwd_hidden += r.bwd_hidden
+        c.bwd_base += r.on_demand
+        c.bwd_ondemand += r.on_demand
     return c
 
 
@@ -99,3 +87,25 @@ def stage_costs(graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext) -> l
     """One ChunkCosts per model chunk of the stage (one without interleaving)."""
     lc = layer_cost(graph, ctx.subtract_wgrad)
     return [chunk_costs(graph, pol.layers[lo:hi], lc) for lo, hi in ctx.chunk_slices()]
+
+
+def charge_stage(graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext, edges: EdgeTimes | None = None,
+                 copy_exposed: float = 0.0) -> list[ChunkCosts]:
+    """Everything one pipeline stage's actions cost per micro-batch, chunk by chunk: its layers' forward and
+    backward with the recomputation its policy places (`chunk_costs`), the offload copies its backwards wait for
+    (`copy_exposed` per micro-batch, `policy.offload.stage_exposed_copy`, split evenly over its chunks, each of
+    which runs one backward per micro-batch), and on the first and last stage the embedding and the LM head with
+    its loss (`edges`: first virtual stage and last virtual stage, as Megatron places them)."""
+    cc = stage_costs(graph, pol, ctx)
+    if copy_exposed > 0:
+        for c in cc:
+            c.copy_exposed = copy_exposed / len(cc)
+            c.bwd_base += c.copy_exposed
+    if edges is not None:
+        if ctx.stage == 0:
+            cc[0].fwd_plain += edges.embedding_fwd
+            cc[0].bwd_base += edges.embedding_bwd
+        if ctx.stage == ctx.num_stages - 1:
+            cc[-1].fwd_plain += edges.head_fwd
+            cc[-1].bwd_base += edges.head_bwd
+    return cc

@@ -1,7 +1,7 @@
 """Activation lifetimes during backward: what a layer policy actually holds while its layers' backward runs.
 
 An op-level replay of what the recompute engine (`lynx.runtime.engine`, like Megatron's checkpointed
-re-forward) does for one micro-batch, used by the one memory rule in `lynx.memory`:
+re-forward) does for one micro-batch, used by the one memory rule in `lynx.cost.memory`:
 
 * backward visits a stage's layers top first and each layer's ops in reverse forward order; an op's
   backward reads its ``saved`` tensors (its own mask or statistics when it has any), and a read of a dropped
@@ -34,8 +34,8 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from lynx.decisions import FWD_PHASES, LayerPolicy, Phase
 from lynx.graph import LAYER_INPUT, LayerGraph
-from lynx.policy.base import FWD_PHASES, LayerPolicy, Phase
 
 _BWD_BLOCK = {Phase.BWD_MLP: "mlp", Phase.BWD_ATTN: "attn"}
 

@@ -1,8 +1,8 @@
 """Analytic cost model: a LayerGraph from specs, without touching a device.
 
 Compute ops: roofline, ``time = max(flops / (peak * matmul_eff), bytes / (hbm_bw * mem_eff))``.
-Collectives: alpha-beta over the slowest link the group spans (ring algorithms, as NCCL uses for large
-messages). Output bytes per op follow Korthikanti et al. 2022 (sec. 4.1), 16-bit activations and 1-byte
+Collectives: alpha-beta over the slowest link the group spans (`lynx.cost.collectives`).
+Output bytes per op follow Korthikanti et al. 2022 (sec. 4.1), 16-bit activations and 1-byte
 dropout masks. Every constant and what the model leaves out: docs/costmodel.md.
 """
 
@@ -10,18 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from lynx.cost.collectives import allreduce_time, gather_time, p2p_time
+from lynx.cost.kernels import KernelCurves
+from lynx.cost.tp_overlap import apply_tp_comm_overlap
 from lynx.families import get_family
 from lynx.families.base import ACT_BYTES, BWD_MATMUL_FACTOR, BWD_MEMORY_FACTOR, MASK_BYTES, OpSpec
 from lynx.families.fusion import MAIN_GRAD_PASS_BYTES
 from lynx.graph import GraphMeta, LayerGraph, Op
-from lynx.kernels import KernelCurves
 from lynx.spec import Hardware, LinkSpec, ModelSpec, ParallelSpec
-from lynx.tp_overlap import apply_tp_comm_overlap
 
-# The byte and backward constants are the families' (they describe ops); re-exported for old imports.
-__all__ = ["ACT_BYTES", "MASK_BYTES", "BWD_MATMUL_FACTOR", "BWD_MEMORY_FACTOR", "CostParams", "EdgeTimes",
-           "allreduce_time", "build_layer_graph", "edge_times", "gather_time", "model_flops_per_iteration",
-           "p2p_time", "price_op", "scale_graph"]
+__all__ = ["CostParams", "EdgeTimes", "build_layer_graph", "edge_times", "model_flops_per_iteration", "price_op",
+           "scale_graph"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,27 +40,6 @@ class CostParams:
     @staticmethod
     def for_hardware(hw: Hardware, tp_comm_overlap: bool = False) -> CostParams:
         return CostParams(hw.device.matmul_efficiency, hw.device.memory_efficiency, tp_comm_overlap=tp_comm_overlap)
-
-
-def allreduce_time(nbytes: float, n: int, link: LinkSpec, scale: float = 1.0) -> float:
-    """Ring all-reduce: 2(n-1) steps each moving nbytes/n (Thakur et al. 2005; NCCL's bus bandwidth)."""
-    if n <= 1:
-        return 0.0
-    bw = link.bandwidth_Bps * min(1.0, link.efficiency * scale)
-    return 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * nbytes / bw
-
-
-def gather_time(nbytes: float, n: int, link: LinkSpec, scale: float = 1.0) -> float:
-    """Ring all-gather or reduce-scatter of a tensor of `nbytes` (the gathered size): half an all-reduce's
-    traffic, at the link's all-gather / reduce-scatter efficiency."""
-    if n <= 1:
-        return 0.0
-    bw = link.bandwidth_Bps * min(1.0, link.gather_eff * scale)
-    return (n - 1) * link.latency_s + (n - 1) / n * nbytes / bw
-
-
-def p2p_time(nbytes: float, link: LinkSpec, scale: float = 1.0) -> float:
-    return link.latency_s + nbytes / (link.bandwidth_Bps * min(1.0, link.efficiency * scale))
 
 
 class _Pricer:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lynx.cost.lifetime import backward_trace
+from lynx.decisions import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase, StageContext
 from lynx.families import get_family
 from lynx.graph import LayerGraph
-from lynx.lifetime import backward_trace
-from lynx.policy.base import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase, StageContext
 from lynx.spec import ModelSpec, ParallelSpec
 
 DEFAULT_BYTES_PER_PARAM = 16.0
@@ -35,9 +35,9 @@ def static_bytes(
     bytes_per_param: float | None = None, precision: str = "paper",
     distributed_optimizer: bool = False,
 ) -> float:
-    """Parameters, gradients and optimizer states of one stage on one device (`lynx.static_memory`:
+    """Parameters, gradients and optimizer states of one stage on one device (`lynx.cost.static_memory`:
     embeddings on the first stage, the LM head copy and final LayerNorm on the last, recipes, sharding)."""
-    from lynx.static_memory import recipe_for, stage_static
+    from lynx.cost.static_memory import recipe_for, stage_static
 
     recipe = recipe_for(precision, bytes_per_param)
     return stage_static(model, par, stage, num_layers, recipe, distributed_optimizer).total
@@ -168,7 +168,7 @@ def linear_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: S
 def restored_output_bytes(graph: LayerGraph, lp: LayerPolicy, phases: tuple[Phase, ...]) -> float:
     """The layer output's bytes when `lp` recomputes the output op in one of `phases`, else 0: `keep_bytes`
     counts only its mask (the output is the next layer's input, counted there), but while the restoration runs
-    the rebuilt output exists beside it (`lynx.lifetime`'s transient sample). HEU's rows and OPT's M5 add the
+    the rebuilt output exists beside it (`lynx.cost.lifetime`'s transient sample). HEU's rows and OPT's M5 add the
     same term (R_out x out_bytes) so that they bound the replay."""
     out = graph.output_op
     return graph.op(out).out_bytes if any(n == out and p in phases for n, p in lp.recompute) else 0.0
@@ -177,7 +177,7 @@ def restored_output_bytes(graph: LayerGraph, lp: LayerPolicy, phases: tuple[Phas
 def stage_lifetimes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext
                     ) -> tuple[float, float, float]:
     """(forward-window holdings of one micro-batch, backward working set, forward-window transient) from the
-    activation-lifetime replay (`lynx.lifetime`), each chunk of an interleaved stage on its own. The
+    activation-lifetime replay (`lynx.cost.lifetime`), each chunk of an interleaved stage on its own. The
     transient is what the phase-1/2 restores hold beyond their holdings while they run in a later forward;
     it adds to that forward's own working set."""
     slices = ctx.chunk_slices() if ctx.chunk_layers else ((0, len(layers)),)
@@ -201,7 +201,7 @@ def stage_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: St
                            forward window's restores hold at once beyond their holdings;
     backward working set = the largest total one micro-batch's backward restores at once (a restoration's
                            output beside its inputs, before they are freed), from the
-    activation-lifetime replay (`lynx.lifetime`: restored outputs freed once no pending backward or
+    activation-lifetime replay (`lynx.cost.lifetime`: restored outputs freed once no pending backward or
     recomputation reads them; a uniform chunk restores all its layers; phase-3/4 restores of layer l - 1
     during layer l's backward); forward-window holdings = what the phase-1/2 restores leave alive.
     With one chunk, in_flight is the schedule's min(p - s, m) for 1F1B.
@@ -224,7 +224,7 @@ def predicted_activation_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...
     adds bytes the runtime holds per layer for its kept ops beyond the graph (e.g. LayerNorm statistics),
     `extra_per_op` the same bytes per op for restored ones. By default the recompute engine's byte ledger
     (sampled after a restoration's frees); `transient=True`: the allocator's view, each restoration's output
-    beside its inputs (`lynx.lifetime`)."""
+    beside its inputs (`lynx.cost.lifetime`)."""
     mems = [layer_memory(graph, lp) for lp in layers]
     retained = sum(m.retained for m in mems) + sum(extra_per_layer)
     tr = backward_trace(graph, layers, fwd_windows, extra_per_op, transient)

@@ -9,13 +9,15 @@ simulator (`simulate.pricing`) all call these, so a plan is chosen on the prices
   overlaps the weight-gradient GEMM (`LayerGraph.bwd_window`).
 
 Work outside the layers (embedding, LM head, loss) is priced once for the partitioners and the simulator in
-`lynx.edge_pricing`; solvers see only the layer graph, so this module imports nothing but it.
+`lynx.cost.edges`; solvers see only the layer graph, so this module imports nothing but it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
+from lynx.decisions import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase
 from lynx.graph import Block, LayerGraph
 
 
@@ -47,3 +49,39 @@ def bwd_windows(graph: LayerGraph, subtract_wgrad: bool) -> tuple[float, float]:
 def block_window(graph: LayerGraph, block: Block, backward: bool, subtract_wgrad: bool = True) -> float:
     return graph.bwd_window(block, subtract_wgrad) if backward else graph.fwd_window(block)
 
+
+
+def recompute_time(graph: LayerGraph, lp: LayerPolicy, phases: tuple[Phase, ...]) -> float:
+    """The recomputation of these phases at the price list; on demand also the kept ops a Megatron checkpoint
+    re-runs (`LayerPolicy.rerun`; lynx's own policies re-run none)."""
+    rerun = ops_recompute_cost(graph, sorted(lp.rerun)) if Phase.ON_DEMAND in phases else 0.0
+    return ops_recompute_cost(graph, lp.recomputed(phases)) + rerun
+
+
+@dataclass(frozen=True, slots=True)
+class LayerRecompute:
+    """One layer's recomputation under its policy, by where it runs."""
+
+    on_demand: float
+    """On the critical path before the layer's backward: phase 5 (with Megatron's re-runs), what overflows the
+    backward windows, and for a chunk's top layer its phases 3/4 (no layer above lends it backward windows)."""
+    bwd_hidden: float
+    """Phases 3/4 hidden inside the backward collectives of the layer above."""
+    fwd_loads: tuple[float, float]
+    """Phases 1 and 2: placed in a later forward's windows, which the caller prices (they depend on the host)."""
+
+
+def layer_recompute(graph: LayerGraph, lp: LayerPolicy, win_b: tuple[float, float], top: bool) -> LayerRecompute:
+    """The backward-window overflow rule, once for the HEU objective and the simulator: phase 3/4 work beyond a
+    window's idle time `win_b` (phase 3, 4 order, `bwd_windows`) runs on demand."""
+    demand = recompute_time(graph, lp, (Phase.ON_DEMAND,))
+    hidden = 0.0
+    for k, ph in enumerate(BWD_PHASES):
+        load = recompute_time(graph, lp, (ph,))
+        if top:
+            demand += load
+        else:
+            hidden += min(load, win_b[k])
+            demand += max(0.0, load - win_b[k])
+    f1, f2 = (recompute_time(graph, lp, (ph,)) for ph in FWD_PHASES)
+    return LayerRecompute(demand, hidden, (f1, f2))

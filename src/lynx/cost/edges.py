@@ -4,7 +4,7 @@ profile) on its device's measured rates."""
 
 from __future__ import annotations
 
-from lynx.costmodel import EdgeTimes, edge_times
+from lynx.cost.layer import EdgeTimes, edge_times
 from lynx.graph import LayerGraph
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
 
@@ -12,7 +12,7 @@ from lynx.spec import Hardware, ModelSpec, ParallelSpec
 def device_hardware(hardware: Hardware, graph: LayerGraph) -> Hardware:
     """The hardware that prices work outside the layer graph (embedding, LM head, loss, optimizer): the plan's,
     or with a graph that carries measured runtime costs (a CPU profile), its device's measured rates."""
-    from lynx.simulate.runtime_costs import measured_hardware
+    from lynx.cost.runtime import measured_hardware
 
     rc = graph.runtime
     return hardware if rc is None else measured_hardware(hardware, rc)
