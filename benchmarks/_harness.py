@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from lynx.api import make_problem
+from lynx.decisions import RecomputePolicy
 from lynx.graph import LayerGraph
 from lynx.methods import get_method
-from lynx.decisions import RecomputePolicy
 from lynx.problem import PlanOptions, PlanProblem
 from lynx.runtime.engine import RecomputeEngine
 from lynx.runtime.layers.gpt_model import synthetic_batch

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import _results
 
+from lynx.models import load_model
 from lynx.problem import PlanOptions
 from lynx.search import Pins, SearchResult, Space, search
 from lynx.spec import load_hardware
-from lynx.models import load_model
 
 HERE = Path(__file__).resolve().parent
 

@@ -49,10 +49,10 @@ def layer_offload_sizes() -> tuple[list[tuple[str, int]], float, float]:
 
     from lynx.api import make_problem
     from lynx.methods import get_method
+    from lynx.models import load_model
     from lynx.policy.offload import offload_link
     from lynx.problem import PlanOptions
     from lynx.spec import ParallelSpec, load_hardware
-    from lynx.models import load_model
 
     hw = load_hardware("h100-80g-nvlink")
     par = ParallelSpec(tp=8, pp=8, micro_batch_size=1, global_batch_size=64, seq_length=32768)

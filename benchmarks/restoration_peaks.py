@@ -1,5 +1,6 @@
 """The allocator's peaks measured on one H100 (2026-11-23; `git show 44d9795:docs/benchmarks.md`, section 9)
-against lynx's activation peak before and after counting the restoration's working set (`lynx.cost.lifetime`, `transient`).
+against lynx's activation peak before and after counting the restoration's working set (`lynx.cost.lifetime`,
+`transient`).
 
 No GPU needed: the measured figures are the H100 session's (`benchmarks/gpu_memory.py`, four layers, h 2048, 16 heads,
 s 2048, micro-batch 4, bf16); the predictions are recomputed here. Columns: the allocator's peak, the
