@@ -8,7 +8,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lynx.checks import check_graph_matches, check_inputs
-from lynx.costmodel import CostParams, build_layer_graph
 from lynx.errors import InfeasibleError, LynxError
 from lynx.graph import LayerGraph
 from lynx.methods import available_methods, get_method
@@ -28,7 +27,9 @@ def make_problem(
     opts = options or PlanOptions()
     check_inputs(model, hardware, parallel, opts)
     if graph is None:
-        graph = build_layer_graph(model, hardware, parallel, CostParams.for_hardware(hardware, opts.tp_comm_overlap))
+        from lynx.request import layer_graph
+
+        graph = layer_graph(model, hardware, parallel, opts)
     else:
         check_graph_matches(graph, model, parallel)
     return PlanProblem(model, hardware, parallel, graph, opts)

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from lynx.api import make_problem
-from lynx.costmodel import build_layer_graph
 from lynx.errors import InfeasibleError, LynxError
 from lynx.graph import LayerGraph
 from lynx.memory import LayerMemory, held_bytes, layer_memory
@@ -19,6 +18,7 @@ from lynx.partition.base import Partition
 from lynx.plan import Plan
 from lynx.policy.heu import HeuCache
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
+from lynx.request import layer_graph
 from lynx.search.space import STOCK_OFFLOAD, Candidate, Layout, Space
 from lynx.spec import GiB, ParallelSpec
 
@@ -73,7 +73,8 @@ class Shared:
     def graph(self, lay: Layout) -> LayerGraph:
         key = (lay.tp, lay.cp, lay.sp, lay.mb)
         if key not in self.graphs:
-            self.graphs[key] = build_layer_graph(self.space.model, self.space.hardware, self.parallel(lay))
+            # the request's graph: the same options (--tp-comm-overlap) as `lynx plan` of this layout prices
+            self.graphs[key] = layer_graph(self.space.model, self.space.hardware, self.parallel(lay), self.base)
         return self.graphs[key]
 
     def problem(self, lay: Layout, even: bool = False) -> PlanProblem:
