@@ -16,13 +16,14 @@ def check_inputs(model: ModelSpec, hardware: Hardware, parallel: ParallelSpec, o
     check_instance(opts, "options")
     validate_layout(model, hardware, parallel, opts.nodes)
     if opts.layers_per_stage is not None:
-        lps = opts.layers_per_stage
-        if len(lps) != parallel.pp or sum(lps) != model.num_layers or min(lps) < 1:
+        lps, stages = opts.layers_per_stage, parallel.pp * opts.vpp
+        if len(lps) != stages or sum(lps) != model.num_layers or min(lps) < 1:
+            what = f"{parallel.pp}" if opts.vpp == 1 else f"{stages} (PP {parallel.pp} x VPP {opts.vpp})"
             raise SpecError(
-                f"--layers-per-stage {','.join(map(str, lps))}: needs {parallel.pp} positive entries "
+                f"--layers-per-stage {','.join(map(str, lps))}: needs {what} positive entries "
                 f"summing to {model.num_layers}"
             )
-    check_vpp(opts.vpp, model, parallel, opts.layers_per_stage is not None)
+    check_vpp(opts.vpp, model, parallel)
     check_overlaps(opts, parallel)
     if opts.tp_comm_overlap and model.transformer_impl == "local" and parallel.tp > 1:
         raise SpecError("--tp-comm-overlap needs --transformer-impl transformer_engine (the userbuffers overlap is "
@@ -39,7 +40,7 @@ def check_overlaps(opts: PlanOptions, par: ParallelSpec) -> None:
                         "only supported with distributed optimizer\")")
 
 
-def check_vpp(vpp: int, model: ModelSpec, par: ParallelSpec, explicit: bool) -> None:
+def check_vpp(vpp: int, model: ModelSpec, par: ParallelSpec) -> None:
     """Interleaved 1F1B needs Megatron's conditions: pp > 1, a multiple of pp micro-batches, a layer per
     virtual stage (the schedule package states the micro-batch rule too; this names the options)."""
     if vpp < 1:
@@ -53,8 +54,6 @@ def check_vpp(vpp: int, model: ModelSpec, par: ParallelSpec, explicit: bool) -> 
                         f"to be a multiple of --pp {par.pp} (Megatron-Core's rule)")
     if model.num_layers < par.pp * vpp:
         raise SpecError(f"--vpp {vpp}: {model.num_layers} layers cannot fill {par.pp} x {vpp} virtual stages")
-    if explicit:
-        raise SpecError("--layers-per-stage cannot be combined with --vpp > 1 (chunks are split by lynx)")
 
 
 def check_graph_matches(graph: LayerGraph, model: ModelSpec, par: ParallelSpec) -> None:

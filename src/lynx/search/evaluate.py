@@ -44,6 +44,12 @@ class Outcome:
     budget_gib: float = math.nan
     partition: tuple[int, ...] = ()
     plan: Plan | None = field(default=None, compare=False, repr=False)
+    """lynx's plan of the candidate (what `--out` writes); its figures above are the target's price of it."""
+    priced_for: str = "lynx"
+    """The target whose price the figures are (`lynx.search.targets`): lynx's simulator of the plan itself, or
+    what `lynx export megatron|torchtitan` prices for it."""
+    runs_on: str = ""
+    """What the row needs to run as priced (e.g. "Megatron-Core + lynx plugin"); empty before target pricing."""
 
     @property
     def fits(self) -> bool:
