@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from lynx.cli import app
+from lynx.errors import SpecError
 from lynx.cli.common import (
     BusbwOpt,
     BytesPerParamOpt,
@@ -34,8 +35,15 @@ from lynx.cli.common import (
 )
 
 
+PLAN_FILE_GIVES = ("model", "hardware", "tp", "pp", "dp", "cp", "cp_comm_type", "hierarchical_cp", "sp", "micro_batch",
+                   "global_batch", "seq_len", "nodes", "method", "layers_per_stage", "budget_gb", "bytes_per_param",
+                   "precision", "distributed_optimizer", "busbw", "recompute_num_layers", "vpp")
+"""What a plan file fixes: given with --plan, these would be ignored, so they are refused."""
+
+
 @app.command("memory")
 def memory_cmd(
+    ctx: typer.Context,
     model: ModelOpt = "gpt-7b",
     hardware: HardwareOpt = "a100-40g-nvlink",
     tp: TpOpt = 4,
@@ -78,10 +86,17 @@ def memory_cmd(
     from lynx.paths import check_output
     from lynx.report.memory import memory_bars, memory_table
 
+    from lynx.cli.modes import flag, given
+
     check_output(png, "--png", (".png",))
     if plan_file is not None:
         from lynx.plan import Plan, load_plan
 
+        typed = given(ctx)
+        for name in PLAN_FILE_GIVES:
+            if name in typed:
+                raise SpecError(f"{flag(name)} with --plan: the plan file {plan_file} gives the model, layout and "
+                                f"options; drop {flag(name)}, or drop --plan to break down the options' plan")
         loaded = load_plan(plan_file)
         plan = Plan.evaluate(*loaded, record=False)
         problem = plan.problem
@@ -93,11 +108,8 @@ def memory_cmd(
         problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
                                 layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
                                 precision=precision, distributed_optimizer=distributed_optimizer,
-                                busbw_gbps=busbw, cp=cp, cp_comm_type=cp_comm_type, hierarchical_cp=hierarchical_cp)
-        if vpp != 1:
-            from lynx.cli.plan import with_vpp
-
-            problem = with_vpp(problem, vpp)
+                                busbw_gbps=busbw, cp=cp, cp_comm_type=cp_comm_type, hierarchical_cp=hierarchical_cp,
+                                vpp=vpp)
         if method == "lynx" and "lynx" not in available_methods():
             method = "full"
         plan = plan_one(problem, method, record=False)

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from lynx.search.run import Progress
     from lynx.search.space import Rejected
 
+MAX_GLOBAL_BATCH = 1 << 24
+"""Samples per iteration the search takes: 16.7M sequences (Llama 3 405B trained with 16M tokens, 2,048
+sequences of 8k); beyond it a typo, refused before its divisors are enumerated per layout."""
 MAX_GPUS = 1 << 20
 """The largest cluster the search takes (--gpus, --nodes x GPUs per node): 1,048,576 GPUs, 10x the largest
 published training cluster; a count beyond it is a typo, refused in one line instead of enumerated."""
@@ -96,6 +99,8 @@ def search_cmd(f: PlanFlags) -> None:
     if f.cp_comm_type == "a2a+p2p":
         raise SpecError("--cp-comm-type a2a+p2p with --gpus / --nodes: its hierarchical sizes depend on the CP size; "
                         "search with p2p, a2a or all_gather, or give the layout with --tp --pp --cp")
+    if f.global_batch > MAX_GLOBAL_BATCH:
+        raise SpecError(f"--global-batch {f.global_batch:,}: the search takes up to {MAX_GLOBAL_BATCH:,} samples")
     target = parse_target(f.target) if f.target is not None else DEFAULT_TARGET
     hw = load_hardware(f.hardware)
     total = cluster_gpus(hw, f.gpus, f.nodes)

@@ -61,6 +61,9 @@ def read_trace(path: str | Path) -> dict[str, Any]:
         raise TraceError(f"{path}: not JSON ({e})") from None
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
         raise TraceError(f"{path}: not a Chrome trace (no traceEvents list); give a file from lynx train --trace")
+    if not any(isinstance(e, dict) and e.get("ph") == "X" for e in trace["traceEvents"]):
+        raise TraceError(f"{path}: a Chrome trace with no events (no complete \"X\" event) has nothing to compare; "
+                         "give a file from lynx train --trace of a PP > 1 run")
     return trace
 
 
