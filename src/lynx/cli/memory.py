@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from lynx.cli import app
-from lynx.errors import SpecError
 from lynx.cli.common import (
     BusbwOpt,
     BytesPerParamOpt,
@@ -33,7 +32,7 @@ from lynx.cli.common import (
     err_console,
     print_json,
 )
-
+from lynx.errors import SpecError
 
 PLAN_FILE_GIVES = ("model", "hardware", "tp", "pp", "dp", "cp", "cp_comm_type", "hierarchical_cp", "sp", "micro_batch",
                    "global_batch", "seq_len", "nodes", "method", "layers_per_stage", "budget_gb", "bytes_per_param",
@@ -82,11 +81,10 @@ def memory_cmd(
     forward-window holdings, transient working set, embedding/logits, and the headroom to the budget."""
     from lynx.api import plan as plan_one
     from lynx.breakdown import stage_memories
+    from lynx.cli.modes import flag, given
     from lynx.methods import available_methods
     from lynx.paths import check_output
     from lynx.report.memory import memory_bars, memory_table
-
-    from lynx.cli.modes import flag, given
 
     check_output(png, "--png", (".png",))
     if plan_file is not None:

@@ -107,8 +107,8 @@ def search_cmd(f: PlanFlags) -> None:
     assert total is not None
     where = f"--gpus {f.gpus}" if f.gpus is not None else f"--nodes {f.nodes} x {hw.devices_per_node} per node"
     tp, pp, cp, dp = f.tp, f.pp, f.cp, f.dp
-    bad = [f"{flag} {size} does not divide the {total} GPUs" for flag, size in (("--tp", tp), ("--cp", cp), ("--pp", pp))
-           if size is not None and total % size]
+    bad = [f"{flag} {size} does not divide the {total} GPUs"
+           for flag, size in (("--tp", tp), ("--cp", cp), ("--pp", pp)) if size is not None and total % size]
     if bad:  # the pin to change, named before any other rule
         raise SpecError(f"{where}: no layout satisfies the pinned options ({'; '.join(bad)})")
     if tp is not None and pp is not None:  # the layout is pinned: CP too (1 unless --cp), DP derived
