@@ -317,10 +317,12 @@ def _layout_dp(f: PlanFlags, tp: int, pp: int, cp: int) -> int:
     """--dp, else 1, else with --nodes GPUs / (TP x CP x PP) (idle GPUs refused unless --allow-idle-gpus)."""
     if f.nodes is None or f.dp is not None:
         return 1 if f.dp is None else f.dp
-    from lynx.cli.search import derive_dp
+    from lynx.cli.search import cluster_gpus, derive_dp
     from lynx.spec import load_hardware
 
-    per_node = load_hardware(f.hardware).devices_per_node
+    hw = load_hardware(f.hardware)
+    per_node = hw.devices_per_node
+    cluster_gpus(hw, None, f.nodes)  # a count beyond any cluster: one line naming --nodes
     if tp * cp * pp > f.nodes * per_node:  # the layout check says how many nodes it needs
         return 1
     return derive_dp(tp, pp, None, f.nodes * per_node, f"--nodes {f.nodes} x {per_node} per node",
