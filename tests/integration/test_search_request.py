@@ -97,3 +97,14 @@ def test_a_printed_partition_is_accepted_back(capsys: pytest.CaptureFixture[str]
         model_order = ",".join(str(ranks[r][c]) for c in range(int(vpp)) for r in range(len(ranks)))
         code, third, err = run_main([*LLAMA8, "--vpp", vpp, "--layers-per-stage", model_order], capsys)
         assert code == 0 and f"iteration {time[1]} s" in third, err
+
+
+def test_the_search_honours_the_fusion_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """One request: a fusion flag given to the search reaches every candidate (it used to be refused)."""
+    argv = [*TINY_SEARCH, "--model", "llama-tiny", "--tp", "1", "--pp", "1", "--micro-batch", "1", "--method", "none",
+            "--json"]
+    code, fused, err = run_main(argv, capsys)
+    assert code == 0, err
+    code, eager, err = run_main([*argv, "--no-rope-fusion"], capsys)
+    assert code == 0, err
+    assert _json(eager)["winner"]["iteration_s"] > _json(fused)["winner"]["iteration_s"]
