@@ -93,12 +93,13 @@ def _translation(src: ExportSource) -> tuple[list[MegatronRecompute], MegatronRe
 def megatron_run(src: ExportSource) -> tuple[Figures, bool]:
     """What Megatron-Core runs of `lynx export megatron`: its flags with the plugin's per-stage settings (the
     export table's "megatron+plugin" row, `--target megatron`'s price), and whether the plugin is needed (a
-    setting that differs between stages, or offloading; else the stock flags alone run it)."""
+    setting that differs between stages, or offloading other than the global flags'; else the stock flags alone
+    run it)."""
     rounded, stock, _, _ = _translation(src)
     offload = _offload_entries(src)
     per_stage, stock, _ = _fit(src, rounded, stock, offload)
     fig = simulate_per_stage(src.problem, src.layout, per_stage, offload[0])
-    return fig, offload[0] is not None or any(s != stock for s in per_stage)
+    return fig, offload[0] != offload[1] or any(s != stock for s in per_stage)
 
 
 def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
