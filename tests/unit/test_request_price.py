@@ -5,6 +5,7 @@ Megatron's overlaps on and off, CP, VPP, offloading); the default run draws a fe
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -50,13 +51,14 @@ SPACES = st.builds(
 )
 
 
-def _search(d: Draw, top: int) -> list[Outcome]:
+@functools.lru_cache(maxsize=8)
+def _search(d: Draw, top: int) -> tuple[Outcome, ...]:
     model, hw = load_model(d.model), load_hardware(d.hardware)
     base = PlanOptions(overlap_grad_reduce=d.overlaps, overlap_param_gather=d.overlaps, tp_comm_overlap=d.overlaps,
                        distributed_optimizer=d.overlaps, nodes=max(1, d.gpus // hw.devices_per_node))
     pins = Pins(tp=d.tp, vpp=d.vpp, cp=d.cp, sp=True if d.overlaps else None, dist_opt=True if d.overlaps else None)
     res = search(Space(model, hw, d.gpus, d.gb, d.seq, pins, offload=d.offload), base, top=top)
-    return list(res.ranked[:top])
+    return res.ranked[:top]
 
 
 def _printed(plan: Plan) -> tuple[str, tuple[str, ...]]:
@@ -93,7 +95,7 @@ def _check(d: Draw, tmp: Path, top: int = 3) -> None:
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(SPACES)
 def test_search_prices_what_plan_prices(tmp_path: Path, d: Draw) -> None:
-    assume(_search(d, 1))  # a space with no layout that fits (e.g. CP on a model without flash attention)
+    assume(_search(d, 3))  # a space with no layout that fits (e.g. CP on a model without flash attention)
     _check(d, tmp_path)
 
 
@@ -102,7 +104,7 @@ def test_search_prices_what_plan_prices(tmp_path: Path, d: Draw) -> None:
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(SPACES)
 def test_search_prices_what_plan_prices_many(tmp_path: Path, d: Draw) -> None:
-    assume(_search(d, 1))
+    assume(_search(d, 3))
     _check(d, tmp_path)
 
 
