@@ -14,7 +14,7 @@ from rich.console import Console
 from lynx.errors import SpecError
 from lynx.graph import LayerGraph
 from lynx.paths import check_output
-from lynx.problem import PlanOptions, PlanProblem
+from lynx.problem import PlanOptions
 from lynx.request import Request
 from lynx.spec import GiB, ParallelSpec, hardware_presets, load_hardware, load_model, model_presets
 from lynx.validate import POSITIVE, Range, check_option
@@ -187,22 +187,6 @@ def build_request(
     m = load_model(model)
     check_inputs(m, hw, par, opts)
     return Request(m, hw, par, opts, method, graph=graph)
-
-
-def build_problem(
-    model: str, hardware: str, tp: int, pp: int, dp: int, sp: bool, mb: int, gb: int, seq: int,
-    nodes: int | None = None, layers_per_stage: str | None = None, budget_gb: float | None = None,
-    bytes_per_param: float | None = None, recompute_num_layers: int | None = None, no_wgrad_overlap: bool = False,
-    graph: LayerGraph | None = None, time_limit_s: float = 30.0, cooldown_overlap: bool = True,
-    precision: str = "paper", distributed_optimizer: bool = False, busbw_gbps: float | None = None,
-    overlap_grad_reduce: bool = False, overlap_param_gather: bool = False, tp_comm_overlap: bool = False,
-    cp: int = 1, cp_comm_type: str = "p2p", hierarchical_cp: str | None = None, vpp: int = 1,
-) -> PlanProblem:
-    """`build_request(...).problem()`: the planning problem of those command-line values."""
-    return build_request(model, hardware, tp, pp, dp, sp, mb, gb, seq, nodes, layers_per_stage, budget_gb,
-                         bytes_per_param, recompute_num_layers, no_wgrad_overlap, graph, time_limit_s,
-                         cooldown_overlap, precision, distributed_optimizer, busbw_gbps, overlap_grad_reduce,
-                         overlap_param_gather, tp_comm_overlap, cp, cp_comm_type, hierarchical_cp, vpp).problem()
 
 
 def print_json(obj: Any) -> None:

@@ -27,7 +27,7 @@ from lynx.cli.common import (
     SeqOpt,
     SpOpt,
     TpOpt,
-    build_problem,
+    build_request,
     console,
     err_console,
     print_json,
@@ -103,11 +103,11 @@ def memory_cmd(
         cp = par.cp
         distributed_optimizer = problem.options.distributed_optimizer
     else:
-        problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
+        problem = build_request(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
                                 layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
                                 precision=precision, distributed_optimizer=distributed_optimizer,
                                 busbw_gbps=busbw, cp=cp, cp_comm_type=cp_comm_type, hierarchical_cp=hierarchical_cp,
-                                vpp=vpp)
+                                vpp=vpp).problem()
         if method == "lynx" and "lynx" not in available_methods():
             method = "full"
         plan = plan_one(problem, method, record=False)
