@@ -5,15 +5,15 @@ the method and the framework it will run on (`Target`).
 A request is built once at the edge -- from command-line flags (`lynx.cli.common.build_request`), a model or
 hardware YAML, a plan file (`Request.of_problem` on what `lynx.plan.load_plan` read), or a Megatron command line
 (`lynx plan --from-megatron`) -- and every command prices from it: `lynx plan`, the configuration search
-(`lynx plan --gpus`, one request per candidate: `Request.at`), `lynx memory`, `lynx simulate`, `lynx export` and
-the plots. `layer_graph` is the one place the options that change a layer's ops (`--tp-comm-overlap`) reach the
+(`lynx plan --gpus`: the request's model, options and graph builder for every candidate), `lynx memory`,
+`lynx simulate`, `lynx export` and the plots. `layer_graph` is the one place the options that change a layer's ops (`--tp-comm-overlap`) reach the
 cost model, so a candidate the search prices and the same layout planned alone price the same graph.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from lynx.costmodel import CostParams, build_layer_graph
@@ -75,10 +75,6 @@ class Request:
         from lynx.api import make_problem
 
         return make_problem(self.model, self.hardware, self.parallel, self.options, self.graph)
-
-    def at(self, parallel: ParallelSpec, **options: object) -> Request:
-        """The same request on another layout (the search's candidates), options replaced by name."""
-        return replace(self, parallel=parallel, options=replace(self.options, **options), graph=None)  # type: ignore[arg-type]
 
     def plan(self, record: bool = False) -> Plan:
         """Plan with the request's method and simulate (lynx's own price of the plan)."""
