@@ -6,8 +6,9 @@ A request is built once at the edge -- from command-line flags (`lynx.cli.common
 hardware YAML, a plan file (`Request.of_problem` on what `lynx.plan.load_plan` read), or a Megatron command line
 (`lynx plan --from-megatron`) -- and every command prices from it: `lynx plan`, the configuration search
 (`lynx plan --gpus`: the request's model, options and graph builder for every candidate), `lynx memory`,
-`lynx simulate`, `lynx export` and the plots. `layer_graph` is the one place the options that change a layer's ops (`--tp-comm-overlap`) reach the
-cost model, so a candidate the search prices and the same layout planned alone price the same graph.
+`lynx simulate`, `lynx export` and the plots. `layer_graph` is the one place the options that change a layer's
+ops (`--tp-comm-overlap`) reach the cost model, so a candidate the search prices and the same layout planned
+alone price the same graph.
 """
 
 from __future__ import annotations
