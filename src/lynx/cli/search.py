@@ -134,11 +134,13 @@ def search_cmd(f: PlanFlags) -> None:
 
 def run_search(a: SearchArgs, base: Request) -> None:
     """Search the space `a` pins with every candidate priced from `base` (its model, hardware and options)."""
+    from lynx.export.targets import check_target
     from lynx.search import Pins, Space, search
     from lynx.search.report import explain, result_dict, scatter_png, search_table
     from lynx.search.space import OFFLOAD_METHODS, candidates
     from lynx.search.targets import rank_for_target
 
+    check_target(base.model, a.target, a.cp)
     hw = base.hardware
     if a.method is not None:
         from lynx.methods import get_method

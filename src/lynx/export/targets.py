@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lynx.errors import SpecError
 from lynx.export.pricing import Figures, simulate_lynx
 from lynx.problem import PlanProblem, PlanResult
 from lynx.request import Target
+from lynx.spec import ModelSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +24,18 @@ class TargetPrice:
     figures: Figures
     runs_on: str
     """What the row needs, in the user's words (the search table's method column)."""
+
+
+def check_target(model: ModelSpec, target: Target, cp: int | None = None) -> None:
+    """A target that cannot run the model at all, refused before the search (one line naming it)."""
+    from lynx.export.torchtitan import TITAN
+
+    if target is Target.TORCHTITAN and model.family not in ("llama", TITAN):
+        raise SpecError(f"--target torchtitan: lynx prices torchtitan's Llama block only (families llama, {TITAN}); "
+                        f"{model.name} is {model.family!r}: use --target megatron or lynx")
+    if target is Target.TORCHTITAN and cp is not None and cp > 1:
+        raise SpecError(f"--target torchtitan with --cp {cp}: lynx does not price torchtitan's context parallelism; "
+                        "use --target megatron or lynx")
 
 
 def target_price(problem: PlanProblem, result: PlanResult, target: Target, stock: bool = False) -> TargetPrice | None:

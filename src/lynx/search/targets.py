@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from lynx.errors import LynxError
+from lynx.errors import LynxError, SpecError
 from lynx.request import Target
 from lynx.search.evaluate import Outcome
 from lynx.search.run import SearchResult
@@ -51,18 +51,31 @@ def _repriced(o: Outcome, target: Target) -> Outcome:
 
 
 def rank_for_target(res: SearchResult, target: Target, top: int) -> SearchResult:
-    """The search's outcomes with its finalists priced and ranked for `target` (lynx: only labelled)."""
+    """The search's outcomes with its finalists priced and ranked for `target` (lynx: only labelled): in lynx's
+    order, at least the `2 x top` fastest and until `top` fit on the target (at most `8 x top`), and the fastest
+    stock candidate; the rest keep lynx's price and say so."""
     ranked = res.ranked
-    finalists = list(ranked[:2 * top])
-    stock = res.best_stock
-    if stock is not None and stock not in finalists:
-        finalists.append(stock)
     if target is Target.LYNX:
         new = {id(o): replace(o, runs_on="Megatron-Core" if o.candidate.stock else "lynx runtime")
-               for o in finalists}
+               for o in ranked[:2 * top]}
     else:
-        new = {id(o): _repriced(o, target) for o in finalists}
-    outs = [new.get(id(o), o) for o in res.outcomes]
+        new, fitting = {}, 0
+        for o in ranked:
+            if (fitting >= top and len(new) >= 2 * top) or len(new) >= 8 * top:
+                break
+            new[id(o)] = _repriced(o, target)
+            fitting += new[id(o)].fits
+        if new and not fitting:  # nothing the target runs: say why rather than rank lynx's prices
+            first = next(iter(new.values()))
+            raise SpecError(f"--target {target.value}: none of the {len(new)} fastest configurations runs and fits "
+                            f"there ({first.candidate.layout.label()} {first.candidate.method}: {first.reason}); "
+                            "use another --target")
+        stock = next((o for o in ranked if o.candidate.stock and id(o) not in new), None)
+        if stock is not None and not any(o.candidate.stock and o.fits for o in new.values()):
+            new[id(stock)] = _repriced(stock, target)
+    rest_note = f"lynx's price (not priced for {target.value})"
+    outs = [new.get(id(o), o if target is Target.LYNX or not o.fits else replace(o, runs_on=rest_note))
+            for o in res.outcomes]
     ids = {id(n) for n in new.values()}
     priced = [o for o in outs if id(o) in ids]
     rest = [o for o in outs if id(o) not in ids]
