@@ -102,6 +102,10 @@ def search_cmd(f: PlanFlags) -> None:
     if f.global_batch > MAX_GLOBAL_BATCH:
         raise SpecError(f"--global-batch {f.global_batch:,}: the search takes up to {MAX_GLOBAL_BATCH:,} samples")
     target = parse_target(f.target) if f.target is not None else DEFAULT_TARGET
+    from lynx.export.targets import check_target
+    from lynx.spec import load_model
+
+    check_target(load_model(f.model), target, f.cp)  # before the request's checks warn about anything
     hw = load_hardware(f.hardware)
     total = cluster_gpus(hw, f.gpus, f.nodes)
     assert total is not None
