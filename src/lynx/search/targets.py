@@ -1,8 +1,9 @@
 """The search ranked for the framework the pick will run on (`lynx plan --gpus ... --target`).
 
 The branch and bound plans every candidate with lynx's simulator (its bounds are bounds on any simulated plan
-of a layout). For the megatron and torchtitan targets, the finalists -- the `2 x top` fastest by lynx's price,
-and the fastest stock Megatron-Core candidate -- are then priced as `lynx export <target>` prices their plan
+of a layout). For the megatron and torchtitan targets, the finalists -- in lynx's order at least the `2 x top`
+fastest, until `top` fit on the target (at most `8 x top`), and the fastest stock Megatron-Core candidate -- are
+then priced as `lynx export <target>` prices their plan
 (`lynx.export.targets.target_price`: Megatron-Core's flags and plugin, torchtitan's kernels and FSDP) and ranked
 by that price; their figures become the target's, so the pick's iteration time is, to the digit, the one
 `lynx export <target>` shows for the plan `--out` writes. A finalist the target cannot run, or that does not fit
