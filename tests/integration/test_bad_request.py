@@ -36,6 +36,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("export-titan-offload-nolink", ["export", "torchtitan", "{f}/offload_nolink.json", "--out", "{o}/t"],
      "no host link"),
     ("train-offload-nolink", ["train", "--plan", "{f}/offload_nolink.json"], "no host link"),
+    ("train-compare-trace-alone", ["train", "--plan", "{f}/good.json", "--compare-trace"], "--compare-trace needs"),
     # bad input accepted silently: the search's refusals match the single layout's; options of one mode
     ("search-offload-nolink", [*SEARCH, "-H", NOLINK, "--method", "lynx-offload"], "no host link"),
     ("search-offload-flag-nolink", [*SEARCH, "-H", NOLINK, "--offload"], "no host link"),

@@ -65,6 +65,8 @@ def train_cmd(
     if precision not in ("fp32", "megatron-bf16"):
         raise SpecError(f"--precision {precision!r}: expected fp32 or megatron-bf16 (megatron-fp16 needs loss "
                         f"scaling, which lynx train does not implement)")
+    if compare_trace and trace is None:
+        raise SpecError("--compare-trace needs --trace FILE (the measured timeline to compare)")
     check_trainable(plan)
     from lynx.runtime.train import launch, parser  # lynx.runtime quiets torch's C++ logs before torch loads
 
