@@ -92,6 +92,8 @@ def search_cmd(f: PlanFlags) -> None:
     """`lynx plan --gpus N` (or --nodes K without a full layout): the request every candidate shares, the pins,
     then the search."""
     from lynx.cli.plan_flags import search_request
+    from lynx.export.targets import check_target
+    from lynx.spec import load_model
 
     check_ints(**{"--tp": (f.tp, POSITIVE), "--pp": (f.pp, POSITIVE), "--dp": (f.dp, POSITIVE),
                   "--cp": (f.cp, POSITIVE), "--micro-batch": (f.micro_batch, POSITIVE),
@@ -102,9 +104,6 @@ def search_cmd(f: PlanFlags) -> None:
     if f.global_batch > MAX_GLOBAL_BATCH:
         raise SpecError(f"--global-batch {f.global_batch:,}: the search takes up to {MAX_GLOBAL_BATCH:,} samples")
     target = parse_target(f.target) if f.target is not None else DEFAULT_TARGET
-    from lynx.export.targets import check_target
-    from lynx.spec import load_model
-
     check_target(load_model(f.model), target, f.cp)  # before the request's checks warn about anything
     hw = load_hardware(f.hardware)
     total = cluster_gpus(hw, f.gpus, f.nodes)
