@@ -8,12 +8,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lynx.checks import check_graph_matches, check_inputs
+from lynx.costmodel import CostParams, build_layer_graph
 from lynx.errors import InfeasibleError, LynxError
 from lynx.graph import LayerGraph
 from lynx.methods import available_methods, get_method
 from lynx.plan import Plan
 from lynx.problem import PlanOptions, PlanProblem
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
+
+
+def layer_graph(model: ModelSpec, hardware: Hardware, parallel: ParallelSpec, options: PlanOptions) -> LayerGraph:
+    """The analytic layer graph every command prices with, the options that change a layer's ops applied
+    (`--tp-comm-overlap`): `make_problem` and the configuration search's graph cache both build it here, so a
+    candidate the search prices and the same layout planned alone price the same graph (lynx.request)."""
+    return build_layer_graph(model, hardware, parallel, CostParams.for_hardware(hardware, options.tp_comm_overlap))
 
 
 def make_problem(
@@ -27,8 +35,6 @@ def make_problem(
     opts = options or PlanOptions()
     check_inputs(model, hardware, parallel, opts)
     if graph is None:
-        from lynx.request import layer_graph
-
         graph = layer_graph(model, hardware, parallel, opts)
     else:
         check_graph_matches(graph, model, parallel)

@@ -6,7 +6,7 @@ A request is built once at the edge -- from command-line flags (`lynx.cli.common
 hardware YAML, a plan file (`Request.of_problem` on what `lynx.plan.load_plan` read), or a Megatron command line
 (`lynx plan --from-megatron`) -- and every command prices from it: `lynx plan`, the configuration search
 (`lynx plan --gpus`: the request's model, options and graph builder for every candidate), `lynx memory`,
-`lynx simulate`, `lynx export` and the plots. `layer_graph` is the one place the options that change a layer's
+`lynx simulate`, `lynx export` and the plots. `lynx.api.layer_graph` is the one place the options that change a layer's
 ops (`--tp-comm-overlap`) reach the cost model, so a candidate the search prices and the same layout planned
 alone price the same graph.
 """
@@ -17,7 +17,6 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from lynx.costmodel import CostParams, build_layer_graph
 from lynx.graph import LayerGraph
 from lynx.problem import PlanOptions, PlanProblem
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
@@ -51,11 +50,6 @@ def parse_target(text: str) -> Target:
         return Target(text)
     except ValueError:
         raise SpecError(f"--target {text!r}; valid: {', '.join(t.value for t in Target)}") from None
-
-
-def layer_graph(model: ModelSpec, hardware: Hardware, parallel: ParallelSpec, options: PlanOptions) -> LayerGraph:
-    """The analytic layer graph every command prices with (the options that change a layer's ops applied)."""
-    return build_layer_graph(model, hardware, parallel, CostParams.for_hardware(hardware, options.tp_comm_overlap))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from lynx.api import make_problem
+from lynx.api import layer_graph, make_problem
 from lynx.errors import InfeasibleError, LynxError
 from lynx.graph import LayerGraph
 from lynx.memory import LayerMemory, held_bytes, layer_memory
@@ -18,7 +18,6 @@ from lynx.partition.base import Partition
 from lynx.plan import Plan
 from lynx.policy.heu import HeuCache
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
-from lynx.request import layer_graph
 from lynx.search.space import STOCK_OFFLOAD, Candidate, Layout, Space
 from lynx.spec import GiB, ParallelSpec
 
