@@ -125,10 +125,12 @@ def test_the_offloading_plan_reads_with_a_host_link(files: Path, capsys: pytest.
     assert code == 0, err
 
 
-def test_a_trace_with_no_events_is_refused(tmp_path: Path) -> None:
-    from lynx.runtime.trace import TraceError, read_trace
+def test_a_trace_with_no_events_is_refused(files: Path, tmp_path: Path) -> None:
+    """--compare-trace (`lynx.runtime.trace.compare`): a trace of the plan's layout without a single event."""
+    from lynx.runtime.trace import TraceError, compare
 
     empty = tmp_path / "t.json"
-    empty.write_text(json.dumps({"traceEvents": [{"ph": "M", "name": "process_name", "pid": 0}]}))
+    empty.write_text(json.dumps({"traceEvents": [{"ph": "M", "name": "process_name", "pid": 0}],
+                                 "otherData": {"layout": {"pp": 1, "vpp": 1, "num_microbatches": 2}}}))
     with pytest.raises(TraceError, match="no events"):
-        read_trace(empty)
+        compare(files / "good.json", empty)

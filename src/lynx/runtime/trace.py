@@ -61,9 +61,6 @@ def read_trace(path: str | Path) -> dict[str, Any]:
         raise TraceError(f"{path}: not JSON ({e})") from None
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
         raise TraceError(f"{path}: not a Chrome trace (no traceEvents list); give a file from lynx train --trace")
-    if not any(isinstance(e, dict) and e.get("ph") == "X" for e in trace["traceEvents"]):
-        raise TraceError(f"{path}: a Chrome trace with no events (no complete \"X\" event) has nothing to compare; "
-                         "give a file from lynx train --trace of a PP > 1 run")
     return trace
 
 
@@ -154,6 +151,9 @@ def compare(plan_path: str | Path, trace_path: str | Path) -> tuple[list[str], l
     trace = read_trace(trace_path)
     t_sim, segs, (pp, vpp, mbs) = simulated_segments(plan_path)
     check_trace_matches(trace, trace_path, pp, vpp, mbs)
+    if not any(isinstance(e, dict) and e.get("ph") == "X" for e in trace["traceEvents"]):
+        raise TraceError(f"{trace_path}: a Chrome trace with no events (no complete \"X\" event) has nothing to "
+                         "compare; give a file from lynx train --trace of a PP > 1 run")
     meas = _measured_by_stage(trace)
     sim: dict[int, dict[str, float]] = {}
     events: list[dict[str, Any]] = []
