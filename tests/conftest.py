@@ -140,6 +140,10 @@ SLOW_CASES: dict[str, str] = {
         "test_tp2_embedding_and_logits_bytes_equal_the_planners[gpt]",
     "integration/test_runtime_precision.py::test_lynx_train_megatron_bf16_runs_and_keeps_fp32_master_weights":
         "test_bf16_autocast_recomputes_bitwise_with_fp32_master_weights (the same autocast, in the runner)",
+    "unit/test_request_price.py::test_search_prices_what_plan_prices_many":
+        "test_search_prices_what_plan_prices (the same property, 3 draws)",
+    "integration/test_search_request.py::test_llama_405b_on_1024_gpus_with_tp_8_pp_16":
+        "test_pinned_tp_pp_derive_dp_on_a_cluster_larger_than_the_preset (the same rule, gpt-tiny)",
 }
 
 

@@ -17,6 +17,13 @@ from lynx.problem import PlanOptions, PlanProblem
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
 
 
+def layer_graph(model: ModelSpec, hardware: Hardware, parallel: ParallelSpec, options: PlanOptions) -> LayerGraph:
+    """The analytic layer graph every command prices with, the options that change a layer's ops applied
+    (`--tp-comm-overlap`): `make_problem` and the configuration search's graph cache both build it here, so a
+    candidate the search prices and the same layout planned alone price the same graph (lynx.request)."""
+    return build_layer_graph(model, hardware, parallel, CostParams.for_hardware(hardware, options.tp_comm_overlap))
+
+
 def make_problem(
     model: ModelSpec,
     hardware: Hardware,
@@ -28,7 +35,7 @@ def make_problem(
     opts = options or PlanOptions()
     check_inputs(model, hardware, parallel, opts)
     if graph is None:
-        graph = build_layer_graph(model, hardware, parallel, CostParams.for_hardware(hardware, opts.tp_comm_overlap))
+        graph = layer_graph(model, hardware, parallel, opts)
     else:
         check_graph_matches(graph, model, parallel)
     return PlanProblem(model, hardware, parallel, graph, opts)

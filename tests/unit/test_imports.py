@@ -26,7 +26,7 @@ RANKS: dict[str, int] = {
     "lynx.simulate": 6,
     "lynx.methods": 7,
     "lynx.plan": 8,
-    "lynx.api": 9, "lynx.breakdown": 9, "lynx.search": 9, "lynx.export": 9,
+    "lynx.api": 9, "lynx.request": 9, "lynx.breakdown": 9, "lynx.search": 9, "lynx.export": 9,
     "lynx.report": 10, "lynx.profile": 10, "lynx.runtime": 10, "lynx.integrations": 10,
     "lynx.cli": 11, "lynx.__main__": 11,
 }

@@ -27,15 +27,22 @@ from lynx.cli.common import (
     SeqOpt,
     SpOpt,
     TpOpt,
-    build_problem,
+    build_request,
     console,
     err_console,
     print_json,
 )
+from lynx.errors import SpecError
+
+PLAN_FILE_GIVES = ("model", "hardware", "tp", "pp", "dp", "cp", "cp_comm_type", "hierarchical_cp", "sp", "micro_batch",
+                   "global_batch", "seq_len", "nodes", "method", "layers_per_stage", "budget_gb", "bytes_per_param",
+                   "precision", "distributed_optimizer", "busbw", "recompute_num_layers", "vpp")
+"""What a plan file fixes: given with --plan, these would be ignored, so they are refused."""
 
 
 @app.command("memory")
 def memory_cmd(
+    ctx: typer.Context,
     model: ModelOpt = "gpt-7b",
     hardware: HardwareOpt = "a100-40g-nvlink",
     tp: TpOpt = 4,
@@ -74,6 +81,7 @@ def memory_cmd(
     forward-window holdings, transient working set, embedding/logits, and the headroom to the budget."""
     from lynx.api import plan as plan_one
     from lynx.breakdown import stage_memories
+    from lynx.cli.modes import flag, given
     from lynx.methods import available_methods
     from lynx.paths import check_output
     from lynx.report.memory import memory_bars, memory_table
@@ -82,6 +90,11 @@ def memory_cmd(
     if plan_file is not None:
         from lynx.plan import Plan, load_plan
 
+        typed = given(ctx)
+        for name in PLAN_FILE_GIVES:
+            if name in typed:
+                raise SpecError(f"{flag(name)} with --plan: the plan file {plan_file} gives the model, layout and "
+                                f"options; drop {flag(name)}, or drop --plan to break down the options' plan")
         loaded = load_plan(plan_file)
         plan = Plan.evaluate(*loaded, record=False)
         problem = plan.problem
@@ -90,14 +103,11 @@ def memory_cmd(
         cp = par.cp
         distributed_optimizer = problem.options.distributed_optimizer
     else:
-        problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
+        problem = build_request(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
                                 layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
                                 precision=precision, distributed_optimizer=distributed_optimizer,
-                                busbw_gbps=busbw, cp=cp, cp_comm_type=cp_comm_type, hierarchical_cp=hierarchical_cp)
-        if vpp != 1:
-            from lynx.cli.plan import with_vpp
-
-            problem = with_vpp(problem, vpp)
+                                busbw_gbps=busbw, cp=cp, cp_comm_type=cp_comm_type, hierarchical_cp=hierarchical_cp,
+                                vpp=vpp).problem()
         if method == "lynx" and "lynx" not in available_methods():
             method = "full"
         plan = plan_one(problem, method, record=False)

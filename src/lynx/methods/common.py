@@ -22,8 +22,8 @@ def base_partition(problem: PlanProblem) -> Partition:
     """The user's explicit partition if given, else the paper's dp (parameter-balanced) partitioning
     (over the virtual stages when interleaved)."""
     lps = problem.options.layers_per_stage
-    if lps is not None:
-        return Partition(tuple(lps), method="explicit")
+    if lps is not None:  # per virtual stage in model order when interleaved (`cli.common.parse_layers`)
+        return Partition.interleaved(tuple(lps), problem.parallel.pp, method="explicit")
     return dp_partition(problem.model, problem.parallel, problem.options.vpp)
 
 
@@ -56,7 +56,7 @@ def megatron_partition(problem: PlanProblem) -> Partition:
         counts = ([first] if first is not None else []) + [each] * middle + ([last] if last is not None else [])
         return Partition(tuple(counts), method="megatron")
     if o.layers_per_stage is not None:
-        return Partition(tuple(o.layers_per_stage), method="explicit")
+        return Partition.interleaved(tuple(o.layers_per_stage), pp, method="explicit")
     emb, loss = int(o.account_for_embedding_in_pipeline_split), int(o.account_for_loss_in_pipeline_split)
     if (emb or loss) and vpp > 1:
         raise SpecError(f"{REFUSED} here: --account-for-*-in-pipeline-split with virtual stages "

@@ -8,8 +8,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from lynx.api import make_problem
-from lynx.cost.layer import build_layer_graph
+from lynx.api import layer_graph, make_problem
 from lynx.cost.memory import LayerMemory, held_bytes, layer_memory
 from lynx.errors import InfeasibleError, LynxError
 from lynx.graph import LayerGraph
@@ -44,6 +43,12 @@ class Outcome:
     budget_gib: float = math.nan
     partition: tuple[int, ...] = ()
     plan: Plan | None = field(default=None, compare=False, repr=False)
+    """lynx's plan of the candidate (what `--out` writes); its figures above are the target's price of it."""
+    priced_for: str = "lynx"
+    """The target whose price the figures are (`lynx.search.targets`): lynx's simulator of the plan itself, or
+    what `lynx export megatron|torchtitan` prices for it."""
+    runs_on: str = ""
+    """What the row needs to run as priced (e.g. "Megatron-Core + lynx plugin"); empty before target pricing."""
 
     @property
     def fits(self) -> bool:
@@ -73,7 +78,8 @@ class Shared:
     def graph(self, lay: Layout) -> LayerGraph:
         key = (lay.tp, lay.cp, lay.sp, lay.mb)
         if key not in self.graphs:
-            self.graphs[key] = build_layer_graph(self.space.model, self.space.hardware, self.parallel(lay))
+            # the request's graph: the same options (--tp-comm-overlap) as `lynx plan` of this layout prices
+            self.graphs[key] = layer_graph(self.space.model, self.space.hardware, self.parallel(lay), self.base)
         return self.graphs[key]
 
     def problem(self, lay: Layout, even: bool = False) -> PlanProblem:

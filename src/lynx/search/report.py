@@ -43,6 +43,8 @@ def search_table(res: SearchResult, top: int) -> Table:
 
 
 def _method(o: Outcome) -> str:
+    if o.runs_on:  # priced for a target (`lynx.search.targets`): say what the row needs
+        return f"{o.candidate.method} ({'stock, ' if o.candidate.stock else ''}{o.runs_on})"
     return f"{o.candidate.method} (stock Megatron-Core)" if o.candidate.stock else o.candidate.method
 
 
@@ -111,7 +113,9 @@ def outcome_dict(o: Outcome) -> dict[str, Any]:
     d: dict[str, Any] = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "sp": lay.sp,
                          "micro_batch": lay.mb, "distributed_optimizer": lay.dist_opt,
                          "method": o.candidate.method, "stock_megatron": o.candidate.stock, "status": o.status,
-                         "time_bound_s": None if math.isnan(o.bound_s) else o.bound_s}
+                         "time_bound_s": None if math.isnan(o.bound_s) else o.bound_s, "priced_for": o.priced_for}
+    if o.runs_on:
+        d["runs_on"] = o.runs_on
     if o.reason:
         d["reason"] = o.reason
     if not math.isnan(o.iteration_s):

@@ -11,6 +11,7 @@ are TP ranks apart (`spec.ParallelSpec`, the links the cost model picks).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from lynx.errors import SpecError
@@ -109,7 +110,9 @@ class Rejected:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Ascending; trial division up to sqrt(n), so a count of any size a user types answers at once."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def tp_values(space: Space) -> tuple[list[int], list[Rejected]]:
@@ -204,7 +207,11 @@ def _layouts_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected
     dos = [False, True] if dp * cp > 1 else [False]  # it shards over DP x CP: with both 1, nothing
     if pins.dist_opt is not None:
         dos = [pins.dist_opt]
-    for mb in divisors(space.global_batch // dp):
+    per_rank = space.global_batch // dp
+    if pins.mb is not None and per_rank % pins.mb:
+        rejected.append(Rejected(f"TP{tp} PP{pp} DP{dp} mb{pins.mb}", f"--micro-batch {pins.mb} does not divide the "
+                                 f"{per_rank} samples per DP rank (global batch {space.global_batch} / DP {dp})"))
+    for mb in [pins.mb] if pins.mb is not None and per_rank % pins.mb == 0 else divisors(per_rank):
         if pins.mb is not None and mb != pins.mb:
             continue
         nmb = space.global_batch // (dp * mb)
