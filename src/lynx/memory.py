@@ -37,8 +37,12 @@ def static_bytes(
 ) -> float:
     """Parameters, gradients and optimizer states of one stage on one device (`lynx.static_memory`:
     embeddings on the first stage, the LM head copy and final LayerNorm on the last, recipes, sharding)."""
+    from lynx.families import get_family
     from lynx.static_memory import recipe_for, stage_static
 
+    own = get_family(model.family).static_bytes  # e.g. torchtitan's FSDP (`lynx.titan_fsdp`)
+    if own is not None:
+        return own(model, par, stage, num_layers, bytes_per_param, precision, distributed_optimizer)
     recipe = recipe_for(precision, bytes_per_param)
     return stage_static(model, par, stage, num_layers, recipe, distributed_optimizer).total
 

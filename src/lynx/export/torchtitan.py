@@ -120,6 +120,15 @@ def dp_degrees(src: ExportSource) -> tuple[int, int]:
     return (1, dp) if src.problem.options.distributed_optimizer and dp > 1 else (dp, 1)
 
 
+def local_batch_size(pp: int, micro_batch_size: int, num_microbatches: int) -> int:
+    """torchtitan 0.3.0's ``training.local_batch_size`` for the plan's micro-batches (torchtitan/trainer.py).
+    Without a pipeline each gradient-accumulation step is one forward and backward of the whole local batch
+    (``gradient_accumulation_steps`` = global / (local x DP)), so the local batch is the plan's micro-batch and
+    the steps its micro-batches. With one, the local batch is split into ``pipeline_parallel_microbatch_size``
+    pieces (``num_pipeline_parallel_microbatches`` = local / micro-batch): all of a step's micro-batches."""
+    return micro_batch_size if pp == 1 else micro_batch_size * num_microbatches
+
+
 def base_config_name(src: ExportSource) -> str | None:
     m = src.problem.model
     return TITAN_FLAVORS.get((m.hidden_size, m.num_layers, m.ffn_hidden_size, m.num_attention_heads,
@@ -249,11 +258,17 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
             "pipeline_parallel_schedule_csv": CSV_FILE,
             "pipeline_parallel_microbatch_size": par.micro_batch_size,
             "module_fqns_per_model_part": module_fqns(lay),
+            # what the static memory is priced for (`lynx.titan_fsdp`): torchtitan's default policy
+            "fsdp_reshard_after_forward": "default",
         },
-        "training": {"local_batch_size": par.global_batch_size // par.dp,
+        "training": {"local_batch_size": local_batch_size(lay.pp, par.micro_batch_size, par.num_microbatches),
                      "global_batch_size": par.global_batch_size, "seq_len": par.seq_length,
                      # torchtitan 0.3.0 refuses CUDA graphs with a pipeline (Trainer.Config._validate_cuda_graphs)
-                     **({"disable_cuda_graphs": True} if lay.pp > 1 else {})},
+                     **({"disable_cuda_graphs": True} if lay.pp > 1 else {}),
+                     "mixed_precision_param": "float32" if src.problem.options.precision == "fp32" else "bfloat16",
+                     "mixed_precision_reduce": "float32"},
+        # lynx's engine runs each block eagerly and refuses a compiled one (lynx.integrations.torchtitan.checks)
+        "compile": {"enable": False},
     }
     table = {"family": src.family, "method": src.result.method, "layers": layers}
     rows = schedule_rows(lay.pp, lay.vpp, par.num_microbatches)

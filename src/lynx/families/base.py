@@ -124,6 +124,9 @@ class Family:
     runtime_module: str
     """The module whose ``RUNTIME`` (`lynx.runtime.layers.family.RuntimeFamily`) builds the torch layer and model
     (imported only by the runtime and the profiler)."""
+    static_bytes: Callable[[ModelSpec, ParallelSpec, int, int, float | None, str, bool], float] | None = None
+    """(model, parallel, stage, layers, bytes_per_param, precision, distributed_optimizer) -> one rank's static
+    bytes, for a family whose framework does not keep Megatron's buffers (None: `lynx.static_memory`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,10 @@ lynx keeps it anyway, as the checkpoint every policy keeps (`lynx.graph`), so th
 norms, ``PrepareModuleInput`` gathering before ``wqkv`` / ``w1`` / ``w3``) keeps the gathered GEMM input, not
 the shard (Megatron regathers it in backward). Times are priced as for LLaMA's ops; only the memory is
 measured. The compiled block (``torch.compile``, fused norm and SwiGLU) is not modelled here.
+
+Static memory is torchtitan's FSDP2 as torchtitan runs it (`lynx.titan_fsdp`): sharded fp32 parameters,
+gradients and AdamW state, the bf16 parameters it all-gathers (kept through the step with a pipeline), not
+Megatron's buffers.
 """
 
 from __future__ import annotations
@@ -117,10 +121,19 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     return b.spec(ACT_BYTES * tok_ln * h)
 
 
+def _static_bytes(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int, bytes_per_param: float | None,
+                  precision: str, distributed_optimizer: bool) -> float:
+    """torchtitan's FSDP as it runs (`lynx.titan_fsdp`), not Megatron's buffers."""
+    from lynx.titan_fsdp import titan_static_bytes
+
+    return titan_static_bytes(model, par, stage, num_layers, bytes_per_param, precision, distributed_optimizer)
+
+
 FAMILY = Family(
     name=NAME, defaults=llama.DEFAULTS, check_model=check_model, check_layout=llama.check_layout, layer=layer,
     layer_params=llama.layer_params, embedding_params=llama.embedding_params, head_params=llama.head_params,
     final_norm_params=llama.final_norm_params, output_params=llama.output_params,
     matmul_flops_per_token=llama.matmul_flops_per_token,
     runtime_module="",  # lynx's runtime does not build it: torchtitan runs it (lynx.integrations.torchtitan)
+    static_bytes=_static_bytes,
 )
