@@ -114,11 +114,14 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
             from lynx.integrations.torchtitan.trainer import LynxEngineAC
 
             table = Path(args.out, f"layers{rank}.json")
-            table.write_text(json.dumps({"family": "torchtitan-llama3", "layers": [
+            assumes = {"tp": 1, "sequence_parallel": False, "pp": 1, "dp_replicate": 1, "dp_shard": world,
+                       "micro_batch_size": BATCH, "seq_length": SEQ, "hidden_size": 256, "num_attention_heads": 16,
+                       "num_query_groups": 16, "ffn_hidden_size": 768}
+            table.write_text(json.dumps({"family": "torchtitan-llama3", "assumes": assumes, "layers": [
                 {"keep": sorted(lp.keep), "recompute": [[n, int(p)] for n, p in lp.recompute],
                  "input_checkpoint": lp.input_checkpoint} for _, lp in sorted(fsdp_policies("lynx").items())]}))
             model = build(fsdp=False, cast=False)
-            LynxEngineAC.Config(plan=str(table), data_parallel_shard_degree=world).build(dump_folder="").apply(model)
+            LynxEngineAC.Config(plan=str(table)).build(dump_folder="").apply(model)
             wrap_like_torchtitan(model, fsdp_mesh)
             lynx = LynxEngineAC.applied[-1]
         else:

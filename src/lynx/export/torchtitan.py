@@ -237,7 +237,10 @@ def engine_table(src: ExportSource) -> tuple[dict[str, Any] | None, str | None]:
         return None, "context parallelism, which the integration does not run"
     layers = [{"keep": sorted(lp.keep), "recompute": [[n, int(p)] for n, p in lp.recompute],
                "input_checkpoint": lp.input_checkpoint} for pol in src.policies for lp in pol.layers]
-    return {"family": TITAN, "method": src.result.method, "layers": layers}, None
+    from lynx.export.titan_assumes import assumes_of
+
+    assumes = assumes_of(src.problem, *dp_degrees(src)).to_dict()
+    return {"family": TITAN, "method": src.result.method, "assumes": assumes, "layers": layers}, None
 
 
 def build_torchtitan(src: ExportSource) -> TorchtitanExport:
