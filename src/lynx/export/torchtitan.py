@@ -37,7 +37,7 @@ ENGINE_FILE = "lynx_engine_layers.json"
 # (torchtitan/models/llama3/config_registry.py), by (hidden size, layers, FFN width, query heads, KV heads).
 TITAN_FLAVORS: dict[tuple[int, int, int, int, int], str] = {
     (4096, 32, 14336, 32, 8): "llama3_8b", (8192, 80, 28672, 64, 8): "llama3_70b",
-    (16384, 126, 53248, 128, 8): "llama3_405b",
+    (16384, 126, 53248, 128, 8): "llama3_405b", (256, 6, 768, 16, 16): "llama3_debugmodel",
 }
 
 # The lynx op each aten-op category's k-th call in one block's forward produces (see the AC module's

@@ -225,3 +225,13 @@ def attention_kernel(block: nn.Module) -> str:
 def is_compiled(block: nn.Module) -> bool:
     """``nn.Module.compile`` (what torchtitan's apply_compile calls) or a ``torch.compile`` wrapper."""
     return getattr(block, "_compiled_call_impl", None) is not None or type(block).__name__ == "OptimizedModule"
+
+
+def register_fake_backend() -> None:
+    """torch's "fake" process-group backend, on which torchtitan's ParallelDims puts mesh dimensions of degree
+    1: registered by a private torch module (torch.testing._internal.distributed.fake_pg) that a plain process
+    has not imported."""
+    import torch.distributed as dist
+
+    if "FAKE" not in getattr(dist.Backend, "_plugins", {}):
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401
