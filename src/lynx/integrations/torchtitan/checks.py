@@ -82,6 +82,10 @@ COMPILE_HINT = ("torch.compile of the blocks (--compile.enable with 'model' in -
                 "compose with lynx's engine, and Async TP needs it: run without compile")
 
 
+SHARDING_HINT = ("the model has no module plans: call torchtitan.models.llama3.sharding.set_llama3_sharding_config "
+                 "on its config before building and parallelizing it")
+
+
 def check_parallel(facts: ModelFacts, assumes: PlanAssumes | None, group_size: int | None,
                    sequence_parallel: bool | None) -> bool:
     """Compare the model's TP / SP / degrees with the plan's and the caller's; returns the SP to run."""
@@ -91,8 +95,7 @@ def check_parallel(facts: ModelFacts, assumes: PlanAssumes | None, group_size: i
                            "torchtitan 0.3.0's Llama 3 plan makes")
     if pd is not None and int(pd.tp) != facts.tp:
         raise mismatch("TP degree", f"torchtitan's mesh TP {pd.tp}", f"weights sharded {facts.tp} ways",
-                       "call torchtitan.models.llama3.sharding.set_llama3_sharding_config on the model config "
-                       "before building and parallelizing it")
+                       SHARDING_HINT)
     if group_size is not None and group_size != facts.tp:
         raise mismatch("TP group", f"a group of {group_size} ranks", f"TP {facts.tp}")
     model_sp = facts.sequence_parallel if facts.tp > 1 else False
@@ -112,7 +115,8 @@ def _check_against(facts: ModelFacts, a: PlanAssumes, sp: bool) -> None:
                               ("FFN width", a.ffn_hidden_size, facts.ffn_hidden_size),
                               ("TP degree", a.tp, facts.tp)):
         if plan != model:
-            raise mismatch(what, plan, model)
+            no_plans = what == "TP degree" and facts.sequence_parallel is None and facts.tp == 1
+            raise mismatch(what, plan, model, SHARDING_HINT if no_plans else "")
     if a.sequence_parallel != sp:
         raise mismatch("sequence parallelism", "SP" if a.sequence_parallel else "no SP", "SP" if sp else "no SP",
                        "--parallelism.enable_sequence_parallel must be what the plan was made with")
