@@ -17,9 +17,9 @@ the token embedding, each transformer block, ``[norm, lm_head]`` together, then 
   sync off until the last micro-batch (``PipelineStage.backward_maybe_with_nosync``) and FSDP accumulates the
   unsharded gradient in ``reduce_dtype`` (``FSDPParam.to_accumulated_grad_if_needed``): 4 bytes per parameter
   of the whole stage, unsharded.
-* in flight (`TitanFsdp.in_flight_blocks`): the block being computed and the one FSDP2 prefetches (it
-  all-gathers the next block's parameters during backward), and one block's gradient: its 16-bit unsharded
-  gradient and the ``reduce_dtype`` copy reduce-scattered.
+* in flight at the activation peak (the start of backward; `TitanFsdp.in_flight_blocks`): the unit being
+  computed ([norm, lm_head]) and the block FSDP2 prefetches for the next backward, and one unit's gradient:
+  its 16-bit unsharded gradient and the ``reduce_dtype`` copy reduce-scattered.
 
 Sharding pads each parameter's dim 0 to a multiple of N; the padding (under N rows per parameter) is left out.
 """
@@ -71,7 +71,8 @@ class TitanFsdp:
     state_bytes: float = SHARDED_STATE_BYTES
     """Sharded bytes per parameter before sharding (fp32 parameter, gradient and AdamW state)."""
     in_flight_blocks: int = 2
-    """Blocks unsharded at once when resharding: the one computing, the one prefetched."""
+    """Units all-gathered at once when resharding: the one computing, the block prefetched (FSDP2's default
+    backward prefetch; a CPU run does not prefetch, tests/integration/test_titan_fsdp_bytes.py)."""
 
     @property
     def reshards(self) -> bool:
@@ -108,26 +109,29 @@ class FsdpStatic:
 
 
 def fsdp_static(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int, fsdp: TitanFsdp) -> FsdpStatic:
-    """One stage's bytes on one rank (parameters counted per TP rank, `lynx.static_memory.stage_params`)."""
+    """One stage's bytes on one rank at its activation peak, the start of backward (parameters counted per TP
+    rank, `lynx.static_memory.stage_params`)."""
     from lynx.families import get_family
     from lynx.static_memory import stage_params
 
     sp = stage_params(model, par, stage, num_layers)
     block = get_family(model.family).layer_params(model, par.tp)
-    head = sp.head  # lm_head and the final norm (the last stage), one FSDP unit
-    blocks_emb = sp.layers + sp.embedding
+    head = sp.head + sp.final_norm  # [norm, lm_head]: one FSDP unit (the last stage)
+    unit = max(head, block)  # the unit whose gradient backward is producing
     sharded = sp.total * fsdp.state_bytes / fsdp.shard
-    grad_in_flight = block * (fsdp.param_bytes + fsdp.reduce_bytes)
+    pb, rb = fsdp.param_bytes, fsdp.reduce_bytes
     if fsdp.reshards:
-        head_kept = fsdp.reshard is not Reshard.ALWAYS
-        held = head * fsdp.param_bytes if head_kept else 0.0
-        blocks = min(fsdp.in_flight_blocks, num_layers)
-        return FsdpStatic(sharded, held, 0.0, blocks * block * fsdp.param_bytes + grad_in_flight)
-    held = (blocks_emb + head) * fsdp.param_bytes
-    acc = (blocks_emb + head) * fsdp.reduce_bytes if fsdp.accumulates_unsharded else 0.0
-    # the blocks are all unsharded already; in flight only the gradient of the block in backward (its reduce
-    # copy too when the micro-batch syncs)
-    return FsdpStatic(sharded, held, acc, block * fsdp.param_bytes if acc else grad_in_flight)
+        # [norm, lm_head] stays all-gathered from its forward to its backward (all-gathered again for it under
+        # "always"); the last block is prefetched for the next backward; one unit's gradient in bf16 and its
+        # reduce_dtype copy for the reduce-scatter
+        held = head * pb if fsdp.reshard is not Reshard.ALWAYS else 0.0
+        again = 0.0 if held else head * pb
+        return FsdpStatic(sharded, held, 0.0, again + min(fsdp.in_flight_blocks - 1, num_layers) * block * pb
+                          + unit * (pb + rb))
+    held = sp.total * pb
+    if fsdp.accumulates_unsharded:  # the unit's bf16 gradient before it is added to the fp32 accumulator
+        return FsdpStatic(sharded, held, sp.total * rb, unit * pb)
+    return FsdpStatic(sharded, held, 0.0, unit * (pb + rb))
 
 
 def titan_setting(par: ParallelSpec, distributed_optimizer: bool, bytes_per_param: float | None = None,
