@@ -169,3 +169,19 @@ def test_a_table_without_what_the_plan_assumed_is_refused(titan: None, tmp_path:
     path.write_text(json.dumps(raw))
     with pytest.raises(PlanFormatError, match="no `assumes`"):
         apply_lynx_plan(_model(), path)
+
+
+def test_parameters_replaced_after_the_plan_are_refused(titan: None, tmp_path: Path) -> None:
+    """A cast after apply_lynx_plan gives the blocks new parameter storage the engine does not hold (it failed
+    with a shape error deep in backward before)."""
+    import torch
+
+    from lynx.integrations.torchtitan import apply_lynx_plan
+    from lynx.integrations.torchtitan.checks import PlanMismatch
+
+    model = _model(bf16=False)
+    apply_lynx_plan(model, _table(tmp_path))
+    for p in model.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    with pytest.raises(PlanMismatch, match="parameters were replaced after the plan was applied"):
+        model(_tokens())

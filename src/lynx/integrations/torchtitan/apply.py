@@ -88,7 +88,7 @@ class LynxTorchtitan:
                 raise ValueError(f"lynx.integrations.torchtitan: the blocks are TP {facts.tp}: pass their TP group")
             group = facts.parallel_dims.get_mesh("tp").get_group()  # torchtitan's own
         self.assumes, self.facts, self.sequence_parallel = assumes, facts, sp
-        self._batch_checked = assumes is None
+        self._first = True
         self.blocks = [b for _, b in blocks]
         self.layers = [TitanLayer(b, int(n), group, sp) for n, b in blocks]
         if any(_fence.is_fsdp(b) for b in self.blocks) and group is not None and tp.world(group) > 1:
@@ -108,6 +108,7 @@ class LynxTorchtitan:
         # the blocks' buffers are not activations either: RoPE's table is saved by the complex product, and was
         # held (and counted) as rope's side state (8 MiB per block of the debug model)
         params += [b for block in self.blocks for b in block.buffers() if not _fence.is_dtensor(b)]
+        self._storages = [t.untyped_storage().data_ptr() for t in params]
         self.engine = RecomputeEngine(self.layers, pols, params,
                                       live_params=lambda li: self.layers[li].live_parameters())
         self._microbatch = 0
@@ -134,9 +135,8 @@ class LynxTorchtitan:
                 # torch.distributed.pipelining's shape inference, or an evaluation: nothing kept for backward
                 return own(x, attention_masks, positions)  # type: ignore[no-any-return]
             if li == 0:
-                if not self._batch_checked and self.assumes is not None:
-                    checks.check_batch(self.assumes, x, self.facts.tp, self.sequence_parallel)
-                    self._batch_checked = True
+                if self._first:
+                    self._check_first(x)
                 if self.auto_step and self.engine.idle():
                     self.end_step()  # every backward of the last step ran: a new step starts here
                 self._microbatch += 1
@@ -144,6 +144,18 @@ class LynxTorchtitan:
             self.layers[li].context[mb] = (attention_masks, positions)
             return self.engine.forward_layer(li, x, mb)
         return run
+
+    def _check_first(self, x: torch.Tensor) -> None:
+        """The first forward: the plan's batch and dtype; the parameters still the ones the engine was given
+        (a cast or move after `apply_lynx_plan` replaces their storage; FSDP's own swap is expected)."""
+        self._first = False
+        if not any(_fence.is_fsdp(b) for b in self.blocks):
+            params = [p for layer in self.layers for p in layer.block_parameters() if not _fence.is_dtensor(p)]
+            if [p.untyped_storage().data_ptr() for p in params] != self._storages[:len(params)]:
+                raise checks.PlanMismatch("lynx.integrations.torchtitan: the blocks' parameters were replaced after "
+                                          "the plan was applied (a cast or move): cast / move the model first")
+        if self.assumes is not None:
+            checks.check_batch(self.assumes, x, self.facts.tp, self.sequence_parallel)
 
     def end_step(self) -> None:
         """Forget the step's records (after its last backward); the next forward is micro-batch 0."""

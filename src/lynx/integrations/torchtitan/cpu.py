@@ -108,7 +108,7 @@ def gather_logits(logits: torch.Tensor, pd: Any) -> torch.Tensor:
     """The whole vocabulary's logits (TP 1: as they are)."""
     if int(pd.tp) <= 1:
         return logits
-    out: torch.Tensor = _GatherLogits.apply(logits, pd.get_mesh("tp").get_group())
+    out: torch.Tensor = _GatherLogits.apply(logits, pd.get_mesh("tp").get_group())  # type: ignore[no-untyped-call]
     return out
 
 
