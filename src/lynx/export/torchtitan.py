@@ -109,13 +109,9 @@ class TorchtitanExport:
 def dp_degrees(src: ExportSource) -> tuple[int, int]:
     """torchtitan's (data_parallel_replicate_degree, data_parallel_shard_degree) for the plan's optimizer-state
     assumption. torchtitan 0.3.0 always wraps the model in FSDP (models/llama3/parallelize.py: "Always run
-    apply_fsdp_to_decoder"); with a pipeline it keeps the 16-bit parameters unsharded through the step
-    (fsdp_reshard_after_forward "default": not with PP) and accumulates gradients unsharded in fp32
-    (FSDPParam.unsharded_accumulated_grad, reduce_dtype) until the last micro-batch, while fp32 parameters and
-    Adam's two moments stay sharded: 2 + 4 + 12/shard bytes per parameter, Megatron's bf16 distributed optimizer
-    (2 + 4 + 12/d). A plan that assumes the distributed optimizer therefore gets shard = DP; one that prices
-    replicated optimizer state gets replicate = DP, shard 1 (HSDP that shards nothing: 2 + 4 + 12 = 18 bytes
-    per parameter, as Megatron's replicated bf16 recipe)."""
+    apply_fsdp_to_decoder"), priced as it runs by `lynx.titan_fsdp`: a plan that shards optimizer state
+    (--distributed-optimizer) gets shard = DP; one that prices replicated state gets replicate = DP, shard 1
+    (HSDP that shards nothing)."""
     dp = src.problem.parallel.dp
     return (1, dp) if src.problem.options.distributed_optimizer and dp > 1 else (dp, 1)
 
@@ -285,8 +281,8 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
         over = [f"stage {st.stage} {st.peak_bytes / 2**30:.1f} GiB > {st.budget_bytes / 2**30:.1f}"
                 for st in figures[1].stages if not st.fits]
         notes.insert(0, "WARNING: torchtitan's priced memory does not fit: " + "; ".join(over) + " (plan for "
-                     f"torchtitan's kernels: a model file with `family: {TITAN}`, and --distributed-optimizer "
-                     "so FSDP shards over DP)")
+                     f"torchtitan's kernels: a torchtitan-llama3-* preset or a model file with `family: {TITAN}`, "
+                     "and --distributed-optimizer so FSDP shards over DP)")
     elif len(figures) == 1 and src.family in ("llama", TITAN):
         notes.append(f"not priced for torchtitan: {figures[0].setting.split('not priced: ', 1)[-1]}")
     elif src.family == "llama":
