@@ -53,7 +53,12 @@ class PlanAssumes:
 def assumes_of(problem: Any, dp_replicate: int, dp_shard: int) -> PlanAssumes:
     """From a `lynx.problem.PlanProblem` and the FSDP degrees the export writes."""
     m, par = problem.model, problem.parallel
-    return PlanAssumes(tp=par.tp, sequence_parallel=bool(par.sequence_parallel and par.tp > 1), pp=par.pp,
+    sp = bool(par.sequence_parallel and par.tp > 1)
+    # the layer input's bytes per element as the plan's graph prices them (2 for the family; a graph profiled
+    # in fp32 says 4)
+    tokens = par.micro_batch_size * par.seq_length / (par.tp if sp else 1)
+    act = round(problem.graph.input_bytes / (tokens * m.hidden_size)) or ACTIVATION_BYTES
+    return PlanAssumes(tp=par.tp, sequence_parallel=sp, pp=par.pp, activation_bytes=act,
                        dp_replicate=dp_replicate, dp_shard=dp_shard, micro_batch_size=par.micro_batch_size,
                        seq_length=par.seq_length, hidden_size=m.hidden_size,
                        num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups,
