@@ -102,11 +102,6 @@ class FsdpStatic:
     def total(self) -> float:
         return self.sharded + self.unsharded_params + self.accumulated_grads + self.in_flight
 
-    def per_param(self, params: float) -> dict[str, float]:
-        """Bytes per local parameter, by kind (for reports)."""
-        return {"sharded": self.sharded / params, "unsharded_params": self.unsharded_params / params,
-                "accumulated_grads": self.accumulated_grads / params, "in_flight": self.in_flight / params}
-
 
 def fsdp_static(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int, fsdp: TitanFsdp) -> FsdpStatic:
     """One stage's bytes on one rank at its activation peak, the start of backward (parameters counted per TP

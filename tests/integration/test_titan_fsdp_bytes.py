@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.test_torchtitan_fsdp import wrap_like_torchtitan
 from tests.integration.test_torchtitan_tp import BATCH, SEQ, TIMEOUT_S
 
 LAYERS, SHARD, TOLERANCE = 6, 2, 0.01
@@ -35,20 +36,6 @@ def _local_bytes(tensors: Any) -> int:
     """This rank's bytes (a DTensor's local shard; AdamW's step counts are plain scalars)."""
     local = [getattr(t, "to_local", lambda t=t: t)() for t in tensors if t is not None]
     return sum(t.numel() * t.element_size() for t in local)
-
-
-def _wrap(model: Any, mesh: Any, reshard: bool) -> None:
-    """torchtitan's apply_fsdp_to_decoder (tests/integration/test_torchtitan_fsdp.py), its reshard policy given."""
-    import torch
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    cfg: dict[str, Any] = {"mesh": mesh, "mp_policy": MixedPrecisionPolicy(
-        param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)}
-    fully_shard(model.tok_embeddings, **cfg, reshard_after_forward=reshard)
-    fully_shard([model.norm, model.lm_head], **cfg, reshard_after_forward=False)
-    for block in model.layers.values():
-        fully_shard(block, **cfg, reshard_after_forward=reshard)
-    fully_shard(model, **cfg)
 
 
 def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> None:
@@ -81,7 +68,7 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
 
         # without a pipeline: reshard after forward, sync every backward
         model = debug_model(LAYERS)
-        _wrap(model, mesh, reshard=True)
+        wrap_like_torchtitan(model, mesh, reshard=True)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         mode = Peak()
         with mode:
@@ -97,7 +84,7 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
         # as with a pipeline: no reshard after forward; micro-batch 0 without gradient sync or reshard after
         # backward (torch.distributed.pipelining's backward_maybe_with_nosync)
         model = debug_model(LAYERS)
-        _wrap(model, mesh, reshard=False)
+        wrap_like_torchtitan(model, mesh, reshard=False)
         model.set_requires_gradient_sync(False)
         model.set_reshard_after_backward(False)
         loss(tokens[0]).backward()

@@ -33,21 +33,22 @@ def fsdp_policies(case: str) -> dict[int, Any]:
     return policies(case, 1)
 
 
-def wrap_like_torchtitan(model: Any, mesh: Any) -> None:
+def wrap_like_torchtitan(model: Any, mesh: Any, reshard: bool = True) -> None:
     """FSDP2 as torchtitan 0.3.0's `apply_fsdp_to_decoder` applies it to a dense decoder without PP: the
     embedding, [norm, head] (not resharded after forward), every block, then the root; bf16 parameters, fp32
     reductions, inputs not cast. Left out: its `disable_fsdp_gradient_division` (gradient divide factor 1),
     which makes FSDP reduce with ``PREMUL_SUM``, an op gloo does not have (FSDP then averages by pre- and
-    post-division around a SUM)."""
+    post-division around a SUM). `reshard`: the blocks' and embedding's reshard_after_forward (torchtitan's
+    "default" policy: False with a pipeline)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     cfg: dict[str, Any] = {"mesh": mesh, "mp_policy": MixedPrecisionPolicy(
         param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)}
-    fully_shard(model.tok_embeddings, **cfg, reshard_after_forward=True)
+    fully_shard(model.tok_embeddings, **cfg, reshard_after_forward=reshard)
     fully_shard([model.norm, model.lm_head], **cfg, reshard_after_forward=False)
     for block in model.layers.values():
-        fully_shard(block, **cfg, reshard_after_forward=True)
+        fully_shard(block, **cfg, reshard_after_forward=reshard)
     fully_shard(model, **cfg)
 
 
