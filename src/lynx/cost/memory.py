@@ -38,7 +38,12 @@ def static_bytes(
     """Parameters, gradients and optimizer states of one stage on one device (`lynx.cost.static_memory`:
     embeddings on the first stage, the LM head copy and final LayerNorm on the last, recipes, sharding)."""
     from lynx.cost.static_memory import recipe_for, stage_static
+    from lynx.families import get_family
 
+    if get_family(model.family).static_memory == "torchtitan-fsdp":  # torchtitan's FSDP2 as it runs
+        from lynx.cost.titan_fsdp import titan_static_bytes
+
+        return titan_static_bytes(model, par, stage, num_layers, bytes_per_param, precision, distributed_optimizer)
     recipe = recipe_for(precision, bytes_per_param)
     return stage_static(model, par, stage, num_layers, recipe, distributed_optimizer).total
 

@@ -96,6 +96,10 @@ class LayerSpec:
     input_bytes: float
 
 
+StaticMemory = Literal["megatron", "torchtitan-fsdp"]
+"""The static-memory model of a family's framework (`Family.static_memory`)."""
+
+
 @dataclass(frozen=True)
 class Family:
     """A model family: everything lynx needs to know about its transformer layer."""
@@ -124,6 +128,10 @@ class Family:
     runtime_module: str
     """The module whose ``RUNTIME`` (`lynx.runtime.layers.family.RuntimeFamily`) builds the torch layer and model
     (imported only by the runtime and the profiler)."""
+    static_memory: StaticMemory = "megatron"
+    """Whose buffers hold the parameters, gradients and optimizer state: Megatron-Core's
+    (`lynx.cost.static_memory`), or torchtitan's FSDP2 as torchtitan runs it (`lynx.cost.titan_fsdp`). The
+    family names the framework; the cost model prices it."""
 
 
 @dataclass(frozen=True, slots=True)
