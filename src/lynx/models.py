@@ -10,6 +10,7 @@ from typing import Any
 
 from lynx.errors import SpecError
 from lynx.families import get_family
+from lynx.fp8 import check_fp8
 from lynx.spec import Hardware, ModelSpec, ParallelSpec, check_cp, preset_names, read_spec_file, warn_once
 from lynx.validate import build
 
@@ -74,6 +75,7 @@ def validate_layout(model: ModelSpec, hw: Hardware, par: ParallelSpec, nodes: in
     check_model(model)
     get_family(model.family).check_layout(model, par.tp)
     check_cp(model, par)
+    check_fp8(model, hw.device)
     if par.seq_length > model.max_position_embeddings:
         if model.position_embedding != "learned":
             warn_once(f"lynx: warning: {model.name}: --seq-len {par.seq_length} exceeds the model's "
