@@ -41,7 +41,8 @@ class Fp8Recipe(str, Enum):
     """Float8BlockScaling: fp32 scales per 1 x 128 block of activations and gradients (128 x 128 for weights)."""
     MXFP8 = "mxfp8"
     """MXFP8BlockScaling: one E8M0 scale byte per 32 elements; needs tensor cores that take MX scales
-    (Blackwell), Megatron-Core's comment: "for Blackwell architecture only"."""
+    (Blackwell), Megatron-Core's comment: "for Blackwell architecture only". lynx prices Hopper and refuses it
+    (`check_fp8`); the name is kept so that the refusal can say why."""
 
     @property
     def scale_bytes_per_element(self) -> float:
@@ -89,9 +90,9 @@ def check_fp8(model: ModelSpec, device: DeviceSpec) -> None:
         raise SpecError(f"{model.name}: --fp8-format {f.format.value} on {device.name}, which has no FP8 tensor cores "
                         "(its hardware file gives no fp8_peak_flops); valid: drop --fp8-format, or an FP8 device "
                         "(H100, H200)")
-    if f.recipe is Fp8Recipe.MXFP8 and not device.fp8_mx:
-        raise SpecError(f"{model.name}: --fp8-recipe mxfp8 needs MX-scaled tensor cores (Blackwell); {device.name} "
-                        "has none (fp8_mx false); valid here: delayed, tensorwise, blockwise")
+    if f.recipe is Fp8Recipe.MXFP8:
+        raise SpecError(f"{model.name}: --fp8-recipe mxfp8 runs on Blackwell only (MX-scaled tensor cores); lynx "
+                        "prices Hopper's FP8 (H100, H200); valid: delayed, tensorwise, blockwise")
 
 
 def fp8_from_flags(fmt: str | None, recipe: str | None, param_gather: bool, where: str) -> Fp8 | None:

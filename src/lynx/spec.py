@@ -175,9 +175,6 @@ class DeviceSpec:
     fp8_matmul_efficiency: float | None = field(default=None, metadata=rng(gt=0, le=1))
     """Fraction of the FP8 peak that large FP8 GEMMs reach (the asymptote; shape scales it as `gemm_half_dim`
     does the 16-bit one); None: `matmul_efficiency`."""
-    fp8_mx: bool = False
-    """Tensor cores that take MX block scales and FP8 operands in any layout (Blackwell): --fp8-recipe mxfp8 runs,
-    and the per-tensor recipes need no transposed copies. False: Hopper (FP8 GEMMs only in the TN layout)."""
     reserved_bytes: float = 2.0 * GiB
     """Memory the budget leaves out before any tensor: CUDA context and NCCL's buffers (and, on presets without
     `fragmentation`, the allocator's slack too)."""
@@ -579,7 +576,7 @@ def hardware_to_dict(h: Hardware) -> dict[str, Any]:
     if d.get("host_link") is None:  # a plan without a host link is written as before offloading existed
         d.pop("host_link", None)
     dev = d["device"]
-    for k, v in (("fp8_peak_flops", None), ("fp8_matmul_efficiency", None), ("fp8_mx", False)):
+    for k, v in (("fp8_peak_flops", None), ("fp8_matmul_efficiency", None)):
         if dev.get(k) == v:  # a device without FP8 fields is written as before they existed
             dev.pop(k, None)
     return d

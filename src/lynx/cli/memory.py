@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from lynx.cli.app import app
+from lynx.cli.fp8 import Fp8FormatOpt, Fp8ParamGatherOpt, Fp8RecipeOpt, fp8_option, with_fp8
 from lynx.cli.common import (
     BusbwOpt,
     BytesPerParamOpt,
@@ -32,6 +33,7 @@ from lynx.cli.common import (
     err_console,
     print_json,
 )
+from lynx.errors import SpecError
 
 
 @app.command("memory")
@@ -69,6 +71,9 @@ def memory_cmd(
     plan_file: Annotated[Path | None, typer.Option(
         "--plan", help="Break down a saved plan (`lynx plan --out`, also the --gpus search's winner) instead of "
         "planning from the options.")] = None,
+    fp8_format: Fp8FormatOpt = None,
+    fp8_recipe: Fp8RecipeOpt = None,
+    fp8_param_gather: Fp8ParamGatherOpt = False,
 ) -> None:
     """Per-stage memory: parameters, gradients, optimizer state, activations x in-flight micro-batches,
     forward-window holdings, transient working set, embedding/logits, and the headroom to the budget."""
@@ -79,6 +84,10 @@ def memory_cmd(
     from lynx.report.memory import memory_bars, memory_table
 
     check_output(png, "--png", (".png",))
+    fp8 = fp8_option(fp8_format, fp8_recipe, fp8_param_gather)
+    if plan_file is not None and fp8 is not None:
+        raise SpecError("--fp8-format with --plan: a plan file carries its model's precision; plan it again with "
+                        "--fp8-format instead")
     if plan_file is not None:
         from lynx.plan import Plan, load_plan
 
@@ -94,6 +103,7 @@ def memory_cmd(
                                 layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
                                 precision=precision, distributed_optimizer=distributed_optimizer,
                                 busbw_gbps=busbw, cp=cp, cp_comm_type=cp_comm_type, hierarchical_cp=hierarchical_cp)
+        problem = with_fp8(problem, fp8)
         if vpp != 1:
             from lynx.cli.plan import with_vpp
 
@@ -107,7 +117,8 @@ def memory_cmd(
              f"{' SP' if sp else ''}, "
              f"micro-batch {micro_batch}, {plan.result.method}, partition {plan.result.partition}; "
              f"{recipe.name} {recipe.bytes_per_param(dp * cp, distributed_optimizer):g} B/param"
-             f"{' (distributed optimizer)' if distributed_optimizer else ''}")
+             f"{' (distributed optimizer)' if distributed_optimizer else ''}"
+             + (f"; {problem.model.fp8.describe()}" if problem.model.fp8 is not None else ""))
     if as_json:
         print_json({"title": title, "method": plan.result.method,
                     "partition": list(plan.result.partition.layers_per_stage),

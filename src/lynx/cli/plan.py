@@ -34,6 +34,7 @@ from lynx.cli.common import (
     parse_hierarchical_cp,
     print_json,
 )
+from lynx.cli.fp8 import Fp8FormatOpt, Fp8ParamGatherOpt, Fp8RecipeOpt, fp8_option, with_fp8
 from lynx.errors import SpecError
 from lynx.models import total_params
 from lynx.paths import atomic_path, write_text
@@ -216,6 +217,7 @@ def _search(model: str, hardware: str, gpus: int | None, nodes: int | None, tp: 
     cp = knobs.pop("cp")
     cp_comm_type = knobs.pop("cp_comm_type")
     offload = knobs.pop("offload")
+    fp8 = knobs.pop("fp8")
     check_ints(**{"--cp": (cp, POSITIVE)})
     if tp is not None and pp is not None:  # the layout is pinned: CP too (1 unless --cp), DP derived
         cp = cp or 1
@@ -242,7 +244,7 @@ def _search(model: str, hardware: str, gpus: int | None, nodes: int | None, tp: 
     if knobs["busbw"] is not None:
         raise SpecError("--busbw is a TP group's measured bandwidth; pin --tp to use it (not with the search)")
     run_search(SearchArgs(model, hardware, total, global_batch, seq_len, tp, pp, vpp, sp, mb, dist_opt, method,
-                          cross_node, top, as_json, out, png, cp, cp_comm_type, offload), problem.options)
+                          cross_node, top, as_json, out, png, cp, cp_comm_type, offload, fp8), problem.options)
 
 
 @app.command("plan")
@@ -376,6 +378,9 @@ def plan_cmd(
     offload: Annotated[bool | None, typer.Option(
         "--offload/--no-offload", help="With --gpus: also plan every layout with activation offloading (lynx-offload "
         "and Megatron's mc-offload) [default: on when the hardware has a host link].")] = None,
+    fp8_format: Fp8FormatOpt = None,
+    fp8_recipe: Fp8RecipeOpt = None,
+    fp8_param_gather: Fp8ParamGatherOpt = False,
 ) -> None:
     """Plan recomputation and partitioning for a model on a cluster, and predict its iteration.
 
@@ -389,6 +394,12 @@ def plan_cmd(
                     "--no-gradient-accumulation-fusion": no_gradient_accumulation_fusion,
                     "--cross-entropy-loss-fusion": cross_entropy_loss_fusion}
     fusions_given = _fusions_given(fusion_flags)
+    fp8 = fp8_option(fp8_format, fp8_recipe, fp8_param_gather)
+    if fp8 is not None and from_megatron is not None:
+        raise SpecError("--fp8-format: with --from-megatron give the FP8 flags inside the Megatron command line")
+    if fp8 is not None and profile:
+        raise SpecError("--fp8-format with --profile: a profile measured the 16-bit kernels it ran; FP8 changes the "
+                        "analytic model only")
     if fusions_given and (gpus is not None or (nodes is not None and (tp is None or pp is None))):
         raise SpecError(f"{fusions_given[0]}: the configuration search (--gpus / --nodes) plans Megatron-Core's "
                         "defaults (TransformerEngine, fusions on); pin --tp and --pp to plan this flag")
@@ -411,7 +422,8 @@ def plan_cmd(
                             recompute_num_layers=recompute_num_layers, no_wgrad_overlap=no_wgrad_overlap,
                             time_limit=time_limit, cooldown_overlap=not no_cooldown_overlap, busbw=busbw,
                             overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
-                            tp_comm_overlap=tp_comm_overlap, cp=cp, cp_comm_type=cp_comm_type, offload=offload))
+                            tp_comm_overlap=tp_comm_overlap, cp=cp, cp_comm_type=cp_comm_type, offload=offload,
+                            fp8=fp8))
     if offload is not None:
         raise SpecError("--offload/--no-offload chooses the search's methods (with --gpus); for one layout use "
                         "--method lynx-offload or --compare")
@@ -445,6 +457,7 @@ def plan_cmd(
                             hierarchical_cp=hierarchical_cp)
     if fusions_given:
         problem = with_fusions(problem, fusion_flags)
+    problem = with_fp8(problem, fp8)
     from lynx.cli.export import budget_warnings
 
     for w in budget_warnings(budget_gb, problem.hardware):  # after the checks: a NaN has been refused
@@ -467,7 +480,8 @@ def plan_cmd(
     title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp}{cp_text} PP {pp}{vpp_text} DP {dp}"
              f"{' SP' if sp else ''}, micro-batch {micro_batch}, global batch {global_batch}, seq {seq_len}, "
              f"{problem.parallel.num_microbatches} micro-batches" + (f"; {' '.join(fusions_given)}" if fusions_given
-                                                                      else ""))
+                                                                      else "")
+             + (f"; {fp8.describe()}" if fp8 is not None else ""))
     if compare:
         plan, none_fits = _compare(problem, method, title, as_json, gantt is not None or memory_png is not None)
     else:

@@ -5,7 +5,7 @@ unless --allow-idle-gpus)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +13,7 @@ import typer
 
 from lynx.cli.common import console, err_console, print_json
 from lynx.errors import SpecError
+from lynx.fp8 import Fp8
 from lynx.models import load_model
 from lynx.problem import PlanOptions
 from lynx.spec import CpCommType, Hardware, load_hardware
@@ -47,6 +48,8 @@ class SearchArgs:
     cp_comm_type: CpCommType = "p2p"
     offload: bool | None = None
     """--offload/--no-offload (None: on when the hardware has a host link)."""
+    fp8: Fp8 | None = None
+    """--fp8-format and friends: the precision every candidate runs at (given, not searched)."""
 
 
 def cluster_gpus(hw: Hardware, gpus: int | None, nodes: int | None) -> int | None:
@@ -93,7 +96,7 @@ def run_search(a: SearchArgs, base: PlanOptions) -> None:
     if a.offload is not None and a.method is not None:
         raise SpecError("--offload/--no-offload adds the offloading methods to the search's; with --method the "
                         "search plans that method only (use --method lynx-offload)")
-    space = Space(load_model(a.model), hw, a.gpus, a.global_batch, a.seq_len,
+    space = Space(replace(load_model(a.model), fp8=a.fp8), hw, a.gpus, a.global_batch, a.seq_len,
                   Pins(tp=a.tp, pp=a.pp, vpp=a.vpp, sp=a.sp, mb=a.mb, dist_opt=a.dist_opt, cp=a.cp,
                        methods=None if a.method is None else (a.method,)),
                   a.allow_cross_node_tp, a.cp_comm_type, has_link if a.offload is None else a.offload)

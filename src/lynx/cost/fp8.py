@@ -39,12 +39,11 @@ FP8_BYTES = 1.0
 
 @dataclass(frozen=True, slots=True)
 class CastRule:
-    """How one recipe's quantize runs on one device (bytes per element of the tensor quantized)."""
+    """How one recipe's quantize runs on Hopper (bytes per element of the tensor quantized). Hopper's FP8 GEMMs
+    take only the TN layout, so every column-wise use (weight gradient, input gradient through W^T) reads a
+    transposed copy (TransformerEngine utils.py ``non_tn_fp8_gemm_supported``: False before Blackwell)."""
 
     recipe: Fp8Recipe
-    transposed: bool
-    """The device needs a column-wise copy beside the row-wise one (Hopper; MXFP8 everywhere: its scales are
-    directional)."""
 
     @property
     def copy_bytes(self) -> float:
@@ -55,17 +54,13 @@ class CastRule:
         """HBM bytes of quantizing one 16-bit element: the read, an amax pass for current scaling, and the
         row-wise copy with, where wanted and needed, the column-wise one."""
         amax = ACT_BYTES if self.recipe is Fp8Recipe.TENSORWISE else 0.0
-        return ACT_BYTES + amax + self.copy_bytes * (2 if columnwise and self.transposed else 1)
+        return ACT_BYTES + amax + self.copy_bytes * (2 if columnwise else 1)
 
     @property
     def kernels(self) -> int:
         """Delayed scaling fuses cast, transpose and amax (fp8_cast_transpose_fused); current scaling needs the
         amax before the cast: two kernels."""
         return 2 if self.recipe is Fp8Recipe.TENSORWISE else 1
-
-
-def rule_for(f: Fp8, any_layout: bool) -> CastRule:
-    return CastRule(f.recipe, transposed=f.recipe is Fp8Recipe.MXFP8 or not any_layout)
 
 
 def _elems(spec_ops: dict[str, OpSpec], name: str, input_bytes: float) -> float:
@@ -85,7 +80,7 @@ def _rewrite_gemm(g: OpSpec, by_name: dict[str, OpSpec], rule: CastRule, input_b
     local = _elems(by_name, src, input_bytes) if gather is not None else m * k
     # per-tensor recipes gather row-wise only and transpose the gathered tensor in backward
     columnwise_now = gather is None or rule.recipe.gathers_columnwise
-    bwd_transpose = FP8_BYTES * 2 * m * k if gather is not None and not columnwise_now and rule.transposed else 0.0
+    bwd_transpose = FP8_BYTES * 2 * m * k if gather is not None and not columnwise_now else 0.0
     name = f"{g.name}_fp8"
     cast = OpSpec(
         name=name, kind="compute", block=g.block, inputs=(src,), saved=(), out_bytes=rule.copy_bytes * local,
@@ -105,10 +100,9 @@ def _rewrite_gemm(g: OpSpec, by_name: dict[str, OpSpec], rule: CastRule, input_b
     return cast, fp8_gemm, new_gather
 
 
-def apply_fp8(spec: LayerSpec, f: Fp8, any_layout: bool = False) -> LayerSpec:
-    """The layer with its weight GEMMs in FP8 (module docstring); `any_layout`: the device's FP8 GEMMs take any
-    operand layout (`DeviceSpec.fp8_mx`), so per-tensor recipes write no transposed copies."""
-    rule = rule_for(f, any_layout)
+def apply_fp8(spec: LayerSpec, f: Fp8) -> LayerSpec:
+    """The layer with its weight GEMMs in FP8 (module docstring)."""
+    rule = CastRule(f.recipe)
     by_name = {o.name: o for o in spec.ops}
     out = list(spec.ops)
     for g in spec.ops:
@@ -129,4 +123,4 @@ def linear_weight_elements(spec: LayerSpec) -> float:
                if o.kind == "compute" and o.gemm_mnk is not None and o.wgrad_factor > 0)
 
 
-__all__ = ["FP8_BYTES", "CastRule", "apply_fp8", "linear_weight_elements", "rule_for"]
+__all__ = ["FP8_BYTES", "CastRule", "apply_fp8", "linear_weight_elements"]

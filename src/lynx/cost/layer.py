@@ -149,7 +149,7 @@ def build_layer_graph(
     cp = cost or CostParams.for_hardware(hw)
     spec = get_family(model.family).layer(model, par)
     if model.fp8 is not None:
-        spec = apply_fp8(spec, model.fp8, hw.device.fp8_mx)
+        spec = apply_fp8(spec, model.fp8)
     pricer = _Pricer(hw, par, cp)
     meta = GraphMeta(
         source="analytic", model=model.name, hidden_size=model.hidden_size,
