@@ -16,9 +16,13 @@ def _refuse_context_parallel(plan: Path) -> None:
     import json
 
     try:
-        cp = json.loads(plan.read_text())["parallel"].get("cp", 1)
+        d = json.loads(plan.read_text())
+        cp, fp8 = d["parallel"].get("cp", 1), d["model"].get("fp8")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return  # the runtime's own reader names what is wrong with the file
+    if fp8 is not None:
+        raise SpecError(f"{plan}: the plan prices FP8 linear layers (TransformerEngine on an FP8 GPU); lynx train runs "
+                        "16-bit layers only (export it: lynx export megatron)")
     if cp != 1:
         raise SpecError(f"{plan}: the plan uses context parallelism (cp {cp}); lynx train runs TP x PP x DP only "
                         "(plan and export it: lynx export megatron|torchtitan)")
