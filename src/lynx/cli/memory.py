@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from lynx.cli.app import app
-from lynx.cli.fp8 import Fp8FormatOpt, Fp8ParamGatherOpt, Fp8RecipeOpt, fp8_option, with_fp8
 from lynx.cli.common import (
     BusbwOpt,
     BytesPerParamOpt,
@@ -33,6 +32,7 @@ from lynx.cli.common import (
     err_console,
     print_json,
 )
+from lynx.cli.fp8 import Fp8FormatOpt, Fp8ParamGatherOpt, Fp8RecipeOpt, fp8_option, with_fp8
 from lynx.errors import SpecError
 
 
