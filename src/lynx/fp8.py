@@ -11,12 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
 
 from lynx.errors import SpecError
-
-if TYPE_CHECKING:
-    from lynx.spec import DeviceSpec, ModelSpec
 
 
 class Fp8Format(str, Enum):
@@ -42,7 +38,7 @@ class Fp8Recipe(str, Enum):
     MXFP8 = "mxfp8"
     """MXFP8BlockScaling: one E8M0 scale byte per 32 elements; needs tensor cores that take MX scales
     (Blackwell), Megatron-Core's comment: "for Blackwell architecture only". lynx prices Hopper and refuses it
-    (`check_fp8`); the name is kept so that the refusal can say why."""
+    (`lynx.models.check_fp8`); the name is kept so that the refusal can say why."""
 
     @property
     def scale_bytes_per_element(self) -> float:
@@ -81,20 +77,6 @@ class Fp8:
         return f"FP8 {self.format.value} {self.recipe.value}" + (" (FP8 parameters)" if self.param_gather else "")
 
 
-def check_fp8(model: ModelSpec, device: DeviceSpec) -> None:
-    """SpecError when the device cannot run the model's FP8 setting."""
-    f = model.fp8
-    if f is None:
-        return
-    if device.fp8_peak_flops is None:
-        raise SpecError(f"{model.name}: --fp8-format {f.format.value} on {device.name}, which has no FP8 tensor cores "
-                        "(its hardware file gives no fp8_peak_flops); valid: drop --fp8-format, or an FP8 device "
-                        "(H100, H200)")
-    if f.recipe is Fp8Recipe.MXFP8:
-        raise SpecError(f"{model.name}: --fp8-recipe mxfp8 runs on Blackwell only (MX-scaled tensor cores); lynx "
-                        "prices Hopper's FP8 (H100, H200); valid: delayed, tensorwise, blockwise")
-
-
 def fp8_from_flags(fmt: str | None, recipe: str | None, param_gather: bool, where: str) -> Fp8 | None:
     """The setting from Megatron's three flags as strings (the CLI and --from-megatron); None without a format.
     A recipe or --fp8-param-gather without --fp8-format is refused, as Megatron-Core refuses fp8_param alone."""
@@ -119,4 +101,4 @@ def fp8_from_flags(fmt: str | None, recipe: str | None, param_gather: bool, wher
     return Fp8(f, r, param_gather)
 
 
-__all__ = ["Fp8", "Fp8Format", "Fp8Recipe", "check_fp8", "fp8_from_flags"]
+__all__ = ["Fp8", "Fp8Format", "Fp8Recipe", "fp8_from_flags"]

@@ -17,9 +17,9 @@ from lynx.cost.kernels import KernelCurves
 from lynx.cost.layer import build_layer_graph
 from lynx.cost.static_memory import recipe_for, stage_static
 from lynx.errors import SpecError
-from lynx.fp8 import Fp8, Fp8Format, Fp8Recipe, check_fp8, fp8_from_flags
+from lynx.fp8 import Fp8, Fp8Format, Fp8Recipe, fp8_from_flags
 from lynx.graph import LayerGraph
-from lynx.models import load_model, validate_layout
+from lynx.models import check_fp8, load_model, validate_layout
 from lynx.spec import ModelSpec, ParallelSpec, load_hardware
 
 H100 = load_hardware("h100-80g-nvlink")

@@ -43,12 +43,14 @@ def fp8_of_flags(k: Mapping[str, Any]) -> Fp8 | None:
 
 
 def fp8_args(m: ModelSpec) -> list[tuple[str, ...]]:
-    """The flags that make Megatron run `m`'s FP8 setting (none for a 16-bit model)."""
-    if m.fp8 is None:
+    """The flags that make Megatron run `m`'s FP8 setting (none for a 16-bit model, or a model-like object
+    without the field, as `fusion_args` reads it)."""
+    fp8: Fp8 | None = getattr(m, "fp8", None)
+    if fp8 is None:
         return []
-    f = m.fp8.flags()
+    f = fp8.flags()
     out: list[tuple[str, ...]] = [tuple(f[0:2]), tuple(f[2:4])]
-    return out + ([("--fp8-param-gather",)] if m.fp8.param_gather else [])
+    return out + ([("--fp8-param-gather",)] if fp8.param_gather else [])
 
 
 __all__ = ["BOOL_FLAGS", "INT_FLAGS", "REFUSED", "STR_FLAGS", "fp8_args", "fp8_of_flags"]
