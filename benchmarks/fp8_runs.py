@@ -42,7 +42,6 @@ from rich.table import Table
 
 from lynx.api import make_problem, plan
 from lynx.fp8 import Fp8, Fp8Format, Fp8Recipe
-from lynx.models import load_model
 from lynx.problem import PlanOptions
 from lynx.spec import Hardware, load_hardware
 
@@ -192,4 +191,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["CALIBRATION", "HELD_OUT", "fit", "fp8_plan_seconds", "load_model"]
+__all__ = ["CALIBRATION", "HELD_OUT", "fit", "fp8_plan_seconds"]
