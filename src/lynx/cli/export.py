@@ -238,4 +238,5 @@ def plan_from_megatron(cmd: MegatronCommand, hardware: str, dp: int, nodes: int 
     off = "" if cmd.offload is None else (
         f"; offload {' '.join(cmd.offload['offload_modules'])} fraction {cmd.offload['activation_offload_fraction']:g}")
     mine_row = replace(mine, label="your megatron", setting=f"{mine.setting}{off}; layers {cmd.layout.layers}")
-    console.print(figures_table([lynx_row, mine_row], f"Megatron command line on {hardware}, DP {dp}"))
+    fp8 = f"; {cmd.model.fp8.describe()}" if cmd.model.fp8 is not None else ""
+    console.print(figures_table([lynx_row, mine_row], f"Megatron command line on {hardware}, DP {dp}{fp8}"))

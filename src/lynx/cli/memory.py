@@ -32,12 +32,15 @@ from lynx.cli.common import (
     err_console,
     print_json,
 )
+from lynx.cli.fp8 import Fp8FormatOpt, Fp8ParamGatherOpt, Fp8RecipeOpt, fp8_option, with_fp8
 from lynx.errors import SpecError
 
 PLAN_FILE_GIVES = ("model", "hardware", "tp", "pp", "dp", "cp", "cp_comm_type", "hierarchical_cp", "sp", "micro_batch",
                    "global_batch", "seq_len", "nodes", "method", "layers_per_stage", "budget_gb", "bytes_per_param",
-                   "precision", "distributed_optimizer", "busbw", "recompute_num_layers", "vpp")
+                   "precision", "distributed_optimizer", "busbw", "recompute_num_layers", "vpp", "fp8_format",
+                   "fp8_recipe", "fp8_param_gather")
 """What a plan file fixes: given with --plan, these would be ignored, so they are refused."""
+
 
 
 @app.command("memory")
@@ -76,6 +79,9 @@ def memory_cmd(
     plan_file: Annotated[Path | None, typer.Option(
         "--plan", help="Break down a saved plan (`lynx plan --out`, also the --gpus search's winner) instead of "
         "planning from the options.")] = None,
+    fp8_format: Fp8FormatOpt = None,
+    fp8_recipe: Fp8RecipeOpt = None,
+    fp8_param_gather: Fp8ParamGatherOpt = False,
 ) -> None:
     """Per-stage memory: parameters, gradients, optimizer state, activations x in-flight micro-batches,
     forward-window holdings, transient working set, embedding/logits, and the headroom to the budget."""
@@ -87,6 +93,7 @@ def memory_cmd(
     from lynx.report.memory import memory_bars, memory_table
 
     check_output(png, "--png", (".png",))
+    fp8 = fp8_option(fp8_format, fp8_recipe, fp8_param_gather)
     if plan_file is not None:
         from lynx.plan import Plan, load_plan
 
@@ -108,6 +115,7 @@ def memory_cmd(
                                 precision=precision, distributed_optimizer=distributed_optimizer,
                                 busbw_gbps=busbw, cp=cp, cp_comm_type=cp_comm_type, hierarchical_cp=hierarchical_cp,
                                 vpp=vpp).problem()
+        problem = with_fp8(problem, fp8)
         if method == "lynx" and "lynx" not in available_methods():
             method = "full"
         plan = plan_one(problem, method, record=False)
@@ -117,7 +125,8 @@ def memory_cmd(
              f"{' SP' if sp else ''}, "
              f"micro-batch {micro_batch}, {plan.result.method}, partition {plan.result.partition}; "
              f"{recipe.name} {recipe.bytes_per_param(dp * cp, distributed_optimizer):g} B/param"
-             f"{' (distributed optimizer)' if distributed_optimizer else ''}")
+             f"{' (distributed optimizer)' if distributed_optimizer else ''}"
+             + (f"; {problem.model.fp8.describe()}" if problem.model.fp8 is not None else ""))
     if as_json:
         print_json({"title": title, "method": plan.result.method,
                     "partition": list(plan.result.partition.layers_per_stage),

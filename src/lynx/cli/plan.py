@@ -27,6 +27,7 @@ from lynx.cli.common import (
     err_console,
     print_json,
 )
+from lynx.cli.fp8 import Fp8FormatOpt, Fp8ParamGatherOpt, Fp8RecipeOpt
 from lynx.errors import SpecError
 from lynx.paths import atomic_path
 from lynx.spec import GiB
@@ -279,6 +280,9 @@ def plan_cmd(
     offload: Annotated[bool | None, typer.Option(
         "--offload/--no-offload", help="With --gpus: also plan every layout with activation offloading (lynx-offload "
         "and Megatron's mc-offload) [default: on when the hardware has a host link].")] = None,
+    fp8_format: Fp8FormatOpt = None,
+    fp8_recipe: Fp8RecipeOpt = None,
+    fp8_param_gather: Fp8ParamGatherOpt = False,
 ) -> None:
     """Plan recomputation and partitioning for a model on a cluster, and predict its iteration.
 
@@ -353,7 +357,8 @@ def _plan_layout(f: PlanFlags) -> None:
     title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp}{cp_text} PP {pp}"
              f"{f' VPP {vpp}' if vpp > 1 else ''} DP {par.dp}{' SP' if par.sequence_parallel else ''}, micro-batch "
              f"{par.micro_batch_size}, global batch {par.global_batch_size}, seq {par.seq_length}, "
-             f"{par.num_microbatches} micro-batches" + (f"; {' '.join(fusions)}" if fusions else ""))
+             f"{par.num_microbatches} micro-batches" + (f"; {' '.join(fusions)}" if fusions else "")
+             + (f"; {problem.model.fp8.describe()}" if problem.model.fp8 is not None else ""))
     none_fits = False
     if f.compare:
         plan, none_fits = _compare(problem, method, title, f.as_json, f.gantt is not None or f.memory_png is not None)

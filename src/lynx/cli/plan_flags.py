@@ -72,6 +72,9 @@ class PlanFlags:
     no_gradient_accumulation_fusion: bool
     cross_entropy_loss_fusion: bool
     offload: bool | None
+    fp8_format: str | None
+    fp8_recipe: str | None
+    fp8_param_gather: bool
 
     def fusion_flags(self) -> dict[str, Any]:
         """Megatron's fusion flags by their names (`export.megatron_fusion.fusion_fields` reads them)."""
@@ -113,7 +116,24 @@ def _request(f: PlanFlags, tp: int, pp: int, dp: int, sp: bool, mb: int, nodes: 
                         overlap_grad_reduce=f.overlap_grad_reduce, overlap_param_gather=f.overlap_param_gather,
                         tp_comm_overlap=f.tp_comm_overlap, cp=cp, cp_comm_type=f.cp_comm_type,
                         hierarchical_cp=hierarchical_cp, vpp=vpp, method=f.method or "lynx")
-    return _with_fusions(req, f)
+    return _with_fp8(_with_fusions(req, f), f)
+
+
+def _with_fp8(req: Request, f: PlanFlags) -> Request:
+    """The model's FP8 setting from Megatron's flags (`lynx.fp8`), the request checked again with it."""
+    from lynx.cli.fp8 import fp8_option
+
+    fp8 = fp8_option(f.fp8_format, f.fp8_recipe, f.fp8_param_gather)
+    if fp8 is None:
+        return req
+    if f.profile:
+        raise SpecError("--fp8-format with --profile: a profile measured the 16-bit kernels it ran; FP8 changes the "
+                        "analytic model only")
+    from lynx.checks import check_inputs
+
+    out = replace(req, model=replace(req.model, fp8=fp8))
+    check_inputs(out.model, out.hardware, out.parallel, out.options)
+    return out
 
 
 def single_request(f: PlanFlags, tp: int, pp: int, dp: int, cp: int) -> Request:

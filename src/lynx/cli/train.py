@@ -18,6 +18,9 @@ def check_trainable(plan: Path) -> None:
     from lynx.plan import load_plan
 
     problem, _ = load_plan(plan)
+    if problem.model.fp8 is not None:
+        raise SpecError(f"{plan}: the plan prices FP8 linear layers (TransformerEngine on an FP8 GPU); lynx train runs "
+                        "16-bit layers only (export it: lynx export megatron)")
     cp = problem.parallel.cp
     if cp != 1:
         raise SpecError(f"{plan}: the plan uses context parallelism (cp {cp}); lynx train runs TP x PP x DP only "

@@ -22,6 +22,7 @@ from enum import Enum
 from typing import Literal
 
 from lynx.cost.collectives import allreduce_time, gather_time
+from lynx.cost.fp8_memory import fp8_static_delta, gathered_param_bytes
 from lynx.errors import SpecError
 from lynx.families import get_family
 from lynx.spec import DeviceSpec, LinkSpec, ModelSpec, ParallelSpec
@@ -165,7 +166,8 @@ def stage_static(
     shard = par.dp_cp if distributed_optimizer else 1  # Megatron shards over DP x CP
     return StaticBreakdown(
         params=sp, recipe=recipe, distributed_optimizer=distributed_optimizer, dp=par.dp,
-        param_bytes=n * recipe.param_bytes, grad_bytes=n * recipe.grad_bytes,
+        param_bytes=n * recipe.param_bytes + fp8_static_delta(model, par, num_layers, recipe.param_bytes),
+        grad_bytes=n * recipe.grad_bytes,
         optimizer_bytes=n * recipe.state_bytes / shard,
     )
 
@@ -177,10 +179,12 @@ def dp_sync_time(
     """Data-parallel gradient synchronisation of one stage after its last backward: a ring all-reduce of
     the gradient buffer (its dtype: Megatron reduces bf16 runs' gradients in fp32); with the distributed
     optimizer a reduce-scatter of the gradients and an all-gather of the updated parameters instead."""
-    n = stage_params(model, par, stage, num_layers).total
+    sp = stage_params(model, par, stage, num_layers)
+    n = sp.total
     g = par.dp_cp  # the gradient group: DP x CP
     if distributed_optimizer:
-        return gather_time(n * recipe.grad_bytes, g, link) + gather_time(n * recipe.param_bytes, g, link)
+        return gather_time(n * recipe.grad_bytes, g, link) + gather_time(
+            gathered_param_bytes(model, par, n, sp.layers, recipe.param_bytes), g, link)
     return allreduce_time(n * recipe.grad_bytes, g, link)
 
 

@@ -244,6 +244,10 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
 
     if src.family not in ORDER:
         raise SpecError(f"torchtitan export: no aten-op mapping for the {src.family!r} family")
+    if src.problem.model.fp8 is not None:  # torchtitan's Float8 (torchao) keeps other tensors than TE's
+        raise SpecError("torchtitan export: the plan prices Megatron-Core's FP8 (TransformerEngine); torchtitan's "
+                        "Float8 training (torchao) is not modelled. Export it with `lynx export megatron`, or plan "
+                        "without --fp8-format")
     graph, lay, par = src.problem.graph, src.layout, src.problem.parallel
     layers = [layer_entry(graph, lp) for pol in src.policies for lp in pol.layers]
     replicate, shard = dp_degrees(src)

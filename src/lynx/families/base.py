@@ -88,6 +88,11 @@ class OpSpec:
     main_grad_pass: bool = False
     """Weight GEMMs without --gradient-accumulation-fusion: the 16-bit weight gradient is added into the fp32
     main gradient by one more memory-bound kernel every backward (priced in `costmodel`)."""
+    fp8: bool = False
+    """GEMMs: forward, input and weight gradient on FP8 tensor cores (`lynx.cost.fp8`)."""
+    gather_bytes: float | None = None
+    """SP all-gathers of an FP8 input: the bytes of the forward all-gather and of the backward re-gather (FP8);
+    `comm_bytes` stays the 16-bit gradient's reduce-scatter. None: both move `comm_bytes`."""
 
 
 @dataclass(frozen=True, slots=True)
