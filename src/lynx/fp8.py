@@ -77,26 +77,28 @@ class Fp8:
         return f"FP8 {self.format.value} {self.recipe.value}" + (" (FP8 parameters)" if self.param_gather else "")
 
 
-def fp8_from_flags(fmt: str | None, recipe: str | None, param_gather: bool, where: str) -> Fp8 | None:
+def fp8_from_flags(fmt: str | None, recipe: str | None, param_gather: bool, where: str = "") -> Fp8 | None:
     """The setting from Megatron's three flags as strings (the CLI and --from-megatron); None without a format.
-    A recipe or --fp8-param-gather without --fp8-format is refused, as Megatron-Core refuses fp8_param alone."""
+    A recipe or --fp8-param-gather without --fp8-format is refused, as Megatron-Core refuses fp8_param alone.
+    `where` prefixes the message (a command line's name; empty for lynx's own options)."""
+    where = f"{where}: " if where else ""
     if fmt is None:
         if param_gather:
-            raise SpecError(f"{where}: --fp8-param-gather needs --fp8-format (Megatron-Core: fp8_param must be used "
+            raise SpecError(f"{where}--fp8-param-gather needs --fp8-format (Megatron-Core: fp8_param must be used "
                             "together with fp8 mode)")
         if recipe is not None:
-            raise SpecError(f"{where}: --fp8-recipe {recipe} without --fp8-format does nothing; give --fp8-format "
+            raise SpecError(f"{where}--fp8-recipe {recipe} without --fp8-format does nothing; give --fp8-format "
                             "hybrid or e4m3")
         return None
     try:
         f = Fp8Format(fmt)
     except ValueError:
-        raise SpecError(f"{where}: --fp8-format {fmt!r}; valid: {', '.join(x.value for x in Fp8Format)}") from None
+        raise SpecError(f"{where}--fp8-format {fmt!r}; valid: {', '.join(x.value for x in Fp8Format)}") from None
     try:
         r = Fp8Recipe(recipe or Fp8Recipe.DELAYED.value)
     except ValueError:
         extra = " (custom: a user quantizer lynx cannot price)" if recipe == "custom" else ""
-        raise SpecError(f"{where}: --fp8-recipe {recipe!r}{extra}; valid: "
+        raise SpecError(f"{where}--fp8-recipe {recipe!r}{extra}; valid: "
                         f"{', '.join(x.value for x in Fp8Recipe)}") from None
     return Fp8(f, r, param_gather)
 

@@ -28,7 +28,7 @@ Fp8ParamGatherOpt = Annotated[bool, typer.Option(
 
 def fp8_option(fmt: str | None, recipe: str | None, param_gather: bool) -> Fp8 | None:
     """The options as the typed setting (None: 16-bit); bad values are one `lynx: error:` line."""
-    return fp8_from_flags(fmt, recipe, param_gather, "lynx")
+    return fp8_from_flags(fmt, recipe, param_gather)
 
 
 def with_fp8(problem: PlanProblem, fp8: Fp8 | None) -> PlanProblem:
