@@ -39,7 +39,7 @@ def loss(matmul: float, memory: float) -> tuple[float, list[float]]:
 
 
 def main() -> None:
-    best = min(((loss(a, b)[0], a, b) for a in MATMUL for b in MEMORY))
+    best = min((loss(a, b)[0], a, b) for a in MATMUL for b in MEMORY)
     _, errs = loss(best[1], best[2])
     print(f"best matmul_efficiency {best[1]}, memory_efficiency {best[2]}: rms log error "
           f"{math.sqrt(best[0] / len(errs)):.3f}; per case " + " ".join(f"{100 * e:+.1f}%" for e in errs))

@@ -74,6 +74,15 @@ def megatron_model(case: Case) -> ModelSpec:
     return m
 
 
+def fp16_loss_saving(model: ModelSpec, par: ParallelSpec) -> float:
+    """Bytes the last stage's peak holds less than lynx's logits term when the loss runs in fp16: lynx counts
+    16-bit logits plus an fp32 copy for the cross entropy (`memory.extra_transient_bytes`, 6 bytes per logit);
+    Mist's runtime (`fp16_lm_cross_entropy: true` in every tuned configuration) and its Megatron-LM baseline
+    (--fp16-lm-cross-entropy) keep the softmax in fp16: 2 bytes less per logit. Taken off the last stage's
+    simulated peak, which on these cases is the loss of its last micro-batch."""
+    return 2.0 * par.seq_length * par.micro_batch_size * model.vocab_size / par.tp
+
+
 def _budget(hw: Hardware) -> float:
     return hw.device.usable_bytes
 
@@ -87,9 +96,12 @@ def price_megatron(case: Case, hw: Hardware) -> Priced:
     opts = PlanOptions(precision=MEGATRON_PRECISION, distributed_optimizer=meg.dp > 1, overlap_grad_reduce=True,
                        overlap_param_gather=meg.dp > 1, nodes=case.nodes, budget_bytes=_budget(hw),
                        check_for_nan_in_grad=False)
-    p = plan(make_problem(megatron_model(case), hw, par, opts), "full", record=False)
+    model = megatron_model(case)
+    p = plan(make_problem(model, hw, par, opts), "full", record=False)
     label = f"TP{meg.tp} PP{meg.pp} DP{meg.dp} mb{par.micro_batch_size} full"
-    return Priced(label, p.sim.iteration_time_s, tuple(s.peak_memory_bytes / MiB for s in p.sim.stages), p.sim.oom)
+    peaks = [st.peak_memory_bytes for st in p.sim.stages]
+    peaks[-1] -= fp16_loss_saving(model, par)
+    return Priced(label, p.sim.iteration_time_s, tuple(pk / MiB for pk in peaks), any(pk > _budget(hw) for pk in peaks))
 
 
 def _mist_parallel(case: Case) -> ParallelSpec:
@@ -135,7 +147,8 @@ def price_mist(case: Case, hw: Hardware) -> Priced:
     for s, (ctx, stage, sim) in enumerate(zip(ctxs, st, p.sim.stages, strict=True)):
         state = stage_state(model, par, s, ctx.num_layers, recipe, stage.state)
         mist_static = state.device + gathered_layer_bytes(model, par, recipe, stage.state)
-        peaks.append((sim.peak_memory_bytes - ctx.static_bytes + mist_static) / MiB)
+        loss = fp16_loss_saving(model, par) if s == par.pp - 1 else 0.0
+        peaks.append((sim.peak_memory_bytes - ctx.static_bytes + mist_static - loss) / MiB)
         off = optimizer_offload_time(state, stage.state, host, hw.devices_per_node) if host is not None else 0.0
         comm = sharding_comm_per_microbatch(model, par, s, ctx.num_layers, recipe, stage.state, dp_link)
         shard = exposed_sharding_time(comm, sim.fwd_time_s, sim.bwd_time_s, par.num_microbatches)
@@ -154,7 +167,9 @@ def price_search(case: Case, hw: Hardware, top: int = 3, recipe: str = MEGATRON_
     Mist's 16-byte runtime state (`MIST_PRECISION`: the two planners compared on the same runtime)."""
     space = Space(model=model_of(case), hardware=hw, gpus=case.gpus, global_batch=case.global_batch,
                   seq_len=case.seq, pins=Pins())
-    base = PlanOptions(precision=recipe, overlap_grad_reduce=True, overlap_param_gather=True,
+    # --overlap-param-gather needs the distributed optimizer, which the search decides per layout; the base
+    # leaves it off so that layouts without it stay valid (the CLI's --gpus does the same).
+    base = PlanOptions(precision=recipe, overlap_grad_reduce=True,
                        nodes=case.nodes, budget_bytes=_budget(hw), check_for_nan_in_grad=False)
     res = search(space, base, top=top)
     best = res.best
