@@ -161,12 +161,13 @@ def price_mist(case: Case, hw: Hardware) -> Priced:
     return Priced(label, p.sim.iteration_time_s + extra, tuple(peaks), oom, tuple(notes))
 
 
-def price_search(case: Case, hw: Hardware, top: int = 3, recipe: str = MEGATRON_PRECISION) -> Priced:
+def price_search(case: Case, hw: Hardware, top: int = 10, recipe: str = MEGATRON_PRECISION) -> Priced:
     """lynx's own pick for the job (`lynx plan --gpus N`; the search decides TP, PP, VPP, DP, SP, micro-batch,
     distributed optimizer and method). `recipe`: Megatron-LM's fp16 (what lynx's exported plans run on), or
-    Mist's 16-byte runtime state (`MIST_PRECISION`: the two planners compared on the same runtime)."""
+    Mist's 16-byte runtime state (`MIST_PRECISION`: the two planners compared on the same runtime). `top` 10,
+    not the CLI's 5: with the offloading methods on, a smaller table has lost the best layout (docs/mist.md)."""
     space = Space(model=model_of(case), hardware=hw, gpus=case.gpus, global_batch=case.global_batch,
-                  seq_len=case.seq, pins=Pins())
+                  seq_len=case.seq, pins=Pins(), offload=hw.host() is not None)  # the CLI's default
     # --overlap-param-gather needs the distributed optimizer, which the search decides per layout; the base
     # leaves it off so that layouts without it stay valid (the CLI's --gpus does the same).
     base = PlanOptions(precision=recipe, overlap_grad_reduce=True,
