@@ -13,7 +13,7 @@ Targets (issue 35), each printed with whether it holds:
 - lynx's own pick predicted >= 1.05x Mist's measured time on average and >= 1.35x tuned Megatron's.
 
 Run: PYTHONPATH=src python benchmarks/mist.py [--hardware-set l4|a100|all] [--markdown] [--no-search]
-     [--out benchmarks/results/mist_l4.json]
+     [--results benchmarks/results/mist.json] [--raw benchmarks/results/raw/mist_l4.json]
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import _results
 from _markdown import Out
+from _mist_cases import Artifact, Case, load
+from _mist_pricing import HARDWARE, MIST_PRECISION, Priced, hardware_of, price_megatron, price_mist, price_search
 from _targets import Targets
-from mist_cases import Artifact, Case, load
-from mist_pricing import HARDWARE, MIST_PRECISION, Priced, hardware_of, price_megatron, price_mist, price_search
 from rich.table import Table
 
 from lynx.spec import Hardware
@@ -194,8 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hardware-set", choices=("l4", "a100", "all"), default="l4")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--no-search", action="store_true", help="skip lynx's own configuration search")
-    ap.add_argument("--out", type=Path, default=None, help="results JSON (default benchmarks/results/mist_<set>.json)")
+    ap.add_argument("--raw", type=Path, default=None, help="every case's figures as JSON (benchmarks/results/raw/)")
+    _results.add_option(ap, "mist (L4; mist_a100 for --hardware-set a100)")
     args = ap.parse_args(argv)
+    run = _results.Run()
     out = Out(args.markdown)
     art = load()
     t0 = time.perf_counter()
@@ -210,9 +213,18 @@ def main(argv: list[str] | None = None) -> int:
     decided = [c for c in t.checks if c.holds is not None]
     out.print(f"targets: {sum(bool(c.holds) for c in decided)} of {len(decided)} hold "
               f"(Mist {art.repo} at {art.commit[:8]}; load average {os.getloadavg()[0]:.2f}, shared machine)")
-    dest = args.out or Path(__file__).resolve().parent / "results" / f"mist_{args.hardware_set}.json"
-    dest.write_text(json.dumps(to_json(art, rows, t, list(argv if argv is not None else sys.argv[1:]),
-                                       time.perf_counter() - t0), indent=1) + "\n")
+    if args.raw is not None:
+        args.raw.parent.mkdir(parents=True, exist_ok=True)
+        args.raw.write_text(json.dumps(to_json(art, rows, t, list(argv if argv is not None else sys.argv[1:]),
+                                               time.perf_counter() - t0), indent=1) + "\n")
+    name = "mist" if args.hardware_set == "l4" else f"mist_{args.hardware_set}"
+    held_out = "; the A100-40GB cases are held out (nothing fitted to them; predicted only)" \
+        if args.hardware_set != "l4" else ""
+    run.write(args.results, name, "prediction",
+              f"lynx against Mist on Mist's {args.hardware_set} workloads (Mist {art.repo} at {art.commit[:8]})",
+              _results.figures_of(t), t.summary(),
+              notes=("Megatron-LM's measured times are derived (Mist's time x the README speedup); the artifact "
+                     "publishes no Megatron measurement" + held_out,))
     return 0
 
 

@@ -15,8 +15,8 @@ import dataclasses
 import math
 import os
 
-from mist_cases import load
-from mist_pricing import hardware_of, price_mist
+from _mist_cases import load
+from _mist_pricing import hardware_of, price_mist
 
 MATMUL = tuple(round(0.55 + 0.0125 * i, 4) for i in range(29))
 MEMORY = tuple(round(0.60 + 0.05 * i, 3) for i in range(7))

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-mc = importlib.import_module("mist_cases")
-mp = importlib.import_module("mist_pricing")
+mc = importlib.import_module("_mist_cases")
+mp = importlib.import_module("_mist_pricing")
 
 
 def test_transcribed_artifact_parses_and_adds_up() -> None:

@@ -1,12 +1,10 @@
-"""lynx.state_sharding: ZeRO stages as Mist names them, state bytes per stage, offload and sharding time."""
+"""lynx.cost.state_sharding: ZeRO stages as Mist names them, state bytes per stage, offload and sharding time."""
 
 from __future__ import annotations
 
 import pytest
 
-from lynx.errors import SpecError
-from lynx.spec import HostLink, LinkSpec, ParallelSpec, load_model
-from lynx.state_sharding import (
+from lynx.cost.state_sharding import (
     StateLayout,
     ZeroStage,
     exposed_sharding_time,
@@ -15,7 +13,10 @@ from lynx.state_sharding import (
     sharding_comm_per_microbatch,
     stage_state,
 )
-from lynx.static_memory import RECIPES, Precision, stage_params
+from lynx.cost.static_memory import RECIPES, Precision, stage_params
+from lynx.errors import SpecError
+from lynx.models import load_model
+from lynx.spec import HostLink, LinkSpec, ParallelSpec
 
 PAPER = RECIPES[Precision.PAPER]
 MODEL = load_model("mist-gpt-1.3b")

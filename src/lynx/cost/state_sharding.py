@@ -29,10 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
-from lynx.costmodel import gather_time
+from lynx.cost.collectives import gather_time
+from lynx.cost.static_memory import Recipe, stage_params
 from lynx.errors import SpecError
 from lynx.spec import HostLink, LinkSpec, ModelSpec, ParallelSpec
-from lynx.static_memory import Recipe, stage_params
 
 
 class ZeroStage(IntEnum):

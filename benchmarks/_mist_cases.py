@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from lynx.state_sharding import StateLayout, ZeroStage
+from lynx.cost.state_sharding import StateLayout, ZeroStage
 
 DATA = Path(__file__).resolve().parent / "data" / "mist_artifact.yaml"
 

@@ -2,24 +2,17 @@
 lynx's search on the same job. Everything goes through lynx's public entry points (`lynx.api.make_problem`,
 `lynx.api.plan`, `Plan.evaluate`, `lynx.search.search`); what Mist's configurations add beyond a Megatron
 layout (per-stage recomputed-layer counts, ZeRO stages and optimizer-state offloading over its 16-byte fp16
-recipe) is priced by `lynx.state_sharding` around the simulated plan (docs/mist.md)."""
+recipe) is priced by `lynx.cost.state_sharding` around the simulated plan (docs/mist.md)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
 
-from mist_cases import Case
+from _mist_cases import Case
 
 from lynx.api import make_problem, plan
-from lynx.partition.base import Partition
-from lynx.plan import Plan
-from lynx.policy.rules import block_policy
-from lynx.problem import PlanOptions, PlanResult
-from lynx.search import Pins, Space, search
-from lynx.simulate.results import SegmentKind
-from lynx.spec import Hardware, ModelSpec, ParallelSpec, load_hardware, load_model
-from lynx.state_sharding import (
+from lynx.cost.state_sharding import (
     ZeroStage,
     exposed_sharding_time,
     gathered_layer_bytes,
@@ -27,6 +20,14 @@ from lynx.state_sharding import (
     sharding_comm_per_microbatch,
     stage_state,
 )
+from lynx.models import load_model
+from lynx.partition.base import Partition
+from lynx.plan import Plan
+from lynx.policy.rules import block_policy
+from lynx.problem import PlanOptions, PlanResult
+from lynx.search import Pins, Space, search
+from lynx.simulate.results import SegmentKind
+from lynx.spec import Hardware, ModelSpec, ParallelSpec, load_hardware
 
 MiB = float(1 << 20)
 
@@ -125,7 +126,7 @@ def _ready_times(p: Plan) -> list[float]:
 def price_mist(case: Case, hw: Hardware) -> Priced:
     """Mist's configuration: its partition, its recomputed-layer count per stage (whole layers, first layers of
     the stage, on demand: `block_policy`), its 16-byte recipe with its ZeRO stage per stage and its offloaded
-    optimizer-state fractions (`lynx.state_sharding`). Activation offloading (Mist's A ratio) is not priced."""
+    optimizer-state fractions (`lynx.cost.state_sharding`). Activation offloading (Mist's A ratio) is not priced."""
     model, par = model_of(case), _mist_parallel(case)
     st = case.mist.stages
     zero1 = st[0].state.zero >= ZeroStage.OPTIMIZER and par.dp > 1
