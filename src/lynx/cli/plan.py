@@ -215,6 +215,7 @@ def _search(model: str, hardware: str, gpus: int | None, nodes: int | None, tp: 
     cp = knobs.pop("cp")
     cp_comm_type = knobs.pop("cp_comm_type")
     offload = knobs.pop("offload")
+    production = knobs.pop("production_overlaps")
     check_ints(**{"--cp": (cp, POSITIVE)})
     if tp is not None and pp is not None:  # the layout is pinned: CP too (1 unless --cp), DP derived
         cp = cp or 1
@@ -241,7 +242,7 @@ def _search(model: str, hardware: str, gpus: int | None, nodes: int | None, tp: 
     if knobs["busbw"] is not None:
         raise SpecError("--busbw is a TP group's measured bandwidth; pin --tp to use it (not with the search)")
     run_search(SearchArgs(model, hardware, total, global_batch, seq_len, tp, pp, vpp, sp, mb, dist_opt, method,
-                          cross_node, top, as_json, out, png, cp, cp_comm_type, offload), problem.options)
+                          cross_node, top, as_json, out, png, cp, cp_comm_type, offload, production), problem.options)
 
 
 @app.command("plan")
@@ -375,6 +376,10 @@ def plan_cmd(
     offload: Annotated[bool | None, typer.Option(
         "--offload/--no-offload", help="With --gpus: also plan every layout with activation offloading (lynx-offload "
         "and Megatron's mc-offload) [default: on when the hardware has a host link].")] = None,
+    no_production_overlaps: Annotated[bool, typer.Option(
+        "--no-production-overlaps", help="With --gpus: do not assume Megatron's production overlaps (grad reduce, "
+        "param gather with the distributed optimizer, TP comm overlap with SP) on every candidate; the overlap flags "
+        "given stay on.")] = False,
 ) -> None:
     """Plan recomputation and partitioning for a model on a cluster, and predict its iteration.
 
@@ -410,10 +415,15 @@ def plan_cmd(
                             recompute_num_layers=recompute_num_layers, no_wgrad_overlap=no_wgrad_overlap,
                             time_limit=time_limit, cooldown_overlap=not no_cooldown_overlap, busbw=busbw,
                             overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
-                            tp_comm_overlap=tp_comm_overlap, cp=cp, cp_comm_type=cp_comm_type, offload=offload))
+                            tp_comm_overlap=tp_comm_overlap, cp=cp, cp_comm_type=cp_comm_type, offload=offload,
+                            production_overlaps=not no_production_overlaps))
     if offload is not None:
         raise SpecError("--offload/--no-offload chooses the search's methods (with --gpus); for one layout use "
                         "--method lynx-offload or --compare")
+    if no_production_overlaps:
+        raise SpecError("--no-production-overlaps sets what the search (--gpus) assumes of every candidate; for one "
+                        "layout give the overlap flags it runs (--overlap-grad-reduce, --overlap-param-gather, "
+                        "--tp-comm-overlap)")
     cp = _given(cp, 1)
     if nodes is not None and dp is None and tp is not None and pp is not None:
         from lynx.cli.search import derive_dp

@@ -46,6 +46,8 @@ class SearchArgs:
     cp_comm_type: CpCommType = "p2p"
     offload: bool | None = None
     """--offload/--no-offload (None: on when the hardware has a host link)."""
+    production_overlaps: bool = True
+    """Megatron's production overlaps on every candidate (off: --no-production-overlaps)."""
 
 
 def cluster_gpus(hw: Hardware, gpus: int | None, nodes: int | None) -> int | None:
@@ -77,7 +79,8 @@ def derive_dp(tp: int, pp: int, dp: int | None, total: int, where: str, allow_id
 
 def run_search(a: SearchArgs, base: PlanOptions) -> None:
     from lynx.search import Pins, Space, search
-    from lynx.search.report import explain, result_dict, scatter_png, search_table
+    from lynx.search.plot import scatter_png
+    from lynx.search.report import explain, result_dict, search_table
     from lynx.search.space import candidates
 
     if a.method is not None:
@@ -95,7 +98,8 @@ def run_search(a: SearchArgs, base: PlanOptions) -> None:
     space = Space(load_model(a.model), hw, a.gpus, a.global_batch, a.seq_len,
                   Pins(tp=a.tp, pp=a.pp, vpp=a.vpp, sp=a.sp, mb=a.mb, dist_opt=a.dist_opt, cp=a.cp,
                        methods=None if a.method is None else (a.method,)),
-                  a.allow_cross_node_tp, a.cp_comm_type, has_link if a.offload is None else a.offload)
+                  a.allow_cross_node_tp, a.cp_comm_type if _given("cp_comm_type") else None,
+                  has_link if a.offload is None else a.offload, a.production_overlaps)
     cands, rejected = candidates(space)
     if not cands:  # nothing to search: say which rule the pins break, before any work
         pinned = [f"{flag} {size} does not divide the {a.gpus} GPUs"
@@ -128,8 +132,26 @@ def run_search(a: SearchArgs, base: PlanOptions) -> None:
         err_console.print(f"wrote {a.out}")
 
 
+def _given(param: str) -> bool:
+    """Whether the option was given on the command line (not its default): a given --cp-comm-type is honoured
+    for every candidate, an absent one lets the search try each."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return True
+    return ctx.get_parameter_source(param) not in (None, click.core.ParameterSource.DEFAULT)
+
+
+PLAIN_EVERY_S = 5.0
+"""Seconds between the plain progress lines written when stderr is not a terminal."""
+
+
 def _with_progress(run: Callable[[Progress], SearchResult]) -> SearchResult:
-    """A rich progress bar on stderr while the search runs (transient: gone once it is done)."""
+    """A rich progress bar on stderr while the search runs (transient: gone once it is done); when stderr is not
+    a terminal, a plain line (no escape codes) every few seconds and one at the end."""
+    if not err_console.is_terminal:
+        return run(_plain_progress())
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
     from rich.progress import Progress as Bar
 
@@ -142,3 +164,19 @@ def _with_progress(run: Callable[[Progress], SearchResult]) -> SearchResult:
                 bar.update(task, completed=done, total=total, description=what)
 
         return run(cb)
+
+
+def _plain_progress() -> Progress:
+    import sys
+    import time
+
+    t0, last = time.perf_counter(), [-PLAIN_EVERY_S]
+
+    def cb(done: int, total: int, what: str) -> None:
+        now = time.perf_counter() - t0
+        if now - last[0] >= PLAIN_EVERY_S or done == total:
+            last[0] = now
+            sys.stderr.write(f"lynx: searching: {done}/{total} candidates decided, {now:.0f} s ({what})\n")
+            sys.stderr.flush()
+
+    return cb
