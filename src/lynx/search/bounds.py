@@ -32,7 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from lynx.edge_pricing import stage_edge_times
-from lynx.memory import static_bytes
+from lynx.memory import stage_peak_bytes, static_bytes
+from lynx.methods.common import stage_policy
+from lynx.partition.base import Partition
+from lynx.policy.rules import full_policy
 from lynx.problem import PlanProblem
 from lynx.simulate import _p2p as p2p_seconds
 
@@ -90,6 +93,21 @@ def memory_bound_reason(problem: PlanProblem, method: str) -> str:
     if room < layers:
         return (f"at most {room} of {layers} layers fit over {pp} stages (static memory"
                 f"{' + layer inputs in flight' if vpp == 1 else ''}; budget {budget / 2**30:.1f} GiB)")
+    return ""
+
+
+def frugal_reason(problem: PlanProblem, partition: Partition) -> str:
+    """Why no policy of lynx's fits this partition ('' when one might): Megatron's full recomputation (each layer's
+    input kept, everything else recomputed on demand) has the smallest closed-form stage peak of any policy HEU can
+    choose (keeping or offloading an op only adds its output to what in-flight micro-batches hold; a layer input
+    is never offloaded), and HEU's memory constraint is that peak (`memory.stage_peak_bytes`). Over the budget on a
+    stage, nothing fits there; tests/unit/test_search.py plans such candidates anyway."""
+    for ctx in problem.stage_contexts(partition):
+        pol = stage_policy(full_policy, ctx, problem.graph)
+        peak = stage_peak_bytes(problem.graph, pol.layers, ctx)
+        if peak > ctx.budget_bytes:
+            return (f"stage {ctx.stage} peaks at {peak / 2**30:.1f} GiB even recomputing every layer in full "
+                    f"(budget {ctx.budget_bytes / 2**30:.1f} GiB)")
     return ""
 
 

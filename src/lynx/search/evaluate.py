@@ -26,7 +26,7 @@ from lynx.spec import GiB, ParallelSpec
 LYNX_SEARCHED = ("lynx", "lynx-offload")
 """Methods planned through `lynx_search` with the search's shared HEU caches (one per graph and method)."""
 Status = Literal["planned", "does not fit", "over budget (bound)", "pruned (time bound)", "skipped (VPP sweep)",
-                 "invalid"]
+                 "dominated", "invalid"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,10 @@ by name (`SearchResult.skipped`).
 
 Interleaving depth is the one dimension the bounds barely separate (the bubble shrinks as 1 / VPP, but the p2p
 transfers it adds are dependency latencies no rank's busy time shows): lynx's candidates of one layout are
-planned in increasing VPP (ties pop in that order), and once two deeper values in a row were slower than the best
-shallower one, the deeper ones are skipped (`VppSweep`; a rule, not a bound). `exhaustive=True` plans everything
-(the tests compare both).
+planned in increasing VPP (ties pop in that order), and once a deeper value was slower than the best
+shallower ones, the deeper ones are skipped (`VppSweep`; a rule, not a bound). Within a node, a method is not
+planned where a method that recomputes a subset of what it recomputes already fits (`dominance`: recomputing,
+or copying to the host, only ever adds time). `exhaustive=True` plans everything (the tests compare both).
 
 The published recipes that apply to the job (`recipes.applicable`) are planned always, beside the search; they do
 not feed the incumbents (the table and the stock row are the search's own)."""
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from lynx.problem import PlanOptions
+from lynx.search.dominance import dominated, order
 from lynx.search.evaluate import LYNX_SEARCHED, Outcome, Shared, plan_candidate
 from lynx.search.recipes import Applied, applicable
 from lynx.search.space import Candidate, Rejected, Space, cores, layout_candidates
@@ -77,7 +79,7 @@ class SearchResult:
     @property
     def pruned(self) -> int:
         return (self.skipped + self.count("pruned (time bound)") + self.count("over budget (bound)")
-                + self.count("skipped (VPP sweep)"))
+                + self.count("skipped (VPP sweep)") + self.count("dominated"))
 
     @property
     def simulated(self) -> int:
@@ -134,9 +136,8 @@ class VppSweep:
     def skips(self, c: Candidate) -> str:
         key = self._key(c)
         times = self.seen.get(key, []) if key is not None and c.layout.vpp > 1 else []
-        if len(times) >= 3 and min(times[-2:]) > min(times[:-2]):
-            return (f"VPP sweep: deeper interleaving of this layout was slower twice in a row (best "
-                    f"{min(times):.3f} s)")
+        if len(times) >= 2 and times[-1] > min(times[:-1]):
+            return f"VPP sweep: deeper interleaving of this layout got slower (best {min(times):.3f} s)"
         return ""
 
     def add(self, o: Outcome) -> None:
@@ -208,15 +209,21 @@ class _Run:
         self.tick(len(cands), "invalid")
 
     def _plan(self, node: Node, bound: float) -> None:
-        for c in self.frontier.candidates(node):
-            o = self._decide(node, c, bound)
+        fits: dict[str, Outcome] = {}
+        for c in sorted(self.frontier.candidates(node), key=lambda c: order(c.method)):
+            o = self._decide(node, c, bound, fits)
+            if o.fits:
+                fits[c.method] = o
             self.outcomes.append(o)
             self.tick(1, f"{c.layout.label()} {c.method}")
 
-    def _decide(self, node: Node, c: Candidate, bound: float) -> Outcome:
+    def _decide(self, node: Node, c: Candidate, bound: float, fits: dict[str, Outcome]) -> Outcome:
         why = self.frontier.memory_reason(node, c)
         if why:
             return Outcome(c, "over budget (bound)", bound, why)
+        cheaper = "" if self.exhaustive else dominated(c.method, fits)
+        if cheaper:
+            return Outcome(c, "dominated", bound, f"no faster than {cheaper}, which fits this layout")
         skip = "" if self.exhaustive else self.sweep.skips(c)
         if skip:
             return Outcome(c, "skipped (VPP sweep)", bound, skip)

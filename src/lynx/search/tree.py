@@ -15,10 +15,12 @@ from dataclasses import dataclass, replace
 from enum import IntEnum
 
 from lynx.errors import LynxError
+from lynx.methods.common import base_partition
 from lynx.problem import PlanProblem
 from lynx.search.bounds import (
     CHUNKED_METHODS,
     Pieces,
+    frugal_reason,
     memory_bound_reason,
     partition_memory_reason,
     partition_time_bound_s,
@@ -26,7 +28,7 @@ from lynx.search.bounds import (
     time_bound_from,
     time_bound_s,
 )
-from lynx.search.evaluate import Shared
+from lynx.search.evaluate import LYNX_SEARCHED, Shared
 from lynx.search.options import candidate_options
 from lynx.search.space import Candidate, Core, Layout, Space, layout_candidates, method_sets
 from lynx.search.splits import Split, chunks, stock_splits
@@ -146,6 +148,16 @@ class Frontier:
         key = (node, cand.method in CHUNKED_METHODS)  # the bound differs only for chunked methods
         if key not in self.memory:
             problem = self.shared.problem(node.layout, node.split if node.kind == Kind.STOCK else None)
-            self.memory[key] = (partition_memory_reason(problem, self.chunks(node), cand.method)
-                                if node.kind == Kind.STOCK else memory_bound_reason(problem, cand.method))
+            if node.kind == Kind.STOCK:
+                self.memory[key] = partition_memory_reason(problem, self.chunks(node), cand.method)
+            else:
+                self.memory[key] = memory_bound_reason(problem, cand.method) or self._frugal(problem, cand)
         return self.memory[key]
+
+    @staticmethod
+    def _frugal(problem: PlanProblem, cand: Candidate) -> str:
+        """lynx's interleaved screen plans the dp split (`methods.heu`): no HEU policy fits it where full
+        recomputation does not (`bounds.frugal_reason`)."""
+        if cand.method not in LYNX_SEARCHED or problem.options.vpp == 1:
+            return ""
+        return frugal_reason(problem, base_partition(problem))
