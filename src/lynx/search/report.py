@@ -186,6 +186,7 @@ def result_dict(res: SearchResult) -> dict[str, Any]:
         "global_batch": res.space.global_batch, "seq_len": res.space.seq_len,
         "production_overlaps": res.space.production_overlaps, "mfu_convention": CONVENTION,
         "considered": res.considered, "planned": res.planned, "simulated": res.simulated, "pruned": res.pruned,
+        "skipped_unbuilt": res.skipped,
         "seconds": res.seconds,
         "stage_problems_solved": res.stage_problems, "stage_problem_cache_hits": res.stage_hits,
         "winner": outcome_dict(best, res) if best else None,
@@ -193,6 +194,6 @@ def result_dict(res: SearchResult) -> dict[str, Any]:
         "recipes": [{"name": a.recipe.name, "source": a.recipe.source, "reason": a.reason,
                      "outcome": None if o is None else outcome_dict(o, res)} for a, o in res.recipes],
         "explanation": explain(res),
-        "candidates": [outcome_dict(o) for o in res.outcomes],
+        "candidates": [outcome_dict(o) for o in res.outcomes],  # the `skipped_unbuilt` ones are not listed
         "rejected": [{"what": r.what, "reason": r.reason} for r in res.rejected],
     }
