@@ -21,7 +21,9 @@ def pareto_front(points: list[Outcome]) -> list[Outcome]:
 
 def _label(o: Outcome, who: str) -> str:
     c = o.candidate
-    return f"{who}: {c.layout.label()} {c.method}, {o.iteration_s:.3g} s"
+    split = "" if not c.stock or c.split.even else f" [{c.split.label()}]"
+    fits = "" if o.fits else " (does not fit)"
+    return f"{who}: {c.layout.label()} {c.method}{split}, {o.iteration_s:.4g} s{fits}"
 
 
 def scatter_png(res: SearchResult, path: Path) -> None:
@@ -31,7 +33,7 @@ def scatter_png(res: SearchResult, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     sims = [o for o in res.outcomes if o.stage_peak_gib]
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, ax = plt.subplots(figsize=(9, 7))
     for fits, color, label in ((True, "tab:blue", "fits"), (False, "tab:gray", "does not fit")):
         pts = [o for o in sims if o.fits == fits]
         ax.scatter([max(o.stage_peak_gib) for o in pts], [o.iteration_s for o in pts], s=8, c=color,
@@ -47,15 +49,15 @@ def scatter_png(res: SearchResult, path: Path) -> None:
         if o is None:
             continue
         x, y = max(o.stage_peak_gib), o.iteration_s
-        ax.scatter([x], [y], s=160, marker=marker, edgecolors="black", c=color, label=who, zorder=3)
-        ax.annotate(_label(o, who), (x, y), xytext=(8, 10 + 14 * k), textcoords="offset points", fontsize=7,
-                    arrowprops={"arrowstyle": "-", "lw": 0.5})
+        ax.scatter([x], [y], s=160, marker=marker, edgecolors="black", c=color, label=f"({k + 1}) {_label(o, who)}",
+                   zorder=3)
+        ax.annotate(str(k + 1), (x, y), xytext=(6, 6), textcoords="offset points", fontsize=8, weight="bold")
     if sims:
         ax.axvline(sims[0].budget_gib, color="tab:red", ls="--", lw=1, label="budget")
     ax.set_xlabel("peak memory of the fullest stage (GiB)")
     ax.set_ylabel("iteration time (s)")
     ax.set_title(f"{res.space.model.name}, {res.space.gpus} GPUs: candidates planned")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.12), ncol=1, frameon=False)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -35,7 +35,7 @@ def method_text(o: Outcome) -> str:
     """The method and where it runs: lynx's own, or stock Megatron-Core with its split (and the recipe's name)."""
     c = o.candidate
     if not c.stock:
-        return f"{c.method} (lynx)"
+        return c.method
     split = "" if c.split.even else f", {c.split.label()}"
     return f"{c.method} ({c.recipe or 'stock Megatron-Core'}{split})"
 
@@ -92,9 +92,11 @@ def explain(res: SearchResult) -> list[str]:
     """A few sentences in the user's terms: what was searched, what won and by how much over the fastest stock
     Megatron-Core configuration and over the published recipe, and what the winner's own choices buy."""
     best, stock, recipe = res.best, res.best_stock, res.best_recipe
-    out = [f"Searched {res.considered} candidates: {res.planned} planned ({res.simulated} simulated), "
-           f"{res.pruned} skipped ({res.count('skipped (VPP sweep)')} by the VPP sweep, the rest by bounds that "
-           f"cannot lose the optimum), in {res.seconds:.1f} s.", *assumptions(res)]
+    out = [f"Searched {res.considered} candidates in {res.seconds:.1f} s: {res.planned} planned ({res.simulated} "
+           f"simulated); skipped {res.pruned}: {res.skipped + res.count('pruned (time bound)')} by time bounds and "
+           f"{res.count('over budget (bound)')} by memory bounds (neither loses the optimum), "
+           f"{res.count('dominated')} dominated by a cheaper method that fits, {res.count('skipped (VPP sweep)')} by "
+           "the VPP sweep (a rule: deeper interleaving of the layout had got slower).", *assumptions(res)]
     if best is None:
         return [*out, "No configuration fits the memory budget; more GPUs or a shorter sequence are needed."]
     lay = best.candidate.layout
