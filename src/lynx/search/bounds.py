@@ -31,13 +31,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lynx.edge_pricing import stage_edge_times
+from lynx.edge_pricing import device_hardware, stage_edge_times
 from lynx.memory import stage_peak_bytes, static_bytes
 from lynx.methods.common import stage_policy
 from lynx.partition.base import Partition
 from lynx.policy.rules import full_policy
 from lynx.problem import PlanProblem
 from lynx.simulate import _p2p as p2p_seconds
+from lynx.static_memory import grad_buffer_time, optimizer_step_time
 
 SAFETY = 1.0 - 1e-9
 """The time bound multiplies by this: summing per-action times in another order may round differently."""
@@ -165,12 +166,29 @@ def _fixed(p: Pieces, r: int) -> float:
             + p.nmb * ((p.emb if r == 0 else 0.0) + (p.head if r == p.pp - 1 else 0.0)))
 
 
+def _step_s(problem: PlanProblem, rank: int, layers: int) -> float:
+    """The rank's optimizer step and passes over its gradient buffer, after its last backward (the simulator's
+    tail, `simulate.metrics.tail_time`, less the exposed DP collective it may add)."""
+    o = problem.options
+    if not o.include_dp_allreduce:
+        return 0.0
+    device = device_hardware(problem.hardware, problem.graph).device
+    recipe = problem.static_recipe
+    return (optimizer_step_time(problem.model, problem.parallel, rank, layers, recipe, device, o.distributed_optimizer)
+            + grad_buffer_time(problem.model, problem.parallel, rank, layers, recipe, device, o.check_for_nan_in_grad,
+                               o.ddp_average_in_collective))
+
+
 def partition_time_bound_s(problem: PlanProblem, chunks: tuple[int, ...]) -> float:
     """A lower bound on the iteration time of any plan on this partition (`chunks`: layers per virtual stage in
-    model order, virtual stage k on rank k % PP)."""
+    model order, virtual stage k on rank k % PP): the start-up and drain bound per rank, one micro-batch's chain,
+    and each rank's own work followed by its optimizer step."""
     p = pieces(problem)
-    ranks = [_fixed(p, r) + p.u * (sum(chunks[:r]) + p.nmb * sum(chunks[r::p.pp])) for r in range(p.pp)]
-    return SAFETY * max(max(ranks), _chain(p, len(chunks)))
+    own = [p.u * p.nmb * sum(chunks[r::p.pp]) for r in range(p.pp)]
+    ranks = [_fixed(p, r) + p.u * sum(chunks[:r]) + own[r] for r in range(p.pp)]
+    edges = [p.nmb * ((p.emb if r == 0 else 0.0) + (p.head if r == p.pp - 1 else 0.0)) for r in range(p.pp)]
+    steps = [own[r] + edges[r] + _step_s(problem, r, sum(chunks[r::p.pp])) for r in range(p.pp)]
+    return SAFETY * max(max(ranks), max(steps), _chain(p, len(chunks)))
 
 
 def _pipeline_any(p: Pieces) -> float:

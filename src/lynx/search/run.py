@@ -184,6 +184,8 @@ class _Run:
             bound, node = self.frontier.pop()
             if not self.exhaustive and self.inc.prunes_node(node, bound):
                 self._prune(node, bound)
+            elif self.frontier.tighten(node, bound):  # also when exhaustive: the bounds test covers it
+                continue
             elif node.kind == Kind.CORE:
                 self.frontier.expand(node)
             else:

@@ -46,6 +46,8 @@ class Node:
     core: Core
     layout: Layout | None = None
     split: Split | None = None
+    tight: bool = False
+    """A lynx interleaved node whose bound is on the dp split its screen plans (`Frontier.tighten`)."""
 
 
 def count(space: Space, node: Node) -> int:
@@ -90,6 +92,17 @@ class Frontier:
 
     def __len__(self) -> int:
         return len(self.heap)
+
+    def tighten(self, node: Node, bound: float) -> bool:
+        """A lynx interleaved node popped on its any-split bound is pushed back with the bound of the dp split
+        its screen plans (`methods.heu._interleaved_search` without refinement); True when it was."""
+        if node.kind != Kind.LYNX or node.tight or node.layout is None or node.layout.vpp == 1:
+            return False
+        problem = self.shared.problem(node.layout, None)
+        part = base_partition(problem)
+        tight = max(bound, partition_time_bound_s(problem, part.chunks or part.layers_per_stage))
+        heapq.heappush(self.heap, (tight, next(self.seq), replace(node, tight=True)))
+        return True
 
     def _bound(self, node: Node) -> float:
         sh = self.shared
