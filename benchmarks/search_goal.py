@@ -84,9 +84,10 @@ def _row(name: str, job: Job, res: SearchResult, own: list[Outcome], t: Targets)
                       fastest_typed.iteration_s if fastest_typed else math.inf) if best else t.add(name, None)
     gain = (stock.iteration_s / b - 1) if (b and stock) else None
     margin = t.at_least(f"{name}: >= 5% over stock", gain, FASTER) if job.memory_binds else "n/a (not memory-bound)"
-    recipe = res.best_recipe
+    recipe = res.best_recipe or next((o for _, o in res.recipes if o is not None), None)
+    fits = "" if recipe is None or recipe.fits else " (does not fit)"
     return [name, _label(best), f"{b:.3f}" if b else "-", _label(stock), f"{stock.iteration_s:.3f}" if stock else "-",
-            _label(recipe), f"{recipe.iteration_s:.3f}" if recipe else "-",
+            _label(recipe) + fits, f"{recipe.iteration_s:.3f}" if recipe and recipe.stage_peak_gib else "-",
             f"{fastest_typed.iteration_s:.3f}" if fastest_typed else "-", never,
             f"{gain:+.1%}" if gain is not None else "-", margin, f"{res.seconds:.0f}"]
 
@@ -128,6 +129,7 @@ def run(names: list[str]) -> int:
             "recipes": [{"name": a.recipe.name, "source": a.recipe.source, "reason": a.reason,
                          "outcome": _record(o)} for a, o in res.recipes],
             "recipe_layouts_with_lynx": [_record(o) for o in own],
+            "targets": {c.name: c.holds for c in t.checks if c.name.startswith(f"{name}:")},
             "considered": res.considered, "planned": res.planned, "seconds": res.seconds,
             "cpu_seconds": time.process_time() - c0, "load_average_before": load0,
         }

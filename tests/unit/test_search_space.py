@@ -133,3 +133,31 @@ def test_no_production_overlaps_is_a_search_switch(capsys: pytest.CaptureFixture
     assert e.value.code == 2
     _, err = capsys.readouterr()
     assert "lynx: error: --no-production-overlaps" in err and "Traceback" not in err
+
+
+def test_megatron_partition_builds_the_split_knobs_with_interleaving() -> None:
+    """`methods.common.megatron_partition` (what every stock method plans on) builds Megatron-Core's chunks for the
+    split knobs with VPP too, as `splits.chunks` enumerates them, and refuses what Megatron-Core refuses."""
+    from dataclasses import replace
+
+    from lynx.api import make_problem
+    from lynx.errors import SpecError
+    from lynx.methods.common import megatron_partition
+    from lynx.search.splits import chunks
+    from lynx.spec import ParallelSpec
+
+    m, hw = load_model("llama3.1-405b"), load_hardware(H100)
+    par = ParallelSpec(tp=8, pp=8, dp=8, cp=2, sequence_parallel=True, micro_batch_size=1, global_batch_size=1024,
+                       seq_length=8192)
+    opts = PlanOptions(vpp=8, nodes=128, account_for_embedding_in_pipeline_split=True,
+                       account_for_loss_in_pipeline_split=True)
+    part = megatron_partition(make_problem(m, hw, par, opts))
+    assert part.chunks == chunks(Split(embedding=True, loss=True), 126, 8, 8)
+    first = make_problem(m, hw, par, replace(opts, vpp=2, account_for_embedding_in_pipeline_split=False,
+                                             account_for_loss_in_pipeline_split=False,
+                                             decoder_first_pipeline_num_layers=16, decoder_last_pipeline_num_layers=14))
+    assert megatron_partition(first).chunks == chunks(Split(first=16, last=14), 126, 8, 2)
+    odd = make_problem(m, hw, par, replace(opts, vpp=4))  # (126 + 2) / 8 = 16 per rank, 4 per chunk: fine
+    assert megatron_partition(odd).chunks[0] == 3
+    with pytest.raises(SpecError, match="Megatron refuses"):
+        megatron_partition(make_problem(m, hw, par, replace(opts, vpp=3)))  # 16 layers per rank over 3 chunks
