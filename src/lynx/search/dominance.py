@@ -1,7 +1,8 @@
 """Methods that cannot beat a cheaper one that fits the same layout and split: recomputation and host copies only
 ever add time (the simulator charges a recomputed op's forward again, on the critical path or in a window it
 would otherwise leave idle, and a copy's wait), so where a method whose recomputed set is a subset fits, a method
-recomputing more is no faster. The search plans the cheaper first (`order`) and records the rest as dominated."""
+recomputing more is no faster. The search plans the cheaper first (`order`) and records the rest as dominated;
+and where full recomputation does not fit, no module list does (`cannot_fit`)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ _SETS: dict[str, frozenset[str]] = {
 """Megatron-Core's stock flags by the modules they recompute (`full` re-runs the whole layer, a superset of
 every module list; `block`, `mc-offload` and lynx's methods are compared with `none` / `lynx` only)."""
 
-_ORDER = ("none", "lynx", "selective", "mc-mlp", "mc-layernorm", "mc-core_attn+mlp", "mc-core_attn+layernorm",
-          "mc-mlp+layernorm", "mc-core_attn+mlp+layernorm", "full", "block", "mc-offload", "lynx-offload")
+_ORDER = ("none", "lynx", "full", "selective", "mc-mlp", "mc-layernorm", "mc-core_attn+mlp", "mc-core_attn+layernorm",
+          "mc-mlp+layernorm", "mc-core_attn+mlp+layernorm", "block", "mc-offload", "lynx-offload")
+"""`none` first (where it fits every other stock method is dominated), then `full` (where it does not fit, no stock
+recomputation does: `cannot_fit`), then the rest cheapest first."""
 
 
 def order(method: str) -> int:
@@ -42,6 +45,15 @@ def dominated(method: str, fits: dict[str, Outcome]) -> str:
     lynx = fits.get("lynx")
     if method == "lynx-offload" and lynx is not None and lynx.plan is not None and not _recomputes(lynx):
         return "lynx (it recomputes nothing)"
+    return ""
+
+
+def cannot_fit(method: str, failed: set[str]) -> str:
+    """Why `method` cannot fit where `full` did not ('' if it might): full recomputation keeps only each layer's
+    input, the least any stock recompute flag keeps (a module list keeps more, `block` keeps N layers' inputs and
+    the rest whole); Megatron's offloading is not compared."""
+    if "full" in failed and (method == "block" or (method in _SETS and method != "full")):
+        return f"full recomputation does not fit this layout and split, and {method} keeps more"
     return ""
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from lynx.problem import PlanOptions
-from lynx.search.dominance import dominated, order
+from lynx.search.dominance import cannot_fit, dominated, order
 from lynx.search.evaluate import LYNX_SEARCHED, Outcome, Shared, plan_candidate
 from lynx.search.recipes import Applied, applicable
 from lynx.search.space import Candidate, Rejected, Space, cores, layout_candidates
@@ -212,15 +212,18 @@ class _Run:
 
     def _plan(self, node: Node, bound: float) -> None:
         fits: dict[str, Outcome] = {}
+        failed: set[str] = set()
         for c in sorted(self.frontier.candidates(node), key=lambda c: order(c.method)):
-            o = self._decide(node, c, bound, fits)
+            o = self._decide(node, c, bound, fits, failed)
             if o.fits:
                 fits[c.method] = o
+            elif o.status in ("does not fit", "over budget (bound)"):
+                failed.add(c.method)
             self.outcomes.append(o)
             self.tick(1, f"{c.layout.label()} {c.method}")
 
-    def _decide(self, node: Node, c: Candidate, bound: float, fits: dict[str, Outcome]) -> Outcome:
-        why = self.frontier.memory_reason(node, c)
+    def _decide(self, node: Node, c: Candidate, bound: float, fits: dict[str, Outcome], failed: set[str]) -> Outcome:
+        why = self.frontier.memory_reason(node, c) or cannot_fit(c.method, failed)
         if why:
             return Outcome(c, "over budget (bound)", bound, why)
         cheaper = "" if self.exhaustive else dominated(c.method, fits)
