@@ -43,8 +43,9 @@ def dominated(method: str, fits: dict[str, Outcome]) -> str:
     if method in ("block", "mc-offload") and "none" in fits:
         return "none"
     lynx = fits.get("lynx")
-    if method == "lynx-offload" and lynx is not None and lynx.plan is not None and not _recomputes(lynx):
-        return "lynx (it recomputes nothing)"
+    if (method == "lynx-offload" and lynx is not None and lynx.plan is not None and lynx.candidate.layout.vpp > 1
+            and not _recomputes(lynx)):  # interleaved: both screen the same dp split (1F1B searches partitions)
+        return "lynx (none of its recomputation is on the critical path)"
     return ""
 
 
@@ -58,5 +59,7 @@ def cannot_fit(method: str, failed: set[str]) -> str:
 
 
 def _recomputes(o: Outcome) -> bool:
+    """Recomputation on the critical path: what offloading could replace by a copy hidden behind compute (what is
+    hidden in windows and stalls costs no time already)."""
     assert o.plan is not None
-    return any(st.recompute_total_s > 0 for st in o.plan.sim.stages)
+    return any(st.recompute_critical_s > 0 for st in o.plan.sim.stages)
