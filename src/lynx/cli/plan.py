@@ -283,6 +283,10 @@ def plan_cmd(
     fp8_format: Fp8FormatOpt = None,
     fp8_recipe: Fp8RecipeOpt = None,
     fp8_param_gather: Fp8ParamGatherOpt = False,
+    no_production_overlaps: Annotated[bool, typer.Option(
+        "--no-production-overlaps", help="With --gpus: do not assume Megatron's production overlaps (grad reduce, "
+        "param gather with the distributed optimizer, TP comm overlap with SP) on every candidate; the overlap flags "
+        "given stay on.")] = False,
 ) -> None:
     """Plan recomputation and partitioning for a model on a cluster, and predict its iteration.
 

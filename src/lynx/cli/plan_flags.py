@@ -75,6 +75,7 @@ class PlanFlags:
     fp8_format: str | None
     fp8_recipe: str | None
     fp8_param_gather: bool
+    no_production_overlaps: bool
 
     def fusion_flags(self) -> dict[str, Any]:
         """Megatron's fusion flags by their names (`export.megatron_fusion.fusion_fields` reads them)."""

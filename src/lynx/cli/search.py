@@ -53,10 +53,13 @@ class SearchArgs:
     out: Path | None
     png: Path | None
     cp: int | None = None
-    cp_comm_type: CpCommType = "p2p"
+    cp_comm_type: CpCommType | None = None
+    """--cp-comm-type when given (honoured for every candidate); None: the search tries each."""
     offload: bool | None = None
     """--offload/--no-offload (None: on when the hardware has a host link)."""
     target: Target = DEFAULT_TARGET
+    production_overlaps: bool = True
+    """Megatron's production overlaps on every candidate (off: --no-production-overlaps)."""
 
 
 def cluster_gpus(hw: Hardware, gpus: int | None, nodes: int | None) -> int | None:
@@ -132,14 +135,16 @@ def search_cmd(f: PlanFlags) -> None:
     req = search_request(f, total, hw.devices_per_node, bool(sp), bool(dist_opt))
     run_search(SearchArgs(f.model, f.hardware, total, f.global_batch, f.seq_len, tp, pp, f.vpp, sp, f.micro_batch,
                           dist_opt, f.method, f.allow_cross_node_tp, f.top, f.as_json, f.out, f.search_png, cp,
-                          req.parallel.cp_comm_type, f.offload, target), req)
+                          req.parallel.cp_comm_type if "cp_comm_type" in f.typed else None, f.offload, target,
+                          not f.no_production_overlaps), req)
 
 
 def run_search(a: SearchArgs, base: Request) -> None:
     """Search the space `a` pins with every candidate priced from `base` (its model, hardware and options)."""
     from lynx.export.targets import check_target
     from lynx.search import Pins, Space, search
-    from lynx.search.report import explain, result_dict, scatter_png, search_table
+    from lynx.search.plot import scatter_png
+    from lynx.search.report import explain, result_dict, search_table
     from lynx.search.space import OFFLOAD_METHODS, candidates
     from lynx.search.targets import rank_for_target
 
@@ -160,7 +165,8 @@ def run_search(a: SearchArgs, base: Request) -> None:
     space = Space(base.model, hw, a.gpus, a.global_batch, a.seq_len,
                   Pins(tp=a.tp, pp=a.pp, vpp=a.vpp, sp=a.sp, mb=a.mb, dist_opt=a.dist_opt, cp=a.cp,
                        methods=None if a.method is None else (a.method,)),
-                  a.allow_cross_node_tp, a.cp_comm_type, has_link if a.offload is None else a.offload)
+                  a.allow_cross_node_tp, a.cp_comm_type,
+                  has_link if a.offload is None else a.offload, a.production_overlaps)
     cands, rejected = candidates(space)
     if not cands:  # nothing to search: say which rule the pins break, before any work
         raise SpecError(f"--gpus {a.gpus}: no layout satisfies the pinned options ({no_layout_reason(a, rejected)})")
@@ -215,10 +221,15 @@ def no_layout_reason(a: SearchArgs, rejected: list[Rejected]) -> str:
     reasons = list(dict.fromkeys(f"{r.what}: {r.reason}" for r in deepest))
     more = f"; and {len(reasons) - 3} more like these" if len(reasons) > 3 else ""
     return "; ".join(reasons[:3]) + more
+PLAIN_EVERY_S = 5.0
+"""Seconds between the plain progress lines written when stderr is not a terminal."""
 
 
 def _with_progress(run: Callable[[Progress], SearchResult]) -> SearchResult:
-    """A rich progress bar on stderr while the search runs (transient: gone once it is done)."""
+    """A rich progress bar on stderr while the search runs (transient: gone once it is done); when stderr is not
+    a terminal, a plain line (no escape codes) every few seconds and one at the end."""
+    if not err_console.is_terminal:
+        return run(_plain_progress())
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
     from rich.progress import Progress as Bar
 
@@ -231,3 +242,19 @@ def _with_progress(run: Callable[[Progress], SearchResult]) -> SearchResult:
                 bar.update(task, completed=done, total=total, description=what)
 
         return run(cb)
+
+
+def _plain_progress() -> Progress:
+    import sys
+    import time
+
+    t0, last = time.perf_counter(), [-PLAIN_EVERY_S]
+
+    def cb(done: int, total: int, what: str) -> None:
+        now = time.perf_counter() - t0
+        if now - last[0] >= PLAIN_EVERY_S or done == total:
+            last[0] = now
+            sys.stderr.write(f"lynx: searching: {done}/{total} candidates decided, {now:.0f} s ({what})\n")
+            sys.stderr.flush()
+
+    return cb
