@@ -1,0 +1,98 @@
+"""lynx plan files for the tiny Megatron-Core models of `tests.harness.megatron_seams` (pure lynx: no torch).
+
+`policy`: a planning method's name (``full``, ``none``, ``lynx``, ...) or ``"windows"``: a hand-made policy that
+puts work in every window kind, so a test sees each window restore what the plan says —
+
+| phase | ops |
+|---|---|
+| keep | qkv, fc1 / gate_up, attn_residual |
+| 1 (attention forward collective of the next forward) | rope, attn_scores, softmax, attn_dropout |
+| 2 (MLP forward collective of the next forward) | attn_context, gelu / swiglu |
+| 3 (MLP backward collective of the layer above) | ln2 / rmsnorm2 |
+| 4 (attention backward collective of the layer above) | ln1 / rmsnorm1 |
+| free (restored on demand when backward reads it) | the rest |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
+
+KEEP = frozenset({"qkv", "fc1", "gate_up", "attn_residual"})
+PHASES = {"rope": Phase.FWD_ATTN, "attn_scores": Phase.FWD_ATTN, "softmax": Phase.FWD_ATTN,
+          "attn_dropout": Phase.FWD_ATTN, "attn_context": Phase.FWD_MLP, "gelu": Phase.FWD_MLP,
+          "swiglu": Phase.FWD_MLP, "ln2": Phase.BWD_MLP, "rmsnorm2": Phase.BWD_MLP, "ln1": Phase.BWD_ATTN,
+          "rmsnorm1": Phase.BWD_ATTN}
+
+
+LLAMA = {"activation": "swiglu", "normalization": "rmsnorm", "position_embedding": "rope", "bias": "none"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """The tiny model and its layout, as a plan describes it (mirrors `megatron_seams.Tiny`)."""
+
+    llama: bool = False
+    layers: int = 2
+    hidden: int = 64
+    heads: int = 4
+    groups: int = 4
+    ffn: int = 128
+    vocab: int = 128
+    seq: int = 16
+    dropout: float = 0.0
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    sp: bool = False
+    vpp: int = 1
+    mbs: int = 2
+    microbatches: int = 4
+
+
+NO_FWD = {"gelu": Phase.BWD_MLP, "swiglu": Phase.BWD_MLP}
+"""Where no forward runs between a micro-batch's forward and its backward (PP 1, the last stage), phase-1/2 ops
+move to the backward windows: the activation to the MLP's (3), the attention ops to the attention's (4)."""
+
+
+def windows_policy(names: tuple[str, ...], fwd_windows: bool = True) -> LayerPolicy:
+    def phase(n: str) -> Phase:
+        if fwd_windows or PHASES[n] not in (Phase.FWD_ATTN, Phase.FWD_MLP):
+            return PHASES[n]
+        return NO_FWD.get(n, Phase.BWD_ATTN)
+
+    return LayerPolicy(keep=frozenset(n for n in names if n in KEEP),
+                       recompute=tuple((n, phase(n)) for n in names if n in PHASES))
+
+
+def plan_file(out: Path, s: Shape, policy: str = "windows") -> Path:
+    from lynx.api import make_problem, plan
+    from lynx.plan import Plan
+    from lynx.problem import PlanOptions
+    from lynx.spec import ModelSpec, ParallelSpec, load_hardware
+
+    fam = "llama" if s.llama else "gpt"
+    m = ModelSpec(name=f"tiny-{fam}", family=fam, num_layers=s.layers, hidden_size=s.hidden,
+                  num_attention_heads=s.heads, num_query_groups=s.groups, ffn_hidden_size=s.ffn, vocab_size=s.vocab,
+                  max_position_embeddings=s.seq, dropout=s.dropout > 0, hidden_dropout=s.dropout,
+                  attention_dropout=s.dropout, attention="standard", tie_embeddings=not s.llama,
+                  **(LLAMA if s.llama else {"bias": "all"}))
+    par = ParallelSpec(tp=s.tp, pp=s.pp, dp=s.dp, sequence_parallel=s.sp, micro_batch_size=s.mbs,
+                       global_batch_size=s.mbs * s.microbatches * s.dp, seq_length=s.seq)
+    opts = PlanOptions(precision="fp32", vpp=s.vpp) if s.vpp > 1 else PlanOptions(precision="fp32")
+    problem = make_problem(m, load_hardware("h100-80g-nvlink"), par, opts)
+    if policy == "windows":
+        base = plan(problem, "full", record=False)
+        ctxs = problem.stage_contexts(base.result.partition)
+        pols = tuple(RecomputePolicy(method="windows", layers=(windows_policy(problem.graph.names,
+                                                                              c.has_fwd_windows),) * len(p.layers))
+                     for p, c in zip(base.result.policies, ctxs, strict=True))
+        result = dataclasses.replace(base.result, method="windows", policies=pols)
+        done = Plan.evaluate(problem, result, record=False)
+    else:
+        done = plan(problem, policy, record=False)
+    path = out / f"{fam}-{policy}-tp{s.tp}pp{s.pp}dp{s.dp}{'sp' if s.sp else ''}.json"
+    done.save(path)
+    return path
