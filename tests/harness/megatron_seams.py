@@ -207,7 +207,7 @@ def batches(t: Tiny, n: int, mbs: int = 2, seed: int = 7) -> list[tuple[torch.Te
 
 
 def train_step(t: Tiny, cfg: Any, chunks: list[Any], data: list[tuple[torch.Tensor, torch.Tensor]],
-               p2p_communicator: Any = None) -> tuple[list[float], dict[str, torch.Tensor]]:
+               schedule: dict[str, Any] | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
     """One step of Megatron-Core's own schedule (`get_forward_backward_func`) and `finalize_model_grads` over
     DDP-wrapped `chunks`: (losses on the last stage, every parameter's gradient by name, chunk-prefixed)."""
     from functools import partial
@@ -235,7 +235,7 @@ def train_step(t: Tiny, cfg: Any, chunks: list[Any], data: list[tuple[torch.Tens
         c.zero_grad_buffer()
     fb = get_forward_backward_func()
     iters = [iter(data) for _ in chunks]
-    kw: dict[str, Any] = {} if p2p_communicator is None else {"p2p_communicator": p2p_communicator}
+    kw = schedule or {}
     fb(forward_step_func=forward_step, data_iterator=iters if len(chunks) > 1 else iters[0],
        model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=len(data), seq_length=t.seq,
        micro_batch_size=data[0][0].shape[0], forward_only=False, **kw)

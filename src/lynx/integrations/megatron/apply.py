@@ -179,4 +179,18 @@ def cooldown_p2p(lynx: LynxMegatron | Sequence[LynxMegatron], pp_group: Any, con
     return CooldownP2P(pp_group=pp_group, config=config)
 
 
-__all__ = ["LynxMegatron", "apply_lynx_plan", "cooldown_p2p", "unwrap"]
+def schedule_kwargs(lynx: LynxMegatron | Sequence[LynxMegatron], config: Any) -> dict[str, Any]:
+    """The keyword arguments that open the cool-down window in Megatron-Core's 1F1B schedule:
+    ``forward_backward_func(..., **schedule_kwargs(lynx, config))``. Megatron takes a custom
+    ``p2p_communicator`` only with the process groups beside it (``pg_collection``): its own, from
+    ``parallel_state``. Empty without pipeline parallelism (no p2p, no cool-down)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    if ps.get_pipeline_model_parallel_world_size() == 1:
+        return {}
+    return {"p2p_communicator": cooldown_p2p(lynx, ps.get_pipeline_model_parallel_group(), config),
+            "pg_collection": ProcessGroupCollection.use_mpu_process_groups()}
+
+
+__all__ = ["LynxMegatron", "apply_lynx_plan", "cooldown_p2p", "schedule_kwargs", "unwrap"]
