@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from lynx.graph import LayerGraph
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
 
 KEEP = frozenset({"qkv", "fc1", "gate_up", "attn_residual"})
@@ -57,13 +58,16 @@ NO_FWD = {"gelu": Phase.BWD_MLP, "swiglu": Phase.BWD_MLP}
 move to the backward windows: the activation to the MLP's (3), the attention ops to the attention's (4)."""
 
 
-def windows_policy(names: tuple[str, ...], fwd_windows: bool = True) -> LayerPolicy:
+def windows_policy(graph: LayerGraph, fwd_windows: bool = True) -> LayerPolicy:
+    """The table above; whatever else backward reads (the residuals' dropout masks) is kept."""
+    names = graph.names
     def phase(n: str) -> Phase:
         if fwd_windows or PHASES[n] not in (Phase.FWD_ATTN, Phase.FWD_MLP):
             return PHASES[n]
         return NO_FWD.get(n, Phase.BWD_ATTN)
 
-    return LayerPolicy(keep=frozenset(n for n in names if n in KEEP),
+    keep = {n for n in names if n in KEEP} | {n for n in graph.needed() if n not in PHASES}
+    return LayerPolicy(keep=frozenset(keep),
                        recompute=tuple((n, phase(n)) for n in names if n in PHASES))
 
 
@@ -86,7 +90,7 @@ def plan_file(out: Path, s: Shape, policy: str = "windows") -> Path:
     if policy == "windows":
         base = plan(problem, "full", record=False)
         ctxs = problem.stage_contexts(base.result.partition)
-        pols = tuple(RecomputePolicy(method="windows", layers=(windows_policy(problem.graph.names,
+        pols = tuple(RecomputePolicy(method="windows", layers=(windows_policy(problem.graph,
                                                                               c.has_fwd_windows),) * len(p.layers))
                      for p, c in zip(base.result.policies, ctxs, strict=True))
         result = dataclasses.replace(base.result, method="windows", policies=pols)

@@ -3,21 +3,24 @@
 records the choice). Nothing here edits an installed file; every seam is an attribute or a configuration field,
 set once per test process (`install`).
 
-| Megatron-Core assumes CUDA at | seam here |
-|---|---|
-| the RNG tracker (`tensor_parallel/random.py`: ``CudaRNGStatesTracker.add``, ``_get/_set_cuda_rng_state``) | `_CpuTracker` installed as the module's tracker; the two state functions on the CPU generator |
-| buffers on ``torch.cuda.current_device()`` (global memory buffer, SP mappings, p2p shapes, DDP) | ``torch.cuda.current_device`` returns the CPU device |
-| ``device="cuda"`` in the pipeline schedules (``schedules.py``) | the schedules module's ``torch`` is a proxy whose ``zeros`` maps cuda to cpu |
-| ``torch.cuda.synchronize()`` in p2p | config ``batch_p2p_sync=False`` (`config`) |
-| the default causal mask built on cuda | an explicit mask (`causal_mask`) passed to ``GPTModel.forward`` |
-| the local norm refuses SP (``transformer/torch_norm.py``) | `SPLayerNorm` / `SPRMSNorm` in the layer spec and as the block's final norm (`layer_spec`) |
-| tied embeddings with PP call ``.cuda()`` | ``Tensor.cuda`` returns the tensor while the model is built (`build_gpt`) |
+Where Megatron-Core assumes CUDA -> the seam here:
+
+* the RNG tracker (``tensor_parallel/random.py``: ``CudaRNGStatesTracker.add``, ``_get/_set_cuda_rng_state``)
+  -> `_CpuTracker` installed as the module's tracker; the two state functions on the CPU generator;
+* buffers on ``torch.cuda.current_device()`` (global memory buffer, SP mappings, p2p shapes, DDP)
+  -> ``torch.cuda.current_device`` returns the CPU device;
+* ``device="cuda"`` in the pipeline schedules -> the schedules module's ``torch`` is a proxy whose ``zeros``
+  maps cuda to cpu;
+* ``torch.cuda.synchronize()`` in p2p -> config ``batch_p2p_sync=False`` (`config`);
+* the default causal mask built on cuda -> an explicit mask (`causal_mask`) passed to ``GPTModel.forward``;
+* the local norm refuses SP (``transformer/torch_norm.py``) -> `SPLayerNorm` / `SPRMSNorm` in the layer spec
+  and as the block's final norm (`layer_spec`);
+* tied embeddings with PP call ``.cuda()`` -> ``Tensor.cuda`` returns the tensor while the model is built.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -177,14 +180,6 @@ def causal_mask(seq: int) -> torch.Tensor:
     return torch.triu(torch.ones(seq, seq), diagonal=1).bool().view(1, 1, seq, seq)
 
 
-def init_process(rank: int, world: int, port: int) -> None:
-    import torch.distributed as dist
-
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    install()
 
 
 def wrap_ddp(cfg: Any, model: Any) -> Any:
@@ -212,7 +207,6 @@ def train_step(t: Tiny, cfg: Any, chunks: list[Any], data: list[tuple[torch.Tens
     DDP-wrapped `chunks`: (losses on the last stage, every parameter's gradient by name, chunk-prefixed)."""
     from functools import partial
 
-    from megatron.core import parallel_state as ps
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -241,5 +235,4 @@ def train_step(t: Tiny, cfg: Any, chunks: list[Any], data: list[tuple[torch.Tens
        micro_batch_size=data[0][0].shape[0], forward_only=False, **kw)
     grads = {f"{i}.{n}": p.main_grad.detach().clone() for i, c in enumerate(chunks)
              for n, p in c.module.named_parameters()}
-    del ps
     return losses, grads

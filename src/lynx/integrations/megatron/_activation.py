@@ -26,7 +26,7 @@ def apply(mlp: Any, x: torch.Tensor) -> torch.Tensor:
     cfg = mlp.config
     bias = mlp.linear_fc1.bias
     if cfg.bias_activation_fusion:
-        from megatron.core.transformer import mlp as mmlp  # the functions MLP.forward calls, by its own names
+        from megatron.core.transformer import mlp as mmlp  # type: ignore[import-untyped]  # the functions MLP.forward calls
 
         if mlp.activation_func is F.gelu:
             fused = mmlp.bias_geglu_impl if cfg.gated_linear_unit else mmlp.bias_gelu_impl

@@ -72,10 +72,10 @@ def _refuse(why: str) -> TypeError:
 
 def layer_parts(layer: Any) -> LayerParts:
     """Read a Megatron-Core TransformerLayer; one clear line when it is not the local spec's dense layer."""
-    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-    from megatron.core.transformer.attention import SelfAttention
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
-    from megatron.core.transformer.mlp import MLP
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear  # type: ignore[import-untyped]
+    from megatron.core.transformer.attention import SelfAttention  # type: ignore[import-untyped]
+    from megatron.core.transformer.dot_product_attention import DotProductAttention  # type: ignore[import-untyped]
+    from megatron.core.transformer.mlp import MLP  # type: ignore[import-untyped]
 
     name = type(layer).__name__
     att, mlp = getattr(layer, "self_attention", None), getattr(layer, "mlp", None)
@@ -108,7 +108,7 @@ def layer_parts(layer: Any) -> LayerParts:
 
 
 def rng_tracker() -> Any:
-    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker  # type: ignore[import-untyped]
 
     return get_cuda_rng_tracker()
 
@@ -148,7 +148,7 @@ def rng_replay(state: RngState) -> Iterator[None]:
 
 def rotary(parts: LayerParts, t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     """Megatron-Core's RoPE on one of query / key, as SelfAttention.forward applies it (training, no packing)."""
-    from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+    from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb  # type: ignore[import-untyped]
     from megatron.core.transformer.attention import _yarn_get_concentration_factor_from_config
 
     out: torch.Tensor = apply_rotary_pos_emb(t, freqs, config=parts.config, cu_seqlens=None,
@@ -165,7 +165,7 @@ def bda(parts: LayerParts, which: str) -> Any:
 
 def global_buffer(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """Megatron's global memory buffer (what DotProductAttention hands baddbmm as its ignored input)."""
-    from megatron.core import parallel_state
+    from megatron.core import parallel_state  # type: ignore[import-untyped]
 
     out: torch.Tensor = parallel_state.get_global_memory_buffer().get_tensor(shape, dtype, "mpu")
     return out

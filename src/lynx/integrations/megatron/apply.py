@@ -32,7 +32,7 @@ _UNSUPPORTED = ("context", "context_mask", "attention_bias", "inference_context"
 
 def unwrap(model: Any) -> Any:
     """The GPTModel inside Megatron's wrappers (DDP, Float16Module: each keeps it as ``.module``)."""
-    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt import GPTModel  # type: ignore[import-untyped]
 
     m = model
     for _ in range(8):
@@ -48,7 +48,7 @@ class LynxMegatron:
 
     def __init__(self, model: Any, src: ExportSource, vp_stage: int | None = None) -> None:
         _fence.check_versions()
-        from megatron.core import parallel_state as ps
+        from megatron.core import parallel_state as ps  # type: ignore[import-untyped]
 
         self.gpt = gpt = unwrap(model)
         check_model(src, gpt)
@@ -91,8 +91,9 @@ class LynxMegatron:
                 return own(*args, **kwargs)  # type: ignore[no-any-return]  # evaluation: nothing kept
             bad = [k for k in _UNSUPPORTED if kwargs.get(k) is not None]
             if bad or len(args) > 1:
-                raise TypeError(f"lynx.integrations.megatron: the layer was called with {', '.join(bad) or 'positional arguments'}; "
-                                "lynx's engine runs decoder self-attention in training only")
+                what = ", ".join(bad) or "positional arguments"
+                raise TypeError(f"lynx.integrations.megatron: the layer was called with {what}; lynx's engine runs "
+                                "decoder self-attention in training only")
             if li == 0:
                 self._start_microbatch(x)
             mb = self._microbatch - 1
@@ -152,7 +153,7 @@ def cooldown_p2p(lynx: LynxMegatron | Sequence[LynxMegatron], pp_group: Any, con
     ``p2p_communicator`` argument: before each backward waits for its gradient from the next stage
     (``recv_backward``, ``send_forward_recv_backward``), the engine restores that micro-batch's pending
     phase-1/2 ops (the cool-down window). Nothing else changes in the schedule."""
-    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator  # type: ignore[import-untyped]
 
     chunks = [lynx] if isinstance(lynx, LynxMegatron) else list(lynx)
     if len(chunks) != 1:
@@ -185,7 +186,7 @@ def schedule_kwargs(lynx: LynxMegatron | Sequence[LynxMegatron], config: Any) ->
     ``p2p_communicator`` only with the process groups beside it (``pg_collection``): its own, from
     ``parallel_state``. Empty without pipeline parallelism (no p2p, no cool-down)."""
     from megatron.core import parallel_state as ps
-    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.process_groups_config import ProcessGroupCollection  # type: ignore[import-untyped]
 
     if ps.get_pipeline_model_parallel_world_size() == 1:
         return {}

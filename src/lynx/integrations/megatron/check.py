@@ -88,8 +88,11 @@ def check_layers(src: ExportSource, v: int, numbers: list[int]) -> None:
         raise _refuse("pipeline stages", f"{len(lay.layers)} (virtual) stages", f"virtual stage {v}")
     want = list(range(lay.first_layer(v), lay.first_layer(v) + lay.layers[v]))
     if numbers != want:
-        rng = (lambda xs: f"{xs[0]}-{xs[-1]}" if xs else "none")
-        raise _refuse(f"layers of (virtual) stage {v}", f"layers {rng(want)}", f"layers {rng(numbers)}")
+        raise _refuse(f"layers of (virtual) stage {v}", f"layers {_span(want)}", f"layers {_span(numbers)}")
+
+
+def _span(xs: list[int]) -> str:
+    return f"{xs[0]}-{xs[-1]}" if xs else "none"
 
 
 def check_shape(src: ExportSource, seq: int, batch: int) -> None:

@@ -23,6 +23,7 @@ Megatron's own `CheckpointFunction` does.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -110,9 +111,9 @@ class MegatronLayer(OpLayer):
     of the layer: its parameters stay where Megatron (its DDP, optimizer, checkpointing) has them."""
 
     def __init__(self, layer: torch.nn.Module, names: tuple[str, ...], inputs: dict[str, tuple[str, ...]],
-                 blocks: dict[str, str]) -> None:
+                 blocks: Mapping[str, str]) -> None:
         parts = _fence.layer_parts(layer)
-        super().__init__(parts.global_index, names, inputs, blocks)
+        super().__init__(parts.global_index, names, inputs, dict(blocks))
         self.parts = parts
         cfg = parts.config
         self.sp = bool(cfg.sequence_parallel)
