@@ -139,6 +139,15 @@ SLOW_CASES: dict[str, str] = {
         "test_tp2_embedding_and_logits_bytes_equal_the_planners[gpt]",
     "integration/test_runtime_precision.py::test_lynx_train_megatron_bf16_runs_and_keeps_fp32_master_weights":
         "test_bf16_autocast_recomputes_bitwise_with_fp32_master_weights (the same autocast, in the runner)",
+    **{f"integration/test_megatron_core.py::test_layouts_bitwise_and_where_planned[{c}]":
+       "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (Megatron-Core, TP windows)"
+       for c in ("tp2-sp-llama", "tp2-llama", "pp2-gpt", "pp2-tp2-gpt", "pp2-tp2-sp-llama", "dp2-llama")},
+    "integration/test_megatron_core.py::test_one_rank_gpt_with_dropout_bitwise_and_where_planned":
+        "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (the same, at TP 2)",
+    "integration/test_megatron_core.py::test_interleaved_pp2_vpp2_bitwise":
+        "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (Megatron-Core, TP windows)",
+    "integration/test_megatron_core.py::test_the_lynx_method_plan_bitwise":
+        "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (Megatron-Core, TP windows)",
 }
 
 

@@ -58,17 +58,18 @@ NO_FWD = {"gelu": Phase.BWD_MLP, "swiglu": Phase.BWD_MLP}
 move to the backward windows: the activation to the MLP's (3), the attention ops to the attention's (4)."""
 
 
+def _phase(n: str, fwd_windows: bool) -> Phase:
+    if fwd_windows or PHASES[n] not in (Phase.FWD_ATTN, Phase.FWD_MLP):
+        return PHASES[n]
+    return NO_FWD.get(n, Phase.BWD_ATTN)
+
+
 def windows_policy(graph: LayerGraph, fwd_windows: bool = True) -> LayerPolicy:
     """The table above; whatever else backward reads (the residuals' dropout masks) is kept."""
     names = graph.names
-    def phase(n: str) -> Phase:
-        if fwd_windows or PHASES[n] not in (Phase.FWD_ATTN, Phase.FWD_MLP):
-            return PHASES[n]
-        return NO_FWD.get(n, Phase.BWD_ATTN)
-
     keep = {n for n in names if n in KEEP} | {n for n in graph.needed() if n not in PHASES}
     return LayerPolicy(keep=frozenset(keep),
-                       recompute=tuple((n, phase(n)) for n in names if n in PHASES))
+                       recompute=tuple((n, _phase(n, fwd_windows)) for n in names if n in PHASES))
 
 
 def plan_file(out: Path, s: Shape, policy: str = "windows") -> Path:
@@ -100,3 +101,48 @@ def plan_file(out: Path, s: Shape, policy: str = "windows") -> Path:
     path = out / f"{fam}-{policy}-tp{s.tp}pp{s.pp}dp{s.dp}{'sp' if s.sp else ''}.json"
     done.save(path)
     return path
+
+
+def expected_places(s: Shape, pp_rank: int, cooldown: bool = True) -> dict[str, int]:
+    """Restorations per place the windows policy asks of stage `pp_rank` (non-interleaved 1F1B): a bottom
+    layer's phase-3/4 ops in the layer above's backward windows, the top layer's on demand; phase-1/2 ops in
+    the next forward on the stage, the last ``pp - rank - 1`` micro-batches' in the cool-down stall (on demand
+    without `cooldown`); with SP each layer's two all-gathers re-run on demand (Megatron's regather)."""
+    layers = s.layers // s.pp
+    fwd = s.pp > 1 and pp_rank < s.pp - 1
+    m = s.microbatches
+    pol = {n: _phase(n, fwd) for n in _names(s) if n in PHASES}
+    out: dict[str, int] = {}
+
+    def add(place: str, k: int) -> None:
+        if k:
+            out[place] = out.get(place, 0) + k
+
+    late = s.pp - pp_rank - 1 if fwd else 0
+    for li in range(layers):
+        top = li == layers - 1
+        for _n, p in pol.items():
+            if p in (Phase.FWD_ATTN, Phase.FWD_MLP):
+                add("fwd_attn" if p == Phase.FWD_ATTN else "fwd_mlp", m - late)
+                add("cooldown" if cooldown else "on_demand", late)
+            else:
+                add("on_demand" if top else ("bwd_mlp" if p == Phase.BWD_MLP else "bwd_attn"), m)
+        if s.sp and s.tp > 1:
+            add("on_demand", 2 * m)
+    return out
+
+
+def _names(s: Shape) -> tuple[str, ...]:
+    """The op names of the tiny model's layer graph (as `plan_file` plans it)."""
+    from lynx.families import get_family
+    from lynx.spec import ModelSpec, ParallelSpec
+
+    fam = "llama" if s.llama else "gpt"
+    m = ModelSpec(name=f"tiny-{fam}", family=fam, num_layers=s.layers, hidden_size=s.hidden,
+                  num_attention_heads=s.heads, num_query_groups=s.groups, ffn_hidden_size=s.ffn, vocab_size=s.vocab,
+                  max_position_embeddings=s.seq, dropout=s.dropout > 0, hidden_dropout=s.dropout,
+                  attention_dropout=s.dropout, attention="standard", tie_embeddings=not s.llama,
+                  **(LLAMA if s.llama else {"bias": "all"}))
+    par = ParallelSpec(tp=s.tp, pp=s.pp, sequence_parallel=s.sp, micro_batch_size=s.mbs,
+                       global_batch_size=s.mbs * s.microbatches, seq_length=s.seq)
+    return tuple(o.name for o in get_family(fam).layer(m, par).ops)
