@@ -89,7 +89,12 @@ def engine_price(problem: PlanProblem, result: PlanResult,
     if not fit.cooldown and any(p.cooldown_overlap for p in result.policies):
         run = replace(result, policies=tuple(replace(p, cooldown_overlap=False) for p in result.policies))
     fig = simulate_lynx(problem, run)
-    how = "every window" if run is result else "no cool-down window"
+    how = "every window"
+    if run is not result:
+        if fig.iteration_time_s == simulate_lynx(problem, result).iteration_time_s:
+            fit = replace(fit, notes=())  # the plan puts nothing in the cool-down stall: nothing is lost
+        else:
+            how = "no cool-down window"
     return replace(fig, label="megatron+lynx engine", setting=f"{result.method} ({how}; {launcher.value})"), fit
 
 
