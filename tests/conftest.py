@@ -146,6 +146,9 @@ SLOW_CASES: dict[str, str] = {
         "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (the same, at TP 2)",
     "integration/test_megatron_core.py::test_interleaved_pp2_vpp2_bitwise":
         "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (Megatron-Core, TP windows)",
+    "integration/test_megatron_core.py::test_offloading_plan_bitwise_and_where_planned":
+        "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (Megatron-Core, TP windows) "
+        "and test_runtime_offload.py (the engine's offloading, bitwise)",
     "integration/test_megatron_core.py::test_the_lynx_method_plan_bitwise":
         "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (Megatron-Core, TP windows)",
 }

@@ -33,7 +33,7 @@ def _chunks(s: Shape, mode: str, plan: str) -> tuple[Any, list[Any], list[Any]]:
 
     t = _tiny(s)
     cfg = ms.config(t, s.tp, s.pp, s.sp, full_recompute=mode == "full", vpp=s.vpp if s.vpp > 1 else None)
-    spec = ms.layer_spec(t, s.sp)
+    spec = ms.layer_spec(t, s.sp, s.pp * s.vpp)
     vps = list(range(s.vpp)) if s.vpp > 1 else [None]
     models = [ms.build_gpt(t, cfg, spec, vp_stage=v) for v in vps]
     lynx = [apply_lynx_plan(m, plan, vp_stage=v) for m, v in zip(models, vps, strict=True)] if mode == "lynx" else []
@@ -59,12 +59,20 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
     data = ms.batches(_tiny(s), s.microbatches, s.mbs, seed=7 + ps.get_data_parallel_rank())
     runs: dict[str, Any] = {}
     stats: list[dict[str, int]] = []
+    held: list[int] = []
+    offloaded: list[int] = []
+    peak: list[int] = []
     for mode in ("none", "full", "lynx"):
         cfg, chunks, lynx = _chunks(s, mode, args.plan)
         kw = schedule_kwargs(lynx[0], cfg) if lynx and s.vpp == 1 else None
         runs[mode] = ms.train_step(_tiny(s), cfg, chunks, data, kw)
         stats = [dict(x.stats.by_window) for x in lynx] or stats
-    (l0, g0), out = runs["none"], {"rank": rank, "stats": stats, "params": len(runs["none"][1])}
+        if lynx:
+            held = [x.engine.held_bytes() for x in lynx]
+            peak = [x.stats.peak_bytes for x in lynx]
+            offloaded = [x.stats.offloaded_bytes for x in lynx]
+    (l0, g0), out = runs["none"], {"rank": rank, "stats": stats, "params": len(runs["none"][1]),
+                                   "held_after_step": held, "peak_bytes": peak, "offloaded_bytes": offloaded}
     for mode in ("full", "lynx"):
         loss, g = runs[mode]
         out[mode] = {"losses_equal": loss == l0, "grads_equal": all(torch.equal(g[k], g0[k]) for k in g0),

@@ -64,12 +64,14 @@ def _phase(n: str, fwd_windows: bool) -> Phase:
     return NO_FWD.get(n, Phase.BWD_ATTN)
 
 
-def windows_policy(graph: LayerGraph, fwd_windows: bool = True) -> LayerPolicy:
-    """The table above; whatever else backward reads (the residuals' dropout masks) is kept."""
+def windows_policy(graph: LayerGraph, fwd_windows: bool = True, offload: bool = False) -> LayerPolicy:
+    """The table above; whatever else backward reads (the residuals' dropout masks) is kept; with `offload`,
+    attn_residual (kept, read back only by phase 3) is offloaded to the host instead."""
     names = graph.names
     keep = {n for n in names if n in KEEP} | {n for n in graph.needed() if n not in PHASES}
     return LayerPolicy(keep=frozenset(keep),
-                       recompute=tuple((n, _phase(n, fwd_windows)) for n in names if n in PHASES))
+                       recompute=tuple((n, _phase(n, fwd_windows)) for n in names if n in PHASES),
+                       offload=frozenset({"attn_residual"} if offload else ()))
 
 
 def plan_file(out: Path, s: Shape, policy: str = "windows") -> Path:
@@ -88,13 +90,14 @@ def plan_file(out: Path, s: Shape, policy: str = "windows") -> Path:
                        global_batch_size=s.mbs * s.microbatches * s.dp, seq_length=s.seq)
     opts = PlanOptions(precision="fp32", vpp=s.vpp) if s.vpp > 1 else PlanOptions(precision="fp32")
     problem = make_problem(m, load_hardware("h100-80g-nvlink"), par, opts)
-    if policy == "windows":
+    if policy in ("windows", "windows-offload"):
         base = plan(problem, "full", record=False)
         ctxs = problem.stage_contexts(base.result.partition)
-        pols = tuple(RecomputePolicy(method="windows", layers=(windows_policy(problem.graph,
-                                                                              c.has_fwd_windows),) * len(p.layers))
+        off = policy == "windows-offload"
+        pols = tuple(RecomputePolicy(method=policy, layers=(windows_policy(problem.graph, c.has_fwd_windows,
+                                                                           off),) * len(p.layers))
                      for p, c in zip(base.result.policies, ctxs, strict=True))
-        result = dataclasses.replace(base.result, method="windows", policies=pols)
+        result = dataclasses.replace(base.result, method=policy, policies=pols)
         done = Plan.evaluate(problem, result, record=False)
     else:
         done = plan(problem, policy, record=False)

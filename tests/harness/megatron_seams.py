@@ -140,9 +140,10 @@ def config(t: Tiny, tp: int = 1, pp: int = 1, sp: bool = False, full_recompute: 
     return TransformerConfig(**kw)
 
 
-def layer_spec(t: Tiny, sp: bool) -> Any:
+def layer_spec(t: Tiny, sp: bool, chunks: int = 1) -> Any:
     """Megatron-Core's own local GPT layer spec (`get_gpt_layer_local_spec`); with SP its two norms and the
-    block's final norm are `SPLayerNorm` / `SPRMSNorm` (the rest of the spec unchanged)."""
+    block's final norm are `SPLayerNorm` / `SPRMSNorm` (the rest of the spec unchanged), as a block spec of
+    the layers one of `chunks` model chunks (PP x VPP) builds."""
     import dataclasses
 
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -156,7 +157,8 @@ def layer_spec(t: Tiny, sp: bool) -> Any:
     sub = dataclasses.replace(spec.submodules, input_layernorm=norm, pre_mlp_layernorm=norm)
     layer = dataclasses.replace(spec, submodules=sub)
     return ModuleSpec(module=TransformerBlock,
-                      submodules=TransformerBlockSubmodules(layer_specs=[layer] * t.layers, layer_norm=norm))
+                      submodules=TransformerBlockSubmodules(layer_specs=[layer] * (t.layers // chunks),
+                                                            layer_norm=norm))
 
 
 def build_gpt(t: Tiny, cfg: Any, spec: Any, seed: int = 1234, vp_stage: int | None = None) -> Any:

@@ -27,6 +27,8 @@ def _check(ranks: list[dict[str, Any]], s: Shape, places: bool = True) -> None:
         for mode in ("full", "lynx"):
             assert r[mode]["grads_equal"], (r["rank"], mode, r[mode]["max_diff"])
             assert r[mode]["losses_equal"], (r["rank"], mode)
+        assert r["held_after_step"] == [0] * len(r["stats"])  # every record released by its backward
+        assert all(0 < b for b in r["peak_bytes"])
         pp_rank = (r["rank"] // s.tp) % s.pp
         if places:
             assert r["stats"] == [expected_places(s, pp_rank)], (r["rank"], r["stats"])
@@ -75,6 +77,18 @@ def test_interleaved_pp2_vpp2_bitwise(tmp_path: Path) -> None:
     _check(ranks, s, places=False)
     for r in ranks:
         assert len(r["stats"]) == 2 and all(st.get("bwd_attn", 0) > 0 for st in r["stats"])
+
+
+def test_offloading_plan_bitwise_and_where_planned(tmp_path: Path) -> None:
+    """The plan's third choice: attn_residual offloaded to the host (copied out after its forward, back before
+    the layer's backward) instead of kept on the device; the same windows for the rest."""
+    from tests.harness.megatron_check import run
+
+    s = Shape(pp=2, tp=2, layers=4)
+    ranks = run(s, tmp_path, policy="windows-offload")
+    _check(ranks, s)
+    # each layer's residual per micro-batch (4 x 2 layers), [16 tokens, 2 sequences, 64] fp32
+    assert all(r["offloaded_bytes"] == [4 * 2 * 16 * 2 * 64 * 4] for r in ranks)
 
 
 def test_the_lynx_method_plan_bitwise(tmp_path: Path) -> None:

@@ -65,8 +65,11 @@ class LynxMegatron:
         self.blocks = blocks
         self.layers = [MegatronLayer(b, names, inputs, kinds) for b in blocks]
         pols = list(src.policies[v].layers)
-        params: list[Any] = [p for layer in self.layers for p in layer.block_parameters()]
-        self.engine = RecomputeEngine(self.layers, pols, params)
+        # Megatron moves the parameters after the model provider returns (Float16Module's cast, DDP's contiguous
+        # buffers: `param.data` gets new storage), so their storages are read when each layer's step or
+        # recomputation runs, never fixed here
+        self.engine = RecomputeEngine(self.layers, pols, (),
+                                      live_params=lambda li: self.layers[li].block_parameters())
         self.virtual_stage = v
         self._microbatch = 0
         self._fwd_order: list[int] = []
