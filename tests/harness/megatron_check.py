@@ -19,24 +19,36 @@ from tests.harness.megatron_plans import Shape, plan_file
 TIMEOUT_S = 120.0
 
 
-def _tiny(s: Shape) -> Any:
-    from tests.harness.megatron_seams import Tiny
+def _hookup(hookup: str) -> Any:
+    """`apply_plan(model, vp_stage)`: the integration's own function on the plan file, or (a directory) the
+    `lynx_megatron_engine.py` that `lynx export megatron` wrote there, imported as a model provider would."""
+    import importlib.util
+    import sys
 
-    return Tiny(llama=s.llama, layers=s.layers, hidden=s.hidden, heads=s.heads, groups=s.groups, ffn=s.ffn,
-                vocab=s.vocab, seq=s.seq, dropout=s.dropout)
+    from lynx.export.megatron_engine import ENGINE_FILE
+
+    path = Path(hookup, ENGINE_FILE)
+    spec = importlib.util.spec_from_file_location("lynx_megatron_engine", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["lynx_megatron_engine"] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def _chunks(s: Shape, mode: str, plan: str) -> tuple[Any, list[Any], list[Any]]:
-    """(config, DDP-wrapped chunks, the lynx objects) of this rank for `mode` in none / full / lynx."""
+def _chunks(s: Shape, mode: str, plan: str, hookup: str | None = None) -> tuple[Any, list[Any], list[Any]]:
+    """(config, DDP-wrapped chunks, the lynx objects) of this rank for `mode` in none / full / lynx; with
+    `hookup`, the plan is applied through the exported hook-up module in that directory."""
     from lynx.integrations.megatron import apply_lynx_plan
     from tests.harness import megatron_seams as ms
 
-    t = _tiny(s)
+    t = s
     cfg = ms.config(t, s.tp, s.pp, s.sp, full_recompute=mode == "full", vpp=s.vpp if s.vpp > 1 else None)
     spec = ms.layer_spec(t, s.sp, s.pp * s.vpp)
     vps = list(range(s.vpp)) if s.vpp > 1 else [None]
     models = [ms.build_gpt(t, cfg, spec, vp_stage=v) for v in vps]
-    lynx = [apply_lynx_plan(m, plan, vp_stage=v) for m, v in zip(models, vps, strict=True)] if mode == "lynx" else []
+    apply = _hookup(hookup).apply_plan if hookup else (lambda m, vp_stage: apply_lynx_plan(m, plan, vp_stage=vp_stage))
+    lynx = [apply(m, vp_stage=v) for m, v in zip(models, vps, strict=True)] if mode == "lynx" else []
     return cfg, [ms.wrap_ddp(cfg, m) for m in models], lynx
 
 
@@ -56,16 +68,19 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
 
     ps.initialize_model_parallel(tensor_model_parallel_size=s.tp, pipeline_model_parallel_size=s.pp,
                                  virtual_pipeline_model_parallel_size=s.vpp if s.vpp > 1 else None)
-    data = ms.batches(_tiny(s), s.microbatches, s.mbs, seed=7 + ps.get_data_parallel_rank())
+    data = ms.batches(s, s.microbatches, s.mbs, seed=7 + ps.get_data_parallel_rank())
     runs: dict[str, Any] = {}
     stats: list[dict[str, int]] = []
     held: list[int] = []
     offloaded: list[int] = []
     peak: list[int] = []
     for mode in ("none", "full", "lynx"):
-        cfg, chunks, lynx = _chunks(s, mode, args.plan)
-        kw = schedule_kwargs(lynx[0], cfg) if lynx and s.vpp == 1 else None
-        runs[mode] = ms.train_step(_tiny(s), cfg, chunks, data, kw)
+        cfg, chunks, lynx = _chunks(s, mode, args.plan, args.hookup)
+        if args.hookup and lynx:
+            kw = _hookup(args.hookup).cooldown_kwargs(cfg) if s.vpp == 1 else None
+        else:
+            kw = schedule_kwargs(lynx[0], cfg) if lynx and s.vpp == 1 else None
+        runs[mode] = ms.train_step(s, cfg, chunks, data, kw)
         stats = [dict(x.stats.by_window) for x in lynx] or stats
         if lynx:
             held = [x.engine.held_bytes() for x in lynx]
@@ -82,10 +97,18 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
     dist.destroy_process_group()
 
 
-def run(s: Shape, tmp: Path, policy: str = "windows") -> list[dict[str, Any]]:
-    """The comparison on tp x pp x dp local ranks; one dict per rank (see the module docstring)."""
+def run(s: Shape, tmp: Path, policy: str = "windows", exported: bool = False) -> list[dict[str, Any]]:
+    """The comparison on tp x pp x dp local ranks; one dict per rank (see the module docstring). `exported`:
+    apply the plan as a user does, through what `lynx export megatron` writes (`_hookup`)."""
+    from lynx.export.megatron import build_megatron, write_megatron
+    from lynx.export.source import load_source
     from lynx.runtime.launch import spawn_ranks
 
     plan = plan_file(tmp, s, policy)
-    spawn_ranks(_rank, s.tp * s.pp * s.dp, argparse.Namespace(shape=asdict(s), plan=str(plan), out=str(tmp)))
+    hookup = None
+    if exported:
+        hookup = str(tmp / "lynx-megatron")
+        write_megatron(build_megatron(load_source(plan), simulate=False), Path(hookup), plan)
+    spawn_ranks(_rank, s.tp * s.pp * s.dp,
+                argparse.Namespace(shape=asdict(s), plan=str(plan), out=str(tmp), hookup=hookup))
     return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(s.tp * s.pp * s.dp)]

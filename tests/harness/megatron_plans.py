@@ -20,6 +20,7 @@ from pathlib import Path
 
 from lynx.graph import LayerGraph
 from lynx.policy.base import LayerPolicy, Phase, RecomputePolicy
+from lynx.spec import ModelSpec, ParallelSpec
 
 KEEP = frozenset({"qkv", "fc1", "gate_up", "attn_residual"})
 PHASES = {"rope": Phase.FWD_ATTN, "attn_scores": Phase.FWD_ATTN, "softmax": Phase.FWD_ATTN,
@@ -33,7 +34,8 @@ LLAMA = {"activation": "swiglu", "normalization": "rmsnorm", "position_embedding
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-    """The tiny model and its layout, as a plan describes it (mirrors `megatron_seams.Tiny`)."""
+    """The tiny model and its layout: what the plan describes and what `megatron_seams` builds (`llama`: RMSNorm,
+    SwiGLU, RoPE, GQA, no biases, untied embeddings)."""
 
     llama: bool = False
     layers: int = 2
@@ -78,16 +80,10 @@ def plan_file(out: Path, s: Shape, policy: str = "windows") -> Path:
     from lynx.api import make_problem, plan
     from lynx.plan import Plan
     from lynx.problem import PlanOptions
-    from lynx.spec import ModelSpec, ParallelSpec, load_hardware
+    from lynx.spec import load_hardware
 
-    fam = "llama" if s.llama else "gpt"
-    m = ModelSpec(name=f"tiny-{fam}", family=fam, num_layers=s.layers, hidden_size=s.hidden,
-                  num_attention_heads=s.heads, num_query_groups=s.groups, ffn_hidden_size=s.ffn, vocab_size=s.vocab,
-                  max_position_embeddings=s.seq, dropout=s.dropout > 0, hidden_dropout=s.dropout,
-                  attention_dropout=s.dropout, attention="standard", tie_embeddings=not s.llama,
-                  **(LLAMA if s.llama else {"bias": "all"}))
-    par = ParallelSpec(tp=s.tp, pp=s.pp, dp=s.dp, sequence_parallel=s.sp, micro_batch_size=s.mbs,
-                       global_batch_size=s.mbs * s.microbatches * s.dp, seq_length=s.seq)
+    m, par = specs(s)
+    fam = m.family
     opts = PlanOptions(precision="fp32", vpp=s.vpp) if s.vpp > 1 else PlanOptions(precision="fp32")
     problem = make_problem(m, load_hardware("h100-80g-nvlink"), par, opts)
     if policy in ("windows", "windows-offload"):
@@ -138,14 +134,19 @@ def expected_places(s: Shape, pp_rank: int, cooldown: bool = True) -> dict[str, 
 def _names(s: Shape) -> tuple[str, ...]:
     """The op names of the tiny model's layer graph (as `plan_file` plans it)."""
     from lynx.families import get_family
-    from lynx.spec import ModelSpec, ParallelSpec
 
+    m, par = specs(s)
+    return tuple(o.name for o in get_family(m.family).layer(m, par).ops)
+
+
+def specs(s: Shape) -> tuple[ModelSpec, ParallelSpec]:
+    """lynx's model and parallel specs of the tiny model (standard attention: Megatron-Core's local spec)."""
     fam = "llama" if s.llama else "gpt"
     m = ModelSpec(name=f"tiny-{fam}", family=fam, num_layers=s.layers, hidden_size=s.hidden,
                   num_attention_heads=s.heads, num_query_groups=s.groups, ffn_hidden_size=s.ffn, vocab_size=s.vocab,
                   max_position_embeddings=s.seq, dropout=s.dropout > 0, hidden_dropout=s.dropout,
                   attention_dropout=s.dropout, attention="standard", tie_embeddings=not s.llama,
                   **(LLAMA if s.llama else {"bias": "all"}))
-    par = ParallelSpec(tp=s.tp, pp=s.pp, sequence_parallel=s.sp, micro_batch_size=s.mbs,
-                       global_batch_size=s.mbs * s.microbatches, seq_length=s.seq)
-    return tuple(o.name for o in get_family(fam).layer(m, par).ops)
+    par = ParallelSpec(tp=s.tp, pp=s.pp, dp=s.dp, sequence_parallel=s.sp, micro_batch_size=s.mbs,
+                       global_batch_size=s.mbs * s.microbatches * s.dp, seq_length=s.seq)
+    return m, par

@@ -23,10 +23,11 @@ from __future__ import annotations
 import contextlib
 import types
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from tests.harness.megatron_plans import Shape
 
 _INSTALLED: list[bool] = []
 
@@ -104,22 +105,7 @@ SPLayerNorm = _sp_norm(torch.nn.LayerNorm)
 SPRMSNorm = _sp_norm(torch.nn.RMSNorm)
 
 
-@dataclass(frozen=True)
-class Tiny:
-    """A tiny Megatron-Core GPT: `llama` switches to RMSNorm, SwiGLU, RoPE, GQA, no biases, untied embeddings."""
-
-    llama: bool = False
-    layers: int = 2
-    hidden: int = 64
-    heads: int = 4
-    groups: int = 4
-    ffn: int = 128
-    vocab: int = 128
-    seq: int = 16
-    dropout: float = 0.0
-
-
-def config(t: Tiny, tp: int = 1, pp: int = 1, sp: bool = False, full_recompute: bool = False,
+def config(t: Shape, tp: int = 1, pp: int = 1, sp: bool = False, full_recompute: bool = False,
            vpp: int | None = None) -> Any:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -140,7 +126,7 @@ def config(t: Tiny, tp: int = 1, pp: int = 1, sp: bool = False, full_recompute: 
     return TransformerConfig(**kw)
 
 
-def layer_spec(t: Tiny, sp: bool, chunks: int = 1) -> Any:
+def layer_spec(t: Shape, sp: bool, chunks: int = 1) -> Any:
     """Megatron-Core's own local GPT layer spec (`get_gpt_layer_local_spec`); with SP its two norms and the
     block's final norm are `SPLayerNorm` / `SPRMSNorm` (the rest of the spec unchanged), as a block spec of
     the layers one of `chunks` model chunks (PP x VPP) builds."""
@@ -161,7 +147,7 @@ def layer_spec(t: Tiny, sp: bool, chunks: int = 1) -> Any:
                                                             layer_norm=norm))
 
 
-def build_gpt(t: Tiny, cfg: Any, spec: Any, seed: int = 1234, vp_stage: int | None = None) -> Any:
+def build_gpt(t: Shape, cfg: Any, spec: Any, seed: int = 1234, vp_stage: int | None = None) -> Any:
     """Megatron-Core's GPTModel for this rank's stage (seeded as Megatron seeds it)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
@@ -193,7 +179,7 @@ def wrap_ddp(cfg: Any, model: Any) -> Any:
     return DistributedDataParallel(cfg, ddp, model)
 
 
-def batches(t: Tiny, n: int, mbs: int = 2, seed: int = 7) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def batches(t: Shape, n: int, mbs: int = 2, seed: int = 7) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """`n` micro-batches of (tokens, labels), the same on every rank (seeded)."""
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -203,7 +189,7 @@ def batches(t: Tiny, n: int, mbs: int = 2, seed: int = 7) -> list[tuple[torch.Te
     return out
 
 
-def train_step(t: Tiny, cfg: Any, chunks: list[Any], data: list[tuple[torch.Tensor, torch.Tensor]],
+def train_step(t: Shape, cfg: Any, chunks: list[Any], data: list[tuple[torch.Tensor, torch.Tensor]],
                schedule: dict[str, Any] | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
     """One step of Megatron-Core's own schedule (`get_forward_backward_func`) and `finalize_model_grads` over
     DDP-wrapped `chunks`: (losses on the last stage, every parameter's gradient by name, chunk-prefixed)."""

@@ -19,10 +19,9 @@ pytest.importorskip("megatron.core")
 
 def _model(s: Shape, **over: Any) -> Any:
     """A stand-in for GPTModel carrying Megatron-Core's own TransformerConfig for `s` (fields `over` changed)."""
-    from tests.harness.megatron_seams import Tiny, config
+    from tests.harness.megatron_seams import config
 
-    t = Tiny(llama=s.llama, layers=s.layers, groups=s.groups, dropout=s.dropout)
-    cfg = config(t, s.tp, s.pp, s.sp)
+    cfg = config(s, s.tp, s.pp, s.sp)
     for k, v in over.items():
         setattr(cfg, k, v)
     return SimpleNamespace(config=cfg, position_embedding_type="rope" if s.llama else "learned_absolute")
