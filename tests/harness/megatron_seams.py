@@ -117,6 +117,7 @@ def config(t: Shape, tp: int = 1, pp: int = 1, sp: bool = False, full_recompute:
         masked_softmax_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False, persist_layer_norm=False,
         params_dtype=torch.float32, pipeline_dtype=torch.float32, batch_p2p_sync=False,
         hidden_dropout=t.dropout, attention_dropout=t.dropout, init_method_std=0.02,
+        deallocate_pipeline_outputs=True,  # as Megatron-LM sets it: a stage frees its output once sent
     )
     if t.llama:
         kw.update(normalization="RMSNorm", gated_linear_unit=True, activation_func=torch.nn.functional.silu,
