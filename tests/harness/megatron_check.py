@@ -27,6 +27,8 @@ def _hookup(hookup: str) -> Any:
 
     from lynx.export.megatron_engine import ENGINE_FILE
 
+    if "lynx_megatron_engine" in sys.modules:  # imported once per process, as a model provider does
+        return sys.modules["lynx_megatron_engine"]
     path = Path(hookup, ENGINE_FILE)
     spec = importlib.util.spec_from_file_location("lynx_megatron_engine", path)
     assert spec is not None and spec.loader is not None
