@@ -191,7 +191,8 @@ def batches(t: Shape, n: int, mbs: int = 2, seed: int = 7) -> list[tuple[torch.T
 
 
 def train_step(t: Shape, cfg: Any, chunks: list[Any], data: list[tuple[torch.Tensor, torch.Tensor]],
-               schedule: dict[str, Any] | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
+               schedule: dict[str, Any] | None = None,
+               keep_grads: bool = True) -> tuple[list[float], dict[str, torch.Tensor]]:
     """One step of Megatron-Core's own schedule (`get_forward_backward_func`) and `finalize_model_grads` over
     DDP-wrapped `chunks`: (losses on the last stage, every parameter's gradient by name, chunk-prefixed)."""
     from functools import partial
@@ -223,5 +224,5 @@ def train_step(t: Shape, cfg: Any, chunks: list[Any], data: list[tuple[torch.Ten
        model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=len(data), seq_length=t.seq,
        micro_batch_size=data[0][0].shape[0], forward_only=False, **kw)
     grads = {f"{i}.{n}": p.main_grad.detach().clone() for i, c in enumerate(chunks)
-             for n, p in c.module.named_parameters()}
+             for n, p in c.module.named_parameters()} if keep_grads else {}
     return losses, grads

@@ -135,6 +135,12 @@ class MegatronLayer(OpLayer):
     def block_parameters(self) -> list[torch.nn.Parameter]:
         return list(self.parts.layer.parameters())
 
+    def static_tensors(self) -> list[torch.Tensor]:
+        """Tensors the ops read that are not activations (`lynx.profile.measure.count_saved` leaves them out):
+        the layer's parameters and the attention masks it was called with."""
+        masks = [m for m, _ in self.context.values() if isinstance(m, torch.Tensor)]
+        return [*self.block_parameters(), *masks]
+
     # -- helpers -------------------------------------------------------------------------------------
     def _random(self, name: str, mb: int, fn: OpFn, env: dict[str, torch.Tensor]) -> torch.Tensor:
         """Run dropout op `name`: in its own forward, stash the generator states first; else replay them."""
