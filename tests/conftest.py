@@ -146,6 +146,9 @@ SLOW_CASES: dict[str, str] = {
         "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (the same, at TP 2)",
     "integration/test_megatron_core.py::test_interleaved_pp2_vpp2_bitwise":
         "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (Megatron-Core, TP windows)",
+    "integration/test_window_control_megatron.py::test_smoke_runs_megatrons_model_with_the_plan_and_its_control":
+        "test_window_control_megatron.py::test_bad_options_are_one_clear_line_and_exit_2 and "
+        "unit/test_window_control_bench.py (the analysis)",
     "integration/test_megatron_core.py::test_offloading_plan_bitwise_and_where_planned":
         "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (Megatron-Core, TP windows) "
         "and test_runtime_offload.py (the engine's offloading, bitwise)",
