@@ -3,12 +3,13 @@
 # torch; lynx's other dependencies are there except highspy, carried as a wheel in .whl/):
 #
 #   bash benchmarks/gpu_session.sh OUTDIR [steps...]     steps: env tests overlap memory profile nccl pipeline eager offload fp8 netns
+#                                                         mcore mcore_wctl (lynx's engine inside Megatron-Core, issue 32)
 #
 # Each step has its own time limit and writes its log to OUTDIR; a failing step does not stop the others.
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUTDIR [steps...]}
 shift
-steps=${*:-env tests overlap memory profile nccl pipeline eager offload fp8}
+steps=${*:-env tests overlap memory profile nccl pipeline eager offload fp8 mcore}
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -87,3 +88,9 @@ step offload 300 python3 benchmarks/gpu_offload.py --out "$out/gpu_offload.json"
 # FP8 (issue 33): FP8 GEMM rates by shape vs lynx, TE saved bytes and the allocator after an FP8 forward (skips
 # cleanly without an FP8 GPU or without transformer_engine)
 step fp8 240 python3 benchmarks/gpu_fp8.py --out "$out/gpu_fp8.json"
+# lynx's engine inside Megatron-Core (issue 32): its bitwise tests (gloo ranks on the CPU, the seams of
+# tests/harness/megatron_seams.py; skipped without megatron-core), then its window control at PP 2 x TP 2 over
+# the namespace testbed on this machine's quiet cores (CPU ranks: the GPU itself is not used by either step)
+step mcore 900 python3 -m pytest -q -p no:cacheprovider -m '""' tests/integration/test_megatron_core.py \
+  tests/integration/test_megatron_core_refusals.py tests/unit/test_export_megatron_engine.py
+step mcore_wctl 1800 python3 benchmarks/window_control_megatron.py --out "$out/window_control_megatron.json"

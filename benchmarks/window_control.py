@@ -92,13 +92,26 @@ def _repo_on_path() -> None:
     if root not in _sys.path:
         _sys.path.insert(0, root)
 
-def stage_peaks(model: Path, pid: int, db: Path, lay: Layout, rate: float) -> dict[str, list[float]]:
+ProblemAt = Callable[[float | None], Any]
+"""Budget bytes (None: the hardware's) -> the planning problem of a benchmark's layout (its profiled graph)."""
+
+
+def peaks_at(problem_at: ProblemAt) -> dict[str, list[float]]:
+    """Each stage's simulated peak under none and under full (the ends of the budget scan)."""
     from lynx.methods import get_method
     from lynx.plan import Plan
 
-    prob = pt._problem(model, pid, db, lay.tp, lay.pp, rate, gb=lay.global_batch)
+    prob = problem_at(None)
     return {m: [s.peak_memory_bytes for s in Plan.evaluate(prob, get_method(m).fn(prob)).sim.stages]
             for m in ("none", "full")}
+
+
+def _problem_at(model: Path, pid: int, db: Path, lay: Layout, rate: float) -> ProblemAt:
+    return lambda budget: pt._problem(model, pid, db, lay.tp, lay.pp, rate, budget, gb=lay.global_batch)
+
+
+def stage_peaks(model: Path, pid: int, db: Path, lay: Layout, rate: float) -> dict[str, list[float]]:
+    return peaks_at(_problem_at(model, pid, db, lay, rate))
 
 
 def budget_of(peaks: dict[str, list[float]], frac: float) -> float:
@@ -106,14 +119,15 @@ def budget_of(peaks: dict[str, list[float]], frac: float) -> float:
     return max(f + frac * (n - f) for f, n in zip(peaks["full"], peaks["none"], strict=True))
 
 
-def predict(model: Path, pid: int, db: Path, lay: Layout, rate: float, frac: float, method: str,
-            peaks: dict[str, list[float]]) -> tuple[dict[str, Any], Any, Any]:
-    """The plan and its control at budget fraction `frac`, with what the simulator predicts for both."""
+def predict_at(problem_at: ProblemAt, frac: float, method: str, peaks: dict[str, list[float]]
+               ) -> tuple[dict[str, Any], Any, Any]:
+    """The plan and its control at budget fraction `frac`, with what the simulator predicts for both (every
+    benchmark of the window control, whatever its model)."""
     from lynx.methods import get_method
     from lynx.plan import Plan
 
     budget = budget_of(peaks, frac)
-    prob = pt._problem(model, pid, db, lay.tp, lay.pp, rate, budget, gb=lay.global_batch)
+    prob = problem_at(budget)
     res = get_method(method).fn(prob)
     plan, ctl = Plan.evaluate(prob, res), Plan.evaluate(prob, control_of(res))
 
@@ -130,11 +144,20 @@ def predict(model: Path, pid: int, db: Path, lay: Layout, rate: float, frac: flo
     return pred, plan, ctl
 
 
+def choose_at(problem_at: ProblemAt, frac: str, method: str, name: str) -> tuple[dict[str, Any], Any, Any]:
+    """`best_fraction` over `predict_at` (`frac`: "auto" or one F)."""
+    peaks = peaks_at(problem_at)
+    return best_fraction(lambda f: predict_at(problem_at, f, method, peaks), frac, peaks, name)
+
+
+def predict(model: Path, pid: int, db: Path, lay: Layout, rate: float, frac: float, method: str,
+            peaks: dict[str, list[float]]) -> tuple[dict[str, Any], Any, Any]:
+    return predict_at(_problem_at(model, pid, db, lay, rate), frac, method, peaks)
+
+
 def choose(model: Path, pid: int, db: Path, lay: Layout, rate: float, frac: str, method: str
            ) -> tuple[dict[str, Any], Any, Any]:
-    peaks = stage_peaks(model, pid, db, lay, rate)
-    return best_fraction(lambda f: predict(model, pid, db, lay, rate, f, method, peaks), frac, peaks,
-                         "window_control")
+    return choose_at(_problem_at(model, pid, db, lay, rate), frac, method, "window_control")
 
 
 def best_fraction(predict_at: Callable[[float], tuple[dict[str, Any], Any, Any]], frac: str, peaks: Any,
@@ -267,6 +290,28 @@ def report_text(an: dict[str, Any], pred: dict[str, Any], t: Targets | None = No
     return "\n".join(lines).replace("[green]", "").replace("[/green]", "").replace("[red]", "").replace("[/red]", "")
 
 
+def saved_run(path: Path, name: str) -> dict[str, Any]:
+    """A run saved by a window-control benchmark; one line naming the file and exit 2 when it is not one."""
+    try:
+        saved: dict[str, Any] = json.loads(path.read_text())
+        saved["meta"], saved["prediction"], saved["rounds"]  # noqa: B018  # the three parts, or KeyError
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"{name}: --from-json {path}: not a saved run of this benchmark ({e})", file=sys.stderr)
+        raise SystemExit(2) from None
+    return saved
+
+
+def print_saved(saved: dict[str, Any], title: str) -> None:
+    """The tables and targets of a saved run, and how it was made."""
+    meta, pred = saved["meta"], saved["prediction"]
+    print(f"{title}: " + prediction_text(pred, meta["rate_mbit"]) + "\n")
+    print(report_text(analyse(saved["rounds"], pred), pred))
+    if saved.get("timeline"):
+        print(timeline_text(saved["timeline"]))
+    print(f"\n{meta['command']}; {meta['date']}; {meta['machine']}; load average before {meta['load_before']}, "
+          f"after {meta['load_after']}")
+
+
 TITLE = "What the windows hide: each plan against its control with every window moved on demand (lynx's layers)"
 
 
@@ -277,12 +322,8 @@ def replay_saved(paths: Path | list[Path], results: Path | None, benchmark: str,
     t = Targets()
     runs = []
     for path in [paths] if isinstance(paths, Path) else paths:
-        try:
-            saved = json.loads(path.read_text())
-            meta, pred, rounds = saved["meta"], saved["prediction"], saved["rounds"]
-        except (OSError, ValueError, KeyError) as e:
-            print(f"{benchmark}: --from-json {path}: not a saved run of this benchmark ({e})", file=sys.stderr)
-            raise SystemExit(2) from None
+        saved = saved_run(path, benchmark)
+        meta, pred, rounds = saved["meta"], saved["prediction"], saved["rounds"]
         print(f"{meta['layout']}: " + prediction_text(pred, meta["rate_mbit"]) + "\n")
         print(report_text(analyse(rounds, pred), pred, t, label(path, meta)))
         if saved.get("timeline"):

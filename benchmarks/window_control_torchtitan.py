@@ -48,7 +48,7 @@ import _results  # noqa: E402
 import pipeline_testbed as pt  # noqa: E402
 import window_control as wc  # noqa: E402
 from _targets import Targets  # noqa: E402
-from _window_control import check_control_args, control_of  # noqa: E402
+from _window_control import check_control_args  # noqa: E402
 
 H, HEADS, FFN, VOCAB = 256, 16, 768, 2048  # torchtitan 0.3.0's llama3 "debugmodel" (llama3/__init__.py)
 MB, SEQ, MICROBATCHES = 2, 256, 2
@@ -194,38 +194,10 @@ def problem(graph: Any, layers: int, rate: float, budget: float | None = None) -
                         PlanOptions(budget_bytes=budget), graph=graph)
 
 
-def predict(graph: Any, layers: int, rate: float, frac: float, method: str, peaks: dict[str, list[float]]
-            ) -> tuple[dict[str, Any], Any, Any]:
-    """window_control.predict on the torchtitan problem."""
-    from lynx.methods import get_method
-    from lynx.plan import Plan
-
-    prob = problem(graph, layers, rate, wc.budget_of(peaks, frac))
-    res = get_method(method).fn(prob)
-    plan, ctl = Plan.evaluate(prob, res), Plan.evaluate(prob, control_of(res))
-
-    def stages(p: Any) -> list[dict[str, float]]:
-        return [{"hidden_s": s.recompute_overlapped_s, "critical_s": s.recompute_critical_s, "oom": s.oom}
-                for s in p.sim.stages]
-
-    pred = {"budget_frac": frac, "budget_bytes": wc.budget_of(peaks, frac), "method": method,
-            "plan_s": plan.sim.iteration_time_s, "control_s": ctl.sim.iteration_time_s,
-            "hidden_s": ctl.sim.iteration_time_s - plan.sim.iteration_time_s,
-            "plan_stages": stages(plan), "control_stages": stages(ctl)}
-    pred["window_recompute_s"] = sum(s["hidden_s"] for s in pred["plan_stages"])
-    pred["control_recompute_s"] = sum(s["hidden_s"] + s["critical_s"] for s in pred["control_stages"])
-    return pred, plan, ctl
-
-
 def choose(graph: Any, layers: int, rate: float, frac: str, method: str) -> tuple[dict[str, Any], Any, Any]:
-    from lynx.methods import get_method
-    from lynx.plan import Plan
-
-    prob = problem(graph, layers, rate)
-    peaks = {m: [s.peak_memory_bytes for s in Plan.evaluate(prob, get_method(m).fn(prob)).sim.stages]
-             for m in ("none", "full")}
-    return wc.best_fraction(lambda f: predict(graph, layers, rate, f, method, peaks), frac, peaks,
-                            "window_control_torchtitan")
+    """window_control.py's plan, control and budget scan, on the torchtitan problem."""
+    return wc.choose_at(lambda budget: problem(graph, layers, rate, budget), frac, method,
+                        "window_control_torchtitan")
 
 
 def _rank_argv(*extra: str) -> list[str]:

@@ -148,6 +148,21 @@ SLOW_CASES: dict[str, str] = {
         "test_search_prices_what_plan_prices (the same property, 3 draws)",
     "integration/test_search_request.py::test_llama_405b_on_1024_gpus_with_tp_8_pp_16":
         "test_pinned_tp_pp_derive_dp_on_a_cluster_larger_than_the_preset (the same rule, gpt-tiny)",
+    **{f"integration/test_megatron_core.py::test_layouts_bitwise_and_where_planned[{c}]":
+       "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (Megatron-Core, TP windows)"
+       for c in ("tp2-sp-llama", "tp2-llama", "pp2-gpt", "pp2-tp2-gpt", "pp2-tp2-sp-llama", "dp2-llama")},
+    "integration/test_megatron_core.py::test_one_rank_gpt_with_dropout_bitwise_and_where_planned":
+        "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (the same, at TP 2)",
+    "integration/test_megatron_core.py::test_interleaved_pp2_vpp2_bitwise":
+        "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (Megatron-Core, TP windows)",
+    "integration/test_window_control_megatron.py::test_smoke_runs_megatrons_model_with_the_plan_and_its_control":
+        "test_window_control_megatron.py::test_bad_options_are_one_clear_line_and_exit_2 and "
+        "unit/test_window_control_bench.py (the analysis)",
+    "integration/test_megatron_core.py::test_offloading_plan_bitwise_and_where_planned":
+        "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (Megatron-Core, TP windows) "
+        "and test_runtime_offload.py (the engine's offloading, bitwise)",
+    "integration/test_megatron_core.py::test_the_lynx_method_plan_bitwise":
+        "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (Megatron-Core, TP windows)",
 }
 
 

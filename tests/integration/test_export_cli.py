@@ -42,7 +42,13 @@ def test_megatron_export_round_trips_through_from_megatron(plan_file: Path, tmp_
     r = lynx_cli("export", "megatron", str(plan_file), "--out", str(out), "--json")
     assert r.returncode == 0, r.stderr
     exp = json.loads(r.stdout)
-    assert {p.name for p in out.iterdir()} == {"megatron_args.txt", "lynx_megatron_plugin.py", "megatron_report.json"}
+    # the plugin's files, and where lynx's engine can run the plan (standard attention: the README's GPT, not the
+    # flash-attention LLaMA) its hook-up, the plan copy it reads and its launcher arguments
+    engine = {"lynx_megatron_engine.py", "lynx_plan.json", "megatron_args_engine.txt"}
+    engine = engine if exp["engine"]["runs"] else set()
+    assert exp["engine"]["runs"] == (exp["engine"]["why_not"] == "")
+    assert {p.name for p in out.iterdir()} == {"megatron_args.txt", "lynx_megatron_plugin.py", "megatron_report.json",
+                                               *engine}
     stock = next(f for f in exp["figures"] if f["label"] == "megatron")
     args = (out / "megatron_args.txt").read_text()
     # the plans here are priced with the paper's 16 B/param recipe; the exported --bf16 reads back as Megatron's

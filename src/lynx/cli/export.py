@@ -66,7 +66,7 @@ def megatron_cmd(
 
     out = _out_dir(out)
     exp = build_megatron(load_source(plan_file))
-    paths = write_megatron(exp, out)
+    paths = write_megatron(exp, out, plan_file)
     if as_json:
         print_json(exp.to_dict() | {"files": [str(p) for p in paths]})
         return
@@ -75,9 +75,19 @@ def megatron_cmd(
     for n in exp.notes:
         console.print(f"  note: {n}", markup=False)
     if exp.figures:
-        console.print(figures_table(exp.figures, f"{plan_file}: predicted by lynx's simulator"))
+        rows = (*exp.figures, exp.engine) if exp.engine is not None else exp.figures
+        console.print(figures_table(rows, f"{plan_file}: predicted by lynx's simulator"))
     else:
         console.print(exp.sim_note)
+    if exp.engine_fit is not None and exp.engine_fit.runs:
+        from lynx.export.megatron_engine import ENGINE_FILE
+
+        console.print(f"lynx engine: in the model provider, after building the GPTModel from "
+                      f"get_gpt_layer_local_spec(): `from {ENGINE_FILE[:-3]} import apply_plan; "
+                      f"apply_plan(model, vp_stage=vp_stage)` ({ENGINE_FILE}, no --recompute-* flags)",
+                      markup=False, highlight=False)
+    for k, v in exp.environment:
+        console.print(f"environment: export {k}={v}", markup=False, highlight=False)
     for p in paths:
         err_console.print(f"wrote {p}")
 

@@ -12,6 +12,16 @@ from typing import Any
 
 from lynx.errors import LynxError
 from lynx.export.layout import first_last_counts, megatron_layout
+from lynx.export.megatron_engine import (
+    ENGINE_ARGS_FILE,
+    ENGINE_FILE,
+    OFFLOAD_ENV,
+    PLAN_COPY,
+    EngineFit,
+    engine_args,
+    engine_module,
+    engine_price,
+)
 from lynx.export.megatron_model import model_flags
 from lynx.export.megatron_offload import offload_entry, offload_flags, offload_notes
 from lynx.export.megatron_recompute import MegatronRecompute, chunk_setting, collapse, hidden_note
@@ -47,6 +57,11 @@ class MegatronExport:
     """lynx's plan, Megatron with the plugin, stock Megatron on the exported layout, and stock Megatron on its
     own even split when Megatron accepts one (empty when the layout cannot be simulated)."""
     sim_note: str = ""
+    engine: Figures | None = None
+    """The plan as lynx's engine inside Megatron-Core runs it (`export.megatron_engine`); None when it cannot."""
+    engine_fit: EngineFit | None = None
+    environment: tuple[tuple[str, str], ...] = ()
+    """Environment variables the exported run needs (name, value)."""
 
     def args_text(self) -> str:
         """One flag per line, shell-quoted: paste into a launcher or `lynx plan --from-megatron "$(cat ...)"`."""
@@ -67,9 +82,12 @@ class MegatronExport:
                 "stages": stages}
 
     def to_dict(self) -> dict[str, Any]:
+        fit = self.engine_fit
+        engine = {"runs": fit.runs, "why_not": fit.why_not, "cooldown_window": fit.cooldown,
+                  "figures": self.engine.to_dict() if self.engine is not None else None} if fit else None
         return {"args": self.argv(), "stock": self.stock.to_dict(), "plugin": self.plugin_table(),
                 "notes": list(self.notes), "figures": [f.to_dict() for f in self.figures],
-                "simulation_note": self.sim_note}
+                "simulation_note": self.sim_note, "engine": engine, "environment": dict(self.environment)}
 
 
 def _translation(src: ExportSource) -> tuple[list[MegatronRecompute], MegatronRecompute, list[str], list[str]]:
@@ -137,7 +155,16 @@ def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
     if fl is not None:
         notes.append(f"layout alternative: --decoder-first-pipeline-num-layers {fl[0]} "
                      f"--decoder-last-pipeline-num-layers {fl[1]}")
-    return MegatronExport(src, tuple(args), tuple(per_stage), stock, tuple(notes), figures, sim_note)
+    env = tuple(OFFLOAD_ENV.items()) if any(f[0] == "--fine-grained-activation-offloading" for f in args) else ()
+    if env:
+        notes.append("environment: " + " ".join(f"{k}={v}" for k, v in env) + " with the plugin's offloading "
+                     "(Megatron-Core's activation offloading with TransformerEngine >= 2.10 needs TE's first "
+                     "offloading implementation; lynx's engine offloads by itself and needs neither)")
+    engine, fit = engine_price(src.problem, src.result) if simulate else (None, None)
+    if fit is not None:
+        notes += list(fit.notes) if fit.runs else [f"lynx engine ({ENGINE_FILE}): cannot run this plan: {fit.why_not}"]
+    return MegatronExport(src, tuple(args), tuple(per_stage), stock, tuple(notes), figures, sim_note, engine, fit,
+                          env)
 
 
 def _offload_entries(src: ExportSource) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]:
@@ -233,12 +260,19 @@ def render_plugin(table: dict[str, Any]) -> str:
     return src.replace(_PLAN_MARKER, f"# written by `lynx export megatron`\nLYNX_PLAN: dict[str, Any] = {body}")
 
 
-def write_megatron(exp: MegatronExport, out_dir: Path) -> list[Path]:
+def write_megatron(exp: MegatronExport, out_dir: Path, plan_file: Path | None = None) -> list[Path]:
+    """The arguments, the plugin, the report; with `plan_file`, also lynx's engine hook-up
+    (`export.megatron_engine`: the module the model provider imports, and the plan it reads, copied)."""
     import json
 
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {ARGS_FILE: exp.args_text(), PLUGIN_FILE: render_plugin(exp.plugin_table()),
              REPORT_FILE: json.dumps(exp.to_dict(), indent=2) + "\n"}
+    if plan_file is not None and (exp.engine_fit is None or exp.engine_fit.runs):
+        lay = exp.source.layout
+        files[PLAN_COPY] = Path(plan_file).read_text()
+        files[ENGINE_FILE] = engine_module(PLAN_COPY, exp.source.family, lay.pp, lay.vpp)
+        files[ENGINE_ARGS_FILE] = "\n".join(" ".join(shlex.quote(t) for t in f) for f in engine_args(exp.args)) + "\n"
     paths = []
     for name, text in files.items():
         p = out_dir / name

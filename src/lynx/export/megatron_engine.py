@@ -1,0 +1,162 @@
+"""lynx's recompute engine inside Megatron-Core (`lynx.integrations.megatron`), as `lynx export megatron` hands it
+over: the hook-up (the lines a model provider and a training loop add), the environment, and the plan's price as
+the integration runs it. Planner side: no torch.
+
+What the integration runs of a plan: every layer's keep / recompute / offload decisions, phases 3/4 in its
+ColumnParallelLinears' backward collectives, phases 1/2 in its RowParallelLinears' forward collectives (and the SP
+all-gathers'), on Megatron-Core's own GPTModel from its local layer spec. What it cannot run, and how each is
+priced (`engine_fit`):
+
+* the cool-down stall (phase-1/2 work of the last micro-batches, before the wait for their gradient) opens only
+  where the training loop passes ``schedule_kwargs(...)`` to Megatron-Core's non-interleaved 1F1B schedule;
+  Megatron-LM's ``pretrain_gpt.py`` does not, nor does the interleaved schedule: there that work runs on demand,
+  and the row is priced so (`Launcher`);
+* TransformerEngine's fused attention (a plan with ``attention: flash``), context parallelism, TE's TP-comm
+  overlap, and families other than gpt / llama / mcore: not run (no row; the plugin's row remains).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+from lynx.export.pricing import Figures, simulate_lynx
+from lynx.problem import PlanProblem, PlanResult
+
+ENGINE_FILE = "lynx_megatron_engine.py"
+ENGINE_ARGS_FILE = "megatron_args_engine.txt"
+PLAN_COPY = "lynx_plan.json"
+OFFLOAD_ENV = {"NVTE_CPU_OFFLOAD_V1": "1"}
+"""Megatron-Core's activation offloading with TransformerEngine >= 2.10 needs TE's first offloading
+implementation (TE 2.10 made a second one the default; Megatron's fine-grained offloading hooks the first)."""
+FAMILIES = ("gpt", "llama", "mcore")
+
+
+class Launcher(enum.Enum):
+    """Who calls Megatron-Core's forward_backward_func."""
+
+    PRETRAIN_GPT = "pretrain_gpt"
+    """Megatron-LM's pretrain_gpt.py (its training loop passes no p2p_communicator: no cool-down window)."""
+    CUSTOM_LOOP = "custom_loop"
+    """A Megatron-Core training loop that passes ``**schedule_kwargs(lynx, config)`` (the cool-down window)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFit:
+    runs: bool
+    """The integration can run the plan at all."""
+    why_not: str
+    cooldown: bool
+    """The plan's cool-down recomputation runs in the stall (else on demand)."""
+    notes: tuple[str, ...]
+
+
+def engine_fit(problem: PlanProblem, result: PlanResult, launcher: Launcher = Launcher.PRETRAIN_GPT) -> EngineFit:
+    m, par, opts = problem.model, problem.parallel, problem.options
+    why = ""
+    if m.family not in FAMILIES:
+        why = f"family {m.family!r} (the integration runs Megatron-Core's gpt / llama / mcore layers)"
+    elif m.attention == "flash":
+        why = ("attention flash: TransformerEngine's fused attention (the TE layer spec) is not supported yet; the "
+               "integration runs the local spec's DotProductAttention (plan with attention: standard)")
+    elif par.cp > 1:
+        why = f"context parallelism (CP {par.cp})"
+    elif opts.tp_comm_overlap and par.sequence_parallel:
+        why = "--tp-comm-overlap (TransformerEngine's userbuffers)"
+    if why:
+        return EngineFit(False, why, False, ())
+    wants = any(p.cooldown_overlap for p in result.policies) and par.pp > 1
+    cool = wants and launcher is Launcher.CUSTOM_LOOP and opts.vpp <= 1
+    notes: list[str] = []
+    if wants and not cool:
+        where = ("the interleaved schedule" if opts.vpp > 1 else
+                 "Megatron-LM's pretrain_gpt.py (its loop passes no p2p_communicator)")
+        notes.append(f"lynx engine: the cool-down window does not open under {where}: that recomputation runs on "
+                     "demand, priced so; a Megatron-Core loop that passes schedule_kwargs() to the 1F1B schedule "
+                     "runs it in the stall")
+    return EngineFit(True, "", cool, tuple(notes))
+
+
+def engine_price(problem: PlanProblem, result: PlanResult,
+                 launcher: Launcher = Launcher.PRETRAIN_GPT) -> tuple[Figures | None, EngineFit]:
+    """The plan as `lynx.integrations.megatron` runs it under `launcher` (None when it cannot): lynx's own price
+    where every window is expressible, else the same plan with the cool-down work on demand. The search's
+    ``--target megatron`` may rank with this (`lynx.export.targets.target_price`)."""
+    fit = engine_fit(problem, result, launcher)
+    if not fit.runs:
+        return None, fit
+    run = result
+    if not fit.cooldown and any(p.cooldown_overlap for p in result.policies):
+        run = replace(result, policies=tuple(replace(p, cooldown_overlap=False) for p in result.policies))
+    fig = simulate_lynx(problem, run)
+    how = "every window"
+    if run is not result:
+        if fig.iteration_time_s == simulate_lynx(problem, result).iteration_time_s:
+            fit = replace(fit, notes=())  # the plan puts nothing in the cool-down stall: nothing is lost
+        else:
+            how = "no cool-down window"
+    return replace(fig, label="megatron+lynx engine", setting=f"{result.method} ({how}; {launcher.value})"), fit
+
+
+_MEGATRON_OWN = ("--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--recompute-modules",
+                 "--fine-grained-activation-offloading", "--offload-modules", "--activation-offload-fraction",
+                 "--transformer-impl")
+
+
+def engine_args(args: tuple[tuple[str, ...], ...]) -> tuple[tuple[str, ...], ...]:
+    """The launcher arguments for a run under lynx's engine: the exported ones without Megatron's own
+    recomputation and offloading (the engine does both, as planned) and with the local layer spec
+    (``--transformer-impl local``, what pretrain_gpt.py builds get_gpt_layer_local_spec() from)."""
+    return (*(f for f in args if f[0] not in _MEGATRON_OWN), ("--transformer-impl", "local"))
+
+
+def engine_module(plan_name: str, family: str, pp: int, vpp: int) -> str:
+    """The hook-up module `lynx export megatron` writes beside the plan (imported by the model provider)."""
+    return _TEMPLATE.format(plan=plan_name, family=family, pp=pp, vpp=vpp)
+
+
+_TEMPLATE = '''"""lynx's recompute engine for this plan inside Megatron-Core (written by `lynx export megatron`).
+
+In Megatron-LM's pretrain_gpt.py, model_provider(): build the model as always, from Megatron-Core's local layer
+spec (get_gpt_layer_local_spec(); TransformerEngine's spec is not supported yet), with no Megatron recomputation
+(no --recompute-* flags), then apply the plan to it:
+
+    from lynx_megatron_engine import apply_plan
+    ...
+    model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(...), ...)
+    apply_plan(model, vp_stage=vp_stage)
+    return model
+
+A Megatron-Core training loop of your own also opens the 1F1B cool-down window:
+
+    forward_backward_func(..., **cooldown_kwargs(config))
+
+Plan: {plan} (family {family}; PP {pp}, virtual stages per rank {vpp}). Needs lynx (pip install) importable on
+every rank; the plan is checked against the model when applied (one line naming both sides on a mismatch).
+"""
+
+from pathlib import Path
+from typing import Any
+
+PLAN = Path(__file__).with_name("{plan}")
+_APPLIED: list[Any] = []
+
+
+def apply_plan(model: Any, vp_stage: int | None = None) -> Any:
+    """Run the model chunk's layers under lynx's engine with this plan; returns lynx's handle (its `stats`)."""
+    from lynx.integrations.megatron import apply_lynx_plan
+
+    lynx = apply_lynx_plan(model, PLAN, vp_stage=vp_stage)
+    _APPLIED.append(lynx)
+    return lynx
+
+
+def cooldown_kwargs(config: Any) -> dict[str, Any]:
+    """Keyword arguments for Megatron-Core's forward_backward_func that open the cool-down window (PP > 1, one
+    model chunk per rank; empty otherwise)."""
+    from lynx.integrations.megatron import schedule_kwargs
+
+    if len(_APPLIED) != 1:
+        return {{}}
+    return schedule_kwargs(_APPLIED[0], config)
+'''

@@ -1,0 +1,97 @@
+"""A plan applied to a Megatron-Core model it does not describe is refused in one line naming both sides:
+layers, shape, TP / SP / PP / virtual stages, dtype, dropout, attention kernel, Megatron's own recomputation.
+Checked on Megatron-Core's real TransformerConfig (no process group needed: the checks read the config and the
+GPTModel's position-embedding type only; the stage's layers and the micro-batch shape are plain numbers)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests.harness.megatron_plans import Shape, plan_file
+
+pytest.importorskip("megatron.core")
+
+
+def _model(s: Shape, **over: Any) -> Any:
+    """A stand-in for GPTModel carrying Megatron-Core's own TransformerConfig for `s` (fields `over` changed)."""
+    from tests.harness.megatron_seams import config
+
+    cfg = config(s, s.tp, s.pp, s.sp)
+    for k, v in over.items():
+        setattr(cfg, k, v)
+    return SimpleNamespace(config=cfg, position_embedding_type="rope" if s.llama else "learned_absolute")
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from lynx.export.source import load_source
+
+    return load_source(plan_file(tmp_path_factory.mktemp("plans"), Shape(tp=2, layers=4, pp=2)))
+
+
+def _refused(src: Any, model: Any) -> str:
+    from lynx.integrations.megatron.check import PlanMismatch, check_model
+
+    with pytest.raises(PlanMismatch) as e:
+        check_model(src, model)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("lynx.integrations.megatron: ")
+    return msg
+
+
+def test_the_described_model_passes(plan: Any) -> None:
+    from lynx.integrations.megatron.check import check_model
+
+    check_model(plan, _model(Shape(tp=2, layers=4, pp=2)))
+
+
+@pytest.mark.parametrize(("over", "words"), [
+    ({"num_layers": 6}, ["num_layers 4", "num_layers 6"]),
+    ({"hidden_size": 128}, ["hidden_size 64", "hidden_size 128"]),
+    ({"tensor_model_parallel_size": 4}, ["tp 2", "tp 4"]),
+    ({"pipeline_model_parallel_size": 1}, ["pp 2", "pp 1"]),
+    ({"sequence_parallel": True}, ["sequence_parallel False", "sequence_parallel True"]),
+    ({"bf16": True}, ["dtype fp32", "dtype bf16"]),
+    ({"normalization": "RMSNorm"}, ["normalization layernorm", "normalization rmsnorm"]),
+    ({"hidden_dropout": 0.1}, ["dropout 0.0 / 0.0", "0.1 / 0.0"]),
+    ({"recompute_granularity": "full"}, ["lynx's engine in place of Megatron's recomputation",
+                                          "recompute_granularity 'full'"]),
+])
+def test_each_mismatch_is_one_line_naming_both_sides(plan: Any, over: dict[str, Any], words: list[str]) -> None:
+    msg = _refused(plan, _model(Shape(tp=2, layers=4, pp=2), **over))
+    for w in words:
+        assert w in msg, msg
+
+
+def test_a_flash_attention_plan_is_refused_for_the_local_spec(tmp_path: Path, plan: Any) -> None:
+    m = dataclasses.replace(plan.problem.model, attention="flash")
+    src = dataclasses.replace(plan, problem=dataclasses.replace(plan.problem, model=m))
+    msg = _refused(src, _model(Shape(tp=2, layers=4, pp=2)))
+    assert "attention flash" in msg and "DotProductAttention" in msg
+
+
+def test_a_plan_for_a_llama_model_is_refused_on_a_gpt_one(tmp_path: Path) -> None:
+    from lynx.export.source import load_source
+
+    src = load_source(plan_file(tmp_path, Shape(llama=True, groups=2)))
+    msg = _refused(src, _model(Shape()))
+    assert "num_query_groups 2" in msg and "num_query_groups 4" in msg
+
+
+def test_the_stages_layers_and_the_microbatch_shape(plan: Any) -> None:
+    from lynx.integrations.megatron.check import PlanMismatch, check_layers, check_shape
+
+    check_layers(plan, 1, [2, 3])
+    with pytest.raises(PlanMismatch, match=r"layers of \(virtual\) stage 1: the plan has layers 2-3, the model "
+                                           r"has layers 1-3"):
+        check_layers(plan, 1, [1, 2, 3])
+    with pytest.raises(PlanMismatch, match="pipeline stages"):
+        check_layers(plan, 2, [0, 1])
+    check_shape(plan, 16, 2)
+    with pytest.raises(PlanMismatch, match="seq_length 16, micro_batch_size 2, the model has seq_length 32"):
+        check_shape(plan, 32, 2)

@@ -1,0 +1,106 @@
+"""`lynx export megatron` for lynx's engine inside Megatron-Core (`export.megatron_engine`): what the integration
+can run, its price (lynx's own where every window is expressible; the cool-down work on demand under Megatron-LM's
+pretrain_gpt.py), the files and lines it writes, and the environment the plugin's offloading needs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from lynx.api import plan as plan_with
+from lynx.export.megatron import build_megatron, write_megatron
+from lynx.export.megatron_engine import (
+    ENGINE_ARGS_FILE,
+    ENGINE_FILE,
+    PLAN_COPY,
+    Launcher,
+    engine_args,
+    engine_fit,
+    engine_price,
+)
+from lynx.export.pricing import simulate_lynx
+from lynx.export.source import source_from
+from tests.conftest import problem_for
+
+
+def _standard(**kw: object):  # type: ignore[no-untyped-def]
+    p = problem_for(pp=4, tp=4, **kw)  # type: ignore[arg-type]
+    assert p.model.attention == "standard" and p.model.family == "gpt"
+    return p
+
+
+@pytest.fixture(scope="module")
+def lynx_plan():  # type: ignore[no-untyped-def]
+    return plan_with(_standard(), "lynx", record=False)
+
+
+def test_every_window_expressible_prices_as_lynxs_plan(lynx_plan) -> None:  # type: ignore[no-untyped-def]
+    fig, fit = engine_price(lynx_plan.problem, lynx_plan.result, Launcher.CUSTOM_LOOP)
+    assert fit.runs and fit.notes == ()
+    assert fig is not None
+    assert fig.iteration_time_s == simulate_lynx(lynx_plan.problem, lynx_plan.result).iteration_time_s
+
+
+def test_pretrain_gpt_has_no_cooldown_window_and_is_priced_without_it() -> None:
+    """The README's model at micro-batch 16 (docs/export.md): lynx hides recomputation in the cool-down stall."""
+    p = plan_with(_standard(mb=16), "lynx", record=False)
+    assert any(pol.cooldown_overlap for pol in p.result.policies)
+    fig, fit = engine_price(p.problem, p.result, Launcher.PRETRAIN_GPT)
+    assert fit.runs and not fit.cooldown and "cool-down window does not open" in fit.notes[0]
+    assert fig is not None and "no cool-down window" in fig.setting
+    no_cool = dataclasses.replace(p.result, policies=tuple(
+        dataclasses.replace(pol, cooldown_overlap=False) for pol in p.result.policies))
+    assert fig.iteration_time_s == simulate_lynx(p.problem, no_cool).iteration_time_s
+    assert fig.iteration_time_s > simulate_lynx(p.problem, p.result).iteration_time_s
+
+
+def test_a_plan_with_nothing_in_the_stall_loses_nothing(lynx_plan) -> None:  # type: ignore[no-untyped-def]
+    fig, fit = engine_price(lynx_plan.problem, lynx_plan.result, Launcher.PRETRAIN_GPT)
+    assert fig is not None and fit.notes == () and "every window" in fig.setting
+    assert fig.iteration_time_s == simulate_lynx(lynx_plan.problem, lynx_plan.result).iteration_time_s
+
+
+def test_what_the_integration_cannot_run_is_named() -> None:
+    p = problem_for(pp=2, tp=2)
+    flash = dataclasses.replace(p, model=dataclasses.replace(p.model, attention="flash"))
+    res = plan_with(p, "full", record=False).result
+    fit = engine_fit(flash, res)
+    assert not fit.runs and "attention flash" in fit.why_not and "TransformerEngine" in fit.why_not
+    fig, _ = engine_price(flash, res)
+    assert fig is None
+
+
+def test_engine_args_drop_megatrons_own_recomputation_and_offloading() -> None:
+    args = (("--tensor-model-parallel-size", "2"), ("--recompute-granularity", "full"),
+            ("--recompute-method", "block"), ("--fine-grained-activation-offloading",),
+            ("--offload-modules", "core_attn"), ("--transformer-impl", "transformer_engine"), ("--bf16",))
+    assert engine_args(args) == (("--tensor-model-parallel-size", "2"), ("--bf16",), ("--transformer-impl", "local"))
+
+
+def test_export_writes_the_hookup_and_the_plan_copy(tmp_path: Path, lynx_plan) -> None:  # type: ignore[no-untyped-def]
+    plan = tmp_path / "plan.json"
+    lynx_plan.save(plan)
+    exp = build_megatron(source_from(lynx_plan.problem, lynx_plan.result))
+    assert exp.engine is not None and exp.engine.label == "megatron+lynx engine"
+    names = {p.name for p in write_megatron(exp, tmp_path / "out", plan)}
+    assert {ENGINE_FILE, PLAN_COPY, ENGINE_ARGS_FILE} <= names
+    mod = (tmp_path / "out" / ENGINE_FILE).read_text()
+    assert f'PLAN = Path(__file__).with_name("{PLAN_COPY}")' in mod and "def apply_plan" in mod
+    compile(mod, ENGINE_FILE, "exec")
+    assert (tmp_path / "out" / PLAN_COPY).read_text() == plan.read_text()
+    report = json.loads((tmp_path / "out" / "megatron_report.json").read_text())
+    assert report["engine"]["runs"] and report["engine"]["figures"]["label"] == "megatron+lynx engine"
+    assert "--recompute-granularity" not in (tmp_path / "out" / ENGINE_ARGS_FILE).read_text()
+
+
+def test_the_plugins_offloading_names_its_environment() -> None:
+    p = _standard()
+    exp = build_megatron(source_from(p, plan_with(p, "mc-offload", record=False).result))
+    assert ("NVTE_CPU_OFFLOAD_V1", "1") in exp.environment
+    assert any(n.startswith("environment: NVTE_CPU_OFFLOAD_V1=1") for n in exp.notes)
+    assert exp.to_dict()["environment"] == {"NVTE_CPU_OFFLOAD_V1": "1"}
+    plain = build_megatron(source_from(p, plan_with(p, "full", record=False).result), simulate=False)
+    assert plain.environment == ()
