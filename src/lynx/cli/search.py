@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from lynx.cli.common import check_ints, console, err_console, print_json
+from lynx.cost.fsdp import FSDP2, DpSharding
 from lynx.errors import SpecError
 from lynx.request import DEFAULT_TARGET, Request, Target, parse_target
 from lynx.spec import CpCommType, Hardware, load_hardware
@@ -57,6 +58,9 @@ class SearchArgs:
     offload: bool | None = None
     """--offload/--no-offload (None: on when the hardware has a host link)."""
     target: Target = DEFAULT_TARGET
+    fsdp: DpSharding | None = None
+    """The FSDP the user named (--use-torch-fsdp2, --use-megatron-fsdp ...): FSDP layouts only, that one;
+    None: FSDP2 searched beside DDP."""
 
 
 def cluster_gpus(hw: Hardware, gpus: int | None, nodes: int | None) -> int | None:
@@ -132,7 +136,18 @@ def search_cmd(f: PlanFlags) -> None:
     req = search_request(f, total, hw.devices_per_node, bool(sp), bool(dist_opt))
     run_search(SearchArgs(f.model, f.hardware, total, f.global_batch, f.seq_len, tp, pp, f.vpp, sp, f.micro_batch,
                           dist_opt, f.method, f.allow_cross_node_tp, f.top, f.as_json, f.out, f.search_png, cp,
-                          req.parallel.cp_comm_type, f.offload, target), req)
+                          req.parallel.cp_comm_type, f.offload, target, _fsdp_pin(f)), req)
+
+
+def _fsdp_pin(f: PlanFlags) -> DpSharding | None:
+    """An FSDP named on the command line pins the search's sharding dimension to it."""
+    ds = f.dp_sharding()
+    if ds.fsdp:
+        return ds
+    if ds.instances > 1:
+        raise SpecError("--num-distributed-optimizer-instances with --gpus: give --use-torch-fsdp2 or "
+                        "--use-megatron-fsdp too (the search shards with FSDP's replicas)")
+    return None
 
 
 def run_search(a: SearchArgs, base: Request) -> None:
@@ -159,8 +174,9 @@ def run_search(a: SearchArgs, base: Request) -> None:
                         "search plans that method only (use --method lynx-offload)")
     space = Space(base.model, hw, a.gpus, a.global_batch, a.seq_len,
                   Pins(tp=a.tp, pp=a.pp, vpp=a.vpp, sp=a.sp, mb=a.mb, dist_opt=a.dist_opt, cp=a.cp,
-                       methods=None if a.method is None else (a.method,)),
-                  a.allow_cross_node_tp, a.cp_comm_type, has_link if a.offload is None else a.offload)
+                       fsdp=True if a.fsdp is not None else None, methods=None if a.method is None else (a.method,)),
+                  a.allow_cross_node_tp, a.cp_comm_type, fsdp=a.fsdp or FSDP2,
+                  offload=has_link if a.offload is None else a.offload)
     cands, rejected = candidates(space)
     if not cands:  # nothing to search: say which rule the pins break, before any work
         raise SpecError(f"--gpus {a.gpus}: no layout satisfies the pinned options ({no_layout_reason(a, rejected)})")

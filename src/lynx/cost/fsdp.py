@@ -110,9 +110,6 @@ def check_sharding(ds: DpSharding, par: ParallelSpec, distributed_optimizer: boo
     if ds.mode is DpMode.TORCH_FSDP2 and ds.strategy is not Sharding.OPTIM_GRADS_PARAMS:
         raise SpecError(f"--use-torch-fsdp2 shards everything; --data-parallel-sharding-strategy "
                         f"{ds.strategy.value} is Megatron-FSDP's (--use-megatron-fsdp)")
-    if ds.fsdp and distributed_optimizer:
-        raise SpecError("--use-distributed-optimizer with FSDP: FSDP shards the optimizer state itself "
-                        "(Megatron-FSDP's --data-parallel-sharding-strategy optim is its distributed optimizer)")
     if par.dp_cp % ds.instances:
         raise SpecError(f"--num-distributed-optimizer-instances {ds.instances} does not divide DP x CP = "
                         f"{par.dp_cp}")

@@ -12,6 +12,7 @@ from typing import Any
 
 from lynx.errors import LynxError
 from lynx.export.layout import first_last_counts, megatron_layout
+from lynx.export.megatron_fsdp import sharding_flags
 from lynx.export.megatron_model import model_flags
 from lynx.export.megatron_offload import offload_entry, offload_flags, offload_notes
 from lynx.export.megatron_recompute import MegatronRecompute, chunk_setting, collapse, hidden_note
@@ -212,7 +213,7 @@ def run_flags(opts: PlanOptions, par: ParallelSpec) -> list[tuple[str, ...]]:
         out.append(("--no-check-for-nan-in-loss-and-grad",))
     if opts.ddp_average_in_collective:
         out.append(("--ddp-average-in-collective",))
-    return out
+    return out + sharding_flags(opts.dp_sharding)
 
 
 def _as_flags(tokens: list[str]) -> list[tuple[str, ...]]:

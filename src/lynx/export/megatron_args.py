@@ -13,8 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from lynx.cost.fsdp import DDP, DpSharding
 from lynx.errors import SpecError
 from lynx.export.layout import ChunkLayout, even_layout, first_last_layout, parse_megatron_layout
+from lynx.export.megatron_fsdp import BOOL_FLAGS as FSDP_BOOL
+from lynx.export.megatron_fsdp import INT_FLAGS as FSDP_INT
+from lynx.export.megatron_fsdp import STR_FLAGS as FSDP_STR
+from lynx.export.megatron_fsdp import sharding_of
 from lynx.export.megatron_fusion import BOOL_FLAGS, fusion_fields
 from lynx.export.megatron_model import model_from_flags
 from lynx.export.megatron_recompute import MegatronRecompute, RecomputeMethod
@@ -26,19 +31,19 @@ _INT = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-h
         "--pipeline-model-parallel-size", "--micro-batch-size", "--global-batch-size", "--recompute-num-layers",
         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
         "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank", "--num-query-groups",
-        "--context-parallel-size")
+        "--context-parallel-size", *FSDP_INT)
 _FLOAT = ("--attention-dropout", "--hidden-dropout", "--rotary-base", "--activation-offload-fraction",
           "--delta-offload-bytes-across-pp-ranks")
 _STR = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--normalization",
         "--position-embedding-type", "--attention-backend", "--transformer-impl", "--cp-comm-type",
-        "--cross-entropy-fusion-impl")
+        "--cross-entropy-fusion-impl", *FSDP_STR)
 _LIST = ("--recompute-modules", "--hierarchical-context-parallel-sizes", "--offload-modules")
 _BOOL = ("--sequence-parallel", "--bf16", "--fp16", "--recompute-activations", "--swiglu", "--group-query-attention",
          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--use-distributed-optimizer",
          "--use-flash-attn", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
          "--grad-reduce-in-bf16", "--squared-relu", "--add-qkv-bias", "--account-for-embedding-in-pipeline-split",
          "--account-for-loss-in-pipeline-split", "--fine-grained-activation-offloading",
-         "--no-check-for-nan-in-loss-and-grad", "--ddp-average-in-collective", *BOOL_FLAGS)
+         "--no-check-for-nan-in-loss-and-grad", "--ddp-average-in-collective", *BOOL_FLAGS, *FSDP_BOOL)
 _REFUSED = {
     "--num-experts": "mixture-of-experts layers",
     "--multi-latent-attention": "multi-latent attention",
@@ -65,6 +70,9 @@ class MegatronRun:
     check_for_nan_in_grad: bool = True
     """False with --no-check-for-nan-in-loss-and-grad."""
     ddp_average_in_collective: bool = False
+    dp_sharding: DpSharding = DDP
+    """--use-megatron-fsdp / --data-parallel-sharding-strategy / --use-torch-fsdp2 /
+    --num-distributed-optimizer-instances (`export.megatron_fsdp.sharding_of`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,4 +323,5 @@ def _run(k: dict[str, Value]) -> MegatronRun:
         ddp_bucket_size=None if bucket is None else int(cast(int, bucket)),
         check_for_nan_in_grad=not k.get("--no-check-for-nan-in-loss-and-grad"),
         ddp_average_in_collective=bool(k.get("--ddp-average-in-collective")),
+        dp_sharding=sharding_of(k),
     )

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from lynx.api import layer_graph, make_problem
+from lynx.cost.fsdp import DDP
 from lynx.cost.memory import LayerMemory, held_bytes, layer_memory
 from lynx.errors import InfeasibleError, LynxError
 from lynx.graph import LayerGraph
@@ -89,7 +90,7 @@ class Shared:
         if key not in self.problems:
             nodes = -(-self.space.gpus // self.space.hardware.devices_per_node)
             opts = replace(self.base, vpp=lay.vpp, distributed_optimizer=lay.dist_opt, nodes=nodes,
-                           layers_per_stage=lps)
+                           layers_per_stage=lps, dp_sharding=self.space.fsdp if lay.fsdp else DDP)
             self.problems[key] = make_problem(self.space.model, self.space.hardware, self.parallel(lay), opts,
                                               self.graph(lay))
         return self.problems[key]

@@ -16,7 +16,7 @@ from lynx.search.run import SearchResult
 def _layout_cells(o: Outcome) -> list[str]:
     lay = o.candidate.layout
     return [str(lay.tp), str(lay.cp), str(lay.pp), str(lay.vpp), str(lay.dp), "on" if lay.sp else "off", str(lay.mb),
-            "dist" if lay.dist_opt else "-"]
+            "fsdp" if lay.fsdp else "dist" if lay.dist_opt else "-"]
 
 
 def _figures(o: Outcome) -> list[str]:
@@ -111,7 +111,7 @@ def _flip(lay: Any, field: str) -> Any:
 def outcome_dict(o: Outcome) -> dict[str, Any]:
     lay = o.candidate.layout
     d: dict[str, Any] = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "sp": lay.sp,
-                         "micro_batch": lay.mb, "distributed_optimizer": lay.dist_opt,
+                         "micro_batch": lay.mb, "distributed_optimizer": lay.dist_opt, "fsdp": lay.fsdp,
                          "method": o.candidate.method, "stock_megatron": o.candidate.stock, "status": o.status,
                          "time_bound_s": None if math.isnan(o.bound_s) else o.bound_s, "priced_for": o.priced_for}
     if o.runs_on:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from lynx.cost.fsdp import FSDP2, DpSharding
 from lynx.errors import SpecError
 from lynx.families import get_family
 from lynx.spec import MAX_MICROBATCHES, CpCommType, Hardware, ModelSpec, ParallelSpec, check_cp
@@ -54,11 +55,14 @@ class Layout:
     dist_opt: bool
     cp: int = 1
     """Context parallelism (Megatron's --context-parallel-size); world size TP x CP x PP x DP."""
+    fsdp: bool = False
+    """Fully sharded data parallelism (parameters, gradients and optimizer state over DP x CP: `Space.fsdp`'s
+    sharding); `dist_opt` is then False."""
 
     def label(self) -> str:
         cp = f" CP{self.cp}" if self.cp > 1 else ""
-        return (f"TP{self.tp}{cp} PP{self.pp} VPP{self.vpp} DP{self.dp} SP{int(self.sp)} mb{self.mb} "
-                f"DO{int(self.dist_opt)}")
+        shard = "FSDP" if self.fsdp else f"DO{int(self.dist_opt)}"
+        return f"TP{self.tp}{cp} PP{self.pp} VPP{self.vpp} DP{self.dp} SP{int(self.sp)} mb{self.mb} {shard}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +87,9 @@ class Pins:
     cp: int | None = None
     methods: tuple[str, ...] | None = None
     """None: lynx on its own partition plus every stock Megatron-Core flag on the even split."""
+    fsdp: bool | None = None
+    """True: FSDP layouts only; False: none; None: searched beside DDP with and without the distributed
+    optimizer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +106,8 @@ class Space:
     offload: bool = False
     """Plan every layout with the offloading methods too (`OFFLOAD_METHODS`; `lynx plan --offload`, on by default
     when the hardware has a host link). Only without pinned methods."""
+    fsdp: DpSharding = FSDP2
+    """The sharding an FSDP layout runs (`Layout.fsdp`): torch FSDP2 unless the user names Megatron-FSDP's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +216,8 @@ def _layouts_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected
     dos = [False, True] if dp * cp > 1 else [False]  # it shards over DP x CP: with both 1, nothing
     if pins.dist_opt is not None:
         dos = [pins.dist_opt]
+    if pins.fsdp:
+        dos = []
     per_rank = space.global_batch // dp
     if pins.mb is not None and per_rank % pins.mb:
         rejected.append(Rejected(f"TP{tp} PP{pp} DP{dp} mb{pins.mb}", f"--micro-batch {pins.mb} does not divide the "
@@ -225,6 +236,8 @@ def _layouts_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected
                                      "whole layers per virtual stage"))
         for vpp in vpps:
             out += [Layout(tp, pp, vpp, dp, sp, mb, do, cp) for sp in sps for do in dos]
+            if dp * cp > 1 and dp * cp % space.fsdp.instances == 0 and pins.fsdp is not False:  # DP sharding
+                out += [Layout(tp, pp, vpp, dp, sp, mb, False, cp, fsdp=True) for sp in sps]
     return out
 
 
