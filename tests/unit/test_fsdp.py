@@ -169,3 +169,24 @@ def test_cli_refuses_a_bad_sharding_in_one_line(capsys: pytest.CaptureFixture[st
         assert len(err.strip().splitlines()) == 1
     code, out, _ = run_main(base + ["--use-torch-fsdp2", "--json"], capsys)
     assert code == 0 and "iteration" in out
+
+
+def test_heu_places_recomputation_in_the_fsdp_window() -> None:
+    """HEU's objective and its MILP see the window the simulator charges: on a link where FSDP outlasts each
+    layer's backward, a budget that forces recomputation costs no critical time."""
+    from lynx.cost.fsdp import DDP
+    from lynx.policy.heu_objective import critical_recompute
+
+    m, hw = load_model("llama3-8b"), load_hardware("a100-40g-pcie")
+    par = replace(PAR, seq_length=4096)
+    fsdp = Request(m, hw, par, PlanOptions(precision="megatron-bf16", dp_sharding=FSDP2)).problem()
+    ctx = fsdp.stage_context(0, 32)
+    full = (full_layer(fsdp.graph),) * 32
+    assert critical_recompute(fsdp.graph, full, ctx) == 0.0
+    assert critical_recompute(fsdp.graph, full, replace(ctx, fsdp=None)) > 0.0
+    tight = PlanOptions(precision="megatron-bf16", dp_sharding=FSDP2, budget_bytes=30 * 2**30)
+    plan = Request(m, hw, par, tight).plan()
+    st = plan.prediction.stages[0]
+    assert st.recompute_overlapped_s > 0.0 and st.recompute_critical_s == 0.0
+    assert Request(m, hw, par, replace(tight, dp_sharding=DDP, distributed_optimizer=True)).problem() \
+        .stage_context(0, 32).fsdp is None
