@@ -127,7 +127,8 @@ def main() -> None:
         ok = abs(err) <= TARGET
         held += ok
         t.add_row(r.name, r.ac, str(r.local_batch), f"{r.published_tps:,.0f}", f"{tps:,.0f}", f"{it:.3f}",
-                  f"{it - bare:.3f}", f"{peak:.1f}", f"{100 * err:+.1f}%", f"±{100 * TARGET:.0f}%", "yes" if ok else "NO", r.source)
+                  f"{it - bare:.3f}", f"{peak:.1f}", f"{100 * err:+.1f}%", f"±{100 * TARGET:.0f}%",
+                  "yes" if ok else "NO", r.source)
         figures.append(_results.Figure(f"{r.name} tokens/s/GPU", round(tps), "tok/s/GPU", f"published ± {TARGET:.0%}",
                                        ok, r.published_tps))
     out.print(t)
