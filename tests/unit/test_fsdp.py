@@ -5,6 +5,7 @@ sharding dimension, and the refusals."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -190,3 +191,18 @@ def test_heu_places_recomputation_in_the_fsdp_window() -> None:
     assert st.recompute_overlapped_s > 0.0 and st.recompute_critical_s == 0.0
     assert Request(m, hw, par, replace(tight, dp_sharding=DDP, distributed_optimizer=True)).problem() \
         .stage_context(0, 32).fsdp is None
+
+
+def test_plan_file_keeps_the_sharding_and_lynx_memory_itemizes_it(tmp_path: Path) -> None:
+    from lynx.breakdown import stage_memories
+    from lynx.plan import load_plan
+
+    m, hw = load_model("llama3-8b"), load_hardware(H100)
+    ds = DpSharding(DpMode.MEGATRON_FSDP, Sharding.OPTIM_GRADS_PARAMS)
+    plan = Request(m, hw, PAR, PlanOptions(precision="megatron-bf16", dp_sharding=ds)).plan()
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    problem, _ = load_plan(path)
+    assert problem.options.dp_sharding == ds
+    (st,) = stage_memories(plan)
+    assert st.static.total == pytest.approx(plan.problem.stage_context(0, 32).static_bytes)

@@ -118,6 +118,8 @@ def memory_cmd(
              f"micro-batch {micro_batch}, {plan.result.method}, partition {plan.result.partition}; "
              f"{recipe.name} {recipe.bytes_per_param(dp * cp, distributed_optimizer):g} B/param"
              f"{' (distributed optimizer)' if distributed_optimizer else ''}")
+    if problem.dp_sharding is not None:  # FSDP: the recipe's bytes are sharded as `lynx.cost.fsdp` says
+        title = title.rsplit(";", 1)[0] + f"; {recipe.name}, {problem.dp_sharding.label()} over DP x CP"
     if as_json:
         print_json({"title": title, "method": plan.result.method,
                     "partition": list(plan.result.partition.layers_per_stage),
