@@ -125,8 +125,12 @@ def test_from_megatron_reads_the_sharding_and_export_writes_it_back() -> None:
     assert cmd.run.dp_sharding == DpSharding(DpMode.MEGATRON_FSDP, Sharding.OPTIM_GRADS, 2)
     assert not any("fsdp" in w or "instances" in w for w in cmd.warnings)
     assert sharding_flags(cmd.run.dp_sharding) == [("--use-megatron-fsdp",), ("--data-parallel-sharding-strategy",
-                                                   "optim_grads"), ("--num-distributed-optimizer-instances", "2")]
+                                                   "optim_grads"), ("--use-distributed-optimizer",),
+                                                   ("--num-distributed-optimizer-instances", "2")]
     assert parse_megatron_args(base + "--use-torch-fsdp2").run.dp_sharding == FSDP2
+    for ds in (FSDP2, DpSharding(DpMode.TORCH_FSDP2, instances=4), DpSharding(DpMode.MEGATRON_FSDP, Sharding.OPTIM)):
+        written = " ".join(t for f in sharding_flags(ds) for t in f)
+        assert parse_megatron_args(base + written).run.dp_sharding == ds  # what export writes reads back
     for bad, says in (("--use-torch-fsdp2 --use-megatron-fsdp", "pick one"),
                       ("--use-megatron-fsdp --data-parallel-sharding-strategy zero3", "valid: no_shard"),
                       ("--data-parallel-sharding-strategy optim", "needs --use-megatron-fsdp"),
@@ -141,6 +145,8 @@ def test_export_megatron_writes_the_plans_sharding() -> None:
     opts = PlanOptions(dp_sharding=DpSharding(DpMode.TORCH_FSDP2, instances=2))
     flags = run_flags(opts, PAR)
     assert ("--use-torch-fsdp2",) in flags and ("--num-distributed-optimizer-instances", "2") in flags
+    mf = PlanOptions(distributed_optimizer=True, dp_sharding=DpSharding(DpMode.MEGATRON_FSDP))
+    assert run_flags(mf, PAR).count(("--use-distributed-optimizer",)) == 1
 
 
 def test_search_has_an_fsdp_dimension_and_prices_it() -> None:

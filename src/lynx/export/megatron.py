@@ -213,7 +213,7 @@ def run_flags(opts: PlanOptions, par: ParallelSpec) -> list[tuple[str, ...]]:
         out.append(("--no-check-for-nan-in-loss-and-grad",))
     if opts.ddp_average_in_collective:
         out.append(("--ddp-average-in-collective",))
-    return out + sharding_flags(opts.dp_sharding)
+    return out + [f for f in sharding_flags(opts.dp_sharding) if f not in out]
 
 
 def _as_flags(tokens: list[str]) -> list[tuple[str, ...]]:

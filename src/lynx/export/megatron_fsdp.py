@@ -53,7 +53,9 @@ def sharding_flags(ds: DpSharding) -> list[tuple[str, ...]]:
     if ds.mode is DpMode.TORCH_FSDP2:
         out.append(("--use-torch-fsdp2",))
     elif ds.mode is DpMode.MEGATRON_FSDP:
-        out += [("--use-megatron-fsdp",), ("--data-parallel-sharding-strategy", ds.strategy.value)]
+        # Megatron-FSDP's documented runs pair it with Megatron's distributed optimizer over its shards
+        out += [("--use-megatron-fsdp",), ("--data-parallel-sharding-strategy", ds.strategy.value),
+                ("--use-distributed-optimizer",)]
     if ds.instances > 1:
         out.append(("--num-distributed-optimizer-instances", str(ds.instances)))
     return out
