@@ -134,7 +134,8 @@ def test_from_megatron_reads_the_sharding_and_export_writes_it_back() -> None:
     for bad, says in (("--use-torch-fsdp2 --use-megatron-fsdp", "pick one"),
                       ("--use-megatron-fsdp --data-parallel-sharding-strategy zero3", "valid: no_shard"),
                       ("--data-parallel-sharding-strategy optim", "needs --use-megatron-fsdp"),
-                      ("--use-torch-fsdp2 --data-parallel-sharding-strategy optim", "always shards")):
+                      ("--use-torch-fsdp2 --data-parallel-sharding-strategy optim", "always shards"),
+                      ("--use-megatron-fsdp --outer-dp-sharding-strategy optim", "not modelled")):
         with pytest.raises(SpecError, match=says):
             parse_megatron_args(base + bad)
 

@@ -11,7 +11,7 @@ from lynx.cost.fsdp import DDP, DpMode, DpSharding, Sharding
 from lynx.errors import SpecError
 
 BOOL_FLAGS = ("--use-megatron-fsdp", "--use-custom-fsdp", "--use-torch-fsdp2")
-STR_FLAGS = ("--data-parallel-sharding-strategy",)
+STR_FLAGS = ("--data-parallel-sharding-strategy", "--outer-dp-sharding-strategy")
 INT_FLAGS = ("--num-distributed-optimizer-instances",)
 
 
@@ -35,6 +35,11 @@ def sharding_of(k: Mapping[str, object], where: str = "--from-megatron: ") -> Dp
     instances = int(n) if isinstance(n, int) else 1
     if instances < 1:
         raise SpecError(f"{where}--num-distributed-optimizer-instances {instances}: must be a positive integer")
+    outer = k.get("--outer-dp-sharding-strategy")
+    if outer is not None and parse_strategy(str(outer), f"{where}--outer-dp-sharding-strategy") \
+            is not Sharding.NO_SHARD:
+        raise SpecError(f"{where}--outer-dp-sharding-strategy {outer}: lynx models HSDP's replicas as full copies "
+                        "of the shard (no_shard); sharding across them is not modelled")
     if torch2:
         if strategy not in (None, Sharding.OPTIM_GRADS_PARAMS):
             raise SpecError(f"{where}--data-parallel-sharding-strategy {strategy.value} is Megatron-FSDP's; "
