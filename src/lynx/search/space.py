@@ -236,7 +236,11 @@ def _layouts_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected
                                      "whole layers per virtual stage"))
         for vpp in vpps:
             out += [Layout(tp, pp, vpp, dp, sp, mb, do, cp) for sp in sps for do in dos]
-            if dp * cp > 1 and dp * cp % space.fsdp.instances == 0 and pins.fsdp is not False:  # DP sharding
+            if dp * cp > 1 and pins.fsdp is not False:  # the data-parallel sharding dimension
+                if dp * cp % space.fsdp.instances:
+                    rejected.append(Rejected(f"TP{tp} PP{pp} DP{dp} FSDP", f"--num-distributed-optimizer-instances "
+                                             f"{space.fsdp.instances} does not divide DP x CP = {dp * cp}"))
+                    continue
                 out += [Layout(tp, pp, vpp, dp, sp, mb, False, cp, fsdp=True) for sp in sps]
     return out
 
