@@ -184,7 +184,8 @@ def price_on_torchtitan(src: ExportSource, layers: list[dict[str, Any]], engine:
     except SpecError as e:  # e.g. context parallelism, which the torchtitan family does not model
         return (replace(mine, label="lynx plan", setting=f"{src.result.method} as planned; torchtitan not "
                         f"priced: {e}"),)
-    shard_text = f"FSDP shard {shard}" if shard > 1 else "FSDP shard 1 (nothing sharded)"
+    shard_text = (f"FSDP shard {shard}" + (f" x replicate {replicate}" if replicate > 1 else "")) if shard > 1 \
+        else "FSDP shard 1 (nothing sharded)"
     if engine:
         fig = simulate_lynx(tp, src.result)
         return (replace(mine, label="lynx plan", setting=f"{src.result.method} as planned"),
