@@ -213,3 +213,18 @@ def test_plan_file_keeps_the_sharding_and_lynx_memory_itemizes_it(tmp_path: Path
     assert problem.options.dp_sharding == ds
     (st,) = stage_memories(plan)
     assert st.static.total == pytest.approx(plan.problem.stage_context(0, 32).static_bytes)
+
+
+def test_torchtitan_family_pays_fsdp2s_collectives_as_its_export_configures_them() -> None:
+    """torchtitan always runs FSDP2 (decision 0102): without --distributed-optimizer the export writes HSDP that
+    replicates over DP (shard 1: an all-reduce per layer, no gathers); with it, FSDP over DP (gathers and
+    reduce-scatters)."""
+    m, hw = load_model("torchtitan-llama3-8b"), load_hardware(H100)
+    n_layer = get_family(m.family).layer_params(m, 1)
+    link = hw.link_for_group(8, 1)
+    rep = Request(m, hw, PAR, PlanOptions(precision="megatron-bf16")).problem().stage_context(0, 32).fsdp
+    assert rep is not None and rep.gather_fwd_s == rep.gather_bwd_s == 0.0
+    assert rep.reduce_s == pytest.approx(14 * link.latency_s + 2 * 7 / 8 * 4 * n_layer / link.effective_Bps)
+    sharded = Request(m, hw, PAR, PlanOptions(precision="megatron-bf16", distributed_optimizer=True)).problem()
+    ch = sharded.stage_context(0, 32).fsdp
+    assert ch is not None and ch.gather_fwd_s > 0 and ch.reduce_s < rep.reduce_s
