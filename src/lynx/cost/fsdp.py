@@ -72,8 +72,10 @@ class DpSharding:
     reshard: Reshard = Reshard.DEFAULT
     """Whether a layer's gathered parameters are freed after its forward (torchtitan's
     ``fsdp_reshard_after_forward``; Megatron-FSDP always reshards: ``default``)."""
-    prefetch: int = field(default=1, metadata=rng(ge=0))
-    """Layers all-gathered ahead of the one computing (FSDP2's and Megatron-FSDP's default: one)."""
+    prefetch: int = field(default=1, metadata=rng(ge=1))
+    """Layers all-gathered ahead of the one computing (FSDP2's and Megatron-FSDP's default: one). It sets the
+    gathered layers in flight (memory); the time model overlaps each collective with one layer's compute, which
+    deeper prefetching does not shorten where the link is the bottleneck (`lynx.cost.fsdp_time`)."""
 
     @property
     def fsdp(self) -> bool:
