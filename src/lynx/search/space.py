@@ -89,7 +89,7 @@ class Pins:
     """None: lynx on its own partition plus every stock Megatron-Core flag on the even split."""
     fsdp: bool | None = None
     """True: FSDP layouts only; False: none; None: searched beside DDP with and without the distributed
-    optimizer."""
+    optimizer, unless `dist_opt` is pinned."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +236,8 @@ def _layouts_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected
                                      "whole layers per virtual stage"))
         for vpp in vpps:
             out += [Layout(tp, pp, vpp, dp, sp, mb, do, cp) for sp in sps for do in dos]
-            if dp * cp > 1 and pins.fsdp is not False:  # the data-parallel sharding dimension
+            # the data-parallel sharding dimension; pinning the optimizer (--distributed-optimizer or not) pins it
+            if dp * cp > 1 and (pins.fsdp or (pins.fsdp is None and pins.dist_opt is None)):
                 if dp * cp % space.fsdp.instances:
                     rejected.append(Rejected(f"TP{tp} PP{pp} DP{dp} FSDP", f"--num-distributed-optimizer-instances "
                                              f"{space.fsdp.instances} does not divide DP x CP = {dp * cp}"))
