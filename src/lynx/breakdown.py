@@ -7,9 +7,10 @@ sum to `memory.stage_peak_bytes` (tested), so the two cannot drift apart unseen.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from lynx.cost.fsdp import sharded_static
 from lynx.cost.static_memory import StaticBreakdown, stage_static
 from lynx.decisions import LayerPolicy, StageContext
 from lynx.graph import LayerGraph
@@ -149,6 +150,12 @@ def stage_memories(plan: Plan) -> tuple[StageMemory, ...]:
     for s, (ctx, pol) in enumerate(zip(ctxs, result.policies, strict=True)):
         static = stage_static(problem.model, problem.parallel, s, ctx.num_layers, problem.static_recipe,
                               problem.options.distributed_optimizer)
+        ds = problem.dp_sharding
+        if ds is not None:  # FSDP (torchtitan's included): its shards, gathered layers counted as parameters
+            sh = sharded_static(problem.model, problem.parallel, s, ctx.num_layers, problem.static_recipe, ds,
+                                problem.options.bytes_per_param)
+            static = replace(static, param_bytes=sh.params + sh.in_flight, grad_bytes=sh.grads,
+                             optimizer_bytes=sh.optimizer)
         out.append(StageMemory(s, ctx.num_layers, static, activation_terms(problem.graph, pol.layers, ctx),
                                ctx.budget_bytes, sims[s].peak_memory_bytes if s < len(sims) else None))
     return tuple(out)

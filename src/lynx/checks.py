@@ -3,6 +3,7 @@ and `lynx simulate` / `lynx train` (on a plan file), so a saved plan is validate
 
 from __future__ import annotations
 
+from lynx.cost.fsdp import check_sharding
 from lynx.decisions import check_policy
 from lynx.errors import PlanFormatError, SpecError
 from lynx.graph import LayerGraph
@@ -26,6 +27,7 @@ def check_inputs(model: ModelSpec, hardware: Hardware, parallel: ParallelSpec, o
             raise SpecError(f"--layers-per-stage {text}: needs {what} positive entries summing to {model.num_layers}")
     check_vpp(opts.vpp, model, parallel)
     check_overlaps(opts, parallel)
+    check_sharding(opts.dp_sharding, parallel, opts.distributed_optimizer)
     if opts.tp_comm_overlap and model.transformer_impl == "local" and parallel.tp > 1:
         raise SpecError("--tp-comm-overlap needs --transformer-impl transformer_engine (the userbuffers overlap is "
                         "TransformerEngine's; Megatron-Core's local modules have none)")

@@ -179,6 +179,24 @@ def _stats_from_dict(d: Mapping[str, Any]) -> SolveStats:
 
 
 @dataclass(frozen=True, slots=True)
+class FsdpCharge:
+    """Fully sharded data parallelism's collectives on one stage, per micro-batch, in seconds
+    (`lynx.cost.fsdp_time.fsdp_charge`; `lynx.cost.stage.charge_stage` charges what compute does not hide)."""
+
+    gather_fwd_s: float = 0.0
+    """One layer's parameter all-gather before its forward (0: parameters held gathered)."""
+    gather_bwd_s: float = 0.0
+    """One layer's all-gather again before its backward (0: not resharded after forward)."""
+    reduce_s: float = 0.0
+    """One layer's gradient reduce-scatter (and HSDP all-reduce) after its backward (0: reduced once per
+    iteration, after the pipeline)."""
+    start_s: float = 0.0
+    """The gather that opens a forward, which nothing hides (the first unit's)."""
+    end_s: float = 0.0
+    """The reduction the end of a backward waits for (the last unit's)."""
+
+
+@dataclass(frozen=True, slots=True)
 class StageContext:
     """Everything a per-stage policy algorithm needs to know about its stage (a pipeline rank, with all
     its model chunks when interleaved), besides the graph. The schedule facts in it come from
@@ -216,6 +234,8 @@ class StageContext:
     live_vectors: tuple[tuple[int, ...], ...] = ()
     """Interleaved: the schedule's Pareto-maximal in-flight counts per chunk (the rank's peak of any
     per-chunk weighting is at one of them); empty: each chunk's own peak, summed (an upper bound)."""
+    fsdp: FsdpCharge | None = None
+    """FSDP's per-layer collectives (None: no FSDP, or its communication is not charged)."""
 
     @property
     def num_chunks(self) -> int:

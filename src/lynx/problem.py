@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
+from lynx.cost.fsdp import DDP, DpSharding, running_sharding
 from lynx.cost.memory import (
     extra_retained_bytes,
     extra_transient_bytes,
@@ -12,7 +13,7 @@ from lynx.cost.memory import (
     static_bytes,
 )
 from lynx.cost.static_memory import PrecisionName, Recipe, recipe_for
-from lynx.decisions import RecomputePolicy, StageContext
+from lynx.decisions import FsdpCharge, RecomputePolicy, StageContext
 from lynx.graph import LayerGraph
 from lynx.partition.base import Partition
 from lynx.schedule import Schedule, ScheduleFacts, derive_facts, make_schedule
@@ -76,6 +77,11 @@ class PlanOptions:
     ddp_average_in_collective: bool = False
     """Megatron's --ddp-average-in-collective: the collective averages, so the 1/DP scaling pass over the
     gradient buffer is not made."""
+    dp_sharding: DpSharding = DDP
+    """How data parallelism lays out parameters, gradients and optimizer state (`lynx.cost.fsdp`): Megatron's DDP
+    (the default; `distributed_optimizer` shards the optimizer state), Megatron-FSDP's strategies, torch FSDP2,
+    HSDP replicas (--use-megatron-fsdp, --data-parallel-sharding-strategy, --use-torch-fsdp2,
+    --num-distributed-optimizer-instances)."""
 
 
 @functools.lru_cache(maxsize=256)  # the configuration search visits a few hundred (PP, micro-batches, VPP)
@@ -130,7 +136,8 @@ class PlanProblem:
             num_microbatches=par.num_microbatches,
             budget_bytes=self.budget_bytes,
             static_bytes=static_bytes(self.model, par, stage, num_layers, self.options.bytes_per_param,
-                                      self.options.precision, self.options.distributed_optimizer),
+                                      self.options.precision, self.options.distributed_optimizer,
+                                      self.options.dp_sharding),
             extra_retained_bytes=extra_retained_bytes(self.model, par, stage),
             extra_transient_bytes=extra_transient_bytes(self.model, par, stage),
             grad_workspace_bytes=grad_workspace_bytes(self.graph),
@@ -140,7 +147,23 @@ class PlanProblem:
             chunk_layers=chunk_layers if len(chunks) > 1 else (),
             chunk_in_flight=in_flight if len(chunks) > 1 else (),
             live_vectors=f.live[stage] if len(chunks) > 1 else (),
+            fsdp=self.fsdp_charge(stage),
         )
+
+    @property
+    def dp_sharding(self) -> DpSharding | None:
+        """The sharding `lynx.cost.fsdp` prices (None: Megatron's DDP, `lynx.cost.dp_overlap`)."""
+        o = self.options
+        return running_sharding(self.model, o.dp_sharding, self.parallel, o.distributed_optimizer)
+
+    def fsdp_charge(self, stage: int) -> FsdpCharge | None:
+        """FSDP's per-layer collectives on `stage` (None without FSDP, or with the DP time left out)."""
+        from lynx.cost.fsdp_time import fsdp_charge
+
+        ds = self.dp_sharding
+        if ds is None or not self.options.include_dp_allreduce or self.parallel.dp_cp <= 1:
+            return None
+        return fsdp_charge(self.model, self.hardware, self.parallel, stage, self.static_recipe, ds)
 
     def stage_contexts(self, partition: Partition, facts: ScheduleFacts | None = None) -> tuple[StageContext, ...]:
         return tuple(self.stage_context(s, n, partition.chunk_layers(s) if partition.chunks else (), facts)

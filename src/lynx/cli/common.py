@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from lynx.cost.fsdp import DDP, DpSharding
 from lynx.errors import SpecError
 from lynx.graph import LayerGraph
 from lynx.models import load_model, model_presets
@@ -149,7 +150,7 @@ def build_request(
     precision: str = "paper", distributed_optimizer: bool = False, busbw_gbps: float | None = None,
     overlap_grad_reduce: bool = False, overlap_param_gather: bool = False, tp_comm_overlap: bool = False,
     cp: int = 1, cp_comm_type: str = "p2p", hierarchical_cp: str | None = None, vpp: int = 1,
-    method: str = "lynx",
+    method: str = "lynx", dp_sharding: DpSharding = DDP,
 ) -> Request:
     """The request from command-line values, every one checked (one line naming the option on a bad one)."""
     from lynx.checks import check_inputs
@@ -178,7 +179,7 @@ def build_request(
         layers_per_stage=parse_layers(layers_per_stage, pp, vpp),
         time_limit_s=time_limit_s,
         cooldown_overlap=cooldown_overlap,
-        overlap_grad_reduce=overlap_grad_reduce,
+        overlap_grad_reduce=overlap_grad_reduce, dp_sharding=dp_sharding,
         overlap_param_gather=overlap_param_gather,
         tp_comm_overlap=tp_comm_overlap,
         vpp=vpp,

@@ -127,6 +127,9 @@ def memory_cmd(
              f"{recipe.name} {recipe.bytes_per_param(dp * cp, distributed_optimizer):g} B/param"
              f"{' (distributed optimizer)' if distributed_optimizer else ''}"
              + (f"; {problem.model.fp8.describe()}" if problem.model.fp8 is not None else ""))
+    if problem.dp_sharding is not None:  # FSDP: the recipe's bytes are sharded as `lynx.cost.fsdp` says
+        title = title.split(";")[0] + f"; {recipe.name}, {problem.dp_sharding.label()} over DP x CP" + (
+            f"; {problem.model.fp8.describe()}" if problem.model.fp8 is not None else "")
     if as_json:
         print_json({"title": title, "method": plan.result.method,
                     "partition": list(plan.result.partition.layers_per_stage),

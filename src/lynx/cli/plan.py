@@ -206,6 +206,18 @@ def plan_cmd(
         "--distributed-optimizer/--no-distributed-optimizer", "--use-distributed-optimizer",
         help="Shard fp32 main weights and optimizer state over DP (Megatron's distributed optimizer) "
         "[default: off; searched with --gpus].")] = None,
+    use_megatron_fsdp: Annotated[bool, typer.Option(
+        "--use-megatron-fsdp", help="Megatron-FSDP with --data-parallel-sharding-strategy (docs/costmodel.md, "
+        "\"Fully sharded data parallelism\") [default: off; FSDP2 searched with --gpus].")] = False,
+    data_parallel_sharding_strategy: Annotated[str | None, typer.Option(
+        "--data-parallel-sharding-strategy", help="Megatron-FSDP's: no_shard (default), optim, optim_grads, "
+        "optim_grads_params.")] = None,
+    use_torch_fsdp2: Annotated[bool, typer.Option(
+        "--use-torch-fsdp2", help="torch FSDP2 (fully_shard): parameters, gradients and optimizer state sharded "
+        "over DP x CP, per-layer all-gathers and reduce-scatters; torchtitan's FSDP.")] = False,
+    num_distributed_optimizer_instances: Annotated[int | None, typer.Option(
+        "--num-distributed-optimizer-instances", help="HSDP: replicas of the sharded state (torchtitan's "
+        "data_parallel_replicate_degree); each shards over DP x CP / this.")] = None,
     busbw: BusbwOpt = None,
     recompute_num_layers: Annotated[
         int | None, typer.Option(help="Megatron --recompute-num-layers for uniform/block (default: auto).")

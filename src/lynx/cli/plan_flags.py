@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lynx.cli.common import build_request
+from lynx.cost.fsdp import DDP, DpSharding
 from lynx.errors import SpecError
 from lynx.request import Request
 
@@ -44,6 +45,10 @@ class PlanFlags:
     bytes_per_param: float | None
     precision: str | None
     distributed_optimizer: bool | None
+    use_megatron_fsdp: bool
+    data_parallel_sharding_strategy: str | None
+    use_torch_fsdp2: bool
+    num_distributed_optimizer_instances: int | None
     busbw: float | None
     recompute_num_layers: int | None
     no_wgrad_overlap: bool
@@ -77,6 +82,17 @@ class PlanFlags:
     fp8_param_gather: bool
     no_production_overlaps: bool
 
+    def dp_sharding(self) -> DpSharding:
+        """The data-parallel sharding the Megatron flags select (`export.megatron_fsdp.sharding_of`)."""
+        from lynx.export.megatron_fsdp import sharding_of
+
+        n = self.num_distributed_optimizer_instances
+        return sharding_of({"--use-megatron-fsdp": self.use_megatron_fsdp,
+                            "--data-parallel-sharding-strategy": self.data_parallel_sharding_strategy,
+                            "--use-torch-fsdp2": self.use_torch_fsdp2,
+                            "--num-distributed-optimizer-instances": 1 if n is None else n},
+                           where="")
+
     def fusion_flags(self) -> dict[str, Any]:
         """Megatron's fusion flags by their names (`export.megatron_fusion.fusion_fields` reads them)."""
         return {"--transformer-impl": self.transformer_impl, "--no-bias-swiglu-fusion": self.no_bias_swiglu_fusion,
@@ -109,14 +125,16 @@ def _with_fusions(req: Request, f: PlanFlags) -> Request:
 
 
 def _request(f: PlanFlags, tp: int, pp: int, dp: int, sp: bool, mb: int, nodes: int | None, layers: str | None,
-             dist_opt: bool, cp: int, hierarchical_cp: str | None, vpp: int = 1) -> Request:
+             dist_opt: bool, cp: int, hierarchical_cp: str | None, vpp: int = 1,
+             sharding: DpSharding = DDP) -> Request:
     req = build_request(f.model, f.hardware, tp, pp, dp, sp, mb, f.global_batch, f.seq_len, nodes, layers,
                         f.budget_gb, f.bytes_per_param, f.recompute_num_layers, f.no_wgrad_overlap, None,
                         f.time_limit, cooldown_overlap=not f.no_cooldown_overlap, precision=f.precision or "paper",
                         distributed_optimizer=dist_opt, busbw_gbps=f.busbw,
                         overlap_grad_reduce=f.overlap_grad_reduce, overlap_param_gather=f.overlap_param_gather,
                         tp_comm_overlap=f.tp_comm_overlap, cp=cp, cp_comm_type=f.cp_comm_type,
-                        hierarchical_cp=hierarchical_cp, vpp=vpp, method=f.method or "lynx")
+                        hierarchical_cp=hierarchical_cp, vpp=vpp, method=f.method or "lynx",
+                        dp_sharding=sharding)
     return _with_fp8(_with_fusions(req, f), f)
 
 
@@ -141,7 +159,7 @@ def single_request(f: PlanFlags, tp: int, pp: int, dp: int, cp: int) -> Request:
     """One layout's request: the single layout's defaults for what was not given, Megatron's split flags."""
     req = _request(f, tp, pp, dp, bool(f.sp), 8 if f.micro_batch is None else f.micro_batch, f.nodes,
                    f.layers_per_stage, bool(f.distributed_optimizer), cp, f.hierarchical_cp,
-                   1 if f.vpp is None else f.vpp)
+                   1 if f.vpp is None else f.vpp, f.dp_sharding())
     first, last = f.decoder_first_pipeline_num_layers, f.decoder_last_pipeline_num_layers
     emb, loss = f.account_for_embedding_in_pipeline_split, f.account_for_loss_in_pipeline_split
     if first is None and last is None and not emb and not loss:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from lynx.cli.common import check_ints, console, err_console, print_json
+from lynx.cost.fsdp import FSDP2, DpSharding
 from lynx.errors import SpecError
 from lynx.request import DEFAULT_TARGET, Request, Target, parse_target
 from lynx.spec import CpCommType, Hardware, load_hardware
@@ -60,6 +61,9 @@ class SearchArgs:
     target: Target = DEFAULT_TARGET
     production_overlaps: bool = True
     """Megatron's production overlaps on every candidate (off: --no-production-overlaps)."""
+    fsdp: DpSharding | None = None
+    """The FSDP the user named (--use-torch-fsdp2, --use-megatron-fsdp ...): FSDP layouts only, that one;
+    None: FSDP2 searched beside DDP."""
 
 
 def cluster_gpus(hw: Hardware, gpus: int | None, nodes: int | None) -> int | None:
@@ -136,7 +140,18 @@ def search_cmd(f: PlanFlags) -> None:
     run_search(SearchArgs(f.model, f.hardware, total, f.global_batch, f.seq_len, tp, pp, f.vpp, sp, f.micro_batch,
                           dist_opt, f.method, f.allow_cross_node_tp, f.top, f.as_json, f.out, f.search_png, cp,
                           req.parallel.cp_comm_type if "cp_comm_type" in f.typed else None, f.offload, target,
-                          not f.no_production_overlaps), req)
+                          not f.no_production_overlaps, _fsdp_pin(f)), req)
+
+
+def _fsdp_pin(f: PlanFlags) -> DpSharding | None:
+    """An FSDP named on the command line pins the search's sharding dimension to it."""
+    ds = f.dp_sharding()
+    if ds.fsdp:
+        return ds
+    if ds.instances > 1:
+        raise SpecError("--num-distributed-optimizer-instances with --gpus: give --use-torch-fsdp2 or "
+                        "--use-megatron-fsdp too (the search shards with FSDP's replicas)")
+    return None
 
 
 def run_search(a: SearchArgs, base: Request) -> None:
@@ -164,9 +179,9 @@ def run_search(a: SearchArgs, base: Request) -> None:
                         "search plans that method only (use --method lynx-offload)")
     space = Space(base.model, hw, a.gpus, a.global_batch, a.seq_len,
                   Pins(tp=a.tp, pp=a.pp, vpp=a.vpp, sp=a.sp, mb=a.mb, dist_opt=a.dist_opt, cp=a.cp,
-                       methods=None if a.method is None else (a.method,)),
+                       fsdp=True if a.fsdp is not None else None, methods=None if a.method is None else (a.method,)),
                   a.allow_cross_node_tp, a.cp_comm_type,
-                  has_link if a.offload is None else a.offload, a.production_overlaps)
+                  has_link if a.offload is None else a.offload, a.production_overlaps, fsdp=a.fsdp or FSDP2)
     cands, rejected = candidates(space)
     if not cands:  # nothing to search: say which rule the pins break, before any work
         raise SpecError(f"--gpus {a.gpus}: no layout satisfies the pinned options ({no_layout_reason(a, rejected)})")

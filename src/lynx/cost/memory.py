@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lynx.cost.fsdp import DpSharding
 from lynx.cost.lifetime import backward_trace
 from lynx.decisions import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase, StageContext
 from lynx.families import get_family
@@ -33,13 +34,20 @@ def embedding_params_per_rank(model: ModelSpec, tp: int) -> float:
 def static_bytes(
     model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int,
     bytes_per_param: float | None = None, precision: str = "paper",
-    distributed_optimizer: bool = False,
+    distributed_optimizer: bool = False, dp_sharding: DpSharding | None = None,
 ) -> float:
     """Parameters, gradients and optimizer states of one stage on one device (`lynx.cost.static_memory`:
-    embeddings on the first stage, the LM head copy and final LayerNorm on the last, recipes, sharding)."""
+    embeddings on the first stage, the LM head copy and final LayerNorm on the last, recipes, sharding;
+    FSDP and a partial distributed optimizer: `lynx.cost.fsdp.sharded_static`)."""
+    from lynx.cost.fsdp import running_sharding, sharded_static
     from lynx.cost.static_memory import recipe_for, stage_static
     from lynx.families import get_family
 
+    if dp_sharding is not None and (dp_sharding.fsdp or dp_sharding.instances > 1):
+        ds = running_sharding(model, dp_sharding, par, distributed_optimizer)
+        if ds is not None:
+            recipe = recipe_for(precision, bytes_per_param)
+            return sharded_static(model, par, stage, num_layers, recipe, ds, bytes_per_param).total
     if get_family(model.family).static_memory == "torchtitan-fsdp":  # torchtitan's FSDP2 as it runs
         from lynx.cost.titan_fsdp import titan_static_bytes
 

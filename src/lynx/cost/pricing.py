@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from lynx.decisions import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase
+from lynx.decisions import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase, StageContext
 from lynx.graph import Block, LayerGraph
 
 
@@ -51,6 +51,17 @@ def block_window(graph: LayerGraph, block: Block, backward: bool, subtract_wgrad
 
 
 
+def fsdp_window(graph: LayerGraph, ctx: StageContext) -> float:
+    """Idle time of one layer's backward step under FSDP: the gather of the layer below and the reduce-scatter of
+    the layer above outlast the layer's backward (compute and exposed TP collectives), and the layer's own
+    on-demand recomputation may run in it (its parameters are gathered by then; `lynx.cost.fsdp_time`)."""
+    f = ctx.fsdp
+    if f is None:
+        return 0.0
+    bwd = sum(o.bwd_time for o in graph.ops if not o.is_comm) + graph.exposed_bwd_comm(ctx.subtract_wgrad)
+    return max(0.0, f.gather_bwd_s + f.reduce_s - bwd)
+
+
 def recompute_time(graph: LayerGraph, lp: LayerPolicy, phases: tuple[Phase, ...]) -> float:
     """The recomputation of these phases at the price list; on demand also the kept ops a Megatron checkpoint
     re-runs (`LayerPolicy.rerun`; lynx's own policies re-run none)."""
@@ -66,14 +77,17 @@ class LayerRecompute:
     """On the critical path before the layer's backward: phase 5 (with Megatron's re-runs), what overflows the
     backward windows, and for a chunk's top layer its phases 3/4 (no layer above lends it backward windows)."""
     bwd_hidden: float
-    """Phases 3/4 hidden inside the backward collectives of the layer above."""
+    """Phases 3/4 hidden inside the backward collectives of the layer above, and on-demand work hidden in
+    the layer's FSDP window."""
     fwd_loads: tuple[float, float]
     """Phases 1 and 2: placed in a later forward's windows, which the caller prices (they depend on the host)."""
 
 
-def layer_recompute(graph: LayerGraph, lp: LayerPolicy, win_b: tuple[float, float], top: bool) -> LayerRecompute:
+def layer_recompute(graph: LayerGraph, lp: LayerPolicy, win_b: tuple[float, float], top: bool,
+                    fsdp_win: float = 0.0) -> LayerRecompute:
     """The backward-window overflow rule, once for the HEU objective and the simulator: phase 3/4 work beyond a
-    window's idle time `win_b` (phase 3, 4 order, `bwd_windows`) runs on demand."""
+    window's idle time `win_b` (phase 3, 4 order, `bwd_windows`) runs on demand; on-demand work hides in the
+    layer's FSDP window `fsdp_win` (`fsdp_window`; the caller charges the window itself as exposed time)."""
     demand = recompute_time(graph, lp, (Phase.ON_DEMAND,))
     hidden = 0.0
     for k, ph in enumerate(BWD_PHASES):
@@ -84,4 +98,5 @@ def layer_recompute(graph: LayerGraph, lp: LayerPolicy, win_b: tuple[float, floa
             hidden += min(load, win_b[k])
             demand += max(0.0, load - win_b[k])
     f1, f2 = (recompute_time(graph, lp, (ph,)) for ph in FWD_PHASES)
-    return LayerRecompute(demand, hidden, (f1, f2))
+    in_fsdp = min(demand, fsdp_win)
+    return LayerRecompute(demand - in_fsdp, hidden + in_fsdp, (f1, f2))

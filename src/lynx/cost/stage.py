@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lynx.cost.layer import EdgeTimes
-from lynx.cost.pricing import bwd_windows, fwd_windows, layer_recompute
-from lynx.decisions import LayerPolicy, RecomputePolicy, StageContext
+from lynx.cost.pricing import bwd_windows, fsdp_window, fwd_windows, layer_recompute
+from lynx.decisions import FsdpCharge, LayerPolicy, RecomputePolicy, StageContext
 from lynx.graph import LayerGraph
 
 
@@ -67,13 +67,22 @@ class ChunkCosts:
         return self._carry[host_layers]
 
 
-def chunk_costs(graph: LayerGraph, layers: tuple[LayerPolicy, ...], lc: LayerCost) -> ChunkCosts:
+def chunk_costs(graph: LayerGraph, layers: tuple[LayerPolicy, ...], lc: LayerCost, fsdp: FsdpCharge | None = None,
+                fsdp_win: float = 0.0) -> ChunkCosts:
+    """One chunk's layers. Under FSDP (`fsdp`) a forward step lasts max(forward, the next layer's gather), a
+    backward step max(backward + on-demand recomputation, gather + reduce-scatter): the window `fsdp_win`
+    (`pricing.fsdp_window`) is charged as exposed time and hosts the layer's on-demand recomputation; each
+    micro-batch's forward waits for its first gather and its backward for its last reduction."""
     c = ChunkCosts(win_f=lc.win_f)
     n = len(layers)
+    if fsdp is not None and n:
+        c.fwd_plain += fsdp.start_s
+        c.bwd_base += fsdp.end_s
+    fwd_exposed = max(0.0, fsdp.gather_fwd_s - lc.fwd) if fsdp is not None else 0.0
     for i, lp in enumerate(layers):
-        c.fwd_plain += lc.fwd
-        c.bwd_base += lc.bwd
-        r = layer_recompute(graph, lp, lc.win_b, top=i == n - 1)
+        c.fwd_plain += lc.fwd + fwd_exposed
+        c.bwd_base += lc.bwd + fsdp_win
+        r = layer_recompute(graph, lp, lc.win_b, top=i == n - 1, fsdp_win=fsdp_win)
         c.fwd_loads.append(r.fwd_loads)
         for load in r.fwd_loads:
             c.fwd_phase_load += load
@@ -86,7 +95,8 @@ def chunk_costs(graph: LayerGraph, layers: tuple[LayerPolicy, ...], lc: LayerCos
 def stage_costs(graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext) -> list[ChunkCosts]:
     """One ChunkCosts per model chunk of the stage (one without interleaving)."""
     lc = layer_cost(graph, ctx.subtract_wgrad)
-    return [chunk_costs(graph, pol.layers[lo:hi], lc) for lo, hi in ctx.chunk_slices()]
+    win = fsdp_window(graph, ctx)
+    return [chunk_costs(graph, pol.layers[lo:hi], lc, ctx.fsdp, win) for lo, hi in ctx.chunk_slices()]
 
 
 def charge_stage(graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext, edges: EdgeTimes | None = None,

@@ -22,6 +22,7 @@ from lynx.export.megatron_engine import (
     engine_module,
     engine_price,
 )
+from lynx.export.megatron_fsdp import sharding_flags
 from lynx.export.megatron_model import model_flags
 from lynx.export.megatron_offload import offload_entry, offload_flags, offload_notes
 from lynx.export.megatron_recompute import MegatronRecompute, chunk_setting, collapse, hidden_note
@@ -239,7 +240,7 @@ def run_flags(opts: PlanOptions, par: ParallelSpec) -> list[tuple[str, ...]]:
         out.append(("--no-check-for-nan-in-loss-and-grad",))
     if opts.ddp_average_in_collective:
         out.append(("--ddp-average-in-collective",))
-    return out
+    return out + [f for f in sharding_flags(opts.dp_sharding) if f not in out]
 
 
 def _as_flags(tokens: list[str]) -> list[tuple[str, ...]]:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from lynx.cost.fsdp import DDP, DpSharding
 from lynx.errors import SpecError
 from lynx.export.layout import ChunkLayout, even_layout, first_last_layout, parse_megatron_layout
 from lynx.export.megatron_fp8 import BOOL_FLAGS as FP8_BOOL
@@ -20,6 +21,10 @@ from lynx.export.megatron_fp8 import INT_FLAGS as FP8_INT
 from lynx.export.megatron_fp8 import REFUSED as FP8_REFUSED
 from lynx.export.megatron_fp8 import STR_FLAGS as FP8_STR
 from lynx.export.megatron_fp8 import fp8_of_flags
+from lynx.export.megatron_fsdp import BOOL_FLAGS as FSDP_BOOL
+from lynx.export.megatron_fsdp import INT_FLAGS as FSDP_INT
+from lynx.export.megatron_fsdp import STR_FLAGS as FSDP_STR
+from lynx.export.megatron_fsdp import sharding_of
 from lynx.export.megatron_fusion import BOOL_FLAGS, fusion_fields
 from lynx.export.megatron_model import model_from_flags
 from lynx.export.megatron_recompute import MegatronRecompute, RecomputeMethod
@@ -31,19 +36,19 @@ _INT = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-h
         "--pipeline-model-parallel-size", "--micro-batch-size", "--global-batch-size", "--recompute-num-layers",
         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
         "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank", "--num-query-groups",
-        "--context-parallel-size", *FP8_INT)
+        "--context-parallel-size", *FP8_INT, *FSDP_INT)
 _FLOAT = ("--attention-dropout", "--hidden-dropout", "--rotary-base", "--activation-offload-fraction",
           "--delta-offload-bytes-across-pp-ranks")
 _STR = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--normalization",
         "--position-embedding-type", "--attention-backend", "--transformer-impl", "--cp-comm-type",
-        "--cross-entropy-fusion-impl", *FP8_STR)
+        "--cross-entropy-fusion-impl", *FP8_STR, *FSDP_STR)
 _LIST = ("--recompute-modules", "--hierarchical-context-parallel-sizes", "--offload-modules")
 _BOOL = ("--sequence-parallel", "--bf16", "--fp16", "--recompute-activations", "--swiglu", "--group-query-attention",
          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--use-distributed-optimizer",
          "--use-flash-attn", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
          "--grad-reduce-in-bf16", "--squared-relu", "--add-qkv-bias", "--account-for-embedding-in-pipeline-split",
          "--account-for-loss-in-pipeline-split", "--fine-grained-activation-offloading",
-         "--no-check-for-nan-in-loss-and-grad", "--ddp-average-in-collective", *BOOL_FLAGS, *FP8_BOOL)
+         "--no-check-for-nan-in-loss-and-grad", "--ddp-average-in-collective", *BOOL_FLAGS, *FP8_BOOL, *FSDP_BOOL)
 _REFUSED = {
     "--num-experts": "mixture-of-experts layers",
     "--multi-latent-attention": "multi-latent attention",
@@ -71,6 +76,9 @@ class MegatronRun:
     check_for_nan_in_grad: bool = True
     """False with --no-check-for-nan-in-loss-and-grad."""
     ddp_average_in_collective: bool = False
+    dp_sharding: DpSharding = DDP
+    """--use-megatron-fsdp / --data-parallel-sharding-strategy / --use-torch-fsdp2 /
+    --num-distributed-optimizer-instances (`export.megatron_fsdp.sharding_of`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,4 +330,5 @@ def _run(k: dict[str, Value]) -> MegatronRun:
         ddp_bucket_size=None if bucket is None else int(cast(int, bucket)),
         check_for_nan_in_grad=not k.get("--no-check-for-nan-in-loss-and-grad"),
         ddp_average_in_collective=bool(k.get("--ddp-average-in-collective")),
+        dp_sharding=sharding_of(k),
     )

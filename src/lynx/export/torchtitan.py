@@ -112,8 +112,14 @@ def dp_degrees(src: ExportSource) -> tuple[int, int]:
     apply_fsdp_to_decoder"), priced as it runs by `lynx.cost.titan_fsdp`: a plan that shards optimizer state
     (--distributed-optimizer) gets shard = DP; one that prices replicated state gets replicate = DP, shard 1
     (HSDP that shards nothing)."""
-    dp = src.problem.parallel.dp
-    return (1, dp) if src.problem.options.distributed_optimizer and dp > 1 else (dp, 1)
+    from lynx.cost.fsdp import titan_sharding
+
+    par, o = src.problem.parallel, src.problem.options
+    if o.dp_sharding.fsdp:  # the plan's own FSDP (HSDP replicas as torchtitan's replicate degree)
+        ds = titan_sharding(o.dp_sharding, par, o.distributed_optimizer)
+        return ds.instances, par.dp // ds.instances
+    dp = par.dp
+    return (1, dp) if o.distributed_optimizer and dp > 1 else (dp, 1)
 
 
 def local_batch_size(pp: int, micro_batch_size: int, num_microbatches: int) -> int:
@@ -159,6 +165,7 @@ def price_on_torchtitan(src: ExportSource, layers: list[dict[str, Any]], engine:
     from dataclasses import replace
 
     from lynx.api import make_problem
+    from lynx.cost.fsdp import DpMode, DpSharding
     from lynx.decisions import RecomputePolicy
     from lynx.errors import SpecError
     from lynx.export.pricing import simulate_lynx
@@ -168,14 +175,17 @@ def price_on_torchtitan(src: ExportSource, layers: list[dict[str, Any]], engine:
     if src.family not in ("llama", TITAN):
         return (mine,)
     p = src.problem
-    _, shard = dp_degrees(src)
-    opts = replace(p.options, precision="megatron-bf16", bytes_per_param=None, distributed_optimizer=shard > 1)
+    replicate, shard = dp_degrees(src)
+    # torchtitan's FSDP2 with the export's degrees: its memory and its collectives' time (`lynx.cost.fsdp_time`)
+    opts = replace(p.options, precision="megatron-bf16", bytes_per_param=None, distributed_optimizer=False,
+                   dp_sharding=DpSharding(DpMode.TORCH_FSDP2, instances=replicate))
     try:
         tp = make_problem(replace(p.model, family=TITAN), p.hardware, p.parallel, opts)
     except SpecError as e:  # e.g. context parallelism, which the torchtitan family does not model
         return (replace(mine, label="lynx plan", setting=f"{src.result.method} as planned; torchtitan not "
                         f"priced: {e}"),)
-    shard_text = f"FSDP shard {shard}" if shard > 1 else "FSDP shard 1 (nothing sharded)"
+    shard_text = (f"FSDP shard {shard}" + (f" x replicate {replicate}" if replicate > 1 else "")) if shard > 1 \
+        else "FSDP shard 1 (nothing sharded)"
     if engine:
         fig = simulate_lynx(tp, src.result)
         return (replace(mine, label="lynx plan", setting=f"{src.result.method} as planned"),

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from lynx.cost.memory import stage_peak_bytes
-from lynx.cost.pricing import op_recompute_cost
+from lynx.cost.pricing import fsdp_window, op_recompute_cost
 from lynx.decisions import (
     BWD_PHASES,
     FWD_PHASES,
@@ -321,18 +321,23 @@ def _acc(row: dict[int, float], more: dict[int, float]) -> None:
 
 
 def add_objective(m: Milp, graph: LayerGraph, groups: list[Group], lam: float, tie: float,
-                  tops: int = 1) -> None:
+                  tops: int = 1, fsdp_win: float = 0.0) -> None:
     """(2) minimize sum_l sum_i R_{5,i} C_i over the stage's layers, plus the top layer's R_{3,i} + R_{4,i}
     (no layer above it lends its backward windows; `tops` such layers, one per model chunk), plus lam *
     phase-1/2 work (the cool-down share when stalls may not hide it), plus the tie-break on all
-    recomputation."""
+    recomputation. Under FSDP a layer's on-demand work hides in its window `fsdp_win` (`pricing.fsdp_window`):
+    the layer pays Y >= sum_i R_{5,i} C_i - W, Y >= 0, instead."""
     for g, (lv, count) in enumerate(groups):
         top = g == len(groups) - 1
+        if fsdp_win > 0:
+            y = m.var(f"Y{g}", cost=count * OBJ_SCALE)
+            m.le({**{r[Phase.ON_DEMAND]: op_recompute_cost(graph, n) for n, r in lv.R.items()
+                     if Phase.ON_DEMAND in r}, y: -1.0}, fsdp_win)
         for n, r in lv.R.items():
             c = op_recompute_cost(graph, n)
             for t, v in r.items():
                 w = tie * count
-                if t == Phase.ON_DEMAND:
+                if t == Phase.ON_DEMAND and fsdp_win <= 0:
                     w += count
                 elif t in BWD_PHASES and top:
                     w += float(tops)
@@ -381,7 +386,7 @@ def build_model(graph: LayerGraph, ctx: StageContext, opts: HeuOptions, counts: 
             m.le(row, ctx.activation_budget_bytes - off)
     if not min_memory:
         add_objective(m, graph, groups, cooldown_weight(ctx, opts.cooldown_overlap), opts.tie_break,
-                      ctx.num_chunks)
+                      ctx.num_chunks, fsdp_window(graph, ctx))
     if link is not None:
         # the smallest budget: the host memory still binds, the copy time does not matter
         add_offload_stage(m, graph, groups, ctx, link, opts.tie_break, price=not min_memory)

@@ -5,7 +5,7 @@ whoever compares policies."""
 
 from __future__ import annotations
 
-from lynx.cost.pricing import bwd_windows, fwd_windows, layer_recompute
+from lynx.cost.pricing import bwd_windows, fsdp_window, fwd_windows, layer_recompute
 from lynx.cost.pricing import recompute_time as recompute_time
 from lynx.decisions import LayerPolicy, Phase, StageContext
 from lynx.graph import LayerGraph
@@ -29,8 +29,9 @@ def critical_recompute(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: 
     lam = cooldown_weight(ctx, cooldown_overlap)
     tops = {hi - 1 for _, hi in ctx.chunk_slices()} if ctx.chunk_layers else {len(layers) - 1}
     total = 0.0
+    fsdp_win = fsdp_window(graph, ctx)
     for i, lp in enumerate(layers):
-        r = layer_recompute(graph, lp, win_b, top=i in tops)
+        r = layer_recompute(graph, lp, win_b, top=i in tops, fsdp_win=fsdp_win)
         total += r.on_demand
         for k, load in enumerate(r.fwd_loads):
             total += max(0.0, load - win_f[k]) + lam * min(load, win_f[k])

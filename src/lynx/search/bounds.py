@@ -63,7 +63,7 @@ def _stage_bytes(problem: PlanProblem, stage: int, n: int, per_layer_inputs: boo
     (the same `static_bytes` call and the schedule's in-flight count)."""
     o = problem.options
     static = static_bytes(problem.model, problem.parallel, stage, n, o.bytes_per_param, o.precision,
-                          o.distributed_optimizer)
+                          o.distributed_optimizer, o.dp_sharding)
     if o.vpp > 1:  # any split of the n layers over the chunks: static memory does not depend on it
         return static  # in-flight counts differ per chunk: the static part alone is the bound
     in_flight = max(c.in_flight for c in problem.facts.chunks[stage])
@@ -122,7 +122,7 @@ def partition_memory_reason(problem: PlanProblem, chunks: tuple[int, ...], metho
     for r in range(pp):
         own = chunks[r::pp]
         static = static_bytes(problem.model, problem.parallel, r, sum(own), o.bytes_per_param, o.precision,
-                              o.distributed_optimizer)
+                              o.distributed_optimizer, o.dp_sharding)
         held = max(c.in_flight * inp * (n if per_layer else 1) for c, n in zip(problem.facts.chunks[r], own,
                                                                               strict=True))
         if static + held > problem.budget_bytes:

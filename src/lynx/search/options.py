@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from lynx.cost.fsdp import DDP
 from lynx.problem import PlanOptions
 from lynx.search.space import Layout, Space
 from lynx.search.splits import Split
@@ -21,7 +22,8 @@ default in the interleaved schedule; lynx charges them exposed (not modelled: do
 def candidate_options(base: PlanOptions, space: Space, lay: Layout, split: Split | None) -> PlanOptions:
     """`base` with the layout applied; `split` None for lynx's own partition (no split flags)."""
     nodes = -(-space.gpus // space.hardware.devices_per_node)
-    o = replace(base, vpp=lay.vpp, distributed_optimizer=lay.dist_opt, nodes=nodes, layers_per_stage=None)
+    o = replace(base, vpp=lay.vpp, distributed_optimizer=lay.dist_opt, nodes=nodes, layers_per_stage=None,
+                dp_sharding=space.fsdp if lay.fsdp else DDP)
     if space.production_overlaps:
         o = replace(o, overlap_grad_reduce=True,
                     overlap_param_gather=base.overlap_param_gather or lay.dist_opt,

@@ -21,7 +21,7 @@ def _layout_cells(o: Outcome) -> list[str]:
     lay = o.candidate.layout
     cp = str(lay.cp) if lay.cp == 1 or lay.cp_comm_type == "p2p" else f"{lay.cp} {lay.cp_comm_type}"
     return [str(lay.tp), cp, str(lay.pp), str(lay.vpp), str(lay.dp), "on" if lay.sp else "off", str(lay.mb),
-            "dist" if lay.dist_opt else "-"]
+            "fsdp" if lay.fsdp else "dist" if lay.dist_opt else "-"]
 
 
 def _figures(o: Outcome, causal: bool, res: SearchResult) -> list[str]:
@@ -165,7 +165,8 @@ def outcome_dict(o: Outcome, res: SearchResult | None = None) -> dict[str, Any]:
     lay = c.layout
     d: dict[str, Any] = {"tp": lay.tp, "cp": lay.cp, "cp_comm_type": lay.cp_comm_type, "pp": lay.pp,
                          "vpp": lay.vpp, "dp": lay.dp, "sp": lay.sp, "micro_batch": lay.mb,
-                         "distributed_optimizer": lay.dist_opt, "method": c.method, "stock_megatron": c.stock,
+                         "distributed_optimizer": lay.dist_opt, "fsdp": lay.fsdp, "method": c.method,
+                         "stock_megatron": c.stock,
                          "status": o.status, "time_bound_s": None if math.isnan(o.bound_s) else o.bound_s,
                          "priced_for": o.priced_for}
     if o.runs_on:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from lynx.cost.fsdp import FSDP2, DpSharding
 from lynx.errors import SpecError
 from lynx.families import get_family
 from lynx.search.splits import EVEN, Split, stock_splits
@@ -54,11 +55,14 @@ class Layout:
     """Context parallelism (Megatron's --context-parallel-size); world size TP x CP x PP x DP."""
     cp_comm_type: CpCommType = "p2p"
     """Megatron's --cp-comm-type (p2p when CP is 1)."""
+    fsdp: bool = False
+    """Fully sharded data parallelism (parameters, gradients and optimizer state over DP x CP: `Space.fsdp`'s
+    sharding); `dist_opt` is then False."""
 
     def label(self) -> str:
         cp = f" CP{self.cp}" + (f"({self.cp_comm_type})" if self.cp_comm_type != "p2p" else "") if self.cp > 1 else ""
-        return (f"TP{self.tp}{cp} PP{self.pp} VPP{self.vpp} DP{self.dp} SP{int(self.sp)} mb{self.mb} "
-                f"DO{int(self.dist_opt)}")
+        shard = "FSDP" if self.fsdp else f"DO{int(self.dist_opt)}"
+        return f"TP{self.tp}{cp} PP{self.pp} VPP{self.vpp} DP{self.dp} SP{int(self.sp)} mb{self.mb} {shard}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +90,9 @@ class Pins:
     cp: int | None = None
     methods: tuple[str, ...] | None = None
     """None: lynx on its own partition plus every stock Megatron-Core flag on Megatron's splits."""
+    fsdp: bool | None = None
+    """True: FSDP layouts only; False: none; None: searched beside DDP with and without the distributed
+    optimizer, unless `dist_opt` is pinned."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +113,8 @@ class Space:
     """Megatron's production overlaps on every candidate where Megatron allows them (`options.candidate_options`):
     --overlap-grad-reduce, --overlap-param-gather with the distributed optimizer, --tp-comm-overlap with SP.
     `lynx plan --gpus N --no-production-overlaps` turns them off (flags the user gives stay on)."""
+    fsdp: DpSharding = FSDP2
+    """The sharding an FSDP layout runs (`Layout.fsdp`): torch FSDP2 unless the user names Megatron-FSDP's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +248,8 @@ def _cores_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected],
     dos = [False, True] if dp * cp > 1 else [False]  # it shards over DP x CP: with both 1, nothing
     if pins.dist_opt is not None:
         dos = [pins.dist_opt]
+    if pins.fsdp:
+        dos = []
     per_rank = space.global_batch // dp
     if pins.mb is not None and per_rank % pins.mb:
         rejected.append(Rejected(f"TP{tp} PP{pp} DP{dp} mb{pins.mb}", f"--micro-batch {pins.mb} does not divide the "
@@ -257,6 +268,13 @@ def _cores_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected],
                                      "a layer per virtual stage"))
             continue
         out += [Core(Layout(tp, pp, 1, dp, sp, mb, do, cp, kind), vpps) for sp in sps for do in dos]
+        # the data-parallel sharding dimension; pinning the optimizer (--distributed-optimizer or not) pins it
+        if dp * cp > 1 and (pins.fsdp or (pins.fsdp is None and pins.dist_opt is None)):
+            if dp * cp % space.fsdp.instances:
+                rejected.append(Rejected(f"TP{tp} PP{pp} DP{dp} FSDP", f"--num-distributed-optimizer-instances "
+                                         f"{space.fsdp.instances} does not divide DP x CP = {dp * cp}"))
+                continue
+            out += [Core(Layout(tp, pp, 1, dp, sp, mb, False, cp, kind, fsdp=True), vpps) for sp in sps]
     return out
 
 

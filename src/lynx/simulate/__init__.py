@@ -111,7 +111,7 @@ def _result(problem: PlanProblem, ctxs: tuple[StageContext, ...], loop: Loop) ->
                             tuple(tuple(c.fwd_plain for c in st.costs) for st in ranks),
                             o.check_for_nan_in_grad, o.ddp_average_in_collective)
         tail = tail_time(problem.model, _device_hardware(problem), par, ctxs, ready, problem.static_recipe,
-                         o.distributed_optimizer, sync, overlap)
+                         o.distributed_optimizer, sync, overlap, problem.dp_sharding)
     iteration = pipeline_time + tail
     samples, tflops, mfu = throughput(problem.model, problem.hardware, par, iteration)
     stages = tuple(

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lynx.cost.dp_overlap import dp_sync, dp_sync_chunks, interleaved_exposed
+from lynx.cost.fsdp import DpSharding
+from lynx.cost.fsdp_time import fsdp_step_time, fsdp_tail
 from lynx.cost.layer import model_flops_per_iteration
 from lynx.cost.static_memory import Recipe, dp_sync_time, grad_buffer_time, optimizer_step_time
 from lynx.decisions import StageContext
@@ -32,12 +34,14 @@ class DpOverlap:
 
 def tail_time(model: ModelSpec, hw: Hardware, par: ParallelSpec, ctxs: tuple[StageContext, ...],
               ready: list[float], recipe: Recipe, distributed_optimizer: bool, tied_sync_s: float = 0.0,
-              overlap: DpOverlap | None = None) -> float:
+              overlap: DpOverlap | None = None, sharding: DpSharding | None = None) -> float:
     """Time after the pipeline's last backward until every stage has reduced its gradients and stepped (and,
     with the distributed optimizer, gathered its parameters: before the next forward needs them), with
     Megatron's passes over the gradient buffer (`static_memory.grad_buffer_passes`).
     `tied_sync_s` > 0: the first and the last stage also all-reduce the tied embedding's gradient, once both
-    have reduced their own (then step). `overlap`: what Megatron's DP overlaps hide of the reduction."""
+    have reduced their own (then step). `overlap`: what Megatron's DP overlaps hide of the reduction.
+    `sharding`: FSDP (or a partial distributed optimizer): what it leaves after the pipeline and its optimizer
+    step on the shard (`lynx.cost.fsdp_time`), in place of Megatron's DDP."""
     pipeline_time = max(ready)
     tail = 0.0
     synced: list[float] = []
@@ -45,6 +49,14 @@ def tail_time(model: ModelSpec, hw: Hardware, par: ParallelSpec, ctxs: tuple[Sta
     ov = overlap or DpOverlap()
     for s, ctx in enumerate(ctxs):
         dp_link = hw.link_for_group(par.dp_cp, par.tp)  # DP x CP ranks, TP apart (CP then DP in rank order)
+        if sharding is not None:  # FSDP overlaps what it leaves for once per iteration (a layer as the bucket)
+            last_bwd = ov.last_bwd_s[s] if ov.last_bwd_s else 0.0
+            first_fwd = ov.first_fwd_s[s] if ov.first_fwd_s else 0.0
+            ar = fsdp_tail(model, hw, par, s, ctx.num_layers, recipe, sharding).exposed(True, True, last_bwd,
+                                                                                       first_fwd)
+            synced.append(ready[s] - pipeline_time + ar)
+            opts.append(fsdp_step_time(model, hw, par, s, ctx.num_layers, recipe, sharding))
+            continue
         if ov.grad_reduce or ov.param_gather:
             if len(ctx.chunk_layers) > 1 and ov.chunk_bwd_s:
                 chunks = dp_sync_chunks(model, par, s, ctx.chunk_layers, recipe, dp_link, distributed_optimizer,

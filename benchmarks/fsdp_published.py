@@ -1,0 +1,142 @@
+"""Held-out published FSDP runs: torchtitan's own throughput tables, measured vs lynx's prediction.
+
+Nothing in lynx was fitted to these runs; they validate the FSDP time model (`lynx.cost.fsdp_time`, decision
+0240) with the kernel constants of the hardware presets as they are. Target: +-15% of the published
+tokens/s/GPU.
+
+Source: pytorch/torchtitan docs/performance.md.
+* At eaea6f6a (the H100 tables, torchtitan 9dec370 of 2024-12-26): "Table 1" and "Table 3", 1D FSDP, Llama 3.1
+  8B, local batch size 2, selective activation checkpointing, eager (the rows without torch.compile and
+  Float8): 5,762 tokens/s/GPU on 8 GPUs (global batch 16), 5,605 on 128 GPUs (global batch 256). Grand Teton
+  hosts: 8 H100 with NVLink, "96GB HBM2e with 2.4 TB/sec", 400 Gb/s RDMA per GPU, 500 W power limit.
+  Every 70B and 405B H100 row runs torch.compile and Float8, which lynx does not model for torchtitan.
+* At 04133643 (the A100 table): "Llama 3 performance numbers", FSDP2 on 64 A100 80GB, local batch size 1:
+  Llama 3 8B with selective op checkpointing 2,973 tokens/s/GPU, Llama 3 70B with full checkpointing 331.
+
+How lynx is told each run: the family torchtitan-llama3 (torchtitan's eager block), sequence 8192 (torchtitan's
+Llama 3 default), DP = every GPU, FSDP2 (`--use-torch-fsdp2`: shard over all of them, reshard after forward),
+local batch = micro-batch, one micro-batch (global = local x DP); torchtitan's per-op selective checkpointing
+(``selective_ac_option = "op"``: every other matmul output and the attention output saved, everything else
+recomputed; torchtitan/distributed/activation_checkpoint.py) as an on-demand policy keeping qkv, core_attn,
+gate and down (the block's matmuls in order qkv, attn_proj, gate, up, down: the 1st, 3rd and 5th saved);
+full checkpointing as full recomputation. The H100 rows use the preset h100-80g-nvlink with the hosts' stated
+memory (96 GB) and bandwidth (2.4 TB/s); its peak and kernel efficiencies are the 700 W SXM5's (the 500 W
+card's peak is unknown: the doc says between SXM and NVL), so lynx should predict these rows high.
+
+Run: PYTHONPATH=src python benchmarks/fsdp_published.py [--markdown] [--results PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+
+import _results
+from _markdown import Out
+from rich.table import Table
+
+from lynx.api import make_problem
+from lynx.cost.fsdp import FSDP2
+from lynx.decisions import RecomputePolicy
+from lynx.partition.base import Partition
+from lynx.policy.rules import full_layer, on_demand
+from lynx.problem import PlanOptions, PlanResult
+from lynx.simulate import simulate
+from lynx.spec import Hardware, ParallelSpec, load_hardware
+
+TARGET = 0.15
+SEQ = 8192
+SAC_KEEP = frozenset({"qkv", "core_attn", "gate", "down"})
+"""torchtitan's per-op SAC on its fused-QKV block: matmuls 1, 3, 5 (qkv, gate, down) and the attention kept."""
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    name: str
+    model: str
+    hardware: str
+    gpus: int
+    local_batch: int
+    ac: str
+    """"op" (selective per-op) or "full"."""
+    published_tps: float
+    source: str
+
+
+RUNS = (
+    Run("Llama 3.1 8B, FSDP 8, H100", "torchtitan-llama3-8b", "h100-96g-teton", 8, 2, "op", 5762,
+        "performance.md@eaea6f6a Table 1"),
+    Run("Llama 3.1 8B, FSDP 128, H100", "torchtitan-llama3-8b", "h100-96g-teton", 128, 2, "op", 5605,
+        "performance.md@eaea6f6a Table 3"),
+    Run("Llama 3 8B, FSDP 64, A100", "torchtitan-llama3-8b", "a100-80g-dgx", 64, 1, "op", 2973,
+        "performance.md@04133643 Llama 3 table"),
+    Run("Llama 3 70B, FSDP 64, A100", "torchtitan-llama3-70b", "a100-80g-dgx", 64, 1, "full", 331,
+        "performance.md@04133643 Llama 3 table"),
+)
+
+
+def hardware(name: str) -> Hardware:
+    """The preset, or for the Grand Teton hosts the H100 preset with the memory and bandwidth they state."""
+    if name != "h100-96g-teton":
+        return load_hardware(name)
+    hw = load_hardware("h100-80g-nvlink")
+    dev = dataclasses.replace(hw.device, name="H100-96GB-HBM2e", memory_bytes=96e9, memory_bandwidth_Bps=2.4e12)
+    return dataclasses.replace(hw, name=name, device=dev, max_nodes=64)
+
+
+def predict(r: Run, with_dp: bool = True) -> tuple[float, float, float]:
+    """(tokens/s/GPU, iteration s, peak GiB) lynx predicts for the run (`with_dp` False: without FSDP's
+    collectives and the optimizer step, to show what they add)."""
+    from lynx.models import load_model
+
+    hw = hardware(r.hardware)
+    par = ParallelSpec(tp=1, pp=1, dp=r.gpus, micro_batch_size=r.local_batch, global_batch_size=r.local_batch * r.gpus,
+                       seq_length=SEQ)
+    nodes = -(-r.gpus // hw.devices_per_node)
+    prob = make_problem(load_model(r.model), hw, par, PlanOptions(precision="megatron-bf16", dp_sharding=FSDP2,
+                                                                  nodes=nodes, include_dp_allreduce=with_dp))
+    g = prob.graph
+    lp = on_demand(g, SAC_KEEP) if r.ac == "op" else full_layer(g)
+    layers = prob.model.num_layers
+    pol = RecomputePolicy(f"torchtitan-{r.ac}", (lp,) * layers)
+    res = PlanResult(pol.method, Partition((layers,), method="even"), (pol,))
+    sim = simulate(prob, res.partition, res.policies, record=False)
+    tps = SEQ * par.global_batch_size / sim.iteration_time_s / r.gpus
+    return tps, sim.iteration_time_s, max(s.peak_memory_bytes for s in sim.stages) / 2**30
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--markdown", action="store_true")
+    _results.add_option(ap, "fsdp_published")
+    a = ap.parse_args()
+    run = _results.Run()
+    out = Out(a.markdown)
+    t = Table(title="Held out: torchtitan's published FSDP2 throughput vs lynx (eager bf16, no Float8/compile)")
+    for c in ("run", "AC", "local batch", "published tok/s/GPU", "lynx tok/s/GPU", "lynx step s", "FSDP + step s",
+              "peak GiB",
+              "error", "target", "holds", "source"):
+        t.add_column(c, justify="left" if c in ("run", "source", "AC") else "right")
+    figures: list[_results.Figure] = []
+    held = 0
+    for r in RUNS:
+        tps, it, peak = predict(r)
+        bare = predict(r, with_dp=False)[1]
+        err = tps / r.published_tps - 1
+        ok = abs(err) <= TARGET
+        held += ok
+        t.add_row(r.name, r.ac, str(r.local_batch), f"{r.published_tps:,.0f}", f"{tps:,.0f}", f"{it:.3f}",
+                  f"{it - bare:.3f}", f"{peak:.1f}", f"{100 * err:+.1f}%", f"±{100 * TARGET:.0f}%",
+                  "yes" if ok else "NO", r.source)
+        figures.append(_results.Figure(f"{r.name} tokens/s/GPU", round(tps), "tok/s/GPU", f"published ± {TARGET:.0%}",
+                                       ok, r.published_tps))
+    out.print(t)
+    out.print(f"{held} of {len(RUNS)} runs within ±{100 * TARGET:.0f}% of torchtitan's published throughput. "
+              "'FSDP + step s': what FSDP's exposed collectives and the sharded optimizer step add to the step.")
+    run.write(a.results, "fsdp_published", "prediction", "torchtitan's published FSDP2 runs (held out): "
+              "tokens/s/GPU vs lynx's prediction", figures)
+
+
+if __name__ == "__main__":
+    main()

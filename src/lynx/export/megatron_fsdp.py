@@ -1,0 +1,69 @@
+"""Megatron-LM's data-parallel sharding flags, read (`--from-megatron`) and written (`lynx export megatron`):
+``--use-megatron-fsdp`` (and its older name ``--use-custom-fsdp``), ``--data-parallel-sharding-strategy``,
+``--use-torch-fsdp2`` and ``--num-distributed-optimizer-instances`` (megatron/training/arguments.py;
+`lynx.cost.fsdp.DpSharding`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from lynx.cost.fsdp import DDP, DpMode, DpSharding, Sharding
+from lynx.errors import SpecError
+
+BOOL_FLAGS = ("--use-megatron-fsdp", "--use-custom-fsdp", "--use-torch-fsdp2")
+STR_FLAGS = ("--data-parallel-sharding-strategy", "--outer-dp-sharding-strategy")
+INT_FLAGS = ("--num-distributed-optimizer-instances",)
+
+
+def parse_strategy(text: str, flag: str = "--data-parallel-sharding-strategy") -> Sharding:
+    try:
+        return Sharding(text)
+    except ValueError:
+        raise SpecError(f"{flag} {text!r}; valid: {', '.join(s.value for s in Sharding)}") from None
+
+
+def sharding_of(k: Mapping[str, object], where: str = "--from-megatron: ") -> DpSharding:
+    """The sharding a command line's flags select (Megatron's default strategy is no_shard)."""
+    megatron = bool(k.get("--use-megatron-fsdp") or k.get("--use-custom-fsdp"))
+    torch2 = bool(k.get("--use-torch-fsdp2"))
+    if megatron and torch2:
+        raise SpecError(f"{where}--use-megatron-fsdp and --use-torch-fsdp2 together: pick one FSDP")
+    text = k.get("--data-parallel-sharding-strategy")
+    strategy = parse_strategy(str(text), f"{where}--data-parallel-sharding-strategy") if text is not None \
+        else None
+    n = k.get("--num-distributed-optimizer-instances", 1)
+    instances = int(n) if isinstance(n, int) else 1
+    if instances < 1:
+        raise SpecError(f"{where}--num-distributed-optimizer-instances {instances}: must be a positive integer")
+    outer = k.get("--outer-dp-sharding-strategy")
+    if outer is not None and parse_strategy(str(outer), f"{where}--outer-dp-sharding-strategy") \
+            is not Sharding.NO_SHARD:
+        raise SpecError(f"{where}--outer-dp-sharding-strategy {outer}: lynx models HSDP's replicas as full copies "
+                        "of the shard (no_shard); sharding across them is not modelled")
+    if torch2:
+        if strategy not in (None, Sharding.OPTIM_GRADS_PARAMS):
+            raise SpecError(f"{where}--data-parallel-sharding-strategy {strategy.value} is Megatron-FSDP's; "
+                            "--use-torch-fsdp2 always shards parameters, gradients and optimizer state")
+        return DpSharding(DpMode.TORCH_FSDP2, instances=instances)
+    if megatron:
+        return DpSharding(DpMode.MEGATRON_FSDP, strategy or Sharding.NO_SHARD, instances)
+    if strategy is not None and strategy is not Sharding.NO_SHARD:
+        raise SpecError(f"{where}--data-parallel-sharding-strategy {strategy.value} needs --use-megatron-fsdp")
+    return DDP if instances == 1 else DpSharding(instances=instances)
+
+
+def sharding_flags(ds: DpSharding) -> list[tuple[str, ...]]:
+    """Megatron's flags for a sharding (nothing for plain DDP)."""
+    out: list[tuple[str, ...]] = []
+    if ds.mode is DpMode.TORCH_FSDP2:
+        out.append(("--use-torch-fsdp2",))
+    elif ds.mode is DpMode.MEGATRON_FSDP:
+        # Megatron-FSDP's documented runs pair it with Megatron's distributed optimizer over its shards
+        out += [("--use-megatron-fsdp",), ("--data-parallel-sharding-strategy", ds.strategy.value),
+                ("--use-distributed-optimizer",)]
+    if ds.instances > 1:
+        out.append(("--num-distributed-optimizer-instances", str(ds.instances)))
+    return out
+
+
+__all__ = ["BOOL_FLAGS", "INT_FLAGS", "STR_FLAGS", "parse_strategy", "sharding_flags", "sharding_of"]
