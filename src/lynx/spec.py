@@ -327,8 +327,15 @@ class Hardware:
     def link_for_group(self, size: int, stride: int = 1) -> LinkSpec:
         """The slowest link over the groups of `size` ranks, `stride` apart in rank order (TP groups are
         contiguous, DP and PP groups strided), that start in the first node."""
-        groups = [[o + i * stride for i in range(size)] for o in range(min(stride, self.devices_per_node))]
-        return min((self.link_for_ranks(g) for g in groups), key=lambda lk: lk.effective_Bps)
+        key = (self, size, stride)
+        link = _GROUP_LINKS.get(key)
+        if link is None:
+            groups = [[o + i * stride for i in range(size)] for o in range(min(stride, self.devices_per_node))]
+            link = min((self.link_for_ranks(g) for g in groups), key=lambda lk: lk.effective_Bps)
+            if len(_GROUP_LINKS) >= 4096:
+                _GROUP_LINKS.clear()
+            _GROUP_LINKS[key] = link
+        return link
 
     def _group_link_fields(self, size: int, stride: int) -> list[str]:
         """Which of this spec's links the slowest such group uses (field names or topology classes)."""
@@ -362,6 +369,11 @@ class Hardware:
             else:
                 hw = dataclasses.replace(hw, **{f: dataclasses.replace(getattr(hw, f), efficiency=eff)})
         return hw
+
+
+_GROUP_LINKS: dict[tuple[Hardware, int, int], LinkSpec] = {}
+"""`Hardware.link_for_group` by (hardware, size, stride): pure in its arguments, asked tens of thousands of times
+by a search. Bounded; cleared when full."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -206,9 +206,24 @@ def build(cls: type[T], data: Any, where: str, error: type[LynxError] = SpecErro
         raise error(f"{where}: {e}") from None
 
 
+_CHECKED: dict[Any, None] = {}
+"""Frozen instances already found valid (by value): a search builds the same model, hardware, options and layouts
+tens of thousands of times, and a valid value stays valid. Bounded; cleared when full."""
+_CHECKED_MAX = 1 << 14
+
+
 def check_instance(obj: Any, where: str, error: type[LynxError] = SpecError) -> None:
     """Check a constructed dataclass's own field values (for objects built in code, not from files)."""
     cls: type = type(obj)
+    params = getattr(cls, "__dataclass_params__", None)
+    key = None
+    if params is not None and params.frozen:
+        try:
+            key = (cls, obj)
+            if key in _CHECKED:
+                return
+        except TypeError:  # a field holds an unhashable value (a list): check it every time
+            key = None
     fields = _fields(cls)
     hints = _hints(cls)
     for name, f in fields.items():
@@ -216,6 +231,10 @@ def check_instance(obj: Any, where: str, error: type[LynxError] = SpecError) -> 
             check_value(getattr(obj, name), hints.get(name, Any), field_range(f))
         except _Invalid as e:
             raise error(f"{where}: {name} {e}") from None
+    if key is not None:
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        _CHECKED[key] = None
 
 
 def check_option(option: str, value: T, rng_: Range = POSITIVE, integer: bool = False) -> T:

@@ -166,7 +166,7 @@ def _fixed(p: Pieces, r: int) -> float:
             + p.nmb * ((p.emb if r == 0 else 0.0) + (p.head if r == p.pp - 1 else 0.0)))
 
 
-def _step_s(problem: PlanProblem, rank: int, layers: int) -> float:
+def step_s(problem: PlanProblem, rank: int, layers: int) -> float:
     """The rank's optimizer step and passes over its gradient buffer, after its last backward (the simulator's
     tail, `simulate.metrics.tail_time`, less the exposed DP collective it may add)."""
     o = problem.options
@@ -179,15 +179,18 @@ def _step_s(problem: PlanProblem, rank: int, layers: int) -> float:
                                o.ddp_average_in_collective))
 
 
-def partition_time_bound_s(problem: PlanProblem, chunks: tuple[int, ...]) -> float:
+def partition_time_bound_s(problem: PlanProblem, chunks: tuple[int, ...], p: Pieces | None = None,
+                           step: Callable[[int, int], float] | None = None) -> float:
     """A lower bound on the iteration time of any plan on this partition (`chunks`: layers per virtual stage in
     model order, virtual stage k on rank k % PP): the start-up and drain bound per rank, one micro-batch's chain,
-    and each rank's own work followed by its optimizer step."""
-    p = pieces(problem)
+    and each rank's own work followed by its optimizer step. `p` and `step` (rank, layers -> `step_s`): the
+    problem's pieces and step time where the caller keeps them (they do not depend on the split)."""
+    p = pieces(problem) if p is None else p
+    after = step or (lambda r, n: step_s(problem, r, n))
     own = [p.u * p.nmb * sum(chunks[r::p.pp]) for r in range(p.pp)]
     ranks = [_fixed(p, r) + p.u * sum(chunks[:r]) + own[r] for r in range(p.pp)]
     edges = [p.nmb * ((p.emb if r == 0 else 0.0) + (p.head if r == p.pp - 1 else 0.0)) for r in range(p.pp)]
-    steps = [own[r] + edges[r] + _step_s(problem, r, sum(chunks[r::p.pp])) for r in range(p.pp)]
+    steps = [own[r] + edges[r] + after(r, sum(chunks[r::p.pp])) for r in range(p.pp)]
     return SAFETY * max(max(ranks), max(steps), _chain(p, len(chunks)))
 
 

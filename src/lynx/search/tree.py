@@ -25,6 +25,7 @@ from lynx.search.bounds import (
     partition_memory_reason,
     partition_time_bound_s,
     pieces,
+    step_s,
     time_bound_from,
     time_bound_s,
 )
@@ -77,6 +78,8 @@ class Frontier:
         self.invalid: list[tuple[Node, str]] = []
         self.memory: dict[tuple[Node, bool], str] = {}
         self.pieces: dict[tuple[object, ...], Pieces] = {}
+        self.layout_pieces: dict[Layout, Pieces] = {}
+        self.steps: dict[tuple[Layout, int, int], float] = {}
 
     def push(self, node: Node) -> None:
         try:
@@ -100,7 +103,7 @@ class Frontier:
             return False
         problem = self.shared.problem(node.layout, None)
         part = base_partition(problem)
-        tight = max(bound, partition_time_bound_s(problem, part.chunks or part.layers_per_stage))
+        tight = max(bound, self._partition_bound(node.layout, problem, part.chunks or part.layers_per_stage))
         heapq.heappush(self.heap, (tight, next(self.seq), replace(node, tight=True)))
         return True
 
@@ -111,8 +114,32 @@ class Frontier:
             return time_bound_s(sh.problem(node.layout, None))
         if node.kind == Kind.STOCK:
             assert node.layout is not None and node.split is not None
-            return partition_time_bound_s(sh.problem(node.layout, node.split), self.chunks(node))
+            sh.problem(node.layout, node.split)  # the split's own checks: a split Megatron refuses is invalid here
+            return self._partition_bound(node.layout, self._layout_problem(node), self.chunks(node))
         return self._core_bound(node.core)
+
+    def _partition_bound(self, lay: Layout, problem: PlanProblem, chunks: tuple[int, ...]) -> float:
+        """`partition_time_bound_s` with the layout's pieces and optimizer steps priced once."""
+        p = self.layout_pieces.get(lay)
+        if p is None:
+            p = self.layout_pieces[lay] = pieces(problem)
+
+        def after(rank: int, layers: int) -> float:
+            key = (lay, rank, layers)
+            if key not in self.steps:
+                self.steps[key] = step_s(problem, rank, layers)
+            return self.steps[key]
+
+        return partition_time_bound_s(problem, chunks, p, after)
+
+    def _layout_problem(self, node: Node) -> PlanProblem:
+        """The problem a stock node's bound is priced on: the layout's own (the pieces and the optimizer step do
+        not depend on the split flags), or the split's where lynx's own partition is refused for the layout."""
+        assert node.layout is not None
+        try:
+            return self.shared.problem(node.layout, None)
+        except LynxError:
+            return self.shared.problem(node.layout, node.split)
 
     def _core_bound(self, core: Core) -> float:
         """The smallest bound of the core's layouts: 1F1B, and interleaving at its shallowest VPP (the start-up,
