@@ -49,6 +49,22 @@ def test_pick_price_is_the_export_price(tmp_path: Path, capsys: pytest.CaptureFi
     assert [s["peak_memory_bytes"] / 2**30 for s in figs[row]["stages"]] == pytest.approx(w["stage_peak_gib"])
 
 
+def test_megatron_target_ranks_lynx_plans_as_the_engine_runs_them(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Where lynx's engine inside Megatron-Core can run a lynx plan (no TransformerEngine userbuffers, local
+    attention), --target megatron prices it as the engine runs it: the export's engine row, to the digit."""
+    plan = tmp_path / "p.json"
+    d = _search([*TINY_SEARCH, "--model", "gpt-tiny", "--target", "megatron", "--method", "lynx",
+                 "--no-production-overlaps"], plan, capsys)
+    w = d["winner"]
+    assert w["runs_on"] == "Megatron-Core + lynx engine"
+    code, out, err = run_main(["export", "megatron", str(plan), "--out", str(tmp_path / "x"), "--json"], capsys)
+    assert code == 0, err
+    engine = _json(out)["engine"]
+    assert engine["runs"]
+    assert engine["figures"]["iteration_time_s"] == w["iteration_s"]
+
+
 def test_pinned_tp_pp_derive_dp_on_a_cluster_larger_than_the_preset(capsys: pytest.CaptureFixture[str]) -> None:
     """The preset h100-80g-nvlink has 8 nodes; --gpus 1024 --tp 8 --pp 4 used to fail its node count."""
     code, out, err = run_main(["plan", "--model", "gpt-tiny", "--hardware", "h100-80g-nvlink", "--gpus", "1024",

@@ -1,8 +1,9 @@
 """A plan's price on the framework it will run on (`lynx plan --gpus ... --target`), computed exactly as
 `lynx export <target>` prices it, so the search's pick and the export of its plan file show the same figures:
 
-- megatron: Megatron-Core with the exported flags and per-rank plugin (`export.megatron.megatron_run`, the
-  export table's "megatron+plugin" row);
+- megatron: lynx's engine inside Megatron-Core (`lynx.integrations.megatron`) where it runs the plan
+  (`export.megatron_engine.engine_price`, the export table's engine row), else Megatron-Core with the exported
+  flags and per-rank plugin (`export.megatron.megatron_run`, the "megatron+plugin" row);
 - torchtitan: torchtitan's eager kernels and FSDP with lynx's engine or the AC module (`price_on_torchtitan`'s
   "torchtitan" row); None when torchtitan has no block for the model (not a llama) or cannot run the layout;
 - lynx: the plan as planned, on lynx's own runtime (the simulator's price of the plan itself).
@@ -48,7 +49,12 @@ def target_price(problem: PlanProblem, result: PlanResult, target: Target, stock
     src = source_from(problem, result)
     if target is Target.MEGATRON:
         from lynx.export.megatron import megatron_run
+        from lynx.export.megatron_engine import engine_price
 
+        if not stock:  # lynx's engine inside Megatron-Core runs the plan with its windows where it can
+            engine, _ = engine_price(problem, result)
+            if engine is not None:
+                return TargetPrice(engine, "Megatron-Core + lynx engine")
         fig, plugin = megatron_run(src)
         return TargetPrice(fig, "Megatron-Core + lynx plugin" if plugin else "Megatron-Core")
     from lynx.export.torchtitan import ORDER, engine_table, layer_entry, price_on_torchtitan
