@@ -343,6 +343,48 @@ def _plain(text: str) -> str:
     return text.replace("[green]", "").replace("[/green]", "").replace("[red]", "").replace("[/red]", "")
 
 
+def control_rounds(args: argparse.Namespace, name: str, label: str, tb: Any, work: Path,
+                   chosen: tuple[dict[str, Any], Any, Any],
+                   train: Callable[[Any, Path, Path, int, int], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The framework controls' A B A' rounds (window_control_torchtitan / _megatron): print the prediction,
+    refuse a signal under --min-signal (exit 2), save the plan and its control in `work` and train each role per
+    round with `train(tb, plan, report, iters, layers)`."""
+    pred, plan, ctl = chosen
+    print(f"{label}: " + prediction_text(pred, args.rate), flush=True)
+    if pred["hidden_s"] < args.min_signal * pred["plan_s"]:
+        print(f"{name}: predicted control - plan {pred['hidden_s']:+.3f} s is under --min-signal "
+              f"{args.min_signal:g} x {pred['plan_s']:.3f} s, too small to measure: change --budget-frac, --rate or "
+              "--layers", file=sys.stderr)
+        raise SystemExit(2)
+    paths = {"A": work / "plan.json", "B": work / "control.json", "A2": work / "plan.json"}
+    plan.save(paths["A"])
+    ctl.save(paths["B"])
+    rounds = []
+    for k in range(args.rounds):
+        rnd = {x: train(tb, paths[x], work / f"train-{k}-{x}.json", args.iters, args.layers) for x in ROLES}
+        rounds.append(rnd)
+        print(f"round {k + 1}/{args.rounds}: " + ", ".join(f"{x} {rnd[x]['median_s']:.3f} s" for x in ROLES)
+              + f"; restorations A {rnd['A']['by_window']}, B {rnd['B']['by_window']}", flush=True)
+    return rounds
+
+
+def control_report(args: argparse.Namespace, name: str, title: str, run: _results.Run, pred: dict[str, Any],
+                   rounds: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    """The framework controls' analysis, results file (`--results`) and saved run (`--out`, with `meta`: the
+    command, date, layout, rate, machine and load the caller recorded, plus the load after)."""
+    meta = {**meta, "load_after": os.getloadavg(), "iters": args.iters, "rounds": args.rounds,
+            "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, {platform.node()}"}
+    targets = Targets()
+    print("\n" + report_text(analyse(rounds, pred), pred, targets))
+    run.write(args.results, name, "measurement", title, _results.figures_of(targets), _plain(targets.summary()))
+    print(f"\nload average before {meta['load_before']}, after {meta['load_after']}; plans and train reports in "
+          f"{meta['workdir']}")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"meta": meta, "prediction": pred, "rounds": rounds}, indent=2))
+        print(f"wrote {args.out}")
+
+
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layout", choices=sorted(LAYOUTS), default="tp2")

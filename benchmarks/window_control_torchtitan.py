@@ -36,7 +36,6 @@ import datetime
 import json
 import os
 import pickle
-import platform
 import statistics
 import sys
 import time
@@ -47,7 +46,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _results  # noqa: E402
 import pipeline_testbed as pt  # noqa: E402
 import window_control as wc  # noqa: E402
-from _targets import Targets  # noqa: E402
 from _window_control import check_control_args  # noqa: E402
 
 H, HEADS, FFN, VOCAB = 256, 16, 768, 2048  # torchtitan 0.3.0's llama3 "debugmodel" (llama3/__init__.py)
@@ -330,37 +328,11 @@ def main() -> None:
     start = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     with Testbed(args.rate) as tb:  # the namespaces are removed on the way out, whatever happens
         graph = profile(tb, work, args.repeats, args.reads)
-        pred, plan, ctl = choose(graph, args.layers, args.rate, args.budget_frac, args.method)
-        print("torchtitan tp2: " + wc.prediction_text(pred, args.rate), flush=True)
-        if pred["hidden_s"] < args.min_signal * pred["plan_s"]:
-            print(f"window_control_torchtitan: predicted control - plan {pred['hidden_s']:+.3f} s is under "
-                  f"--min-signal {args.min_signal:g} x {pred['plan_s']:.3f} s, too small to measure: change "
-                  f"--budget-frac, --rate or --layers", file=sys.stderr)
-            raise SystemExit(2)
-        paths = {"A": work / "plan.json", "B": work / "control.json", "A2": work / "plan.json"}
-        plan.save(paths["A"])
-        ctl.save(paths["B"])
-        rounds = []
-        for k in range(args.rounds):
-            rnd = {x: train(tb, paths[x], work / f"train-{k}-{x}.json", args.iters, args.layers) for x in ROLES}
-            rounds.append(rnd)
-            print(f"round {k + 1}/{args.rounds}: " + ", ".join(f"{x} {rnd[x]['median_s']:.3f} s" for x in ROLES)
-                  + f"; restorations A {rnd['A']['by_window']}, B {rnd['B']['by_window']}", flush=True)
-    load_after = os.getloadavg()
-    targets = Targets()
-    print("\n" + wc.report_text(wc.analyse(rounds, pred), pred, targets))
-    run.write(args.results, "window_control_torchtitan", "measurement", TITLE, _results.figures_of(targets),
-              wc._plain(targets.summary()))
+        chosen = choose(graph, args.layers, args.rate, args.budget_frac, args.method)
+        rounds = wc.control_rounds(args, "window_control_torchtitan", "torchtitan tp2", tb, work, chosen, train)
     meta = {"command": " ".join(sys.argv), "date": start, "layout": "torchtitan-tp2", "rate_mbit": args.rate,
-            "layers": args.layers, "reads": args.reads,
-            "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, {platform.node()}",
-            "load_before": load_before, "load_after": load_after, "iters": args.iters,
-            "rounds": args.rounds, "workdir": str(work)}
-    print(f"\nload average before {load_before}, after {load_after}; plans and train reports in {work}")
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"meta": meta, "prediction": pred, "rounds": rounds}, indent=2))
-        print(f"wrote {args.out}")
+            "layers": args.layers, "reads": args.reads, "load_before": load_before, "workdir": str(work)}
+    wc.control_report(args, "window_control_torchtitan", TITLE, run, chosen[0], rounds, meta)
 
 
 if __name__ == "__main__":
