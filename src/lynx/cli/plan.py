@@ -15,6 +15,8 @@ from lynx.cli.common import (
     BytesPerParamOpt,
     CpCommTypeOpt,
     CpOpt,
+    EpOpt,
+    EtpOpt,
     GbOpt,
     HardwareOpt,
     HierCpOpt,
@@ -261,6 +263,8 @@ def plan_cmd(
         "[default: 1; searched with --gpus for long sequences].")] = None,
     cp_comm_type: CpCommTypeOpt = "p2p",
     hierarchical_cp: HierCpOpt = None,
+    ep: EpOpt = 1,
+    etp: EtpOpt = None,
     sp: Annotated[bool | None, typer.Option("--sp/--no-sp", "--sequence-parallel",
                                             help="Megatron sequence parallelism [default: off; searched with "
                                             "--gpus].")] = None,
@@ -442,7 +446,7 @@ def plan_cmd(
                             busbw_gbps=busbw,
                             overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
                             tp_comm_overlap=tp_comm_overlap, cp=cp, cp_comm_type=cp_comm_type,
-                            hierarchical_cp=hierarchical_cp)
+                            hierarchical_cp=hierarchical_cp, ep=ep, etp=etp)
     if fusions_given:
         problem = with_fusions(problem, fusion_flags)
     from lynx.cli.export import budget_warnings
@@ -464,6 +468,8 @@ def plan_cmd(
     vpp_text = f" VPP {vpp}" if vpp > 1 else ""
     kind = problem.parallel.cp_comm_type
     cp_text = f" CP {cp}" + (f" ({kind})" if kind != "p2p" else "") if cp > 1 else ""
+    par_ = problem.parallel
+    cp_text += f" EP {par_.ep}" + (f" ETP {par_.expert_tp}" if par_.expert_tp != tp else "") if par_.ep > 1 else ""
     title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp}{cp_text} PP {pp}{vpp_text} DP {dp}"
              f"{' SP' if sp else ''}, micro-batch {micro_batch}, global batch {global_batch}, seq {seq_len}, "
              f"{problem.parallel.num_microbatches} micro-batches" + (f"; {' '.join(fusions_given)}" if fusions_given

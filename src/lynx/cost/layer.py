@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from lynx.cost.collectives import allreduce_time, gather_time, p2p_time
 from lynx.cost.kernels import KernelCurves
+from lynx.cost.moe import EXPERT_COLLECTIVES, price_expert_comm
 from lynx.cost.tp_overlap import apply_tp_comm_overlap
 from lynx.families import get_family
 from lynx.families.base import ACT_BYTES, BWD_MATMUL_FACTOR, BWD_MEMORY_FACTOR, MASK_BYTES, OpSpec
@@ -109,6 +110,8 @@ class _Pricer:
     def price(self, o: OpSpec) -> Op:
         if o.kind == "comm" and o.cp_size:
             return self._price_cp(o)
+        if o.collective in EXPERT_COLLECTIVES:
+            return price_expert_comm(o, self.hw, self.par, self.cp.comm_efficiency_scale)
         if o.kind == "comm":
             n, link, sc = self.par.tp, self.tp_link, self.cp.comm_efficiency_scale
             # all-reduce: forward g, backward the input gradient's f; all-gather <-> reduce-scatter pairs

@@ -36,7 +36,7 @@ FLASH_BWD_FACTOR = 2.5
 dK = dS^T Q) plus recomputing S = Q K^T: 5 / 2 of the forward's two GEMMs. FlashAttention-2 (Dao 2023,
 sec. 4.1) counts it the same way: "the backward pass FLOPs is 2.5 times the forward pass"."""
 
-Collective = Literal["allreduce", "gather", "cp_p2p", "cp_a2a", "cp_allgather"]
+Collective = Literal["allreduce", "gather", "cp_p2p", "cp_a2a", "cp_allgather", "ep_a2a", "etp_gather", "tpep_gather"]
 """"allreduce": ring all-reduce; "gather": one all-gather or reduce-scatter (half an all-reduce) - both over TP.
 Over context-parallel ranks (`cp_attention`): "cp_p2p" the ring exchange of K/V chunks (comm_bytes: one step's
 chunk), "cp_a2a" an all-to-all (comm_bytes: one rank's tensor), "cp_allgather" an all-gather of K/V
