@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 from lynx.checks import check_graph_matches, check_inputs
 from lynx.cost.layer import CostParams, build_layer_graph
-from lynx.errors import InfeasibleError, LynxError
+from lynx.errors import InfeasibleError, LynxError, SpecError
 from lynx.graph import LayerGraph
 from lynx.methods import available_methods, get_method
 from lynx.plan import Plan
 from lynx.problem import PlanOptions, PlanProblem
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
+from lynx.stack import LayerKind, is_uniform, kinds_present, primary_kind
 
 
 def make_problem(
@@ -27,11 +28,19 @@ def make_problem(
     """Validate the layout and build the layer graph (analytic unless a profiled graph is given)."""
     opts = options or PlanOptions()
     check_inputs(model, hardware, parallel, opts)
-    if graph is None:
-        graph = build_layer_graph(model, hardware, parallel, CostParams.for_hardware(hardware, opts.tp_comm_overlap))
+    cost = CostParams.for_hardware(hardware, opts.tp_comm_overlap)
+    kind_graphs: tuple[tuple[LayerKind, LayerGraph], ...] = ()
+    if not is_uniform(model):  # one graph per layer kind (docs/decisions/0221)
+        if graph is not None:
+            raise SpecError(f"a profiled graph measures one layer; {model.name} has layers of several kinds "
+                            f"({', '.join(kinds_present(model))}): plan it with the analytic model (no --profile)")
+        kind_graphs = tuple((k, build_layer_graph(model, hardware, parallel, cost, k)) for k in kinds_present(model))
+        graph = dict(kind_graphs)[primary_kind(model)]
+    elif graph is None:
+        graph = build_layer_graph(model, hardware, parallel, cost)
     else:
         check_graph_matches(graph, model, parallel)
-    return PlanProblem(model, hardware, parallel, graph, opts)
+    return PlanProblem(model, hardware, parallel, graph, opts, kind_graphs)
 
 
 def plan(problem: PlanProblem, method: str, record: bool = True) -> Plan:

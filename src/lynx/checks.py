@@ -85,6 +85,6 @@ def check_result(problem: PlanProblem, result: PlanResult, where: str = "plan") 
         raise PlanFormatError(f"{where}: {len(result.policies)} stage policies for PP {pp}")
     for pol, ctx in zip(result.policies, problem.stage_contexts(result.partition), strict=True):
         try:
-            check_policy(problem.graph, pol, ctx)
+            check_policy(problem.graphs_for(ctx), pol, ctx)
         except PlanFormatError as e:
             raise PlanFormatError(f"{where}: {e}") from None

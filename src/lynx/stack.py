@@ -52,3 +52,11 @@ def is_uniform(m: ModelSpec) -> bool:
 def stage_kinds(m: ModelSpec, first: int, count: int) -> tuple[LayerKind, ...]:
     """The kinds of layers first .. first + count - 1."""
     return layer_kinds(m)[first:first + count]
+
+
+def as_kinds(names: tuple[str, ...]) -> tuple[LayerKind, ...] | None:
+    """Kind names (a `StageContext.kinds`) as kinds; None for none (the model's one kind)."""
+    return tuple(KINDS_BY_NAME[n] for n in names) or None
+
+
+KINDS_BY_NAME: dict[str, LayerKind] = {k: k for k in KINDS}

@@ -18,7 +18,8 @@ ROOT = Path(lynx.__file__).parent
 # placed here when it is added, so the order is a decision, not an accident).
 RANKS: dict[str, int] = {
     "lynx": 0, "lynx.errors": 0, "lynx.validate": 0, "lynx.paths": 0,
-    "lynx.spec": 1, "lynx.stack": 1, "lynx.topology": 1, "lynx.graph": 1, "lynx.schedule": 1, "lynx.decisions": 1, "lynx.milp": 1,
+    "lynx.spec": 1, "lynx.stack": 1, "lynx.topology": 1, "lynx.graph": 1, "lynx.schedule": 1, "lynx.decisions": 1,
+    "lynx.milp": 1,
     "lynx.families": 2, "lynx.models": 2,
     "lynx.cost": 3,
     "lynx.policy": 4, "lynx.partition": 4,

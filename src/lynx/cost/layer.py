@@ -19,6 +19,7 @@ from lynx.families.base import ACT_BYTES, BWD_MATMUL_FACTOR, BWD_MEMORY_FACTOR, 
 from lynx.families.fusion import MAIN_GRAD_PASS_BYTES
 from lynx.graph import GraphMeta, LayerGraph, Op
 from lynx.spec import Hardware, LinkSpec, ModelSpec, ParallelSpec
+from lynx.stack import LayerKind
 
 __all__ = ["CostParams", "EdgeTimes", "build_layer_graph", "edge_times", "model_flops_per_iteration", "price_op",
            "scale_graph"]
@@ -137,11 +138,14 @@ def price_op(o: OpSpec, hw: Hardware, par: ParallelSpec, cost: CostParams | None
 
 
 def build_layer_graph(
-    model: ModelSpec, hw: Hardware, par: ParallelSpec, cost: CostParams | None = None,
+    model: ModelSpec, hw: Hardware, par: ParallelSpec, cost: CostParams | None = None, kind: LayerKind | None = None,
 ) -> LayerGraph:
-    """The op graph of one layer of `model`'s family on one TP rank, priced on `hw`."""
+    """The op graph of one layer of `model`'s family on one TP rank, priced on `hw`; `kind`: a layer of that kind
+    (`lynx.stack`; default the model's primary kind)."""
     cp = cost or CostParams.for_hardware(hw)
-    spec = get_family(model.family).layer(model, par)
+    fam = get_family(model.family)
+    spec = fam.kind_layer(model, par, kind) if kind is not None and fam.kind_layer is not None \
+        else fam.layer(model, par)
     pricer = _Pricer(hw, par, cp)
     meta = GraphMeta(
         source="analytic", model=model.name, hidden_size=model.hidden_size,

@@ -124,6 +124,8 @@ class Family:
     runtime_module: str
     """The module whose ``RUNTIME`` (`lynx.runtime.layers.family.RuntimeFamily`) builds the torch layer and model
     (imported only by the runtime and the profiler)."""
+    kind_layer: Callable[[ModelSpec, ParallelSpec, Any], LayerSpec] | None = None
+    """The layer of one kind (`lynx.stack.LayerKind`) for families whose models mix kinds (mcore); None: `layer`."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -214,5 +214,5 @@ FAMILY = Family(
     name="mcore", defaults=DEFAULTS, check_model=check_model, check_layout=check_layout, layer=layer,
     layer_params=layer_params, embedding_params=embedding_params, head_params=head_params,
     final_norm_params=final_norm_params, output_params=output_params,
-    matmul_flops_per_token=matmul_flops_per_token, runtime_module="",
+    matmul_flops_per_token=matmul_flops_per_token, runtime_module="", kind_layer=kind_layer,
 )

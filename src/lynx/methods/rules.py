@@ -41,8 +41,8 @@ def plan_block(problem: PlanProblem) -> PlanResult:
         ctxs = problem.stage_contexts(part)
         n = max(part.layers_per_stage)
         for cand in range(0, n + 1):
-            pols = [stage_policy(_block_fn(cand), c, problem.graph) for c in ctxs]
-            peaks = [stage_peak_bytes(problem.graph, p.layers, c) for p, c in zip(pols, ctxs, strict=True)]
+            pols = [stage_policy(_block_fn(cand), c, problem.graphs_for(c)) for c in ctxs]
+            peaks = [stage_peak_bytes(problem.graphs_for(c), p.layers, c) for p, c in zip(pols, ctxs, strict=True)]
             if all(pk <= c.budget_bytes for pk, c in zip(peaks, ctxs, strict=True)):
                 n = cand
                 break
