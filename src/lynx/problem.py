@@ -112,6 +112,11 @@ class PlanProblem:
             return self.graph
         return stage_graphs(self.kind_graphs, ctx.kinds)
 
+    def range_graphs(self, first: int, count: int) -> Graphs:
+        """What prices layers first .. first + count - 1 (a virtual stage of an export's layout)."""
+        kinds = self.range_kinds(first, count)
+        return stage_graphs(self.kind_graphs, kinds) if kinds else self.graph
+
     def range_kinds(self, first: int, count: int) -> tuple[str, ...]:
         """The kinds of layers first .. first + count - 1 when the model has several (else empty)."""
         return stage_kinds(self.model, first, count) if self.kind_graphs else ()

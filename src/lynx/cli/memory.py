@@ -15,6 +15,8 @@ from lynx.cli.common import (
     CpOpt,
     DistOptOpt,
     DpOpt,
+    EpOpt,
+    EtpOpt,
     GbOpt,
     HardwareOpt,
     HierCpOpt,
@@ -44,6 +46,8 @@ def memory_cmd(
     cp: CpOpt = 1,
     cp_comm_type: CpCommTypeOpt = "p2p",
     hierarchical_cp: HierCpOpt = None,
+    ep: EpOpt = 1,
+    etp: EtpOpt = None,
     sp: SpOpt = False,
     micro_batch: MbOpt = 8,
     global_batch: GbOpt = 128,
@@ -93,7 +97,8 @@ def memory_cmd(
         problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
                                 layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
                                 precision=precision, distributed_optimizer=distributed_optimizer,
-                                busbw_gbps=busbw, cp=cp, cp_comm_type=cp_comm_type, hierarchical_cp=hierarchical_cp)
+                                busbw_gbps=busbw, cp=cp, cp_comm_type=cp_comm_type, hierarchical_cp=hierarchical_cp,
+                                ep=ep, etp=etp)
         if vpp != 1:
             from lynx.cli.plan import with_vpp
 
@@ -103,7 +108,9 @@ def memory_cmd(
         plan = plan_one(problem, method, record=False)
     stages = stage_memories(plan)
     recipe = problem.static_recipe
-    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp}{f' CP {cp}' if cp > 1 else ''} PP {pp} DP {dp}"
+    ep_text = f" EP {problem.parallel.ep}" if problem.parallel.ep > 1 else ""
+    cp_text = f" CP {cp}" if cp > 1 else ""
+    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp}{cp_text}{ep_text} PP {pp} DP {dp}"
              f"{' SP' if sp else ''}, "
              f"micro-batch {micro_batch}, {plan.result.method}, partition {plan.result.partition}; "
              f"{recipe.name} {recipe.bytes_per_param(dp * cp, distributed_optimizer):g} B/param"
