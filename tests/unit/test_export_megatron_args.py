@@ -63,7 +63,7 @@ def test_forms_defaults_and_ignored_flags() -> None:
     ("--swiglu --squared-relu", "one activation"), ("--context-parallel-size 2 --cp-comm-type ring", "--cp-comm-type"),
     ("--context-parallel-size 4 --cp-comm-type a2a+p2p", "hierarchical-context-parallel-sizes"),
     ("--num-experts 2 --moe-router-topk 4", "moe_router_topk"), ("--recompute-granularity full", "recompute-method"),
-    ("--recompute-granularity selective --recompute-modules moe", "recompute-modules"),
+    ("--recompute-granularity selective --recompute-modules moe_layer", "recompute-modules"),
     ("--recompute-granularity everything", "full or selective"), ("--sequence-parallel yes", "no value"),
     ("--pipeline-model-parallel-layout Et*9|t*8|t*8|t*8L", "decoder layers"),
     ("--decoder-first-pipeline-num-layers 9 --decoder-last-pipeline-num-layers 8", "evenly"),

@@ -15,7 +15,6 @@ from lynx.cli.common import (
     BytesPerParamOpt,
     CpCommTypeOpt,
     CpOpt,
-    EpOpt,
     EtpOpt,
     GbOpt,
     HardwareOpt,
@@ -97,7 +96,7 @@ def with_vpp(problem: PlanProblem, vpp: int) -> PlanProblem:
     from lynx.api import make_problem
 
     return make_problem(problem.model, problem.hardware, problem.parallel, replace(problem.options, vpp=vpp),
-                        problem.graph)
+                        None if problem.heterogeneous else problem.graph)
 
 
 def check_schedule_fits(sched: Schedule, problem: PlanProblem, result: PlanResult) -> None:
@@ -218,6 +217,7 @@ def _search(model: str, hardware: str, gpus: int | None, nodes: int | None, tp: 
     cp = knobs.pop("cp")
     cp_comm_type = knobs.pop("cp_comm_type")
     offload = knobs.pop("offload")
+    ep, etp = knobs.pop("ep"), knobs.pop("etp")
     check_ints(**{"--cp": (cp, POSITIVE)})
     if tp is not None and pp is not None:  # the layout is pinned: CP too (1 unless --cp), DP derived
         cp = cp or 1
@@ -244,7 +244,7 @@ def _search(model: str, hardware: str, gpus: int | None, nodes: int | None, tp: 
     if knobs["busbw"] is not None:
         raise SpecError("--busbw is a TP group's measured bandwidth; pin --tp to use it (not with the search)")
     run_search(SearchArgs(model, hardware, total, global_batch, seq_len, tp, pp, vpp, sp, mb, dist_opt, method,
-                          cross_node, top, as_json, out, png, cp, cp_comm_type, offload), problem.options)
+                          cross_node, top, as_json, out, png, cp, cp_comm_type, offload, ep, etp), problem.options)
 
 
 @app.command("plan")
@@ -263,7 +263,10 @@ def plan_cmd(
         "[default: 1; searched with --gpus for long sequences].")] = None,
     cp_comm_type: CpCommTypeOpt = "p2p",
     hierarchical_cp: HierCpOpt = None,
-    ep: EpOpt = 1,
+    ep: Annotated[int | None, typer.Option(
+        "--ep", "--expert-model-parallel-size", help="Expert-parallel size (MoE models): experts split over EP "
+        "ranks of each stage's TP x CP x DP ranks, as Megatron-Core folds it [default: 1; searched with --gpus]."
+    )] = None,
     etp: EtpOpt = None,
     sp: Annotated[bool | None, typer.Option("--sp/--no-sp", "--sequence-parallel",
                                             help="Megatron sequence parallelism [default: off; searched with "
@@ -415,7 +418,8 @@ def plan_cmd(
                             recompute_num_layers=recompute_num_layers, no_wgrad_overlap=no_wgrad_overlap,
                             time_limit=time_limit, cooldown_overlap=not no_cooldown_overlap, busbw=busbw,
                             overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
-                            tp_comm_overlap=tp_comm_overlap, cp=cp, cp_comm_type=cp_comm_type, offload=offload))
+                            tp_comm_overlap=tp_comm_overlap, cp=cp, cp_comm_type=cp_comm_type, offload=offload,
+                            ep=ep, etp=etp))
     if offload is not None:
         raise SpecError("--offload/--no-offload chooses the search's methods (with --gpus); for one layout use "
                         "--method lynx-offload or --compare")
@@ -446,7 +450,7 @@ def plan_cmd(
                             busbw_gbps=busbw,
                             overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
                             tp_comm_overlap=tp_comm_overlap, cp=cp, cp_comm_type=cp_comm_type,
-                            hierarchical_cp=hierarchical_cp, ep=ep, etp=etp)
+                            hierarchical_cp=hierarchical_cp, ep=_given(ep, 1), etp=etp)
     if fusions_given:
         problem = with_fusions(problem, fusion_flags)
     from lynx.cli.export import budget_warnings

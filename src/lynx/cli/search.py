@@ -47,6 +47,9 @@ class SearchArgs:
     cp_comm_type: CpCommType = "p2p"
     offload: bool | None = None
     """--offload/--no-offload (None: on when the hardware has a host link)."""
+    ep: int | None = None
+    """--ep pinned (None: searched for MoE models, `search.experts`)."""
+    etp: int | None = None
 
 
 def cluster_gpus(hw: Hardware, gpus: int | None, nodes: int | None) -> int | None:
@@ -95,7 +98,7 @@ def run_search(a: SearchArgs, base: PlanOptions) -> None:
                         "search plans that method only (use --method lynx-offload)")
     space = Space(load_model(a.model), hw, a.gpus, a.global_batch, a.seq_len,
                   Pins(tp=a.tp, pp=a.pp, vpp=a.vpp, sp=a.sp, mb=a.mb, dist_opt=a.dist_opt, cp=a.cp,
-                       methods=None if a.method is None else (a.method,)),
+                       ep=a.ep, etp=a.etp, methods=None if a.method is None else (a.method,)),
                   a.allow_cross_node_tp, a.cp_comm_type, has_link if a.offload is None else a.offload)
     cands, rejected = candidates(space)
     if not cands:  # nothing to search: say which rule the pins break, before any work

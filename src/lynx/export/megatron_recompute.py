@@ -33,8 +33,9 @@ from lynx.policy.rules import full_layer, keep_all
 Granularity = Literal["full", "selective"]
 RecomputeMethod = Literal["uniform", "block"]
 
-MODULE_ORDER: tuple[str, ...] = ("core_attn", "layernorm", "mlp")
-"""Megatron's --recompute-modules for dense layers; the ops each drops are its `Op.module` tags in the graph."""
+MODULE_ORDER: tuple[str, ...] = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj")
+"""Megatron's --recompute-modules (the MoE and MLA ones: `policy.megatron_modules`); the ops each drops are its
+`Op.module` tags in the graph."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +60,7 @@ class MegatronRecompute:
             unknown = [x for x in self.modules if x not in MODULE_ORDER]
             if unknown or not self.modules:
                 raise SpecError(f"--recompute-modules {' '.join(self.modules) or '(none)'}: lynx models "
-                                f"{', '.join(MODULE_ORDER)} for dense layers")
+                                f"{', '.join(MODULE_ORDER)}")
 
     def flags(self) -> list[str]:
         if self.granularity is None:

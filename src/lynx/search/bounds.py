@@ -30,6 +30,7 @@ from collections.abc import Callable
 from lynx.cost.edges import stage_edge_times
 from lynx.cost.memory import static_bytes
 from lynx.problem import PlanProblem
+from lynx.stack import kinds_present
 
 SAFETY = 1.0 - 1e-9
 """The time bound multiplies by this: summing per-action times in another order may round differently."""
@@ -53,8 +54,10 @@ def _stage_bytes(problem: PlanProblem, stage: int, n: int, per_layer_inputs: boo
     """`stage_context(stage, n).static_bytes` plus the layer inputs in flight, without building the context
     (the same `static_bytes` call and the schedule's in-flight count)."""
     o = problem.options
-    static = static_bytes(problem.model, problem.parallel, stage, n, o.bytes_per_param, o.precision,
-                          o.distributed_optimizer)
+    # several layer kinds: the lightest kind's stage (a bound whatever layers the stage gets)
+    static = min(static_bytes(problem.model, problem.parallel, stage, n, o.bytes_per_param, o.precision,
+                              o.distributed_optimizer, (k,) * n if problem.heterogeneous else None)
+                 for k in (kinds_present(problem.model) if problem.heterogeneous else ("dense",)))
     if o.vpp > 1:  # any split of the n layers over the chunks: static memory does not depend on it
         return static  # in-flight counts differ per chunk: the static part alone is the bound
     in_flight = max(c.in_flight for c in problem.facts.chunks[stage])
@@ -147,7 +150,9 @@ def _min_max_with_edges(layers: int, nmb: int, u: float, const: list[float]) -> 
 def time_bound_s(problem: PlanProblem) -> float:
     """A lower bound on the iteration time of any plan of this layout (any method, any partition)."""
     par, layers = problem.parallel, problem.model.num_layers
-    u = problem.graph.step_time(problem.options.subtract_wgrad)
+    # several layer kinds: the cheapest kind's layer time (a lower bound for any layer)
+    u = min(g.step_time(problem.options.subtract_wgrad) for g in (dict(problem.kind_graphs).values()
+                                                                   if problem.heterogeneous else (problem.graph,)))
     nmb, pp = par.num_microbatches, par.pp
     emb = head = 0.0
     if problem.options.include_edges:  # what the simulator adds to the first and last virtual stage

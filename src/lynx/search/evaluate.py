@@ -13,6 +13,7 @@ from lynx.cost.layer import build_layer_graph
 from lynx.cost.memory import LayerMemory, held_bytes, layer_memory
 from lynx.errors import InfeasibleError, LynxError
 from lynx.graph import LayerGraph
+from lynx.graph import per_layer as per_layer_graphs
 from lynx.methods import get_method
 from lynx.methods.heu import heu_options, lynx_search
 from lynx.partition.base import Partition
@@ -21,6 +22,7 @@ from lynx.policy.heu import HeuCache
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
 from lynx.search.space import STOCK_OFFLOAD, Candidate, Layout, Space
 from lynx.spec import GiB, ParallelSpec
+from lynx.stack import is_uniform
 
 LYNX_SEARCHED = ("lynx", "lynx-offload")
 """Methods planned through `lynx_search` with the search's shared HEU caches (one per graph and method)."""
@@ -60,18 +62,18 @@ class Shared:
 
     space: Space
     base: PlanOptions
-    graphs: dict[tuple[int, int, bool, int], LayerGraph] = field(default_factory=dict)
-    heu: dict[tuple[int, int, bool, int, str], HeuCache] = field(default_factory=dict)
+    graphs: dict[tuple[int, int, bool, int, int, int], LayerGraph] = field(default_factory=dict)
+    heu: dict[tuple[int, int, bool, int, int, int, str], HeuCache] = field(default_factory=dict)
     problems: dict[tuple[Layout, tuple[int, ...] | None], PlanProblem] = field(default_factory=dict)
 
     def parallel(self, lay: Layout) -> ParallelSpec:
         s = self.space
         return ParallelSpec(tp=lay.tp, pp=lay.pp, dp=lay.dp, sequence_parallel=lay.sp, micro_batch_size=lay.mb,
                             global_batch_size=s.global_batch, seq_length=s.seq_len, cp=lay.cp,
-                            cp_comm_type=s.cp_comm_type)
+                            cp_comm_type=s.cp_comm_type, ep=lay.ep, etp=lay.etp)
 
     def graph(self, lay: Layout) -> LayerGraph:
-        key = (lay.tp, lay.cp, lay.sp, lay.mb)
+        key = (lay.tp, lay.cp, lay.sp, lay.mb, lay.ep, lay.etp)
         if key not in self.graphs:
             self.graphs[key] = build_layer_graph(self.space.model, self.space.hardware, self.parallel(lay))
         return self.graphs[key]
@@ -85,14 +87,14 @@ class Shared:
             opts = replace(self.base, vpp=lay.vpp, distributed_optimizer=lay.dist_opt, nodes=nodes,
                            layers_per_stage=lps)
             self.problems[key] = make_problem(self.space.model, self.space.hardware, self.parallel(lay), opts,
-                                              self.graph(lay))
+                                              None if not is_uniform(self.space.model) else self.graph(lay))
         return self.problems[key]
 
     def heu_cache(self, problem: PlanProblem, lay: Layout, method: str = "lynx") -> HeuCache:
-        key = (lay.tp, lay.cp, lay.sp, lay.mb, method)
+        key = (lay.tp, lay.cp, lay.sp, lay.mb, lay.ep, lay.etp, method)
         cache = self.heu.get(key)
         if cache is None:
-            cache = HeuCache(problem.graph, heu_options(problem, method))
+            cache = HeuCache(problem.graph, heu_options(problem, method), kind_graphs=problem.kind_graphs)
             self.heu[key] = cache
         return cache
 
@@ -129,10 +131,11 @@ def _held_over_budget(problem: PlanProblem, result: PlanResult) -> str:
     mems: dict[object, LayerMemory] = {}
     bad = []
     for pol, ctx in zip(result.policies, problem.stage_contexts(result.partition), strict=True):
-        for lp in pol.layers:
-            if lp not in mems:
-                mems[lp] = layer_memory(problem.graph, lp)
-        per_layer = [mems[lp] for lp in pol.layers]
+        gs = per_layer_graphs(problem.graphs_for(ctx), len(pol.layers))
+        for g, lp in zip(gs, pol.layers, strict=True):
+            if (id(g), lp) not in mems:
+                mems[(id(g), lp)] = layer_memory(g, lp)
+        per_layer = [mems[(id(g), lp)] for g, lp in zip(gs, pol.layers, strict=True)]
         need = ctx.static_bytes + held_bytes(per_layer, ctx)
         if need > ctx.budget_bytes:
             bad.append(f"stage {ctx.stage} holds {need / GiB:.1f} GiB")

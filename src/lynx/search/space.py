@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from lynx.errors import SpecError
 from lynx.families import get_family
+from lynx.search.experts import expert_values, moe_sequence_parallel
 from lynx.spec import MAX_MICROBATCHES, CpCommType, Hardware, ModelSpec, ParallelSpec, check_cp
 
 STOCK_METHODS: tuple[str, ...] = (
@@ -53,10 +54,15 @@ class Layout:
     dist_opt: bool
     cp: int = 1
     """Context parallelism (Megatron's --context-parallel-size); world size TP x CP x PP x DP."""
+    ep: int = 1
+    """Expert parallelism (MoE models; `search.experts`): folded into TP x CP x DP, not in the world size."""
+    etp: int = 0
+    """Expert tensor parallelism; 0: TP (Megatron's default)."""
 
     def label(self) -> str:
         cp = f" CP{self.cp}" if self.cp > 1 else ""
-        return (f"TP{self.tp}{cp} PP{self.pp} VPP{self.vpp} DP{self.dp} SP{int(self.sp)} mb{self.mb} "
+        ep = (f" EP{self.ep}" if self.ep > 1 else "") + (f" ETP{self.etp}" if self.etp else "")
+        return (f"TP{self.tp}{cp}{ep} PP{self.pp} VPP{self.vpp} DP{self.dp} SP{int(self.sp)} mb{self.mb} "
                 f"DO{int(self.dist_opt)}")
 
 
@@ -80,6 +86,8 @@ class Pins:
     mb: int | None = None
     dist_opt: bool | None = None
     cp: int | None = None
+    ep: int | None = None
+    etp: int | None = None
     methods: tuple[str, ...] | None = None
     """None: lynx on its own partition plus every stock Megatron-Core flag on the even split."""
 
@@ -200,7 +208,7 @@ def _layouts_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected
     sps = [False, True] if tp > 1 else [False]
     if pins.sp is not None:
         sps = [pins.sp] if (tp > 1 or not pins.sp) else [False]
-    sps = [s for s in sps if not s or space.seq_len % (tp * cp) == 0]
+    sps = moe_sequence_parallel(space, tp, [s for s in sps if not s or space.seq_len % (tp * cp) == 0])
     dos = [False, True] if dp * cp > 1 else [False]  # it shards over DP x CP: with both 1, nothing
     if pins.dist_opt is not None:
         dos = [pins.dist_opt]
@@ -217,7 +225,8 @@ def _layouts_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected
                                      "interleaving needs PP >= 2, a multiple of PP micro-batches and "
                                      "whole layers per virtual stage"))
         for vpp in vpps:
-            out += [Layout(tp, pp, vpp, dp, sp, mb, do, cp) for sp in sps for do in dos]
+            out += [Layout(tp, pp, vpp, dp, sp, mb, do, cp, ep, etp) for sp in sps for do in dos
+                    for ep, etp in expert_values(space, tp, cp, dp)]
     return out
 
 

@@ -1,0 +1,35 @@
+"""The configuration search over expert parallelism (`lynx.search.experts`): Megatron-Core's rules decide the
+(EP, ETP) pairs of each layout."""
+
+from __future__ import annotations
+
+from lynx.models import load_model
+from lynx.search import Pins, Space
+from lynx.search.experts import expert_values
+from lynx.search.space import layouts
+from lynx.spec import load_hardware
+
+H100 = load_hardware("h100-80g-nvlink")
+
+
+def test_dense_models_search_no_expert_parallelism() -> None:
+    sp = Space(load_model("llama3-8b"), H100, 16, 64, 4096)
+    assert expert_values(sp, 2, 1, 8) == [(1, 0)]
+    assert all(lay.ep == 1 and lay.etp == 0 for lay in layouts(sp)[0])
+
+
+def test_moe_pairs_follow_megatrons_folding() -> None:
+    sp = Space(load_model("mixtral-8x7b"), H100, 64, 256, 4096)
+    pairs = expert_values(sp, 2, 1, 4)  # 8 ranks per stage, 8 experts
+    assert (1, 0) in pairs and (4, 0) in pairs and (8, 1) in pairs
+    assert (8, 0) not in pairs  # ETP 2 x EP 8 = 16 does not divide 8 ranks
+    assert (1, 1) not in pairs  # ETP 1 with EP 1 would replicate every expert over TP
+    for ep, etp in pairs:
+        assert 8 % ((etp or 2) * ep) == 0 and 8 % ep == 0
+
+
+def test_moe_layouts_pin_ep_and_force_sequence_parallelism() -> None:
+    sp = Space(load_model("mixtral-8x7b"), H100, 16, 64, 4096, Pins(tp=2, pp=2, ep=4, vpp=1, mb=1))
+    lays, _ = layouts(sp)
+    assert lays and {lay.ep for lay in lays} == {4} and all(lay.sp for lay in lays)
+    assert "EP4" in lays[0].label()
