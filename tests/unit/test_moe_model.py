@@ -138,3 +138,34 @@ def test_experts_sharded_by_ep_and_their_optimizer_state_by_expert_dp() -> None:
     dense_state = s1.params.total - s1.params.experts
     assert s1.optimizer_bytes == pytest.approx(s1.params.total * r.state_bytes / 8)
     assert s8.optimizer_bytes == pytest.approx(dense_state * r.state_bytes / 8 + s8.params.experts * r.state_bytes)
+
+
+def test_flex_dispatcher_crosses_each_remote_node_once() -> None:
+    """DeepEP (flex): a token goes to a remote node once however many of its top-k experts are there."""
+    from lynx.cost.moe import remote_node_copies
+
+    assert remote_node_copies(8, 1) == 0.0
+    assert remote_node_copies(1, 4) == pytest.approx(0.75)  # one copy, 3 of 4 nodes remote
+    assert remote_node_copies(8, 4) == pytest.approx(4 * (1 - 0.75 ** 8) * 0.75)
+    hw = load_hardware(H100)
+    m = dataclasses.replace(load_model("qwen3-235b-a22b"), moe_token_dispatcher_type="flex")
+    par = ParallelSpec(tp=2, dp=16, ep=32, etp=1, sequence_parallel=True, global_batch_size=16, seq_length=4096)
+    flex = build_layer_graph(m, hw, par).op("dispatch_a2a").fwd_time
+    a2a = build_layer_graph(dataclasses.replace(m, moe_token_dispatcher_type="alltoall"), hw, par)
+    ratio = remote_node_copies(8, 4) / (8 * 0.75)  # remote bytes: deduplicated over every remote copy
+    assert flex == pytest.approx(a2a.op("dispatch_a2a").fwd_time * ratio, rel=0.01)
+
+
+def test_megatron_moe_recompute_modules() -> None:
+    """--recompute-modules moe re-runs the whole MoE block (its all-to-alls too) on demand; moe_act discards the
+    experts' activation output only."""
+    from lynx.policy.megatron_modules import dropped_ops, modules_layer
+
+    hw = load_hardware(H100)
+    par = ParallelSpec(tp=1, dp=8, ep=8, global_batch_size=8, seq_length=4096)
+    g = build_layer_graph(load_model("mixtral-8x7b"), hw, par)
+    assert dropped_ops(g, ("moe_act",)) == {"experts_act"}
+    moe = modules_layer(g, ("moe",))
+    rerun = {n for n, _ in moe.recompute}
+    assert {"dispatch_a2a", "experts_fc1", "experts_act", "combine_a2a"} <= rerun
+    assert "core_attn" in moe.keep and "rmsnorm2" in moe.keep  # outside the block, and its input, stay

@@ -126,3 +126,19 @@ def test_stack_partition_is_the_exact_minmax() -> None:
         best = min(best, max(cost(s, b[s], b[s + 1] - b[s]) for s in range(3)))
     assert res.exact_cost == pytest.approx(best)
     assert res.exact.layers_per_stage[0] > res.exact.layers_per_stage[2]  # the light dense layers go together
+
+
+def test_megatron_account_for_split_with_virtual_stages() -> None:
+    """--account-for-embedding/loss-in-pipeline-split with VPP: the first virtual stage gives a layer's place to the
+    embedding, the last to the loss (Qwen3-235B: 94 + 2 = 96 over PP 8 x VPP 4)."""
+    import dataclasses
+
+    from lynx.methods.common import megatron_partition
+
+    m = model_from_dict({**TINY_MOE, "num_layers": 10, "moe_layer_pattern": [0] * 2 + [1] * 8})
+    par = ParallelSpec(tp=1, pp=2, dp=4, ep=4, micro_batch_size=1, global_batch_size=32, seq_length=1024)
+    p = make_problem(m, load_hardware("h100-80g-nvlink"), par, PlanOptions(vpp=3))
+    p = dataclasses.replace(p, options=dataclasses.replace(p.options, account_for_embedding_in_pipeline_split=True,
+                                                           account_for_loss_in_pipeline_split=True))
+    part = megatron_partition(p)
+    assert part.chunks == (1, 2, 2, 2, 2, 1) and part.layers_per_stage == (5, 5)

@@ -24,8 +24,11 @@ from lynx.spec import Hardware, ParallelSpec
 EXPERT_COLLECTIVES = frozenset({"ep_a2a", "etp_gather", "tpep_gather"})
 
 
-def alltoall_time(nbytes: float, n: int, stride: int, hw: Hardware, scale: float = 1.0) -> float:
-    """All-to-all of a rank's `nbytes` (its own share included) over `n` ranks `stride` apart."""
+def alltoall_time(nbytes: float, n: int, stride: int, hw: Hardware, scale: float = 1.0, dedup_topk: int = 0
+                  ) -> float:
+    """All-to-all of a rank's `nbytes` (its own share included) over `n` ranks `stride` apart. `dedup_topk` > 0:
+    `nbytes` is that many copies per token, and a token crosses to each remote node once (`remote_node_copies`),
+    the copies for the node's other GPUs forwarded over NVLink."""
     if n <= 1:
         return 0.0
     d = hw.devices_per_node
@@ -40,8 +43,24 @@ def alltoall_time(nbytes: float, n: int, stride: int, hw: Hardware, scale: float
         return t_intra
     nic = hw.inter_node
     nic_bw = nic.bandwidth_Bps * hw.nics_per_node / d
-    t_inter = nic.latency_s + (n - k) / n * nbytes / (nic_bw * min(1.0, nic.gather_eff * scale))
+    remote = (n - k) / n * nbytes
+    if dedup_topk > 0:
+        remote = nbytes / dedup_topk * remote_node_copies(dedup_topk, n // k)
+        if k > 1:  # every copy for another GPU reaches it over NVLink (forwarded or local)
+            link = hw.link_for_ranks(local)
+            t_intra = link.latency_s + (n - 1) / n * nbytes / (link.bandwidth_Bps * min(1.0, link.gather_eff * scale))
+    t_inter = nic.latency_s + remote / (nic_bw * min(1.0, nic.gather_eff * scale))
     return max(t_intra, t_inter)
+
+
+def remote_node_copies(topk: int, nodes: int) -> float:
+    """Expected remote nodes a token's top-k experts fall on, experts spread evenly over `nodes` nodes and chosen
+    uniformly (balanced routing): nodes x (1 - (1 - 1/nodes)^k) distinct nodes, of which a share (nodes - 1) /
+    nodes remote."""
+    if nodes <= 1:
+        return 0.0
+    hit = nodes * (1.0 - (1.0 - 1.0 / nodes) ** topk)
+    return hit * (nodes - 1) / nodes
 
 
 def price_expert_comm(o: OpSpec, hw: Hardware, par: ParallelSpec, scale: float = 1.0) -> Op:
@@ -49,7 +68,7 @@ def price_expert_comm(o: OpSpec, hw: Hardware, par: ParallelSpec, scale: float =
     ETP (alltoall dispatcher) or TP x EP (allgather dispatcher). Backward runs the mirror collective on the
     gradients, the same bytes; no GEMM's weight gradient hides it (Megatron-Core runs none beside it)."""
     if o.collective == "ep_a2a":
-        t = alltoall_time(o.comm_bytes, par.ep, par.expert_tp, hw, scale)
+        t = alltoall_time(o.comm_bytes, par.ep, par.expert_tp, hw, scale, o.node_dedup_topk)
     else:
         n = par.expert_tp if o.collective == "etp_gather" else par.expert_tp * par.ep
         t = gather_time(o.comm_bytes, n, hw.link_for_group(n, 1), scale)

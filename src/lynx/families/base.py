@@ -88,6 +88,9 @@ class OpSpec:
     main_grad_pass: bool = False
     """Weight GEMMs without --gradient-accumulation-fusion: the 16-bit weight gradient is added into the fp32
     main gradient by one more memory-bound kernel every backward (priced in `costmodel`)."""
+    node_dedup_topk: int = 0
+    """Expert all-to-alls of the flex dispatcher (DeepEP): each token crosses to a remote node once however many
+    of its top-k experts live there (this k; 0: every copy travels, `cost.moe`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,6 +113,7 @@ def moe_mlp(b: LayerBuilder, m: ModelSpec, par: ParallelSpec, norm: str, tok: fl
     recv = sent * f
     b.comm("dispatch_a2a", "mlp", "ep_a2a", ACT_BYTES * recv * h, ("permute",), ACT_BYTES * recv * h, "",
            module="moe")
+    _dedup(b, m)
     src, n_in = "dispatch_a2a", recv
     if par.expert_tp > 1:
         n_in = recv * par.expert_tp
@@ -125,9 +126,18 @@ def moe_mlp(b: LayerBuilder, m: ModelSpec, par: ParallelSpec, norm: str, tok: fl
                "", module="moe")
         last = "combine_reducescatter"
     b.comm("combine_a2a", "mlp", "ep_a2a", ACT_BYTES * recv * h, (last,), ACT_BYTES * sent * h, "", module="moe")
+    _dedup(b, m)
     b.elementwise("unpermute", "mlp", sent * h, ("combine_a2a", "router_topk"), ("combine_a2a", "router_topk"),
                   flops_per_elem=2, out_elems=tok_ln * h, module="moe")
     return ("unpermute", *outs)
+
+
+def _dedup(b: LayerBuilder, m: ModelSpec) -> None:
+    """The flex dispatcher (DeepEP) sends a token to each remote node once and forwards it over NVLink inside
+    the node (DeepSeek-V3 report, arXiv 2412.19437, sec. 3.2.2; DeepEP's internode kernels); the combine reduces
+    per node before crossing back. Marks the last all-to-all added."""
+    if m.moe_token_dispatcher_type == "flex":
+        b.ops[-1] = dataclasses.replace(b.ops[-1], node_dedup_topk=m.moe_router_topk)
 
 
 def router_params(m: ModelSpec) -> float:

@@ -58,9 +58,6 @@ def megatron_partition(problem: PlanProblem) -> Partition:
     if o.layers_per_stage is not None:
         return Partition(tuple(o.layers_per_stage), method="explicit")
     emb, loss = int(o.account_for_embedding_in_pipeline_split), int(o.account_for_loss_in_pipeline_split)
-    if (emb or loss) and vpp > 1:
-        raise SpecError(f"{REFUSED} here: --account-for-*-in-pipeline-split with virtual stages "
-                        "(give --layers-per-stage)")
     n, total = pp * vpp, layers + emb + loss
     if total % n:
         what = f"PP {pp}" if vpp == 1 else f"PP {pp} x VPP {vpp} = {n}"
@@ -69,9 +66,11 @@ def megatron_partition(problem: PlanProblem) -> Partition:
                         "--layers-per-stage, as Megatron needs --decoder-first/last-pipeline-num-layers or a "
                         "--pipeline-model-parallel-layout)")
     each = total // n
-    if emb or loss:
-        ends = (layers,) if pp == 1 else (each - emb, *([each] * (pp - 2)), each - loss)
-        return Partition(ends, method="megatron")
+    if emb or loss:  # the first virtual stage gives a layer's place to the embedding, the last to the loss
+        ends = (layers,) if n == 1 else (each - emb, *([each] * (n - 2)), each - loss)
+        if min(ends) < 1:
+            raise SpecError(f"{REFUSED}: accounting for the embedding / loss leaves a virtual stage without layers")
+        return Partition.interleaved(ends, pp, method="megatron")
     return Partition.interleaved((each,) * n, pp, method="megatron")
 
 

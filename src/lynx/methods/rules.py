@@ -59,6 +59,15 @@ user picks the cheapest that fits; `core_attn layernorm` is what `lynx export me
 README plan)."""
 
 
+MOE_MODULE_LISTS: tuple[tuple[str, ...], ...] = (
+    ("moe_act",), ("moe",), ("shared_experts",), ("layernorm", "moe_act"), ("layernorm", "moe"),
+    ("mlp", "mla_up_proj"), ("mlp", "layernorm", "moe", "mla_up_proj"),
+)
+"""Megatron-Core's MoE --recompute-modules as baselines (MoE models only; `policy.megatron_modules`): each MoE
+module alone, the Qwen3 recipes' layernorm + moe_act / moe, and the DeepSeek-V3 recipes' mla_up_proj + mlp
+(NVIDIA's Megatron-MoE-ModelZoo best_practice scripts)."""
+
+
 def plan_modules(mods: tuple[str, ...]) -> MethodFn:
     """Megatron-Core --recompute-modules MODS on every stage (recomputed on demand, as Megatron does)."""
     name = "mc-" + "+".join(mods)
