@@ -142,3 +142,25 @@ def test_megatron_account_for_split_with_virtual_stages() -> None:
                                                            account_for_loss_in_pipeline_split=True))
     part = megatron_partition(p)
     assert part.chunks == (1, 2, 2, 2, 2, 1) and part.layers_per_stage == (5, 5)
+
+
+def test_recomputation_hides_in_the_token_all_to_alls() -> None:
+    """The dispatch and combine all-to-alls are MLP-block windows (phase 2 forward, phase 3 backward): with memory
+    tight, HEU recomputes inside them and the simulator counts the time as hidden."""
+    from lynx.decisions import Phase
+    from lynx.policy.heu_objective import window_caps
+
+    full = _problem()
+    moe = dict(full.kind_graphs)["moe"]
+    caps = window_caps(moe, True)
+    a2a = moe.op("dispatch_a2a").fwd_time + moe.op("combine_a2a").fwd_time
+    assert a2a > 0 and caps[Phase.FWD_MLP] == pytest.approx(a2a)
+    assert caps[Phase.BWD_MLP] == pytest.approx(moe.op("dispatch_a2a").bwd_time + moe.op("combine_a2a").bwd_time)
+    none = plan(full, "none")
+    peak = max(st.peak_memory_bytes for st in none.sim.stages)
+    tight = _problem(budget_gb=0.93 * peak / GiB)
+    pl = plan(tight, "lynx")
+    assert not pl.sim.oom
+    phases = {p for pol in pl.result.policies for lp in pol.layers for _, p in lp.recompute}
+    assert phases & {Phase.FWD_MLP, Phase.BWD_MLP}
+    assert sum(st.recompute_overlapped_s for st in pl.sim.stages) > 0

@@ -200,6 +200,7 @@ def _search(model: str, hardware: str, gpus: int | None, nodes: int | None, tp: 
             as_json: bool, out: Path | None, png: Path | None, knobs: dict[str, Any]) -> None:
     """`lynx plan --gpus N` (or --nodes K without a full layout): the configuration search."""
     from lynx.cli.search import SearchArgs, cluster_gpus, derive_dp, run_search
+    from lynx.models import load_model
     from lynx.spec import load_hardware
 
     for flag, given in (("--compare", compare), ("--gantt", gantt), ("--memory-png", memory_png),
@@ -233,7 +234,9 @@ def _search(model: str, hardware: str, gpus: int | None, nodes: int | None, tp: 
         if sp is False:
             raise SpecError("--tp-comm-overlap needs sequence parallelism (--sp)")
         sp = True
-    problem = build_problem(model, hardware, tp or 1, pp or 1, 1, bool(sp), 1, global_batch, seq_len, None, None,
+    # the shared knobs' problem: MoE with a pinned TP > 1 needs SP (Megatron's rule); the search decides SP itself
+    sp_base = bool(sp) if sp is not None else (tp or 1) > 1 and load_model(model).is_moe
+    problem = build_problem(model, hardware, tp or 1, pp or 1, 1, sp_base, 1, global_batch, seq_len, None, None,
                             knobs["budget_gb"], knobs["bytes_per_param"], knobs["recompute_num_layers"],
                             knobs["no_wgrad_overlap"], None, knobs["time_limit"],
                             cooldown_overlap=knobs["cooldown_overlap"], precision=knobs["precision"] or "paper",

@@ -13,10 +13,11 @@ from lynx.search.evaluate import Outcome
 from lynx.search.run import SearchResult
 
 
-def _layout_cells(o: Outcome) -> list[str]:
+def _layout_cells(o: Outcome, experts: bool = False) -> list[str]:
     lay = o.candidate.layout
-    return [str(lay.tp), str(lay.cp), str(lay.pp), str(lay.vpp), str(lay.dp), "on" if lay.sp else "off", str(lay.mb),
-            "dist" if lay.dist_opt else "-"]
+    ep = [str(lay.ep), str(lay.etp or lay.tp)] if experts else []
+    return [str(lay.tp), str(lay.cp), *ep, str(lay.pp), str(lay.vpp), str(lay.dp), "on" if lay.sp else "off",
+            str(lay.mb), "dist" if lay.dist_opt else "-"]
 
 
 def _figures(o: Outcome) -> list[str]:
@@ -29,16 +30,17 @@ def search_table(res: SearchResult, top: int) -> Table:
     """The `top` fastest fitting candidates, then the fastest stock Megatron-Core one (if not among them)."""
     t = Table(title=f"{res.space.model.name} on {res.space.gpus} x {res.space.hardware.device.name}: "
               f"global batch {res.space.global_batch}, seq {res.space.seq_len} (fastest first)")
-    for col in ("#", "TP", "CP", "PP", "VPP", "DP", "SP", "mb", "optimizer", "method", "iteration s", "tokens/s/GPU",
-                "TFLOP/s/GPU", "MFU", "peak GiB per stage", "headroom GiB"):
+    experts = res.space.model.is_moe  # EP and ETP columns for MoE models only (dense tables unchanged)
+    for col in ("#", "TP", "CP", *(("EP", "ETP") if experts else ()), "PP", "VPP", "DP", "SP", "mb", "optimizer",
+                "method", "iteration s", "tokens/s/GPU", "TFLOP/s/GPU", "MFU", "peak GiB per stage", "headroom GiB"):
         t.add_column(col, justify="left" if col in ("method", "peak GiB per stage") else "right")
     rows = list(res.ranked[:top])
     stock = res.best_stock
     for i, o in enumerate(rows, 1):
-        t.add_row(str(i), *_layout_cells(o), _method(o), *_figures(o))
+        t.add_row(str(i), *_layout_cells(o, experts), _method(o), *_figures(o))
     if stock is not None and stock not in rows:
         rank = res.ranked.index(stock) + 1
-        t.add_row(str(rank), *_layout_cells(stock), _method(stock), *_figures(stock), style="dim")
+        t.add_row(str(rank), *_layout_cells(stock, experts), _method(stock), *_figures(stock), style="dim")
     return t
 
 
@@ -108,7 +110,9 @@ def _flip(lay: Any, field: str) -> Any:
 
 def outcome_dict(o: Outcome) -> dict[str, Any]:
     lay = o.candidate.layout
-    d: dict[str, Any] = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "sp": lay.sp,
+    d: dict[str, Any] = {"tp": lay.tp, "cp": lay.cp, **({"ep": lay.ep, "etp": lay.etp or lay.tp}
+                                                       if lay.ep > 1 or lay.etp else {}),
+                         "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "sp": lay.sp,
                          "micro_batch": lay.mb, "distributed_optimizer": lay.dist_opt,
                          "method": o.candidate.method, "stock_megatron": o.candidate.stock, "status": o.status,
                          "time_bound_s": None if math.isnan(o.bound_s) else o.bound_s}
