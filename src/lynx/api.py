@@ -65,8 +65,7 @@ def compare(
 ) -> list[CompareRow]:
     """Every method side by side, in one run (the product's first screen)."""
     names = list(methods) if methods is not None else [
-        n for n in available_methods() if get_method(n).in_compare
-        and (problem.model.is_moe or not get_method(n).moe_only)
+        n for n in available_methods() if get_method(n).in_compare or (problem.model.is_moe and get_method(n).moe_only)
     ]
     rows: list[CompareRow] = []
     for n in names:
