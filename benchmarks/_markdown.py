@@ -1,4 +1,4 @@
-"""Render rich tables as GitHub markdown, so docs/benchmarks.md is pasted from the same run that printed them."""
+"""Render rich tables as GitHub markdown, for pasting a run's tables into a page."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def table_to_markdown(table: Table) -> str:
 
 
 class Out:
-    """Prints rich tables to the terminal, or as markdown with ``--markdown`` (for docs/benchmarks.md)."""
+    """Prints rich tables to the terminal, or as markdown with ``--markdown`` (for pasting into a page)."""
 
     def __init__(self, markdown: bool = False) -> None:
         from rich.console import Console

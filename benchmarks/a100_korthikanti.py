@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+import _results
 from _markdown import Out
 from rich.table import Table
 
@@ -117,7 +118,10 @@ def layer_rows(hw: Hardware) -> list[tuple[str, float, float, float, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--markdown", action="store_true")
+    _results.add_option(ap, "a100_korthikanti")
     a = ap.parse_args()
+    run = _results.Run()
+    figures: list[_results.Figure] = []
     out = Out(a.markdown)
     hw = load_hardware(HARDWARE)
     t = Table(title=f"Korthikanti et al. 2022 Table 5 (A100 80GB, Selene) vs lynx on {hw.name}: held out")
@@ -133,6 +137,8 @@ def main() -> None:
         t.add_row(r.name, str(TP), str(r.pp), str(TP * r.pp), str(r.global_batch), str(r.micro_batch), label,
                   f"{pub:.2f}", f"{pred:.2f}", f"{peak:.1f}", f"{100 * err:+.1f}%", f"±{100 * TARGET:.0f}%",
                   "yes" if abs(err) <= TARGET else "NO")
+        figures.append(_results.Figure(f"{r.name} TP {TP} PP {r.pp} {label} iteration", round(pred, 2), "s",
+                                       f"published ± {TARGET:.0%}", abs(err) <= TARGET, pub))
     out.print(t)
     out.print(f"{int(held)} of {len(rows)} within ±{100 * TARGET:.0f}%; worst |error| {100 * worst:.1f}%")
     lt = Table(title="Korthikanti et al. 2022 Table 4: one 22B layer (TP 8, micro-batch 4), ms: held out")
@@ -141,7 +147,11 @@ def main() -> None:
     for label, fwd, bwd, pf, pb in layer_rows(hw):
         lt.add_row(label, f"{fwd:.1f}", f"{pf:.1f}", f"{100 * (pf / fwd - 1):+.1f}%", f"{bwd:.1f}", f"{pb:.1f}",
                    f"{100 * (pb / bwd - 1):+.1f}%")
+        figures.append(_results.Figure(f"22B layer forward, {label}", round(pf, 1), "ms", reference=fwd))
+        figures.append(_results.Figure(f"22B layer backward, {label}", round(pb, 1), "ms", reference=bwd))
     out.print(lt)
+    run.write(a.results, "a100_korthikanti", "prediction", "Korthikanti et al. 2022 on A100 80GB (held out): "
+              "published vs lynx's prediction", figures)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime
 import json
 import socket
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -59,6 +58,15 @@ def worker(rank: int, port: int, out: str) -> None:
 
 
 def main() -> None:
+    import argparse
+
+    import _results
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--markdown", action="store_true")
+    _results.add_option(ap, "bench_gpu_overlap")
+    args = ap.parse_args()
+    run = _results.Run()
     import torch
     import torch.multiprocessing as mp
 
@@ -79,9 +87,11 @@ def main() -> None:
         t.add_column(c, justify="right")
     t.add_row(f"{r['allreduce_s']:.3f}", f"{r['compute_s']:.3f}", f"{serial:.3f}", f"{r['overlapped_s']:.3f}",
               f"< {bound:.3f}", targets.at_most("overlap hides half the shorter", r["overlapped_s"], bound))
-    con = Out("--markdown" in sys.argv)
+    con = Out(args.markdown)
     con.print(t)
     con.print(targets.summary())
+    run.write(args.results, "bench_gpu_overlap", "measurement", "One GPU hides a recomputation window behind a "
+              "collective on the side stream", _results.figures_of(targets), targets.summary())
 
 
 if __name__ == "__main__":

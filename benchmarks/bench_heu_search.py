@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import _results
 from _markdown import Out
 from _targets import Targets
 from rich.table import Table
@@ -69,7 +70,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--markdown", action="store_true", help="Print tables as markdown.")
+    _results.add_option(ap, "bench_heu_search")
     args = ap.parse_args()
+    run_results = _results.Run()
     heu_policy(problem(*CASES[0][1:]).stage_context(0, 4), problem(*CASES[0][1:]).graph)  # import HiGHS once
     t = Table(title="Lynx-HEU search time (per stage: median/max over the dp stages that need an ILP x repeats, "
                     "one fresh solve each; whole plan: median of repeats; ILP size: largest stage model, "
@@ -111,6 +114,9 @@ def main() -> None:
     con.print(f"`lynx {' '.join(CLI_175B)}` in a fresh process: median {statistics.median(runs):.2f} s "
               f"(min {min(runs):.2f} s); target about 1 s (<= {END_TO_END_S:g} s): holds {holds}")
     con.print(targets.summary())
+    run_results.write(args.results, "bench_heu_search", "measurement",
+                      "Lynx-HEU's search time per stage and for a whole plan",
+                      _results.figures_of(targets), targets.summary())
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import _results
 from _markdown import Out
 from _targets import Targets
 from rich.table import Table
@@ -33,7 +34,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--markdown", action="store_true", help="Print tables as markdown.")
+    _results.add_option(ap, "bench_plan_latency")
     args = ap.parse_args()
+    run_results = _results.Run()
     t = Table(title="lynx plan --compare, wall time of a fresh process (median of repeats)")
     targets = Targets()
     for c in ("case", "median s", "min s", "max s", "target", "holds"):
@@ -52,6 +55,9 @@ def main() -> None:
     out = Out(args.markdown)
     out.print(t)
     out.print(targets.summary())
+    run_results.write(args.results, "bench_plan_latency", "measurement",
+                      'How long `lynx plan --compare` takes',
+                      _results.figures_of(targets), targets.summary())
 
 
 if __name__ == "__main__":

@@ -1,16 +1,19 @@
 """How fast `lynx plan --gpus N` searches, and whether its pick beats a published configuration.
 
-    python benchmarks/config_search.py                            # the two search cases and the single plan
-    python benchmarks/config_search.py --case llama3-70b-64       # >= 1,000 planned in <= 30 s
-    python benchmarks/config_search.py --case llama3.1-405b-1024  # target: <= 60 s
+    python benchmarks/config_search.py                            # the three search cases and the single plan
+    python benchmarks/config_search.py --case llama3-70b-64       # fresh `lynx plan` process: <= 15 s
+    python benchmarks/config_search.py --case llama3.1-405b-1024  # <= 20 s
+    python benchmarks/config_search.py --case llama3.1-405b-16384 # <= 60 s
     python benchmarks/config_search.py --case gpt-175b-single     # one `lynx plan`, 8 x 8 H100: <= 0.5 s
     python benchmarks/config_search.py --case gpt3-175b-96        # lynx's pick vs Megatron's published run
 
-Prints candidates considered, pruned, planned (and of those simulated) and the time, the targets and whether
-they hold (exit 1 when one does not). Times are measured inside the process: the package's import (about
-0.9 s of a fresh `lynx` process) is not counted. `--exhaustive` also plans every candidate the memory bound
-keeps (no time-bound pruning) and checks it picks the same configuration; it shows how many candidates of the
-space can reach the simulator at all.
+The three search cases run `python -m lynx plan --gpus N ... --json` as a fresh process (imports, the search,
+the recipes and the JSON included) over the full space (CP at every length with each comm type, every VPP,
+Megatron's splits, every method, production overlaps) and time it from outside; they print candidates considered,
+pruned, planned (and of those simulated), the process's wall and CPU time, the targets and whether they hold
+(exit 1 when one does not). On a shared machine the wall time counts the other tenants too: the CPU time is the
+figure to compare. `--exhaustive` (in process) also plans every candidate the memory bound keeps and checks it
+picks the same configuration.
 
 The published case is Megatron-LM's strong-scaling GPT-3 run on H100 (README, "Strong Scaling
 Results": GPT-3 175B with a 131,072-token vocabulary, sequence 4096, batch 1152 sequences, 96 GPUs at 47%
@@ -28,6 +31,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import _results
 
 from lynx.models import load_model
 from lynx.problem import PlanOptions
@@ -50,12 +55,15 @@ class Case:
     pins: Pins = field(default_factory=Pins)
 
 
+"""The fresh-process cases' figures, written to benchmarks/results/config_search.json."""
+
 SINGLE_SECONDS = 0.5
 """`lynx plan` for GPT-175B on 8 x 8 H100 (issue 19's single-plan target, process start excluded)."""
 
 CASES = {
-    "llama3-70b-64": Case("llama3-70b", 64, 512, 8192, 1000, 30.0),
-    "llama3.1-405b-1024": Case("llama3.1-405b", 1024, 2048, 8192, 0, 60.0),
+    "llama3-70b-64": Case("llama3-70b", 64, 128, 8192, 0, 15.0),
+    "llama3.1-405b-1024": Case("llama3.1-405b", 1024, 2048, 8192, 0, 20.0),
+    "llama3.1-405b-16384": Case("llama3.1-405b", 16384, 2048, 8192, 0, 60.0),
     "gpt3-175b-96": Case(str(HERE / "models" / "gpt3-175b-megatron.yaml"), 96, 1152, 4096, 0, 600.0,
                          published=Pins(tp=4, pp=8, vpp=1, mb=1, sp=True, dist_opt=True), published_mfu=0.47,
                          pins=Pins(mb=1, vpp=1)),
@@ -105,12 +113,53 @@ def _single() -> bool:
           f"{p.result.search_time_s:.3f} s, plan + simulation {wall:.3f} s wall, {cpu:.3f} s CPU "
           "(process start and imports excluded)")
     holds = wall <= SINGLE_SECONDS
+    FIGURES.append(_results.Figure("gpt-175b, 8 x 8 H100: one lynx plan", round(wall, 3), "s", f"<= {SINGLE_SECONDS}",
+                                   holds))
     print(f"target: one plan <= {SINGLE_SECONDS} s: {'holds' if holds else 'DOES NOT HOLD'} ({wall:.3f} s)")
     return holds
 
 
+FIGURES: list[_results.Figure] = []
+"""Each case's time and target, for `--results`."""
+
+
 def _pins(p: Pins) -> dict[str, object]:
     return {f: getattr(p, f) for f in ("tp", "pp", "vpp", "sp", "mb", "dist_opt")}
+
+
+def _fresh(name: str, case: Case, hardware: str, precision: str, offload: bool) -> bool:
+    """`lynx plan --gpus N --json` in a fresh process, timed from outside."""
+    import json
+    import resource
+    import subprocess
+
+    cmd = [sys.executable, "-m", "lynx", "plan", "--model", case.model, "--hardware", hardware, "--gpus",
+           str(case.gpus), "--global-batch", str(case.global_batch), "--seq-len", str(case.seq_len), "--precision",
+           precision, "--json", *([] if offload else ["--no-offload"])]
+    print(f"{name}: {' '.join(cmd[1:])}; load average {os.getloadavg()[0]:.2f} (2-core VM, shared)")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if done.returncode not in (0, 3):
+        print(f"  failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+        return False
+    d = json.loads(done.stdout[done.stdout.index("{"):])
+    print(f"  considered {d['considered']}, pruned {d['pruned']} ({d['skipped_unbuilt']} never built), planned "
+          f"{d['planned']} ({d['simulated']} simulated); search {d['seconds']:.1f} s in process")
+    w = d["winner"]
+    if w:
+        print(f"  pick: TP{w['tp']} CP{w['cp']} PP{w['pp']} VPP{w['vpp']} DP{w['dp']} mb{w['micro_batch']} "
+              f"{w['method']}: {w['iteration_s']:.3f} s")
+    holds = wall <= case.seconds_at_most
+    pick = f"; pick TP{w['tp']} CP{w['cp']} PP{w['pp']} VPP{w['vpp']} DP{w['dp']} {w['method']}" if w else ""
+    FIGURES.append(_results.Figure(f"{name}: fresh `lynx plan --gpus` ({d['planned']} planned, {cpu:.1f} s CPU{pick})",
+                                   round(wall, 1), "s", f"<= {case.seconds_at_most:.0f}", holds))
+    print(f"  target: fresh process <= {case.seconds_at_most:.0f} s: {'holds' if holds else 'DOES NOT HOLD'} "
+          f"({wall:.1f} s wall, {cpu:.1f} s CPU; wall counts the machine's other tenants)")
+    return holds
 
 
 def _run(name: str, hardware: str, precision: str, exhaustive: bool, offload: bool = True) -> bool:
@@ -118,6 +167,8 @@ def _run(name: str, hardware: str, precision: str, exhaustive: bool, offload: bo
         print(f"{name}: load average {os.getloadavg()[0]:.2f} (2-core VM, shared)")
         return _single()
     case = CASES[name]
+    if case.published is None and not exhaustive:
+        return _fresh(name, case, hardware, precision, offload)
     hw = load_hardware(hardware)
     # as `lynx plan --gpus`: the offloading methods too when the hardware has a host link (--no-offload: not)
     space = Space(load_model(case.model), hw, case.gpus, case.global_batch, case.seq_len, case.pins,
@@ -136,6 +187,11 @@ def _run(name: str, hardware: str, precision: str, exhaustive: bool, offload: bo
         print(f"pick: {b.candidate.layout.label()} {b.candidate.method}: {b.iteration_s:.2f} s, MFU {b.mfu:.1%}, "
               f"peak {max(b.stage_peak_gib):.1f} GiB")
     holds = wall <= case.seconds_at_most and res.planned >= case.planned_at_least
+    FIGURES.append(_results.Figure(f"{name}: search ({res.planned} planned"
+                                   + (f"; pick {res.best.candidate.layout.label()} {res.best.candidate.method} "
+                                      f"{res.best.iteration_s:.2f} s)" if res.best else ")"), round(wall, 1), "s",
+                                   f"<= {case.seconds_at_most:.0f}" + (f" with >= {case.planned_at_least} planned"
+                                                                       if case.planned_at_least else ""), holds))
     what = f">= {case.planned_at_least} candidates planned in " if case.planned_at_least else "the search in "
     print(f"target: {what}<= {case.seconds_at_most:.0f} s: {'holds' if holds else 'DOES NOT HOLD'} "
           f"({res.planned} planned, {res.simulated} of them simulated, in {wall:.1f} s)")
@@ -163,18 +219,23 @@ def _run(name: str, hardware: str, precision: str, exhaustive: bool, offload: bo
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", choices=[*sorted(CASES), "gpt-175b-single", "all"], default="all",
-                    help="all: llama3-70b-64, llama3.1-405b-1024 and gpt-175b-single")
+                    help="all: llama3-70b-64, llama3.1-405b-1024, llama3.1-405b-16384 and gpt-175b-single")
     ap.add_argument("--hardware", default="h100-80g-nvlink")
     ap.add_argument("--precision", default="megatron-bf16")
     ap.add_argument("--exhaustive", action="store_true",
                     help="also plan every candidate the memory bound keeps (the planned-per-30-s target)")
     ap.add_argument("--no-offload", action="store_true",
                     help="search without the offloading methods (lynx plan --gpus --no-offload)")
+    _results.add_option(ap, "config_search")
     args = ap.parse_args()
-    names = ["llama3-70b-64", "llama3.1-405b-1024", "gpt-175b-single"] if args.case == "all" else [args.case]
+    run = _results.Run()
+    names = (["llama3-70b-64", "llama3.1-405b-1024", "llama3.1-405b-16384", "gpt-175b-single"]
+             if args.case == "all" else [args.case])
     ok = True
     for name in names:
         ok &= _run(name, args.hardware, args.precision, args.exhaustive, not args.no_offload)
+    run.write(args.results, "config_search", "measurement", "The configuration search, `lynx plan --gpus N`: speed "
+              "and picks", FIGURES)
     return 0 if ok else 1
 
 

@@ -26,12 +26,12 @@ import json
 import pstats
 import resource
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
+import _results
 import torch
+from _harness import method_policy, problem_for, train_step
 from _targets import Targets
 
 from lynx.decisions import LayerPolicy, Phase, RecomputePolicy
@@ -42,12 +42,9 @@ from lynx.runtime.engine import RecomputeEngine
 from lynx.runtime.layers.gpt import LayerConfig
 from lynx.runtime.layers.gpt_model import GPTModel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test harnesses live beside the package
-from tests.harness.check import method_policy, problem_for, train_step  # noqa: E402
-
 H, HEADS, FFN, SEQ, MB, LAYERS, MBS, VOCAB = 512, 8, 2048, 256, 2, 4, 4, 1024
 LYNX_LIKE = ("ln1", "attn_scores", "softmax", "attn_dropout", "ln2", "gelu")
-"""What the PP 2 testbed's lynx plan recomputes on stage 0 (phase 5), docs/benchmarks.md section 7."""
+"""What the PP 2 testbed's lynx plan recomputes on stage 0 (phase 5), benchmarks/pipeline_testbed.py."""
 
 
 def layer_config() -> LayerConfig:
@@ -164,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cprofile", action="store_true", help="cProfile one iteration per policy")
     ap.add_argument("--no-mallopt", action="store_true", help="leave glibc's allocator settings alone")
     ap.add_argument("--json", default=None, help="write the numbers here")
+    _results.add_option(ap, "engine_overhead")
     args = ap.parse_args(argv)
+    run = _results.Run()
     if args.iters < 1 or args.repeats < 1:
         ap.error("--iters and --repeats must be >= 1")
     torch.set_num_threads(1)
@@ -198,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{p:<11}{r['iter_s']:8.3f}{r['iter_s'] / base:10.3f}{r['recompute_s']:13.3f}{priced:10.3f}"
               f"{extra:9.3f}{r['minor_faults']:13.0f}")
         out["policies"][p] = {k: v for k, v in r.items() if k != "engine"} | {"priced_s": priced}
-    _targets(res, out["policies"])
+    targets = _targets(res, out["policies"])
     if args.cprofile:
         for p, r in res.items():
             if r["engine"] is None:
@@ -210,10 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
+    run.write(args.results, "engine_overhead", "measurement", "What the recompute engine's restorations cost "
+              "against their price (CPU, one process)", _results.figures_of(targets), _plain(targets.summary()))
     return 0
 
 
-def _targets(res: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]]) -> None:
+def _targets(res: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]]) -> Targets:
     """What a recomputing policy adds over `none` costs what the plan prices (within 25%), and nothing leaks
     (under 1000 minor page faults per iteration: the engine leak fixed earlier caused ~50k)."""
     t = Targets()
@@ -222,12 +223,14 @@ def _targets(res: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]]) ->
         if p in ("plain", "none"):
             continue
         added = res[p]["iter_s"] - res["none"]["iter_s"]
-        ok = t.add(f"{p}: added time within 25% of priced", abs(added - r["priced_s"]) <= 0.25 * r["priced_s"])
+        ok = t.add(f"{p}: time added over none, s", abs(added - r["priced_s"]) <= 0.25 * r["priced_s"],
+                   round(added, 3), f"priced {r['priced_s']:.3f} ± 25%")
         print(f"  {p:<11} added over none {added:.3f} s, priced {r['priced_s']:.3f} s (within 25%): {_plain(ok)}")
     for p, r in res.items():
         ok = t.at_most(f"{p}: minor faults per iteration < 1000", r["minor_faults"], 999)
         print(f"  {p:<11} minor faults per iteration {r['minor_faults']:.0f} (< 1000): {_plain(ok)}")
     print(_plain(t.summary()))
+    return t
 
 
 def _plain(text: str) -> str:

@@ -1,5 +1,5 @@
 """Fused (TransformerEngine, Megatron-Core's default) versus eager memory-bound ops, and the restored layer output
-in the solvers' memory rows (docs/benchmarks.md section `fid4`). Predicted; no GPU needed.
+in the solvers' memory rows (docs/decisions/0083-fusion-switches.md, 0084). Predicted; no GPU needed.
 
 Part 1 (`--part fusions`): Llama-3-8B and GPT-175B on H100, each planned three ways with Megatron's names:
   TE            the defaults (TransformerEngine, every fusion on);
@@ -29,6 +29,8 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+import _results
+
 from lynx.api import make_problem, plan
 from lynx.errors import InfeasibleError
 from lynx.models import load_model
@@ -48,20 +50,20 @@ FUSION_CASES: dict[str, tuple[str, ParallelSpec, PlanOptions]] = {
     "llama3-8b": ("llama3-8b", ParallelSpec(tp=2, pp=4, dp=1, sequence_parallel=True, micro_batch_size=4,
                                             global_batch_size=128, seq_length=8192),
                   PlanOptions(precision="megatron-bf16", distributed_optimizer=True)),
-    # GPT-175B on 64 H100s as docs/benchmarks.md section 13 plans it, at micro-batch 2 (none does not fit)
+    # GPT-175B on 64 H100s as the configuration search's benchmark plans it, at micro-batch 2 (none does not fit)
     "gpt-175b": ("gpt-175b", ParallelSpec(tp=8, pp=8, dp=1, sequence_parallel=True, micro_batch_size=2,
                                           global_batch_size=256, seq_length=2048), PlanOptions()),
 }
 
 ROW_CASES: dict[str, tuple[str, str, ParallelSpec, PlanOptions]] = {
-    # GPT-175B on 64 H100s (section 13's single plan), and at micro-batch 2 where lynx must recompute
+    # GPT-175B on 64 H100s (config_search.py's single plan), and at micro-batch 2 where lynx must recompute
     "gpt-175b TP8 PP8 SP mb1": ("gpt-175b", "h100-80g-nvlink", ParallelSpec(
         tp=8, pp=8, dp=1, sequence_parallel=True, micro_batch_size=1, global_batch_size=512, seq_length=2048),
         PlanOptions()),
     "gpt-175b TP8 PP8 SP mb2": ("gpt-175b", "h100-80g-nvlink", ParallelSpec(
         tp=8, pp=8, dp=1, sequence_parallel=True, micro_batch_size=2, global_batch_size=256, seq_length=2048),
         PlanOptions()),
-    # Llama-3-70B at 8k under memory pressure (docs/benchmarks.md section 6: micro-batch 3, none OOM)
+    # Llama-3-70B at 8k under memory pressure (llama_grid: micro-batch 3, none OOM)
     "llama3-70b TP8 PP4 SP mb3": ("llama3-70b", "h100-80g-nvlink", ParallelSpec(
         tp=8, pp=4, dp=1, sequence_parallel=True, micro_batch_size=3, global_batch_size=96, seq_length=8192),
         PlanOptions()),
@@ -126,11 +128,15 @@ def print_fusions(rows: list[dict[str, Any]]) -> int:
             target, ok = "slower than TE", r["iteration_s"] > te["iteration_s"]
             holds = "yes" if ok else "NO"
             bad += not ok
+            FIGURES.append(_results.Figure(f"{r['case']} {r['variant']} {r['method']}: iteration",
+                                           round(r["iteration_s"], 3), "s", f"> TE's {te['iteration_s']:.3f}", ok))
         if r["method"] == "lynx" and "iteration_s" in full:
             ok = r["iteration_s"] <= full["iteration_s"] * (1 + 1e-9)
             target += ("; " if target else "") + "<= full"
             holds += ("; " if holds else "") + ("yes" if ok else "NO")
             bad += not ok
+            FIGURES.append(_results.Figure(f"{r['case']} {r['variant']} lynx: iteration", round(r["iteration_s"], 3),
+                                           "s", f"<= full's {full['iteration_s']:.3f}", ok))
         rec = ", ".join(r["recomputed"]) if r["method"] == "lynx" else ""
         peak = f"{r['peak_gib']:.1f}" + (" OOM" if r["oom"] else "")
         print(f"| {r['case']} | {r['variant']} | {r['method']} | {r['iteration_s']:.3f} | {peak} | "
@@ -151,6 +157,9 @@ def print_rows(rows: list[dict[str, Any]], before: list[dict[str, Any]] | None) 
             continue
         ok = r["peak_gib"] <= r["budget_gib"] * (1 + 1e-9) or r["method"] == "full"
         bad += not ok
+        if r["method"] != "full":
+            FIGURES.append(_results.Figure(f"{r['case']} {r['method']}: peak (restored output in the rows)",
+                                           round(r["peak_gib"], 3), "GiB", f"<= budget {r['budget_gib']:.1f}", ok))
         rec = ", ".join(r["recomputed"]) if r["method"] != "full" else "all"
         print(f"| {r['case']} | {r['method']} | {r['iteration_s']:.3f} | {r['peak_gib']:.3f} | "
               f"{r['budget_gib']:.1f} | {_fmt(b, 'iteration_s', '.3f')} | {_fmt(b, 'peak_gib', '.3f')} | "
@@ -159,14 +168,17 @@ def print_rows(rows: list[dict[str, Any]], before: list[dict[str, Any]] | None) 
     return bad
 
 
-SECTION9_EAGER_MS = {  # docs/benchmarks.md section 9: one H100, eager PyTorch ops of lynx's runtime, fwd / bwd
+FIGURES: list[_results.Figure] = []
+"""What each target compared, for `--results`."""
+
+SECTION9_EAGER_MS = {  # one H100, 2026-11-23, eager PyTorch ops of lynx's runtime, fwd / bwd (git history)
     ("llama3-8b", "rope"): (0.58, 0.53), ("llama3-8b", "swiglu"): (0.43, 1.45),
     ("gpt-1.3b", "softmax"): (1.96, 1.92),
 }
 
 
 def section9_rows() -> int:
-    """The project's own eager measurement (section 9's shapes) beside lynx's fused and eager prices. Target: the
+    """The project's own eager measurement (the H100 session's shapes) beside lynx's fused and eager prices. Target: the
     eager price is nearer the measured eager kernel than the fused one (forward and backward); nothing is fitted."""
     import math
 
@@ -177,7 +189,7 @@ def section9_rows() -> int:
     shapes = {"llama3-8b": (load_model("llama3-8b"), ParallelSpec(seq_length=4096, micro_batch_size=1)),
               "gpt-1.3b": (ModelSpec("gpt-1.3b", 24, 2048, 16, attention="standard"),
                            ParallelSpec(seq_length=2048, micro_batch_size=4, global_batch_size=4))}
-    print("| layer (section 9 shape) | op | measured eager fwd / bwd ms | lynx fused | lynx eager | eager / measured "
+    print("| layer (H100 shape) | op | measured eager fwd / bwd ms | lynx fused | lynx eager | eager / measured "
           "| target | holds |")
     print("|---|---|---|---|---|---|---|---|")
     bad = 0
@@ -188,6 +200,10 @@ def section9_rows() -> int:
         ok = all(abs(math.log(e / m)) < abs(math.log(f / m)) for e, f, m in
                  ((eager.fwd_time * 1e3, fused.fwd_time * 1e3, mf), (eager.bwd_time * 1e3, fused.bwd_time * 1e3, mb)))
         bad += not ok
+        FIGURES.append(_results.Figure(f"{name} {op}: eager price fwd / bwd against the measured eager kernel",
+                                       f"{eager.fwd_time * 1e3:.2f} / {eager.bwd_time * 1e3:.2f} ms",
+                                       target="nearer than the fused price", holds=ok,
+                                       reference=f"{mf:.2f} / {mb:.2f} ms"))
         print(f"| {name} | {op} | {mf:.2f} / {mb:.2f} | {fused.fwd_time * 1e3:.2f} / {fused.bwd_time * 1e3:.2f} | "
               f"{eager.fwd_time * 1e3:.2f} / {eager.bwd_time * 1e3:.2f} | {eager.fwd_time * 1e3 / mf:.2f} / "
               f"{eager.bwd_time * 1e3 / mb:.2f} | eager nearer than fused | {'yes' if ok else 'NO'} |")
@@ -200,7 +216,9 @@ def main() -> None:
     ap.add_argument("--before-src", help="another checkout's src/ for part 2's 'before' columns")
     ap.add_argument("--markdown", action="store_true", help="(tables are markdown already)")
     ap.add_argument("--json", action="store_true", help="print part 2's rows as JSON (used by --before-src)")
+    _results.add_option(ap, "fusions")
     a = ap.parse_args()
+    run = _results.Run()
     if a.json:
         print(json.dumps(rows_rows()))
         return
@@ -210,7 +228,7 @@ def main() -> None:
     if a.part in ("fusions", "all"):
         print("**Fused (TransformerEngine) vs eager memory-bound ops, H100 (predicted)**\n")
         bad += print_fusions(fusion_rows())
-        print("\n**The eager prices beside the project's eager H100 profile (docs/benchmarks.md section 9)**\n")
+        print("\n**The eager prices beside the project's eager H100 profile (one H100, 2026-11-23)**\n")
         bad += section9_rows()
         print()
     if a.part in ("rows", "all"):
@@ -224,6 +242,8 @@ def main() -> None:
               "(predicted)**\n")
         bad += print_rows(rows_rows(), before)
     print(f"\n{'every target holds' if not bad else f'{bad} target(s) do NOT hold'}")
+    run.write(a.results, "fusions", "prediction", "Fused (TransformerEngine) against eager memory-bound ops; the "
+              "restored layer output in the solvers' rows", FIGURES)
 
 
 if __name__ == "__main__":

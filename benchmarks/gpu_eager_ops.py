@@ -2,11 +2,12 @@
 lynx's eager prices (`lynx.families.fusion`), and the same functions compiled into fused kernels (torch.compile,
 what Megatron-Core's `jit_fuser` is on current torch) against lynx's fused prices.
 
-Shapes: section 9's Llama-3-8B layer (h 4096, 32 heads, 8 query groups, FFN 14336, s 4096, micro-batch 1, TP 1)
-for SwiGLU and RoPE; section 9's GPT-1.3B layer (h 2048, 16 heads, s 2048, micro-batch 4) for the causal masked
-softmax and bias + dropout + residual. bf16, CUDA events, median of `--repeats` after warm-ups. Prints one table:
-measured ms forward / backward beside lynx's price on the H100 preset, and measured / predicted. Target (stated,
-not fitted): eager within a factor 2 of lynx's eager price. Without CUDA it prints "not measured" and exits 0.
+Shapes: the H100 session's (2026-11-23) Llama-3-8B layer (h 4096, 32 heads, 8 query groups, FFN 14336, s 4096,
+micro-batch 1, TP 1) for SwiGLU and RoPE; its GPT-1.3B layer (h 2048, 16 heads, s 2048, micro-batch 4) for the
+causal masked softmax and bias + dropout + residual. bf16, CUDA events, median of `--repeats` after warm-ups.
+Prints one table: measured ms forward / backward beside lynx's price on the H100 preset, and measured /
+predicted. Target (stated, not fitted): eager within a factor 2 of lynx's eager price.
+Without CUDA it prints "not measured" and exits 0.
 
     python benchmarks/gpu_eager_ops.py [--repeats 20] [--no-compile] [--out FILE.json]
 """
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import _results  # noqa: E402
 
 
 def _ops(torch: Any) -> dict[str, tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]]:
@@ -103,7 +106,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd (fused) rows")
     ap.add_argument("--out", type=Path)
+    _results.add_option(ap, "gpu_eager_ops")
     a = ap.parse_args()
+    run = _results.Run()
+    figures: list[_results.Figure] = []
     import torch
 
     if not torch.cuda.is_available():
@@ -123,10 +129,15 @@ def main() -> None:
             ok = kind != "eager" or (0.5 <= rf <= 2.0 and 0.5 <= rb <= 2.0)
             rows.append({"op": name, "kind": kind, "fwd_ms": mf, "bwd_ms": mb, "lynx_fwd_ms": pf, "lynx_bwd_ms": pb})
             target, holds = ("within 2x", "yes" if ok else "NO") if kind == "eager" else ("-", "-")
+            figures.append(_results.Figure(f"{name} ({kind}): measured / lynx's price, fwd / bwd",
+                                           f"{rf:.2f} / {rb:.2f}", "", "within 2x" if kind == "eager" else "",
+                                           ok if kind == "eager" else None))
             print(f"| {name} | {kind} | {mf:.3f} / {mb:.3f} | {pf:.3f} / {pb:.3f} | {rf:.2f} / {rb:.2f} | "
                   f"{target} | {holds} |")
     if a.out:
         a.out.write_text(json.dumps(rows, indent=2))
+    run.write(a.results, "gpu_eager_ops", "measurement", "Megatron-Core's unfused code paths on a GPU against "
+              "lynx's eager and fused prices", figures)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ Against `predicted_activation_bytes` (the planner's `lynx.cost.memory` on the gr
 forward and the peak held including what backward restores. Target: held after forward within 5% of the
 prediction. The allocator's peak also holds backward's transient buffers, which the planner's stage peak
 covers with a gradient workspace (`lynx.cost.memory.grad_workspace_bytes`, twice the largest activation): the
-column "pred + workspace" is that sum; it is reported, not judged (docs/benchmarks.md section 9).
+column "pred + workspace" is that sum; it is reported, not judged (docs/results.md, `restoration_peaks` judges it).
 """
 
 from __future__ import annotations
@@ -27,28 +27,20 @@ import json
 import sys
 from pathlib import Path
 
+import _results
 from _markdown import Out
 from _targets import Targets
 from rich.table import Table
 
 
-def _repo_on_path() -> None:
-    """The test harnesses (`tests.harness`) live beside the package, not in it: the repository root on the path."""
-    import sys as _sys
-    from pathlib import Path as _Path
-
-    root = str(_Path(__file__).resolve().parents[1])
-    if root not in _sys.path:
-        _sys.path.insert(0, root)
-
 def measure(family: str, hidden: int, heads: int, seq: int, mb: int, layers: int, device: str) -> list[dict]:
     import torch
+    from _harness import method_policy, problem_for
 
     from lynx.cost.memory import grad_workspace_bytes
-    _repo_on_path()
     from lynx.runtime.engine import RecomputeEngine
     from lynx.runtime.layers.gpt import GPTLayer, LayerConfig
-    from tests.harness.check import method_policy, predicted_activation_bytes, problem_for, runtime_graph
+    from lynx.runtime.predict import predicted_activation_bytes, runtime_graph
 
     dev = torch.device(device)
     cuda = dev.type == "cuda"
@@ -68,7 +60,7 @@ def measure(family: str, hidden: int, heads: int, seq: int, mb: int, layers: int
     graph = runtime_graph(prob.graph, torch.bfloat16)
     methods = ["none", "selective", "full", "uniform", "block", "lynx"]
     if family == "llama":
-        methods.remove("selective")  # flash attention: selective frees nothing (docs/benchmarks.md section 6)
+        methods.remove("selective")  # flash attention: selective frees nothing (decision 0034)
     grad_bytes = sum(p.numel() * p.element_size() for p in stack.parameters())
     rows = []
     for m in methods:
@@ -115,7 +107,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu only smoke-tests the script (no allocator figures)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--markdown", action="store_true")
+    _results.add_option(ap, "gpu_memory")
     a = ap.parse_args()
+    run_results = _results.Run()
     for name in ("hidden", "heads", "seq", "micro_batch", "layers"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: must be at least 1")
@@ -148,6 +142,9 @@ def main() -> None:
     con = Out(a.markdown)
     con.print(t)
     con.print(targets.summary())
+    run_results.write(a.results, "gpu_memory", "measurement",
+                      "The CUDA allocator against lynx's activation-memory prediction (GPU)",
+                      _results.figures_of(targets), targets.summary())
     if a.out:
         name = torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu"
         a.out.write_text(json.dumps({"device": name, "torch": torch.__version__,

@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import _results
 from _targets import Targets
 
 MIB = 2**20
@@ -156,16 +157,13 @@ def measure_peak(layers: int = 4, hidden: int = 2048, seq: int = 2048, mb: int =
     """The offloading engine's allocator peak against the planner's (see the module docstring, 3). On the CPU
     (tests: small sizes) no allocator figure ("peak_bytes" None), the rest the same."""
     import torch
+    from _harness import problem_for
 
-    root = str(Path(__file__).resolve().parents[1])
-    if root not in sys.path:
-        sys.path.insert(0, root)
     from lynx.cost.memory import grad_workspace_bytes
     from lynx.decisions import LayerPolicy, RecomputePolicy
     from lynx.runtime.engine import RecomputeEngine
     from lynx.runtime.layers.gpt import GPTLayer, LayerConfig
     from lynx.runtime.predict import predicted_activation_bytes, predicted_offloaded_bytes, runtime_graph
-    from tests.harness.check import problem_for
 
     dev = torch.device(device)
     cuda = dev.type == "cuda"
@@ -209,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--markdown", action="store_true")
+    _results.add_option(ap, "gpu_offload")
     a = ap.parse_args(argv)
+    run = _results.Run()
     if a.reps < 1:
         ap.error("--reps: must be at least 1")
     if a.out is not None and not a.out.resolve().parent.is_dir():
@@ -239,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     con.print(targets.summary())
     if a.out:
         a.out.write_text(json.dumps(m, indent=2))
+    run.write(a.results, "gpu_offload", "measurement", "Offload copies on a GPU: bandwidth, exposed copy time, "
+              "allocator peak", _results.figures_of(targets), targets.summary())
     return 0
 
 

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The GPU checks of docs/benchmarks.md section 9, in one command for a lent GPU machine (its python3 has a CUDA
+# The GPU checks (docs/results.md: bench_gpu_overlap, gpu_memory, gpu_offload, gpu_eager_ops), in one command for a lent GPU machine (its python3 has a CUDA
 # torch; lynx's other dependencies are there except highspy, carried as a wheel in .whl/):
 #
-#   bash benchmarks/gpu_session.sh OUTDIR [steps...]     steps: env tests overlap memory profile nccl pipeline eager offload netns
+#   bash benchmarks/gpu_session.sh OUTDIR [steps...]     steps: env tests overlap memory profile nccl pipeline eager offload fp8 netns
 #
 # Each step has its own time limit and writes its log to OUTDIR; a failing step does not stop the others.
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUTDIR [steps...]}
 shift
-steps=${*:-env tests overlap memory profile nccl pipeline eager offload}
+steps=${*:-env tests overlap memory profile nccl pipeline eager offload fp8}
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -84,3 +84,6 @@ step pipeline 420 pipeline_cpu
 step netns 60 netns_probe
 step eager 300 python3 benchmarks/gpu_eager_ops.py --out "$out/gpu_eager_ops.json"
 step offload 300 python3 benchmarks/gpu_offload.py --out "$out/gpu_offload.json"
+# FP8 (issue 33): FP8 GEMM rates by shape vs lynx, TE saved bytes and the allocator after an FP8 forward (skips
+# cleanly without an FP8 GPU or without transformer_engine)
+step fp8 240 python3 benchmarks/gpu_fp8.py --out "$out/gpu_fp8.json"

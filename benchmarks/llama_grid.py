@@ -19,6 +19,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+import _results
 from _markdown import Out
 from rich.table import Table
 
@@ -136,7 +137,9 @@ def main() -> None:
     ap.add_argument("--no-sp", action="store_true", help="Without sequence parallelism.")
     ap.add_argument("--json", default=None, help="Write the raw results here.")
     ap.add_argument("--markdown", action="store_true", help="Print tables as markdown.")
+    _results.add_option(ap, "llama_grid")
     args = ap.parse_args()
+    run_results = _results.Run()
     t0 = time.perf_counter()
     models = tuple(args.models.split(","))
     rows = run(models, tuple(int(s) for s in args.seqs.split(",")), not args.no_sp)
@@ -151,6 +154,21 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+    run_results.write(args.results, "llama_grid", "prediction", "The LLaMA family: Llama-3 8B and 70B, lynx against "
+                      f"Megatron's settings ({'SP' if not args.no_sp else 'no SP'}, predicted samples/s)",
+                      figures(rows), notes=(f"{len(rows)} cells; mean (max) over the cells where both fit",))
+
+
+def figures(rows: list[dict[str, object]]) -> list[_results.Figure]:
+    """lynx over full recomputation and over the best Megatron setting, per model and hardware."""
+    out = []
+    for model, hw in LAYOUTS:
+        sel = [r for r in rows if r["model"] == model and r["hardware"] == hw]
+        sps = [{m: c["samples_per_s"] for m, c in r["cells"].items()} for r in sel]  # type: ignore[attr-defined]
+        if sps:
+            out += [_results.Figure(f"{model} on {hw}: lynx / full, mean (max)", _stat(sps, "full")),
+                    _results.Figure(f"{model} on {hw}: lynx / best Megatron setting, mean (max)", _stat(sps, "best"))]
+    return out
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ Published step time = model FLOPs of one iteration / (per-GPU TFLOP/s x GPUs), w
 count (megatron/training/training.py `num_floating_point_operations`: 72 B s L h^2 (1 + s/(6h)) + 6 B s h V,
 the same as `lynx.cost.layer.model_flops_per_iteration` for these GPT models).
 
-Assumptions (not in the table), each with its reason (docs/decisions.md "The README's schedule"):
+Assumptions (not in the table), each with its reason (docs/decisions/0089-readme-rows-documented-schedule.md):
 
 * Untied embeddings: the rows' names are their parameter counts with a separate output layer (1.7B = 12 L h^2 +
   2 V h = 1.74e9; tied it would be 1.48e9; likewise 7.1B, 16B, 177B, 462B).
@@ -46,6 +46,7 @@ import contextlib
 import time
 from dataclasses import dataclass
 
+import _results
 from _markdown import Out
 from rich.table import Table
 
@@ -207,7 +208,7 @@ accumulation, PP > 1 rows at 1)."""
 def candidates(hw: Hardware) -> Table:
     """Every (micro-batch, interleaving rule, matmul asymptote) candidate applied to all nine rows at once: the
     rows outside +-10%, the held-out checks (177B strong scaling, benchmarks/published_runs.py), and whether
-    the largest stage fits the usable memory. Evidence for docs/benchmarks.md sections 25 and 32."""
+    the largest stage fits the usable memory. Evidence for decisions 0082 and 0089-0091."""
     from dataclasses import replace
 
     import published_runs
@@ -303,7 +304,7 @@ def scan(hw: Hardware, interleave: str = PP_INTERLEAVE, pp1_micro_batch: int | N
 
 
 def ablation(hw: Hardware) -> Table:
-    """What each change of docs/benchmarks.md section 32 does to the rows, one step at a time from the model
+    """What each change of decisions 0089-0091 does to the rows, one step at a time from the model
     before it: micro-batch 1 without interleaving at the 0.80 asymptote (tied embeddings then too), then the
     documented schedule, interleaved stages reducing chunk by chunk, the gradient buffer's passes, the refit."""
     from dataclasses import replace
@@ -351,14 +352,17 @@ def main() -> None:
     ap.add_argument("--scan", action="store_true",
                     help="the matmul asymptote over SCAN: README rows beside the held-out checks (about a minute)")
     ap.add_argument("--sensitivity", action="store_true", help="each row at micro-batch 1, 2 and 4")
-    ap.add_argument("--ablation", action="store_true", help="what each change of section 32 does, one at a time")
+    ap.add_argument("--ablation", action="store_true",
+                    help="what each change of decisions 0089-0091 does, one at a time")
     ap.add_argument("--interleave", choices=tuple(INTERLEAVE), default=PP_INTERLEAVE,
                     help=f"the interleaving rule of the PP > 1 rows (default: {PP_INTERLEAVE!r}, module docstring)")
     ap.add_argument("--pp1-micro-batch", type=int, default=None, metavar="N",
                     help="micro-batch of the PP 1 rows, 1, 2 or 4 (default: 4 = global batch / DP, no accumulation)")
     ap.add_argument("--candidates", action="store_true",
                     help="one micro-batch / interleaving / matmul assumption for all rows, with the held-out checks")
+    _results.add_option(ap, "megatron_readme")
     a = ap.parse_args()
+    run = _results.Run()
     per_replica = ROWS[0].global_batch // DP
     if a.pp1_micro_batch is not None and (a.pp1_micro_batch < 1 or per_replica % a.pp1_micro_batch):
         ap.exit(2, f"megatron_readme.py: error: --pp1-micro-batch {a.pp1_micro_batch}: must divide the PP 1 rows' "
@@ -390,10 +394,14 @@ def main() -> None:
               "target", "holds"):
         t.add_column(c, justify="left" if c == "model" else "right")
     worst = 0.0
+    figures: list[_results.Figure] = []
     for r, pub, (pred, tail) in rows:
         err = pred / pub - 1
         worst = max(worst, abs(err))
         mb, vp = schedule_of(r, a.pp1_micro_batch, a.interleave)
+        figures.append(_results.Figure(f"{r.name} step (TP {r.tp} PP {r.pp} DP {DP}, micro-batch {mb}, VP {vp})",
+                                       round(pred, 3), "s", f"published ± {TARGET:.0%}", abs(err) <= TARGET,
+                                       round(pub, 3)))
         t.add_row(r.name, str(r.tp), str(r.pp), str(DP), str(r.tp * r.pp * DP), str(r.global_batch), str(mb), str(vp),
                   f"{r.tflops_per_gpu:.1f}", f"{pub:.3f}", f"{pred:.3f}", f"{tail:.3f}",
                   f"{r.tflops_per_gpu * pub / pred:.1f}",
@@ -402,7 +410,12 @@ def main() -> None:
     held = sum(abs(p / q - 1) <= TARGET for _, q, (p, _) in rows)
     out.print(f"{held} of {len(rows)} rows within ±{100 * TARGET:.0f}%; worst |error| {100 * worst:.1f}%; "
               f"{time.perf_counter() - t0:.1f} s (micro-batch and VP: assumptions, module docstring)")
+    title = "Megatron-LM README weak scaling on H100: published step time vs lynx's prediction"
+    notes = ("The README publishes neither micro-batch nor interleaving: PP 1 rows run without gradient accumulation, "
+             "PP > 1 rows at micro-batch 1 with VP 2 where the layers per stage are even (decision 0089); the H100 "
+             "matmul asymptote 0.76 is fitted to these nine rows (decision 0091).",)
     if a.no_overlaps or a.hardware != "h100-80g-nvlink":
+        run.write(a.results, "megatron_readme", "prediction", title, figures, notes=notes)
         return
     h = Table(title="Not fitted: the README's strong scaling of the 177B model (TP 8, PP 6, global batch 1152, "
                     f"VP {vpp_of(ROWS[6], a.interleave)}, micro-batch 1)")
@@ -412,7 +425,11 @@ def main() -> None:
         err = pred / pub - 1
         h.add_row(str(48 * dp), str(dp), f"{100 * mfu:.0f}%", f"{pub:.3f}", f"{pred:.3f}", f"{100 * err:+.1f}%",
                   f"±{100 * HELD_OUT_TARGET:.0f}%", "yes" if abs(err) <= HELD_OUT_TARGET else "NO")
+        figures.append(_results.Figure(f"177B strong scaling at {48 * dp} GPUs step (not fitted)", round(pred, 3),
+                                       "s", f"published ± {HELD_OUT_TARGET:.0%}", abs(err) <= HELD_OUT_TARGET,
+                                       round(pub, 3)))
     out.print(h)
+    run.write(a.results, "megatron_readme", "prediction", title, figures, notes=notes)
 
 
 if __name__ == "__main__":

@@ -40,10 +40,10 @@ from rich.table import Table
 
 from lynx.api import make_problem, plan
 from lynx.methods.common import per_stage
+from lynx.models import load_model
 from lynx.partition.base import Partition
 from lynx.plan import Plan
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
-from lynx.models import load_model
 from lynx.spec import ParallelSpec, load_hardware
 
 TARGET = 0.15

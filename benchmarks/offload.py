@@ -25,6 +25,7 @@ import argparse
 import statistics
 import time
 
+import _results
 from _markdown import Out
 from _targets import Targets
 from rich.table import Table
@@ -174,7 +175,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--part", choices=["all", "compare", "heu", "search"], default="all")
+    _results.add_option(ap, "offload")
     args = ap.parse_args()
+    run_results = _results.Run()
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: must be at least 1")
     out, tg = Out(args.markdown), Targets()
@@ -185,6 +188,9 @@ def main() -> None:
     if args.part in ("all", "search"):
         searched(out, tg)
     out.print(tg.summary())
+    run_results.write(args.results, "offload", "measurement",
+                      "Offloading as a third choice: the judged cases, HEU's solve time, the search's gain",
+                      _results.figures_of(tg), tg.summary())
 
 
 if __name__ == "__main__":

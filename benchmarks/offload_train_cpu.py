@@ -17,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import _results
 from _markdown import Out
 from _targets import Targets
 from rich.table import Table
@@ -29,7 +30,9 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None, help="keep the plans and reports here")
     ap.add_argument("--markdown", action="store_true")
+    _results.add_option(ap, "offload_train_cpu")
     a = ap.parse_args()
+    run_results = _results.Run()
     if a.iters < 1:
         ap.error("--iters: must be at least 1")
     if a.out is not None and not a.out.is_dir():
@@ -71,6 +74,9 @@ def main() -> None:
     con.print(t)
     con.print(f"losses equal: {losses['offload'] == losses['keep']} ({losses['offload'][-1]!r})")
     con.print(targets.summary())
+    run_results.write(a.results, "offload_train_cpu", "measurement",
+                      '`lynx train` with a plan that offloads against the same plan keeping (CPU)',
+                      _results.figures_of(targets), targets.summary())
 
 
 if __name__ == "__main__":

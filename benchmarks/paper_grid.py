@@ -19,6 +19,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+import _results
 from _markdown import Out
 from _targets import Targets
 from rich.table import Table
@@ -141,7 +142,9 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--json", default=None, help="Write the raw results here.")
     ap.add_argument("--markdown", action="store_true", help="Print tables as markdown.")
+    _results.add_option(ap, "paper_grid")
     args = ap.parse_args()
+    run_results = _results.Run()
     t0 = time.perf_counter()
     rows = run(tuple(args.models.split(",")))
     con = Out(args.markdown)
@@ -150,6 +153,9 @@ def main() -> None:
     targets = Targets()
     con.print(summary(rows, targets))
     con.print(targets.summary())
+    run_results.write(args.results, "paper_grid", "prediction",
+                      "The paper's overall experiment: lynx against the baselines on the A100 clusters",
+                      _results.figures_of(targets), targets.summary())
     con.print(f"grid of {len(rows)} cells in {time.perf_counter() - t0:.1f} s")
     if args.json:
         with open(args.json, "w") as f:

@@ -7,7 +7,7 @@ Profiles gpt-tiny (h 512, s 128, micro-batch 2, TP 1, one thread) twice in one p
 direction, the two medians should differ by at most the sum of their spreads plus 10% of the larger
 median plus 0.2 ms; target: at most 4 of the 30 numbers miss, and the layer totals agree within their
 spreads plus 15%. One thread: with two OpenMP threads on two busy cores every op waits for a descheduled
-thread. Run on a quiet machine (docs/benchmarks.md section 4).
+thread. Run on a quiet machine (docs/profiling.md).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 
+import _results
 from _markdown import Out
 from _targets import Targets
 from rich.table import Table
@@ -25,7 +26,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--markdown", action="store_true")
+    _results.add_option(ap, "profile_repeatability")
     a = ap.parse_args()
+    run_results = _results.Run()
     from lynx.profile.profiler import ProfileConfig, profile
 
     cfg = ProfileConfig("gpt-tiny", 512, 8, 2048, 128, 2, repeats=a.repeats, warmup=1, threads=1)
@@ -59,6 +62,9 @@ def main() -> None:
                   targets.at_most(f, abs(ma - mb), bound))
     con.print(s)
     con.print(targets.summary())
+    run_results.write(a.results, "profile_repeatability", "measurement",
+                      'Two profiles of the same layer agree within their spreads',
+                      _results.figures_of(targets), targets.summary())
 
 
 if __name__ == "__main__":

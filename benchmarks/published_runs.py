@@ -10,13 +10,13 @@ and the run configuration of the same commit: the model YAML the recipe ships (`
 `nemotron/nemotron4-340b-synth.yaml`, `nemo_megatron/gpt3_175b_hydra.yaml`, `llama3.1/llama3.1_8b.yaml`,
 `llama3.1/llama3.1_405b.yaml`) with the overrides of its `configure.sh` (TP, PP, VP, MBS, GBS per scale, the
 405B proxy layer counts, `model.ub_tp_comm_overlap=True` for Nemotron, `model.fp8=false` for BF16). The Llama
-3.1 70B recipe of the same repository is section 17's (benchmarks/cp_long_context.py --only published).
+3.1 70B recipe of the same repository is checked by `benchmarks/cp_long_context.py --only published`.
 
 Every run uses NeMo's `distributed_fused_adam` with `overlap_grad_sync` and `overlap_param_sync` (the YAMLs'
 `optim` blocks), TransformerEngine with fused (flash) attention, Megatron-Core models (`mcore_gpt`). How lynx
 is told each run, row by row, is in RUNS; what is assumed beyond the recipe is in ASSUMPTIONS.
 
-The optimizer's buffers (mem5, docs/benchmarks.md): every YAML sets `grad_sync_dtype: bf16` with
+The optimizer's buffers (docs/decisions/0086-dgxc-optimizer-as-yaml.md): every YAML sets `grad_sync_dtype: bf16` with
 `contiguous_grad_buffer: true`, so Apex's DistributedFusedAdam keeps one full bf16 gradient buffer (2 bytes per
 parameter, not Megatron-Core's fp32 main_grad); NeMo 24.09's `MegatronBaseModel.setup_optimization` (NeMo
 v2.0.0) sets the optimizer dtype fp32 and, for a bf16 model, `store_params=False, store_param_remainders=True`:
@@ -32,6 +32,7 @@ import argparse
 import time
 from dataclasses import dataclass, replace
 
+import _results
 from _markdown import Out
 from rich.table import Table
 
@@ -180,7 +181,7 @@ def parallel_of(r: Run) -> ParallelSpec:
 
 
 def megatron_buffers(r: Run) -> Run:
-    """The run priced as section 25 (fit4) did: Megatron-Core's distributed optimizer buffers (fp32 main_grad,
+    """The run priced as fit4 (decision 0081) did: Megatron-Core's distributed optimizer buffers (fp32 main_grad,
     12 bytes of sharded state) for every recipe but Nemotron-4 340B. For the before/after of mem5."""
     if r.bytes_per_param != APEX_BF16_BYTES:
         return r
@@ -272,13 +273,16 @@ def main() -> None:
                     help="also print each run's peak stage split into parameters, gradients, optimizer state, "
                          "activations, windows, transient and logits")
     ap.add_argument("--megatron-buffers", action="store_true",
-                    help="price the optimizer as section 25 (fit4) did: Megatron-Core's fp32 main_grad and 12 "
+                    help="price the optimizer as fit4 (decision 0081) did: Megatron-Core's fp32 main_grad and 12 "
                          "bytes of state instead of the YAMLs' Apex DistributedFusedAdam (the 'before' of mem5)")
+    _results.add_option(ap, "published_runs")
     a = ap.parse_args()
+    run = _results.Run()
     out = Out(a.markdown)
     hw = load_hardware(a.hardware)
     t0 = time.perf_counter()
     rows = errors(hw, a.megatron_buffers)
+    figures: list[_results.Figure] = []
     t = Table(title=f"Held out: NVIDIA DGX Cloud benchmarking recipes (H100, BF16) vs lynx on {hw.name}"
                     + (" (Megatron-Core buffers, as fit4)" if a.megatron_buffers else ""))
     for c in ("recipe", "TP", "PP", "CP", "VP", "MBS", "seq", "GPUs", "GBS", "recompute", "published step s",
@@ -295,6 +299,9 @@ def main() -> None:
                   f"{pred:.2f}", f"{peak:.1f}", "yes" if peak * 2**30 <= hw.device.usable_bytes else "NO",
                   f"{100 * err:+.1f}%", f"±{100 * TARGET:.0f}%",
                   "yes" if ok else "NO")
+        figures.append(_results.Figure(
+            f"{r.recipe}{f' ({r.layers} layers)' if r.layers else ''}, {r.gpus} GPUs step", round(pred, 2), "s",
+            f"published ± {TARGET:.0%}", ok, r.step_s))
     out.print(t)
     fits = sum(peak * 2**30 <= hw.device.usable_bytes for _, _, peak in rows)
     out.print(f"fits: lynx's peak within the usable {hw.device.usable_bytes / 2**30:.1f} GiB (capacity less "
@@ -302,6 +309,12 @@ def main() -> None:
               f"{fits} of {len(rows)} fit.")
     out.print(f"{held} of {len(rows)} runs within ±{100 * TARGET:.0f}%; worst |error| {100 * worst:.1f}%; "
               f"{time.perf_counter() - t0:.1f} s")
+    figures.append(_results.Figure("runs whose predicted peak fits the usable memory (all ran on 80 GB H100s)", fits,
+                                   f"of {len(rows)}", f"= {len(rows)}", fits == len(rows)))
+    mean_abs = sum(abs(pred / r.step_s - 1) for r, pred, _ in rows) / len(rows)
+    figures.append(_results.Figure("mean |error| of the step times", round(100 * mean_abs, 1), "%"))
+    run.write(a.results, "published_runs", "prediction", "NVIDIA's DGX Cloud benchmarking runs on H100 (held out): "
+              "published step time vs lynx's prediction", figures)
     if a.breakdown:
         usable = hw.device.usable_bytes / G
         b = Table(title=f"Peak stage of each run, GiB (usable {usable:.1f}, card {hw.device.memory_bytes / G:.1f})")

@@ -21,11 +21,15 @@ import os
 import sys
 import time
 
+import _results
 from megatron_readme import DP, ROWS, SEQ, Row, model_of
 
 from lynx.problem import PlanOptions
 from lynx.search import Pins, Space, search
 from lynx.spec import load_hardware
+
+FIGURES: list[_results.Figure] = []
+"""Each row's pick against the published layout, for `--results`."""
 
 
 def run_row(r: Row) -> tuple[bool, str]:
@@ -42,6 +46,11 @@ def run_row(r: Row) -> tuple[bool, str]:
     if stock is None or best is None:
         return False, f"| {r.name} | {gpus} | {'no stock flag fits' if stock is None else '-'} | - | - | - | no |"
     holds = best.iteration_s <= stock.iteration_s * (1 + 1e-9)
+    FIGURES.append(_results.Figure(
+        f"{r.name}, {gpus} GPUs: the search's pick {best.candidate.layout.label()} {best.candidate.method}",
+        round(best.iteration_s, 3), "s",
+        f"<= published layout {stock.candidate.layout.label()} {stock.candidate.method} {stock.iteration_s:.3f} s",
+        holds))
     return holds, (f"| {r.name} | {gpus} | {stock.candidate.layout.label()} {stock.candidate.method} "
                    f"{stock.iteration_s:.3f} s | {best.candidate.layout.label()} {best.candidate.method} "
                    f"{best.iteration_s:.3f} s | {stock.iteration_s / best.iteration_s - 1:+.1%} | {wall:.1f} | "
@@ -51,7 +60,9 @@ def run_row(r: Row) -> tuple[bool, str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="", help="comma-separated row names (default: every row)")
+    _results.add_option(ap, "readme_search")
     a = ap.parse_args()
+    run = _results.Run()
     names = [n for n in a.rows.split(",") if n] or [r.name for r in ROWS]
     unknown = sorted(set(names) - {r.name for r in ROWS})
     if unknown:
@@ -69,6 +80,8 @@ def main() -> int:
             ok &= holds
             print(line, flush=True)
     print(f"targets: {'all hold' if ok else 'some DO NOT HOLD'}; load average after {os.getloadavg()[0]:.2f}")
+    run.write(a.results, "readme_search", "prediction", "The configuration search's pick against the published "
+              "Megatron-LM README layouts (predicted step times)", FIGURES)
     return 0 if ok else 1
 
 

@@ -1,8 +1,8 @@
-"""Activation memory of the testbed model (docs/benchmarks.md section 5) per policy: the recompute engine's
+"""Activation memory of the testbed model (docs/results.md, `testbed_experiment`) per policy: the recompute engine's
 measured peak against `lynx.runtime.predict.predicted_activation_bytes`, without the shaped link (memory does
 not depend on it). Two gloo ranks on 127.0.0.1, TP 2, float32, PP 1, 2 micro-batches.
 
-    python benchmarks/testbed_memory.py [--json benchmarks/results/testbed_memory.json]
+    python benchmarks/testbed_memory.py [--json benchmarks/results/raw/testbed_memory.json]
 """
 
 from __future__ import annotations
@@ -14,29 +14,22 @@ import socket
 import tempfile
 from pathlib import Path
 
+import _results
+
 LAYERS, VOCAB, MBS = 4, 1024, 2
 
 
 
-def _repo_on_path() -> None:
-    """The test harnesses (`tests.harness`) live beside the package, not in it: the repository root on the path."""
-    import sys as _sys
-    from pathlib import Path as _Path
-
-    root = str(_Path(__file__).resolve().parents[1])
-    if root not in _sys.path:
-        _sys.path.insert(0, root)
-
 def _policies(cfg):  # type: ignore[no-untyped-def]
+    from _harness import method_policy, problem_for
+
     from lynx.decisions import LayerPolicy, Phase, RecomputePolicy
-    _repo_on_path()
-    from tests.harness.check import method_policy, problem_for
 
     prob2 = problem_for(cfg, LAYERS, VOCAB, MBS, recompute_num_layers=2)
     out = {m: method_policy(m, prob2) for m in ("none", "selective", "full")}
     out["uniform(2)"] = method_policy("uniform", prob2)
     out["block(2)"] = method_policy("block", prob2)
-    # the plan lynx chose on the testbed (docs/benchmarks.md section 5)
+    # the plan lynx chose on the testbed (docs/results.md, `testbed_experiment`)
     lp = LayerPolicy(keep=frozenset({"softmax", "attn_residual", "mlp_residual"}),
                      recompute=(("ln1", Phase.BWD_ATTN), ("qkv", Phase.BWD_ATTN), ("attn_dropout", Phase.ON_DEMAND),
                                 ("attn_context", Phase.ON_DEMAND), ("ln2", Phase.BWD_MLP), ("fc1", Phase.BWD_MLP),
@@ -50,12 +43,12 @@ def _worker(rank: int, port: int, outdir: str) -> None:
 
     import torch
     import torch.distributed as dist
+    from _harness import problem_for, train_step
 
-    _repo_on_path()
     from lynx.runtime.engine import RecomputeEngine
     from lynx.runtime.layers.gpt import LayerConfig
     from lynx.runtime.layers.gpt_model import GPTModel
-    from tests.harness.check import predicted_activation_bytes, problem_for, runtime_graph, train_step
+    from lynx.runtime.predict import predicted_activation_bytes, runtime_graph
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=120))
@@ -80,7 +73,9 @@ def _worker(rank: int, port: int, outdir: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=None)
+    _results.add_option(ap, "testbed_memory")
     args = ap.parse_args()
+    run = _results.Run()
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
@@ -98,6 +93,12 @@ def main() -> None:
               f"{r['peak_measured'] / r['peak_predicted']:.3f} |")
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
+    figures = [_results.Figure(f"{name}: activation peak held, measured by the engine (MiB)",
+                               round(r["peak_measured"] / mib, 2), "", f"= predicted {r['peak_predicted'] / mib:.2f}",
+                               abs(r["peak_measured"] - r["peak_predicted"]) <= 1e-6 * r["peak_predicted"])
+               for name, r in res.items()]
+    run.write(args.results, "testbed_memory", "measurement", "Activation memory on two gloo ranks: the engine "
+              "against the lifetime model (bytes; they do not depend on the load)", figures)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """What the windows hide, measured against its own noise. Needs root (network namespaces).
 
-    python benchmarks/window_control.py --layout tp2    --out benchmarks/results/window_control_tp2.json
-    python benchmarks/window_control.py --layout pp2tp2 --out benchmarks/results/window_control_pp2tp2.json
-    python benchmarks/window_control.py --from-json benchmarks/results/window_control_tp2.json
+    python benchmarks/window_control.py --layout tp2    --out benchmarks/results/raw/window_control_tp2.json
+    python benchmarks/window_control.py --layout pp2tp2 --out benchmarks/results/raw/window_control_pp2tp2.json
+    python benchmarks/window_control.py --from-json benchmarks/results/raw/window_control_tp2.json
     python benchmarks/window_control.py --layout tp2 --smoke        # end to end in about a minute
 
 Layouts: `tp2` is the set-up of testbed_experiment.py (TP 2, PP 1, 2 micro-batches of 2 x 256 tokens, the
@@ -60,7 +60,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+import _results  # noqa: E402
 import pipeline_testbed as pt  # noqa: E402
+from _targets import Targets  # noqa: E402
 from _window_control import check_control_args, control_of  # noqa: E402
 
 
@@ -231,15 +233,18 @@ def analyse(rounds: list[dict[str, dict[str, Any]]], pred: dict[str, Any]) -> di
             "agrees": ctl_recompute > 0 and abs(measured - pred["hidden_s"]) <= 0.25 * ctl_recompute}
 
 
-def report_text(an: dict[str, Any], pred: dict[str, Any]) -> str:
-    from _targets import Targets
+def report_text(an: dict[str, Any], pred: dict[str, Any], t: Targets | None = None, label: str = "") -> str:
+    """The run's tables and its two targets; `t` collects the checks (with their figures) for `--results`."""
 
     def eng(e: dict[str, dict[str, float]]) -> str:
         return ", ".join(f"{x['window_s']:.3f} + {x['cooldown_s']:.3f} / {x['ondemand_s']:.3f}" for x in e.values())
 
-    t = Targets()
-    a = t.add("measured hidden > 3 x the estimate's noise", an["beyond_noise"])
-    b = t.add("|measured - predicted| <= 0.25 x recomputation", an["agrees"])
+    t = Targets() if t is None else t
+    a = t.add(f"{label}recomputation hidden per iteration, measured (s)", an["beyond_noise"],
+              round(an["measured_hidden_s"], 3), f"> 3 x the estimate's noise {an['estimate_noise_s']:.3f}")
+    b = t.add(f"{label}|measured - predicted {an['predicted_hidden_s']:.3f}| hidden (s)", an["agrees"],
+              round(abs(an["measured_hidden_s"] - an["predicted_hidden_s"]), 3),
+              f"<= 0.25 x the control's recomputation {an['control_recompute_s']:.3f}")
     lines = [
         "| plan A median s | control B median s | measured hidden s (B - A) | per round B - A s "
         "| one run's noise |A - A'| s | the estimate's noise s | predicted hidden s |", "|---|---|---|---|---|---|---|",
@@ -262,19 +267,39 @@ def report_text(an: dict[str, Any], pred: dict[str, Any]) -> str:
     return "\n".join(lines).replace("[green]", "").replace("[/green]", "").replace("[red]", "").replace("[/red]", "")
 
 
-def from_json(path: Path) -> None:
-    try:
-        saved = json.loads(path.read_text())
-        meta, pred, rounds = saved["meta"], saved["prediction"], saved["rounds"]
-    except (OSError, ValueError, KeyError) as e:
-        print(f"window_control: --from-json {path}: not a saved run of this benchmark ({e})", file=sys.stderr)
-        raise SystemExit(2) from None
-    print(f"{meta['layout']}: " + prediction_text(pred, meta["rate_mbit"]) + "\n")
-    print(report_text(analyse(rounds, pred), pred))
-    if saved.get("timeline"):
-        print(timeline_text(saved["timeline"]))
-    print(f"\n{meta['command']}; {meta['date']}; {meta['machine']}; load average before {meta['load_before']}, "
-          f"after {meta['load_after']}")
+TITLE = "What the windows hide: each plan against its control with every window moved on demand (lynx's layers)"
+
+
+def replay_saved(paths: Path | list[Path], results: Path | None, benchmark: str, title: str,
+                 label: Callable[[Path, dict[str, Any]], str]) -> None:
+    """Re-print saved runs of a window control (this one's or window_control_torchtitan's); with `results`, write
+    their figures as one results file, each run's figures prefixed by `label(path, meta)`."""
+    t = Targets()
+    runs = []
+    for path in [paths] if isinstance(paths, Path) else paths:
+        try:
+            saved = json.loads(path.read_text())
+            meta, pred, rounds = saved["meta"], saved["prediction"], saved["rounds"]
+        except (OSError, ValueError, KeyError) as e:
+            print(f"{benchmark}: --from-json {path}: not a saved run of this benchmark ({e})", file=sys.stderr)
+            raise SystemExit(2) from None
+        print(f"{meta['layout']}: " + prediction_text(pred, meta["rate_mbit"]) + "\n")
+        print(report_text(analyse(rounds, pred), pred, t, label(path, meta)))
+        if saved.get("timeline"):
+            print(timeline_text(saved["timeline"]))
+        print(f"\n{meta['command']}; {meta['date']}; {meta['machine']}; load average before "
+              f"{meta['load_before']}, after {meta['load_after']}")
+        runs.append((path, meta))
+    _results.write_saved(results, benchmark, "measurement", title, _results.figures_of(t), _plain(t.summary()), runs)
+
+
+def from_json(paths: Path | list[Path], results: Path | None = None) -> None:
+    """Re-print saved runs; with `results`, write their figures as one results file."""
+    replay_saved(paths, results, "window_control", TITLE, lambda _, meta: f"{meta['layout']}: ")
+
+
+def _plain(text: str) -> str:
+    return text.replace("[green]", "").replace("[/green]", "").replace("[red]", "").replace("[/red]", "")
 
 
 def parse() -> argparse.Namespace:
@@ -291,15 +316,17 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=6, help="rounds of A B A'")
     ap.add_argument("--repeats", type=int, default=5, help="profiler repeats")
     ap.add_argument("--smoke", action="store_true", help="2 iterations, 1 round, 2 profiler repeats")
-    ap.add_argument("--out", type=Path, default=None, help="JSON of the run (default benchmarks/results/"
+    ap.add_argument("--out", type=Path, default=None, help="JSON of the run (default benchmarks/results/raw/"
                     "window_control_LAYOUT.json; with --smoke, none unless given)")
-    ap.add_argument("--from-json", type=Path, default=None, help="re-print the tables and targets of a saved run")
+    ap.add_argument("--from-json", type=Path, nargs="+", default=None,
+                    help="re-print the tables and targets of saved runs (with --results: write their figures)")
+    _results.add_option(ap, "window_control")
     args = ap.parse_args()
     check_control_args(ap, args)
     if args.smoke:
         args.iters, args.rounds, args.repeats = 2, 1, 2
     if args.out is None and not args.smoke and args.from_json is None:
-        args.out = Path(f"benchmarks/results/window_control_{args.layout}.json")
+        args.out = Path(f"benchmarks/results/raw/window_control_{args.layout}.json")
     if args.from_json is None:
         pt.check_args(ap, args)
     return args
@@ -334,8 +361,9 @@ def timeline_text(lines: dict[str, dict[str, dict[str, float]]]) -> str:
 def main() -> None:
     args = parse()
     if args.from_json is not None:
-        from_json(args.from_json)
+        from_json(args.from_json, args.results)
         return
+    run = _results.Run()
     _repo_on_path()
     from tests.harness.testbed import Testbed
 
@@ -361,7 +389,10 @@ def main() -> None:
         rounds, traces = measure(tb, work, paths, lay, args.iters, args.rounds)
     load_after = os.getloadavg()
     lines = {x: timeline(tr) for x, tr in traces.items()}
-    print("\n" + report_text(analyse(rounds, pred), pred))
+    targets = Targets()
+    print("\n" + report_text(analyse(rounds, pred), pred, targets, f"{args.layout}: "))
+    run.write(args.results, "window_control", "measurement", TITLE, _results.figures_of(targets),
+              _plain(targets.summary()))
     if lines:
         print(timeline_text(lines))
     meta = {"command": " ".join(sys.argv), "date": start, "layout": args.layout, "rate_mbit": args.rate,

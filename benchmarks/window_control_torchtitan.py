@@ -1,7 +1,7 @@
 """The window control on torchtitan's own Llama 3 model (issue 24 item 5). Needs root (network namespaces).
 
-    python benchmarks/window_control_torchtitan.py --out benchmarks/results/window_control_torchtitan.json
-    python benchmarks/window_control_torchtitan.py --from-json benchmarks/results/window_control_torchtitan.json
+    python benchmarks/window_control_torchtitan.py --out benchmarks/results/raw/window_control_torchtitan.json
+    python benchmarks/window_control_torchtitan.py --from-json benchmarks/results/raw/window_control_torchtitan.json
     python benchmarks/window_control_torchtitan.py --smoke        # end to end in a few minutes
 
 The same control as benchmarks/window_control.py (read its docstring for the design, the noise and the
@@ -44,8 +44,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+import _results  # noqa: E402
 import pipeline_testbed as pt  # noqa: E402
 import window_control as wc  # noqa: E402
+from _targets import Targets  # noqa: E402
 from _window_control import check_control_args, control_of  # noqa: E402
 
 H, HEADS, FFN, VOCAB = 256, 16, 768, 2048  # torchtitan 0.3.0's llama3 "debugmodel" (llama3/__init__.py)
@@ -237,7 +239,7 @@ def reads_of_family(graph: Any) -> Any:
     benchmark) eager RMSNorm saves its input itself (no upcast copy), so rmsnorm1 / rmsnorm2 also read the
     layer input / attn_residual, as the profile says and the engine does; the family's reads miss that.
     (Before titan4 the profiler also charged each GEMM with its weight and rope with RoPE's table, because
-    TitanLayer's parameters are the block's, not its own: docs/benchmarks.md sections titan3, titan4.)"""
+    TitanLayer's parameters are the block's, not its own: decision 0088.)"""
     from dataclasses import replace
 
     from lynx.profile.profiler import analytic_graph
@@ -292,9 +294,11 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=5, help="profiler repeats")
     ap.add_argument("--smoke", action="store_true",
                     help="end to end only: 2 layers, 2 iterations, 1 round, 2 profiler repeats, no --min-signal")
-    ap.add_argument("--out", type=Path, default=None, help="JSON of the run (default benchmarks/results/"
+    ap.add_argument("--out", type=Path, default=None, help="JSON of the run (default benchmarks/results/raw/"
                     "window_control_torchtitan.json; with --smoke, none unless given)")
-    ap.add_argument("--from-json", type=Path, default=None, help="re-print the tables and targets of a saved run")
+    ap.add_argument("--from-json", type=Path, nargs="+", default=None,
+                    help="re-print the tables and targets of saved runs (with --results: write their figures)")
+    _results.add_option(ap, "window_control_torchtitan")
     # inside a rank (run by the driver in the testbed)
     ap.add_argument("--rank-profile", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rank-train", action="store_true", help=argparse.SUPPRESS)
@@ -309,24 +313,20 @@ def parse() -> argparse.Namespace:
     if args.smoke:
         args.layers, args.iters, args.rounds, args.repeats, args.min_signal = 2, 2, 1, 2, 0.0
     if args.out is None and not args.smoke and args.from_json is None:
-        args.out = Path("benchmarks/results/window_control_torchtitan.json")
+        args.out = Path("benchmarks/results/raw/window_control_torchtitan.json")
     if args.from_json is None:
         pt.check_args(ap, args)
     return args
 
 
-def from_json(path: Path) -> None:
-    try:
-        saved = json.loads(path.read_text())
-        meta, pred, rounds = saved["meta"], saved["prediction"], saved["rounds"]
-    except (OSError, ValueError, KeyError) as e:
-        print(f"window_control_torchtitan: --from-json {path}: not a saved run of this benchmark ({e})",
-              file=sys.stderr)
-        raise SystemExit(2) from None
-    print("torchtitan tp2: " + wc.prediction_text(pred, meta["rate_mbit"]) + "\n")
-    print(wc.report_text(wc.analyse(rounds, pred), pred))
-    print(f"\n{meta['command']}; {meta['date']}; {meta['machine']}; load average before {meta['load_before']}, "
-          f"after {meta['load_after']}")
+TITLE = "What the windows hide on torchtitan's own Llama 3 model"
+
+
+def from_json(paths: Path | list[Path], results: Path | None = None) -> None:
+    """Re-print saved runs; with `results`, write their figures as one results file (each run labelled by its
+    rate and file name)."""
+    wc.replay_saved(paths, results, "window_control_torchtitan", TITLE,
+                    lambda path, meta: f"{meta['rate_mbit']:g} Mbit/s ({path.stem}): ")
 
 
 def main() -> None:
@@ -341,8 +341,9 @@ def main() -> None:
         rank_train(args)
         return
     if args.from_json is not None:
-        from_json(args.from_json)
+        from_json(args.from_json, args.results)
         return
+    run = _results.Run()
     import importlib.util
     import tempfile
 
@@ -374,7 +375,10 @@ def main() -> None:
             print(f"round {k + 1}/{args.rounds}: " + ", ".join(f"{x} {rnd[x]['median_s']:.3f} s" for x in ROLES)
                   + f"; restorations A {rnd['A']['by_window']}, B {rnd['B']['by_window']}", flush=True)
     load_after = os.getloadavg()
-    print("\n" + wc.report_text(wc.analyse(rounds, pred), pred))
+    targets = Targets()
+    print("\n" + wc.report_text(wc.analyse(rounds, pred), pred, targets))
+    run.write(args.results, "window_control_torchtitan", "measurement", TITLE, _results.figures_of(targets),
+              wc._plain(targets.summary()))
     meta = {"command": " ".join(sys.argv), "date": start, "layout": "torchtitan-tp2", "rate_mbit": args.rate,
             "layers": args.layers, "reads": args.reads,
             "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, {platform.node()}",

@@ -49,6 +49,10 @@ SLOW_CASES: dict[str, str] = {
     "integration/test_torchtitan_fsdp_tp.py::test_tp2_fsdp2_windows_bitwise_and_where_planned":
         "test_torchtitan_fsdp.py::test_fsdp2_loss_and_grads_equal_torchtitans_own[uniform] (FSDP) and "
         "test_torchtitan_tp.py::test_tp2_every_window_restores_what_the_plan_put_there (TP windows)",
+    **{f"integration/test_torchtitan_example.py::{t}":
+       "test_torchtitan_checks_tp.py::test_tp_and_sp_that_differ_from_the_plan_are_refused (the SP override through "
+       "torchtitan's parser) and the TP parity tests (the engine bitwise)"
+       for t in ("test_the_example_trains_as_torchtitan_does", "test_the_example_refuses_an_sp_override")},
     "integration/test_torchtitan_plan_file.py::test_a_plan_file_runs_torchtitans_model_bitwise":
         "test_torchtitan_tp.py::test_tp2_every_window_restores_what_the_plan_put_there (the integration, bitwise)",
     "integration/test_runtime_pipeline_train.py::test_pp2_dp2_reports_stages_and_writes_a_trace_beside_the_simulator":
@@ -140,6 +144,10 @@ SLOW_CASES: dict[str, str] = {
         "test_tp2_embedding_and_logits_bytes_equal_the_planners[gpt]",
     "integration/test_runtime_precision.py::test_lynx_train_megatron_bf16_runs_and_keeps_fp32_master_weights":
         "test_bf16_autocast_recomputes_bitwise_with_fp32_master_weights (the same autocast, in the runner)",
+    "unit/test_request_price.py::test_search_prices_what_plan_prices_many":
+        "test_search_prices_what_plan_prices (the same property, 3 draws)",
+    "integration/test_search_request.py::test_llama_405b_on_1024_gpus_with_tp_8_pp_16":
+        "test_pinned_tp_pp_derive_dp_on_a_cluster_larger_than_the_preset (the same rule, gpt-tiny)",
 }
 
 

@@ -17,13 +17,14 @@ def check_inputs(model: ModelSpec, hardware: Hardware, parallel: ParallelSpec, o
     check_instance(opts, "options")
     validate_layout(model, hardware, parallel, opts.nodes)
     if opts.layers_per_stage is not None:
-        lps = opts.layers_per_stage
-        if len(lps) != parallel.pp or sum(lps) != model.num_layers or min(lps) < 1:
-            raise SpecError(
-                f"--layers-per-stage {','.join(map(str, lps))}: needs {parallel.pp} positive entries "
-                f"summing to {model.num_layers}"
-            )
-    check_vpp(opts.vpp, model, parallel, opts.layers_per_stage is not None)
+        lps, stages = opts.layers_per_stage, parallel.pp * opts.vpp
+        if len(lps) != stages or sum(lps) != model.num_layers or min(lps) < 1:
+            pp = parallel.pp
+            what = f"{pp}" if opts.vpp == 1 else f"{stages} (PP {pp} x VPP {opts.vpp})"
+            text = ("|".join(",".join(map(str, lps[r::pp])) for r in range(pp)) if opts.vpp > 1 and len(lps) == stages
+                    else ",".join(map(str, lps)))  # as the user typed it (the interleaved form by stage)
+            raise SpecError(f"--layers-per-stage {text}: needs {what} positive entries summing to {model.num_layers}")
+    check_vpp(opts.vpp, model, parallel)
     check_overlaps(opts, parallel)
     if opts.tp_comm_overlap and model.transformer_impl == "local" and parallel.tp > 1:
         raise SpecError("--tp-comm-overlap needs --transformer-impl transformer_engine (the userbuffers overlap is "
@@ -40,7 +41,7 @@ def check_overlaps(opts: PlanOptions, par: ParallelSpec) -> None:
                         "only supported with distributed optimizer\")")
 
 
-def check_vpp(vpp: int, model: ModelSpec, par: ParallelSpec, explicit: bool) -> None:
+def check_vpp(vpp: int, model: ModelSpec, par: ParallelSpec) -> None:
     """Interleaved 1F1B needs Megatron's conditions: pp > 1, a multiple of pp micro-batches, a layer per
     virtual stage (the schedule package states the micro-batch rule too; this names the options)."""
     if vpp < 1:
@@ -54,8 +55,6 @@ def check_vpp(vpp: int, model: ModelSpec, par: ParallelSpec, explicit: bool) -> 
                         f"to be a multiple of --pp {par.pp} (Megatron-Core's rule)")
     if model.num_layers < par.pp * vpp:
         raise SpecError(f"--vpp {vpp}: {model.num_layers} layers cannot fill {par.pp} x {vpp} virtual stages")
-    if explicit:
-        raise SpecError("--layers-per-stage cannot be combined with --vpp > 1 (chunks are split by lynx)")
 
 
 def check_graph_matches(graph: LayerGraph, model: ModelSpec, par: ParallelSpec) -> None:
@@ -83,8 +82,24 @@ def check_result(problem: PlanProblem, result: PlanResult, where: str = "plan") 
                               f"summing to {layers} layers")
     if len(result.policies) != pp:
         raise PlanFormatError(f"{where}: {len(result.policies)} stage policies for PP {pp}")
+    check_offload_link(problem, result, where)
     for pol, ctx in zip(result.policies, problem.stage_contexts(result.partition), strict=True):
         try:
             check_policy(problem.graphs_for(ctx), pol, ctx)
         except PlanFormatError as e:
             raise PlanFormatError(f"{where}: {e}") from None
+
+
+def check_offload_link(problem: PlanProblem, result: PlanResult, where: str = "plan") -> None:
+    """A plan that offloads activations needs a host link to copy them over: read with hardware that has none,
+    it is refused before any work, naming the offloaded ops and the missing link."""
+    hw = problem.hardware
+    if hw.host() is not None:
+        return
+    ops = sorted({n for pol in result.policies for lp in pol.layers for n in lp.offload},
+                 key=problem.graph.index)
+    if ops:
+        shown = ", ".join(ops[:4]) + (f" and {len(ops) - 4} more" if len(ops) > 4 else "")
+        raise PlanFormatError(f"{where}: offloads {shown} to host memory, but hardware {hw.name!r} "
+                              f"({hw.device.name}) has no host link to copy them over; give host_link (d2h_Bps, "
+                              "h2d_Bps, ...) as the plan's hardware.host_link, or plan without offloading")

@@ -10,7 +10,8 @@ from typing import Any
 
 from lynx.errors import SpecError
 from lynx.families import get_family
-from lynx.spec import Hardware, ModelSpec, ParallelSpec, check_cp, preset_names, read_spec_file, warn_once
+from lynx.fp8 import Fp8Recipe
+from lynx.spec import DeviceSpec, Hardware, ModelSpec, ParallelSpec, check_cp, preset_names, read_spec_file, warn_once
 from lynx.stack import layer_kinds
 from lynx.validate import build
 
@@ -76,6 +77,20 @@ def load_model(name_or_path: str) -> ModelSpec:
     return model_from_dict(data, where)
 
 
+def check_fp8(model: ModelSpec, device: DeviceSpec) -> None:
+    """SpecError when the device cannot run the model's FP8 setting."""
+    f = model.fp8
+    if f is None:
+        return
+    if device.fp8_peak_flops is None:
+        raise SpecError(f"{model.name}: --fp8-format {f.format.value} on {device.name}, which has no FP8 tensor cores "
+                        "(its hardware file gives no fp8_peak_flops); valid: drop --fp8-format, or an FP8 device "
+                        "(H100, H200)")
+    if f.recipe is Fp8Recipe.MXFP8:
+        raise SpecError(f"{model.name}: --fp8-recipe mxfp8 runs on Blackwell only (MX-scaled tensor cores); lynx "
+                        "prices Hopper's FP8 (H100, H200); valid: delayed, tensorwise, blockwise")
+
+
 def model_presets() -> list[str]:
     return preset_names("models")
 
@@ -125,6 +140,7 @@ def validate_layout(model: ModelSpec, hw: Hardware, par: ParallelSpec, nodes: in
     get_family(model.family).check_layout(model, par.tp)
     check_experts(model, par)
     check_cp(model, par)
+    check_fp8(model, hw.device)
     if par.seq_length > model.max_position_embeddings:
         if model.position_embedding != "learned":
             warn_once(f"lynx: warning: {model.name}: --seq-len {par.seq_length} exceeds the model's "

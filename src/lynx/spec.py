@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 import yaml
 
 from lynx.errors import SpecError
+from lynx.fp8 import Fp8
 from lynx.paths import read_text
 from lynx.topology import LinkSpec as LinkSpec  # the link type lives with the topology; re-exported
 from lynx.topology import Topology
@@ -159,6 +160,9 @@ class ModelSpec:
     mtp_num_layers: int = field(default=0, metadata=rng(ge=0, le=16))
     """--mtp-num-layers: DeepSeek-V3's multi-token-prediction layers after the decoder (parameters and memory of
     the last stage; `lynx.stack`)."""
+    fp8: Fp8 | None = None
+    """FP8 linear layers (--fp8-format, --fp8-recipe, --fp8-param-gather; `lynx.fp8`); None: 16-bit GEMMs. Like the
+    fusion fields it says how Megatron-Core runs the layer, so every graph built from the model carries it."""
 
     def __post_init__(self) -> None:
         check_instance(self, f"model {self.name!r}")
@@ -246,6 +250,11 @@ class DeviceSpec:
     matmul efficiency."""
     flash_bwd_efficiency: float | None = field(default=None, metadata=rng(gt=0, le=1))
     """The same for its backward (None: the forward's)."""
+    fp8_peak_flops: float | None = field(default=None, metadata=rng(gt=0))
+    """Dense FP8 tensor-core peak, FLOP/s; None: no FP8 tensor cores (a model with `fp8` is refused)."""
+    fp8_matmul_efficiency: float | None = field(default=None, metadata=rng(gt=0, le=1))
+    """Fraction of the FP8 peak that large FP8 GEMMs reach (the asymptote; shape scales it as `gemm_half_dim`
+    does the 16-bit one); None: `matmul_efficiency`."""
     reserved_bytes: float = 2.0 * GiB
     """Memory the budget leaves out before any tensor: CUDA context and NCCL's buffers (and, on presets without
     `fragmentation`, the allocator's slack too)."""
@@ -670,6 +679,10 @@ def model_to_dict(m: ModelSpec) -> dict[str, Any]:
             del d[k]
     if "moe_layer_pattern" in d:
         d["moe_layer_pattern"] = list(d["moe_layer_pattern"])
+    if m.fp8 is None:  # a 16-bit plan is written as before FP8 existed
+        del d["fp8"]
+    else:
+        d["fp8"] = {"format": m.fp8.format.value, "recipe": m.fp8.recipe.value, "param_gather": m.fp8.param_gather}
     return d
 
 
@@ -677,6 +690,10 @@ def hardware_to_dict(h: Hardware) -> dict[str, Any]:
     d = dataclasses.asdict(h)
     if d.get("host_link") is None:  # a plan without a host link is written as before offloading existed
         d.pop("host_link", None)
+    dev = d["device"]
+    for k, v in (("fp8_peak_flops", None), ("fp8_matmul_efficiency", None)):
+        if dev.get(k) == v:  # a device without FP8 fields is written as before they existed
+            dev.pop(k, None)
     return d
 
 

@@ -226,7 +226,7 @@ def probe_p2p(mbytes: float, reps: int, both_ways: bool = False) -> dict[str, fl
 
 
 def probe_pipeline_order(mbytes: float, reps: int, busy_s: float = 0.07) -> dict[str, float]:
-    """Inside a rank (world 2), the order a 1F1B pipeline posts its p2p in (docs/benchmarks.md section 7):
+    """Inside a rank (world 2), the order a 1F1B pipeline posts its p2p in (decision 0060):
     rank 1 sends a gradient at once, then waits for an activation; rank 0 is busy for `busy_s` (a forward),
     then sends its activation and only then posts the receive for the gradient, as torch lowers the list.
     Reports (on rank 0) when the gradient arrived after it was sent: over gloo it waits for the receive to be

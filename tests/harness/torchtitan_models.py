@@ -1,8 +1,7 @@
 """torchtitan's own Llama 3 debug model, built for CPU tests (requires torchtitan; tests importorskip it).
 
-torchtitan 0.3.0 refuses ``attn_backend="sdpa"`` for language models and its default FlexAttention is compiled
-with inductor, which CPU tests cannot afford; its ``ScaledDotProductAttention`` module (still shipped, used by
-Flux) is put in each block instead. Without attention masks it runs causal SDPA, the same math.
+SDPA in place of FlexAttention and the other CPU pieces are `lynx.integrations.torchtitan.cpu`'s (shared with
+examples/torchtitan/); this module adds the tests' variants (fewer layers, grouped-query attention).
 """
 
 from __future__ import annotations
@@ -21,18 +20,18 @@ def debug_config(n_layers: int = 6, n_kv_heads: int | None = None, dim: int = 25
     from torchtitan.models.common.config_utils import make_gqa_config
     from torchtitan.models.llama3 import llama3_configs
 
+    from lynx.integrations.torchtitan.cpu import sdpa_attention
+
     cfg = llama3_configs["debugmodel"](attn_backend="flex")
     cfg.layers = cfg.layers[:n_layers]
     assert cfg.dim == dim and cfg.vocab_size == vocab
     init = {"weight": partial(nn.init.trunc_normal_, std=0.02)}
+    if n_kv_heads is None:
+        return sdpa_attention(cfg)
     for layer in cfg.layers:
-        att = layer.attention
-        if n_kv_heads is not None:
-            layer.attention = make_gqa_config(dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, wqkv_param_init=init,
-                                              wo_param_init=init, inner_attention=ScaledDotProductAttention.Config(),
-                                              rope=att.rope, fuse_qkv=True)
-        else:
-            att.inner_attention = ScaledDotProductAttention.Config()
+        layer.attention = make_gqa_config(dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, wqkv_param_init=init,
+                                          wo_param_init=init, inner_attention=ScaledDotProductAttention.Config(),
+                                          rope=layer.attention.rope, fuse_qkv=True)
     return cfg
 
 
@@ -71,8 +70,6 @@ def titan_rank(rank: int, world: int, init_method: str, timeout_s: float) -> Ite
 
 def parallel_dims(world: int, *, tp: int = 1, pp: int = 1, dp_shard: int = 1) -> Any:
     """torchtitan's `ParallelDims` for these degrees, its meshes built."""
-    from torchtitan.distributed.parallel_dims import ParallelDims
+    from lynx.integrations.torchtitan.cpu import parallel_dims as build
 
-    pd = ParallelDims(dp_replicate=1, dp_shard=dp_shard, cp=1, tp=tp, pp=pp, ep=1, world_size=world)
-    pd.build_mesh()
-    return pd
+    return build(world, tp=tp, pp=pp, dp_shard=dp_shard)

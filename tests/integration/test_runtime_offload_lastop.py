@@ -1,4 +1,4 @@
-"""The layer's last op under offloading (docs/decisions.md `rtoff`): the engine offloads what it saves beside its
+"""The layer's last op under offloading (decision 0087): the engine offloads what it saves beside its
 output (the residual dropout mask, what the planner's `keep_bytes` counts for it) and never its output (the next
 layer's input, always stored); gradients stay bitwise those of keeping it."""
 

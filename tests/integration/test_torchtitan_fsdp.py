@@ -33,21 +33,22 @@ def fsdp_policies(case: str) -> dict[int, Any]:
     return policies(case, 1)
 
 
-def wrap_like_torchtitan(model: Any, mesh: Any) -> None:
+def wrap_like_torchtitan(model: Any, mesh: Any, reshard: bool = True) -> None:
     """FSDP2 as torchtitan 0.3.0's `apply_fsdp_to_decoder` applies it to a dense decoder without PP: the
     embedding, [norm, head] (not resharded after forward), every block, then the root; bf16 parameters, fp32
     reductions, inputs not cast. Left out: its `disable_fsdp_gradient_division` (gradient divide factor 1),
     which makes FSDP reduce with ``PREMUL_SUM``, an op gloo does not have (FSDP then averages by pre- and
-    post-division around a SUM)."""
+    post-division around a SUM). `reshard`: the blocks' and embedding's reshard_after_forward (torchtitan's
+    "default" policy: False with a pipeline)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     cfg: dict[str, Any] = {"mesh": mesh, "mp_policy": MixedPrecisionPolicy(
         param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)}
-    fully_shard(model.tok_embeddings, **cfg, reshard_after_forward=True)
+    fully_shard(model.tok_embeddings, **cfg, reshard_after_forward=reshard)
     fully_shard([model.norm, model.lm_head], **cfg, reshard_after_forward=False)
     for block in model.layers.values():
-        fully_shard(block, **cfg, reshard_after_forward=True)
+        fully_shard(block, **cfg, reshard_after_forward=reshard)
     fully_shard(model, **cfg)
 
 
@@ -114,11 +115,14 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
             from lynx.integrations.torchtitan.trainer import LynxEngineAC
 
             table = Path(args.out, f"layers{rank}.json")
-            table.write_text(json.dumps({"family": "torchtitan-llama3", "layers": [
+            assumes = {"tp": 1, "sequence_parallel": False, "pp": 1, "dp_replicate": 1, "dp_shard": world,
+                       "micro_batch_size": BATCH, "seq_length": SEQ, "hidden_size": 256, "num_attention_heads": 16,
+                       "num_query_groups": 16, "ffn_hidden_size": 768}
+            table.write_text(json.dumps({"family": "torchtitan-llama3", "assumes": assumes, "layers": [
                 {"keep": sorted(lp.keep), "recompute": [[n, int(p)] for n, p in lp.recompute],
                  "input_checkpoint": lp.input_checkpoint} for _, lp in sorted(fsdp_policies("lynx").items())]}))
             model = build(fsdp=False, cast=False)
-            LynxEngineAC.Config(plan=str(table), data_parallel_shard_degree=world).build(dump_folder="").apply(model)
+            LynxEngineAC.Config(plan=str(table)).build(dump_folder="").apply(model)
             wrap_like_torchtitan(model, fsdp_mesh)
             lynx = LynxEngineAC.applied[-1]
         else:

@@ -18,6 +18,7 @@ ROOT = Path(lynx.__file__).parent
 # placed here when it is added, so the order is a decision, not an accident).
 RANKS: dict[str, int] = {
     "lynx": 0, "lynx.errors": 0, "lynx.validate": 0, "lynx.paths": 0,
+    "lynx.fp8": 0,
     "lynx.spec": 1, "lynx.stack": 1, "lynx.topology": 1, "lynx.graph": 1, "lynx.schedule": 1, "lynx.decisions": 1,
     "lynx.milp": 1,
     "lynx.families": 2, "lynx.models": 2,
@@ -27,7 +28,7 @@ RANKS: dict[str, int] = {
     "lynx.simulate": 6,
     "lynx.methods": 7,
     "lynx.plan": 8,
-    "lynx.api": 9, "lynx.breakdown": 9, "lynx.search": 9, "lynx.export": 9,
+    "lynx.api": 9, "lynx.request": 9, "lynx.breakdown": 9, "lynx.search": 9, "lynx.export": 9,
     "lynx.report": 10, "lynx.profile": 10, "lynx.runtime": 10, "lynx.integrations": 10,
     "lynx.cli": 11, "lynx.__main__": 11,
 }

@@ -1,6 +1,6 @@
 """benchmarks/megatron_readme.py: the published step times follow from the table (Megatron's FLOPs count), and
 the calibrated H100 preset keeps every row within the issue's +-10% under the documented schedule, and the
-held-out strong scaling within +-15% (a regression guard on the cost model; docs/benchmarks.md section 32)."""
+held-out strong scaling within +-15% (a regression guard on the cost model; docs/results.md, `megatron_readme`)."""
 
 from __future__ import annotations
 

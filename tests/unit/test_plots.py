@@ -11,7 +11,7 @@ import pytest
 
 from lynx.api import plan as plan_one
 from lynx.breakdown import stage_memories
-from lynx.cli.common import build_problem
+from lynx.cli.common import build_request
 from lynx.cli.plan import with_vpp
 from lynx.plan import Plan
 from lynx.report.memory import OVER_COLOR, memory_bars, memory_bars_figure
@@ -30,7 +30,7 @@ pytest.importorskip("matplotlib")
 
 
 def _plan(mb: int, gb: int, method: str, vpp: int = 1) -> Plan:
-    problem = build_problem("gpt-7b", "a100-40g-nvlink", 4, 4, 1, False, mb, gb, 1024)
+    problem = build_request("gpt-7b", "a100-40g-nvlink", 4, 4, 1, False, mb, gb, 1024).problem()
     return plan_one(with_vpp(problem, vpp) if vpp > 1 else problem, method)
 
 

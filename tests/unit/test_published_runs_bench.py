@@ -49,7 +49,7 @@ def _run(model: str, gpus: int) -> object:
 
 def test_every_held_out_run_fits_the_card_it_ran_on() -> None:
     """Every run ran on 80 GB H100s, so a predicted peak above the usable memory is lynx's over-statement
-    (section 25 had three: Llama 3.1 8B on 8 GPUs, 405B on 576 and 1,152; mem5: the YAMLs' bf16 gradients)."""
+    (fit4, decision 0081, had three: Llama 3.1 8B on 8 GPUs, 405B on 576 and 1,152; mem5: the YAMLs' bf16 gradients)."""
     hw = load_hardware(HW)
     over = [(r.recipe, r.gpus, round(peak, 1)) for r, _, peak in pr.errors(hw)
             if peak * 2**30 > hw.device.usable_bytes]
@@ -58,7 +58,7 @@ def test_every_held_out_run_fits_the_card_it_ran_on() -> None:
 
 def test_fit4_pricing_is_kept_as_the_before() -> None:
     """--megatron-buffers prices Megatron-Core's buffers (fp32 main_grad, 12 bytes of sharded state): the
-    405B run at 576 GPUs then needs more than the card, as section 25 printed."""
+    405B run at 576 GPUs then needs more than the card, as fit4 printed."""
     hw = load_hardware(HW)
     r = _run("llama3.1-405b", 576)
     assert pr.predicted(pr.megatron_buffers(r), hw)[1] * 2**30 > hw.device.memory_bytes

@@ -91,16 +91,20 @@ def test_space_follows_megatron_rules() -> None:
     wide, _ = layouts(Space(load_model("gpt-175b"), hw, 128, 64, 2048, Pins(pp=8, mb=1, sp=False, dist_opt=False),
                             allow_cross_node_tp=True))
     assert 16 in {lay.tp for lay in wide}
-    assert {lay.cp for lay in lays} == {1}  # 8k tokens: CP is searched from 16k on (pin it with --cp)
+    assert {lay.cp for lay in lays} >= {1, 2, 4, 8}  # CP at every sequence length (8k tokens too)
+    assert {lay.cp_comm_type for lay in lays if lay.cp > 1} == {"p2p", "all_gather", "a2a"}
     for lay in lays:
         assert lay.tp * lay.cp * lay.pp * lay.dp == 64 and 512 % (lay.dp * lay.mb) == 0
         assert lay.dp * lay.cp > 1 or not lay.dist_opt
         assert lay.tp > 1 or not lay.sp
-        if lay.vpp > 1:
-            assert lay.pp >= 2 and (512 // (lay.dp * lay.mb)) % lay.pp == 0 and 80 % (lay.pp * lay.vpp) == 0
+        if lay.vpp > 1:  # every VPP Megatron runs with a layout: a layer per virtual stage
+            assert lay.pp >= 2 and (512 // (lay.dp * lay.mb)) % lay.pp == 0 and lay.pp * lay.vpp <= 80
+    assert max(lay.vpp for lay in lays if lay.pp == 4) == 20  # beyond the old cap of 4
 
 
-def test_pins_fix_their_dimension_and_stock_needs_an_even_split() -> None:
+def test_pins_fix_their_dimension_and_stock_runs_megatrons_splits() -> None:
+    from lynx.search.splits import chunks
+
     m, hw = load_model("gpt-1.3b"), load_hardware("a100-40g-nvlink")  # 24 layers
     cands, _ = candidates(Space(m, hw, 8, 64, 1024, Pins(tp=2, mb=1, sp=True, dist_opt=False)))
     assert cands and all(c.layout.tp == 2 and c.layout.mb == 1 and c.layout.sp and not c.layout.dist_opt
@@ -108,10 +112,28 @@ def test_pins_fix_their_dimension_and_stock_needs_an_even_split() -> None:
     assert {c.method for c in cands} == {"lynx", *STOCK_METHODS}
     for c in cands:
         assert c.stock == (c.method in STOCK_METHODS)
-        if c.stock:
-            assert 24 % (c.layout.pp * c.layout.vpp) == 0
+        if c.stock:  # a split Megatron-Core builds: whole layers per virtual stage, none empty
+            assert chunks(c.split, 24, c.layout.pp, c.layout.vpp) is not None
+    assert any(c.stock and not c.split.even for c in cands)  # uneven first/last stages are stock too
     full, _ = candidates(Space(m, hw, 8, 64, 1024, Pins(methods=("full",), vpp=1)))
     assert {c.method for c in full} == {"full"}
+
+
+def test_megatron_splits_give_the_published_uneven_layouts() -> None:
+    """126-layer Llama-3.1-405B has stock candidates: Meta's 7 + 14 x 8 + 7 over PP 16 (Megatron's
+    --account-for-embedding/loss-in-pipeline-split gives the same split) and NVIDIA's PP 8 x VPP 8 with both
+    account-for flags (2 layers per virtual stage, 1 on the first and the last)."""
+    from lynx.search.splits import Split, chunks, stock_splits
+
+    meta = {chunks(s, 126, 16, 1) for s in stock_splits(126, 16, 1)}
+    assert (7, *[8] * 14, 7) in meta
+    assert chunks(Split(first=7, last=7), 126, 16, 1) == (7, *[8] * 14, 7)
+    nvidia = chunks(Split(embedding=True, loss=True), 126, 8, 8)
+    assert nvidia is not None and nvidia[0] == 1 and nvidia[-1] == 1 and set(nvidia[1:-1]) == {2}
+    assert Split(embedding=True, loss=True) in stock_splits(126, 8, 8)
+    assert chunks(Split(), 126, 8, 1) is None  # 126 does not divide by 8: Megatron refuses the even split
+    assert chunks(Split(first=7, embedding=True), 126, 16, 1) is None  # Megatron asserts the two exclude
+    assert chunks(Split(first=6), 126, 8, 8) is None  # the first stage's layers must divide by VPP
 
 
 def test_search_prefers_fitting_and_reports_counts() -> None:
@@ -124,19 +146,19 @@ def test_search_prefers_fitting_and_reports_counts() -> None:
 
 
 def test_context_parallel_layouts_follow_megatron_rules() -> None:
-    """CP is searched for long sequences (each rank keeping at least `CP_SEARCH_MIN_TOKENS`), pinned with
-    --cp, and refused with Megatron-Core's reason (flash attention, sequence divisible by 2 x CP)."""
-    from lynx.search.space import CP_SEARCH_MIN_TOKENS
-
+    """CP is searched at every sequence length (every size dividing the cluster, each comm type the heads allow),
+    pinned with --cp / --cp-comm-type, and refused with Megatron-Core's reason (flash attention, sequence divisible
+    by 2 x CP)."""
     hw = load_hardware("h100-80g-nvlink")
     m = load_model("llama3-70b")
-    seq = 8 * CP_SEARCH_MIN_TOKENS
-    lays, _ = layouts(Space(m, hw, 64, 64, seq, Pins(tp=8, vpp=1, mb=1, sp=True, dist_opt=True)))
+    lays, _ = layouts(Space(m, hw, 64, 64, 8192, Pins(tp=8, vpp=1, mb=1, sp=True, dist_opt=True)))
     assert {lay.cp for lay in lays} == {1, 2, 4, 8}
     for lay in lays:
-        assert lay.tp * lay.cp * lay.pp * lay.dp == 64 and seq % (2 * lay.cp) == 0
-    pinned, _ = layouts(Space(m, hw, 64, 512, 8192, Pins(cp=2, tp=4)))
-    assert pinned and {lay.cp for lay in pinned} == {2}
+        assert lay.tp * lay.cp * lay.pp * lay.dp == 64 and 8192 % (2 * lay.cp) == 0
+    # the all-to-all needs whole K/V heads per CP rank: 8 query groups / TP 8 leave one, so no a2a at TP 8
+    assert {lay.cp_comm_type for lay in lays if lay.cp > 1} == {"p2p", "all_gather"}
+    pinned, _ = layouts(Space(m, hw, 64, 512, 8192, Pins(cp=2, tp=4), cp_comm_type="p2p"))
+    assert pinned and {(lay.cp, lay.cp_comm_type) for lay in pinned} == {(2, "p2p")}
     assert all(lay.tp * 2 * lay.pp * lay.dp == 64 for lay in pinned)
     assert all("CP2" in lay.label() for lay in pinned)
     odd, rejected = layouts(Space(m, hw, 64, 512, 8190, Pins(cp=2, tp=4)))  # 8190 % 4 != 0
@@ -155,12 +177,12 @@ def test_a_context_parallel_candidate_is_planned_as_lynx_plan_plans_it() -> None
     space = Space(m, hw, 4, 8, 16384, Pins(cp=2, tp=1, pp=2, vpp=1, mb=1, sp=False, dist_opt=False,
                                            methods=("full",)), cp_comm_type="a2a")
     res = search(space, PlanOptions(), exhaustive=True)
-    (o,) = res.outcomes
+    o = next(o for o in res.outcomes if o.candidate.split.even)  # Megatron's other splits are candidates too
     assert o.fits and o.candidate.layout.cp == 2 and o.candidate.layout.dp == 1
     par = ParallelSpec(tp=1, pp=2, dp=1, cp=2, cp_comm_type="a2a", micro_batch_size=1, global_batch_size=8,
                        seq_length=16384)
-    nodes = -(-4 // hw.devices_per_node)
-    direct = plan(make_problem(m, hw, par, PlanOptions(nodes=nodes)), "full", record=False)
+    nodes = -(-4 // hw.devices_per_node)  # the production overlaps this layout allows: the gradient reduction's
+    direct = plan(make_problem(m, hw, par, PlanOptions(nodes=nodes, overlap_grad_reduce=True)), "full", record=False)
     assert o.iteration_s == direct.sim.iteration_time_s
     assert o.stage_peak_gib == tuple(st.peak_memory_bytes / GiB for st in direct.sim.stages)
 

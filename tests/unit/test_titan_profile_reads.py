@@ -4,7 +4,7 @@
 TitanLayer runs torchtitan's block with the block's own weights and RoPE table, which are not its parameters or
 buffers (it is not the block's parent); `count_saved` used to take them for activations, so every GEMM read
 "its own output" (its weight) and rope kept an 8 MiB side state (the table), and a plan made from the profile
-restored qkv and attn_proj in windows for no backward (docs/benchmarks.md, sections titan3 and titan4)."""
+restored qkv and attn_proj in windows for no backward (decision 0088)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The `lynx` command. Subcommands live in sibling modules and register on `app`; `main` is the one error
-path (docs/decisions.md, "One CLI error path"):
+path (docs/decisions/0042-one-error-path.md):
 
 - usage errors as the CLI library reports them (usage line + one `Error:` line), exit 2;
 - lynx's own errors (LynxError) as one line `lynx: error: ...`, exit 2 (or the error's own code);

@@ -15,7 +15,8 @@ from lynx.errors import SpecError
 from lynx.graph import LayerGraph
 from lynx.models import load_model, model_presets
 from lynx.paths import check_output
-from lynx.problem import PlanOptions, PlanProblem
+from lynx.problem import PlanOptions
+from lynx.request import Request
 from lynx.spec import GiB, ParallelSpec, hardware_presets, load_hardware
 from lynx.validate import POSITIVE, Range, check_option
 
@@ -119,32 +120,54 @@ def parallel_spec(tp: int, pp: int, dp: int, sp: bool, mb: int, gb: int, seq: in
                         cp_a2a_size=cp_a2a_size, ep=ep, etp=etp or 0)
 
 
-def parse_layers(text: str | None) -> tuple[int, ...] | None:
+def parse_layers(text: str | None, pp: int | None = None, vpp: int = 1) -> tuple[int, ...] | None:
+    """--layers-per-stage as lynx prints a partition: `7,8,8,9` (layers per stage), or with --vpp either the
+    interleaved form `3,5|5,3` (each stage's chunks, stages separated by `|`) or PP x VPP entries in model
+    order (Megatron's virtual stages). Returns the layers per (virtual) stage in model order."""
     if text is None:
         return None
+    example = "e.g. 7,8,8,9, or with --vpp 2 the interleaved form 3,4|4,4|4,4|4,4"
     try:
-        return tuple(int(x) for x in text.split(","))
+        groups = [tuple(int(x) for x in g.split(",")) for g in text.split("|")]
     except ValueError:
-        raise SpecError(f"--layers-per-stage {text!r}: expected comma-separated integers, e.g. 7,8,8,9") from None
+        raise SpecError(f"--layers-per-stage {text!r}: expected comma-separated integers, {example}") from None
+    if len(groups) == 1:
+        counts = groups[0]
+        if pp is not None and vpp > 1 and len(counts) == pp:
+            raise SpecError(f"--layers-per-stage {text}: with --vpp {vpp} give each stage's chunks, "
+                            f"{','.join(['a'] * vpp)}|... (as lynx prints an interleaved partition), or "
+                            f"{pp * vpp} virtual stages in model order")
+        return counts
+    sizes = {len(g) for g in groups}
+    if len(sizes) != 1:
+        raise SpecError(f"--layers-per-stage {text}: every stage needs the same number of chunks (--vpp)")
+    chunks = sizes.pop()
+    if pp is not None and (len(groups) != pp or chunks != vpp):
+        raise SpecError(f"--layers-per-stage {text}: {len(groups)} stages x {chunks} chunks; the layout has "
+                        f"--pp {pp} x --vpp {vpp}")
+    return tuple(groups[r][c] for c in range(chunks) for r in range(len(groups)))  # chunk c of rank r: c*pp+r
 
 
-def build_problem(
+def build_request(
     model: str, hardware: str, tp: int, pp: int, dp: int, sp: bool, mb: int, gb: int, seq: int,
     nodes: int | None = None, layers_per_stage: str | None = None, budget_gb: float | None = None,
     bytes_per_param: float | None = None, recompute_num_layers: int | None = None, no_wgrad_overlap: bool = False,
     graph: LayerGraph | None = None, time_limit_s: float = 30.0, cooldown_overlap: bool = True,
     precision: str = "paper", distributed_optimizer: bool = False, busbw_gbps: float | None = None,
     overlap_grad_reduce: bool = False, overlap_param_gather: bool = False, tp_comm_overlap: bool = False,
-    cp: int = 1, cp_comm_type: str = "p2p", hierarchical_cp: str | None = None, ep: int = 1, etp: int | None = None,
-) -> PlanProblem:
-    from lynx.api import make_problem
+    cp: int = 1, cp_comm_type: str = "p2p", hierarchical_cp: str | None = None, vpp: int = 1,
+    method: str = "lynx", ep: int = 1, etp: int | None = None,
+) -> Request:
+    """The request from command-line values, every one checked (one line naming the option on a bad one)."""
+    from lynx.checks import check_inputs
     from lynx.cost.static_memory import parse_precision, recipe_for
 
     check_floats(**{"--budget-gb": (budget_gb, BUDGET_GB), "--bytes-per-param": (bytes_per_param, BYTES_PER_PARAM),
                     "--time-limit": (time_limit_s, POSITIVE), "--busbw": (busbw_gbps, POSITIVE)})
     check_ints(**{"--recompute-num-layers": (recompute_num_layers, POSITIVE), "--nodes": (nodes, POSITIVE),
                   "--tp": (tp, POSITIVE), "--pp": (pp, POSITIVE), "--dp": (dp, POSITIVE), "--cp": (cp, POSITIVE),
-                  "--micro-batch": (mb, POSITIVE), "--global-batch": (gb, POSITIVE), "--seq-len": (seq, POSITIVE)})
+                  "--micro-batch": (mb, POSITIVE), "--global-batch": (gb, POSITIVE), "--seq-len": (seq, POSITIVE),
+                  "--vpp": (vpp, POSITIVE)})
     recipe_for(parse_precision(precision), bytes_per_param)  # one clear line on a bad recipe
     hw = load_hardware(hardware)
     if busbw_gbps is not None:
@@ -159,16 +182,19 @@ def build_problem(
         subtract_wgrad=not no_wgrad_overlap,
         recompute_num_layers=recompute_num_layers,
         nodes=nodes,
-        layers_per_stage=parse_layers(layers_per_stage),
+        layers_per_stage=parse_layers(layers_per_stage, pp, vpp),
         time_limit_s=time_limit_s,
         cooldown_overlap=cooldown_overlap,
         overlap_grad_reduce=overlap_grad_reduce,
         overlap_param_gather=overlap_param_gather,
         tp_comm_overlap=tp_comm_overlap,
+        vpp=vpp,
     )
     par = parallel_spec(tp, pp, dp, sp, mb, gb, seq, cp, cp_comm_type,
                         parse_hierarchical_cp(hierarchical_cp, cp, cp_comm_type), ep, etp)
-    return make_problem(load_model(model), hw, par, opts, graph)
+    m = load_model(model)
+    check_inputs(m, hw, par, opts)
+    return Request(m, hw, par, opts, method, graph=graph)
 
 
 def print_json(obj: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -13,10 +13,13 @@ from rich.table import Table
 from lynx.cli.app import app
 from lynx.cli.common import JsonOpt, console, err_console, print_json
 from lynx.errors import SpecError
-from lynx.export.megatron_args import MegatronRun
+from lynx.export.megatron_args import MegatronCommand, MegatronRun
 from lynx.export.pricing import Figures
 from lynx.problem import PlanOptions
 from lynx.spec import Hardware
+
+if TYPE_CHECKING:
+    from lynx.cli.plan_flags import PlanFlags
 
 export_app = typer.Typer(
     help="Write a plan in a training framework's terms: Megatron-Core arguments and a per-rank plugin, or "
@@ -133,8 +136,8 @@ def derived_dp(dp: int, nodes: int | None, per_node: int, tp: int, pp: int) -> i
         return dp
     world = nodes * per_node
     if world % (tp * pp):
-        raise SpecError(f"--nodes {nodes}: {world} devices are not a multiple of TP {tp} x PP {pp} (Megatron "
-                        "derives DP = world size / (TP x PP)); give --dp")
+        raise SpecError(f"--nodes {nodes}: {world} devices are not a multiple of TP x CP {tp} x PP {pp} (Megatron "
+                        "derives DP = world size / (TP x CP x PP)); give --dp")
     return world // (tp * pp)
 
 
@@ -163,22 +166,58 @@ def budget_warnings(budget_gb: float | None, hw: Hardware) -> list[str]:
             "plans that use it will not fit on the device"]
 
 
-def plan_from_megatron(args: str, hardware: str, dp: int, nodes: int | None, budget_gb: float | None,
+_MEGATRON_FLAG = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
+                  "cp": "--context-parallel-size", "vpp": "virtual pipeline stages", "sp": "--sequence-parallel",
+                  "micro_batch": "--micro-batch-size", "global_batch": "--global-batch-size",
+                  "seq_len": "--seq-length", "cp_comm_type": "--cp-comm-type",
+                  "ep": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size"}
+
+
+def check_megatron_pins(cmd: MegatronCommand, f: PlanFlags) -> None:
+    """lynx's layout options given beside --from-megatron must say what the command line says: a conflict is an
+    error naming both (never one silently taken over the other)."""
+    from lynx.cli.modes import flag
+
+    if "model" in f.typed:
+        raise SpecError(f"--model {f.model} with --from-megatron: the model is the command line's (--num-layers, "
+                        "--hidden-size, ...); drop --model")
+    theirs = {"tp": cmd.tp, "pp": cmd.pp, "cp": cmd.cp, "vpp": cmd.layout.vpp, "sp": cmd.sequence_parallel,
+              "micro_batch": cmd.micro_batch_size, "global_batch": cmd.global_batch_size, "seq_len": cmd.seq_length,
+              "cp_comm_type": cmd.cp_comm_type, "ep": cmd.ep, "etp": cmd.etp or cmd.tp}  # ETP unset: TP
+    for name, value in theirs.items():
+        mine = getattr(f, name)
+        if name in f.typed and mine != value:
+            shown = ("on" if value else "off") if isinstance(value, bool) else value
+            raise SpecError(f"{flag(name)} {('on' if mine else 'off') if isinstance(mine, bool) else mine} conflicts "
+                            f"with --from-megatron's {_MEGATRON_FLAG[name]} {shown}; give the size in one place")
+
+
+def plan_from_megatron_flags(f: PlanFlags) -> None:
+    """`lynx plan --from-megatron "ARGS"` with lynx's own options (which win over the command line's)."""
+    from lynx.export.megatron_args import parse_megatron_args
+
+    cmd = parse_megatron_args(str(f.from_megatron))
+    check_megatron_pins(cmd, f)
+    given = LynxFlags(f.precision, bool(f.distributed_optimizer), f.overlap_grad_reduce, f.overlap_param_gather,
+                      f.tp_comm_overlap)
+    plan_from_megatron(cmd, f.hardware, 1 if f.dp is None else f.dp, f.nodes, f.budget_gb, f.bytes_per_param,
+                       f.as_json, f.out, given)
+
+
+def plan_from_megatron(cmd: MegatronCommand, hardware: str, dp: int, nodes: int | None, budget_gb: float | None,
                        bytes_per_param: float | None, as_json: bool, out: Path | None,
                        lynx: LynxFlags | None = None) -> None:
-    """`lynx plan --from-megatron "ARGS"`: simulate the user's Megatron configuration and lynx's plan for the
-    same model, cluster and batch. `lynx`: lynx's own options, which win over the command line's."""
+    """Simulate the user's Megatron configuration and lynx's plan for the same model, cluster and batch.
+    `lynx`: lynx's own options, which win over the command line's."""
     from dataclasses import replace
 
-    from lynx.export.megatron_args import parse_megatron_args
     from lynx.export.pricing import imported_problem, plan_method, simulate_stock
     from lynx.spec import load_hardware
 
     if budget_gb is not None and budget_gb <= 0:
         raise SpecError(f"--budget-gb must be positive, got {budget_gb}")
-    cmd = parse_megatron_args(args)
     hw = load_hardware(hardware)
-    dp = derived_dp(dp, nodes, hw.devices_per_node, cmd.tp, cmd.pp)
+    dp = derived_dp(dp, nodes, hw.devices_per_node, cmd.tp * cmd.cp, cmd.pp)
     opts = megatron_options(cmd.run, lynx or LynxFlags(), bytes_per_param, nodes, budget_gb)
     problem = imported_problem(cmd.model, cmd.parallel(dp), cmd.layout, hardware, opts)
     for w in budget_warnings(budget_gb, hw):  # after the checks: a NaN has been refused
@@ -200,4 +239,5 @@ def plan_from_megatron(args: str, hardware: str, dp: int, nodes: int | None, bud
     off = "" if cmd.offload is None else (
         f"; offload {' '.join(cmd.offload['offload_modules'])} fraction {cmd.offload['activation_offload_fraction']:g}")
     mine_row = replace(mine, label="your megatron", setting=f"{mine.setting}{off}; layers {cmd.layout.layers}")
-    console.print(figures_table([lynx_row, mine_row], f"Megatron command line on {hardware}, DP {dp}"))
+    fp8 = f"; {cmd.model.fp8.describe()}" if cmd.model.fp8 is not None else ""
+    console.print(figures_table([lynx_row, mine_row], f"Megatron command line on {hardware}, DP {dp}{fp8}"))

@@ -29,15 +29,25 @@ from lynx.cli.common import (
     SeqOpt,
     SpOpt,
     TpOpt,
-    build_problem,
+    build_request,
     console,
     err_console,
     print_json,
 )
+from lynx.cli.fp8 import Fp8FormatOpt, Fp8ParamGatherOpt, Fp8RecipeOpt, fp8_option, with_fp8
+from lynx.errors import SpecError
+
+PLAN_FILE_GIVES = ("model", "hardware", "tp", "pp", "dp", "cp", "cp_comm_type", "hierarchical_cp", "ep", "etp",
+                   "sp", "micro_batch", "global_batch", "seq_len", "nodes", "method", "layers_per_stage", "budget_gb",
+                   "bytes_per_param", "precision", "distributed_optimizer", "busbw", "recompute_num_layers", "vpp",
+                   "fp8_format", "fp8_recipe", "fp8_param_gather")
+"""What a plan file fixes: given with --plan, these would be ignored, so they are refused."""
+
 
 
 @app.command("memory")
 def memory_cmd(
+    ctx: typer.Context,
     model: ModelOpt = "gpt-7b",
     hardware: HardwareOpt = "a100-40g-nvlink",
     tp: TpOpt = 4,
@@ -73,19 +83,29 @@ def memory_cmd(
     plan_file: Annotated[Path | None, typer.Option(
         "--plan", help="Break down a saved plan (`lynx plan --out`, also the --gpus search's winner) instead of "
         "planning from the options.")] = None,
+    fp8_format: Fp8FormatOpt = None,
+    fp8_recipe: Fp8RecipeOpt = None,
+    fp8_param_gather: Fp8ParamGatherOpt = False,
 ) -> None:
     """Per-stage memory: parameters, gradients, optimizer state, activations x in-flight micro-batches,
     forward-window holdings, transient working set, embedding/logits, and the headroom to the budget."""
     from lynx.api import plan as plan_one
     from lynx.breakdown import stage_memories
+    from lynx.cli.modes import flag, given
     from lynx.methods import available_methods
     from lynx.paths import check_output
     from lynx.report.memory import memory_bars, memory_table
 
     check_output(png, "--png", (".png",))
+    fp8 = fp8_option(fp8_format, fp8_recipe, fp8_param_gather)
     if plan_file is not None:
         from lynx.plan import Plan, load_plan
 
+        typed = given(ctx)
+        for name in PLAN_FILE_GIVES:
+            if name in typed:
+                raise SpecError(f"{flag(name)} with --plan: the plan file {plan_file} gives the model, layout and "
+                                f"options; drop {flag(name)}, or drop --plan to break down the options' plan")
         loaded = load_plan(plan_file)
         plan = Plan.evaluate(*loaded, record=False)
         problem = plan.problem
@@ -94,15 +114,12 @@ def memory_cmd(
         cp = par.cp
         distributed_optimizer = problem.options.distributed_optimizer
     else:
-        problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
+        problem = build_request(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
                                 layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
                                 precision=precision, distributed_optimizer=distributed_optimizer,
                                 busbw_gbps=busbw, cp=cp, cp_comm_type=cp_comm_type, hierarchical_cp=hierarchical_cp,
-                                ep=ep, etp=etp)
-        if vpp != 1:
-            from lynx.cli.plan import with_vpp
-
-            problem = with_vpp(problem, vpp)
+                                vpp=vpp, ep=ep, etp=etp).problem()
+        problem = with_fp8(problem, fp8)
         if method == "lynx" and "lynx" not in available_methods():
             method = "full"
         plan = plan_one(problem, method, record=False)
@@ -114,7 +131,8 @@ def memory_cmd(
              f"{' SP' if sp else ''}, "
              f"micro-batch {micro_batch}, {plan.result.method}, partition {plan.result.partition}; "
              f"{recipe.name} {recipe.bytes_per_param(dp * cp, distributed_optimizer):g} B/param"
-             f"{' (distributed optimizer)' if distributed_optimizer else ''}")
+             f"{' (distributed optimizer)' if distributed_optimizer else ''}"
+             + (f"; {problem.model.fp8.describe()}" if problem.model.fp8 is not None else ""))
     if as_json:
         print_json({"title": title, "method": plan.result.method,
                     "partition": list(plan.result.partition.layers_per_stage),

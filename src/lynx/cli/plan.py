@@ -14,30 +14,23 @@ from lynx.cli.common import (
     BusbwOpt,
     BytesPerParamOpt,
     CpCommTypeOpt,
-    CpOpt,
     EtpOpt,
     GbOpt,
     HardwareOpt,
     HierCpOpt,
     JsonOpt,
-    MbOpt,
     ModelOpt,
     NodesOpt,
     SeqOpt,
-    SpOpt,
-    TpOpt,
-    build_problem,
     check_ints,
     check_outputs,
     console,
     err_console,
-    parallel_spec,
-    parse_hierarchical_cp,
     print_json,
 )
+from lynx.cli.fp8 import Fp8FormatOpt, Fp8ParamGatherOpt, Fp8RecipeOpt
 from lynx.errors import SpecError
-from lynx.models import total_params
-from lynx.paths import atomic_path, write_text
+from lynx.paths import atomic_path
 from lynx.spec import GiB
 from lynx.validate import POSITIVE
 
@@ -45,48 +38,13 @@ EXIT_NONE_FITS = 3
 """`lynx plan --compare`: no method gives a plan that fits the budget (documented in README)."""
 
 if TYPE_CHECKING:
+    from lynx.cli.plan_flags import PlanFlags
     from lynx.plan import Plan
     from lynx.problem import PlanProblem, PlanResult
     from lynx.schedule import Schedule
 
 
-def with_megatron_split(problem: PlanProblem, first: int | None, last: int | None, emb: bool,
-                        loss: bool) -> PlanProblem:
-    """Megatron's pipeline-balancing flags: the partition of the stock Megatron rows only
-    (`methods.common.megatron_partition` reads them as Megatron-Core does)."""
-    if first is None and last is None and not emb and not loss:
-        return problem
-    from dataclasses import replace
-
-    from lynx.checks import check_inputs
-
-    opts = replace(problem.options, decoder_first_pipeline_num_layers=first, decoder_last_pipeline_num_layers=last,
-                   account_for_embedding_in_pipeline_split=emb, account_for_loss_in_pipeline_split=loss)
-    check_inputs(problem.model, problem.hardware, problem.parallel, opts)
-    return replace(problem, options=opts)
-
-
 _FUSION_PANEL = "Megatron-Core fusions (docs/costmodel.md)"
-
-
-def _fusions_given(flags: dict[str, Any]) -> list[str]:
-    """The fusion flags that differ from Megatron-Core's defaults, by name."""
-    return [f"{f} {v}" if f == "--transformer-impl" else f for f, v in flags.items()
-            if (v != "transformer_engine" if f == "--transformer-impl" else v)]
-
-
-def with_fusions(problem: PlanProblem, flags: dict[str, Any]) -> PlanProblem:
-    """The problem with the model's fusion fields set from Megatron's flags (`--transformer-impl local` plans
-    Megatron-Core's local attention, which is unfused), its graph rebuilt and its inputs checked again."""
-    from dataclasses import replace
-
-    from lynx.api import make_problem
-    from lynx.export.megatron_fusion import fusion_fields
-
-    fields = fusion_fields(flags, problem.model.activation)
-    if fields["transformer_impl"] == "local":
-        fields["attention"] = "standard"
-    return make_problem(replace(problem.model, **fields), problem.hardware, problem.parallel, problem.options)
 
 
 def with_vpp(problem: PlanProblem, vpp: int) -> PlanProblem:
@@ -96,7 +54,7 @@ def with_vpp(problem: PlanProblem, vpp: int) -> PlanProblem:
     from lynx.api import make_problem
 
     return make_problem(problem.model, problem.hardware, problem.parallel, replace(problem.options, vpp=vpp),
-                        None if problem.heterogeneous else problem.graph)
+                        problem.graph, problem.kind_graphs)
 
 
 def check_schedule_fits(sched: Schedule, problem: PlanProblem, result: PlanResult) -> None:
@@ -187,71 +145,9 @@ def _check_plan_outputs(out: Path | None, gantt: Path | None, memory_png: Path |
                      "--memory-png": (memory_png, PLOT_FORMATS)})
 
 
-def _given(value: int | None, default: int) -> int:
-    """The option's value, or the single layout's default when it was not given (0 stays 0: it is refused
-    by the option checks with its name)."""
-    return default if value is None else value
-
-
-def _search(model: str, hardware: str, gpus: int | None, nodes: int | None, tp: int | None, pp: int | None,
-            dp: int | None, vpp: int | None, sp: bool | None, mb: int | None, dist_opt: bool | None,
-            method: str | None, global_batch: int, seq_len: int, compare: bool, gantt: Path | None,
-            memory_png: Path | None, profile: str | None, cross_node: bool, allow_idle: bool, top: int,
-            as_json: bool, out: Path | None, png: Path | None, knobs: dict[str, Any]) -> None:
-    """`lynx plan --gpus N` (or --nodes K without a full layout): the configuration search."""
-    from lynx.cli.search import SearchArgs, cluster_gpus, derive_dp, run_search
-    from lynx.models import load_model
-    from lynx.spec import load_hardware
-
-    for flag, given in (("--compare", compare), ("--gantt", gantt), ("--memory-png", memory_png),
-                        ("--profile", profile)):
-        if given:
-            raise SpecError(f"{flag} plans one layout; with --gpus / --nodes lynx searches layouts (drop {flag}, "
-                            "or give --tp, --pp and --dp without --gpus)")
-    check_ints(**{"--tp": (tp, POSITIVE), "--pp": (pp, POSITIVE), "--dp": (dp, POSITIVE),
-                  "--micro-batch": (mb, POSITIVE), "--global-batch": (global_batch, POSITIVE),
-                  "--seq-len": (seq_len, POSITIVE), "--nodes": (nodes, POSITIVE)})
-    hw = load_hardware(hardware)
-    total = cluster_gpus(hw, gpus, nodes)
-    assert total is not None
-    where = f"--gpus {gpus}" if gpus is not None else f"--nodes {nodes} x {hw.devices_per_node} per node"
-    cp = knobs.pop("cp")
-    cp_comm_type = knobs.pop("cp_comm_type")
-    offload = knobs.pop("offload")
-    ep, etp = knobs.pop("ep"), knobs.pop("etp")
-    check_ints(**{"--cp": (cp, POSITIVE)})
-    if tp is not None and pp is not None:  # the layout is pinned: CP too (1 unless --cp), DP derived
-        cp = cp or 1
-        dp = derive_dp(tp, pp, dp, total, where, allow_idle, cp)
-        total = tp * cp * pp * dp
-    elif dp is not None:
-        raise SpecError("--dp with --gpus: DP follows from GPUs / (TP x PP); pin --tp and --pp instead")
-    if knobs["overlap_param_gather"]:  # Megatron's rule: it gathers the distributed optimizer's shards
-        if dist_opt is False:
-            raise SpecError("--overlap-param-gather needs --distributed-optimizer")
-        dist_opt = True
-    if knobs["tp_comm_overlap"]:  # TransformerEngine's userbuffers overlap the SP collectives
-        if sp is False:
-            raise SpecError("--tp-comm-overlap needs sequence parallelism (--sp)")
-        sp = True
-    # the shared knobs' problem: MoE with a pinned TP > 1 needs SP (Megatron's rule); the search decides SP itself
-    sp_base = bool(sp) if sp is not None else (tp or 1) > 1 and load_model(model).is_moe
-    problem = build_problem(model, hardware, tp or 1, pp or 1, 1, sp_base, 1, global_batch, seq_len, None, None,
-                            knobs["budget_gb"], knobs["bytes_per_param"], knobs["recompute_num_layers"],
-                            knobs["no_wgrad_overlap"], None, knobs["time_limit"],
-                            cooldown_overlap=knobs["cooldown_overlap"], precision=knobs["precision"] or "paper",
-                            distributed_optimizer=bool(dist_opt), busbw_gbps=None,
-                            overlap_grad_reduce=knobs["overlap_grad_reduce"],
-                            overlap_param_gather=knobs["overlap_param_gather"],
-                            tp_comm_overlap=knobs["tp_comm_overlap"])  # the shared knobs; the layout is searched
-    if knobs["busbw"] is not None:
-        raise SpecError("--busbw is a TP group's measured bandwidth; pin --tp to use it (not with the search)")
-    run_search(SearchArgs(model, hardware, total, global_batch, seq_len, tp, pp, vpp, sp, mb, dist_opt, method,
-                          cross_node, top, as_json, out, png, cp, cp_comm_type, offload, ep, etp), problem.options)
-
-
 @app.command("plan")
 def plan_cmd(
+    ctx: typer.Context,
     model: ModelOpt = "gpt-7b",
     hardware: HardwareOpt = "a100-40g-nvlink",
     tp: Annotated[int | None, typer.Option("--tp", "--tensor-model-parallel-size",
@@ -299,6 +195,10 @@ def plan_cmd(
     top: Annotated[int, typer.Option("--top", help="With --gpus: configurations in the table.")] = 5,
     search_png: Annotated[Path | None, typer.Option(
         "--search-png", help="With --gpus: plot every candidate's time against its peak memory (PNG).")] = None,
+    target: Annotated[str | None, typer.Option(
+        "--target", help="With --gpus: rank by the price on megatron (Megatron-Core with lynx's exported flags and "
+        "plugin), torchtitan, or lynx (lynx's own runtime) [default: megatron] (docs/choosing-a-configuration.md)."
+    )] = None,
     layers_per_stage: Annotated[str | None, typer.Option(help="Explicit partition, e.g. 7,8,8,9.")] = None,
     budget_gb: Annotated[
         float | None, typer.Option(help="Usable memory per GPU in GiB (default: capacity minus reserve).")
@@ -386,110 +286,100 @@ def plan_cmd(
     offload: Annotated[bool | None, typer.Option(
         "--offload/--no-offload", help="With --gpus: also plan every layout with activation offloading (lynx-offload "
         "and Megatron's mc-offload) [default: on when the hardware has a host link].")] = None,
+    fp8_format: Fp8FormatOpt = None,
+    fp8_recipe: Fp8RecipeOpt = None,
+    fp8_param_gather: Fp8ParamGatherOpt = False,
+    no_production_overlaps: Annotated[bool, typer.Option(
+        "--no-production-overlaps", help="With --gpus: do not assume Megatron's production overlaps (grad reduce, "
+        "param gather with the distributed optimizer, TP comm overlap with SP) on every candidate; the overlap flags "
+        "given stay on.")] = False,
 ) -> None:
     """Plan recomputation and partitioning for a model on a cluster, and predict its iteration.
 
     With --compare the exit code is 3 when no method fits the memory budget (the table says so)."""
-    from lynx.methods import available_methods
+    params = {k: v for k, v in locals().items() if k != "ctx"}  # first: the options only
+    from lynx.cli.modes import Mode, check_plan_mode, given
+    from lynx.cli.plan_flags import PlanFlags
 
-    fusion_flags = {"--transformer-impl": transformer_impl, "--no-bias-swiglu-fusion": no_bias_swiglu_fusion,
-                    "--no-bias-gelu-fusion": no_bias_gelu_fusion,
-                    "--no-masked-softmax-fusion": no_masked_softmax_fusion,
-                    "--no-bias-dropout-fusion": no_bias_dropout_fusion, "--no-rope-fusion": no_rope_fusion,
-                    "--no-gradient-accumulation-fusion": no_gradient_accumulation_fusion,
-                    "--cross-entropy-loss-fusion": cross_entropy_loss_fusion}
-    fusions_given = _fusions_given(fusion_flags)
-    if fusions_given and (gpus is not None or (nodes is not None and (tp is None or pp is None))):
-        raise SpecError(f"{fusions_given[0]}: the configuration search (--gpus / --nodes) plans Megatron-Core's "
-                        "defaults (TransformerEngine, fusions on); pin --tp and --pp to plan this flag")
-    if fusions_given and from_megatron is not None:
-        raise SpecError(f"{fusions_given[0]}: with --from-megatron give it inside the Megatron command line")
-    if fusions_given and profile:
-        raise SpecError(f"{fusions_given[0]} with --profile: a profile measured the kernels it ran; the fusion flags "
-                        "change the analytic model only")
+    f = PlanFlags(typed=given(ctx), **params)
+    mode = check_plan_mode(params, f.typed)
     _check_plan_outputs(out, gantt, memory_png)
     check_outputs(**{"--search-png": (search_png, PLOT_FORMATS)})
-    check_ints(**{"--gpus": (gpus, POSITIVE), "--top": (top, POSITIVE), "--vpp": (vpp, POSITIVE)})
-    if gpus is not None or (nodes is not None and (tp is None or pp is None) and from_megatron is None):
-        if cp_comm_type == "a2a+p2p":
-            raise SpecError("--cp-comm-type a2a+p2p with --gpus / --nodes: its hierarchical sizes depend on the "
-                            "CP size; search with p2p, a2a or all_gather, or give the layout with --tp --pp --cp")
-        return _search(model, hardware, gpus, nodes, tp, pp, dp, vpp, sp, micro_batch, distributed_optimizer,
-                       method, global_batch, seq_len, compare, gantt, memory_png, profile, allow_cross_node_tp,
-                       allow_idle_gpus, top, as_json, out, search_png,
-                       dict(budget_gb=budget_gb, bytes_per_param=bytes_per_param, precision=precision,
-                            recompute_num_layers=recompute_num_layers, no_wgrad_overlap=no_wgrad_overlap,
-                            time_limit=time_limit, cooldown_overlap=not no_cooldown_overlap, busbw=busbw,
-                            overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
-                            tp_comm_overlap=tp_comm_overlap, cp=cp, cp_comm_type=cp_comm_type, offload=offload,
-                            ep=ep, etp=etp))
-    if offload is not None:
-        raise SpecError("--offload/--no-offload chooses the search's methods (with --gpus); for one layout use "
-                        "--method lynx-offload or --compare")
-    cp = _given(cp, 1)
-    if nodes is not None and dp is None and tp is not None and pp is not None:
-        from lynx.cli.search import derive_dp
-        from lynx.spec import load_hardware
+    check_ints(**{"--gpus": (gpus, POSITIVE), "--top": (top, POSITIVE), "--vpp": (vpp, POSITIVE),
+                  "--nodes": (nodes, POSITIVE)})
+    if f.fusions_given() and profile:
+        raise SpecError(f"{f.fusions_given()[0]} with --profile: a profile measured the kernels it ran; the fusion "
+                        "flags change the analytic model only")
+    if mode is Mode.SEARCH:
+        from lynx.cli.search import search_cmd
 
-        per_node = load_hardware(hardware).devices_per_node
-        if tp * cp * pp <= nodes * per_node:  # else the layout check says how many nodes it needs
-            dp = derive_dp(tp, pp, None, nodes * per_node, f"--nodes {nodes} x {per_node} per node",
-                           allow_idle_gpus, cp)  # TP x CP ranks per pipeline stage
-    if from_megatron is not None:  # the import path lives in lynx.cli.export
-        from lynx.cli.export import LynxFlags, plan_from_megatron
+        return search_cmd(f)
+    if mode is Mode.MEGATRON:
+        from lynx.cli.export import plan_from_megatron_flags
 
-        given = LynxFlags(precision, bool(distributed_optimizer), overlap_grad_reduce, overlap_param_gather,
-                          tp_comm_overlap)
-        return plan_from_megatron(from_megatron, hardware, _given(dp, 1), nodes, budget_gb, bytes_per_param,
-                                  as_json, out, given)
-    tp, pp, dp = _given(tp, 4), _given(pp, 4), _given(dp, 1)  # the single layout's defaults
-    sp, micro_batch, vpp = bool(sp), _given(micro_batch, 8), _given(vpp, 1)
-    method, distributed_optimizer = method or "lynx", bool(distributed_optimizer)
-    graph = _load_profile_graph(profile, db) if profile else None
-    problem = build_problem(model, hardware, tp, pp, dp, sp, micro_batch, global_batch, seq_len, nodes,
-                            layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
-                            no_wgrad_overlap, graph, time_limit, cooldown_overlap=not no_cooldown_overlap,
-                            precision=precision or "paper", distributed_optimizer=distributed_optimizer,
-                            busbw_gbps=busbw,
-                            overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
-                            tp_comm_overlap=tp_comm_overlap, cp=cp, cp_comm_type=cp_comm_type,
-                            hierarchical_cp=hierarchical_cp, ep=_given(ep, 1), etp=etp)
-    if fusions_given:
-        problem = with_fusions(problem, fusion_flags)
+        return plan_from_megatron_flags(f)
+    _plan_layout(f)
+
+
+def _layout_dp(f: PlanFlags, tp: int, pp: int, cp: int) -> int:
+    """--dp, else 1, else with --nodes GPUs / (TP x CP x PP) (idle GPUs refused unless --allow-idle-gpus)."""
+    if f.nodes is None or f.dp is not None:
+        return 1 if f.dp is None else f.dp
+    from lynx.cli.search import cluster_gpus, derive_dp
+    from lynx.spec import load_hardware
+
+    hw = load_hardware(f.hardware)
+    per_node = hw.devices_per_node
+    cluster_gpus(hw, None, f.nodes)  # a count beyond any cluster: one line naming --nodes
+    if tp * cp * pp > f.nodes * per_node:  # the layout check says how many nodes it needs
+        return 1
+    return derive_dp(tp, pp, None, f.nodes * per_node, f"--nodes {f.nodes} x {per_node} per node",
+                     f.allow_idle_gpus, cp)  # TP x CP ranks per pipeline stage
+
+
+def _plan_layout(f: PlanFlags) -> None:
+    """`lynx plan` of one layout: one method, or every method side by side (--compare)."""
     from lynx.cli.export import budget_warnings
+    from lynx.cli.plan_flags import single_request
+    from lynx.methods import available_methods
 
-    for w in budget_warnings(budget_gb, problem.hardware):  # after the checks: a NaN has been refused
+    check_ints(**{"--tp": (f.tp, POSITIVE), "--pp": (f.pp, POSITIVE), "--cp": (f.cp, POSITIVE)})
+    tp, pp, cp = f.tp or 4, f.pp or 4, f.cp or 1  # the single layout's defaults (0 was refused above)
+    req = single_request(f, tp, pp, _layout_dp(f, tp, pp, cp), cp)
+    if f.profile:
+        from dataclasses import replace
+
+        req = replace(req, graph=_load_profile_graph(f.profile, f.db))
+    problem = req.problem()
+    for w in budget_warnings(f.budget_gb, problem.hardware):  # after the checks: a NaN has been refused
         err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
-    if vpp != 1:
-        problem = with_vpp(problem, vpp)
-    problem = with_megatron_split(problem, decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers,
-                                  account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split)
+    graph = req.graph
     if graph is not None and graph.meta.device and graph.meta.device != problem.hardware.device.name:
         err_console.print(
-            f"[yellow]warning:[/yellow] profile {profile} was measured on {graph.meta.device!r} "
+            f"[yellow]warning:[/yellow] profile {f.profile} was measured on {graph.meta.device!r} "
             f"({graph.meta.dtype}); planning for {problem.hardware.device.name} memory with its times and sizes"
         )
-    none_fits = False
-    if method == "lynx" and "lynx" not in available_methods():
-        method = "full"
-    vpp_text = f" VPP {vpp}" if vpp > 1 else ""
-    kind = problem.parallel.cp_comm_type
+    method = req.method if req.method != "lynx" or "lynx" in available_methods() else "full"
+    par, vpp = problem.parallel, problem.options.vpp
+    kind = par.cp_comm_type
     cp_text = f" CP {cp}" + (f" ({kind})" if kind != "p2p" else "") if cp > 1 else ""
-    par_ = problem.parallel
-    cp_text += f" EP {par_.ep}" + (f" ETP {par_.expert_tp}" if par_.expert_tp != tp else "") if par_.ep > 1 else ""
-    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp}{cp_text} PP {pp}{vpp_text} DP {dp}"
-             f"{' SP' if sp else ''}, micro-batch {micro_batch}, global batch {global_batch}, seq {seq_len}, "
-             f"{problem.parallel.num_microbatches} micro-batches" + (f"; {' '.join(fusions_given)}" if fusions_given
-                                                                      else ""))
-    if compare:
-        plan, none_fits = _compare(problem, method, title, as_json, gantt is not None or memory_png is not None)
+    fusions = f.fusions_given()
+    ep_text = f" EP {par.ep}" + (f" ETP {par.expert_tp}" if par.expert_tp != tp else "") if par.ep > 1 else ""
+    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp}{cp_text}{ep_text} PP {pp}"
+             f"{f' VPP {vpp}' if vpp > 1 else ''} DP {par.dp}{' SP' if par.sequence_parallel else ''}, micro-batch "
+             f"{par.micro_batch_size}, global batch {par.global_batch_size}, seq {par.seq_length}, "
+             f"{par.num_microbatches} micro-batches" + (f"; {' '.join(fusions)}" if fusions else "")
+             + (f"; {problem.model.fp8.describe()}" if problem.model.fp8 is not None else ""))
+    none_fits = False
+    if f.compare:
+        plan, none_fits = _compare(problem, method, title, f.as_json, f.gantt is not None or f.memory_png is not None)
     else:
-        plan = _single(problem, method, title, as_json)
+        plan = _single(problem, method, title, f.as_json)
     if plan is not None:
-        if out is not None:
-            plan.save(out)
-            err_console.print(f"wrote {out}")
-        _emit_plots(plan, gantt, memory_png)
+        if f.out is not None:
+            plan.save(f.out)
+            err_console.print(f"wrote {f.out}")
+        _emit_plots(plan, f.gantt, f.memory_png)
     if none_fits:
         raise typer.Exit(EXIT_NONE_FITS)
 
@@ -526,76 +416,5 @@ def simulate_cmd(
     _emit_plots(plan, gantt, memory_png)
 
 
-@app.command("graph")
-def graph_cmd(
-    model: ModelOpt = "gpt-7b",
-    hardware: HardwareOpt = "a100-40g-nvlink",
-    tp: TpOpt = 1,
-    cp: CpOpt = 1,
-    cp_comm_type: CpCommTypeOpt = "p2p",
-    hierarchical_cp: HierCpOpt = None,
-    sp: SpOpt = False,
-    micro_batch: MbOpt = 1,
-    seq_len: SeqOpt = 1024,
-    as_json: JsonOpt = False,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the graph JSON to a file.")] = None,
-) -> None:
-    """Print the op graph of one transformer layer (the analytic cost model)."""
-    from lynx.cost.layer import build_layer_graph
-    from lynx.models import load_model, validate_layout
-    from lynx.report.tables import graph_table
-    from lynx.report.windows import windows_table
-    from lynx.spec import load_hardware
-
-    check_outputs(**{"--out": (out, JSON_FORMATS)})
-    check_ints(**{"--tp": (tp, POSITIVE), "--cp": (cp, POSITIVE), "--micro-batch": (micro_batch, POSITIVE),
-                  "--seq-len": (seq_len, POSITIVE)})
-    m, hw = load_model(model), load_hardware(hardware)
-    par = parallel_spec(tp, 1, 1, sp, micro_batch, micro_batch, seq_len, cp, cp_comm_type,
-                        parse_hierarchical_cp(hierarchical_cp, cp, cp_comm_type))
-    validate_layout(m, hw, par, nodes=max(1, -(-tp * cp // hw.devices_per_node)))
-    g = build_layer_graph(m, hw, par)
-    if out is not None:
-        write_text(out, g.to_json(), "--out")
-        err_console.print(f"wrote {out}")
-    if as_json:
-        print_json(g.to_dict())
-    elif out is None:
-        console.print(graph_table(g))
-        console.print(windows_table(g))  # where Lynx-HEU can hide recomputation, CP's exchange included
-
-
-@app.command("methods")
-def methods_cmd(as_json: JsonOpt = False) -> None:
-    """List the planning methods."""
-    from lynx.methods import available_methods, get_method
-
-    rows = [get_method(n) for n in available_methods()]
-    if as_json:
-        print_json([{"method": m.name, "description": m.description, "in_compare": m.in_compare} for m in rows])
-        return
-    for m in rows:
-        console.print(f"[bold]{m.name:12s}[/bold] {m.description}")
-
-
-@app.command("presets")
-def presets_cmd(as_json: JsonOpt = False) -> None:
-    """List the built-in model and hardware presets."""
-    from lynx.models import load_model, model_presets
-    from lynx.spec import hardware_presets, load_hardware
-
-    models = {n: load_model(n) for n in model_presets()}
-    hws = {n: load_hardware(n) for n in hardware_presets()}
-    if as_json:
-        print_json({"models": {n: {"family": m.family, "layers": m.num_layers, "hidden": m.hidden_size,
-                                   "heads": m.num_attention_heads, "query_groups": m.num_query_groups,
-                                   "params": total_params(m)} for n, m in models.items()},
-                    "hardware": {n: {"device": h.device.name, "devices_per_node": h.devices_per_node,
-                                     "max_nodes": h.max_nodes} for n, h in hws.items()}})
-        return
-    for n, m in models.items():
-        gqa = f" ({m.num_query_groups} K/V)" if m.num_query_groups != m.num_attention_heads else ""
-        console.print(f"model    [bold]{n:13s}[/bold] {m.family:5s} {m.num_layers} layers, hidden {m.hidden_size}, "
-                      f"{m.num_attention_heads} heads{gqa}, {total_params(m) / 1e9:.2f}B parameters")
-    for n, h in hws.items():
-        console.print(f"hardware [bold]{n:16s}[/bold] {h.max_nodes} nodes x {h.devices_per_node} {h.device.name}")
+# graph, methods and presets register after plan and simulate (the help lists commands in that order)
+from lynx.cli import catalog as _catalog  # noqa: E402,F401

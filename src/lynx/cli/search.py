@@ -11,15 +11,24 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from lynx.cli.common import console, err_console, print_json
+from lynx.cli.common import check_ints, console, err_console, print_json
 from lynx.errors import SpecError
-from lynx.models import load_model
-from lynx.problem import PlanOptions
+from lynx.request import DEFAULT_TARGET, Request, Target, parse_target
 from lynx.spec import CpCommType, Hardware, load_hardware
+from lynx.validate import POSITIVE
 
 if TYPE_CHECKING:
+    from lynx.cli.plan_flags import PlanFlags
     from lynx.search import SearchResult
     from lynx.search.run import Progress
+    from lynx.search.space import Rejected
+
+MAX_GLOBAL_BATCH = 1 << 24
+"""Samples per iteration the search takes: 16.7M sequences (Llama 3 405B trained with 16M tokens, 2,048
+sequences of 8k); beyond it a typo, refused before its divisors are enumerated per layout."""
+MAX_GPUS = 1 << 20
+"""The largest cluster the search takes (--gpus, --nodes x GPUs per node): 1,048,576 GPUs, 10x the largest
+published training cluster; a count beyond it is a typo, refused in one line instead of enumerated."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +53,13 @@ class SearchArgs:
     out: Path | None
     png: Path | None
     cp: int | None = None
-    cp_comm_type: CpCommType = "p2p"
+    cp_comm_type: CpCommType | None = None
+    """--cp-comm-type when given (honoured for every candidate); None: the search tries each."""
     offload: bool | None = None
     """--offload/--no-offload (None: on when the hardware has a host link)."""
+    target: Target = DEFAULT_TARGET
+    production_overlaps: bool = True
+    """Megatron's production overlaps on every candidate (off: --no-production-overlaps)."""
     ep: int | None = None
     """--ep pinned (None: searched for MoE models, `search.experts`)."""
     etp: int | None = None
@@ -56,9 +69,11 @@ def cluster_gpus(hw: Hardware, gpus: int | None, nodes: int | None) -> int | Non
     """GPUs of the cluster the user named (--gpus, else --nodes x the hardware's GPUs per node)."""
     if gpus is not None and nodes is not None and gpus > nodes * hw.devices_per_node:
         raise SpecError(f"--gpus {gpus} exceeds --nodes {nodes} x {hw.devices_per_node} GPUs per node")
-    if gpus is not None:
-        return gpus
-    return None if nodes is None else nodes * hw.devices_per_node
+    total = gpus if gpus is not None else (None if nodes is None else nodes * hw.devices_per_node)
+    if total is not None and total > MAX_GPUS:
+        what = f"--gpus {gpus}" if gpus is not None else f"--nodes {nodes} x {hw.devices_per_node} GPUs per node"
+        raise SpecError(f"{what} = {total:,} GPUs; the search takes up to {MAX_GPUS:,}")
+    return total
 
 
 def derive_dp(tp: int, pp: int, dp: int | None, total: int, where: str, allow_idle: bool, cp: int = 1) -> int:
@@ -79,40 +94,95 @@ def derive_dp(tp: int, pp: int, dp: int | None, total: int, where: str, allow_id
     return dp
 
 
-def run_search(a: SearchArgs, base: PlanOptions) -> None:
-    from lynx.search import Pins, Space, search
-    from lynx.search.report import explain, result_dict, scatter_png, search_table
-    from lynx.search.space import candidates
+def search_cmd(f: PlanFlags) -> None:
+    """`lynx plan --gpus N` (or --nodes K without a full layout): the request every candidate shares, the pins,
+    then the search."""
+    from lynx.cli.plan_flags import search_request
+    from lynx.export.targets import check_target
+    from lynx.models import load_model
 
+    check_ints(**{"--tp": (f.tp, POSITIVE), "--pp": (f.pp, POSITIVE), "--dp": (f.dp, POSITIVE),
+                  "--cp": (f.cp, POSITIVE), "--micro-batch": (f.micro_batch, POSITIVE),
+                  "--global-batch": (f.global_batch, POSITIVE), "--seq-len": (f.seq_len, POSITIVE)})
+    if f.cp_comm_type == "a2a+p2p":
+        raise SpecError("--cp-comm-type a2a+p2p with --gpus / --nodes: its hierarchical sizes depend on the CP size; "
+                        "search with p2p, a2a or all_gather, or give the layout with --tp --pp --cp")
+    if f.global_batch > MAX_GLOBAL_BATCH:
+        raise SpecError(f"--global-batch {f.global_batch:,}: the search takes up to {MAX_GLOBAL_BATCH:,} samples")
+    target = parse_target(f.target) if f.target is not None else DEFAULT_TARGET
+    check_target(load_model(f.model), target, f.cp)  # before the request's checks warn about anything
+    hw = load_hardware(f.hardware)
+    total = cluster_gpus(hw, f.gpus, f.nodes)
+    assert total is not None
+    where = f"--gpus {f.gpus}" if f.gpus is not None else f"--nodes {f.nodes} x {hw.devices_per_node} per node"
+    tp, pp, cp, dp = f.tp, f.pp, f.cp, f.dp
+    bad = [f"{flag} {size} does not divide the {total} GPUs"
+           for flag, size in (("--tp", tp), ("--cp", cp), ("--pp", pp)) if size is not None and total % size]
+    if bad:  # the pin to change, named before any other rule
+        raise SpecError(f"{where}: no layout satisfies the pinned options ({'; '.join(bad)})")
+    if tp is not None and pp is not None:  # the layout is pinned: CP too (1 unless --cp), DP derived
+        cp = cp or 1
+        dp = derive_dp(tp, pp, dp, total, where, f.allow_idle_gpus, cp)
+        total = tp * cp * pp * dp
+    elif dp is not None:
+        raise SpecError("--dp with --gpus: DP follows from GPUs / (TP x CP x PP); pin --tp and --pp instead")
+    sp, dist_opt = f.sp, f.distributed_optimizer
+    if f.overlap_param_gather:  # Megatron's rule: it gathers the distributed optimizer's shards
+        if dist_opt is False:
+            raise SpecError("--overlap-param-gather needs --distributed-optimizer")
+        dist_opt = True
+    if f.tp_comm_overlap:  # TransformerEngine's userbuffers overlap the SP collectives
+        if sp is False:
+            raise SpecError("--tp-comm-overlap needs sequence parallelism (--sp)")
+        sp = True
+    # the shared request: MoE with a pinned TP > 1 needs SP (Megatron's rule); the search decides SP per candidate
+    sp_base = bool(sp) if sp is not None else (tp or 1) > 1 and load_model(f.model).is_moe
+    check_ints(**{"--ep": (f.ep, POSITIVE), "--etp": (f.etp, POSITIVE)})
+    req = search_request(f, total, hw.devices_per_node, sp_base, bool(dist_opt))
+    run_search(SearchArgs(f.model, f.hardware, total, f.global_batch, f.seq_len, tp, pp, f.vpp, sp, f.micro_batch,
+                          dist_opt, f.method, f.allow_cross_node_tp, f.top, f.as_json, f.out, f.search_png, cp,
+                          req.parallel.cp_comm_type if "cp_comm_type" in f.typed else None, f.offload, target,
+                          not f.no_production_overlaps, f.ep, f.etp), req)
+
+
+def run_search(a: SearchArgs, base: Request) -> None:
+    """Search the space `a` pins with every candidate priced from `base` (its model, hardware and options)."""
+    from lynx.export.targets import check_target
+    from lynx.search import Pins, Space, search
+    from lynx.search.plot import scatter_png
+    from lynx.search.report import explain, result_dict, search_table
+    from lynx.search.space import OFFLOAD_METHODS, candidates
+    from lynx.search.targets import rank_for_target
+
+    check_target(base.model, a.target, a.cp)
+    hw = base.hardware
     if a.method is not None:
         from lynx.methods import get_method
 
         get_method(a.method)  # one clear line for an unknown name
-    hw = load_hardware(a.hardware)
     has_link = hw.host() is not None
-    if a.offload and not has_link:
-        raise SpecError(f"--offload: hardware {hw.name!r} has no host link; give host_link (d2h_Bps, h2d_Bps, ...) "
-                        "in the hardware file, or drop --offload")
+    if (a.offload or a.method in OFFLOAD_METHODS) and not has_link:
+        what = "--offload" if a.offload else f"--method {a.method}"
+        raise SpecError(f"{what}: hardware {hw.name!r} has no host link to offload activations over; give host_link "
+                        "(d2h_Bps, h2d_Bps, ...) in the hardware file, or plan without offloading")
     if a.offload is not None and a.method is not None:
         raise SpecError("--offload/--no-offload adds the offloading methods to the search's; with --method the "
                         "search plans that method only (use --method lynx-offload)")
-    space = Space(load_model(a.model), hw, a.gpus, a.global_batch, a.seq_len,
+    space = Space(base.model, hw, a.gpus, a.global_batch, a.seq_len,
                   Pins(tp=a.tp, pp=a.pp, vpp=a.vpp, sp=a.sp, mb=a.mb, dist_opt=a.dist_opt, cp=a.cp,
                        ep=a.ep, etp=a.etp, methods=None if a.method is None else (a.method,)),
-                  a.allow_cross_node_tp, a.cp_comm_type, has_link if a.offload is None else a.offload)
+                  a.allow_cross_node_tp, a.cp_comm_type,
+                  has_link if a.offload is None else a.offload, a.production_overlaps)
     cands, rejected = candidates(space)
     if not cands:  # nothing to search: say which rule the pins break, before any work
-        pinned = [f"{flag} {size} does not divide the {a.gpus} GPUs"
-                  for flag, size in (("--tp", a.tp), ("--cp", a.cp), ("--pp", a.pp))
-                  if size is not None and a.gpus % size]  # the pin to change, named first
-        why = "; ".join(pinned or dict.fromkeys(r.reason for r in rejected[:4])) or (
-            "TP x PP must divide the GPUs and PP must not exceed the layers")
-        raise SpecError(f"--gpus {a.gpus}: no layout satisfies the pinned options ({why})")
-    res = _with_progress(lambda cb: search(space, base, top=a.top, progress=cb))
+        raise SpecError(f"--gpus {a.gpus}: no layout satisfies the pinned options ({no_layout_reason(a, rejected)})")
+    res = _with_progress(lambda cb: search(space, base.options, top=a.top, progress=cb))
+    res = rank_for_target(res, a.target, a.top)
     if a.as_json:
-        print_json(result_dict(res))
+        print_json(result_dict(res) | {"target": a.target.value})
     else:
         console.print(search_table(res, a.top))
+        console.print(f"Priced for {a.target.value} (--target): {TARGET_TEXT[a.target]}.", soft_wrap=True)
         for line in explain(res):
             console.print(line, soft_wrap=True)
     if a.png is not None and res.considered:
@@ -132,8 +202,40 @@ def run_search(a: SearchArgs, base: PlanOptions) -> None:
         err_console.print(f"wrote {a.out}")
 
 
+TARGET_TEXT = {
+    Target.MEGATRON: "the table's top rows are what Megatron-Core runs of `lynx export megatron` (its flags, and "
+    "lynx's plugin where the method column says so)",
+    Target.TORCHTITAN: "the table's top rows are what torchtitan runs of `lynx export torchtitan` (its eager kernels "
+    "and FSDP, lynx's engine or AC module)",
+    Target.LYNX: "lynx's own runtime (`lynx train`) runs the lynx rows; stock rows run on Megatron-Core as they are",
+}
+
+
+def no_layout_reason(a: SearchArgs, rejected: list[Rejected]) -> str:
+    """Why no candidate is left, the real cause first: a pin that does not divide the GPUs, else the reasons of
+    the combinations that got furthest (a batch that does not divide the DP a layout gives comes after the TP
+    and PP that allowed that layout, so it is named before the TP sizes the heads refuse)."""
+    pinned = [f"{flag} {size} does not divide the {a.gpus} GPUs"
+              for flag, size in (("--tp", a.tp), ("--cp", a.cp), ("--pp", a.pp))
+              if size is not None and a.gpus % size]
+    if pinned:
+        return "; ".join(pinned)
+    if not rejected:
+        return "TP x PP must divide the GPUs and PP must not exceed the layers"
+    depth = max(len(r.what.split()) for r in rejected)
+    deepest = [r for r in rejected if len(r.what.split()) == depth]
+    reasons = list(dict.fromkeys(f"{r.what}: {r.reason}" for r in deepest))
+    more = f"; and {len(reasons) - 3} more like these" if len(reasons) > 3 else ""
+    return "; ".join(reasons[:3]) + more
+PLAIN_EVERY_S = 5.0
+"""Seconds between the plain progress lines written when stderr is not a terminal."""
+
+
 def _with_progress(run: Callable[[Progress], SearchResult]) -> SearchResult:
-    """A rich progress bar on stderr while the search runs (transient: gone once it is done)."""
+    """A rich progress bar on stderr while the search runs (transient: gone once it is done); when stderr is not
+    a terminal, a plain line (no escape codes) every few seconds and one at the end."""
+    if not err_console.is_terminal:
+        return run(_plain_progress())
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
     from rich.progress import Progress as Bar
 
@@ -146,3 +248,19 @@ def _with_progress(run: Callable[[Progress], SearchResult]) -> SearchResult:
                 bar.update(task, completed=done, total=total, description=what)
 
         return run(cb)
+
+
+def _plain_progress() -> Progress:
+    import sys
+    import time
+
+    t0, last = time.perf_counter(), [-PLAIN_EVERY_S]
+
+    def cb(done: int, total: int, what: str) -> None:
+        now = time.perf_counter() - t0
+        if now - last[0] >= PLAIN_EVERY_S or done == total:
+            last[0] = now
+            sys.stderr.write(f"lynx: searching: {done}/{total} candidates decided, {now:.0f} s ({what})\n")
+            sys.stderr.flush()
+
+    return cb

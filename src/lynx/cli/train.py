@@ -11,14 +11,17 @@ from lynx.cli.app import app
 from lynx.errors import SpecError
 
 
-def _refuse_context_parallel(plan: Path) -> None:
-    """The runtime builds TP x PP x DP layers; a plan with context parallelism is for planning and export."""
-    import json
+def check_trainable(plan: Path) -> None:
+    """The plan file read and validated against its hardware before torch is imported (`lynx.plan.load_plan`:
+    one line naming the file and field), and refused when the runtime cannot run it: it builds TP x PP x DP
+    layers, so a plan with context parallelism is for planning and export."""
+    from lynx.plan import load_plan
 
-    try:
-        cp = json.loads(plan.read_text())["parallel"].get("cp", 1)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return  # the runtime's own reader names what is wrong with the file
+    problem, _ = load_plan(plan)
+    if problem.model.fp8 is not None:
+        raise SpecError(f"{plan}: the plan prices FP8 linear layers (TransformerEngine on an FP8 GPU); lynx train runs "
+                        "16-bit layers only (export it: lynx export megatron)")
+    cp = problem.parallel.cp
     if cp != 1:
         raise SpecError(f"{plan}: the plan uses context parallelism (cp {cp}); lynx train runs TP x PP x DP only "
                         "(plan and export it: lynx export megatron|torchtitan)")
@@ -65,7 +68,9 @@ def train_cmd(
     if precision not in ("fp32", "megatron-bf16"):
         raise SpecError(f"--precision {precision!r}: expected fp32 or megatron-bf16 (megatron-fp16 needs loss "
                         f"scaling, which lynx train does not implement)")
-    _refuse_context_parallel(plan)
+    if compare_trace and trace is None:
+        raise SpecError("--compare-trace needs --trace FILE (the measured timeline to compare)")
+    check_trainable(plan)
     from lynx.runtime.config import Backend, Device, Dtype, Precision
     from lynx.runtime.train import TrainConfig, launch  # lynx.runtime quiets torch's C++ logs before torch loads
 

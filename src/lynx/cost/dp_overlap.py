@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lynx.cost.collectives import allreduce_time, gather_time
+from lynx.cost.fp8_memory import gathered_param_bytes
 from lynx.cost.static_memory import Recipe, stage_params
 from lynx.spec import LinkSpec, ModelSpec, ParallelSpec
 
@@ -69,16 +70,18 @@ def dp_sync(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int, re
     """The stage's gradient reduction and parameter gather (totals as one ring collective each, the way
     `static_memory.dp_sync_time` has always priced them) and one bucket's share of each (what no overlap can
     hide: the last gradient bucket, the first parameter bucket)."""
-    n = stage_params(model, par, stage, num_layers).total
+    sp = stage_params(model, par, stage, num_layers)
+    n = sp.total
     g = par.dp_cp  # gradients are reduced over DP x CP (Megatron-Core's data-parallel group with CP)
     if g <= 1 or n <= 0:
         return DpSync(0.0, 0.0, 0.0, 0.0)
     per = min(n, bucket_params(par, bucket_size))
-    if distributed_optimizer:
+    if distributed_optimizer:  # with --fp8-param-gather the layers' GEMM weights are gathered in FP8
+        pb = gathered_param_bytes(model, par, n, sp.layers, recipe.param_bytes) / n
         return DpSync(gather_time(n * recipe.grad_bytes, g, link),
                       gather_time(per * recipe.grad_bytes, g, link),
-                      gather_time(n * recipe.param_bytes, g, link),
-                      gather_time(per * recipe.param_bytes, g, link))
+                      gather_time(n * pb, g, link),
+                      gather_time(per * pb, g, link))
     return DpSync(allreduce_time(n * recipe.grad_bytes, g, link),
                   allreduce_time(per * recipe.grad_bytes, g, link), 0.0, 0.0)
 
@@ -100,10 +103,11 @@ def dp_sync_chunks(model: ModelSpec, par: ParallelSpec, stage: int, chunk_layers
             continue
         per = min(n, bucket_params(par, bucket_size))
         if distributed_optimizer:
+            pb = gathered_param_bytes(model, par, n, n_layers * per_layer, recipe.param_bytes) / n
             out.append(DpSync(gather_time(n * recipe.grad_bytes, g, link),
                               gather_time(per * recipe.grad_bytes, g, link),
-                              gather_time(n * recipe.param_bytes, g, link),
-                              gather_time(per * recipe.param_bytes, g, link)))
+                              gather_time(n * pb, g, link),
+                              gather_time(per * pb, g, link)))
         else:
             out.append(DpSync(allreduce_time(n * recipe.grad_bytes, g, link),
                               allreduce_time(per * recipe.grad_bytes, g, link), 0.0, 0.0))

@@ -19,6 +19,7 @@ Sources for the shapes of the curves (the scales are fitted, see `presets/hardwa
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from lynx.spec import DeviceSpec
@@ -55,6 +56,14 @@ class KernelCurves:
         if device.flash_fwd_efficiency is not None:  # a calibrated matmul scale moves attention with it
             fwd, bwd = min(1.0, fwd * scale), min(1.0, bwd * scale)
         return KernelCurves(mm, device.gemm_half_dim, fwd, bwd)
+
+    @staticmethod
+    def fp8_of(device: DeviceSpec, matmul: float | None = None) -> KernelCurves:
+        """The FP8 GEMM curve: the device's FP8 asymptote (`fp8_matmul_efficiency`, else its 16-bit one) on the
+        same shape scale, moved by a calibrated 16-bit efficiency (`matmul`) in the same proportion."""
+        base = KernelCurves.of(device, matmul)
+        fp8 = device.fp8_matmul_efficiency or device.matmul_efficiency
+        return dataclasses.replace(base, matmul=min(1.0, fp8 * base.matmul / device.matmul_efficiency))
 
     def gemm(self, m: float, k: float, n: float) -> float:
         """Efficiency of one [m, k] @ [k, n] GEMM (its backward GEMMs have the same three dimensions)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from lynx.cost.collectives import allreduce_time, gather_time, p2p_time
+from lynx.cost.fp8 import apply_fp8
 from lynx.cost.kernels import KernelCurves
 from lynx.cost.moe import EXPERT_COLLECTIVES, price_expert_comm
 from lynx.cost.tp_overlap import apply_tp_comm_overlap
@@ -51,11 +52,13 @@ class _Pricer:
         self.hw, self.par, self.cp = hw, par, cp
         self.tp_link = hw.link_for_group(par.tp, 1)
         self.curves = KernelCurves.of(hw.device, cp.matmul_efficiency)
+        self.fp8_curves = KernelCurves.fp8_of(hw.device, cp.matmul_efficiency)
 
-    def _compute_time(self, flops: float, nbytes: float, eff: float | None = None, kernels: float = 1.0) -> float:
+    def _compute_time(self, flops: float, nbytes: float, eff: float | None = None, kernels: float = 1.0,
+                      peak: float | None = None) -> float:
         d = self.hw.device
         return kernels * self.cp.kernel_overhead_s + max(
-            flops / (d.peak_flops * (self.cp.matmul_efficiency if eff is None else eff)),
+            flops / ((peak or d.peak_flops) * (self.cp.matmul_efficiency if eff is None else eff)),
             nbytes / (d.memory_bandwidth_Bps * self.cp.memory_efficiency),
         )
 
@@ -71,6 +74,10 @@ class _Pricer:
             bwd = self._compute_time(o.bwd_factor * o.flops, o.bwd_factor * o.mem_bytes,
                                      self.curves.flash(s, d, backward=True))
             return fwd, bwd
+        if o.fp8 and o.gemm_mnk is not None:  # FP8 tensor cores: their own peak and curve (`lynx.cost.fp8`)
+            fwd = self._compute_time(o.flops, o.mem_bytes, self.fp8_curves.gemm(*o.gemm_mnk), o.kernels,
+                                     self.hw.device.fp8_peak_flops)
+            return fwd, o.bwd_factor * fwd
         eff = self.curves.gemm(*o.gemm_mnk) if o.gemm_mnk is not None else None
         fwd = self._compute_time(o.flops, o.mem_bytes, eff, o.kernels)
         if o.bwd_mem_bytes is not None:  # an eager op: its backward kernels counted on their own
@@ -119,10 +126,12 @@ class _Pricer:
             # take the same time each way
             t = allreduce_time(o.comm_bytes, n, link, sc) if o.collective == "allreduce" \
                 else gather_time(o.comm_bytes, n, link, sc)
+            # an FP8 input is gathered (and re-gathered) in FP8; its gradient is reduce-scattered in 16 bits
+            g = t if o.gather_bytes is None else gather_time(o.gather_bytes, n, link, sc)
             # SP: the all-gather's backward is the input gradient's reduce-scatter plus a re-gather of the
             # sharded input for the weight gradient (Megatron-Core LinearWithGradAccumulationAndAsyncCommunication)
-            re = gather_time(o.comm_bytes, n, link, sc) if o.regather else 0.0
-            return Op(name=o.name, kind="comm", block=o.block, fwd_time=t, bwd_time=t + re, out_bytes=o.out_bytes,
+            re = g if o.regather else 0.0
+            return Op(name=o.name, kind="comm", block=o.block, fwd_time=g, bwd_time=t + re, out_bytes=o.out_bytes,
                       inputs=o.inputs, saved=(), overlaps_wgrad_of=o.overlaps_wgrad_of, module=o.module,
                       regather_time=re)
         fwd, bwd = self._compute_op(o)
@@ -146,6 +155,8 @@ def build_layer_graph(
     fam = get_family(model.family)
     spec = fam.kind_layer(model, par, kind) if kind is not None and fam.kind_layer is not None \
         else fam.layer(model, par)
+    if model.fp8 is not None:
+        spec = apply_fp8(spec, model.fp8)
     pricer = _Pricer(hw, par, cp)
     meta = GraphMeta(
         source="analytic", model=model.name, hidden_size=model.hidden_size,

@@ -22,9 +22,10 @@ its inputs are still alive (the restoration's working set, what the CUDA allocat
 only after the op that reads it has returned its output), and again after the frees. The recompute engine's
 byte ledger counts a restoration only after the frees; `transient=False` replays that view (what
 `runtime.check` compares against, exactly). On one H100 the allocator's peak was 8-23% above the after-the-
-frees model for every plan that recomputes (docs/benchmarks.md section 9). A layer output rebuilt for its dropout
-mask counts whole in that moment (one `s b h / t` tensor beside the mask it is rebuilt for); HEU's and OPT's
-linear rows add it (`memory.restored_output_bytes`) to stay an upper bound (docs/costmodel.md, "The solvers").
+frees model for every plan that recomputes (docs/results.md, `restoration_peaks`). A layer output rebuilt for
+its dropout mask counts whole in that moment (one `s b h / t` tensor beside the mask it is rebuilt for); HEU's
+and OPT's linear rows add it (`memory.restored_output_bytes`) to stay an upper bound (docs/concepts/memory.md,
+"The solvers").
 """
 
 from __future__ import annotations

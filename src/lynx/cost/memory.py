@@ -39,7 +39,12 @@ def static_bytes(
     """Parameters, gradients and optimizer states of one stage on one device (`lynx.cost.static_memory`:
     embeddings on the first stage, the LM head copy and final LayerNorm on the last, recipes, sharding)."""
     from lynx.cost.static_memory import recipe_for, stage_static
+    from lynx.families import get_family
 
+    if get_family(model.family).static_memory == "torchtitan-fsdp":  # torchtitan's FSDP2 as it runs
+        from lynx.cost.titan_fsdp import titan_static_bytes
+
+        return titan_static_bytes(model, par, stage, num_layers, bytes_per_param, precision, distributed_optimizer)
     recipe = recipe_for(precision, bytes_per_param)
     return stage_static(model, par, stage, num_layers, recipe, distributed_optimizer, kinds).total
 
@@ -153,7 +158,7 @@ def linear_peak_bytes(graph: Graphs, layers: tuple[LayerPolicy, ...], ctx: Stage
     """The linear form HEU's memory rows and OPT's M5 constrain: `stage_peak_bytes` with the forward-window
     holdings and the backward working set replaced by sums of `keep_bytes` (phase-1/2 ops; per layer
     on_demand(l) + bwd_window(l) + bwd_window(l - 1), plus phase 1/2 without forward windows). An upper bound
-    of `stage_peak_bytes` for policies whose layers all checkpoint their input (docs/costmodel.md, "The
+    of `stage_peak_bytes` for policies whose layers all checkpoint their input (docs/concepts/memory.md, "The
     solvers"; property-tested); uniform chunks are outside it."""
     gs = per_layer(graph, len(layers))
     mems = layer_memories(gs, layers)

@@ -2,7 +2,7 @@
 
 A recipe says how many bytes each parameter costs in each buffer; the distributed optimizer shards the
 fp32 state (main weights, main gradients where they are a separate copy, Adam's m and v) over the
-data-parallel ranks, as Megatron-LM does. Every figure and its source: docs/costmodel.md, "Static memory".
+data-parallel ranks, as Megatron-LM does. Every figure and its source: docs/concepts/memory.md, "Static memory".
 
 Megatron-LM's published accounting (docs/source/api-guide/dist_optimizer.md, "bytes per parameter"):
 
@@ -23,6 +23,7 @@ from typing import Literal
 
 from lynx.cost.collectives import allreduce_time, gather_time
 from lynx.cost.experts import moe_layer_params
+from lynx.cost.fp8_memory import fp8_static_delta, gathered_param_bytes
 from lynx.errors import SpecError
 from lynx.families import get_family
 from lynx.spec import DeviceSpec, LinkSpec, ModelSpec, ParallelSpec
@@ -177,7 +178,8 @@ def stage_static(
     eshard = par.edp if distributed_optimizer else 1  # and expert state over expert-DP
     return StaticBreakdown(
         params=sp, recipe=recipe, distributed_optimizer=distributed_optimizer, dp=par.dp,
-        param_bytes=n * recipe.param_bytes, grad_bytes=n * recipe.grad_bytes,
+        param_bytes=n * recipe.param_bytes + fp8_static_delta(model, par, num_layers, recipe.param_bytes),
+        grad_bytes=n * recipe.grad_bytes,
         optimizer_bytes=(n - sp.experts) * recipe.state_bytes / shard + sp.experts * recipe.state_bytes / eshard,
     )
 
@@ -192,8 +194,9 @@ def dp_sync_time(
     sp = stage_params(model, par, stage, num_layers, kinds)
     n, e = sp.total - sp.experts, sp.experts
     g = par.dp_cp  # the gradient group: DP x CP; expert gradients over expert-DP (on the same link: an assumption)
-    if distributed_optimizer:
-        return gather_time(n * recipe.grad_bytes, g, link) + gather_time(n * recipe.param_bytes, g, link) \
+    if distributed_optimizer:  # FP8 parameters gather one byte each (`fp8_memory`; dense layers' share only)
+        dense = gathered_param_bytes(model, par, n, sp.layers, recipe.param_bytes)
+        return gather_time(n * recipe.grad_bytes, g, link) + gather_time(dense, g, link) \
             + gather_time(e * recipe.grad_bytes, par.edp, link) + gather_time(e * recipe.param_bytes, par.edp, link)
     return allreduce_time(n * recipe.grad_bytes, g, link) + allreduce_time(e * recipe.grad_bytes, par.edp, link)
 

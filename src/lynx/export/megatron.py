@@ -73,8 +73,10 @@ class MegatronExport:
                 "simulation_note": self.sim_note}
 
 
-def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
-    graph, lay, par = src.problem.graph, src.layout, src.problem.parallel
+def _translation(src: ExportSource) -> tuple[list[MegatronRecompute], MegatronRecompute, list[str], list[str]]:
+    """Each (virtual) stage's Megatron setting translated from lynx's keep sets, the one stock setting they
+    collapse to, the notes on what Megatron cannot express, and the rounding notes."""
+    graph, lay = src.problem.graph, src.layout
     per_stage: list[MegatronRecompute] = []
     notes: list[str] = []
     rounding: list[str] = []
@@ -85,9 +87,26 @@ def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
         rounding += n
         notes += hidden_note(pol, where)
         notes += offload_notes(graph, pol, where)
-    rounded = list(per_stage)
     stock, n = collapse(per_stage, lay.layers)
-    rounding += n
+    return per_stage, stock, notes, rounding + n
+
+
+def megatron_run(src: ExportSource) -> tuple[Figures, bool]:
+    """What Megatron-Core runs of `lynx export megatron`: its flags with the plugin's per-stage settings (the
+    export table's "megatron+plugin" row, `--target megatron`'s price), and whether the plugin is needed (a
+    setting that differs between stages, or offloading other than the global flags'; else the stock flags alone
+    run it)."""
+    rounded, stock, _, _ = _translation(src)
+    offload = _offload_entries(src)
+    per_stage, stock, _ = _fit(src, rounded, stock, offload)
+    fig = simulate_per_stage(src.problem, src.layout, per_stage, offload[0])
+    return fig, offload[0] != offload[1] or any(s != stock for s in per_stage)
+
+
+def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
+    graph, lay, par = src.problem.graph, src.layout, src.problem.parallel
+    rounded, stock, notes, rounding = _translation(src)
+    per_stage = list(rounded)
     figures: tuple[Figures, ...] = ()
     sim_note = "not simulated: not asked to"
     offload = _offload_entries(src)

@@ -16,6 +16,11 @@ from typing import Any, Literal, cast
 from lynx.errors import SpecError
 from lynx.export import megatron_moe as moe
 from lynx.export.layout import ChunkLayout, even_layout, first_last_layout, parse_megatron_layout
+from lynx.export.megatron_fp8 import BOOL_FLAGS as FP8_BOOL
+from lynx.export.megatron_fp8 import INT_FLAGS as FP8_INT
+from lynx.export.megatron_fp8 import REFUSED as FP8_REFUSED
+from lynx.export.megatron_fp8 import STR_FLAGS as FP8_STR
+from lynx.export.megatron_fp8 import fp8_of_flags
 from lynx.export.megatron_fusion import BOOL_FLAGS, fusion_fields
 from lynx.export.megatron_model import model_from_flags
 from lynx.export.megatron_recompute import MegatronRecompute, RecomputeMethod
@@ -27,22 +32,24 @@ _INT = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-h
         "--pipeline-model-parallel-size", "--micro-batch-size", "--global-batch-size", "--recompute-num-layers",
         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
         "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank", "--num-query-groups",
-        "--context-parallel-size", *moe.INT_FLAGS)
+        "--context-parallel-size", *FP8_INT, *moe.INT_FLAGS)
 _FLOAT = ("--attention-dropout", "--hidden-dropout", "--rotary-base", "--activation-offload-fraction",
           "--delta-offload-bytes-across-pp-ranks", *moe.FLOAT_FLAGS)
 _STR = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--normalization",
         "--position-embedding-type", "--attention-backend", "--transformer-impl", "--cp-comm-type",
-        "--cross-entropy-fusion-impl", *moe.STR_FLAGS)
+        "--cross-entropy-fusion-impl", *FP8_STR, *moe.STR_FLAGS)
 _LIST = ("--recompute-modules", "--hierarchical-context-parallel-sizes", "--offload-modules")
 _BOOL = ("--sequence-parallel", "--bf16", "--fp16", "--recompute-activations", "--swiglu", "--group-query-attention",
          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--use-distributed-optimizer",
          "--use-flash-attn", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
          "--grad-reduce-in-bf16", "--squared-relu", "--add-qkv-bias", "--account-for-embedding-in-pipeline-split",
          "--account-for-loss-in-pipeline-split", "--fine-grained-activation-offloading",
-         "--no-check-for-nan-in-loss-and-grad", "--ddp-average-in-collective", *BOOL_FLAGS, *moe.BOOL_FLAGS)
+         "--no-check-for-nan-in-loss-and-grad", "--ddp-average-in-collective", *BOOL_FLAGS, *FP8_BOOL,
+         *moe.BOOL_FLAGS)
 _REFUSED = {
     "--distribute-saved-activations": "activations distributed over the TP group",
     "--cpu-offloading": "activation offloading to the host",
+    **FP8_REFUSED,
 }
 _REFUSED_ABOVE_ONE: tuple[str, ...] = ()
 _REQUIRED = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size",
@@ -243,7 +250,8 @@ def parse_megatron_args(args: str | Sequence[str]) -> MegatronCommand:
                     "fp32 static recipe")
     model = model_from_flags(k, warn)
     # --transformer-impl and the fusion flags (`export.megatron_fusion`; local's unfused attention: attention_of)
-    model = dataclasses.replace(model, **fusion_fields(k, model.activation, "--from-megatron: --transformer-impl"))
+    model = dataclasses.replace(model, **fusion_fields(k, model.activation, "--from-megatron: --transformer-impl"),
+                                fp8=fp8_of_flags(k))  # --fp8-format and friends (`export.megatron_fp8`)
     model = _with_moe(model, k)
     pp = _int(k, "--pipeline-model-parallel-size", 1)
     cp, kind, a2a = _cp(k)

@@ -37,7 +37,7 @@ ENGINE_FILE = "lynx_engine_layers.json"
 # (torchtitan/models/llama3/config_registry.py), by (hidden size, layers, FFN width, query heads, KV heads).
 TITAN_FLAVORS: dict[tuple[int, int, int, int, int], str] = {
     (4096, 32, 14336, 32, 8): "llama3_8b", (8192, 80, 28672, 64, 8): "llama3_70b",
-    (16384, 126, 53248, 128, 8): "llama3_405b",
+    (16384, 126, 53248, 128, 8): "llama3_405b", (256, 6, 768, 16, 16): "llama3_debugmodel",
 }
 
 # The lynx op each aten-op category's k-th call in one block's forward produces (see the AC module's
@@ -109,15 +109,20 @@ class TorchtitanExport:
 def dp_degrees(src: ExportSource) -> tuple[int, int]:
     """torchtitan's (data_parallel_replicate_degree, data_parallel_shard_degree) for the plan's optimizer-state
     assumption. torchtitan 0.3.0 always wraps the model in FSDP (models/llama3/parallelize.py: "Always run
-    apply_fsdp_to_decoder"); with a pipeline it keeps the 16-bit parameters unsharded through the step
-    (fsdp_reshard_after_forward "default": not with PP) and accumulates gradients unsharded in fp32
-    (FSDPParam.unsharded_accumulated_grad, reduce_dtype) until the last micro-batch, while fp32 parameters and
-    Adam's two moments stay sharded: 2 + 4 + 12/shard bytes per parameter, Megatron's bf16 distributed optimizer
-    (2 + 4 + 12/d). A plan that assumes the distributed optimizer therefore gets shard = DP; one that prices
-    replicated optimizer state gets replicate = DP, shard 1 (HSDP that shards nothing: 2 + 4 + 12 = 18 bytes
-    per parameter, as Megatron's replicated bf16 recipe)."""
+    apply_fsdp_to_decoder"), priced as it runs by `lynx.cost.titan_fsdp`: a plan that shards optimizer state
+    (--distributed-optimizer) gets shard = DP; one that prices replicated state gets replicate = DP, shard 1
+    (HSDP that shards nothing)."""
     dp = src.problem.parallel.dp
     return (1, dp) if src.problem.options.distributed_optimizer and dp > 1 else (dp, 1)
+
+
+def local_batch_size(pp: int, micro_batch_size: int, num_microbatches: int) -> int:
+    """torchtitan 0.3.0's ``training.local_batch_size`` for the plan's micro-batches (torchtitan/trainer.py).
+    Without a pipeline each gradient-accumulation step is one forward and backward of the whole local batch
+    (``gradient_accumulation_steps`` = global / (local x DP)), so the local batch is the plan's micro-batch and
+    the steps its micro-batches. With one, the local batch is split into ``pipeline_parallel_microbatch_size``
+    pieces (``num_pipeline_parallel_microbatches`` = local / micro-batch): all of a step's micro-batches."""
+    return micro_batch_size if pp == 1 else micro_batch_size * num_microbatches
 
 
 def base_config_name(src: ExportSource) -> str | None:
@@ -228,7 +233,10 @@ def engine_table(src: ExportSource) -> tuple[dict[str, Any] | None, str | None]:
         return None, "context parallelism, which the integration does not run"
     layers = [{"keep": sorted(lp.keep), "recompute": [[n, int(p)] for n, p in lp.recompute],
                "input_checkpoint": lp.input_checkpoint} for pol in src.policies for lp in pol.layers]
-    return {"family": TITAN, "method": src.result.method, "layers": layers}, None
+    from lynx.export.titan_assumes import assumes_of
+
+    assumes = assumes_of(src.problem, *dp_degrees(src)).to_dict()
+    return {"family": TITAN, "method": src.result.method, "assumes": assumes, "layers": layers}, None
 
 
 def build_torchtitan(src: ExportSource) -> TorchtitanExport:
@@ -236,6 +244,10 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
 
     if src.family not in ORDER:
         raise SpecError(f"torchtitan export: no aten-op mapping for the {src.family!r} family")
+    if src.problem.model.fp8 is not None:  # torchtitan's Float8 (torchao) keeps other tensors than TE's
+        raise SpecError("torchtitan export: the plan prices Megatron-Core's FP8 (TransformerEngine); torchtitan's "
+                        "Float8 training (torchao) is not modelled. Export it with `lynx export megatron`, or plan "
+                        "without --fp8-format")
     graph, lay, par = src.problem.graph, src.layout, src.problem.parallel
     layers = [layer_entry(graph, lp) for pol in src.policies for lp in pol.layers]
     replicate, shard = dp_degrees(src)
@@ -249,11 +261,17 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
             "pipeline_parallel_schedule_csv": CSV_FILE,
             "pipeline_parallel_microbatch_size": par.micro_batch_size,
             "module_fqns_per_model_part": module_fqns(lay),
+            # what the static memory is priced for (`lynx.cost.titan_fsdp`): torchtitan's default policy
+            "fsdp_reshard_after_forward": "default",
         },
-        "training": {"local_batch_size": par.global_batch_size // par.dp,
+        "training": {"local_batch_size": local_batch_size(lay.pp, par.micro_batch_size, par.num_microbatches),
                      "global_batch_size": par.global_batch_size, "seq_len": par.seq_length,
                      # torchtitan 0.3.0 refuses CUDA graphs with a pipeline (Trainer.Config._validate_cuda_graphs)
-                     **({"disable_cuda_graphs": True} if lay.pp > 1 else {})},
+                     **({"disable_cuda_graphs": True} if lay.pp > 1 else {}),
+                     "mixed_precision_param": "float32" if src.problem.options.precision == "fp32" else "bfloat16",
+                     "mixed_precision_reduce": "float32"},
+        # lynx's engine runs each block eagerly and refuses a compiled one (lynx.integrations.torchtitan.checks)
+        "compile": {"enable": False},
     }
     table = {"family": src.family, "method": src.result.method, "layers": layers}
     rows = schedule_rows(lay.pp, lay.vpp, par.num_microbatches)
@@ -267,8 +285,8 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
         over = [f"stage {st.stage} {st.peak_bytes / 2**30:.1f} GiB > {st.budget_bytes / 2**30:.1f}"
                 for st in figures[1].stages if not st.fits]
         notes.insert(0, "WARNING: torchtitan's priced memory does not fit: " + "; ".join(over) + " (plan for "
-                     f"torchtitan's kernels: a model file with `family: {TITAN}`, and --distributed-optimizer "
-                     "so FSDP shards over DP)")
+                     f"torchtitan's kernels: a torchtitan-llama3-* preset or a model file with `family: {TITAN}`, "
+                     "and --distributed-optimizer so FSDP shards over DP)")
     elif len(figures) == 1 and src.family in ("llama", TITAN):
         notes.append(f"not priced for torchtitan: {figures[0].setting.split('not priced: ', 1)[-1]}")
     elif src.family == "llama":

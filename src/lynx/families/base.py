@@ -91,12 +91,21 @@ class OpSpec:
     node_dedup_topk: int = 0
     """Expert all-to-alls of the flex dispatcher (DeepEP): each token crosses to a remote node once however many
     of its top-k experts live there (this k; 0: every copy travels, `cost.moe`)."""
+    fp8: bool = False
+    """GEMMs: forward, input and weight gradient on FP8 tensor cores (`lynx.cost.fp8`)."""
+    gather_bytes: float | None = None
+    """SP all-gathers of an FP8 input: the bytes of the forward all-gather and of the backward re-gather (FP8);
+    `comm_bytes` stays the 16-bit gradient's reduce-scatter. None: both move `comm_bytes`."""
 
 
 @dataclass(frozen=True, slots=True)
 class LayerSpec:
     ops: tuple[OpSpec, ...]
     input_bytes: float
+
+
+StaticMemory = Literal["megatron", "torchtitan-fsdp"]
+"""The static-memory model of a family's framework (`Family.static_memory`)."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +138,10 @@ class Family:
     (imported only by the runtime and the profiler)."""
     kind_layer: Callable[[ModelSpec, ParallelSpec, Any], LayerSpec] | None = None
     """The layer of one kind (`lynx.stack.LayerKind`) for families whose models mix kinds (mcore); None: `layer`."""
+    static_memory: StaticMemory = "megatron"
+    """Whose buffers hold the parameters, gradients and optimizer state: Megatron-Core's
+    (`lynx.cost.static_memory`), or torchtitan's FSDP2 as torchtitan runs it (`lynx.cost.titan_fsdp`). The
+    family names the framework; the cost model prices it."""
 
 
 @dataclass(frozen=True, slots=True)

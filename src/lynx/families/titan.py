@@ -28,6 +28,10 @@ lynx keeps it anyway, as the checkpoint every policy keeps (`lynx.graph`), so th
 norms, ``PrepareModuleInput`` gathering before ``wqkv`` / ``w1`` / ``w3``) keeps the gathered GEMM input, not
 the shard (Megatron regathers it in backward). Times are priced as for LLaMA's ops; only the memory is
 measured. The compiled block (``torch.compile``, fused norm and SwiGLU) is not modelled here.
+
+Static memory is torchtitan's FSDP2 as torchtitan runs it (`lynx.cost.titan_fsdp`): sharded fp32 parameters,
+gradients and AdamW state, the bf16 parameters it all-gathers (kept through the step with a pipeline), not
+Megatron's buffers.
 """
 
 from __future__ import annotations
@@ -123,4 +127,5 @@ FAMILY = Family(
     final_norm_params=llama.final_norm_params, output_params=llama.output_params,
     matmul_flops_per_token=llama.matmul_flops_per_token,
     runtime_module="",  # lynx's runtime does not build it: torchtitan runs it (lynx.integrations.torchtitan)
+    static_memory="torchtitan-fsdp",  # torchtitan's FSDP as it runs (`lynx.cost.titan_fsdp`)
 )

@@ -22,8 +22,8 @@ def base_partition(problem: PlanProblem) -> Partition:
     """The user's explicit partition if given, else the paper's dp (parameter-balanced) partitioning
     (over the virtual stages when interleaved)."""
     lps = problem.options.layers_per_stage
-    if lps is not None:
-        return Partition(tuple(lps), method="explicit")
+    if lps is not None:  # per virtual stage in model order when interleaved (`cli.common.parse_layers`)
+        return Partition.interleaved(tuple(lps), problem.parallel.pp, method="explicit")
     return dp_partition(problem.model, problem.parallel, problem.options.vpp)
 
 
@@ -44,9 +44,6 @@ def megatron_partition(problem: PlanProblem) -> Partition:
     layers, pp, vpp = problem.model.num_layers, problem.parallel.pp, o.vpp
     first, last = o.decoder_first_pipeline_num_layers, o.decoder_last_pipeline_num_layers
     if first is not None or last is not None:
-        if vpp > 1:
-            raise SpecError(f"{REFUSED} here: --decoder-first/last-pipeline-num-layers with virtual stages "
-                            "(give --layers-per-stage)")
         middle = pp - (first is not None) - (last is not None)
         rest = layers - (first or 0) - (last or 0)
         if rest < 0 or (middle == 0 and rest) or (middle > 0 and (rest % middle or rest == 0)):
@@ -54,9 +51,9 @@ def megatron_partition(problem: PlanProblem) -> Partition:
                             f"{layers} layers, which do not split evenly over {middle} middle stage(s)")
         each = rest // middle if middle else 0
         counts = ([first] if first is not None else []) + [each] * middle + ([last] if last is not None else [])
-        return Partition(tuple(counts), method="megatron")
+        return _interleave(counts, vpp, 0, 0, "--decoder-first/last-pipeline-num-layers")
     if o.layers_per_stage is not None:
-        return Partition(tuple(o.layers_per_stage), method="explicit")
+        return Partition.interleaved(tuple(o.layers_per_stage), pp, method="explicit")
     emb, loss = int(o.account_for_embedding_in_pipeline_split), int(o.account_for_loss_in_pipeline_split)
     n, total = pp * vpp, layers + emb + loss
     if total % n:
@@ -65,13 +62,21 @@ def megatron_partition(problem: PlanProblem) -> Partition:
         raise SpecError(f"{REFUSED}: {layers} layers{extra} do not divide by {what} (no even split; give "
                         "--layers-per-stage, as Megatron needs --decoder-first/last-pipeline-num-layers or a "
                         "--pipeline-model-parallel-layout)")
-    each = total // n
-    if emb or loss:  # the first virtual stage gives a layer's place to the embedding, the last to the loss
-        ends = (layers,) if n == 1 else (each - emb, *([each] * (n - 2)), each - loss)
-        if min(ends) < 1:
-            raise SpecError(f"{REFUSED}: accounting for the embedding / loss leaves a virtual stage without layers")
-        return Partition.interleaved(ends, pp, method="megatron")
-    return Partition.interleaved((each,) * n, pp, method="megatron")
+    return _interleave([total // pp] * pp, vpp, emb, loss, "--account-for-embedding/loss-in-pipeline-split")
+
+
+def _interleave(per_rank: list[int], vpp: int, emb: int, loss: int, flag: str) -> Partition:
+    """Megatron-Core's chunks from its layers per rank (get_num_layers_to_build): each rank's layers split evenly
+    over its VPP chunks, then one layer fewer on the first / last virtual stage for the embedding / loss."""
+    pp = len(per_rank)
+    if any(n % vpp for n in per_rank):
+        raise SpecError(f"{REFUSED}: {flag} gives {per_rank} layers per stage, not divisible by VPP {vpp}")
+    chunks = [per_rank[r] // vpp for _ in range(vpp) for r in range(pp)]
+    chunks[0] -= emb
+    chunks[-1] -= loss
+    if min(chunks) < 1:
+        raise SpecError(f"{REFUSED} here: {flag} leaves a virtual stage without layers ({chunks})")
+    return Partition.interleaved(tuple(chunks), pp, method="megatron")
 
 
 def chunk_contexts(ctx: StageContext) -> tuple[StageContext, ...]:

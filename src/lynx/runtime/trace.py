@@ -151,6 +151,9 @@ def compare(plan_path: str | Path, trace_path: str | Path) -> tuple[list[str], l
     trace = read_trace(trace_path)
     t_sim, segs, (pp, vpp, mbs) = simulated_segments(plan_path)
     check_trace_matches(trace, trace_path, pp, vpp, mbs)
+    if not any(isinstance(e, dict) and e.get("ph") == "X" for e in trace["traceEvents"]):
+        raise TraceError(f"{trace_path}: a Chrome trace with no events (no complete \"X\" event) has nothing to "
+                         "compare; give a file from lynx train --trace of a PP > 1 run")
     meas = _measured_by_stage(trace)
     sim: dict[int, dict[str, float]] = {}
     events: list[dict[str, Any]] = []

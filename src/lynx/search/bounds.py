@@ -9,14 +9,18 @@
   input is never an offload candidate: HEU offloads op outputs only, and `mc-offload` does not model
   `attn_norm`, docs/offload.md), so the maximum offloadable bytes removed from it are zero whatever the host
   memory. tests/unit/test_search.py plans the refused offloading candidates anyway: none fits.
-* Time: a 1F1B pipeline cannot finish before some stage k has received micro-batch 0 (the forwards of the
-  stages before it), run all its micro-batches, and sent the last backward down (the backwards of the stages
-  before it). With each layer costing at least its plain forward + backward `u` (`LayerGraph.step_time`,
-  what the simulator charges before any recomputation or transfer), the iteration takes at least
-  u * min over splits of max_k (layers before k + micro-batches * layers on k). The embedding (first stage)
-  and the LM head + loss (last stage) are added as the simulator charges them: per micro-batch on their own
-  stage, and the embedding's forward and backward once on every later stage's chain. Interleaved schedules
-  get the busiest-rank bound: micro-batches x (u x layers + embedding + head) / PP.
+* Time: a pipeline cannot finish before some rank r has received micro-batch 0 (the forwards of the virtual
+  stages before its first, each a p2p transfer apart), run all its work, and sent the last backward down (the
+  backwards of those virtual stages, p2p apart again): rank r's first action is micro-batch 0's forward on its
+  chunk 0 (virtual stage r) and its last the last micro-batch's backward there, in 1F1B and in Megatron's
+  interleaved 1F1B alike. With each layer costing at least its plain forward + backward `u`
+  (`LayerGraph.step_time`, what the simulator charges before any recomputation or transfer) and the embedding
+  (first virtual stage) and LM head + loss (last) as the simulator charges them, the iteration takes at least
+  max_r (embedding if r > 0 + u x layers of virtual stages 0..r-1 + 2 r p2p + micro-batches x (u x layers on r +
+  its edges)), and at least one micro-batch's forward and backward through every virtual stage. On a known
+  partition (a stock candidate's split) this is evaluated directly (`partition_time_bound_s`); for lynx's
+  own partition it is minimised over every split: in 1F1B with the prefix of whole stages, interleaved with
+  a layer per earlier virtual stage (`time_bound_s`).
 
 Both bounds read the problem the planner would plan (its graph, its static-memory recipe), so a change of
 the cost model moves them with it; tests/unit/test_search.py checks them against planned candidates.
@@ -24,13 +28,18 @@ the cost model moves them with it; tests/unit/test_search.py checks them against
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from lynx.cost.edges import stage_edge_times
-from lynx.cost.memory import static_bytes
+from lynx.cost.edges import device_hardware, stage_edge_times
+from lynx.cost.memory import stage_peak_bytes, static_bytes
+from lynx.cost.static_memory import grad_buffer_time, optimizer_step_time
+from lynx.methods.common import stage_policy
+from lynx.partition.base import Partition
+from lynx.policy.rules import full_policy
 from lynx.problem import PlanProblem
-from lynx.stack import kinds_present
+from lynx.simulate import _p2p as p2p_seconds
+from lynx.stack import LayerKind, kinds_present, stage_kinds
 
 SAFETY = 1.0 - 1e-9
 """The time bound multiplies by this: summing per-action times in another order may round differently."""
@@ -91,80 +100,140 @@ def memory_bound_reason(problem: PlanProblem, method: str) -> str:
     return ""
 
 
-def _min_max_prefix(layers: int, stages: int, nmb: int) -> int:
-    """min over splits (n_k >= 1, sum = layers) of max_k (sum_{s<k} n_s + nmb * n_k), by bisection on the
-    answer: for a target M, give each stage in order the most layers M allows and check they reach `layers`."""
-
-    def reachable(m: int) -> bool:
-        prefix = 0
-        for k in range(stages):
-            left = stages - k - 1
-            n = min((m - prefix) // nmb, layers - prefix - left)
-            if n < 1:
-                return False
-            prefix += n
-        return prefix == layers
-
-    lo, hi = 1, layers * nmb + layers
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if reachable(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+def frugal_reason(problem: PlanProblem, partition: Partition) -> str:
+    """Why no policy of lynx's fits this partition ('' when one might): Megatron's full recomputation (each layer's
+    input kept, everything else recomputed on demand) has the smallest closed-form stage peak of any policy HEU can
+    choose (keeping or offloading an op only adds its output to what in-flight micro-batches hold; a layer input
+    is never offloaded), and HEU's memory constraint is that peak (`memory.stage_peak_bytes`). Over the budget on a
+    stage, nothing fits there; tests/unit/test_search.py plans such candidates anyway."""
+    for ctx in problem.stage_contexts(partition):
+        graphs = problem.graphs_for(ctx)  # one graph per layer where the model has several kinds
+        pol = stage_policy(full_policy, ctx, graphs)
+        peak = stage_peak_bytes(graphs, pol.layers, ctx)
+        if peak > ctx.budget_bytes:
+            return (f"stage {ctx.stage} peaks at {peak / 2**30:.1f} GiB even recomputing every layer in full "
+                    f"(budget {ctx.budget_bytes / 2**30:.1f} GiB)")
+    return ""
 
 
-def _min_max_with_edges(layers: int, nmb: int, u: float, const: list[float]) -> float:
-    """A lower bound on min over splits of max_k (const_k + u * sum_{s<k} n_s + nmb * u * n_k): bisection on
-    the answer M with the same greedy fill (giving an earlier stage more never hurts a later one, since a layer
-    costs a later stage u of its prefix but nmb * u if it ran there); returns the largest M found unreachable
-    (below the true minimum)."""
-    stages = len(const)
+def partition_memory_reason(problem: PlanProblem, chunks: tuple[int, ...], method: str) -> str:
+    """Why no plan of `method` on this partition fits ('' when one might): each rank holds its static memory
+    and, while chunk c has its most micro-batches in flight, at least their layer inputs (the chunk's input for
+    Megatron's uniform/block chunks)."""
+    pp, o = problem.parallel.pp, problem.options
+    per_layer = method not in CHUNKED_METHODS
+    inp = problem.graph.input_bytes
+    for r in range(pp):
+        own = chunks[r::pp]
+        static = static_bytes(problem.model, problem.parallel, r, sum(own), o.bytes_per_param, o.precision,
+                              o.distributed_optimizer, _rank_kinds(problem, chunks, r))
+        held = max(c.in_flight * inp * (n if per_layer else 1) for c, n in zip(problem.facts.chunks[r], own,
+                                                                              strict=True))
+        if static + held > problem.budget_bytes:
+            return (f"stage {r} needs at least {(static + held) / 2**30:.1f} GiB with its {sum(own)} layers "
+                    f"(static memory + layer inputs in flight); budget {problem.budget_bytes / 2**30:.1f} GiB")
+    return ""
 
-    def reachable(m: float) -> bool:
-        prefix = 0
-        for k in range(stages):
-            left = stages - k - 1
-            room = (m - const[k] - u * prefix) / (nmb * u)
-            n = min(math.floor(room), layers - prefix - left)
-            if n < 1:
-                return False
-            prefix += n
-        return prefix == layers
 
-    lo, hi = 0.0, max(const) + u * (layers + nmb * layers)
-    if not reachable(hi):  # cannot happen: every stage fits all layers at hi
+def _rank_kinds(problem: PlanProblem, chunks: tuple[int, ...], rank: int) -> tuple[LayerKind, ...] | None:
+    """The kinds of the layers rank `rank` holds on this partition (its virtual stages rank, rank + PP, ...),
+    None when the model's layers are all of one kind."""
+    if not problem.heterogeneous:
+        return None
+    pp, out = problem.parallel.pp, list[LayerKind]()
+    for k in range(rank, len(chunks), pp):
+        out += stage_kinds(problem.model, sum(chunks[:k]), chunks[k])
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Pieces:
+    """What the time bounds read of a layout: the plain step time of a layer `u`, the embedding's and the LM
+    head's forward + backward, the p2p transfer between stages, and the pipeline's shape."""
+
+    u: float
+    emb: float
+    head: float
+    p2p: float
+    pp: int
+    nmb: int
+    layers: int
+
+
+def pieces(problem: PlanProblem) -> Pieces:
+    emb = head = 0.0
+    if problem.options.include_edges:  # what the simulator adds to the first and last virtual stage
+        et = stage_edge_times(problem.model, problem.hardware, problem.parallel, problem.graph)
+        emb, head = et.embedding_fwd + et.embedding_bwd, et.head_fwd + et.head_bwd
+    # several layer kinds: the cheapest kind's layer time (a lower bound for any layer)
+    graphs = dict(problem.kind_graphs).values() if problem.heterogeneous else (problem.graph,)
+    u = min(g.step_time(problem.options.subtract_wgrad) for g in graphs)
+    return Pieces(u, emb, head, p2p_seconds(problem),
+                  problem.parallel.pp, problem.parallel.num_microbatches, problem.model.num_layers)
+
+
+def _chain(p: Pieces, virtual_stages: int) -> float:
+    """One micro-batch's forward and backward through every virtual stage, a p2p transfer between each."""
+    return p.emb + p.head + p.u * p.layers + 2 * (virtual_stages - 1) * p.p2p
+
+
+def _fixed(p: Pieces, r: int) -> float:
+    """Rank r's time outside its layers: the embedding's start-up and drain before and after it (r > 0), 2 r p2p
+    transfers, and the edges it runs for every micro-batch."""
+    return ((p.emb if r > 0 else 0.0) + 2 * r * p.p2p
+            + p.nmb * ((p.emb if r == 0 else 0.0) + (p.head if r == p.pp - 1 else 0.0)))
+
+
+def _step_s(problem: PlanProblem, rank: int, layers: int, kinds: tuple[LayerKind, ...] | None = None) -> float:
+    """The rank's optimizer step and passes over its gradient buffer, after its last backward (the simulator's
+    tail, `simulate.metrics.tail_time`, less the exposed DP collective it may add)."""
+    o = problem.options
+    if not o.include_dp_allreduce:
         return 0.0
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        if mid <= lo or mid >= hi:
-            break
-        if reachable(mid):
-            hi = mid
-        else:
-            lo = mid
-    return lo
+    device = device_hardware(problem.hardware, problem.graph).device
+    recipe = problem.static_recipe
+    return (optimizer_step_time(problem.model, problem.parallel, rank, layers, recipe, device, o.distributed_optimizer,
+                                kinds)
+            + grad_buffer_time(problem.model, problem.parallel, rank, layers, recipe, device, o.check_for_nan_in_grad,
+                               o.ddp_average_in_collective, kinds))
+
+
+def partition_time_bound_s(problem: PlanProblem, chunks: tuple[int, ...]) -> float:
+    """A lower bound on the iteration time of any plan on this partition (`chunks`: layers per virtual stage in
+    model order, virtual stage k on rank k % PP): the start-up and drain bound per rank, one micro-batch's chain,
+    and each rank's own work followed by its optimizer step."""
+    p = pieces(problem)
+    own = [p.u * p.nmb * sum(chunks[r::p.pp]) for r in range(p.pp)]
+    ranks = [_fixed(p, r) + p.u * sum(chunks[:r]) + own[r] for r in range(p.pp)]
+    edges = [p.nmb * ((p.emb if r == 0 else 0.0) + (p.head if r == p.pp - 1 else 0.0)) for r in range(p.pp)]
+    steps = [own[r] + edges[r] + _step_s(problem, r, sum(chunks[r::p.pp]), _rank_kinds(problem, chunks, r))
+             for r in range(p.pp)]
+    return SAFETY * max(max(ranks), max(steps), _chain(p, len(chunks)))
+
+
+def _pipeline_any(p: Pieces) -> float:
+    """A lower bound on min over splits of max_k (fixed_k + u x layers before k + micro-batches x u x layers on k),
+    in closed form: the average of the stages' terms weighted w_k = (1 - 1/micro-batches)^(PP - 1 - k) is
+    (micro-batches x u x layers + sum_k w_k fixed_k) / sum_k w_k whatever the split (the layers' coefficients sum
+    to micro-batches x u for every layer), and a maximum is at least any weighted average."""
+    r = 1.0 - 1.0 / p.nmb
+    w = [r ** (p.pp - 1 - k) for k in range(p.pp)]
+    return (p.nmb * p.u * p.layers + sum(wk * _fixed(p, k) for k, wk in enumerate(w))) / sum(w)
+
+
+def time_bound_from(p: Pieces, vpp: int) -> float:
+    """A lower bound on the iteration time of any plan of a layout (any method, any partition) with `vpp` chunks
+    per rank: with interleaving, min over per-rank layer counts N_r >= VPP of max_r (fixed_r + r u + micro-batches
+    x u x N_r) (a layer per earlier virtual stage) by its continuous relaxation (the average rank, and the rank with
+    the most fixed time holding VPP layers); in 1F1B, `_pipeline_any` and a layer on every stage."""
+    a = p.nmb * p.u
+    if vpp > 1:
+        c = [_fixed(p, r) + r * p.u for r in range(p.pp)]
+        return SAFETY * max((a * p.layers + sum(c)) / p.pp, max(c) + a * vpp, _chain(p, p.pp * vpp))
+    ends = max(_fixed(p, k) + p.u * k + a for k in range(p.pp))
+    return SAFETY * max(_pipeline_any(p), ends, _chain(p, p.pp))
 
 
 def time_bound_s(problem: PlanProblem) -> float:
-    """A lower bound on the iteration time of any plan of this layout (any method, any partition)."""
-    par, layers = problem.parallel, problem.model.num_layers
-    # several layer kinds: the cheapest kind's layer time (a lower bound for any layer)
-    u = min(g.step_time(problem.options.subtract_wgrad) for g in (dict(problem.kind_graphs).values()
-                                                                   if problem.heterogeneous else (problem.graph,)))
-    nmb, pp = par.num_microbatches, par.pp
-    emb = head = 0.0
-    if problem.options.include_edges:  # what the simulator adds to the first and last virtual stage
-        et = stage_edge_times(problem.model, problem.hardware, par, problem.graph)
-        emb, head = et.embedding_fwd + et.embedding_bwd, et.head_fwd + et.head_bwd
-    if problem.options.vpp > 1:  # the busiest rank does at least the average rank's work
-        return SAFETY * nmb * (u * layers + emb + head) / pp
-    if u <= 0:
-        return SAFETY * u * _min_max_prefix(layers, pp, nmb)
-    # Stage k cannot start before micro-batch 0's forward reached it (the embedding's forward on stage 0)
-    # nor finish before the last backward went back through the stages before it (the embedding's
-    # backward); the first stage runs the embedding and the last the LM head for every micro-batch.
-    const = [(emb if k > 0 else 0.0) + nmb * ((emb if k == 0 else 0.0) + (head if k == pp - 1 else 0.0))
-             for k in range(pp)]
-    return SAFETY * max(_min_max_with_edges(layers, nmb, u, const), u * _min_max_prefix(layers, pp, nmb))
+    """`time_bound_from` of the problem's layout."""
+    return time_bound_from(pieces(problem), problem.options.vpp)

@@ -5,28 +5,29 @@ problem (layers, in-flight micro-batches, budget, windows) is solved once across
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
-from lynx.api import make_problem
-from lynx.cost.layer import build_layer_graph
+from lynx.api import KindGraphs, kind_layer_graphs, layer_graph, make_problem
 from lynx.cost.memory import LayerMemory, held_bytes, layer_memory
 from lynx.errors import InfeasibleError, LynxError
 from lynx.graph import LayerGraph
 from lynx.graph import per_layer as per_layer_graphs
 from lynx.methods import get_method
 from lynx.methods.heu import heu_options, lynx_search
-from lynx.partition.base import Partition
 from lynx.plan import Plan
 from lynx.policy.heu import HeuCache
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
-from lynx.search.space import STOCK_OFFLOAD, Candidate, Layout, Space
+from lynx.search.options import candidate_options
+from lynx.search.space import Candidate, Layout, Space
+from lynx.search.splits import Split
 from lynx.spec import GiB, ParallelSpec
-from lynx.stack import is_uniform
+from lynx.stack import primary_kind
 
 LYNX_SEARCHED = ("lynx", "lynx-offload")
 """Methods planned through `lynx_search` with the search's shared HEU caches (one per graph and method)."""
-Status = Literal["planned", "does not fit", "over budget (bound)", "pruned (time bound)", "invalid"]
+Status = Literal["planned", "does not fit", "over budget (bound)", "pruned (time bound)", "skipped (VPP sweep)",
+                 "dominated", "invalid"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,12 @@ class Outcome:
     budget_gib: float = math.nan
     partition: tuple[int, ...] = ()
     plan: Plan | None = field(default=None, compare=False, repr=False)
+    """lynx's plan of the candidate (what `--out` writes); its figures above are the target's price of it."""
+    priced_for: str = "lynx"
+    """The target whose price the figures are (`lynx.search.targets`): lynx's simulator of the plan itself, or
+    what `lynx export megatron|torchtitan` prices for it."""
+    runs_on: str = ""
+    """What the row needs to run as priced (e.g. "Megatron-Core + lynx plugin"); empty before target pricing."""
 
     @property
     def fits(self) -> bool:
@@ -62,36 +69,51 @@ class Shared:
 
     space: Space
     base: PlanOptions
-    graphs: dict[tuple[int, int, bool, int, int, int], LayerGraph] = field(default_factory=dict)
-    heu: dict[tuple[int, int, bool, int, int, int, str], HeuCache] = field(default_factory=dict)
-    problems: dict[tuple[Layout, tuple[int, ...] | None], PlanProblem] = field(default_factory=dict)
+    graphs: dict[tuple[int, int, str, bool, int, int, int], LayerGraph] = field(default_factory=dict)
+    kind_graphs: dict[tuple[int, int, str, bool, int, int, int], KindGraphs] = field(default_factory=dict)
+    heu: dict[tuple[int, int, str, bool, int, int, int, str], HeuCache] = field(default_factory=dict)
+    problems: dict[tuple[Layout, Split | None], PlanProblem] = field(default_factory=dict)
 
     def parallel(self, lay: Layout) -> ParallelSpec:
         s = self.space
         return ParallelSpec(tp=lay.tp, pp=lay.pp, dp=lay.dp, sequence_parallel=lay.sp, micro_batch_size=lay.mb,
                             global_batch_size=s.global_batch, seq_length=s.seq_len, cp=lay.cp,
-                            cp_comm_type=s.cp_comm_type, ep=lay.ep, etp=lay.etp)
+                            cp_comm_type=lay.cp_comm_type, ep=lay.ep, etp=lay.etp)
+
+    @staticmethod
+    def _graph_key(lay: Layout) -> tuple[int, int, str, bool, int, int, int]:
+        return (lay.tp, lay.cp, lay.cp_comm_type, lay.sp, lay.mb, lay.ep, lay.etp)
+
+    def kinds(self, lay: Layout) -> KindGraphs:
+        """One graph per layer kind for a model of several kinds (empty for one kind; docs/decisions/0221)."""
+        key = self._graph_key(lay)
+        if key not in self.kind_graphs:
+            self.kind_graphs[key] = kind_layer_graphs(self.space.model, self.space.hardware, self.parallel(lay),
+                                                      self.base)
+        return self.kind_graphs[key]
 
     def graph(self, lay: Layout) -> LayerGraph:
-        key = (lay.tp, lay.cp, lay.sp, lay.mb, lay.ep, lay.etp)
+        """The layer graph (the primary kind's where the model has several)."""
+        key = self._graph_key(lay)
+        kinds = self.kinds(lay)
+        if kinds:
+            return dict(kinds)[primary_kind(self.space.model)]
         if key not in self.graphs:
-            self.graphs[key] = build_layer_graph(self.space.model, self.space.hardware, self.parallel(lay))
+            # the request's graph: the same options (--tp-comm-overlap) as `lynx plan` of this layout prices
+            self.graphs[key] = layer_graph(self.space.model, self.space.hardware, self.parallel(lay), self.base)
         return self.graphs[key]
 
-    def problem(self, lay: Layout, even: bool = False) -> PlanProblem:
-        """The layout's problem; `even`: with Megatron-Core's even split as the explicit partition."""
-        lps = (self.space.model.num_layers // lay.pp,) * lay.pp if even and lay.vpp == 1 else None
-        key = (lay, lps)
+    def problem(self, lay: Layout, split: Split | None = None) -> PlanProblem:
+        """The layout's problem; `split`: the Megatron-Core split a stock candidate runs (None: lynx's own)."""
+        key = (lay, split)
         if key not in self.problems:
-            nodes = -(-self.space.gpus // self.space.hardware.devices_per_node)
-            opts = replace(self.base, vpp=lay.vpp, distributed_optimizer=lay.dist_opt, nodes=nodes,
-                           layers_per_stage=lps)
+            opts = candidate_options(self.base, self.space, lay, split)
             self.problems[key] = make_problem(self.space.model, self.space.hardware, self.parallel(lay), opts,
-                                              None if not is_uniform(self.space.model) else self.graph(lay))
+                                              self.graph(lay), self.kinds(lay))
         return self.problems[key]
 
     def heu_cache(self, problem: PlanProblem, lay: Layout, method: str = "lynx") -> HeuCache:
-        key = (lay.tp, lay.cp, lay.sp, lay.mb, lay.ep, lay.etp, method)
+        key = (*self._graph_key(lay), method)
         cache = self.heu.get(key)
         if cache is None:
             cache = HeuCache(problem.graph, heu_options(problem, method), kind_graphs=problem.kind_graphs)
@@ -103,25 +125,7 @@ def _result(shared: Shared, cand: Candidate, problem: PlanProblem, refine: bool)
     if cand.method in LYNX_SEARCHED:
         return lynx_search(problem, cand.method, shared.heu_cache(problem, cand.layout, cand.method), refine,
                            explain=False)[0]
-    result = get_method(cand.method).fn(problem)
-    # Megatron's offloading is planned on Megatron's own layout already (`methods.offload`)
-    even = cand.stock and problem.options.vpp > 1 and cand.method != STOCK_OFFLOAD
-    return _even_chunks(problem, result) if even else result
-
-
-def _even_chunks(problem: PlanProblem, result: PlanResult) -> PlanResult:
-    """Megatron-Core's interleaved layout: the same layers on every virtual stage. The stock flags set the
-    same policy on every layer, so the method's per-layer policy moves unchanged onto the even split."""
-    policies = {lp for pol in result.policies for lp in pol.layers}
-    if len(policies) != 1:
-        raise LynxError(f"{result.method} sets different layer policies; not re-split evenly")
-    (lp,) = policies
-    per = problem.model.num_layers // (problem.parallel.pp * problem.options.vpp)
-    part = Partition.interleaved((per,) * (problem.parallel.pp * problem.options.vpp), problem.parallel.pp,
-                                 method="even")
-    pols = tuple(replace(pol, layers=(lp,) * n) for pol, n in zip(result.policies, part.layers_per_stage,
-                                                                     strict=True))
-    return replace(result, partition=part, policies=pols)
+    return get_method(cand.method).fn(problem)  # stock methods partition as Megatron does (its split flags)
 
 
 def _held_over_budget(problem: PlanProblem, result: PlanResult) -> str:
@@ -145,7 +149,7 @@ def _held_over_budget(problem: PlanProblem, result: PlanResult) -> str:
 def plan_candidate(shared: Shared, cand: Candidate, bound_s: float, refine: bool = False) -> Outcome:
     """Plan and simulate one candidate (stock candidates on Megatron-Core's even split); `refine`: lynx's
     simulator-judged partition refinement too (the search gives it to its finalists only)."""
-    problem = shared.problem(cand.layout, even=cand.stock)
+    problem = shared.problem(cand.layout, cand.split if cand.stock else None)
     try:
         result = _result(shared, cand, problem, refine)
     except InfeasibleError as e:

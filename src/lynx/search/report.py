@@ -1,86 +1,143 @@
-"""What `lynx plan --gpus N` shows: the top configurations beside the fastest stock Megatron-Core one, a few
-sentences on why the winner won, every candidate as JSON, and the time-against-memory picture."""
+"""What `lynx plan --gpus N` shows: the top configurations, the fastest stock Megatron-Core one and the
+published recipes for the job beside them, a few sentences on why the winner won, and every candidate as JSON
+(the time-against-memory picture is `search.plot`)."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 from rich.table import Table
 
 from lynx.search.evaluate import Outcome
+from lynx.search.mfu import CONVENTION, causal_mfu, shows_causal
+from lynx.search.options import PRODUCTION_OVERLAPS
 from lynx.search.run import SearchResult
+from lynx.search.space import Layout
 
 
 def _layout_cells(o: Outcome, experts: bool = False) -> list[str]:
     lay = o.candidate.layout
+    cp = str(lay.cp) if lay.cp == 1 or lay.cp_comm_type == "p2p" else f"{lay.cp} {lay.cp_comm_type}"
     ep = [str(lay.ep), str(lay.etp or lay.tp)] if experts else []
-    return [str(lay.tp), str(lay.cp), *ep, str(lay.pp), str(lay.vpp), str(lay.dp), "on" if lay.sp else "off",
-            str(lay.mb), "dist" if lay.dist_opt else "-"]
+    return [str(lay.tp), cp, *ep, str(lay.pp), str(lay.vpp), str(lay.dp), "on" if lay.sp else "off", str(lay.mb),
+            "dist" if lay.dist_opt else "-"]
 
 
-def _figures(o: Outcome) -> list[str]:
+def _figures(o: Outcome, causal: bool, res: SearchResult) -> list[str]:
     peaks = " ".join(f"{p:.1f}" for p in o.stage_peak_gib)
-    return [f"{o.iteration_s:.3f}", f"{o.tokens_per_s_per_gpu:,.0f}", f"{o.tflops_per_gpu:.0f}", f"{o.mfu:.1%}",
+    mfu = [f"{o.mfu:.1%}"] + ([f"{causal_mfu(res.space.model, res.space.seq_len, o.mfu):.1%}"] if causal else [])
+    return [f"{o.iteration_s:.3f}", f"{o.tokens_per_s_per_gpu:,.0f}", f"{o.tflops_per_gpu:.0f}", *mfu,
             peaks, f"{o.headroom_gib:.1f}"]
 
 
+def method_text(o: Outcome) -> str:
+    """The method and where it runs: lynx's own, or stock Megatron-Core with its split (and the recipe's name)."""
+    c = o.candidate
+    runs = f"{o.runs_on}, " if o.runs_on else ""  # priced for a target (`lynx.search.targets`): what the row needs
+    if not c.stock:
+        return f"{c.method} ({o.runs_on})" if o.runs_on else c.method
+    split = "" if c.split.even else f", {c.split.label()}"
+    return f"{c.method} ({runs}{c.recipe or 'stock Megatron-Core'}{split})"
+
+
 def search_table(res: SearchResult, top: int) -> Table:
-    """The `top` fastest fitting candidates, then the fastest stock Megatron-Core one (if not among them)."""
+    """The `top` fastest fitting candidates, then the fastest stock Megatron-Core one (if not among them), then
+    each published recipe for the job that runs (dimmed rows; # is the rank it would take)."""
+    causal = shows_causal(res.space.model, res.space.seq_len)
     t = Table(title=f"{res.space.model.name} on {res.space.gpus} x {res.space.hardware.device.name}: "
               f"global batch {res.space.global_batch}, seq {res.space.seq_len} (fastest first)")
     experts = res.space.model.is_moe  # EP and ETP columns for MoE models only (dense tables unchanged)
+    mfu_cols = ("MFU", "MFU causal") if causal else ("MFU",)
     for col in ("#", "TP", "CP", *(("EP", "ETP") if experts else ()), "PP", "VPP", "DP", "SP", "mb", "optimizer",
-                "method", "iteration s", "tokens/s/GPU", "TFLOP/s/GPU", "MFU", "peak GiB per stage", "headroom GiB"):
+                "method", "iteration s", "tokens/s/GPU", "TFLOP/s/GPU", *mfu_cols, "peak GiB per stage",
+                "headroom GiB"):
         t.add_column(col, justify="left" if col in ("method", "peak GiB per stage") else "right")
     rows = list(res.ranked[:top])
-    stock = res.best_stock
     for i, o in enumerate(rows, 1):
-        t.add_row(str(i), *_layout_cells(o, experts), _method(o), *_figures(o))
-    if stock is not None and stock not in rows:
-        rank = res.ranked.index(stock) + 1
-        t.add_row(str(rank), *_layout_cells(stock, experts), _method(stock), *_figures(stock), style="dim")
+        t.add_row(str(i), *_layout_cells(o, experts), method_text(o), *_figures(o, causal, res))
+    extra = [o for o in (res.best_stock,) if o is not None and o not in rows]
+    extra += [o for _, o in res.recipes if o is not None and o.fits]
+    for o in extra:
+        rank = sum(r.iteration_s < o.iteration_s for r in res.ranked) + 1
+        t.add_row(str(rank), *_layout_cells(o, experts), method_text(o), *_figures(o, causal, res), style="dim")
     return t
-
-
-def _method(o: Outcome) -> str:
-    return f"{o.candidate.method} (stock Megatron-Core)" if o.candidate.stock else o.candidate.method
 
 
 def _pct(a: float, b: float) -> str:
     return f"{abs(a / b - 1):.1%}"
 
 
+def _versus(best: Outcome, other: Outcome, what: str) -> str:
+    lay = other.candidate.layout
+    split = "" if other.candidate.split.even else f", {other.candidate.split.label()}"
+    d = other.iteration_s / best.iteration_s - 1
+    how = (f"the winner is {_pct(other.iteration_s, best.iteration_s)} faster" if d > 0 else
+           "the same time" if d == 0 else f"{_pct(other.iteration_s, best.iteration_s)} faster than the winner")
+    return f"{what} ({lay.label()}, {other.candidate.method}{split}) takes {other.iteration_s:.4g} s: {how}."
+
+
+def assumptions(res: SearchResult) -> list[str]:
+    """What every candidate was priced with, in Megatron's flags."""
+    s = res.space
+    out = []
+    if s.production_overlaps:
+        out.append("Every candidate assumes Megatron's production overlaps: " + ", ".join(PRODUCTION_OVERLAPS)
+                   + "; p2p sends are charged exposed (not modelled). --no-production-overlaps turns them off.")
+    else:
+        out.append("Production overlaps off (--no-production-overlaps): only the overlap flags given are priced.")
+    if shows_causal(s.model, s.seq_len):
+        out.append(CONVENTION + ".")
+    return out
+
+
 def explain(res: SearchResult) -> list[str]:
-    """A few sentences in the user's terms: what was searched, what won and by how much over stock
-    Megatron-Core, and what the winner's own choices buy (from the candidates that differ in one dimension)."""
-    best, stock = res.best, res.best_stock
-    out = [f"Searched {res.considered} candidates: {res.planned} planned ({res.simulated} simulated), "
-           f"{res.pruned} skipped by bounds that cannot lose the optimum, in {res.seconds:.1f} s."]
+    """A few sentences in the user's terms: what was searched, what won and by how much over the fastest stock
+    Megatron-Core configuration and over the published recipe, and what the winner's own choices buy."""
+    best, stock, recipe = res.best, res.best_stock, res.best_recipe
+    out = [f"Searched {res.considered} candidates in {res.seconds:.1f} s: {res.planned} planned ({res.simulated} "
+           f"simulated); skipped {res.pruned}: {res.skipped + res.count('pruned (time bound)')} by time bounds and "
+           f"{res.count('over budget (bound)')} by memory bounds (neither loses the optimum), "
+           f"{res.count('dominated')} dominated by a cheaper method that fits, {res.count('skipped (VPP sweep)')} by "
+           "the VPP sweep (a rule: deeper interleaving of the layout had got slower).", *assumptions(res)]
     if best is None:
         return [*out, "No configuration fits the memory budget; more GPUs or a shorter sequence are needed."]
     lay = best.candidate.layout
-    out.append(f"The fastest that fits is {lay.label()} with {best.candidate.method}: {best.iteration_s:.3g} s per "
+    out.append(f"The fastest that fits is {lay.label()} with {method_text(best)}: {best.iteration_s:.4g} s per "
                f"iteration, {best.mfu:.1%} MFU, {best.headroom_gib:.1f} GiB headroom on its fullest stage.")
     if stock is not None and stock is not best:
-        out.append(f"The fastest stock Megatron-Core configuration ({stock.candidate.layout.label()}, "
-                   f"{stock.candidate.method}, even split) takes {stock.iteration_s:.3g} s: the winner is "
-                   f"{_pct(stock.iteration_s, best.iteration_s)} faster.")
+        out.append(_versus(best, stock, "The fastest stock Megatron-Core configuration"))
     elif stock is None:
-        out.append("No stock Megatron-Core configuration (even split, its own recompute flags) fits.")
+        out.append("No stock Megatron-Core configuration (its recompute flags on any split it expresses) fits.")
+    out += _recipe_lines(res, best, recipe)
     out += _neighbours(res, best)
+    return out
+
+
+def _recipe_lines(res: SearchResult, best: Outcome, recipe: Outcome | None) -> list[str]:
+    out = []
+    for a, o in res.recipes:
+        if o is None:
+            out.append(f"Published recipe {a.recipe.name} does not run this job: {a.reason}.")
+        elif not o.fits:
+            out.append(f"Published recipe {a.recipe.name} ({o.candidate.layout.label()}, {o.candidate.method}) "
+                       f"does not fit: {o.reason or o.status}.")
+    if recipe is not None:
+        out.append(_versus(best, recipe, f"The published recipe {recipe.candidate.recipe}"))
     return out
 
 
 def _neighbours(res: SearchResult, best: Outcome) -> list[str]:
     """One sentence per dimension of the winner whose flip changes memory or time noticeably."""
     lay, out = best.candidate.layout, []
-    by_key = {(o.candidate.layout, o.candidate.method): o for o in res.outcomes}
+    by_key = {(o.candidate.layout, o.candidate.method, o.candidate.split): o for o in res.outcomes
+              if not o.candidate.recipe}
+    c = best.candidate
     for field, text in (("sp", "sequence parallelism"), ("dist_opt", "the distributed optimizer")):
         if not getattr(lay, field):
             continue
-        other = by_key.get((_flip(lay, field), best.candidate.method))
+        other = by_key.get((_flip(lay, field), c.method, c.split))
         if other is None:
             continue
         if other.fits:
@@ -91,37 +148,44 @@ def _neighbours(res: SearchResult, best: Outcome) -> list[str]:
                 out.append(f"{text.capitalize()} frees {freed:.1f} GiB on the fullest stage and {how}.")
             else:  # no memory freed on the fullest stage: lynx kept more activations there, or none needed it
                 out.append(f"{text.capitalize()} {how} at about the same peak memory.")
-        else:
+        elif other.status in ("does not fit", "over budget (bound)"):
             why = other.reason.split(":")[0] if other.reason else other.status
             out.append(f"Without {text} this layout does not fit ({why}).")
-    if best.candidate.method == "lynx":
-        none = by_key.get((lay, "none"))
+    if c.method == "lynx":
+        none = next((o for k, o in by_key.items() if k[0] == lay and k[1] == "none"), None)
         if none is not None and not none.fits:
             out.append("Keeping every activation does not fit this layout; lynx recomputes a little, mostly "
                        "hidden in tensor-parallel collectives and pipeline stalls.")
     return out
 
 
-def _flip(lay: Any, field: str) -> Any:
-    from dataclasses import replace
-
-    return replace(lay, **{field: not getattr(lay, field)})
+def _flip(lay: Layout, field: str) -> Layout:
+    return replace(lay, sp=not lay.sp) if field == "sp" else replace(lay, dist_opt=not lay.dist_opt)
 
 
-def outcome_dict(o: Outcome) -> dict[str, Any]:
-    lay = o.candidate.layout
-    d: dict[str, Any] = {"tp": lay.tp, "cp": lay.cp, **({"ep": lay.ep, "etp": lay.etp or lay.tp}
-                                                       if lay.ep > 1 or lay.etp else {}),
-                         "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "sp": lay.sp,
-                         "micro_batch": lay.mb, "distributed_optimizer": lay.dist_opt,
-                         "method": o.candidate.method, "stock_megatron": o.candidate.stock, "status": o.status,
-                         "time_bound_s": None if math.isnan(o.bound_s) else o.bound_s}
+def outcome_dict(o: Outcome, res: SearchResult | None = None) -> dict[str, Any]:
+    c = o.candidate
+    lay = c.layout
+    d: dict[str, Any] = {"tp": lay.tp, "cp": lay.cp, "cp_comm_type": lay.cp_comm_type,
+                         **({"ep": lay.ep, "etp": lay.etp or lay.tp} if lay.ep > 1 or lay.etp else {}),
+                         "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "sp": lay.sp, "micro_batch": lay.mb,
+                         "distributed_optimizer": lay.dist_opt, "method": c.method, "stock_megatron": c.stock,
+                         "status": o.status, "time_bound_s": None if math.isnan(o.bound_s) else o.bound_s,
+                         "priced_for": o.priced_for}
+    if o.runs_on:
+        d["runs_on"] = o.runs_on
+    if c.stock:
+        d["megatron_split"] = c.split.flags()
+    if c.recipe:
+        d["recipe"] = c.recipe
     if o.reason:
         d["reason"] = o.reason
     if not math.isnan(o.iteration_s):
         d |= {"iteration_s": o.iteration_s, "tokens_per_s_per_gpu": o.tokens_per_s_per_gpu,
               "model_tflops_per_gpu": o.tflops_per_gpu, "mfu": o.mfu, "stage_peak_gib": list(o.stage_peak_gib),
               "budget_gib": o.budget_gib, "headroom_gib": o.headroom_gib, "partition": list(o.partition)}
+        if res is not None:
+            d["mfu_causal"] = causal_mfu(res.space.model, res.space.seq_len, o.mfu)
     return d
 
 
@@ -130,40 +194,16 @@ def result_dict(res: SearchResult) -> dict[str, Any]:
     return {
         "model": res.space.model.name, "hardware": res.space.hardware.name, "gpus": res.space.gpus,
         "global_batch": res.space.global_batch, "seq_len": res.space.seq_len,
+        "production_overlaps": res.space.production_overlaps, "mfu_convention": CONVENTION,
         "considered": res.considered, "planned": res.planned, "simulated": res.simulated, "pruned": res.pruned,
+        "skipped_unbuilt": res.skipped,
         "seconds": res.seconds,
         "stage_problems_solved": res.stage_problems, "stage_problem_cache_hits": res.stage_hits,
-        "winner": outcome_dict(best) if best else None, "stock_megatron": outcome_dict(stock) if stock else None,
+        "winner": outcome_dict(best, res) if best else None,
+        "stock_megatron": outcome_dict(stock, res) if stock else None,
+        "recipes": [{"name": a.recipe.name, "source": a.recipe.source, "reason": a.reason,
+                     "outcome": None if o is None else outcome_dict(o, res)} for a, o in res.recipes],
         "explanation": explain(res),
-        "candidates": [outcome_dict(o) for o in res.outcomes],
+        "candidates": [outcome_dict(o) for o in res.outcomes],  # the `skipped_unbuilt` ones are not listed
         "rejected": [{"what": r.what, "reason": r.reason} for r in res.rejected],
     }
-
-
-def scatter_png(res: SearchResult, path: Path) -> None:
-    """Iteration time against the fullest stage's peak memory for every simulated candidate; the budget as
-    a line, the winner and the stock Megatron-Core configuration marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sims = [o for o in res.outcomes if o.stage_peak_gib]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for fits, color, label in ((True, "tab:blue", "fits"), (False, "tab:gray", "does not fit")):
-        pts = [o for o in sims if o.fits == fits]
-        ax.scatter([max(o.stage_peak_gib) for o in pts], [o.iteration_s for o in pts], s=8, c=color,
-                   alpha=0.6, label=label)
-    for o, marker, label in ((res.best_stock, "s", "stock Megatron-Core"), (res.best, "*", "lynx's pick")):
-        if o is not None:
-            ax.scatter([max(o.stage_peak_gib)], [o.iteration_s], s=160, marker=marker, edgecolors="black",
-                       c="tab:orange" if marker == "*" else "tab:green", label=label, zorder=3)
-    if sims:
-        ax.axvline(sims[0].budget_gib, color="tab:red", ls="--", lw=1, label="budget")
-    ax.set_xlabel("peak memory of the fullest stage (GiB)")
-    ax.set_ylabel("iteration time (s)")
-    ax.set_title(f"{res.space.model.name}, {res.space.gpus} GPUs: candidates planned")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)

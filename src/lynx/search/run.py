@@ -1,10 +1,21 @@
-"""Branch and bound over the configuration space.
+"""Branch and bound over the configuration space (`tree`).
 
-Every candidate gets its bounds first (cheap: static memory and the layer graph's plain step time). Those
-over budget by the memory bound are refused; the rest are planned in ascending order of their time bound,
-and once a candidate's bound exceeds the `top`-th best iteration time found (and, for stock Megatron-Core
-candidates, the best stock time too) it and every later one are skipped: no plan of theirs could enter the
-table. `exhaustive=True` plans everything (the test compares both)."""
+Nodes are expanded in ascending order of their time bound (`bounds`: static memory and the layer graph's plain
+step time, on the pipeline's start-up and drain). A lynx or stock node is first checked against the memory bound
+(refused candidates are reported as such), then each of its candidates is planned unless its bound exceeds the
+`top`-th best iteration time found (and, for stock Megatron-Core candidates, the best stock time too): no plan
+of theirs could enter the table. Once the smallest open bound exceeds both, everything left is pruned uncounted
+by name (`SearchResult.skipped`).
+
+Interleaving depth is the one dimension the bounds barely separate (the bubble shrinks as 1 / VPP, but the p2p
+transfers it adds are dependency latencies no rank's busy time shows): lynx's candidates of one layout are
+planned in increasing VPP (ties pop in that order), and once a deeper value was slower than the best
+shallower ones, the deeper ones are skipped (`VppSweep`; a rule, not a bound). Within a node, a method is not
+planned where a method that recomputes a subset of what it recomputes already fits (`dominance`: recomputing,
+or copying to the host, only ever adds time). `exhaustive=True` plans everything (the tests compare both).
+
+The published recipes that apply to the job (`recipes.applicable`) are planned always, beside the search; they do
+not feed the incumbents (the table and the stock row are the search's own)."""
 
 from __future__ import annotations
 
@@ -12,13 +23,14 @@ import heapq
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from lynx.errors import LynxError
 from lynx.problem import PlanOptions
-from lynx.search.bounds import memory_bound_reason, time_bound_s
+from lynx.search.dominance import cannot_fit, dominated, order
 from lynx.search.evaluate import LYNX_SEARCHED, Outcome, Shared, plan_candidate
-from lynx.search.space import Candidate, Rejected, Space, candidates
+from lynx.search.recipes import Applied, applicable
+from lynx.search.space import Candidate, Rejected, Space, cores, layout_candidates
+from lynx.search.tree import Frontier, Kind, Node, count
 
 Progress = Callable[[int, int, str], None]
 """(done, total, what): called as candidates are decided."""
@@ -34,6 +46,10 @@ class SearchResult:
     stage_problems: int
     """Distinct Lynx-HEU stage problems solved (the rest were cache hits)."""
     stage_hits: int
+    recipes: tuple[tuple[Applied, Outcome | None], ...] = ()
+    """The published recipes for the job, each with its priced outcome (None: it cannot run the job)."""
+    skipped: int = 0
+    """Candidates pruned by their node's time bound without being built (not in `outcomes`)."""
 
     @property
     def ranked(self) -> tuple[Outcome, ...]:
@@ -45,18 +61,25 @@ class SearchResult:
 
     @property
     def best_stock(self) -> Outcome | None:
-        return next((o for o in self.ranked if o.candidate.stock), None)
+        """The fastest stock Megatron-Core candidate the search found (the recipes' rows are their own)."""
+        return next((o for o in self.ranked if o.candidate.stock and not o.candidate.recipe), None)
+
+    @property
+    def best_recipe(self) -> Outcome | None:
+        fits = [o for _, o in self.recipes if o is not None and o.fits]
+        return min(fits, key=lambda o: o.iteration_s, default=None)
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
 
     @property
     def considered(self) -> int:
-        return len(self.outcomes)
+        return len(self.outcomes) + self.skipped
 
     @property
     def pruned(self) -> int:
-        return self.count("pruned (time bound)") + self.count("over budget (bound)")
+        return (self.skipped + self.count("pruned (time bound)") + self.count("over budget (bound)")
+                + self.count("skipped (VPP sweep)") + self.count("dominated"))
 
     @property
     def simulated(self) -> int:
@@ -87,69 +110,148 @@ class _Incumbents:
         if o.candidate.stock:
             self.stock = min(self.stock, o.iteration_s)
 
+    @property
+    def kth(self) -> float:
+        return -self.heap[0] if len(self.heap) >= self.top else math.inf
+
     def prunes(self, cand: Candidate, bound: float) -> bool:
-        kth = -self.heap[0] if len(self.heap) >= self.top else math.inf
-        return bound > kth and (not cand.stock or bound > self.stock)
+        return bound > self.kth and (not cand.stock or bound > self.stock)
+
+    def prunes_node(self, node: Node, bound: float) -> bool:
+        """A core holds stock candidates too: it must beat the stock time as well."""
+        return bound > self.kth and (node.kind == Kind.LYNX or bound > self.stock)
 
 
-def _bounds(shared: Shared, cands: list[Candidate]) -> tuple[list[tuple[float, int]], list[Outcome | None]]:
-    """Time bound per candidate (ascending order for planning), and the outcomes refused by memory."""
-    order: list[tuple[float, int]] = []
-    refused: list[Outcome | None] = [None] * len(cands)
-    memo: dict[tuple[object, ...], str] = {}
-    for i, c in enumerate(cands):
-        try:
-            problem = shared.problem(c.layout, even=c.stock)
-        except LynxError as e:
-            refused[i] = Outcome(c, "invalid", math.nan, str(e).splitlines()[0])
-            continue
-        bound = time_bound_s(problem)
-        key = (c.layout, c.stock, c.method in ("uniform", "block"))
-        if key not in memo:
-            memo[key] = memory_bound_reason(problem, c.method)
-        if memo[key]:
-            refused[i] = Outcome(c, "over budget (bound)", bound, memo[key])
-        else:
-            order.append((bound, i))
-    order.sort()
-    return order, refused
+class VppSweep:
+    """lynx's candidates of one layout in increasing VPP: the deeper ones are skipped once two values in a row
+    were slower than the best shallower one (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[object, ...], list[float]] = {}
+
+    @staticmethod
+    def _key(c: Candidate) -> tuple[object, ...] | None:
+        return None if c.stock else (replace(c.layout, vpp=1), c.method)
+
+    def skips(self, c: Candidate) -> str:
+        key = self._key(c)
+        times = self.seen.get(key, []) if key is not None and c.layout.vpp > 1 else []
+        if len(times) >= 2 and times[-1] > min(times[:-1]):
+            return f"VPP sweep: deeper interleaving of this layout got slower (best {min(times):.3f} s)"
+        return ""
+
+    def add(self, o: Outcome) -> None:
+        key = self._key(o.candidate)
+        if key is not None and o.candidate.layout.vpp > 1:  # VPP 1 is a schedule of its own (1F1B)
+            self.seen.setdefault(key, []).append(o.iteration_s if o.fits else math.inf)
 
 
 def _refine_finalists(shared: Shared, outcomes: list[Outcome], n: int) -> list[Outcome]:
     """lynx's simulator-judged partition refinement (up to 40 simulations each) for the `n` fastest lynx
     candidates only: it moves a plan by a fraction of a percent, and screening every candidate with it would
-    multiply the search's time by ten (docs/decisions.md)."""
+    multiply the search's time by ten (docs/decisions/0069-configuration-search.md)."""
     lynx = sorted((o for o in outcomes if o.fits and o.candidate.method in LYNX_SEARCHED),
                   key=lambda o: o.iteration_s)
     better = {id(o): plan_candidate(shared, o.candidate, o.bound_s, refine=True) for o in lynx[:n]}
     return [better.get(id(o), o) for o in outcomes]
 
 
+class _Run:
+    """One search's state: the frontier, the incumbents, the outcomes decided so far."""
+
+    def __init__(self, space: Space, base: PlanOptions, top: int, exhaustive: bool,
+                 progress: Progress | None) -> None:
+        self.shared = Shared(space, base)
+        self.frontier = Frontier(self.shared)
+        self.inc, self.sweep = _Incumbents(top), VppSweep()
+        self.top, self.exhaustive, self.progress = top, exhaustive, progress
+        self.outcomes: list[Outcome] = []
+        self.skipped = self.done = self.total = 0
+        self.rejected: list[Rejected] = []
+
+    def tick(self, n: int, what: str) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress(self.done, self.total, what)
+
+    def run(self) -> None:
+        cs, self.rejected = cores(self.shared.space)
+        nodes = [Node(Kind.CORE, c) for c in cs]
+        self.total = sum(count(self.shared.space, n) for n in nodes)
+        for n in nodes:
+            self.frontier.push(n)
+        while self.frontier:
+            bound, node = self.frontier.pop()
+            if not self.exhaustive and self.inc.prunes_node(node, bound):
+                self._prune(node, bound)
+            elif self.frontier.tighten(node, bound):  # also when exhaustive: the bounds test covers it
+                continue
+            elif node.kind == Kind.CORE:
+                self.frontier.expand(node)
+            else:
+                self._plan(node, bound)
+            for bad, why in self.frontier.invalid:
+                self._invalid(bad, why)
+            self.frontier.invalid.clear()
+
+    def _prune(self, node: Node, bound: float) -> None:
+        n = count(self.shared.space, node)
+        self.skipped += n
+        self.tick(n, f"pruned at bound {bound:.3f} s")
+
+    def _invalid(self, node: Node, why: str) -> None:
+        if node.kind == Kind.CORE:
+            for v in node.core.vpps:
+                own, stock = layout_candidates(self.shared.space, node.core.at(v))
+                self.outcomes += [Outcome(c, "invalid", math.nan, why) for c in own + stock]
+            self.tick(count(self.shared.space, node), "invalid")
+            return
+        cands = self.frontier.candidates(node)
+        self.outcomes += [Outcome(c, "invalid", math.nan, why) for c in cands]
+        self.tick(len(cands), "invalid")
+
+    def _plan(self, node: Node, bound: float) -> None:
+        fits: dict[str, Outcome] = {}
+        failed: set[str] = set()
+        for c in sorted(self.frontier.candidates(node), key=lambda c: order(c.method)):
+            o = self._decide(node, c, bound, fits, failed)
+            if o.fits:
+                fits[c.method] = o
+            elif o.status in ("does not fit", "over budget (bound)"):
+                failed.add(c.method)
+            self.outcomes.append(o)
+            self.tick(1, f"{c.layout.label()} {c.method}")
+
+    def _decide(self, node: Node, c: Candidate, bound: float, fits: dict[str, Outcome], failed: set[str]) -> Outcome:
+        why = self.frontier.memory_reason(node, c) or cannot_fit(c.method, failed)
+        if why:
+            return Outcome(c, "over budget (bound)", bound, why)
+        cheaper = "" if self.exhaustive else dominated(c.method, fits)
+        if cheaper:
+            return Outcome(c, "dominated", bound, f"no faster than {cheaper}, which fits this layout")
+        skip = "" if self.exhaustive else self.sweep.skips(c)
+        if skip:
+            return Outcome(c, "skipped (VPP sweep)", bound, skip)
+        if not self.exhaustive and self.inc.prunes(c, bound):
+            return Outcome(c, "pruned (time bound)", bound,
+                           f"time bound {bound:.3f} s exceeds the {self.top} best found")
+        o = plan_candidate(self.shared, c, bound)
+        self.inc.add(o)
+        self.sweep.add(o)
+        return o
+
+
 def search(space: Space, base: PlanOptions | None = None, top: int = 5, exhaustive: bool = False,
            progress: Progress | None = None) -> SearchResult:
-    """Plan the space's candidates, pruning by bounds unless `exhaustive`."""
+    """Plan the space's candidates, pruning by bounds unless `exhaustive`; price the published recipes."""
     t0 = time.perf_counter()
-    shared = Shared(space, base or PlanOptions())
-    cands, rejected = candidates(space)
-    order, outcomes = _bounds(shared, cands)  # the bounds hold for refined plans too
-    done = len(cands) - len(order)
-    if progress is not None:
-        progress(done, len(cands), "bounds")
-    inc = _Incumbents(top)
-    for bound, i in order:
-        c = cands[i]
-        if not exhaustive and inc.prunes(c, bound):
-            outcomes[i] = Outcome(c, "pruned (time bound)", bound,
-                                  f"time bound {bound:.3f} s exceeds the {top} best found")
-        else:
-            outcomes[i] = plan_candidate(shared, c, bound)
-            inc.add(outcomes[i])  # type: ignore[arg-type]
-        done += 1
-        if progress is not None:
-            progress(done, len(cands), f"{c.layout.label()} {c.method}")
-    final = _refine_finalists(shared, [o for o in outcomes if o is not None], 2 * top)
+    r = _Run(space, base or PlanOptions(), top, exhaustive, progress)
+    r.run()
+    final = _refine_finalists(r.shared, r.outcomes, 2 * top)
     final.sort(key=lambda o: (not o.fits, o.iteration_s if o.fits else math.inf, o.candidate.layout,
-                              o.candidate.method))
-    solves = sum(h.solves for h in shared.heu.values())
-    hits = sum(h.hits for h in shared.heu.values())
-    return SearchResult(space, tuple(final), tuple(rejected), time.perf_counter() - t0, solves, hits)
+                              o.candidate.method, o.candidate.split.key()))
+    recipes = tuple((a, None if a.candidate is None else plan_candidate(r.shared, a.candidate, math.nan))
+                    for a in applicable(space))
+    heu = r.shared.heu.values()
+    return SearchResult(space, tuple(final), tuple(r.rejected), time.perf_counter() - t0,
+                        sum(h.solves for h in heu), sum(h.hits for h in heu), recipes, r.skipped)

@@ -3,42 +3,41 @@ cluster, with the recomputation methods each is planned with. Pure enumeration, 
 
 Megatron-Core's rules decide what is a layout at all: TP divides the attention heads and the query groups
 (`families.*.check_layout`), DP = GPUs / (TP x CP x PP), the global batch divides by micro-batch x DP, the
-interleaved schedule needs PP >= 2, a multiple of PP micro-batches and whole layers per virtual stage.
-Context parallelism needs flash attention and a sequence divisible by 2 x CP (`spec.check_cp`, Megatron-Core's
-load-balanced causal chunks); ranks are ordered TP innermost, then CP, as Megatron orders them, so CP groups
+interleaved schedule needs PP >= 2 and a multiple of PP micro-batches; lynx's partition needs a layer per
+virtual stage, Megatron's splits (`splits`) whole layers per virtual stage as its knobs give them. Context
+parallelism (every size dividing the cluster, at every sequence length, with each --cp-comm-type) needs flash
+attention, a sequence divisible by 2 x CP (`spec.check_cp`, Megatron-Core's load-balanced causal chunks) and, for
+the all-to-all, whole heads per rank; ranks are ordered TP innermost, then CP, as Megatron orders them, so CP groups
 are TP ranks apart (`spec.ParallelSpec`, the links the cost model picks).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from lynx.errors import SpecError
 from lynx.families import get_family
 from lynx.search.experts import expert_values, moe_sequence_parallel
+from lynx.search.splits import EVEN, Split, stock_splits
 from lynx.spec import MAX_MICROBATCHES, CpCommType, Hardware, ModelSpec, ParallelSpec, check_cp
 
 STOCK_METHODS: tuple[str, ...] = (
-    "none", "selective", "full", "mc-mlp", "mc-layernorm", "mc-core_attn+mlp", "mc-mlp+layernorm",
-    "mc-core_attn+mlp+layernorm",
+    "none", "selective", "full", "block", "mc-mlp", "mc-layernorm", "mc-core_attn+mlp", "mc-core_attn+layernorm",
+    "mc-mlp+layernorm", "mc-core_attn+mlp+layernorm",
 )
-"""Megatron-Core's own recompute flags, priced on its even layout (uniform with one layer per chunk is
-`full`; `--recompute-modules core_attn` is `selective`, so neither is listed twice). `block` is left out
-of the default search: its automatic --recompute-num-layers is itself a search (seconds per layout); pin it
-with --method block (docs/decisions.md)."""
+"""Megatron-Core's own recompute flags, priced on the splits Megatron expresses (`splits.stock_splits`): uniform
+with one layer per chunk is `full`; `--recompute-modules core_attn` is `selective`, so neither is listed twice;
+`block` is Megatron's --recompute-method block with the smallest --recompute-num-layers that fits each stage
+(what a user finds by trial runs, `methods.rules`)."""
 LYNX_METHOD = "lynx"
 OFFLOAD_METHODS: tuple[str, ...] = ("lynx-offload", "mc-offload")
 """With a host link (`Space.offload`): lynx with offloading as HEU's third choice on its own partition, and
-Megatron-Core's stock fine-grained activation offloading (a stock candidate, on its even split)."""
+Megatron-Core's stock fine-grained activation offloading (a stock candidate, on Megatron's splits)."""
 STOCK_OFFLOAD = "mc-offload"
-MAX_SEARCHED_VPP = 4
-"""Model chunks per rank tried when --vpp is not pinned. Deeper interleaving shaves the bubble further but
-multiplies the schedule's actions (and the simulation's time) by VPP; `--vpp N` pins any value."""
-CP_SEARCH_MIN_TOKENS = 8192
-"""Context-parallel sizes searched when --cp is not pinned: powers of two that leave each CP rank at least this
-many tokens of the sequence, so CP is searched from 16k sequences on (Llama 3 405B's 128k run used CP 16, 8k
-tokens per rank: Dubey et al. 2024, "The Llama 3 Herd of Models", sec. 3.3.2). Shorter sequences search CP 1
-only; `--cp N` pins any valid size (NVIDIA's Llama-3.1 recipes use CP 2 at 8k)."""
+CP_COMM_TYPES: tuple[CpCommType, ...] = ("p2p", "all_gather", "a2a")
+"""Megatron's --cp-comm-type values searched for every CP > 1 layout unless --cp-comm-type is given (a2a+p2p needs
+its hierarchical sizes, a layout of its own: give it with --tp --pp --cp)."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -54,13 +53,15 @@ class Layout:
     dist_opt: bool
     cp: int = 1
     """Context parallelism (Megatron's --context-parallel-size); world size TP x CP x PP x DP."""
+    cp_comm_type: CpCommType = "p2p"
+    """Megatron's --cp-comm-type (p2p when CP is 1)."""
     ep: int = 1
     """Expert parallelism (MoE models; `search.experts`): folded into TP x CP x DP, not in the world size."""
     etp: int = 0
     """Expert tensor parallelism; 0: TP (Megatron's default)."""
 
     def label(self) -> str:
-        cp = f" CP{self.cp}" if self.cp > 1 else ""
+        cp = f" CP{self.cp}" + (f"({self.cp_comm_type})" if self.cp_comm_type != "p2p" else "") if self.cp > 1 else ""
         ep = (f" EP{self.ep}" if self.ep > 1 else "") + (f" ETP{self.etp}" if self.etp else "")
         return (f"TP{self.tp}{cp}{ep} PP{self.pp} VPP{self.vpp} DP{self.dp} SP{int(self.sp)} mb{self.mb} "
                 f"DO{int(self.dist_opt)}")
@@ -68,11 +69,14 @@ class Layout:
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """A layout planned with one method; `stock` marks Megatron-Core's even layer split and its own flags."""
+    """A layout planned with one method. `stock`: Megatron-Core's own flags on one of its splits (`split`);
+    otherwise lynx's method on lynx's own partition. `recipe`: the published recipe it prices ('' if none)."""
 
     layout: Layout
     method: str
     stock: bool
+    split: Split = EVEN
+    recipe: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +93,7 @@ class Pins:
     ep: int | None = None
     etp: int | None = None
     methods: tuple[str, ...] | None = None
-    """None: lynx on its own partition plus every stock Megatron-Core flag on the even split."""
+    """None: lynx on its own partition plus every stock Megatron-Core flag on Megatron's splits."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,11 +105,15 @@ class Space:
     seq_len: int
     pins: Pins = Pins()
     allow_cross_node_tp: bool = False
-    cp_comm_type: CpCommType = "p2p"
-    """Megatron's --cp-comm-type for every CP > 1 layout (not searched)."""
+    cp_comm_type: CpCommType | None = None
+    """Megatron's --cp-comm-type for every CP > 1 layout; None: each of `CP_COMM_TYPES` the heads allow."""
     offload: bool = False
     """Plan every layout with the offloading methods too (`OFFLOAD_METHODS`; `lynx plan --offload`, on by default
     when the hardware has a host link). Only without pinned methods."""
+    production_overlaps: bool = True
+    """Megatron's production overlaps on every candidate where Megatron allows them (`options.candidate_options`):
+    --overlap-grad-reduce, --overlap-param-gather with the distributed optimizer, --tp-comm-overlap with SP.
+    `lynx plan --gpus N --no-production-overlaps` turns them off (flags the user gives stay on)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +125,9 @@ class Rejected:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Ascending; trial division up to sqrt(n), so a count of any size a user types answers at once."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def tp_values(space: Space) -> tuple[list[int], list[Rejected]]:
@@ -138,56 +148,74 @@ def tp_values(space: Space) -> tuple[list[int], list[Rejected]]:
     return out, bad
 
 
-def _vpp_values(space: Space, pp: int, nmb: int) -> list[int]:
-    """Interleaving where Megatron allows it: PP >= 2, micro-batches a multiple of PP, whole layers per
-    virtual stage (Megatron-Core asserts num_layers % (pp * vpp) == 0 for its even chunks)."""
+def lynx_vpp_values(space: Space, pp: int, nmb: int) -> list[int]:
+    """Interleaving for lynx's own partition: every VPP Megatron-Core runs with a
+    --pipeline-model-parallel-layout (PP >= 2, a multiple of PP micro-batches: its default
+    --microbatch-group-size-per-virtual-pipeline-stage is PP, schedules.py; a layer per virtual stage)."""
     layers = space.model.num_layers
     if space.pins.vpp is not None:
         v = space.pins.vpp
-        ok = v == 1 or (pp >= 2 and nmb % pp == 0 and layers % (pp * v) == 0)
-        return [v] if ok else []
-    out = [1]
-    if pp >= 2 and nmb % pp == 0:
-        out += [v for v in range(2, MAX_SEARCHED_VPP + 1) if layers % (pp * v) == 0]
-    return out
+        return [v] if v == 1 or (pp >= 2 and nmb % pp == 0 and layers >= pp * v) else []
+    if pp < 2 or nmb % pp:
+        return [1]
+    return list(range(1, layers // pp + 1))
 
 
-def cp_values(space: Space, tp: int) -> tuple[list[int], list[Rejected]]:
-    """CP sizes beside TP `tp`: the pinned one, or the powers of two `CP_SEARCH_MIN_TOKENS` allows,
-    each checked as Megatron-Core checks it (flash attention, sequence divisible by 2 x CP)."""
+def cp_values(space: Space, tp: int) -> tuple[list[tuple[int, CpCommType]], list[Rejected]]:
+    """(CP, comm type) beside TP `tp`: the pinned CP or every size dividing the rest of the cluster, each with the
+    pinned comm type or every one of `CP_COMM_TYPES`, checked as Megatron-Core checks them (flash attention,
+    sequence divisible by 2 x CP, whole heads per rank for the all-to-all). A size the model cannot take is a
+    reason only when CP is pinned: searched freely, it is simply not in the space (so a reason that stops every
+    layout, a batch that does not divide, is the one the user is told)."""
     rest = space.gpus // tp
-    if space.pins.cp is not None:
-        wanted = [space.pins.cp] if rest % space.pins.cp == 0 else []
-    else:
-        wanted = [c for c in (1 << k for k in range(17)) if rest % c == 0
-                  and (c == 1 or space.seq_len // c >= CP_SEARCH_MIN_TOKENS)]
-    out, bad = [], []
-    for cp in wanted:
+    pinned = space.pins.cp is not None
+    sizes = [space.pins.cp] if space.pins.cp is not None else divisors(rest)
+    types = (space.cp_comm_type,) if space.cp_comm_type is not None else CP_COMM_TYPES
+    out: list[tuple[int, CpCommType]] = []
+    bad = []
+    for cp in sizes:
+        if rest % cp:
+            continue
         if cp == 1:
-            out.append(cp)
+            out.append((1, "p2p"))
             continue
         if space.seq_len % (2 * cp):
-            bad.append(Rejected(f"CP{cp}", f"--seq-len {space.seq_len} is not divisible by 2 x CP = {2 * cp}"))
+            if pinned:
+                bad.append(Rejected(f"CP{cp}", f"--seq-len {space.seq_len} is not divisible by 2 x CP = {2 * cp}"))
             continue
-        try:
-            check_cp(space.model, ParallelSpec(tp=tp, cp=cp, seq_length=space.seq_len, cp_comm_type=space.cp_comm_type,
-                                               global_batch_size=space.global_batch))
-        except SpecError as e:
-            bad.append(Rejected(f"CP{cp}", str(e)))
-            continue
-        out.append(cp)
+        for kind in types:
+            try:
+                check_cp(space.model, ParallelSpec(tp=tp, cp=cp, seq_length=space.seq_len, cp_comm_type=kind,
+                                                   global_batch_size=space.global_batch))
+            except SpecError as e:
+                if pinned:
+                    bad.append(Rejected(f"CP{cp} {kind}", str(e)))
+                continue
+            out.append((cp, kind))
     return out, bad
 
 
-def layouts(space: Space) -> tuple[list[Layout], list[Rejected]]:
-    """Every layout of the space (pins applied), and the combinations refused with their reason."""
+@dataclass(frozen=True, slots=True)
+class Core:
+    """A layout with its interleaving open: `layout` at VPP 1 and every VPP it may take (`vpps`)."""
+
+    layout: Layout
+    vpps: tuple[int, ...]
+
+    def at(self, vpp: int) -> Layout:
+        return replace(self.layout, vpp=vpp)
+
+
+def cores(space: Space) -> tuple[list[Core], list[Rejected]]:
+    """Every layout of the space with VPP left open (pins applied), and the combinations refused with their
+    reason."""
     tps, rejected = tp_values(space)
     m, gb = space.model, space.global_batch
-    out: list[Layout] = []
+    out: list[Core] = []
     for tp in tps:
         cps, bad = cp_values(space, tp)
         rejected += [Rejected(f"TP{tp} {r.what}", r.reason) for r in bad]
-        for cp in cps:
+        for cp, kind in cps:
             for pp in divisors(space.gpus // (tp * cp)):
                 if space.pins.pp is not None and pp != space.pins.pp:
                     continue
@@ -199,11 +227,18 @@ def layouts(space: Space) -> tuple[list[Layout], list[Rejected]]:
                 if gb % dp:
                     rejected.append(Rejected(f"{what} DP{dp}", f"global batch {gb} does not divide by DP {dp}"))
                     continue
-                out += _layouts_of(space, tp, pp, dp, rejected, cp)
+                out += _cores_of(space, tp, pp, dp, rejected, cp, kind)
     return out, rejected
 
 
-def _layouts_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected], cp: int = 1) -> list[Layout]:
+def layouts(space: Space) -> tuple[list[Layout], list[Rejected]]:
+    """Every layout of the space (pins applied, every VPP), and the combinations refused with their reason."""
+    cs, rejected = cores(space)
+    return [c.at(v) for c in cs for v in c.vpps], rejected
+
+
+def _cores_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected], cp: int = 1,
+              kind: CpCommType = "p2p") -> list[Core]:
     pins, out = space.pins, []
     sps = [False, True] if tp > 1 else [False]
     if pins.sp is not None:
@@ -212,44 +247,57 @@ def _layouts_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected
     dos = [False, True] if dp * cp > 1 else [False]  # it shards over DP x CP: with both 1, nothing
     if pins.dist_opt is not None:
         dos = [pins.dist_opt]
-    for mb in divisors(space.global_batch // dp):
+    per_rank = space.global_batch // dp
+    if pins.mb is not None and per_rank % pins.mb:
+        rejected.append(Rejected(f"TP{tp} PP{pp} DP{dp} mb{pins.mb}", f"--micro-batch {pins.mb} does not divide the "
+                                 f"{per_rank} samples per DP rank (global batch {space.global_batch} / DP {dp})"))
+    for mb in [pins.mb] if pins.mb is not None and per_rank % pins.mb == 0 else divisors(per_rank):
         if pins.mb is not None and mb != pins.mb:
             continue
         nmb = space.global_batch // (dp * mb)
         if nmb > MAX_MICROBATCHES:
             rejected.append(Rejected(f"TP{tp} PP{pp} DP{dp} mb{mb}", f"{nmb} micro-batches (over {MAX_MICROBATCHES})"))
             continue
-        vpps = _vpp_values(space, pp, nmb)
+        vpps = tuple(lynx_vpp_values(space, pp, nmb))
         if not vpps:
             rejected.append(Rejected(f"TP{tp} PP{pp} DP{dp} mb{mb} VPP{pins.vpp}",
                                      "interleaving needs PP >= 2, a multiple of PP micro-batches and "
-                                     "whole layers per virtual stage"))
-        for vpp in vpps:
-            out += [Layout(tp, pp, vpp, dp, sp, mb, do, cp, ep, etp) for sp in sps for do in dos
-                    for ep, etp in expert_values(space, tp, cp, dp)]
+                                     "a layer per virtual stage"))
+            continue
+        out += [Core(Layout(tp, pp, 1, dp, sp, mb, do, cp, kind, ep, etp), vpps) for sp in sps for do in dos
+                for ep, etp in expert_values(space, tp, cp, dp)]
     return out
 
 
-def even_split(model: ModelSpec, layout: Layout) -> bool:
-    """Megatron-Core's default split: the same number of layers on every (virtual) stage."""
-    return model.num_layers % (layout.pp * layout.vpp) == 0
+def method_sets(space: Space) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(lynx's methods, stock Megatron-Core methods) the space plans."""
+    names = space.pins.methods if space.pins.methods is not None else (
+        (LYNX_METHOD, *STOCK_METHODS) + (OFFLOAD_METHODS if space.offload else ()))
+    return tuple(n for n in names if not is_stock(n)), tuple(n for n in names if is_stock(n))
+
+
+def is_stock(method: str) -> bool:
+    return method in STOCK_METHODS or method == STOCK_OFFLOAD
+
+
+def layout_candidates(space: Space, lay: Layout) -> tuple[list[Candidate], list[Candidate]]:
+    """(lynx's candidates, stock candidates) of one layout: lynx's methods once, each stock method once per split
+    Megatron can express for the layout's (PP, VPP). Where no split fits, a stock method the user pinned is planned
+    on lynx's partition instead (not stock); otherwise stock candidates need a split: deeper interleaving than any
+    split allows is lynx's alone."""
+    lynx, stock = method_sets(space)
+    splits = stock_splits(space.model.num_layers, lay.pp, lay.vpp)
+    own = [Candidate(lay, n, False) for n in lynx]
+    if not splits:
+        return own + ([Candidate(lay, n, False) for n in stock] if space.pins.methods is not None else []), []
+    return own, [Candidate(lay, n, True, sp) for sp in splits for n in stock]
 
 
 def candidates(space: Space) -> tuple[list[Candidate], list[Rejected]]:
+    """Every (layout, method, split) of the space (`layout_candidates` of every layout)."""
     lays, rejected = layouts(space)
-    methods = space.pins.methods
     out: list[Candidate] = []
     for lay in lays:
-        names = methods if methods is not None else (
-            (LYNX_METHOD, *STOCK_METHODS) + (OFFLOAD_METHODS if space.offload else ()))
-        for name in names:
-            stock = name in STOCK_METHODS or name == STOCK_OFFLOAD
-            if stock and not even_split(space.model, lay):
-                if methods is None:
-                    rejected.append(Rejected(f"{lay.label()} {name}", "Megatron-Core splits layers evenly; "
-                                             f"{space.model.num_layers} layers over {lay.pp * lay.vpp} stages"))
-                    continue
-                stock = False  # a user's pinned baseline on lynx's parameter-balanced split
-            out.append(Candidate(lay, name, stock))
+        own, stock = layout_candidates(space, lay)
+        out += own + stock
     return out, rejected
-

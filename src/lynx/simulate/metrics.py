@@ -76,8 +76,10 @@ def kinds(ctx: StageContext) -> tuple[LayerKind, ...] | None:
 
 
 def throughput(model: ModelSpec, hw: Hardware, par: ParallelSpec, iteration: float) -> tuple[float, float, float]:
-    """(samples/s, model TFLOP/s per GPU, MFU) of one iteration."""
+    """(samples/s, model TFLOP/s per GPU, MFU) of one iteration. MFU is against the peak of the precision the GEMMs
+    run at: an FP8 model's against the FP8 peak (NVIDIA's convention, dgxc-benchmarking's READMEs: 1979 TFLOP/s)."""
     samples = par.global_batch_size / iteration
     flops = model_flops_per_iteration(model, par)
     tflops = flops / iteration / par.world_size / 1e12
-    return samples, tflops, tflops * 1e12 / hw.device.peak_flops
+    peak = hw.device.fp8_peak_flops if model.fp8 is not None and hw.device.fp8_peak_flops else hw.device.peak_flops
+    return samples, tflops, tflops * 1e12 / peak

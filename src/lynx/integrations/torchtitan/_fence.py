@@ -169,3 +169,69 @@ def is_fsdp(module: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(module, FSDPModule)
+
+
+# -- what torchtitan parallelized (read at apply time by `checks`) ------------------------------------------------
+
+LINEARS = ("attention.qkv_linear.wqkv", "attention.wo", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")
+"""The block's GEMMs: lynx's engine calls their weights directly (``F.linear``), as ``nn.Linear.forward`` does."""
+ATTENTION_KERNELS = ("ScaledDotProductAttention", "FlexAttention")
+"""torchtitan 0.3.0's inner attention modules the family prices (fused: output and log-sum-exp kept)."""
+
+
+def parallel_dims_of(model_part: nn.Module) -> Any:
+    """The ``ParallelDims`` torchtitan parallelized the part with, or None: ``Module.parallelize`` wraps each
+    module with a sharding config in a ``forward_with_redistribution`` closure over it (not an API: the cell
+    is read by name)."""
+    for m in model_part.modules():
+        fn: Any = m.__dict__.get("forward")
+        code = getattr(fn, "__code__", None)
+        if code is not None and "parallel_dims" in code.co_freevars and fn.__closure__ is not None:
+            return fn.__closure__[code.co_freevars.index("parallel_dims")].cell_contents
+    return None
+
+
+def _axes(spec: Any) -> list[str]:
+    if isinstance(spec, (tuple, list)):
+        return [a for s in spec for a in _axes(s)]
+    return [] if spec is None else [str(getattr(spec, "value", spec))]
+
+
+def sequence_parallel_of(block: nn.Module) -> bool | None:
+    """Whether torchtitan's module plan for the block's attention norm takes sequence shards (its input layout's
+    partition spec splits the sequence over the TP axis: ``set_llama3_sharding_config(enable_sp=True)``);
+    None when the norm has no plan."""
+    sc = getattr(getattr(block, "attention_norm", None), "_sharding_config", None)
+    if sc is None:
+        return None
+    layout = (getattr(sc, "in_src_shardings", None) or {}).get("input")
+    return "tp" in _axes(getattr(layout, "partition_spec", None))
+
+
+def linear_classes(block: nn.Module) -> dict[str, type]:
+    """FQN inside the block -> class of each GEMM module."""
+    return {name: type(block.get_submodule(name)) for name in LINEARS}
+
+
+def runs_linear_forward(cls: type) -> bool:
+    """The module computes ``F.linear(x, weight, bias)`` (torch's or torchtitan's Linear), as the engine does."""
+    return getattr(cls, "forward", None) is nn.Linear.forward
+
+
+def attention_kernel(block: nn.Module) -> str:
+    return type(block.get_submodule("attention.inner_attention")).__name__
+
+
+def is_compiled(block: nn.Module) -> bool:
+    """``nn.Module.compile`` (what torchtitan's apply_compile calls) or a ``torch.compile`` wrapper."""
+    return getattr(block, "_compiled_call_impl", None) is not None or type(block).__name__ == "OptimizedModule"
+
+
+def register_fake_backend() -> None:
+    """torch's "fake" process-group backend, on which torchtitan's ParallelDims puts mesh dimensions of degree
+    1: registered by a private torch module (torch.testing._internal.distributed.fake_pg) that a plain process
+    has not imported."""
+    import torch.distributed as dist
+
+    if "FAKE" not in getattr(dist.Backend, "_plugins", {}):
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401

@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from lynx.decisions import LayerPolicy
-from lynx.integrations.torchtitan import _fence
+from lynx.export.titan_assumes import PlanAssumes, assumes_of
+from lynx.integrations.torchtitan import _fence, checks
 from lynx.integrations.torchtitan.layer import TitanLayer
 from lynx.runtime.engine import EngineStats, RecomputeEngine
 from lynx.runtime.layers import tp
@@ -29,10 +30,16 @@ from lynx.runtime.layers import tp
 def plan_layer_policies(plan: str | Path) -> dict[int, LayerPolicy]:
     """Global layer id -> the plan's layer policy (every virtual stage, model order), from a plan file or the
     layer table `lynx export torchtitan` writes (`lynx.export.torchtitan.ENGINE_FILE`)."""
+    return load_plan(plan)[0]
+
+
+def load_plan(plan: str | Path) -> tuple[dict[int, LayerPolicy], PlanAssumes]:
+    """The plan's layer policies by global layer id and what it assumed about the model (`PlanAssumes`)."""
     import json
 
     from lynx.decisions import Phase
     from lynx.export.source import load_source
+    from lynx.export.torchtitan import dp_degrees
     from lynx.families.titan import NAME
 
     try:
@@ -42,11 +49,12 @@ def plan_layer_policies(plan: str | Path) -> dict[int, LayerPolicy]:
     if isinstance(raw, dict) and "layers" in raw and "model" not in raw:
         if raw.get("family") != NAME:
             raise ValueError(f"lynx.integrations.torchtitan: {plan}: family {raw.get('family')!r}, expected {NAME}")
+        assumes = PlanAssumes.from_dict(raw.get("assumes"), str(plan))
         try:
             return {i: LayerPolicy(keep=frozenset(e["keep"]),
                                    recompute=tuple((str(n), Phase(int(p))) for n, p in e["recompute"]),
                                    input_checkpoint=bool(e.get("input_checkpoint", True)))
-                    for i, e in enumerate(raw["layers"])}
+                    for i, e in enumerate(raw["layers"])}, assumes
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"lynx.integrations.torchtitan: {plan}: a malformed layer table ({e})") from None
 
@@ -55,14 +63,14 @@ def plan_layer_policies(plan: str | Path) -> dict[int, LayerPolicy]:
         raise ValueError(f"lynx.integrations.torchtitan: {plan} is priced for family {src.family!r}; the "
                          f"integration runs torchtitan's block, plan it with `family: {NAME}`")
     flat = [lp for pol in src.policies for lp in pol.layers]
-    return dict(enumerate(flat))
+    return dict(enumerate(flat)), assumes_of(src.problem, *dp_degrees(src))
 
 
 class LynxTorchtitan:
     """lynx's engine on one torchtitan model part. Call `end_step()` after the last backward of a step."""
 
     def __init__(self, model_part: nn.Module, policies: Mapping[int, LayerPolicy], group: Any = None,
-                 sequence_parallel: bool = False) -> None:
+                 sequence_parallel: bool | None = None, assumes: PlanAssumes | None = None) -> None:
         _fence.check_versions()
         blocks: Sequence[tuple[str, nn.Module]] = list(model_part.get_submodule("layers").named_children())
         if not blocks:
@@ -71,8 +79,18 @@ class LynxTorchtitan:
             if int(name) not in policies:
                 raise ValueError(f"lynx.integrations.torchtitan: the plan has no layer {name} "
                                  f"({len(policies)} layers planned)")
+        # what the plan assumed, against what torchtitan made of the model (one line each way it differs)
+        checks.check_blocks(blocks)
+        facts = checks.read_model(model_part, [b for _, b in blocks])
+        sp = checks.check_parallel(facts, assumes, None if group is None else tp.world(group), sequence_parallel)
+        if group is None and facts.tp > 1:
+            if facts.parallel_dims is None:
+                raise ValueError(f"lynx.integrations.torchtitan: the blocks are TP {facts.tp}: pass their TP group")
+            group = facts.parallel_dims.get_mesh("tp").get_group()  # torchtitan's own
+        self.assumes, self.facts, self.sequence_parallel = assumes, facts, sp
+        self._first = True
         self.blocks = [b for _, b in blocks]
-        self.layers = [TitanLayer(b, int(n), group, sequence_parallel) for n, b in blocks]
+        self.layers = [TitanLayer(b, int(n), group, sp) for n, b in blocks]
         if any(_fence.is_fsdp(b) for b in self.blocks) and group is not None and tp.world(group) > 1:
             # the blocks' sizes are read from sharded DTensors here; apply the plan before FSDP (as torchtitan's
             # trainer does, `trainer.LynxEngineAC`) to combine TP and FSDP
@@ -90,6 +108,7 @@ class LynxTorchtitan:
         # the blocks' buffers are not activations either: RoPE's table is saved by the complex product, and was
         # held (and counted) as rope's side state (8 MiB per block of the debug model)
         params += [b for block in self.blocks for b in block.buffers() if not _fence.is_dtensor(b)]
+        self._storages = [t.untyped_storage().data_ptr() for t in params]
         self.engine = RecomputeEngine(self.layers, pols, params,
                                       live_params=lambda li: self.layers[li].live_parameters())
         self._microbatch = 0
@@ -107,6 +126,7 @@ class LynxTorchtitan:
         self._own = own
         for li, b in enumerate(self.blocks):
             b.forward = self._step(li, own[li])
+            checks.guard_compile(b)
 
     def _step(self, li: int, own: Any) -> Any:
         """Block li's forward: its step of the engine (the part's first block starts a micro-batch)."""
@@ -115,6 +135,8 @@ class LynxTorchtitan:
                 # torch.distributed.pipelining's shape inference, or an evaluation: nothing kept for backward
                 return own(x, attention_masks, positions)  # type: ignore[no-any-return]
             if li == 0:
+                if self._first:
+                    self._check_first(x)
                 if self.auto_step and self.engine.idle():
                     self.end_step()  # every backward of the last step ran: a new step starts here
                 self._microbatch += 1
@@ -122,6 +144,18 @@ class LynxTorchtitan:
             self.layers[li].context[mb] = (attention_masks, positions)
             return self.engine.forward_layer(li, x, mb)
         return run
+
+    def _check_first(self, x: torch.Tensor) -> None:
+        """The first forward: the plan's batch and dtype; the parameters still the ones the engine was given
+        (a cast or move after `apply_lynx_plan` replaces their storage; FSDP's own swap is expected)."""
+        self._first = False
+        if not any(_fence.is_fsdp(b) for b in self.blocks):
+            params = [p for layer in self.layers for p in layer.block_parameters() if not _fence.is_dtensor(p)]
+            if [p.untyped_storage().data_ptr() for p in params] != self._storages[:len(params)]:
+                raise checks.PlanMismatch("lynx.integrations.torchtitan: the blocks' parameters were replaced after "
+                                          "the plan was applied (a cast or move): cast / move the model first")
+        if self.assumes is not None:
+            checks.check_batch(self.assumes, x, self.facts.tp, self.sequence_parallel)
 
     def end_step(self) -> None:
         """Forget the step's records (after its last backward); the next forward is micro-batch 0."""
@@ -134,12 +168,17 @@ class LynxTorchtitan:
         """Give the blocks their own forward back."""
         for b, f in zip(self.blocks, self._own, strict=True):
             b.forward = f
+            checks.unguard_compile(b)
 
 
 def apply_lynx_plan(model_part: nn.Module, plan: str | Path | Mapping[int, LayerPolicy],
-                    group: Any = None, sequence_parallel: bool = False) -> LynxTorchtitan:
-    """Run `model_part`'s blocks under the plan (a plan file of family torchtitan-llama3, or layer policies by
-    global layer id); `group`: the tensor-parallel process group (None: TP 1); `sequence_parallel`: torchtitan
-    parallelized the part with SP (``parallelism.enable_sequence_parallel``, TP > 1), as the plan must price it."""
-    pols = plan if isinstance(plan, Mapping) else plan_layer_policies(plan)
-    return LynxTorchtitan(model_part, pols, group, sequence_parallel)
+                    group: Any = None, sequence_parallel: bool | None = None) -> LynxTorchtitan:
+    """Run `model_part`'s blocks under the plan (a plan file of family torchtitan-llama3 or the layer table
+    `lynx export torchtitan` writes, checked against the model: `checks`; or bare layer policies by global
+    layer id, which say nothing about the model). `group`: the tensor-parallel process group (None: read from
+    torchtitan's ParallelDims; TP 1 without one); `sequence_parallel`: None reads it from torchtitan's module
+    plans, a value must agree with them."""
+    if isinstance(plan, Mapping):
+        return LynxTorchtitan(model_part, plan, group, sequence_parallel)
+    pols, assumes = load_plan(plan)
+    return LynxTorchtitan(model_part, pols, group, sequence_parallel, assumes)

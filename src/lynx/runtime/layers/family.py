@@ -46,8 +46,9 @@ def runtime_of_family(name: str) -> RuntimeFamily:
     module = get_family(name).runtime_module
     if not module:
         built = ", ".join(f for f in family_names() if get_family(f).runtime_module)
+        target = "lynx export torchtitan" if name == "torchtitan-llama3" else "lynx export megatron"
         raise SpecError(f"family {name!r} has no runtime layer: lynx train builds {built} layers; plan and export "
-                        f"this model (lynx plan, lynx export megatron), or train a {built.split(', ')[0]} model")
+                        f"this model (lynx plan, {target}), or train a {built.split(', ')[0]} model")
     mod = importlib.import_module(module)
     rt: RuntimeFamily = mod.RUNTIME
     return rt

@@ -1,4 +1,5 @@
-"""Every use of a private `torch.distributed.pipelining` API in lynx, in one place (docs/decisions.md).
+"""Every use of a private `torch.distributed.pipelining` API in lynx, in one place (decision 0053,
+docs/decisions/).
 
 lynx executes the plan's action list with `_PipelineScheduleRuntime`: it loads a compute-only CSV, lowers it
 to sends and receives (`_add_send_recv`) and runs the rank's row. Two compute types are replaced by custom
@@ -26,7 +27,8 @@ from lynx.runtime.layers.tp import Group
 
 TESTED_TORCH = ("2.11", "2.13")
 """major.minor versions this module was checked against: 2.13 here and in CI; 2.11 (the lent GPU machine's
-torch) by the pipeline's CPU tests, which pass there (docs/benchmarks.md section 9)."""
+torch) by the pipeline's CPU tests, which pass there (the lent H100 session of 2026-11-23;
+`git show 44d9795:docs/benchmarks.md`, section 9)."""
 
 PRIVATE_NAMES = ("_PipelineScheduleRuntime", "_Action", "_ComputationType", "_PipelineContext")
 
@@ -99,7 +101,7 @@ def receives_before_sends(order: list[Any]) -> list[Any]:
     0B1`). Over gloo a send's data moves only once the receiver has posted the matching receive, and the
     receiver's notice travels on the same TCP connection behind its own outgoing message: the gradient then
     waited for the forward and for the whole activation to cross first (measured on the testbed: 168 ms
-    instead of 84 for 1 MiB at 100 Mbit/s each way; docs/benchmarks.md section 7). The simulator, like NCCL,
+    instead of 84 for 1 MiB at 100 Mbit/s each way; decision 0060). The simulator, like NCCL,
     lets a transfer start when its sender is done. Receives keep their order among themselves (gloo matches
     them to sends in posting order) and posting is non-blocking: every wait stays where it was, inside the
     compute action that needs the data."""

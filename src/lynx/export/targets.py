@@ -1,0 +1,63 @@
+"""A plan's price on the framework it will run on (`lynx plan --gpus ... --target`), computed exactly as
+`lynx export <target>` prices it, so the search's pick and the export of its plan file show the same figures:
+
+- megatron: Megatron-Core with the exported flags and per-rank plugin (`export.megatron.megatron_run`, the
+  export table's "megatron+plugin" row);
+- torchtitan: torchtitan's eager kernels and FSDP with lynx's engine or the AC module (`price_on_torchtitan`'s
+  "torchtitan" row); None when torchtitan has no block for the model (not a llama) or cannot run the layout;
+- lynx: the plan as planned, on lynx's own runtime (the simulator's price of the plan itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lynx.errors import SpecError
+from lynx.export.pricing import Figures, simulate_lynx
+from lynx.problem import PlanProblem, PlanResult
+from lynx.request import Target
+from lynx.spec import ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class TargetPrice:
+    figures: Figures
+    runs_on: str
+    """What the row needs, in the user's words (the search table's method column)."""
+
+
+def check_target(model: ModelSpec, target: Target, cp: int | None = None) -> None:
+    """A target that cannot run the model at all, refused before the search (one line naming it)."""
+    from lynx.export.torchtitan import TITAN
+
+    if target is Target.TORCHTITAN and model.family not in ("llama", TITAN):
+        raise SpecError(f"--target torchtitan: lynx prices torchtitan's Llama block only (families llama, {TITAN}); "
+                        f"{model.name} is {model.family!r}: use --target megatron or lynx")
+    if target is Target.TORCHTITAN and cp is not None and cp > 1:
+        raise SpecError(f"--target torchtitan with --cp {cp}: lynx does not price torchtitan's context parallelism; "
+                        "use --target megatron or lynx")
+
+
+def target_price(problem: PlanProblem, result: PlanResult, target: Target, stock: bool = False) -> TargetPrice | None:
+    """The price of the plan on `target` (None: the target cannot run it). `stock`: the plan is a stock
+    Megatron-Core configuration (its flags alone run it under the lynx target)."""
+    from lynx.export.source import source_from
+
+    if target is Target.LYNX:
+        return TargetPrice(simulate_lynx(problem, result), "Megatron-Core" if stock else "lynx runtime")
+    src = source_from(problem, result)
+    if target is Target.MEGATRON:
+        from lynx.export.megatron import megatron_run
+
+        fig, plugin = megatron_run(src)
+        return TargetPrice(fig, "Megatron-Core + lynx plugin" if plugin else "Megatron-Core")
+    from lynx.export.torchtitan import ORDER, engine_table, layer_entry, price_on_torchtitan
+
+    if src.family not in ORDER:
+        return None
+    layers = [layer_entry(problem.graph, lp) for pol in src.policies for lp in pol.layers]
+    engine = engine_table(src)[0] is not None
+    figs = price_on_torchtitan(src, layers, engine)
+    if len(figs) < 2:
+        return None
+    return TargetPrice(figs[1], "torchtitan + lynx engine" if engine else "torchtitan (AC module)")

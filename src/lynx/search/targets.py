@@ -1,0 +1,84 @@
+"""The search ranked for the framework the pick will run on (`lynx plan --gpus ... --target`).
+
+The branch and bound plans every candidate with lynx's simulator (its bounds are bounds on any simulated plan
+of a layout). For the megatron and torchtitan targets, the finalists -- in lynx's order at least the `2 x top`
+fastest, until `top` fit on the target (at most `8 x top`), and the fastest stock Megatron-Core candidate -- are
+then priced as `lynx export <target>` prices their plan
+(`lynx.export.targets.target_price`: Megatron-Core's flags and plugin, torchtitan's kernels and FSDP) and ranked
+by that price; their figures become the target's, so the pick's iteration time is, to the digit, the one
+`lynx export <target>` shows for the plan `--out` writes. A finalist the target cannot run, or that does not fit
+its memory there, is listed with the reason. The rest keep lynx's price (`priced_for` says which).
+
+Re-pricing every planned candidate would multiply the search's time (an export pricing simulates each stage's
+Megatron settings, tens of simulations): the finalists are where the target's price can change the pick, as a
+framework runs a plan at most as fast as lynx's own runtime runs the same layout's best plan (it cannot hide
+recomputation), docs/decisions/0120-request-and-target.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from lynx.errors import LynxError, SpecError
+from lynx.request import Target
+from lynx.search.evaluate import Outcome
+from lynx.search.run import SearchResult
+from lynx.spec import GiB
+
+
+def _repriced(o: Outcome, target: Target) -> Outcome:
+    from lynx.export.targets import target_price
+
+    assert o.plan is not None
+    try:
+        tp = target_price(o.plan.problem, o.plan.result, target, o.candidate.stock)
+    except LynxError as e:
+        tp, why = None, str(e).splitlines()[0]
+    else:
+        why = f"{target.value} cannot run it (no block for the {o.plan.problem.model.family!r} family or layout)"
+    if tp is None:
+        return replace(o, status="invalid", reason=f"not priced for {target.value}: {why}", priced_for=target.value)
+    f = tp.figures
+    par = o.plan.problem.parallel
+    peaks = tuple(s.peak_bytes / GiB for s in f.stages)
+    over = [str(s.stage) for s in f.stages if not s.fits]
+    tokens = f.samples_per_s * par.seq_length / par.world_size
+    scale = o.iteration_s / f.iteration_time_s  # same work per iteration: throughput and MFU scale with time
+    return replace(o, status="planned" if not over else "does not fit",
+                   reason=f"stage(s) {','.join(over)} over budget on {target.value}" if over else o.reason,
+                   iteration_s=f.iteration_time_s, tokens_per_s_per_gpu=tokens, tflops_per_gpu=o.tflops_per_gpu * scale,
+                   mfu=o.mfu * scale, stage_peak_gib=peaks, priced_for=target.value, runs_on=tp.runs_on)
+
+
+def rank_for_target(res: SearchResult, target: Target, top: int) -> SearchResult:
+    """The search's outcomes with its finalists priced and ranked for `target` (lynx: only labelled): in lynx's
+    order, at least the `2 x top` fastest and until `top` fit on the target (at most `8 x top`), and the fastest
+    stock candidate; the rest keep lynx's price and say so."""
+    ranked = res.ranked
+    if target is Target.LYNX:
+        new = {id(o): replace(o, runs_on="Megatron-Core" if o.candidate.stock else "lynx runtime")
+               for o in ranked[:2 * top]}
+    else:
+        new, fitting = {}, 0
+        for o in ranked:
+            if (fitting >= top and len(new) >= 2 * top) or len(new) >= 8 * top:
+                break
+            new[id(o)] = _repriced(o, target)
+            fitting += new[id(o)].fits
+        if new and not fitting:  # nothing the target runs: say why rather than rank lynx's prices
+            first = next(iter(new.values()))
+            raise SpecError(f"--target {target.value}: none of the {len(new)} fastest configurations runs and fits "
+                            f"there ({first.candidate.layout.label()} {first.candidate.method}: {first.reason}); "
+                            "use another --target")
+        stock = next((o for o in ranked if o.candidate.stock and id(o) not in new), None)
+        if stock is not None and not any(o.candidate.stock and o.fits for o in new.values()):
+            new[id(stock)] = _repriced(stock, target)
+    rest_note = f"lynx's price (not priced for {target.value})"
+    outs = [new.get(id(o), o if target is Target.LYNX or not o.fits else replace(o, runs_on=rest_note))
+            for o in res.outcomes]
+    ids = {id(n) for n in new.values()}
+    priced = [o for o in outs if id(o) in ids]
+    rest = [o for o in outs if id(o) not in ids]
+    priced.sort(key=lambda o: (not o.fits, o.iteration_s if o.fits else math.inf))
+    return replace(res, outcomes=tuple(priced + rest))

@@ -1,0 +1,177 @@
+"""The search's tree of candidates, expanded lazily in ascending order of lower bounds.
+
+A `Core` (a layout with its interleaving open) is one node with the smallest bound of its layouts (1F1B on any
+split, and interleaving on any split at its shallowest VPP: deeper interleaving only raises that bound). Popped,
+it becomes one node per VPP for lynx's methods (any partition) and one per (VPP, Megatron split) for the stock
+methods (a known partition: `bounds.partition_time_bound_s`). A node whose bound exceeds what it must beat is
+pruned whole, its candidates counted and never built: the spaces of large clusters hold millions of candidates
+and a few hundred reach the planner."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, replace
+from enum import IntEnum
+
+from lynx.errors import LynxError
+from lynx.methods.common import base_partition
+from lynx.problem import PlanProblem
+from lynx.search.bounds import (
+    CHUNKED_METHODS,
+    Pieces,
+    frugal_reason,
+    memory_bound_reason,
+    partition_memory_reason,
+    partition_time_bound_s,
+    pieces,
+    time_bound_from,
+    time_bound_s,
+)
+from lynx.search.evaluate import LYNX_SEARCHED, Shared
+from lynx.search.options import candidate_options
+from lynx.search.space import Candidate, Core, Layout, Space, layout_candidates, method_sets
+from lynx.search.splits import Split, chunks, stock_splits
+
+
+class Kind(IntEnum):
+    CORE = 0
+    LYNX = 1
+    STOCK = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    kind: Kind
+    core: Core
+    layout: Layout | None = None
+    split: Split | None = None
+    tight: bool = False
+    """A lynx interleaved node whose bound is on the dp split its screen plans (`Frontier.tighten`)."""
+
+
+def count(space: Space, node: Node) -> int:
+    """Candidates under the node (without building them)."""
+    lynx, stock = method_sets(space)
+    layers = space.model.num_layers
+    if node.kind == Kind.LYNX:
+        assert node.layout is not None
+        pinned = bool(space.pins.methods) and not stock_splits(layers, node.layout.pp, node.layout.vpp)
+        return len(lynx) + (len(stock) if pinned else 0)
+    if node.kind == Kind.STOCK:
+        return len(stock)
+    total = 0
+    for v in node.core.vpps:
+        n = len(stock_splits(layers, node.core.layout.pp, v))
+        total += len(lynx) + (len(stock) * n if n else (len(stock) if space.pins.methods is not None else 0))
+    return total
+
+
+class Frontier:
+    """The heap of open nodes, (bound, insertion order, node); `pop` gives the smallest bound first."""
+
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
+        self.heap: list[tuple[float, int, Node]] = []
+        self.seq = itertools.count()
+        self.invalid: list[tuple[Node, str]] = []
+        self.memory: dict[tuple[Node, bool], str] = {}
+        self.pieces: dict[tuple[object, ...], Pieces] = {}
+
+    def push(self, node: Node) -> None:
+        try:
+            bound = self._bound(node)
+        except LynxError as e:
+            self.invalid.append((node, str(e).splitlines()[0]))
+            return
+        heapq.heappush(self.heap, (bound, next(self.seq), node))
+
+    def pop(self) -> tuple[float, Node]:
+        bound, _, node = heapq.heappop(self.heap)
+        return bound, node
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+    def tighten(self, node: Node, bound: float) -> bool:
+        """A lynx interleaved node popped on its any-split bound is pushed back with the bound of the dp split
+        its screen plans (`methods.heu._interleaved_search` without refinement); True when it was."""
+        if node.kind != Kind.LYNX or node.tight or node.layout is None or node.layout.vpp == 1:
+            return False
+        problem = self.shared.problem(node.layout, None)
+        part = base_partition(problem)
+        tight = max(bound, partition_time_bound_s(problem, part.chunks or part.layers_per_stage))
+        heapq.heappush(self.heap, (tight, next(self.seq), replace(node, tight=True)))
+        return True
+
+    def _bound(self, node: Node) -> float:
+        sh = self.shared
+        if node.kind == Kind.LYNX:
+            assert node.layout is not None
+            return time_bound_s(sh.problem(node.layout, None))
+        if node.kind == Kind.STOCK:
+            assert node.layout is not None and node.split is not None
+            return partition_time_bound_s(sh.problem(node.layout, node.split), self.chunks(node))
+        return self._core_bound(node.core)
+
+    def _core_bound(self, core: Core) -> float:
+        """The smallest bound of the core's layouts: 1F1B, and interleaving at its shallowest VPP (the start-up,
+        drain and chain terms only grow with VPP). The pieces are priced once per graph, DP and PP > 1 on an
+        unchecked problem: nothing is planned from it, and a layout the checks refuse is refused when its own
+        node is built."""
+        sh, lay = self.shared, core.layout
+        key = (lay.tp, lay.cp, lay.cp_comm_type, lay.sp, lay.mb, lay.ep, lay.etp, lay.dp, lay.pp > 1)
+        if key not in self.pieces:
+            opts = candidate_options(sh.base, sh.space, lay, None)
+            problem = PlanProblem(sh.space.model, sh.space.hardware, sh.parallel(lay), sh.graph(lay), opts,
+                                  sh.kinds(lay))
+            self.pieces[key] = pieces(problem)
+        nmb = sh.space.global_batch // (lay.dp * lay.mb)
+        p = replace(self.pieces[key], pp=lay.pp, nmb=nmb)
+        deep = min((v for v in core.vpps if v > 1), default=0)
+        return min(time_bound_from(p, v) for v in ((1,) if 1 in core.vpps else ()) + ((deep,) if deep else ()))
+
+    def chunks(self, node: Node) -> tuple[int, ...]:
+        assert node.layout is not None and node.split is not None
+        lay = node.layout
+        c = chunks(node.split, self.shared.space.model.num_layers, lay.pp, lay.vpp)
+        assert c is not None  # stock nodes are made from valid splits only
+        return c
+
+    def expand(self, node: Node) -> None:
+        """A core's children: lynx's node per VPP (shallow first: ties pop in that order), stock nodes per split."""
+        layers = self.shared.space.model.num_layers
+        for v in node.core.vpps:
+            lay = node.core.at(v)
+            self.push(Node(Kind.LYNX, node.core, lay))
+            for split in stock_splits(layers, lay.pp, v):
+                self.push(Node(Kind.STOCK, node.core, lay, split))
+
+    def candidates(self, node: Node) -> list[Candidate]:
+        """A lynx or stock node's candidates."""
+        assert node.layout is not None
+        own, stock = layout_candidates(self.shared.space, node.layout)
+        if node.kind == Kind.LYNX:
+            return own
+        return [c for c in stock if c.split == node.split]
+
+    def memory_reason(self, node: Node, cand: Candidate) -> str:
+        """Why no plan of the candidate can fit ('' when one might): `bounds`' memory bound, on the known
+        partition for stock candidates."""
+        assert node.layout is not None
+        key = (node, cand.method in CHUNKED_METHODS)  # the bound differs only for chunked methods
+        if key not in self.memory:
+            problem = self.shared.problem(node.layout, node.split if node.kind == Kind.STOCK else None)
+            if node.kind == Kind.STOCK:
+                self.memory[key] = partition_memory_reason(problem, self.chunks(node), cand.method)
+            else:
+                self.memory[key] = memory_bound_reason(problem, cand.method) or self._frugal(problem, cand)
+        return self.memory[key]
+
+    @staticmethod
+    def _frugal(problem: PlanProblem, cand: Candidate) -> str:
+        """lynx's interleaved screen plans the dp split (`methods.heu`): no HEU policy fits it where full
+        recomputation does not (`bounds.frugal_reason`)."""
+        if cand.method not in LYNX_SEARCHED or problem.options.vpp == 1:
+            return ""
+        return frugal_reason(problem, base_partition(problem))

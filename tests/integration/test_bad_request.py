@@ -1,0 +1,136 @@
+"""Issue 36: every bad input to the configuration search and to saved plans is one line naming the option, file
+or field, exit 2, nothing written, no traceback or "internal error", and quick -- table-driven over every
+command (plan, the search, --from-megatron, memory, simulate, export, train), one class of input per block:
+a hang, an internal error, bad input accepted silently, a message that blamed the wrong thing."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.harness.cli import run_main
+
+TINY = ["--model", "gpt-tiny", "--hardware", "a100-40g-nvlink", "--seq-len", "512"]
+SEARCH = ["plan", *TINY, "--gpus", "4", "--global-batch", "16"]
+SINGLE = ["plan", *TINY, "--tp", "2", "--pp", "1", "--micro-batch", "1", "--global-batch", "2"]
+MEGATRON = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 512 --max-position-embeddings 512 "
+            "--micro-batch-size 1 --global-batch-size 8 --tensor-model-parallel-size 4")
+NOLINK = "{f}/nolink.yaml"
+
+CASES: list[tuple[str, list[str], str]] = [
+    # a hang: counts of any size answered at once
+    ("gpus-absurd", ["plan", *TINY, "--gpus", "300000000"], "--gpus 300000000"),
+    ("nodes-absurd", ["plan", *TINY, "--nodes", "300000000"], "--nodes 300000000"),
+    ("gpus-prime", ["plan", *TINY, "--gpus", "999983", "--global-batch", "128"], "global batch 128"),
+    ("gpus-max", ["plan", *TINY, "--gpus", "1048576", "--global-batch", "128"], "global batch 128"),
+    ("global-batch-absurd", [*SEARCH, "--global-batch", "1000000000000"], "--global-batch"),
+    ("nodes-absurd-layout", ["plan", *TINY, "--tp", "4", "--pp", "4", "--nodes", "300000000"], "--nodes 300000000"),
+    # an internal error: a saved plan read with hardware that cannot run it
+    ("simulate-offload-nolink", ["simulate", "{f}/offload_nolink.json"], "no host link"),
+    ("memory-offload-nolink", ["memory", "--plan", "{f}/offload_nolink.json"], "no host link"),
+    ("export-megatron-offload-nolink", ["export", "megatron", "{f}/offload_nolink.json", "--out", "{o}/m"],
+     "no host link"),
+    ("export-titan-offload-nolink", ["export", "torchtitan", "{f}/offload_nolink.json", "--out", "{o}/t"],
+     "no host link"),
+    ("train-offload-nolink", ["train", "--plan", "{f}/offload_nolink.json"], "no host link"),
+    ("train-compare-trace-alone", ["train", "--plan", "{f}/good.json", "--compare-trace"], "--compare-trace needs"),
+    # bad input accepted silently: the search's refusals match the single layout's; options of one mode
+    ("search-offload-nolink", [*SEARCH, "-H", NOLINK, "--method", "lynx-offload"], "no host link"),
+    ("search-offload-flag-nolink", [*SEARCH, "-H", NOLINK, "--offload"], "no host link"),
+    ("single-top", [*SINGLE, "--top", "3"], "--top is read by the configuration search only"),
+    ("single-top-default-value", [*SINGLE, "--top", "5"], "--top is read by the configuration search only"),
+    ("single-search-png", [*SINGLE, "--search-png", "{o}/s.png"], "--search-png is read by the configuration"),
+    ("single-cross-node", [*SINGLE, "--allow-cross-node-tp"], "--allow-cross-node-tp is read by the configuration"),
+    ("single-offload", [*SINGLE, "--offload"], "--offload/--no-offload is read by the configuration"),
+    ("single-target", [*SINGLE, "--target", "lynx"], "--target is read by the configuration search only"),
+    ("single-idle", [*SINGLE, "--allow-idle-gpus"], "--allow-idle-gpus"),
+    ("search-compare", [*SEARCH, "--compare"], "--compare plans one layout only"),
+    ("search-gantt", [*SEARCH, "--gantt", "{o}/g.png"], "--gantt plans one layout only"),
+    ("search-lps", [*SEARCH, "--layers-per-stage", "2,2"], "--layers-per-stage plans one layout only"),
+    ("search-busbw", [*SEARCH, "--busbw", "100"], "--busbw plans one layout only"),
+    ("search-first-layers", [*SEARCH, "--decoder-first-pipeline-num-layers", "1"], "--decoder-first-pipeline"),
+    ("search-target-typo", [*SEARCH, "--target", "megatorn"], "--target 'megatorn'"),
+    ("search-target-titan-gpt", [*SEARCH, "--target", "torchtitan"], "--target torchtitan: lynx prices torchtitan's"),
+    ("search-target-titan-cp", ["plan", "-m", "llama-tiny", "--gpus", "4", "--seq-len", "4096", "--global-batch", "8",
+                                "--cp", "2", "--target", "torchtitan"], "--target torchtitan with --cp 2"),
+    ("megatron-tp-conflict", ["plan", "--tp", "2", "--from-megatron", MEGATRON],
+     "--tp 2 conflicts with --from-megatron's --tensor-model-parallel-size 4"),
+    ("megatron-seq-conflict", ["plan", "--seq-len", "1024", "--from-megatron", MEGATRON],
+     "--seq-len 1024 conflicts with --from-megatron's --seq-length 512"),
+    ("megatron-model", ["plan", "-m", "gpt-tiny", "--from-megatron", MEGATRON],
+     "--model gpt-tiny with --from-megatron"),
+    ("megatron-gpus", ["plan", "--gpus", "8", "--from-megatron", MEGATRON], "--gpus"),
+    ("megatron-compare", ["plan", "--compare", "--from-megatron", MEGATRON], "--compare is not read with"),
+    ("memory-plan-and-tp", ["memory", "--plan", "{f}/good.json", "--tp", "2"], "--tp with --plan"),
+    ("lps-printed-without-vpp", [*SINGLE, "--pp", "2", "--layers-per-stage", "1,1|1,1"], "--vpp 1"),
+    # a message that blamed the wrong thing: the real cause named
+    ("search-mb-none-allows", [*SEARCH, "--micro-batch", "3"], "--micro-batch 3 does not divide"),
+    ("search-batch-not-tp", ["plan", *TINY, "--gpus", "1000", "--global-batch", "128"], "global batch 128"),
+    ("search-tp-pin", [*SEARCH, "--tp", "8"], "--tp 8 does not divide the 4 GPUs"),
+]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("req")
+    plan = root / "good.json"
+    from lynx.cli import main
+
+    try:
+        main([*SINGLE, "--out", str(plan)])
+    except SystemExit as e:
+        assert not e.code, e.code
+    d = json.loads(plan.read_text())
+    d["stages"][0]["layers"][0]["ops"]["fc1"] = "offload"  # a valid offloading plan on the A100's host link
+    (root / "offload.json").write_text(json.dumps(d))
+    d["hardware"]["device"]["name"] = "X1-40GB"  # a device lynx knows no host link for
+    (root / "offload_nolink.json").write_text(json.dumps(d))
+    src = (Path(__file__).parents[2] / "src/lynx/presets/hardware/a100-40g-nvlink.yaml").read_text()
+    (root / "nolink.yaml").write_text(src.replace("name: A100-SXM4-40GB", "name: X1-40GB"))
+    return root
+
+
+@pytest.mark.parametrize(("argv", "names"), [pytest.param(a, n, id=i) for i, a, n in CASES])
+def test_bad_request_is_one_line(files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                 names: str) -> None:
+    args = [a.format(f=files, o=tmp_path) for a in argv]
+    t0 = time.perf_counter()
+    code, out, err = run_main(args, capsys)
+    took = time.perf_counter() - t0
+    lines = err.strip().splitlines()
+    assert code == 2, (code, out, err)
+    assert len(lines) == 1 and lines[0].startswith("lynx: error: "), err
+    assert names in lines[0], err
+    assert "Traceback" not in err + out and "internal error" not in err
+    assert not any(tmp_path.iterdir()), list(tmp_path.iterdir())  # nothing written
+    assert took < 5.0, f"{took:.1f} s (measured on a shared, loaded machine)"
+
+
+def test_counts_answer_in_well_under_a_second(capsys: pytest.CaptureFixture[str]) -> None:
+    """The hang class, timed alone (the search module already imported by the table above or here)."""
+    run_main(["plan", *TINY, "--gpus", "3"], capsys)
+    for argv in (["plan", *TINY, "--gpus", "300000000"], ["plan", *TINY, "--nodes", "300000000"],
+                 ["plan", *TINY, "--gpus", "999983", "--global-batch", "128"]):
+        t0 = time.perf_counter()
+        code, _, _ = run_main(argv, capsys)
+        assert code == 2 and time.perf_counter() - t0 < 1.0
+
+
+def test_the_offloading_plan_reads_with_a_host_link(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The refusal above is about the link alone: the same plan on the A100 (it has one) simulates."""
+    code, out, err = run_main(["simulate", str(files / "offload.json"), "--json"], capsys)
+    assert code == 0, err
+
+
+def test_a_trace_with_no_events_is_refused(files: Path, tmp_path: Path) -> None:
+    """--compare-trace (`lynx.runtime.trace.compare`): a trace of the plan's layout without a single event."""
+    from lynx.runtime.trace import TraceError, compare
+
+    empty = tmp_path / "t.json"
+    empty.write_text(json.dumps({"traceEvents": [{"ph": "M", "name": "process_name", "pid": 0}],
+                                 "otherData": {"layout": {"pp": 1, "vpp": 1, "num_microbatches": 2}}}))
+    with pytest.raises(TraceError, match="no events"):
+        compare(files / "good.json", empty)
