@@ -14,13 +14,13 @@ H100 = load_hardware("h100-80g-nvlink")
 
 def test_dense_models_search_no_expert_parallelism() -> None:
     sp = Space(load_model("llama3-8b"), H100, 16, 64, 4096)
-    assert expert_values(sp, 2, 1, 8) == [(1, 0)]
+    assert expert_values(sp.model, None, None, 2, 1, 8) == [(1, 0)]
     assert all(lay.ep == 1 and lay.etp == 0 for lay in layouts(sp)[0])
 
 
 def test_moe_pairs_follow_megatrons_folding() -> None:
     sp = Space(load_model("mixtral-8x7b"), H100, 64, 256, 4096)
-    pairs = expert_values(sp, 2, 1, 4)  # 8 ranks per stage, 8 experts
+    pairs = expert_values(sp.model, None, None, 2, 1, 4)  # 8 ranks per stage, 8 experts
     assert (1, 0) in pairs and (4, 0) in pairs and (8, 1) in pairs
     assert (8, 0) not in pairs  # ETP 2 x EP 8 = 16 does not divide 8 ranks
     assert (1, 1) not in pairs  # ETP 1 with EP 1 would replicate every expert over TP
@@ -33,3 +33,10 @@ def test_moe_layouts_pin_ep_and_force_sequence_parallelism() -> None:
     lays, _ = layouts(sp)
     assert lays and {lay.ep for lay in lays} == {4} and all(lay.sp for lay in lays)
     assert "EP4" in lays[0].label()
+
+
+def test_a_pinned_ep_the_rules_refuse_is_named() -> None:
+    sp = Space(load_model("mixtral-8x7b"), H100, 16, 64, 4096, Pins(tp=2, pp=2, ep=16, vpp=1, mb=1))
+    lays, rejected = layouts(sp)
+    assert not lays
+    assert any("--ep 16" in r.reason and "8 experts" in r.reason for r in rejected)

@@ -43,8 +43,7 @@ FLAG_NAMES = {"as_json": "--json", "offload": "--offload/--no-offload", "sp": "-
               "distributed_optimizer": "--distributed-optimizer", "hierarchical_cp": "--hierarchical-context-"
               "parallel-sizes", "search_png": "--search-png", "no_cooldown_overlap": "--no-cooldown-overlap",
               "global_batch": "--global-batch", "micro_batch": "--micro-batch", "seq_len": "--seq-len",
-              "plan_file": "--plan", "busbw": "--busbw", "gantt": "--gantt", "png": "--png",
-              "ep": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size"}
+              "plan_file": "--plan", "busbw": "--busbw", "gantt": "--gantt", "png": "--png"}
 
 SEARCH_ONLY = ("top", "search_png", "allow_cross_node_tp", "offload", "target", "no_production_overlaps")
 """Read by the configuration search only."""

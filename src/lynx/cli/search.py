@@ -110,7 +110,11 @@ def search_cmd(f: PlanFlags) -> None:
     if f.global_batch > MAX_GLOBAL_BATCH:
         raise SpecError(f"--global-batch {f.global_batch:,}: the search takes up to {MAX_GLOBAL_BATCH:,} samples")
     target = parse_target(f.target) if f.target is not None else DEFAULT_TARGET
-    check_target(load_model(f.model), target, f.cp)  # before the request's checks warn about anything
+    model = load_model(f.model)
+    check_target(model, target, f.cp)  # before the request's checks warn about anything
+    if not model.is_moe and ((f.ep or 1) > 1 or f.etp is not None):
+        raise SpecError(f"--ep / --etp with --gpus: model {model.name} has no experts; expert parallelism is "
+                        "searched for mixture-of-experts models only (drop --ep / --etp)")
     hw = load_hardware(f.hardware)
     total = cluster_gpus(hw, f.gpus, f.nodes)
     assert total is not None
@@ -136,7 +140,7 @@ def search_cmd(f: PlanFlags) -> None:
             raise SpecError("--tp-comm-overlap needs sequence parallelism (--sp)")
         sp = True
     # the shared request: MoE with a pinned TP > 1 needs SP (Megatron's rule); the search decides SP per candidate
-    sp_base = bool(sp) if sp is not None else (tp or 1) > 1 and load_model(f.model).is_moe
+    sp_base = bool(sp) if sp is not None else (tp or 1) > 1 and model.is_moe
     check_ints(**{"--ep": (f.ep, POSITIVE), "--etp": (f.etp, POSITIVE)})
     req = search_request(f, total, hw.devices_per_node, sp_base, bool(dist_opt))
     run_search(SearchArgs(f.model, f.hardware, total, f.global_batch, f.seq_len, tp, pp, f.vpp, sp, f.micro_batch,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from lynx.errors import SpecError
 from lynx.families import get_family
-from lynx.search.experts import expert_values, moe_sequence_parallel
+from lynx.search.experts import expert_reason, expert_values, moe_sequence_parallel
 from lynx.search.splits import EVEN, Split, stock_splits
 from lynx.spec import MAX_MICROBATCHES, CpCommType, Hardware, ModelSpec, ParallelSpec, check_cp
 
@@ -243,10 +243,15 @@ def _cores_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected],
     sps = [False, True] if tp > 1 else [False]
     if pins.sp is not None:
         sps = [pins.sp] if (tp > 1 or not pins.sp) else [False]
-    sps = moe_sequence_parallel(space, tp, [s for s in sps if not s or space.seq_len % (tp * cp) == 0])
+    sps = moe_sequence_parallel(space.model, tp, [s for s in sps if not s or space.seq_len % (tp * cp) == 0])
     dos = [False, True] if dp * cp > 1 else [False]  # it shards over DP x CP: with both 1, nothing
     if pins.dist_opt is not None:
         dos = [pins.dist_opt]
+    experts = expert_values(space.model, pins.ep, pins.etp, tp, cp, dp)
+    if not experts:  # only where EP or ETP is pinned: searched, (EP 1, ETP = TP) always fits
+        rejected.append(Rejected(f"TP{tp}{f' CP{cp}' if cp > 1 else ''} PP{pp} DP{dp}", expert_reason(
+            space.model, pins.ep, pins.etp, tp, cp, dp)))
+        return out
     per_rank = space.global_batch // dp
     if pins.mb is not None and per_rank % pins.mb:
         rejected.append(Rejected(f"TP{tp} PP{pp} DP{dp} mb{pins.mb}", f"--micro-batch {pins.mb} does not divide the "
@@ -265,7 +270,7 @@ def _cores_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected],
                                      "a layer per virtual stage"))
             continue
         out += [Core(Layout(tp, pp, 1, dp, sp, mb, do, cp, kind, ep, etp), vpps) for sp in sps for do in dos
-                for ep, etp in expert_values(space, tp, cp, dp)]
+                for ep, etp in experts]
     return out
 
 
