@@ -239,7 +239,7 @@ def layouts(space: Space) -> tuple[list[Layout], list[Rejected]]:
 
 def _cores_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected], cp: int = 1,
               kind: CpCommType = "p2p") -> list[Core]:
-    pins, out = space.pins, []
+    pins, out = space.pins, list[Core]()
     sps = [False, True] if tp > 1 else [False]
     if pins.sp is not None:
         sps = [pins.sp] if (tp > 1 or not pins.sp) else [False]
