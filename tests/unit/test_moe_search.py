@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from lynx.models import load_model
 from lynx.search import Pins, Space
 from lynx.search.experts import expert_values
@@ -40,3 +42,30 @@ def test_a_pinned_ep_the_rules_refuse_is_named() -> None:
     lays, rejected = layouts(sp)
     assert not lays
     assert any("--ep 16" in r.reason and "8 experts" in r.reason for r in rejected)
+
+
+@pytest.mark.parametrize("budget_gib", [2.5, 0.25])
+def test_bounds_hold_and_pruning_loses_nothing_on_a_stack(budget_gib: float) -> None:
+    """A model of two layer kinds (dense first layers under MoE ones, `test_moe_stack.TINY_MOE`), searched over EP:
+    every planned candidate's time is at least its bound (the cheapest kind's layer time; a stock split's real
+    kinds), and the pruned search returns the exhaustive one's rows. 0.25 GiB: some layouts fit only with
+    recomputation, some not at all (slow: Lynx-HEU on tight stacks, minutes)."""
+    import math
+
+    from lynx.models import model_from_dict
+    from lynx.problem import PlanOptions
+    from lynx.search import search
+    from lynx.spec import GiB
+    from tests.unit.test_moe_stack import TINY_MOE
+
+    space = Space(model_from_dict(TINY_MOE), H100, 4, 16, 1024, Pins(pp=2, vpp=1, methods=("lynx", "none", "full")))
+    opts = PlanOptions(budget_bytes=budget_gib * GiB)
+    full = search(space, opts, top=3, exhaustive=True)
+    planned = [o for o in full.outcomes if not math.isnan(o.iteration_s)]
+    assert planned and {o.candidate.layout.ep for o in planned} >= {1, 2}
+    assert any(o.fits for o in planned) and (budget_gib > 1 or full.count("does not fit"))
+    for o in planned:
+        assert o.bound_s <= o.iteration_s, (o.candidate, o.bound_s, o.iteration_s)
+    pruned = search(space, opts, top=3)
+    key = [(o.candidate, o.status, round(o.iteration_s, 12)) for o in full.ranked[:3]]
+    assert [(o.candidate, o.status, round(o.iteration_s, 12)) for o in pruned.ranked[:3]] == key
