@@ -9,19 +9,34 @@ from dataclasses import dataclass
 
 from lynx.checks import check_graph_matches, check_inputs
 from lynx.cost.layer import CostParams, build_layer_graph
-from lynx.errors import InfeasibleError, LynxError
+from lynx.errors import InfeasibleError, LynxError, SpecError
 from lynx.graph import LayerGraph
 from lynx.methods import available_methods, get_method
 from lynx.plan import Plan
 from lynx.problem import PlanOptions, PlanProblem
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
+from lynx.stack import LayerKind, is_uniform, kinds_present, primary_kind
+
+KindGraphs = tuple[tuple[LayerKind, LayerGraph], ...]
+"""One analytic layer graph per layer kind of a model whose layers are of several kinds (docs/decisions/0221)."""
 
 
-def layer_graph(model: ModelSpec, hardware: Hardware, parallel: ParallelSpec, options: PlanOptions) -> LayerGraph:
+def layer_graph(model: ModelSpec, hardware: Hardware, parallel: ParallelSpec, options: PlanOptions,
+                kind: LayerKind | None = None) -> LayerGraph:
     """The analytic layer graph every command prices with, the options that change a layer's ops applied
     (`--tp-comm-overlap`): `make_problem` and the configuration search's graph cache both build it here, so a
-    candidate the search prices and the same layout planned alone price the same graph (lynx.request)."""
-    return build_layer_graph(model, hardware, parallel, CostParams.for_hardware(hardware, options.tp_comm_overlap))
+    candidate the search prices and the same layout planned alone price the same graph (lynx.request).
+    `kind`: a layer of that kind (`lynx.stack`; default the model's primary kind)."""
+    return build_layer_graph(model, hardware, parallel, CostParams.for_hardware(hardware, options.tp_comm_overlap),
+                             kind)
+
+
+def kind_layer_graphs(model: ModelSpec, hardware: Hardware, parallel: ParallelSpec,
+                      options: PlanOptions) -> KindGraphs:
+    """`layer_graph` of each kind the model's layers have; empty when they are all of one kind."""
+    if is_uniform(model):
+        return ()
+    return tuple((k, layer_graph(model, hardware, parallel, options, k)) for k in kinds_present(model))
 
 
 def make_problem(
@@ -30,10 +45,19 @@ def make_problem(
     parallel: ParallelSpec,
     options: PlanOptions | None = None,
     graph: LayerGraph | None = None,
+    kind_graphs: KindGraphs = (),
 ) -> PlanProblem:
-    """Validate the layout and build the layer graph (analytic unless a profiled graph is given)."""
+    """Validate the layout and build the layer graph (analytic unless a profiled graph is given); a model of
+    several layer kinds takes one graph per kind (`kind_graphs`: built already, e.g. a plan file's or the search's
+    cache; else analytic) and no profiled graph."""
     opts = options or PlanOptions()
     check_inputs(model, hardware, parallel, opts)
+    if not is_uniform(model):  # one graph per layer kind (docs/decisions/0221)
+        if graph is not None and not kind_graphs:
+            raise SpecError(f"a profiled graph measures one layer; {model.name} has layers of several kinds "
+                            f"({', '.join(kinds_present(model))}): plan it with the analytic model (no --profile)")
+        kinds = kind_graphs or kind_layer_graphs(model, hardware, parallel, opts)
+        return PlanProblem(model, hardware, parallel, dict(kinds)[primary_kind(model)], opts, kinds)
     if graph is None:
         graph = layer_graph(model, hardware, parallel, opts)
     else:
@@ -63,7 +87,7 @@ def compare(
 ) -> list[CompareRow]:
     """Every method side by side, in one run (the product's first screen)."""
     names = list(methods) if methods is not None else [
-        n for n in available_methods() if get_method(n).in_compare
+        n for n in available_methods() if get_method(n).in_compare or (problem.model.is_moe and get_method(n).moe_only)
     ]
     rows: list[CompareRow] = []
     for n in names:

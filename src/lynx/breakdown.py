@@ -13,8 +13,9 @@ from typing import Any
 from lynx.cost.fsdp import sharded_static
 from lynx.cost.static_memory import StaticBreakdown, stage_static
 from lynx.decisions import LayerPolicy, StageContext
-from lynx.graph import LayerGraph
+from lynx.graph import Graphs
 from lynx.plan import Plan
+from lynx.stack import as_kinds
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +51,11 @@ class ActivationTerms:
     schedule's peak live vector); `in_flight` is then only the largest single chunk's count. 0: one chunk."""
 
 
-def activation_terms(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> ActivationTerms:
+def activation_terms(graph: Graphs, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> ActivationTerms:
     """The closed form's activation terms, from `lynx.cost.memory`'s pieces (the ones `stage_peak_bytes` adds)."""
-    from lynx.cost.memory import held_bytes, host_bytes, layer_memory, stage_lifetimes
+    from lynx.cost.memory import held_bytes, host_bytes, layer_memories, stage_lifetimes
 
-    mems = [layer_memory(graph, lp) for lp in layers]
+    mems = layer_memories(graph, layers)
     work_f = max((m.dropped for m in mems), default=0.0)
     held_fwd, work_b, fwd_tr = stage_lifetimes(graph, layers, ctx)
     embedding = ctx.extra_in_flight * ctx.extra_retained_bytes
@@ -149,13 +150,13 @@ def stage_memories(plan: Plan) -> tuple[StageMemory, ...]:
     out = []
     for s, (ctx, pol) in enumerate(zip(ctxs, result.policies, strict=True)):
         static = stage_static(problem.model, problem.parallel, s, ctx.num_layers, problem.static_recipe,
-                              problem.options.distributed_optimizer)
+                              problem.options.distributed_optimizer, kinds=as_kinds(ctx.kinds))
         ds = problem.dp_sharding
         if ds is not None:  # FSDP (torchtitan's included): its shards, gathered layers counted as parameters
             sh = sharded_static(problem.model, problem.parallel, s, ctx.num_layers, problem.static_recipe, ds,
                                 problem.options.bytes_per_param)
             static = replace(static, param_bytes=sh.params + sh.in_flight, grad_bytes=sh.grads,
                              optimizer_bytes=sh.optimizer)
-        out.append(StageMemory(s, ctx.num_layers, static, activation_terms(problem.graph, pol.layers, ctx),
+        out.append(StageMemory(s, ctx.num_layers, static, activation_terms(problem.graphs_for(ctx), pol.layers, ctx),
                                ctx.budget_bytes, sims[s].peak_memory_bytes if s < len(sims) else None))
     return tuple(out)

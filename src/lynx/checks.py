@@ -87,7 +87,7 @@ def check_result(problem: PlanProblem, result: PlanResult, where: str = "plan") 
     check_offload_link(problem, result, where)
     for pol, ctx in zip(result.policies, problem.stage_contexts(result.partition), strict=True):
         try:
-            check_policy(problem.graph, pol, ctx)
+            check_policy(problem.graphs_for(ctx), pol, ctx)
         except PlanFormatError as e:
             raise PlanFormatError(f"{where}: {e}") from None
 

@@ -12,7 +12,7 @@ from enum import IntEnum
 from typing import Any, Literal, get_args
 
 from lynx.errors import PlanFormatError
-from lynx.graph import LAYER_INPUT, LayerGraph
+from lynx.graph import LAYER_INPUT, Graphs, LayerGraph, per_layer
 from lynx.schedule import ChunkFacts, facts_1f1b
 from lynx.spec import MAX_LAYERS
 from lynx.validate import Range, check_field
@@ -236,6 +236,9 @@ class StageContext:
     per-chunk weighting is at one of them); empty: each chunk's own peak, summed (an upper bound)."""
     fsdp: FsdpCharge | None = None
     """FSDP's per-layer collectives (None: no FSDP, or its communication is not charged)."""
+    kinds: tuple[str, ...] = ()
+    """The kind of each of the stage's layers, bottom first, where the model's layers are of several kinds
+    (`lynx.stack`: "dense", "moe"); empty: every layer of the one kind the problem's graph prices."""
 
     @property
     def num_chunks(self) -> int:
@@ -356,14 +359,15 @@ def validate_layer_policy(graph: LayerGraph, lp: LayerPolicy, has_fwd_windows: b
     return errors
 
 
-def check_policy(graph: LayerGraph, policy: RecomputePolicy, ctx: StageContext) -> None:
-    """Raise PlanFormatError if any layer of the stage policy is invalid."""
+def check_policy(graph: Graphs, policy: RecomputePolicy, ctx: StageContext) -> None:
+    """Raise PlanFormatError if any layer of the stage policy is invalid (each against its own layer's graph)."""
     if len(policy.layers) != ctx.num_layers:
         raise PlanFormatError(
             f"stage {ctx.stage}: policy has {len(policy.layers)} layers, stage has {ctx.num_layers}"
         )
+    gs = per_layer(graph, len(policy.layers))
     for i, lp in enumerate(policy.layers):
-        errs = validate_layer_policy(graph, lp, ctx.has_fwd_windows)
+        errs = validate_layer_policy(gs[i], lp, ctx.has_fwd_windows)
         if not lp.input_checkpoint:
             below = policy.layers[i - 1] if i > 0 else None
             if below is None or below.keep or any(p != Phase.ON_DEMAND for _, p in below.recompute):

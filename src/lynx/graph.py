@@ -18,6 +18,7 @@ the checkpoint every policy keeps).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -274,3 +275,62 @@ class LayerGraph:
             raise PlanFormatError(f"graph: not JSON ({e.msg} at line {e.lineno})") from None
         except RecursionError:
             raise PlanFormatError("graph: nested too deeply; not a layer graph") from None
+
+
+Graphs = LayerGraph | tuple[LayerGraph, ...]
+"""What prices a stage's layers: one graph for every layer, or one per layer, bottom first (a stack of layer
+kinds, `lynx.stack`: DeepSeek-V3's dense first layers below its MoE layers; docs/decisions/0221)."""
+
+
+def per_layer(graphs: Graphs, n: int) -> tuple[LayerGraph, ...]:
+    """The graph of each of `n` layers."""
+    if isinstance(graphs, LayerGraph):
+        return (graphs,) * n
+    if len(graphs) != n:
+        raise ValueError(f"{len(graphs)} layer graphs for {n} layers")
+    return graphs
+
+
+def first_graph(graphs: Graphs) -> LayerGraph:
+    """A representative graph (the bottom layer's): for what every kind shares (dtype, runtime costs)."""
+    return graphs if isinstance(graphs, LayerGraph) else graphs[0]
+
+
+def graphs_key(graphs: Graphs) -> object:
+    """A memo key for `graphs` (objects, not contents): a graph's id, or the ids of a per-layer tuple. Memos keep
+    the graphs beside their entry and check them with `same_graphs` (an id may be reused once freed)."""
+    return id(graphs) if isinstance(graphs, LayerGraph) else tuple(id(g) for g in graphs)
+
+
+def same_graphs(a: Graphs, b: Graphs) -> bool:
+    if isinstance(a, LayerGraph) or isinstance(b, LayerGraph):
+        return a is b
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
+def slice_graphs(graphs: Graphs, lo: int, hi: int) -> Graphs:
+    """The graphs of layers lo .. hi - 1 (one graph stays one graph)."""
+    return graphs if isinstance(graphs, LayerGraph) else graphs[lo:hi]
+
+
+@functools.lru_cache(maxsize=4096)
+def stage_graphs(kind_graphs: tuple[tuple[str, LayerGraph], ...], kinds: tuple[str, ...]) -> tuple[LayerGraph, ...]:
+    """One graph per layer by its kind (`kind_graphs`: kind -> graph); the same tuple object for the same stage,
+    so the simulator's and the memory model's memos (keyed by graph objects) hit across calls."""
+    by = dict(kind_graphs)
+    return tuple(by[k] for k in kinds)
+
+
+def kind_runs(graph: Graphs, n: int) -> tuple[tuple[LayerGraph, ...], tuple[int, ...]]:
+    """A stage's layers as runs of one graph each, bottom first: (the runs' graphs, their layer counts). One
+    graph: one run of all `n` layers (the paper's HEU); one graph per layer: a run per kind change."""
+    gs = per_layer(graph, n)
+    graphs: list[LayerGraph] = []
+    counts: list[int] = []
+    for g in gs:
+        if graphs and graphs[-1] is g:
+            counts[-1] += 1
+        else:
+            graphs.append(g)
+            counts.append(1)
+    return tuple(graphs), tuple(counts)

@@ -12,12 +12,40 @@ from lynx.errors import SpecError
 from lynx.families import get_family
 from lynx.fp8 import Fp8Recipe
 from lynx.spec import DeviceSpec, Hardware, ModelSpec, ParallelSpec, check_cp, preset_names, read_spec_file, warn_once
+from lynx.stack import layer_kinds
 from lynx.validate import build
+
+_MCORE_ONLY = ("num_moe_experts", "multi_latent_attention", "kv_channels", "qk_layernorm", "mtp_num_layers")
+"""ModelSpec fields only the mcore family builds layers for (docs/decisions/0220)."""
 
 
 def check_model(m: ModelSpec) -> None:
     """The family's own rules (e.g. family llama is SwiGLU, RMSNorm, RoPE, no biases): SpecError naming the field."""
+    if m.family != "mcore":
+        used = [f for f in _MCORE_ONLY if getattr(m, f)]
+        if used:
+            raise SpecError(f"model {m.name!r}: {', '.join(used)} need family mcore (family {m.family} builds dense "
+                            "layers with standard attention only); valid: family: mcore")
     get_family(m.family).check_model(m)
+
+
+def check_experts(model: ModelSpec, par: ParallelSpec) -> None:
+    """Megatron-Core's rules for expert parallelism (megatron/training/arguments.py validate_args and
+    TransformerConfig): experts divide over EP, the expert width over ETP, sequence parallelism with TP."""
+    if not model.is_moe:
+        if par.ep > 1 or par.etp not in (0, par.tp):
+            raise SpecError(f"--expert-model-parallel-size {par.ep} / --expert-tensor-parallel-size {par.etp}: model "
+                            f"{model.name} has no experts; valid: 1 and unset")
+        return
+    if model.num_moe_experts % par.ep:
+        raise SpecError(f"--expert-model-parallel-size {par.ep}: {model.num_moe_experts} experts are not divisible by "
+                        "it; valid: a divisor of num_moe_experts")
+    if model.expert_ffn % par.expert_tp or (model.moe_shared_expert_intermediate_size % par.tp):
+        raise SpecError(f"--expert-tensor-parallel-size {par.expert_tp}: expert FFN {model.expert_ffn} (shared "
+                        f"{model.moe_shared_expert_intermediate_size}) not divisible by it / by TP {par.tp}")
+    if par.tp > 1 and not par.sequence_parallel:
+        raise SpecError(f"{model.name}: MoE with TP {par.tp} needs --sequence-parallel (Megatron-Core's rule for "
+                        "mixture-of-experts with tensor parallelism)")
 
 
 def with_family_defaults(data: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -77,9 +105,31 @@ def embedding_params(m: ModelSpec) -> int:
     return round(get_family(m.family).embedding_params(m, 1))
 
 
+def decoder_params(m: ModelSpec, active: bool = False) -> float:
+    """The decoder layers' parameters, by kind (an MoE layer's routed experts: all of them, or with `active` the
+    top-k a token runs through); the MTP layers (DeepSeek-V3) count as layers of the last layer's kind plus their
+    projection of [embedding, hidden] to hidden and its two norms."""
+    fam = get_family(m.family)
+    kinds = layer_kinds(m)
+    if not m.is_moe:
+        return m.num_layers * fam.layer_params(m, 1)
+    from lynx.families import mcore, moe
+
+    experts = moe.expert_params(m) * (m.moe_router_topk / m.num_moe_experts if active else 1.0)
+    per = {k: mcore.kind_params(m, 1, k) + (experts if k == "moe" else 0.0) for k in set(kinds)}
+    mtp = m.mtp_num_layers * (per[kinds[-1]] + 2 * m.hidden_size * m.hidden_size + 2 * m.hidden_size)
+    return sum(per[k] for k in kinds) + mtp
+
+
 def total_params(m: ModelSpec) -> int:
     out = get_family(m.family).output_params(m)
-    return m.num_layers * layer_params(m) + embedding_params(m) + round(out)
+    return round(decoder_params(m)) + embedding_params(m) + round(out)
+
+
+def active_params(m: ModelSpec) -> int:
+    """Parameters one token runs through: every dense weight, the top-k routed experts of each MoE layer."""
+    out = get_family(m.family).output_params(m)
+    return round(decoder_params(m, active=True)) + embedding_params(m) + round(out)
 
 
 def validate_layout(model: ModelSpec, hw: Hardware, par: ParallelSpec, nodes: int | None = None) -> int:
@@ -88,6 +138,7 @@ def validate_layout(model: ModelSpec, hw: Hardware, par: ParallelSpec, nodes: in
     loaded one is."""
     check_model(model)
     get_family(model.family).check_layout(model, par.tp)
+    check_experts(model, par)
     check_cp(model, par)
     check_fp8(model, hw.device)
     if par.seq_length > model.max_position_embeddings:

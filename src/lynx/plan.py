@@ -24,7 +24,16 @@ from lynx.paths import MAX_JSON_BYTES, read_text, write_text
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
 from lynx.schedule import Schedule
 from lynx.simulate import SimResult, simulate
-from lynx.spec import hardware_from_dict, hardware_to_dict, model_to_dict, parallel_from_dict, parallel_to_dict
+from lynx.spec import (
+    ModelSpec,
+    ParallelSpec,
+    hardware_from_dict,
+    hardware_to_dict,
+    model_to_dict,
+    parallel_from_dict,
+    parallel_to_dict,
+)
+from lynx.stack import LayerKind, kinds_present
 from lynx.validate import NON_NEGATIVE, build, check_field
 
 PLAN_SCHEMA_VERSION = 2
@@ -124,11 +133,13 @@ class Plan:
             "partition": {"method": r.partition.method, "layers_per_stage": list(r.partition.layers_per_stage),
                           "chunks": list(r.partition.chunks)},
             "schedule": {"name": p.schedule.name, "vpp": p.options.vpp},
-            "stages": [pol.to_dict(p.graph) for pol in r.policies],
+            # several layer kinds: each layer lists its own ops (no one graph's order)
+            "stages": [pol.to_dict(None if p.heterogeneous else p.graph) for pol in r.policies],
             "notes": list(r.notes),
             "search_time_s": r.search_time_s,
             "prediction": self.prediction.to_dict(),
             "graph": p.graph.to_dict(),
+            **({"kind_graphs": {k: g.to_dict() for k, g in p.kind_graphs}} if p.heterogeneous else {}),
         }
 
     def to_json(self) -> str:
@@ -155,7 +166,8 @@ def plan_from_dict(d: Mapping[str, Any], where: str = "plan") -> tuple[PlanProbl
         check_inputs(model, hardware, parallel, options)
         graph = LayerGraph.from_dict(d["graph"], MODULE_OF)
         check_graph_matches(graph, model, parallel)
-        problem = PlanProblem(model=model, hardware=hardware, parallel=parallel, graph=graph, options=options)
+        problem = PlanProblem(model=model, hardware=hardware, parallel=parallel, graph=graph, options=options,
+                              kind_graphs=_kind_graphs(d, model, parallel, where))
         part_d = d["partition"]
         lps = check_field(part_d.get("layers_per_stage"), tuple[int, ...], f"{where}: partition.layers_per_stage")
         chunks = check_field(part_d.get("chunks", ()), tuple[int, ...], f"{where}: partition.chunks")
@@ -204,3 +216,22 @@ def policies_per_virtual_stage(pols: tuple[RecomputePolicy, ...], counts: tuple[
         if lo != len(pol.layers):
             raise PlanFormatError(f"plan: stage {r} policy covers {len(pol.layers)} layers, its chunks {lo}")
     return tuple(p for p in out if p is not None)
+
+
+def _kind_graphs(d: Mapping[str, Any], model: ModelSpec, parallel: ParallelSpec, where: str
+                 ) -> tuple[tuple[LayerKind, LayerGraph], ...]:
+    """A plan of a model of several layer kinds carries one graph per kind (docs/decisions/0221)."""
+    kinds = kinds_present(model)
+    if len(kinds) == 1:
+        return ()
+    kg = d.get("kind_graphs")
+    if not isinstance(kg, Mapping) or sorted(kg) != sorted(kinds):
+        raise PlanFormatError(f"{where}: kind_graphs must hold one graph for each of the model's layer kinds "
+                              f"({', '.join(kinds)})")
+    out = []
+    for k in kinds:
+        g = LayerGraph.from_dict(kg[k])
+        check_graph_matches(g, model, parallel)
+        out.append((k, g))
+    return tuple(out)
+

@@ -14,10 +14,11 @@ from lynx.cost.memory import (
 )
 from lynx.cost.static_memory import PrecisionName, Recipe, recipe_for
 from lynx.decisions import FsdpCharge, RecomputePolicy, StageContext
-from lynx.graph import LayerGraph
+from lynx.graph import Graphs, LayerGraph, stage_graphs
 from lynx.partition.base import Partition
 from lynx.schedule import Schedule, ScheduleFacts, derive_facts, make_schedule
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
+from lynx.stack import LayerKind, as_kinds, layer_kinds, stage_kinds
 from lynx.validate import rng
 
 
@@ -95,7 +96,36 @@ class PlanProblem:
     hardware: Hardware
     parallel: ParallelSpec
     graph: LayerGraph
+    """The layer graph of every layer; with `kind_graphs`, the graph of the model's primary kind."""
     options: PlanOptions = field(default_factory=PlanOptions)
+    kind_graphs: tuple[tuple[LayerKind, LayerGraph], ...] = ()
+    """One graph per layer kind where the model's layers are of several kinds (DeepSeek-V3's dense first layers,
+    `--moe-layer-freq` patterns; `lynx.stack`, docs/decisions/0221); empty: `graph` prices every layer."""
+
+    @property
+    def heterogeneous(self) -> bool:
+        return bool(self.kind_graphs)
+
+    def kind_graph(self, kind: str) -> LayerGraph:
+        for k, g in self.kind_graphs:
+            if k == kind:
+                return g
+        return self.graph
+
+    def graphs_for(self, ctx: StageContext) -> Graphs:
+        """What prices the stage's layers: the one graph, or one per layer by its kind."""
+        if not ctx.kinds:
+            return self.graph
+        return stage_graphs(self.kind_graphs, ctx.kinds)
+
+    def range_graphs(self, first: int, count: int) -> Graphs:
+        """What prices layers first .. first + count - 1 (a virtual stage of an export's layout)."""
+        kinds = self.range_kinds(first, count)
+        return stage_graphs(self.kind_graphs, kinds) if kinds else self.graph
+
+    def range_kinds(self, first: int, count: int) -> tuple[str, ...]:
+        """The kinds of layers first .. first + count - 1 when the model has several (else empty)."""
+        return stage_kinds(self.model, first, count) if self.kind_graphs else ()
 
     @property
     def static_recipe(self) -> Recipe:
@@ -117,10 +147,14 @@ class PlanProblem:
         return _facts(self.parallel.pp, self.parallel.num_microbatches, self.options.vpp)
 
     def stage_context(self, stage: int, num_layers: int, chunk_layers: tuple[int, ...] = (),
-                      facts: ScheduleFacts | None = None) -> StageContext:
+                      facts: ScheduleFacts | None = None, kinds: tuple[str, ...] = ()) -> StageContext:
         """The context of rank `stage` with `num_layers` layers (split over its chunks as `chunk_layers`
         when interleaved); micro-batches in flight, forward windows and cool-down from the schedule's facts
-        (`facts`: a user's schedule; default the problem's own)."""
+        (`facts`: a user's schedule; default the problem's own). `kinds`: the layers' kinds, bottom first, for a
+        model of several kinds (`range_kinds`; required then)."""
+        if self.kind_graphs and len(kinds) != num_layers:
+            raise ValueError(f"stage {stage}: a model of several layer kinds needs the kinds of its {num_layers} "
+                             f"layers (got {len(kinds)})")
         par = self.parallel
         f = facts or self.facts
         chunks = f.chunks[stage]
@@ -137,10 +171,11 @@ class PlanProblem:
             budget_bytes=self.budget_bytes,
             static_bytes=static_bytes(self.model, par, stage, num_layers, self.options.bytes_per_param,
                                       self.options.precision, self.options.distributed_optimizer,
-                                      self.options.dp_sharding),
+                                      self.options.dp_sharding, as_kinds(kinds)),
             extra_retained_bytes=extra_retained_bytes(self.model, par, stage),
             extra_transient_bytes=extra_transient_bytes(self.model, par, stage),
-            grad_workspace_bytes=grad_workspace_bytes(self.graph),
+            grad_workspace_bytes=grad_workspace_bytes(stage_graphs(self.kind_graphs, kinds) if kinds
+                                                      else self.graph),
             subtract_wgrad=self.options.subtract_wgrad,
             fwd_windows=all(c.has_fwd_windows for c in chunks),
             cooldown_microbatches=max(c.cooldown_count for c in chunks),
@@ -148,6 +183,7 @@ class PlanProblem:
             chunk_in_flight=in_flight if len(chunks) > 1 else (),
             live_vectors=f.live[stage] if len(chunks) > 1 else (),
             fsdp=self.fsdp_charge(stage),
+            kinds=kinds,
         )
 
     @property
@@ -166,8 +202,18 @@ class PlanProblem:
         return fsdp_charge(self.model, self.hardware, self.parallel, stage, self.static_recipe, ds)
 
     def stage_contexts(self, partition: Partition, facts: ScheduleFacts | None = None) -> tuple[StageContext, ...]:
-        return tuple(self.stage_context(s, n, partition.chunk_layers(s) if partition.chunks else (), facts)
+        return tuple(self.stage_context(s, n, partition.chunk_layers(s) if partition.chunks else (), facts,
+                                        self.partition_kinds(partition, s))
                      for s, n in enumerate(partition.layers_per_stage))
+
+    def partition_kinds(self, partition: Partition, stage: int) -> tuple[str, ...]:
+        """The kinds of the layers `partition` puts on `stage` (empty for a model of one kind)."""
+        if not self.kind_graphs:
+            return ()
+        kinds = layer_kinds(self.model)
+        return tuple(kinds[i] for i in partition.stage_layer_indices(stage))
+
+
 
 
 @dataclass(frozen=True, slots=True)

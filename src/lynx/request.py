@@ -22,6 +22,7 @@ from lynx.problem import PlanOptions, PlanProblem
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
 
 if TYPE_CHECKING:
+    from lynx.api import KindGraphs
     from lynx.plan import Plan
 
 
@@ -64,12 +65,14 @@ class Request:
     target: Target = DEFAULT_TARGET
     graph: LayerGraph | None = field(default=None, compare=False, repr=False)
     """A profiled layer graph (`--profile`) in place of the analytic one."""
+    kind_graphs: KindGraphs = field(default=(), compare=False, repr=False)
+    """One graph per layer kind for a model of several kinds (a plan file's; empty: analytic, `lynx.stack`)."""
 
     def problem(self) -> PlanProblem:
         """The planning problem, validated (`lynx.api.make_problem`: layout, options, graph)."""
         from lynx.api import make_problem
 
-        return make_problem(self.model, self.hardware, self.parallel, self.options, self.graph)
+        return make_problem(self.model, self.hardware, self.parallel, self.options, self.graph, self.kind_graphs)
 
     def plan(self, record: bool = False) -> Plan:
         """Plan with the request's method and simulate (lynx's own price of the plan)."""
@@ -81,4 +84,4 @@ class Request:
     def of_problem(problem: PlanProblem, method: str = "lynx", target: Target = DEFAULT_TARGET) -> Request:
         """The request a problem was built from (a plan file's; its graph kept, profiled or analytic)."""
         return Request(problem.model, problem.hardware, problem.parallel, problem.options, method, target,
-                       problem.graph)
+                       problem.graph, problem.kind_graphs)

@@ -40,6 +40,10 @@ Bias = Literal["all", "qkv", "none"]
 Attention = Literal["standard", "flash"]
 TransformerImpl = Literal["transformer_engine", "local"]
 """Megatron-Core's --transformer-impl: TransformerEngine's modules (the default) or Megatron-Core's own ("local")."""
+DispatcherType = Literal["allgather", "alltoall", "flex"]
+"""Megatron-Core's --moe-token-dispatcher-type."""
+LoadBalancing = Literal["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"]
+"""Megatron-Core's --moe-router-load-balancing-type (one type; lists of several are not modelled)."""
 CpCommType = Literal["p2p", "a2a", "all_gather", "a2a+p2p"]
 """Megatron-Core's --cp-comm-type: how context-parallel attention exchanges K/V (TransformerEngine's
 AttnFuncWithCPAndKVP2P, AttnFuncWithCPAndQKVOA2A, AttnFuncWithCPAndKVAllGather; a2a+p2p: hierarchical, a2a
@@ -111,6 +115,51 @@ class ModelSpec:
     main gradient by a separate pass, every micro-batch."""
     cross_entropy_loss_fusion: bool = False
     """--cross-entropy-loss-fusion (off by default in Megatron): the vocab-parallel loss in fewer passes."""
+    # --- attention head size and QK norm (Megatron-Core --kv-channels, --qk-layernorm)
+    kv_channels: int = field(default=0, metadata=rng(ge=0, le=1 << 16))
+    """Head dimension (--kv-channels); 0 means hidden_size / num_attention_heads (Qwen3: 128 at hidden 4096 and
+    64 heads)."""
+    qk_layernorm: bool = False
+    """--qk-layernorm: a norm over each query and key head (Qwen3)."""
+    # --- mixture of experts (Megatron-Core TransformerConfig's moe_* fields; docs/decisions/0220). Family mcore only.
+    num_moe_experts: int = field(default=0, metadata=rng(ge=0, le=1 << 16))
+    """--num-experts: routed experts per MoE layer; 0 is a dense model."""
+    moe_router_topk: int = field(default=2, metadata=rng(gt=0, le=1 << 10))
+    """--moe-router-topk: experts per token (Megatron's default 2)."""
+    moe_ffn_hidden_size: int = field(default=0, metadata=rng(ge=0, le=1 << 24))
+    """--moe-ffn-hidden-size: one expert's inner width; 0 means ffn_hidden_size (Megatron's default)."""
+    moe_shared_expert_intermediate_size: int = field(default=0, metadata=rng(ge=0, le=1 << 24))
+    """--moe-shared-expert-intermediate-size: all shared experts' inner width together; 0: no shared expert."""
+    moe_layer_freq: int = field(default=1, metadata=rng(gt=0, le=MAX_LAYERS))
+    """--moe-layer-freq N: layer i (from 0) is an MoE layer when i % N == 0 (Megatron's integer form)."""
+    moe_layer_pattern: tuple[int, ...] = ()
+    """--moe-layer-freq as a list, one 0 (dense) or 1 (MoE) per layer, e.g. DeepSeek-V3's [0]*3+[1]*58; overrides
+    moe_layer_freq when given."""
+    moe_grouped_gemm: bool = False
+    """--moe-grouped-gemm: a rank's local experts in one grouped GEMM (else one GEMM per expert, Megatron's default)."""
+    moe_token_dispatcher_type: DispatcherType = "allgather"
+    """--moe-token-dispatcher-type: allgather (Megatron's default), alltoall or flex (DeepEP; priced as alltoall)."""
+    moe_router_load_balancing_type: LoadBalancing = "aux_loss"
+    """--moe-router-load-balancing-type; no effect on time or memory (exported so the command line trains it)."""
+    moe_expert_capacity_factor: float | None = field(default=None, metadata=rng(gt=0))
+    """--moe-expert-capacity-factor: tokens per expert capped at this x the balanced share; None is dropless."""
+    moe_pad_expert_input_to_capacity: bool = False
+    """--moe-pad-expert-input-to-capacity: every expert computes exactly its capacity (needs a capacity factor)."""
+    moe_imbalance: float = field(default=1.0, metadata=rng(ge=1.0, le=1024.0))
+    """Not a Megatron switch: tokens the busiest expert rank receives over the balanced share (1.0: perfectly
+    balanced routing, what Megatron's aux-loss / expert-bias balancing aims at). A capacity factor caps it."""
+    # --- multi-latent attention (DeepSeek-V2/V3; Megatron-Core MLATransformerConfig)
+    multi_latent_attention: bool = False
+    """--multi-latent-attention: low-rank Q and compressed KV projections (family mcore)."""
+    q_lora_rank: int = field(default=0, metadata=rng(ge=0, le=1 << 20))
+    """--q-lora-rank; 0: Q projected directly (no down / up projection, DeepSeek-V2-Lite)."""
+    kv_lora_rank: int = field(default=512, metadata=rng(gt=0, le=1 << 20))
+    qk_head_dim: int = field(default=128, metadata=rng(gt=0, le=1 << 16))
+    qk_pos_emb_head_dim: int = field(default=64, metadata=rng(ge=0, le=1 << 16))
+    v_head_dim: int = field(default=128, metadata=rng(gt=0, le=1 << 16))
+    mtp_num_layers: int = field(default=0, metadata=rng(ge=0, le=16))
+    """--mtp-num-layers: DeepSeek-V3's multi-token-prediction layers after the decoder (parameters and memory of
+    the last stage; `lynx.stack`)."""
     fp8: Fp8 | None = None
     """FP8 linear layers (--fp8-format, --fp8-recipe, --fp8-param-gather; `lynx.fp8`); None: 16-bit GEMMs. Like the
     fusion fields it says how Megatron-Core runs the layer, so every graph built from the model carries it."""
@@ -124,7 +173,8 @@ class ModelSpec:
         for f in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "num_query_groups"):
             if getattr(self, f) <= 0:
                 raise SpecError(f"model {self.name!r}: {f} must be positive")
-        if self.hidden_size % self.num_attention_heads:
+        _check_moe(self)
+        if self.kv_channels == 0 and self.hidden_size % self.num_attention_heads:
             raise SpecError(
                 f"model {self.name!r}: hidden_size {self.hidden_size} is not divisible by "
                 f"num_attention_heads {self.num_attention_heads}"
@@ -146,7 +196,37 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_moe_experts > 0
+
+    @property
+    def expert_ffn(self) -> int:
+        """One routed expert's inner width (--moe-ffn-hidden-size, default ffn_hidden_size)."""
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+
+def _check_moe(m: ModelSpec) -> None:
+    """The MoE fields' own rules (Megatron-Core's TransformerConfig.__post_init__ checks the same)."""
+    where = f"model {m.name!r}"
+    for f, ok in (("moe_token_dispatcher_type", get_args(DispatcherType)),
+                  ("moe_router_load_balancing_type", get_args(LoadBalancing))):
+        if getattr(m, f) not in ok:
+            raise SpecError(f"{where}: {f} {getattr(m, f)!r}; choose one of {', '.join(ok)}")
+    if not m.is_moe:
+        return
+    if m.moe_router_topk > m.num_moe_experts:
+        raise SpecError(f"{where}: moe_router_topk {m.moe_router_topk} exceeds num_moe_experts {m.num_moe_experts}")
+    if m.moe_layer_pattern:
+        if len(m.moe_layer_pattern) != m.num_layers or any(x not in (0, 1) for x in m.moe_layer_pattern):
+            raise SpecError(f"{where}: moe_layer_pattern must list num_layers ({m.num_layers}) values of 0 (dense) "
+                            f"or 1 (MoE), got {len(m.moe_layer_pattern)} values")
+        if 1 not in m.moe_layer_pattern:
+            raise SpecError(f"{where}: moe_layer_pattern has no MoE layer; valid: at least one 1, or num_moe_experts 0")
+    if m.moe_pad_expert_input_to_capacity and m.moe_expert_capacity_factor is None:
+        raise SpecError(f"{where}: moe_pad_expert_input_to_capacity needs moe_expert_capacity_factor (Megatron's rule)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,14 +407,15 @@ class Hardware:
     def link_for_group(self, size: int, stride: int = 1) -> LinkSpec:
         """The slowest link over the groups of `size` ranks, `stride` apart in rank order (TP groups are
         contiguous, DP and PP groups strided), that start in the first node."""
-        key = (self, size, stride)
-        link = _GROUP_LINKS.get(key)
-        if link is None:
-            groups = [[o + i * stride for i in range(size)] for o in range(min(stride, self.devices_per_node))]
-            link = min((self.link_for_ranks(g) for g in groups), key=lambda lk: lk.effective_Bps)
-            if len(_GROUP_LINKS) >= 4096:
-                _GROUP_LINKS.clear()
-            _GROUP_LINKS[key] = link
+        key = (id(self), size, stride)
+        hit = _GROUP_LINKS.get(key)
+        if hit is not None and hit[0] is self:  # this very object: its own links come back (callers compare by
+            return hit[1]                        # identity, `_group_link_fields`)
+        groups = [[o + i * stride for i in range(size)] for o in range(min(stride, self.devices_per_node))]
+        link = min((self.link_for_ranks(g) for g in groups), key=lambda lk: lk.effective_Bps)
+        if len(_GROUP_LINKS) >= 4096:
+            _GROUP_LINKS.clear()
+        _GROUP_LINKS[key] = (self, link)  # holding `self` keeps its id from being reused while cached
         return link
 
     def _group_link_fields(self, size: int, stride: int) -> list[str]:
@@ -371,9 +452,9 @@ class Hardware:
         return hw
 
 
-_GROUP_LINKS: dict[tuple[Hardware, int, int], LinkSpec] = {}
-"""`Hardware.link_for_group` by (hardware, size, stride): pure in its arguments, asked tens of thousands of times
-by a search. Bounded; cleared when full."""
+_GROUP_LINKS: dict[tuple[int, int, int], tuple[Hardware, LinkSpec]] = {}
+"""`Hardware.link_for_group` by (the hardware object, size, stride): pure in its arguments, asked tens of thousands
+of times by a search. Bounded; cleared when full."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,6 +476,11 @@ class ParallelSpec:
     cp_a2a_size: int = field(default=1, metadata=rng(gt=0, le=1 << 16))
     """a2a+p2p: the all-to-all level of Megatron's --hierarchical-context-parallel-sizes [a2a, p2p] (the p2p
     level is cp / cp_a2a_size); unused by the other types."""
+    ep: int = field(default=1, metadata=rng(gt=0, le=1 << 16))
+    """--expert-model-parallel-size: MoE layers split their experts over EP ranks. Megatron-Core folds EP into the
+    stage's TP x CP x DP ranks: those are re-split as ETP (innermost) x EP x expert-DP (parallel_state.py)."""
+    etp: int = field(default=0, metadata=rng(ge=0, le=1 << 16))
+    """--expert-tensor-parallel-size: tensor parallelism inside each expert; 0 means TP (Megatron's default None)."""
 
     def __post_init__(self) -> None:
         check_instance(self, "parallel layout")
@@ -420,6 +506,10 @@ class ParallelSpec:
         if self.num_microbatches > MAX_MICROBATCHES:
             raise SpecError(f"{self.num_microbatches} micro-batches per iteration (global batch / (micro-batch x "
                             f"DP)); lynx simulates each one and plans at most {MAX_MICROBATCHES}")
+        if (self.tp * self.cp * self.dp) % (self.expert_tp * self.ep):
+            raise SpecError(f"--expert-model-parallel-size {self.ep} x --expert-tensor-parallel-size "
+                            f"{self.expert_tp} must divide TP x CP x DP = {self.tp * self.cp * self.dp} "
+                            "(Megatron-Core re-splits a stage's ranks into ETP x EP x expert-DP)")
         if self.sequence_parallel and self.seq_length % (self.tp * self.cp):
             raise SpecError(f"sequence parallelism needs seq_length {self.seq_length} divisible by TP {self.tp}"
                             + (f" x CP {self.cp}" if self.cp > 1 else ""))
@@ -434,6 +524,17 @@ class ParallelSpec:
         over data-parallel x context-parallel ranks (parallel_state.get_data_parallel_group(
         with_context_parallel=True)): every CP rank holds the same weights and sees other tokens."""
         return self.dp * self.cp
+
+    @property
+    def edp(self) -> int:
+        """Expert data parallelism: the group expert gradients are reduced (and the distributed optimizer shards
+        expert state) over, TP x CP x DP / (ETP x EP) (parallel_state.py, expert_data_parallel_size)."""
+        return self.tp * self.cp * self.dp // (self.expert_tp * self.ep)
+
+    @property
+    def expert_tp(self) -> int:
+        """ETP as Megatron resolves it: --expert-tensor-parallel-size, else TP."""
+        return self.etp or self.tp
 
     @property
     def local_seq(self) -> int:
@@ -569,13 +670,28 @@ def fusion_changes(m: ModelSpec) -> dict[str, Any]:
     return {k: getattr(m, k) for k, v in FUSION_DEFAULTS.items() if getattr(m, k) != v}
 
 
+_LATE_FIELDS = ("kv_channels", "qk_layernorm", "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size",
+                "moe_shared_expert_intermediate_size", "moe_layer_freq", "moe_layer_pattern", "moe_grouped_gemm",
+                "moe_token_dispatcher_type", "moe_router_load_balancing_type", "moe_expert_capacity_factor",
+                "moe_pad_expert_input_to_capacity", "moe_imbalance", "multi_latent_attention", "q_lora_rank",
+                "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "mtp_num_layers")
+"""ModelSpec fields added with mixture-of-experts (decision 0220): written only where not at their defaults."""
+
+
 def model_to_dict(m: ModelSpec) -> dict[str, Any]:
-    """The model's fields; the fusion fields only where they differ from Megatron's defaults, so that a plan at
-    the defaults is written exactly as before the fields existed (and older plans load with the defaults)."""
+    """The model's fields; the fusion, MoE and MLA fields only where they differ from Megatron's defaults, so that
+    a plan at the defaults is written exactly as before the fields existed (and older plans load with the
+    defaults)."""
     d = dataclasses.asdict(m)
     for k, v in FUSION_DEFAULTS.items():
         if d.get(k) == v:
             del d[k]
+    fields = {f.name: f.default for f in dataclasses.fields(ModelSpec)}
+    for k in _LATE_FIELDS:
+        if d.get(k) == fields[k]:
+            del d[k]
+    if "moe_layer_pattern" in d:
+        d["moe_layer_pattern"] = list(d["moe_layer_pattern"])
     if m.fp8 is None:  # a 16-bit plan is written as before FP8 existed
         del d["fp8"]
     else:
@@ -601,6 +717,10 @@ def parallel_to_dict(p: ParallelSpec) -> dict[str, Any]:
     """The layout's fields; the context-parallel ones only when CP is used, so that a plan without CP is written
     exactly as before CP existed (and plans written before load with CP 1)."""
     d = dataclasses.asdict(p)
+    if p.ep == 1:  # no expert parallelism: written as before it existed
+        del d["ep"]
+    if p.etp == 0:
+        del d["etp"]
     if p.cp == 1:
         for k, v in _CP_DEFAULTS.items():
             if d.get(k) == v:

@@ -70,6 +70,14 @@ CASES: list[tuple[str, list[str], str]] = [
     ("search-mb-none-allows", [*SEARCH, "--micro-batch", "3"], "--micro-batch 3 does not divide"),
     ("search-batch-not-tp", ["plan", *TINY, "--gpus", "1000", "--global-batch", "128"], "global batch 128"),
     ("search-tp-pin", [*SEARCH, "--tp", "8"], "--tp 8 does not divide the 4 GPUs"),
+    # expert parallelism (issue 34): on a dense model, a pinned EP the rules refuse, a conflict with Megatron's
+    ("search-ep-dense", [*SEARCH, "--ep", "2"], "--ep / --etp with --gpus: model gpt-tiny has no experts"),
+    ("single-ep-dense", [*SINGLE, "--dp", "2", "--global-batch", "4", "--ep", "2"],
+     "--expert-model-parallel-size 2"),
+    ("search-ep-unfit", ["plan", "-m", "mixtral-8x7b", "-H", "h100-80g-nvlink", "--gpus", "16", "--tp", "2", "--pp",
+                         "2", "--ep", "16", "--global-batch", "64"], "--ep 16 x ETP 2 must divide"),
+    ("megatron-ep-conflict", ["plan", "--ep", "2", "--from-megatron", MEGATRON],
+     "--ep 2 conflicts with --from-megatron's --expert-model-parallel-size 1"),
 ]
 
 

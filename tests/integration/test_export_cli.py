@@ -84,5 +84,5 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     r = lynx_cli("export", "torchtitan", str(tmp_path / "missing.json"), "--out", str(tmp_path / "file"))
     assert r.returncode == 2 and "not a directory" in r.stderr and (tmp_path / "file").read_text() == "x"
     r = lynx_cli("plan", "--from-megatron", "--num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
-                 "--seq-length 1024 --micro-batch-size 1 --global-batch-size 8 --num-experts 8")
-    assert r.returncode == 2 and "--num-experts" in r.stderr and r.stderr.strip().count("\n") == 0
+                 "--seq-length 1024 --micro-batch-size 1 --global-batch-size 8 --num-experts 8 --moe-layer-freq 0")
+    assert r.returncode == 2 and "--moe-layer-freq" in r.stderr and r.stderr.strip().count("\n") == 0

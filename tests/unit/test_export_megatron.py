@@ -58,7 +58,7 @@ def test_setting_round_trips_through_lynx_policies(rec: MegatronRecompute) -> No
 
 def test_invalid_settings_are_refused() -> None:
     for bad in (dict(granularity="full"), dict(granularity="full", method="block"),
-                dict(granularity="selective", method="block"), dict(granularity="selective", modules=("moe",)),
+                dict(granularity="selective", method="block"), dict(granularity="selective", modules=("moe_layer",)),
                 dict(method="block")):
         with pytest.raises(SpecError):
             MegatronRecompute(**bad)  # type: ignore[arg-type]

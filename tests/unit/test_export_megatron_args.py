@@ -62,8 +62,8 @@ def test_forms_defaults_and_ignored_flags() -> None:
 @pytest.mark.parametrize("extra, what", [
     ("--swiglu --squared-relu", "one activation"), ("--context-parallel-size 2 --cp-comm-type ring", "--cp-comm-type"),
     ("--context-parallel-size 4 --cp-comm-type a2a+p2p", "hierarchical-context-parallel-sizes"),
-    ("--num-experts 8", "--num-experts"), ("--recompute-granularity full", "recompute-method"),
-    ("--recompute-granularity selective --recompute-modules moe", "recompute-modules"),
+    ("--num-experts 2 --moe-router-topk 4", "moe_router_topk"), ("--recompute-granularity full", "recompute-method"),
+    ("--recompute-granularity selective --recompute-modules moe_layer", "recompute-modules"),
     ("--recompute-granularity everything", "full or selective"), ("--sequence-parallel yes", "no value"),
     ("--pipeline-model-parallel-layout Et*9|t*8|t*8|t*8L", "decoder layers"),
     ("--decoder-first-pipeline-num-layers 9 --decoder-last-pipeline-num-layers 8", "evenly"),
@@ -93,7 +93,8 @@ def test_llama_fields_become_megatron_flags() -> None:
                             max_position_embeddings=8192, vocab_size=128256, dropout=False, family="llama",
                             activation="swiglu", normalization="rmsnorm", position_embedding="rope",
                             tie_embeddings=False, num_query_groups=8, attention="flash", rotary_base=500000.0,
-                            bias="none")
+                            bias="none", kv_channels=0, qk_layernorm=False, multi_latent_attention=False,
+                            is_moe=False)
     flags = {f[0]: f[1:] for f in model_flags(llama, 8192)}  # type: ignore[arg-type]
     for f in ("--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--group-query-attention"):
         assert flags[f] == ()

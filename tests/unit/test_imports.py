@@ -19,7 +19,8 @@ ROOT = Path(lynx.__file__).parent
 RANKS: dict[str, int] = {
     "lynx": 0, "lynx.errors": 0, "lynx.validate": 0, "lynx.paths": 0,
     "lynx.fp8": 0,
-    "lynx.spec": 1, "lynx.topology": 1, "lynx.graph": 1, "lynx.schedule": 1, "lynx.decisions": 1, "lynx.milp": 1,
+    "lynx.spec": 1, "lynx.stack": 1, "lynx.topology": 1, "lynx.graph": 1, "lynx.schedule": 1, "lynx.decisions": 1,
+    "lynx.milp": 1,
     "lynx.families": 2, "lynx.models": 2,
     "lynx.cost": 3,
     "lynx.policy": 4, "lynx.partition": 4,

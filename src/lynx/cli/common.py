@@ -66,6 +66,11 @@ CpCommTypeOpt = Annotated[str, typer.Option(
     "(with --hierarchical-context-parallel-sizes).")]
 HierCpOpt = Annotated[str | None, typer.Option(
     "--hierarchical-context-parallel-sizes", help="a2a+p2p: the a2a and p2p levels of CP, e.g. 2,4.")]
+EpOpt = Annotated[int, typer.Option(
+    "--ep", "--expert-model-parallel-size", help="Expert-parallel size (MoE models): experts split over EP ranks "
+    "of each stage's TP x CP x DP ranks, as Megatron-Core folds it.")]
+EtpOpt = Annotated[int | None, typer.Option(
+    "--etp", "--expert-tensor-parallel-size", help="Tensor parallelism inside each expert [default: TP].")]
 SpOpt = Annotated[bool, typer.Option("--sp/--no-sp", "--sequence-parallel", help="Megatron sequence parallelism.")]
 MbOpt = Annotated[int, typer.Option("--micro-batch", "--micro-batch-size", help="Micro-batch size per GPU.")]
 GbOpt = Annotated[int, typer.Option("--global-batch", "--global-batch-size", help="Global batch size.")]
@@ -105,13 +110,15 @@ def parse_hierarchical_cp(text: str | None, cp: int, comm_type: str) -> int:
 
 
 def parallel_spec(tp: int, pp: int, dp: int, sp: bool, mb: int, gb: int, seq: int, cp: int = 1,
-                  cp_comm_type: str = "p2p", cp_a2a_size: int = 1) -> ParallelSpec:
+                  cp_comm_type: str = "p2p", cp_a2a_size: int = 1, ep: int = 1, etp: int | None = None
+                  ) -> ParallelSpec:
     cp_comm_type = {"allgather": "all_gather"}.get(cp_comm_type, cp_comm_type)
     if cp_comm_type not in CP_COMM_TYPES:
         raise SpecError(f"--cp-comm-type {cp_comm_type!r}; valid: {', '.join(CP_COMM_TYPES)}")
+    check_ints(**{"--expert-model-parallel-size": (ep, POSITIVE), "--expert-tensor-parallel-size": (etp, POSITIVE)})
     return ParallelSpec(tp=tp, pp=pp, dp=dp, sequence_parallel=sp, micro_batch_size=mb, global_batch_size=gb,
                         seq_length=seq, cp=cp, cp_comm_type=cp_comm_type,  # type: ignore[arg-type]
-                        cp_a2a_size=cp_a2a_size)
+                        cp_a2a_size=cp_a2a_size, ep=ep, etp=etp or 0)
 
 
 def parse_layers(text: str | None, pp: int | None = None, vpp: int = 1) -> tuple[int, ...] | None:
@@ -150,7 +157,7 @@ def build_request(
     precision: str = "paper", distributed_optimizer: bool = False, busbw_gbps: float | None = None,
     overlap_grad_reduce: bool = False, overlap_param_gather: bool = False, tp_comm_overlap: bool = False,
     cp: int = 1, cp_comm_type: str = "p2p", hierarchical_cp: str | None = None, vpp: int = 1,
-    method: str = "lynx", dp_sharding: DpSharding = DDP,
+    method: str = "lynx", dp_sharding: DpSharding = DDP, ep: int = 1, etp: int | None = None,
 ) -> Request:
     """The request from command-line values, every one checked (one line naming the option on a bad one)."""
     from lynx.checks import check_inputs
@@ -185,7 +192,7 @@ def build_request(
         vpp=vpp,
     )
     par = parallel_spec(tp, pp, dp, sp, mb, gb, seq, cp, cp_comm_type,
-                        parse_hierarchical_cp(hierarchical_cp, cp, cp_comm_type))
+                        parse_hierarchical_cp(hierarchical_cp, cp, cp_comm_type), ep, etp)
     m = load_model(model)
     check_inputs(m, hw, par, opts)
     return Request(m, hw, par, opts, method, graph=graph)

@@ -180,7 +180,8 @@ def budget_warnings(budget_gb: float | None, hw: Hardware) -> list[str]:
 _MEGATRON_FLAG = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
                   "cp": "--context-parallel-size", "vpp": "virtual pipeline stages", "sp": "--sequence-parallel",
                   "micro_batch": "--micro-batch-size", "global_batch": "--global-batch-size",
-                  "seq_len": "--seq-length", "cp_comm_type": "--cp-comm-type"}
+                  "seq_len": "--seq-length", "cp_comm_type": "--cp-comm-type",
+                  "ep": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size"}
 
 
 def check_megatron_pins(cmd: MegatronCommand, f: PlanFlags) -> None:
@@ -193,7 +194,7 @@ def check_megatron_pins(cmd: MegatronCommand, f: PlanFlags) -> None:
                         "--hidden-size, ...); drop --model")
     theirs = {"tp": cmd.tp, "pp": cmd.pp, "cp": cmd.cp, "vpp": cmd.layout.vpp, "sp": cmd.sequence_parallel,
               "micro_batch": cmd.micro_batch_size, "global_batch": cmd.global_batch_size, "seq_len": cmd.seq_length,
-              "cp_comm_type": cmd.cp_comm_type}
+              "cp_comm_type": cmd.cp_comm_type, "ep": cmd.ep, "etp": cmd.etp or cmd.tp}  # ETP unset: TP
     for name, value in theirs.items():
         mine = getattr(f, name)
         if name in f.typed and mine != value:

@@ -15,6 +15,8 @@ from lynx.cli.common import (
     CpOpt,
     DistOptOpt,
     DpOpt,
+    EpOpt,
+    EtpOpt,
     GbOpt,
     HardwareOpt,
     HierCpOpt,
@@ -35,10 +37,10 @@ from lynx.cli.common import (
 from lynx.cli.fp8 import Fp8FormatOpt, Fp8ParamGatherOpt, Fp8RecipeOpt, fp8_option, with_fp8
 from lynx.errors import SpecError
 
-PLAN_FILE_GIVES = ("model", "hardware", "tp", "pp", "dp", "cp", "cp_comm_type", "hierarchical_cp", "sp", "micro_batch",
-                   "global_batch", "seq_len", "nodes", "method", "layers_per_stage", "budget_gb", "bytes_per_param",
-                   "precision", "distributed_optimizer", "busbw", "recompute_num_layers", "vpp", "fp8_format",
-                   "fp8_recipe", "fp8_param_gather")
+PLAN_FILE_GIVES = ("model", "hardware", "tp", "pp", "dp", "cp", "cp_comm_type", "hierarchical_cp", "ep", "etp",
+                   "sp", "micro_batch", "global_batch", "seq_len", "nodes", "method", "layers_per_stage", "budget_gb",
+                   "bytes_per_param", "precision", "distributed_optimizer", "busbw", "recompute_num_layers", "vpp",
+                   "fp8_format", "fp8_recipe", "fp8_param_gather")
 """What a plan file fixes: given with --plan, these would be ignored, so they are refused."""
 
 
@@ -54,6 +56,8 @@ def memory_cmd(
     cp: CpOpt = 1,
     cp_comm_type: CpCommTypeOpt = "p2p",
     hierarchical_cp: HierCpOpt = None,
+    ep: EpOpt = 1,
+    etp: EtpOpt = None,
     sp: SpOpt = False,
     micro_batch: MbOpt = 8,
     global_batch: GbOpt = 128,
@@ -114,14 +118,16 @@ def memory_cmd(
                                 layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
                                 precision=precision, distributed_optimizer=distributed_optimizer,
                                 busbw_gbps=busbw, cp=cp, cp_comm_type=cp_comm_type, hierarchical_cp=hierarchical_cp,
-                                vpp=vpp).problem()
+                                vpp=vpp, ep=ep, etp=etp).problem()
         problem = with_fp8(problem, fp8)
         if method == "lynx" and "lynx" not in available_methods():
             method = "full"
         plan = plan_one(problem, method, record=False)
     stages = stage_memories(plan)
     recipe = problem.static_recipe
-    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp}{f' CP {cp}' if cp > 1 else ''} PP {pp} DP {dp}"
+    ep_text = f" EP {problem.parallel.ep}" if problem.parallel.ep > 1 else ""
+    cp_text = f" CP {cp}" if cp > 1 else ""
+    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp}{cp_text}{ep_text} PP {pp} DP {dp}"
              f"{' SP' if sp else ''}, "
              f"micro-batch {micro_batch}, {plan.result.method}, partition {plan.result.partition}; "
              f"{recipe.name} {recipe.bytes_per_param(dp * cp, distributed_optimizer):g} B/param"

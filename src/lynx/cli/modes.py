@@ -55,7 +55,8 @@ MEGATRON_READS = ("from_megatron", "hardware", "dp", "nodes", "budget_gb", "byte
                   "precision", "distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather",
                   "tp_comm_overlap", "allow_idle_gpus")
 """lynx's own options that `--from-megatron` reads beside the command line (the rest come from it)."""
-MEGATRON_PINS = ("model", "tp", "pp", "cp", "vpp", "sp", "micro_batch", "global_batch", "seq_len", "cp_comm_type")
+MEGATRON_PINS = ("model", "tp", "pp", "cp", "vpp", "sp", "micro_batch", "global_batch", "seq_len", "cp_comm_type",
+                 "ep", "etp")
 """Layout options a Megatron command line also sets: given with --from-megatron, they must agree with it."""
 
 

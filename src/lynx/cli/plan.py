@@ -14,6 +14,7 @@ from lynx.cli.common import (
     BusbwOpt,
     BytesPerParamOpt,
     CpCommTypeOpt,
+    EtpOpt,
     GbOpt,
     HardwareOpt,
     HierCpOpt,
@@ -53,7 +54,7 @@ def with_vpp(problem: PlanProblem, vpp: int) -> PlanProblem:
     from lynx.api import make_problem
 
     return make_problem(problem.model, problem.hardware, problem.parallel, replace(problem.options, vpp=vpp),
-                        problem.graph)
+                        problem.graph, problem.kind_graphs)
 
 
 def check_schedule_fits(sched: Schedule, problem: PlanProblem, result: PlanResult) -> None:
@@ -161,6 +162,11 @@ def plan_cmd(
         "[default: 1; searched with --gpus for long sequences].")] = None,
     cp_comm_type: CpCommTypeOpt = "p2p",
     hierarchical_cp: HierCpOpt = None,
+    ep: Annotated[int | None, typer.Option(
+        "--ep", "--expert-model-parallel-size", help="Expert-parallel size (MoE models): experts split over EP "
+        "ranks of each stage's TP x CP x DP ranks, as Megatron-Core folds it [default: 1; searched with --gpus]."
+    )] = None,
+    etp: EtpOpt = None,
     sp: Annotated[bool | None, typer.Option("--sp/--no-sp", "--sequence-parallel",
                                             help="Megatron sequence parallelism [default: off; searched with "
                                             "--gpus].")] = None,
@@ -370,7 +376,8 @@ def _plan_layout(f: PlanFlags) -> None:
     kind = par.cp_comm_type
     cp_text = f" CP {cp}" + (f" ({kind})" if kind != "p2p" else "") if cp > 1 else ""
     fusions = f.fusions_given()
-    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp}{cp_text} PP {pp}"
+    ep_text = f" EP {par.ep}" + (f" ETP {par.expert_tp}" if par.expert_tp != tp else "") if par.ep > 1 else ""
+    title = (f"{problem.model.name} on {problem.hardware.name}: TP {tp}{cp_text}{ep_text} PP {pp}"
              f"{f' VPP {vpp}' if vpp > 1 else ''} DP {par.dp}{' SP' if par.sequence_parallel else ''}, micro-batch "
              f"{par.micro_batch_size}, global batch {par.global_batch_size}, seq {par.seq_length}, "
              f"{par.num_microbatches} micro-batches" + (f"; {' '.join(fusions)}" if fusions else "")

@@ -26,6 +26,8 @@ class PlanFlags:
     cp: int | None
     cp_comm_type: str
     hierarchical_cp: str | None
+    ep: int | None
+    etp: int | None
     sp: bool | None
     micro_batch: int | None
     global_batch: int
@@ -126,7 +128,7 @@ def _with_fusions(req: Request, f: PlanFlags) -> Request:
 
 def _request(f: PlanFlags, tp: int, pp: int, dp: int, sp: bool, mb: int, nodes: int | None, layers: str | None,
              dist_opt: bool, cp: int, hierarchical_cp: str | None, vpp: int = 1,
-             sharding: DpSharding = DDP) -> Request:
+             sharding: DpSharding = DDP, ep: int = 1, etp: int | None = None) -> Request:
     req = build_request(f.model, f.hardware, tp, pp, dp, sp, mb, f.global_batch, f.seq_len, nodes, layers,
                         f.budget_gb, f.bytes_per_param, f.recompute_num_layers, f.no_wgrad_overlap, None,
                         f.time_limit, cooldown_overlap=not f.no_cooldown_overlap, precision=f.precision or "paper",
@@ -134,7 +136,7 @@ def _request(f: PlanFlags, tp: int, pp: int, dp: int, sp: bool, mb: int, nodes: 
                         overlap_grad_reduce=f.overlap_grad_reduce, overlap_param_gather=f.overlap_param_gather,
                         tp_comm_overlap=f.tp_comm_overlap, cp=cp, cp_comm_type=f.cp_comm_type,
                         hierarchical_cp=hierarchical_cp, vpp=vpp, method=f.method or "lynx",
-                        dp_sharding=sharding)
+                        dp_sharding=sharding, ep=ep, etp=etp)
     return _with_fp8(_with_fusions(req, f), f)
 
 
@@ -159,7 +161,7 @@ def single_request(f: PlanFlags, tp: int, pp: int, dp: int, cp: int) -> Request:
     """One layout's request: the single layout's defaults for what was not given, Megatron's split flags."""
     req = _request(f, tp, pp, dp, bool(f.sp), 8 if f.micro_batch is None else f.micro_batch, f.nodes,
                    f.layers_per_stage, bool(f.distributed_optimizer), cp, f.hierarchical_cp,
-                   1 if f.vpp is None else f.vpp, f.dp_sharding())
+                   1 if f.vpp is None else f.vpp, f.dp_sharding(), 1 if f.ep is None else f.ep, f.etp)
     first, last = f.decoder_first_pipeline_num_layers, f.decoder_last_pipeline_num_layers
     emb, loss = f.account_for_embedding_in_pipeline_split, f.account_for_loss_in_pipeline_split
     if first is None and last is None and not emb and not loss:
@@ -174,7 +176,8 @@ def single_request(f: PlanFlags, tp: int, pp: int, dp: int, cp: int) -> Request:
 
 def search_request(f: PlanFlags, total: int, per_node: int, sp: bool, dist_opt: bool) -> Request:
     """The options every candidate of the search shares (its layout is searched): the cluster's nodes, so a
-    pinned layout as large as the cluster is checked against the cluster, not the preset's size."""
+    pinned layout as large as the cluster is checked against the cluster, not the preset's size. EP and ETP are
+    searched (or pinned) per candidate (`search.experts`): the shared request has none."""
     if f.busbw is not None:  # refused by the mode check; kept for API callers
         raise SpecError("--busbw is a TP group's measured bandwidth; pin --tp to use it (not with the search)")
     return _request(f, f.tp or 1, f.pp or 1, 1, sp, 1, -(-total // per_node), None, dist_opt, 1, None)

@@ -64,6 +64,9 @@ class SearchArgs:
     fsdp: DpSharding | None = None
     """The FSDP the user named (--use-torch-fsdp2, --use-megatron-fsdp ...): FSDP layouts only, that one;
     None: FSDP2 searched beside DDP."""
+    ep: int | None = None
+    """--ep pinned (None: searched for MoE models, `search.experts`)."""
+    etp: int | None = None
 
 
 def cluster_gpus(hw: Hardware, gpus: int | None, nodes: int | None) -> int | None:
@@ -111,7 +114,11 @@ def search_cmd(f: PlanFlags) -> None:
     if f.global_batch > MAX_GLOBAL_BATCH:
         raise SpecError(f"--global-batch {f.global_batch:,}: the search takes up to {MAX_GLOBAL_BATCH:,} samples")
     target = parse_target(f.target) if f.target is not None else DEFAULT_TARGET
-    check_target(load_model(f.model), target, f.cp)  # before the request's checks warn about anything
+    model = load_model(f.model)
+    check_target(model, target, f.cp)  # before the request's checks warn about anything
+    if not model.is_moe and ((f.ep or 1) > 1 or f.etp is not None):
+        raise SpecError(f"--ep / --etp with --gpus: model {model.name} has no experts; expert parallelism is "
+                        "searched for mixture-of-experts models only (drop --ep / --etp)")
     hw = load_hardware(f.hardware)
     total = cluster_gpus(hw, f.gpus, f.nodes)
     assert total is not None
@@ -136,11 +143,14 @@ def search_cmd(f: PlanFlags) -> None:
         if sp is False:
             raise SpecError("--tp-comm-overlap needs sequence parallelism (--sp)")
         sp = True
-    req = search_request(f, total, hw.devices_per_node, bool(sp), bool(dist_opt))
+    # the shared request: MoE with a pinned TP > 1 needs SP (Megatron's rule); the search decides SP per candidate
+    sp_base = bool(sp) if sp is not None else (tp or 1) > 1 and model.is_moe
+    check_ints(**{"--ep": (f.ep, POSITIVE), "--etp": (f.etp, POSITIVE)})
+    req = search_request(f, total, hw.devices_per_node, sp_base, bool(dist_opt))
     run_search(SearchArgs(f.model, f.hardware, total, f.global_batch, f.seq_len, tp, pp, f.vpp, sp, f.micro_batch,
                           dist_opt, f.method, f.allow_cross_node_tp, f.top, f.as_json, f.out, f.search_png, cp,
                           req.parallel.cp_comm_type if "cp_comm_type" in f.typed else None, f.offload, target,
-                          not f.no_production_overlaps, _fsdp_pin(f)), req)
+                          not f.no_production_overlaps, _fsdp_pin(f), f.ep, f.etp), req)
 
 
 def _fsdp_pin(f: PlanFlags) -> DpSharding | None:
@@ -179,7 +189,8 @@ def run_search(a: SearchArgs, base: Request) -> None:
                         "search plans that method only (use --method lynx-offload)")
     space = Space(base.model, hw, a.gpus, a.global_batch, a.seq_len,
                   Pins(tp=a.tp, pp=a.pp, vpp=a.vpp, sp=a.sp, mb=a.mb, dist_opt=a.dist_opt, cp=a.cp,
-                       fsdp=True if a.fsdp is not None else None, methods=None if a.method is None else (a.method,)),
+                       fsdp=True if a.fsdp is not None else None, ep=a.ep, etp=a.etp,
+                       methods=None if a.method is None else (a.method,)),
                   a.allow_cross_node_tp, a.cp_comm_type,
                   has_link if a.offload is None else a.offload, a.production_overlaps, fsdp=a.fsdp or FSDP2)
     cands, rejected = candidates(space)

@@ -13,12 +13,14 @@ from dataclasses import dataclass, replace
 from lynx.cost.collectives import allreduce_time, gather_time, p2p_time
 from lynx.cost.fp8 import apply_fp8
 from lynx.cost.kernels import KernelCurves
+from lynx.cost.moe import EXPERT_COLLECTIVES, price_expert_comm
 from lynx.cost.tp_overlap import apply_tp_comm_overlap
 from lynx.families import get_family
 from lynx.families.base import ACT_BYTES, BWD_MATMUL_FACTOR, BWD_MEMORY_FACTOR, MASK_BYTES, OpSpec
 from lynx.families.fusion import MAIN_GRAD_PASS_BYTES
 from lynx.graph import GraphMeta, LayerGraph, Op
 from lynx.spec import Hardware, LinkSpec, ModelSpec, ParallelSpec
+from lynx.stack import LayerKind
 
 __all__ = ["CostParams", "EdgeTimes", "build_layer_graph", "edge_times", "model_flops_per_iteration", "price_op",
            "scale_graph"]
@@ -116,6 +118,8 @@ class _Pricer:
     def price(self, o: OpSpec) -> Op:
         if o.kind == "comm" and o.cp_size:
             return self._price_cp(o)
+        if o.collective in EXPERT_COLLECTIVES:
+            return price_expert_comm(o, self.hw, self.par, self.cp.comm_efficiency_scale)
         if o.kind == "comm":
             n, link, sc = self.par.tp, self.tp_link, self.cp.comm_efficiency_scale
             # all-reduce: forward g, backward the input gradient's f; all-gather <-> reduce-scatter pairs
@@ -143,11 +147,14 @@ def price_op(o: OpSpec, hw: Hardware, par: ParallelSpec, cost: CostParams | None
 
 
 def build_layer_graph(
-    model: ModelSpec, hw: Hardware, par: ParallelSpec, cost: CostParams | None = None,
+    model: ModelSpec, hw: Hardware, par: ParallelSpec, cost: CostParams | None = None, kind: LayerKind | None = None,
 ) -> LayerGraph:
-    """The op graph of one layer of `model`'s family on one TP rank, priced on `hw`."""
+    """The op graph of one layer of `model`'s family on one TP rank, priced on `hw`; `kind`: a layer of that kind
+    (`lynx.stack`; default the model's primary kind)."""
     cp = cost or CostParams.for_hardware(hw)
-    spec = get_family(model.family).layer(model, par)
+    fam = get_family(model.family)
+    spec = fam.kind_layer(model, par, kind) if kind is not None and fam.kind_layer is not None \
+        else fam.layer(model, par)
     if model.fp8 is not None:
         spec = apply_fp8(spec, model.fp8)
     pricer = _Pricer(hw, par, cp)

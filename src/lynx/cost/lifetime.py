@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lynx.decisions import FWD_PHASES, LayerPolicy, Phase
-from lynx.graph import LAYER_INPUT, LayerGraph
+from lynx.graph import LAYER_INPUT, Graphs, LayerGraph, graphs_key, per_layer, same_graphs
 
 _BWD_BLOCK = {Phase.BWD_MLP: "mlp", Phase.BWD_ATTN: "attn"}
 
@@ -59,16 +59,30 @@ class _Layer:
         return self.cached
 
 
+@dataclass(frozen=True)
+class _GraphFacts:
+    """What the replay reads of one layer graph, once per graph."""
+
+    users: dict[str, tuple[str, ...]]
+    read_out: frozenset[str]
+
+
+def _graph_facts(graph: LayerGraph, extra: Mapping[str, float]) -> _GraphFacts:
+    return _GraphFacts({o.name: tuple(u.name for u in graph.ops if o.name in u.inputs) for o in graph.ops},
+                       frozenset(s for o in graph.ops for s in o.saved
+                                 if s != o.name or (o.mask_bytes == 0 and not extra.get(o.name))))
+
+
 class _Replay:
-    def __init__(self, graph: LayerGraph, layers: Sequence[LayerPolicy], extra: Mapping[str, float],
+    def __init__(self, graph: Graphs, layers: Sequence[LayerPolicy], extra: Mapping[str, float],
                  transient: bool = True) -> None:
-        self.g, self.extra, self.transient = graph, extra, transient
+        self.extra, self.transient = extra, transient
         n = len(layers)
+        self.gs = per_layer(graph, n)
         self.layers = [_Layer(lp, i == 0 or lp.input_checkpoint,
                               i + 1 < n and not layers[i + 1].input_checkpoint) for i, lp in enumerate(layers)]
-        self.users = {o.name: tuple(u.name for u in graph.ops if o.name in u.inputs) for o in graph.ops}
-        self.read_out = frozenset(s for o in graph.ops for s in o.saved
-                                  if s != o.name or (o.mask_bytes == 0 and not extra.get(o.name)))
+        facts = {id(g): _graph_facts(g, extra) for g in dict.fromkeys(self.gs)}
+        self.facts = [facts[id(g)] for g in self.gs]
         self.planned = [frozenset(lp.recomputed()) for lp in layers]
         self.restoring: set[tuple[int, str]] = set()
         self.peak = 0.0
@@ -82,10 +96,10 @@ class _Replay:
         return sum(self.layers[i].total() for i in sorted(self.active)) - self.released
 
     def retained(self, li: int) -> float:
-        lp = self.layers[li].pol
-        kept = sum(self.g.keep_bytes(n) + self.extra.get(n, 0.0) for n in lp.keep)
-        kept -= sum(self.g.op(n).mask_bytes for n in lp.rerun)
-        return kept + (self.g.input_bytes if lp.input_checkpoint else 0.0)
+        lp, g = self.layers[li].pol, self.gs[li]
+        kept = sum(g.keep_bytes(n) + self.extra.get(n, 0.0) for n in lp.keep)
+        kept -= sum(g.op(n).mask_bytes for n in lp.rerun)
+        return kept + (g.input_bytes if lp.input_checkpoint else 0.0)
 
     def sample(self) -> None:
         self.peak = max(self.peak, self.total())
@@ -96,14 +110,15 @@ class _Replay:
         if op in st.out or (op in st.pol.keep and not as_input):
             return
         self.restoring.add((li, op))
-        for d in self.g.op(op).inputs:
+        g = self.gs[li]
+        for d in g.op(op).inputs:
             if d == LAYER_INPUT:
                 if not st.ckpt:
-                    self.ensure(li - 1, self.g.output_op, True)
+                    self.ensure(li - 1, self.gs[li - 1].output_op, True)
             else:
                 self.ensure(li, d)
         self.restoring.discard((li, op))
-        o = self.g.op(op)
+        o = g.op(op)
         st.out[op] = o.out_bytes
         st.side[op] = o.mask_bytes + self.extra.get(op, 0.0)
         st.cached = None
@@ -114,11 +129,11 @@ class _Replay:
         self.sample()
 
     def free(self, li: int) -> None:
-        st, out_op = self.layers[li], self.g.output_op
+        st, out_op, facts = self.layers[li], self.gs[li].output_op, self.facts[li]
         for name, b in st.out.items():
-            if not b or name in self.read_out or (st.chunk_top and name == out_op):
+            if not b or name in facts.read_out or (st.chunk_top and name == out_op):
                 continue
-            users = self.users[name]
+            users = facts.users[name]
             if any((li, c) in self.restoring for c in users):
                 continue
             if all(c in st.out or c in st.pol.keep or c not in self.planned[li] for c in users):
@@ -133,9 +148,9 @@ class _Replay:
                     self.ensure(li, name)
 
     def backward(self, li: int) -> None:
-        st = self.layers[li]
-        trigger = {blk: self._window_op(blk) for blk in ("attn", "mlp")}
-        for o in reversed(self.g.ops):
+        st, g = self.layers[li], self.gs[li]
+        trigger = {blk: self._window_op(g, blk) for blk in ("attn", "mlp")}
+        for o in reversed(g.ops):
             if o.name in st.pol.rerun:  # a Megatron checkpoint re-runs it: a fresh output and side state
                 for d in o.inputs:
                     if d != LAYER_INPUT:
@@ -145,7 +160,7 @@ class _Replay:
             for s in o.saved:
                 if s == LAYER_INPUT:
                     if not st.ckpt:
-                        self.ensure(li - 1, self.g.output_op, True)
+                        self.ensure(li - 1, self.gs[li - 1].output_op, True)
                 elif s not in st.pol.keep:
                     self.ensure(li, s)
             if self.extra.get(o.name) and o.name not in st.pol.keep:
@@ -163,10 +178,11 @@ class _Replay:
         self.active.discard(li)
         self.released += self.retained(li)
 
-    def _window_op(self, blk: str) -> str:
+    @staticmethod
+    def _window_op(g: LayerGraph, blk: str) -> str:
         """The op whose backward opens the block's backward window: the column-parallel GEMM whose weight
         gradient overlaps the block's backward collective (QKV, FC1)."""
-        for c in self.g.comm_ops():
+        for c in g.comm_ops():
             if c.block == blk and c.overlaps_wgrad_of:
                 return c.overlaps_wgrad_of
         return ""
@@ -197,7 +213,7 @@ class BackwardTrace:
         return max(self.layer_restored, default=0.0)
 
 
-def forward_holdings(graph: LayerGraph, layers: Sequence[LayerPolicy],
+def forward_holdings(graph: Graphs, layers: Sequence[LayerPolicy],
                      extra: Mapping[str, float] | None = None) -> tuple[float, ...]:
     rep = _Replay(graph, layers, extra or {})
     out = []
@@ -207,13 +223,13 @@ def forward_holdings(graph: LayerGraph, layers: Sequence[LayerPolicy],
     return tuple(out)
 
 
-_TRACES: OrderedDict[tuple[object, ...], tuple[LayerGraph, BackwardTrace]] = OrderedDict()
+_TRACES: OrderedDict[tuple[object, ...], tuple[Graphs, BackwardTrace]] = OrderedDict()
 TRACE_CACHE_SIZE = 4096
 """Replays remembered (least recently used dropped): the partition refinement and the configuration search
 ask for the same stage's trace again and again, and one replay of a deep stage takes tens of ms."""
 
 
-def backward_trace(graph: LayerGraph, layers: Sequence[LayerPolicy], fwd_windows: bool,
+def backward_trace(graph: Graphs, layers: Sequence[LayerPolicy], fwd_windows: bool,
                    extra: Mapping[str, float] | None = None, transient: bool = True) -> BackwardTrace:
     """Replay one micro-batch's backward through `layers` (one stage or chunk, bottom first). With
     `fwd_windows` the phase-1/2 ops were restored in a later forward (held, counted by `fwd_held`);
@@ -222,9 +238,9 @@ def backward_trace(graph: LayerGraph, layers: Sequence[LayerPolicy], fwd_windows
     output beside its inputs, before the frees: the allocator's view, which plans are judged by); False: sample
     after the frees only (the recompute engine's byte ledger). Results are memoized per graph object, policies
     and options."""
-    key = (id(graph), tuple(layers), fwd_windows, tuple(sorted(extra.items())) if extra else (), transient)
+    key = (graphs_key(graph), tuple(layers), fwd_windows, tuple(sorted(extra.items())) if extra else (), transient)
     hit = _TRACES.get(key)
-    if hit is not None and hit[0] is graph:
+    if hit is not None and same_graphs(hit[0], graph):
         _TRACES.move_to_end(key)
         return hit[1]
     trace = _backward_trace(graph, layers, fwd_windows, extra, transient)
@@ -234,7 +250,7 @@ def backward_trace(graph: LayerGraph, layers: Sequence[LayerPolicy], fwd_windows
     return trace
 
 
-def _backward_trace(graph: LayerGraph, layers: Sequence[LayerPolicy], fwd_windows: bool,
+def _backward_trace(graph: Graphs, layers: Sequence[LayerPolicy], fwd_windows: bool,
                     extra: Mapping[str, float] | None, transient: bool) -> BackwardTrace:
     rep = _Replay(graph, layers, extra or {}, transient)
     held = []

@@ -13,8 +13,9 @@ from lynx.cost.fsdp import DpSharding
 from lynx.cost.lifetime import backward_trace
 from lynx.decisions import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase, StageContext
 from lynx.families import get_family
-from lynx.graph import LayerGraph
+from lynx.graph import Graphs, LayerGraph, per_layer, slice_graphs
 from lynx.spec import ModelSpec, ParallelSpec
+from lynx.stack import LayerKind
 
 DEFAULT_BYTES_PER_PARAM = 16.0
 """fp16 params (2) + fp16 grads (2) + fp32 master params, momentum, variance (4 + 4 + 4): the paper's
@@ -35,6 +36,7 @@ def static_bytes(
     model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int,
     bytes_per_param: float | None = None, precision: str = "paper",
     distributed_optimizer: bool = False, dp_sharding: DpSharding | None = None,
+    kinds: tuple[LayerKind, ...] | None = None,
 ) -> float:
     """Parameters, gradients and optimizer states of one stage on one device (`lynx.cost.static_memory`:
     embeddings on the first stage, the LM head copy and final LayerNorm on the last, recipes, sharding;
@@ -53,7 +55,7 @@ def static_bytes(
 
         return titan_static_bytes(model, par, stage, num_layers, bytes_per_param, precision, distributed_optimizer)
     recipe = recipe_for(precision, bytes_per_param)
-    return stage_static(model, par, stage, num_layers, recipe, distributed_optimizer).total
+    return stage_static(model, par, stage, num_layers, recipe, distributed_optimizer, kinds).total
 
 
 def extra_retained_bytes(model: ModelSpec, par: ParallelSpec, stage: int) -> float:
@@ -73,10 +75,11 @@ def extra_transient_bytes(model: ModelSpec, par: ParallelSpec, stage: int) -> fl
     return 6.0 * (par.seq_length // par.cp) * par.micro_batch_size * model.vocab_size / par.tp
 
 
-def grad_workspace_bytes(graph: LayerGraph) -> float:
+def grad_workspace_bytes(graph: Graphs) -> float:
     """Gradient buffers alive during one op's backward: the incoming and outgoing gradients of the largest
-    activation (an upper bound on what the autograd engine holds at once inside a layer)."""
-    return 2.0 * max((o.out_bytes for o in graph.ops), default=0.0)
+    activation (an upper bound on what the autograd engine holds at once inside a layer; of any kind's layer)."""
+    gs = (graph,) if isinstance(graph, LayerGraph) else graph
+    return 2.0 * max((o.out_bytes for g in gs for o in g.ops), default=0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,25 +158,32 @@ def host_bytes(mems: list[LayerMemory], ctx: StageContext) -> float:
     return ctx.peak_weighted(off)
 
 
-def linear_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> float:
+def layer_memories(graph: Graphs, layers: tuple[LayerPolicy, ...]) -> list[LayerMemory]:
+    """`layer_memory` of each layer with its own graph."""
+    return [layer_memory(g, lp) for g, lp in zip(per_layer(graph, len(layers)), layers, strict=True)]
+
+
+def linear_peak_bytes(graph: Graphs, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> float:
     """The linear form HEU's memory rows and OPT's M5 constrain: `stage_peak_bytes` with the forward-window
     holdings and the backward working set replaced by sums of `keep_bytes` (phase-1/2 ops; per layer
     on_demand(l) + bwd_window(l) + bwd_window(l - 1), plus phase 1/2 without forward windows). An upper bound
     of `stage_peak_bytes` for policies whose layers all checkpoint their input (docs/concepts/memory.md, "The
     solvers"; property-tested); uniform chunks are outside it."""
-    mems = [layer_memory(graph, lp) for lp in layers]
+    gs = per_layer(graph, len(layers))
+    mems = layer_memories(gs, layers)
     held_fwd = sum(m.fwd_window for m in mems) if ctx.has_fwd_windows else 0.0
     bwd_phases = BWD_PHASES + (Phase.ON_DEMAND,) + (() if ctx.has_fwd_windows else FWD_PHASES)
     work_b = 0.0
     for i, m in enumerate(mems):
         below = mems[i - 1].bwd_window if i > 0 else 0.0
         own = m.on_demand + m.bwd_window + (0.0 if ctx.has_fwd_windows else m.fwd_window)
-        out = (restored_output_bytes(graph, layers[i], bwd_phases)
-               + (restored_output_bytes(graph, layers[i - 1], BWD_PHASES) if i > 0 else 0.0))
+        out = (restored_output_bytes(gs[i], layers[i], bwd_phases)
+               + (restored_output_bytes(gs[i - 1], layers[i - 1], BWD_PHASES) if i > 0 else 0.0))
         work_b = max(work_b, own + below + out)
     work_f = max((m.dropped for m in mems), default=0.0)
     if ctx.has_fwd_windows:  # a layer output rebuilt in a forward window, beside that forward's working set
-        work_f += max((restored_output_bytes(graph, lp, FWD_PHASES) for lp in layers), default=0.0)
+        work_f += max((restored_output_bytes(g, lp, FWD_PHASES) for g, lp in zip(gs, layers, strict=True)),
+                      default=0.0)
     return (ctx.static_bytes + ctx.extra_transient_bytes + ctx.grad_workspace_bytes
             + held_bytes(mems, ctx) + held_fwd + max(work_f, work_b))
 
@@ -187,7 +197,7 @@ def restored_output_bytes(graph: LayerGraph, lp: LayerPolicy, phases: tuple[Phas
     return graph.op(out).out_bytes if any(n == out and p in phases for n, p in lp.recompute) else 0.0
 
 
-def stage_lifetimes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext
+def stage_lifetimes(graph: Graphs, layers: tuple[LayerPolicy, ...], ctx: StageContext
                     ) -> tuple[float, float, float]:
     """(forward-window holdings of one micro-batch, backward working set, forward-window transient) from the
     activation-lifetime replay (`lynx.cost.lifetime`), each chunk of an interleaved stage on its own. The
@@ -196,7 +206,7 @@ def stage_lifetimes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: Sta
     slices = ctx.chunk_slices() if ctx.chunk_layers else ((0, len(layers)),)
     held_fwd, work_b, fwd_tr = 0.0, 0.0, 0.0
     for lo, hi in slices:
-        tr = backward_trace(graph, layers[lo:hi], ctx.has_fwd_windows)
+        tr = backward_trace(slice_graphs(graph, lo, hi), layers[lo:hi], ctx.has_fwd_windows)
         held_fwd += sum(tr.fwd_held) if ctx.has_fwd_windows else 0.0
         fwd_tr = max(fwd_tr, tr.fwd_transient if ctx.has_fwd_windows else 0.0)
         # one chunk: the pass's micro-batch is among the in-flight ones counted, so layers above release theirs
@@ -204,7 +214,7 @@ def stage_lifetimes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: Sta
     return held_fwd, work_b, fwd_tr
 
 
-def stage_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> float:
+def stage_peak_bytes(graph: Graphs, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> float:
     """Closed-form peak of a stage (an upper bound the simulator confirms):
 
     static + extra + sum over chunks of in_flight(chunk) * (sum of its layers' retained)
@@ -219,7 +229,7 @@ def stage_peak_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: St
     during layer l's backward); forward-window holdings = what the phase-1/2 restores leave alive.
     With one chunk, in_flight is the schedule's min(p - s, m) for 1F1B.
     """
-    mems = [layer_memory(graph, lp) for lp in layers]
+    mems = layer_memories(graph, layers)
     held_fwd, work_b, fwd_tr = stage_lifetimes(graph, layers, ctx)
     work_f = max((m.dropped for m in mems), default=0.0)
     return (

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from lynx.cost.layer import EdgeTimes
 from lynx.cost.pricing import bwd_windows, fsdp_window, fwd_windows, layer_recompute
 from lynx.decisions import FsdpCharge, LayerPolicy, RecomputePolicy, StageContext
-from lynx.graph import LayerGraph
+from lynx.graph import Graphs, LayerGraph, per_layer
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +49,9 @@ class ChunkCosts:
     fwd_loads: list[tuple[float, float]] = field(default_factory=list)
     """Per layer, its phase-1 and phase-2 recomputation time."""
     win_f: tuple[float, float] = (0.0, 0.0)
+    win_fs: list[tuple[float, float]] = field(default_factory=list)
+    """Per layer, its forward windows where the chunk's layers differ in kind (empty: `win_f` for every layer):
+    a host forward's layer i lends the windows of a layer of layer i's kind."""
     copy_exposed: float = 0.0
     """Offload copies this chunk's backward waits for (part of bwd_base; `charge_stage`)."""
     _carry: dict[int, tuple[float, float]] = field(default_factory=dict)
@@ -59,30 +62,39 @@ class ChunkCosts:
         if host_layers not in self._carry:
             extra = hidden = 0.0
             for i, loads in enumerate(self.fwd_loads):
+                wf = self.win_fs[i] if self.win_fs else self.win_f
                 for k, load in enumerate(loads):
-                    win = self.win_f[k] if i < host_layers else 0.0
+                    win = wf[k] if i < host_layers else 0.0
                     hidden += min(load, win)
                     extra += max(0.0, load - win)
             self._carry[host_layers] = (extra, hidden)
         return self._carry[host_layers]
 
 
-def chunk_costs(graph: LayerGraph, layers: tuple[LayerPolicy, ...], lc: LayerCost, fsdp: FsdpCharge | None = None,
-                fsdp_win: float = 0.0) -> ChunkCosts:
-    """One chunk's layers. Under FSDP (`fsdp`) a forward step lasts max(forward, the next layer's gather), a
-    backward step max(backward + on-demand recomputation, gather + reduce-scatter): the window `fsdp_win`
-    (`pricing.fsdp_window`) is charged as exposed time and hosts the layer's on-demand recomputation; each
-    micro-batch's forward waits for its first gather and its backward for its last reduction."""
-    c = ChunkCosts(win_f=lc.win_f)
+def chunk_costs(graph: Graphs, layers: tuple[LayerPolicy, ...], lc: LayerCost | tuple[LayerCost, ...],
+                fsdp: FsdpCharge | None = None, fsdp_win: float | tuple[float, ...] = 0.0) -> ChunkCosts:
+    """One chunk's layers. `lc`: one layer cost for every layer, or one per layer (layers of several kinds); a
+    layer's phase-3/4 work hides in the backward windows of the layer above it. Under FSDP (`fsdp`) a forward step
+    lasts max(forward, the next layer's gather), a backward step max(backward + on-demand recomputation, gather +
+    reduce-scatter): the window `fsdp_win` (`pricing.fsdp_window`, one or one per layer) is charged as exposed
+    time and hosts the layer's on-demand recomputation; each micro-batch's forward waits for its first gather and
+    its backward for its last reduction."""
     n = len(layers)
+    gs = per_layer(graph, n)
+    lcs = (lc,) * n if isinstance(lc, LayerCost) else lc
+    wins = (fsdp_win,) * n if isinstance(fsdp_win, float) else fsdp_win
+    c = ChunkCosts(win_f=lcs[0].win_f if lcs else (0.0, 0.0))
+    if any(x is not lcs[0] for x in lcs):
+        c.win_fs = [x.win_f for x in lcs]
     if fsdp is not None and n:
         c.fwd_plain += fsdp.start_s
         c.bwd_base += fsdp.end_s
-    fwd_exposed = max(0.0, fsdp.gather_fwd_s - lc.fwd) if fsdp is not None else 0.0
     for i, lp in enumerate(layers):
-        c.fwd_plain += lc.fwd + fwd_exposed
-        c.bwd_base += lc.bwd + fsdp_win
-        r = layer_recompute(graph, lp, lc.win_b, top=i == n - 1, fsdp_win=fsdp_win)
+        fwd_exposed = max(0.0, fsdp.gather_fwd_s - lcs[i].fwd) if fsdp is not None else 0.0
+        c.fwd_plain += lcs[i].fwd + fwd_exposed
+        c.bwd_base += lcs[i].bwd + wins[i]
+        r = layer_recompute(gs[i], lp, lcs[i + 1].win_b if i + 1 < n else lcs[i].win_b, top=i == n - 1,
+                            fsdp_win=wins[i])
         c.fwd_loads.append(r.fwd_loads)
         for load in r.fwd_loads:
             c.fwd_phase_load += load
@@ -92,14 +104,20 @@ def chunk_costs(graph: LayerGraph, layers: tuple[LayerPolicy, ...], lc: LayerCos
     return c
 
 
-def stage_costs(graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext) -> list[ChunkCosts]:
+def stage_costs(graph: Graphs, pol: RecomputePolicy, ctx: StageContext) -> list[ChunkCosts]:
     """One ChunkCosts per model chunk of the stage (one without interleaving)."""
-    lc = layer_cost(graph, ctx.subtract_wgrad)
-    win = fsdp_window(graph, ctx)
-    return [chunk_costs(graph, pol.layers[lo:hi], lc, ctx.fsdp, win) for lo, hi in ctx.chunk_slices()]
+    if isinstance(graph, LayerGraph):
+        lc = layer_cost(graph, ctx.subtract_wgrad)
+        win = fsdp_window(graph, ctx)
+        return [chunk_costs(graph, pol.layers[lo:hi], lc, ctx.fsdp, win) for lo, hi in ctx.chunk_slices()]
+    by_graph = {id(g): (layer_cost(g, ctx.subtract_wgrad), fsdp_window(g, ctx)) for g in graph}
+    per = tuple(by_graph[id(g)] for g in per_layer(graph, len(pol.layers)))
+    lcs, wins = tuple(x[0] for x in per), tuple(x[1] for x in per)
+    return [chunk_costs(graph[lo:hi], pol.layers[lo:hi], lcs[lo:hi], ctx.fsdp, wins[lo:hi])
+            for lo, hi in ctx.chunk_slices()]
 
 
-def charge_stage(graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext, edges: EdgeTimes | None = None,
+def charge_stage(graph: Graphs, pol: RecomputePolicy, ctx: StageContext, edges: EdgeTimes | None = None,
                  copy_exposed: float = 0.0) -> list[ChunkCosts]:
     """Everything one pipeline stage's actions cost per micro-batch, chunk by chunk: its layers' forward and
     backward with the recomputation its policy places (`chunk_costs`), the offload copies its backwards wait for

@@ -22,10 +22,12 @@ from enum import Enum
 from typing import Literal
 
 from lynx.cost.collectives import allreduce_time, gather_time
+from lynx.cost.experts import moe_layer_params
 from lynx.cost.fp8_memory import fp8_static_delta, gathered_param_bytes
 from lynx.errors import SpecError
 from lynx.families import get_family
 from lynx.spec import DeviceSpec, LinkSpec, ModelSpec, ParallelSpec
+from lynx.stack import LayerKind, primary_kind
 
 PrecisionName = Literal["paper", "megatron-bf16", "megatron-fp16", "fp32"]
 
@@ -118,22 +120,31 @@ class StageParams:
     """The LM head's weight on the last stage: Megatron's copy of the tied word embedding when PP > 1
     (its gradient is all-reduced with the first stage's), or the untied output layer."""
     final_norm: float
+    experts: float = 0.0
+    """Routed experts of the stage's MoE layers on this rank (their E / EP experts, split over ETP): reduced and
+    sharded over expert-DP, the rest over DP x CP (`lynx.cost.experts`)."""
 
     @property
     def total(self) -> float:
-        return self.layers + self.embedding + self.head + self.final_norm
+        return self.layers + self.embedding + self.head + self.final_norm + self.experts
 
 
-def stage_params(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int) -> StageParams:
+def stage_params(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int,
+                 kinds: tuple[LayerKind, ...] | None = None) -> StageParams:
+    """`kinds`: the stage's layer kinds (`lynx.stack`); None: `num_layers` of the model's primary kind."""
     t = par.tp
     first, last = stage == 0, stage == par.pp - 1
     family = get_family(model.family)
     norm = family.final_norm_params(model) if last else 0.0
+    layers, experts = num_layers * family.layer_params(model, t), 0.0
+    if model.is_moe:
+        layers, experts = moe_layer_params(model, par, kinds or (primary_kind(model),) * num_layers, last)
     return StageParams(
-        layers=num_layers * family.layer_params(model, t),
+        layers=layers,
         embedding=family.embedding_params(model, t) if first else 0.0,
         head=family.head_params(model, t, par.pp) - norm if last else 0.0,
         final_norm=norm,
+        experts=experts,
     )
 
 
@@ -157,35 +168,37 @@ class StaticBreakdown:
 
 def stage_static(
     model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int, recipe: Recipe,
-    distributed_optimizer: bool = False,
+    distributed_optimizer: bool = False, kinds: tuple[LayerKind, ...] | None = None,
 ) -> StaticBreakdown:
     """Parameters, gradients and optimizer state of one stage on one device (every buffer holds every
     local parameter, the head copy included; the distributed optimizer divides the state by DP)."""
-    sp = stage_params(model, par, stage, num_layers)
+    sp = stage_params(model, par, stage, num_layers, kinds)
     n = sp.total
     shard = par.dp_cp if distributed_optimizer else 1  # Megatron shards over DP x CP
+    eshard = par.edp if distributed_optimizer else 1  # and expert state over expert-DP
     return StaticBreakdown(
         params=sp, recipe=recipe, distributed_optimizer=distributed_optimizer, dp=par.dp,
         param_bytes=n * recipe.param_bytes + fp8_static_delta(model, par, num_layers, recipe.param_bytes),
         grad_bytes=n * recipe.grad_bytes,
-        optimizer_bytes=n * recipe.state_bytes / shard,
+        optimizer_bytes=(n - sp.experts) * recipe.state_bytes / shard + sp.experts * recipe.state_bytes / eshard,
     )
 
 
 def dp_sync_time(
     model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int, recipe: Recipe, link: LinkSpec,
-    distributed_optimizer: bool = False,
+    distributed_optimizer: bool = False, kinds: tuple[LayerKind, ...] | None = None,
 ) -> float:
     """Data-parallel gradient synchronisation of one stage after its last backward: a ring all-reduce of
     the gradient buffer (its dtype: Megatron reduces bf16 runs' gradients in fp32); with the distributed
     optimizer a reduce-scatter of the gradients and an all-gather of the updated parameters instead."""
-    sp = stage_params(model, par, stage, num_layers)
-    n = sp.total
-    g = par.dp_cp  # the gradient group: DP x CP
-    if distributed_optimizer:
-        return gather_time(n * recipe.grad_bytes, g, link) + gather_time(
-            gathered_param_bytes(model, par, n, sp.layers, recipe.param_bytes), g, link)
-    return allreduce_time(n * recipe.grad_bytes, g, link)
+    sp = stage_params(model, par, stage, num_layers, kinds)
+    n, e = sp.total - sp.experts, sp.experts
+    g = par.dp_cp  # the gradient group: DP x CP; expert gradients over expert-DP (on the same link: an assumption)
+    if distributed_optimizer:  # FP8 parameters gather one byte each (`fp8_memory`; dense layers' share only)
+        dense = gathered_param_bytes(model, par, n, sp.layers, recipe.param_bytes)
+        return gather_time(n * recipe.grad_bytes, g, link) + gather_time(dense, g, link) \
+            + gather_time(e * recipe.grad_bytes, par.edp, link) + gather_time(e * recipe.param_bytes, par.edp, link)
+    return allreduce_time(n * recipe.grad_bytes, g, link) + allreduce_time(e * recipe.grad_bytes, par.edp, link)
 
 
 def optimizer_step_bytes(recipe: Recipe) -> float:
@@ -212,17 +225,21 @@ def grad_buffer_passes(par: ParallelSpec, check_for_nan: bool = True, average_in
 
 
 def grad_buffer_time(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int, recipe: Recipe,
-                     device: DeviceSpec, check_for_nan: bool = True, average_in_collective: bool = False) -> float:
+                     device: DeviceSpec, check_for_nan: bool = True, average_in_collective: bool = False,
+                     kinds: tuple[LayerKind, ...] | None = None) -> float:
     """`grad_buffer_passes` over the stage's local gradient buffer (every local parameter, unsharded), memory-
     bound at the device's streaming bandwidth; on the stage's compute stream, so on its critical path."""
-    n = stage_params(model, par, stage, num_layers).total
+    n = stage_params(model, par, stage, num_layers, kinds).total
     passes = grad_buffer_passes(par, check_for_nan, average_in_collective)
     return passes * n * recipe.grad_bytes / (device.memory_bandwidth_Bps * device.memory_efficiency)
 
 
 def optimizer_step_time(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int, recipe: Recipe,
-                        device: DeviceSpec, distributed_optimizer: bool = False) -> float:
+                        device: DeviceSpec, distributed_optimizer: bool = False,
+                        kinds: tuple[LayerKind, ...] | None = None) -> float:
     """The optimizer step of one stage on one device: memory-bound over the parameters it updates (all local
     ones, or with the distributed optimizer its 1/DP shard), at the device's streaming bandwidth."""
-    n = stage_params(model, par, stage, num_layers).total / (par.dp_cp if distributed_optimizer else 1)
+    sp = stage_params(model, par, stage, num_layers, kinds)
+    n = (sp.total - sp.experts) / (par.dp_cp if distributed_optimizer else 1) \
+        + sp.experts / (par.edp if distributed_optimizer else 1)
     return n * optimizer_step_bytes(recipe) / (device.memory_bandwidth_Bps * device.memory_efficiency)

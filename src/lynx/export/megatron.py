@@ -24,6 +24,7 @@ from lynx.export.megatron_engine import (
 )
 from lynx.export.megatron_fsdp import sharding_flags
 from lynx.export.megatron_model import model_flags
+from lynx.export.megatron_moe import parallel_flags as expert_parallel_flags
 from lynx.export.megatron_offload import offload_entry, offload_flags, offload_notes
 from lynx.export.megatron_recompute import MegatronRecompute, chunk_setting, collapse, hidden_note
 from lynx.export.pricing import (
@@ -100,7 +101,7 @@ def _translation(src: ExportSource) -> tuple[list[MegatronRecompute], MegatronRe
     rounding: list[str] = []
     for v, pol in enumerate(src.policies):
         where = f"stage {v}" if lay.vpp == 1 else f"virtual stage {v}"
-        rec, n = chunk_setting(graph, pol, where)
+        rec, n = chunk_setting(src.problem.range_graphs(lay.first_layer(v), lay.layers[v]), pol, where)
         per_stage.append(rec)
         rounding += n
         notes += hidden_note(pol, where)
@@ -145,7 +146,7 @@ def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
     args: list[tuple[str, ...]] = [
         ("--tensor-model-parallel-size", str(par.tp)), ("--pipeline-model-parallel-size", str(par.pp)),
         *([("--sequence-parallel",)] if par.sequence_parallel else []),
-        *cp_flags(par),
+        *cp_flags(par), *expert_parallel_flags(par),
         ("--pipeline-model-parallel-layout", megatron_layout(lay)),
         ("--micro-batch-size", str(par.micro_batch_size)), ("--global-batch-size", str(par.global_batch_size)),
         *model_flags(src.problem.model, par.seq_length), *run_flags(src.problem.options, par),

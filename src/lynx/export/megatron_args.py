@@ -15,6 +15,7 @@ from typing import Any, Literal, cast
 
 from lynx.cost.fsdp import DDP, DpSharding
 from lynx.errors import SpecError
+from lynx.export import megatron_moe as moe
 from lynx.export.layout import ChunkLayout, even_layout, first_last_layout, parse_megatron_layout
 from lynx.export.megatron_fp8 import BOOL_FLAGS as FP8_BOOL
 from lynx.export.megatron_fp8 import INT_FLAGS as FP8_INT
@@ -36,28 +37,26 @@ _INT = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-h
         "--pipeline-model-parallel-size", "--micro-batch-size", "--global-batch-size", "--recompute-num-layers",
         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
         "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank", "--num-query-groups",
-        "--context-parallel-size", *FP8_INT, *FSDP_INT)
+        "--context-parallel-size", *FP8_INT, *FSDP_INT, *moe.INT_FLAGS)
 _FLOAT = ("--attention-dropout", "--hidden-dropout", "--rotary-base", "--activation-offload-fraction",
-          "--delta-offload-bytes-across-pp-ranks")
+          "--delta-offload-bytes-across-pp-ranks", *moe.FLOAT_FLAGS)
 _STR = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--normalization",
         "--position-embedding-type", "--attention-backend", "--transformer-impl", "--cp-comm-type",
-        "--cross-entropy-fusion-impl", *FP8_STR, *FSDP_STR)
+        "--cross-entropy-fusion-impl", *FP8_STR, *FSDP_STR, *moe.STR_FLAGS)
 _LIST = ("--recompute-modules", "--hierarchical-context-parallel-sizes", "--offload-modules")
 _BOOL = ("--sequence-parallel", "--bf16", "--fp16", "--recompute-activations", "--swiglu", "--group-query-attention",
          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--use-distributed-optimizer",
          "--use-flash-attn", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
          "--grad-reduce-in-bf16", "--squared-relu", "--add-qkv-bias", "--account-for-embedding-in-pipeline-split",
          "--account-for-loss-in-pipeline-split", "--fine-grained-activation-offloading",
-         "--no-check-for-nan-in-loss-and-grad", "--ddp-average-in-collective", *BOOL_FLAGS, *FP8_BOOL, *FSDP_BOOL)
+         "--no-check-for-nan-in-loss-and-grad", "--ddp-average-in-collective", *BOOL_FLAGS, *FP8_BOOL, *FSDP_BOOL,
+         *moe.BOOL_FLAGS)
 _REFUSED = {
-    "--num-experts": "mixture-of-experts layers",
-    "--multi-latent-attention": "multi-latent attention",
-    "--mtp-num-layers": "multi-token prediction layers",
     "--distribute-saved-activations": "activations distributed over the TP group",
     "--cpu-offloading": "activation offloading to the host",
     **FP8_REFUSED,
 }
-_REFUSED_ABOVE_ONE = ("--expert-model-parallel-size",)
+_REFUSED_ABOVE_ONE: tuple[str, ...] = ()
 _REQUIRED = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size",
              "--global-batch-size")
 
@@ -105,13 +104,17 @@ class MegatronCommand:
     offload: dict[str, Any] | None = None
     """Megatron-Core's fine-grained activation offloading (`export.megatron_offload.apply_offload`'s entry, with
     ``keep_bytes_per_rank`` for --delta-offload-bytes-across-pp-ranks); None when off."""
+    ep: int = 1
+    """--expert-model-parallel-size."""
+    etp: int = 0
+    """--expert-tensor-parallel-size (0: TP)."""
 
     def parallel(self, dp: int) -> ParallelSpec:
         return ParallelSpec(tp=self.tp, pp=self.pp, dp=dp, sequence_parallel=self.sequence_parallel,
                             micro_batch_size=self.micro_batch_size, global_batch_size=self.global_batch_size,
                             seq_length=self.seq_length, cp=self.cp,
                             cp_comm_type=self.cp_comm_type,  # type: ignore[arg-type]  # checked in _cp
-                            cp_a2a_size=self.cp_a2a_size)
+                            cp_a2a_size=self.cp_a2a_size, ep=self.ep, etp=self.etp)
 
 
 Value = int | float | str | bool | tuple[str, ...]
@@ -257,15 +260,33 @@ def parse_megatron_args(args: str | Sequence[str]) -> MegatronCommand:
     # --transformer-impl and the fusion flags (`export.megatron_fusion`; local's unfused attention: attention_of)
     model = dataclasses.replace(model, **fusion_fields(k, model.activation, "--from-megatron: --transformer-impl"),
                                 fp8=fp8_of_flags(k))  # --fp8-format and friends (`export.megatron_fp8`)
+    model = _with_moe(model, k)
     pp = _int(k, "--pipeline-model-parallel-size", 1)
     cp, kind, a2a = _cp(k)
+    ep, etp = moe.expert_parallel(k)
     return MegatronCommand(
         model=model, tp=_int(k, "--tensor-model-parallel-size", 1), pp=pp,
         sequence_parallel=bool(k.get("--sequence-parallel", False)), micro_batch_size=_int(k, "--micro-batch-size"),
         global_batch_size=_int(k, "--global-batch-size"), seq_length=seq, layout=_layout(k, pp, layers),
         recompute=_recompute(k), warnings=tuple(warn), run=_run(k), cp=cp, cp_comm_type=kind, cp_a2a_size=a2a,
-        offload=_offload(k),
+        offload=_offload(k), ep=ep, etp=etp,
     )
+
+
+def _with_moe(model: ModelSpec, k: dict[str, Value]) -> ModelSpec:
+    """The MoE / MLA fields of the command line; any of them makes the model family mcore (the only family that
+    builds those layers)."""
+    fields = moe.moe_fields(k, model.num_layers)
+    if not fields:
+        return model
+    from lynx.models import check_model
+
+    try:
+        out = dataclasses.replace(model, family="mcore", **fields)
+        check_model(out)
+    except SpecError as e:
+        raise SpecError(f"--from-megatron: {e}") from None
+    return out
 
 
 def _offload(k: dict[str, Value]) -> dict[str, Any] | None:

@@ -14,6 +14,7 @@ from typing import Any
 from lynx.errors import SpecError
 from lynx.export.megatron_fp8 import fp8_args
 from lynx.export.megatron_fusion import fusion_args
+from lynx.export.megatron_moe import moe_flags
 from lynx.spec import ModelSpec
 
 Flag = tuple[str, ...]
@@ -52,8 +53,8 @@ def model_flags(m: ModelSpec, seq_length: int) -> list[Flag]:
         flags += [("--group-query-attention",), ("--num-query-groups", str(groups))]
     # lynx prices the attention it was told about: unfused keeps the s x s tensors, flash does not
     flags.append(("--attention-backend", "flash" if m.attention == "flash" else "unfused"))
-    # --transformer-impl local and the --no-*-fusion flags the plan priced; the FP8 flags
-    return flags + fusion_args(m) + fp8_args(m)
+    # --transformer-impl local and the --no-*-fusion flags the plan priced; the FP8 flags; MoE / MLA (`megatron_moe`)
+    return flags + fusion_args(m) + fp8_args(m) + moe_flags(m)
 
 
 def attention_of(k: Mapping[str, Any]) -> str:

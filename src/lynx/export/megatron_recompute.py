@@ -26,15 +26,16 @@ from typing import Literal
 from lynx.cost.pricing import ops_recompute_cost
 from lynx.decisions import LayerPolicy, Phase, RecomputePolicy
 from lynx.errors import SpecError
-from lynx.graph import LayerGraph
+from lynx.graph import Graphs, LayerGraph, per_layer
 from lynx.policy.megatron_modules import dropped_ops, modules_layer
 from lynx.policy.rules import full_layer, keep_all
 
 Granularity = Literal["full", "selective"]
 RecomputeMethod = Literal["uniform", "block"]
 
-MODULE_ORDER: tuple[str, ...] = ("core_attn", "layernorm", "mlp")
-"""Megatron's --recompute-modules for dense layers; the ops each drops are its `Op.module` tags in the graph."""
+MODULE_ORDER: tuple[str, ...] = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj")
+"""Megatron's --recompute-modules (the MoE and MLA ones: `policy.megatron_modules`); the ops each drops are its
+`Op.module` tags in the graph."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +60,7 @@ class MegatronRecompute:
             unknown = [x for x in self.modules if x not in MODULE_ORDER]
             if unknown or not self.modules:
                 raise SpecError(f"--recompute-modules {' '.join(self.modules) or '(none)'}: lynx models "
-                                f"{', '.join(MODULE_ORDER)} for dense layers")
+                                f"{', '.join(MODULE_ORDER)}")
 
     def flags(self) -> list[str]:
         if self.granularity is None:
@@ -125,10 +126,12 @@ def classify_layer(graph: LayerGraph, lp: LayerPolicy) -> tuple[LayerClass, tupl
     return ("full", ()) if mods is None else ("selective", mods)
 
 
-def chunk_setting(graph: LayerGraph, policy: RecomputePolicy, where: str) -> tuple[MegatronRecompute, list[str]]:
-    """The Megatron setting for one (virtual) stage of a lynx plan, and notes on what it could not keep."""
+def chunk_setting(graph: Graphs, policy: RecomputePolicy, where: str) -> tuple[MegatronRecompute, list[str]]:
+    """The Megatron setting for one (virtual) stage of a lynx plan, and notes on what it could not keep (`graph`:
+    one per layer for a stack of layer kinds)."""
     notes: list[str] = []
-    classes = [classify_layer(graph, lp) for lp in policy.layers]
+    gs = per_layer(graph, len(policy.layers))
+    classes = [classify_layer(g, lp) for g, lp in zip(gs, policy.layers, strict=True)]
     n = len(classes)
     kinds = {c for c, _ in classes}
     if kinds == {"none"} or n == 0:
@@ -141,8 +144,8 @@ def chunk_setting(graph: LayerGraph, policy: RecomputePolicy, where: str) -> tup
         exact = all(c == "selective" and ms == mods for c, ms in classes)
         if not exact:
             notes.append(f"{where}: per-layer keep sets differ; every layer recomputes {','.join(mods)}")
-        for lp, (c, _ms) in zip(policy.layers, classes, strict=True):
-            extra = covered_ops(graph, mods) - (graph.needed() - lp.keep)
+        for g, lp, (c, _ms) in zip(gs, policy.layers, classes, strict=True):
+            extra = covered_ops(g, mods) - (g.needed() - lp.keep)
             if c == "selective" and extra:
                 notes.append(f"{where}: keep set rounded to --recompute-modules {' '.join(mods)} "
                              f"(also drops {', '.join(sorted(extra))})")
@@ -189,6 +192,14 @@ def collapse(settings: Sequence[MegatronRecompute], layers: Sequence[int]) -> tu
     if any(s.granularity == "selective" for s, _ in active):
         notes.append("stock: stages with selective recomputation become full block (one granularity)")
     return MegatronRecompute("full", "block", k), notes
+
+
+def stack_policies(graph: Graphs, rec: MegatronRecompute, num_layers: int) -> tuple[LayerPolicy, ...]:
+    """`layer_policies` with one graph per layer: layer i takes position i's policy on its own kind's graph."""
+    if isinstance(graph, LayerGraph):
+        return layer_policies(graph, rec, num_layers)
+    by = {id(g): layer_policies(g, rec, num_layers) for g in graph}
+    return tuple(by[id(g)][i] for i, g in enumerate(graph))
 
 
 def layer_policies(graph: LayerGraph, rec: MegatronRecompute, num_layers: int) -> tuple[LayerPolicy, ...]:

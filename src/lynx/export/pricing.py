@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from lynx.errors import SpecError
 from lynx.export.layout import ChunkLayout, even_layout
-from lynx.export.megatron_recompute import MegatronRecompute, layer_policies
+from lynx.export.megatron_recompute import MegatronRecompute, stack_policies
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
 from lynx.spec import ModelSpec, ParallelSpec
 
@@ -113,7 +113,8 @@ def _run(problem: PlanProblem, layout: ChunkLayout | None,
     from lynx.partition.base import Partition
 
     g, pp = problem.graph, layout.pp
-    chunk_pols = [layer_policies(g, rec, n) for rec, n in zip(how, layout.layers, strict=True)]
+    chunk_pols = [stack_policies(problem.range_graphs(layout.first_layer(v), n), rec, n)
+                  for v, (rec, n) in enumerate(zip(how, layout.layers, strict=True))]
     if offload:
         from lynx.export.megatron_offload import apply_offload
 

@@ -52,9 +52,9 @@ def target_price(problem: PlanProblem, result: PlanResult, target: Target, stock
         from lynx.export.megatron_engine import engine_price
 
         if not stock:  # lynx's engine inside Megatron-Core runs the plan with its windows where it can
-            engine, _ = engine_price(problem, result)
-            if engine is not None:
-                return TargetPrice(engine, "Megatron-Core + lynx engine")
+            in_mcore, _ = engine_price(problem, result)
+            if in_mcore is not None:
+                return TargetPrice(in_mcore, "Megatron-Core + lynx engine")
         fig, plugin = megatron_run(src)
         return TargetPrice(fig, "Megatron-Core + lynx plugin" if plugin else "Megatron-Core")
     from lynx.export.torchtitan import ORDER, engine_table, layer_entry, price_on_torchtitan

@@ -36,7 +36,7 @@ FLASH_BWD_FACTOR = 2.5
 dK = dS^T Q) plus recomputing S = Q K^T: 5 / 2 of the forward's two GEMMs. FlashAttention-2 (Dao 2023,
 sec. 4.1) counts it the same way: "the backward pass FLOPs is 2.5 times the forward pass"."""
 
-Collective = Literal["allreduce", "gather", "cp_p2p", "cp_a2a", "cp_allgather"]
+Collective = Literal["allreduce", "gather", "cp_p2p", "cp_a2a", "cp_allgather", "ep_a2a", "etp_gather", "tpep_gather"]
 """"allreduce": ring all-reduce; "gather": one all-gather or reduce-scatter (half an all-reduce) - both over TP.
 Over context-parallel ranks (`cp_attention`): "cp_p2p" the ring exchange of K/V chunks (comm_bytes: one step's
 chunk), "cp_a2a" an all-to-all (comm_bytes: one rank's tensor), "cp_allgather" an all-gather of K/V
@@ -88,6 +88,9 @@ class OpSpec:
     main_grad_pass: bool = False
     """Weight GEMMs without --gradient-accumulation-fusion: the 16-bit weight gradient is added into the fp32
     main gradient by one more memory-bound kernel every backward (priced in `costmodel`)."""
+    node_dedup_topk: int = 0
+    """Expert all-to-alls of the flex dispatcher (DeepEP): each token crosses to a remote node once however many
+    of its top-k experts live there (this k; 0: every copy travels, `cost.moe`)."""
     fp8: bool = False
     """GEMMs: forward, input and weight gradient on FP8 tensor cores (`lynx.cost.fp8`)."""
     gather_bytes: float | None = None
@@ -133,6 +136,8 @@ class Family:
     runtime_module: str
     """The module whose ``RUNTIME`` (`lynx.runtime.layers.family.RuntimeFamily`) builds the torch layer and model
     (imported only by the runtime and the profiler)."""
+    kind_layer: Callable[[ModelSpec, ParallelSpec, Any], LayerSpec] | None = None
+    """The layer of one kind (`lynx.stack.LayerKind`) for families whose models mix kinds (mcore); None: `layer`."""
     static_memory: StaticMemory = "megatron"
     """Whose buffers hold the parameters, gradients and optimizer state: Megatron-Core's
     (`lynx.cost.static_memory`), or torchtitan's FSDP2 as torchtitan runs it (`lynx.cost.titan_fsdp`). The

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lynx.errors import SpecError
 from lynx.families import fusion
 from lynx.families.base import (
     ACT_BYTES,
@@ -30,7 +31,10 @@ from lynx.families.base import (
     standard_attention,
 )
 from lynx.families.llama import check_layout
+from lynx.families.mla import mla_attention, mla_flops_per_token, mla_params
+from lynx.families.moe import active_mlp_flops_per_token, expert_params, moe_mlp, router_params, shared_params
 from lynx.graph import Block
+from lynx.stack import LayerKind, layer_kinds, primary_kind
 
 if TYPE_CHECKING:
     from lynx.spec import ModelSpec, ParallelSpec
@@ -43,7 +47,13 @@ ACT_FLOPS = {"gelu": 8.0, "squared-relu": 2.0}
 
 
 def check_model(m: ModelSpec) -> None:
-    """Every combination ModelSpec accepts is a Megatron-Core layer; nothing more to check."""
+    """Every combination ModelSpec accepts is a Megatron-Core layer, except the ones lynx does not model."""
+    if m.multi_latent_attention and m.q_lora_rank == 0:
+        raise SpecError(f"model {m.name!r}: multi_latent_attention with q_lora_rank 0 (a direct Q projection, "
+                        "DeepSeek-V2-Lite) is not modelled; valid: q_lora_rank > 0")
+    if m.multi_latent_attention and m.attention != "flash":
+        raise SpecError(f"model {m.name!r}: multi_latent_attention is modelled with flash attention only; "
+                        "valid: attention flash")
 
 
 def _norm(b: LayerBuilder, m: ModelSpec, idx: int, blk: Block, elems: float, src: str) -> str:
@@ -77,10 +87,16 @@ def _attention(b: LayerBuilder, m: ModelSpec, par: ParallelSpec, tok: float, tok
     a_l, g_l = m.num_attention_heads / t, m.num_query_groups / t
     sp = par.sequence_parallel
     n1 = _norm(b, m, 1, "attn", tok_ln * h, LAYER_INPUT)
+    if m.multi_latent_attention:
+        return _reduce(b, sp, "attn", mla_attention(b, m, par, n1, tok, tok_ln), tok, tok_ln, h, "kv_up")
     b.gemm("qkv", "attn", tok, h, (a_l + 2 * g_l) * d, (_gather(b, sp, "attn", n1, tok, h, "qkv", ""),), (n1,))
     qk = "qkv"
+    if m.qk_layernorm:  # --qk-layernorm: a norm over every query and key head (Qwen3)
+        b.elementwise("qk_layernorm", "attn", tok * (a_l + g_l) * d, ("qkv",), ("qkv",), flops_per_elem=4,
+                      module="layernorm")
+        qk = "qk_layernorm"
     if m.position_embedding == "rope":
-        b.elementwise("rope", "attn", tok * (a_l + g_l) * d, ("qkv",), (), flops_per_elem=3)
+        b.elementwise("rope", "attn", tok * (a_l + g_l) * d, (qk,), (), flops_per_elem=3)
         qk = "rope"
     if m.attention == "flash":
         ctx = cp_flash_attention(b, par, mb, a_l, g_l, d, qk, "qkv")
@@ -90,11 +106,14 @@ def _attention(b: LayerBuilder, m: ModelSpec, par: ParallelSpec, tok: float, tok
     return _reduce(b, sp, "attn", "attn_proj", tok, tok_ln, h, "qkv")
 
 
-def _mlp(b: LayerBuilder, m: ModelSpec, par: ParallelSpec, tok: float, tok_ln: float) -> str:
+def _mlp(b: LayerBuilder, m: ModelSpec, par: ParallelSpec, tok: float, tok_ln: float, kind: LayerKind
+         ) -> tuple[str, ...]:
     h, f, t, sp = m.hidden_size, m.ffn_hidden_size, par.tp, par.sequence_parallel
     gated = m.activation == "swiglu"
     up, act, down = ("gate_up", "swiglu", "down") if gated else ("fc1", m.activation.replace("-", "_"), "fc2")
     n2 = _norm(b, m, 2, "mlp", tok_ln * h, "attn_residual")
+    if kind == "moe":
+        return moe_mlp(b, m, par, n2, tok, tok_ln)
     b.gemm(up, "mlp", tok, h, (2 if gated else 1) * f / t, (_gather(b, sp, "mlp", n2, tok, h, up, "mlp"),), (n2,),
            module="mlp")
     if gated:  # fused SwiGLU: [tok, 2f/t] -> [tok, f/t], backward reads its input
@@ -103,11 +122,16 @@ def _mlp(b: LayerBuilder, m: ModelSpec, par: ParallelSpec, tok: float, tok_ln: f
     else:
         b.elementwise(act, "mlp", tok * f / t, (up,), (up,), flops_per_elem=ACT_FLOPS[m.activation], module="mlp")
     b.gemm(down, "mlp", tok, f / t, h, (act,), (act,), module="mlp")
-    return _reduce(b, sp, "mlp", down, tok, tok_ln, h, up)
+    return (_reduce(b, sp, "mlp", down, tok, tok_ln, h, up),)
 
 
 def layer(m: ModelSpec, par: ParallelSpec) -> LayerSpec:
-    """The ops of one Megatron-Core layer on one TP rank."""
+    """The ops of one Megatron-Core layer on one TP rank, of the kind most of the model's layers have."""
+    return kind_layer(m, par, primary_kind(m))
+
+
+def kind_layer(m: ModelSpec, par: ParallelSpec, kind: LayerKind) -> LayerSpec:
+    """The ops of one Megatron-Core layer of `kind` (dense or MoE, `lynx.stack`) on one rank."""
     b = LayerBuilder(main_grad_pass=not m.gradient_accumulation_fusion)
     tok = par.seq_length * par.micro_batch_size // par.cp  # s / CP tokens of each sequence on this rank
     tok_ln = tok / par.tp if par.sequence_parallel else tok
@@ -116,9 +140,9 @@ def layer(m: ModelSpec, par: ParallelSpec) -> LayerSpec:
     red = _attention(b, m, par, tok, tok_ln)
     b.elementwise("attn_residual", "attn", tok_ln * h, (red, LAYER_INPUT), ("attn_residual",) if drop else (),
                   reads=2, mask=drop)
-    red = _mlp(b, m, par, tok, tok_ln)
-    b.elementwise("mlp_residual", "mlp", tok_ln * h, (red, "attn_residual"), ("mlp_residual",) if drop else (),
-                  reads=2, mask=drop)
+    reds = _mlp(b, m, par, tok, tok_ln, kind)
+    b.elementwise("mlp_residual", "mlp", tok_ln * h, (*reds, "attn_residual"), ("mlp_residual",) if drop else (),
+                  reads=1 + len(reds), mask=drop)
     fusion.apply(b, m)  # the memory-bound ops a disabled fusion runs eager
     return b.spec(ACT_BYTES * tok_ln * h)
 
@@ -128,15 +152,29 @@ def _norm_params(m: ModelSpec) -> float:
 
 
 def layer_params(m: ModelSpec, tp: int) -> float:
-    """Column-parallel QKV and FC1 (gate/up), row-parallel projection and FC2 split over TP with their biases;
-    the row-parallel biases and the two norms replicated."""
+    """One layer of the model's primary kind on a TP rank, routed experts divided by TP too (the per-rank count
+    with EP is `kind_params` plus `moe.expert_params` / (EP x ETP), `cost.static_memory`)."""
+    kind = primary_kind(m)
+    return kind_params(m, tp, kind) + (expert_params(m) / tp if kind == "moe" else 0.0)
+
+
+def kind_params(m: ModelSpec, tp: int, kind: LayerKind) -> float:
+    """A layer of `kind` on a TP rank without its routed experts. Column-parallel QKV and FC1 (gate/up),
+    row-parallel projection and FC2 split over TP with their biases; the row-parallel biases and the two norms
+    replicated; an MoE layer's MLP is its router (replicated) and shared expert (split over TP)."""
     h, a, g, f, d = m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size, m.head_dim
     up = 2 * f if m.activation == "swiglu" else f
-    split = h * (a + 2 * g) * d + a * d * h + h * up + f * h
-    replicated = 2 * _norm_params(m)
-    if m.bias in ("all", "qkv"):
+    mlp = h * up + f * h if kind == "dense" else shared_params(m)
+    attn = 0.0 if m.multi_latent_attention else h * (a + 2 * g) * d + a * d * h
+    split = attn + mlp
+    replicated = 2 * _norm_params(m) + (router_params(m) if kind == "moe" else 0.0)
+    if m.multi_latent_attention:
+        replicated += mla_params(m, tp)  # already per TP rank
+    if m.qk_layernorm:
+        replicated += 2 * d
+    if m.bias in ("all", "qkv") and not m.multi_latent_attention:
         split += (a + 2 * g) * d
-    if m.bias == "all":
+    if m.bias == "all" and kind == "dense":
         split += up
         replicated += 2 * h
     return split / tp + replicated
@@ -161,14 +199,20 @@ def output_params(m: ModelSpec) -> float:
 
 
 def matmul_flops_per_token(m: ModelSpec, s: int) -> float:
+    """Per layer, averaged over the model's kinds (MoE layers count the top-k experts a token runs through)."""
     h, a, g, f, d = m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size, m.head_dim
     up = 3 if m.activation == "swiglu" else 2
-    return 2 * (h * (a + 2 * g) * d + a * d * h + up * h * f) + 2 * 2 * s * a * d
+    attn = mla_flops_per_token(m, s) if m.multi_latent_attention else 2 * (h * (a + 2 * g) * d + a * d * h) \
+        + 2 * 2 * s * a * d
+    kinds = layer_kinds(m)
+    n_moe = sum(k == "moe" for k in kinds)
+    mlp = ((len(kinds) - n_moe) * 2 * up * h * f + n_moe * active_mlp_flops_per_token(m)) / len(kinds)
+    return attn + mlp
 
 
 FAMILY = Family(
     name="mcore", defaults=DEFAULTS, check_model=check_model, check_layout=check_layout, layer=layer,
     layer_params=layer_params, embedding_params=embedding_params, head_params=head_params,
     final_norm_params=final_norm_params, output_params=output_params,
-    matmul_flops_per_token=matmul_flops_per_token, runtime_module="",
+    matmul_flops_per_token=matmul_flops_per_token, runtime_module="", kind_layer=kind_layer,
 )

@@ -8,7 +8,7 @@ import time
 
 from lynx.decisions import RecomputePolicy
 from lynx.errors import InfeasibleError
-from lynx.methods.common import base_partition, edge_times_per_stage
+from lynx.methods.common import base_partition, edge_times_per_stage, one_kind_only
 from lynx.partition.adapipe import adapipe_partition
 from lynx.partition.base import Partition
 from lynx.policy.adapipe import StageDP, adapipe_stage_policy
@@ -28,6 +28,7 @@ def _policies(problem: PlanProblem, part: Partition, dp: StageDP) -> tuple[Recom
 def plan_adapipe(problem: PlanProblem) -> PlanResult:
     """Interleaved (vpp > 1): the stage DP on the dp partition of the chunks, with each stage's largest
     chunk in-flight count for all its layers (an upper bound); the partitioning DP models 1F1B only."""
+    one_kind_only(problem, "adapipe")
     t0 = time.perf_counter()
     par, g = problem.parallel, problem.graph
     L, p, m = problem.model.num_layers, par.pp, par.num_microbatches

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from lynx.decisions import RecomputePolicy, StageContext
 from lynx.errors import SpecError
-from lynx.graph import LayerGraph
+from lynx.graph import Graphs, LayerGraph, per_layer
 from lynx.partition.base import Partition
 from lynx.partition.dp import dp_partition
 from lynx.problem import PlanProblem, PlanResult
@@ -84,25 +84,52 @@ def chunk_contexts(ctx: StageContext) -> tuple[StageContext, ...]:
     options to each chunk's block of layers); the stage itself when it has one chunk."""
     if not ctx.chunk_layers:
         return (ctx,)
-    return tuple(dataclasses.replace(ctx, num_layers=n, chunk_layers=(), chunk_in_flight=(),
-                                live_vectors=(), in_flight=f)
-                 for n, f in zip(ctx.chunk_layers, ctx.chunk_in_flight, strict=True))
+    out, lo = [], 0
+    for n, f in zip(ctx.chunk_layers, ctx.chunk_in_flight, strict=True):
+        out.append(dataclasses.replace(ctx, num_layers=n, chunk_layers=(), chunk_in_flight=(), live_vectors=(),
+                                       in_flight=f, kinds=ctx.kinds[lo:lo + n]))
+        lo += n
+    return tuple(out)
 
 
-def stage_policy(fn: StagePolicyFn, ctx: StageContext, graph: LayerGraph) -> RecomputePolicy:
-    """`fn` on the stage, chunk by chunk when interleaved (the chunks' layers concatenated, chunk 0 first)."""
-    parts = [fn(c, graph) for c in chunk_contexts(ctx)]
+def stage_policy(fn: StagePolicyFn, ctx: StageContext, graph: Graphs) -> RecomputePolicy:
+    """`fn` on the stage, chunk by chunk when interleaved (the chunks' layers concatenated, chunk 0 first). With
+    one graph per layer (several layer kinds), layer i takes its place's policy from `fn` on its kind's graph:
+    Megatron's rules depend on a layer's position in the stage (uniform, block), never on its neighbours' kind."""
+    gs = per_layer(graph, ctx.num_layers)
+    parts, lo = [], 0
+    for c in chunk_contexts(ctx):
+        parts.append(_layerwise(fn, c, gs[lo:lo + c.num_layers]))
+        lo += c.num_layers
     if len(parts) == 1:
         return parts[0]
     return dataclasses.replace(parts[0], layers=tuple(lp for p in parts for lp in p.layers))
+
+
+def _layerwise(fn: StagePolicyFn, ctx: StageContext, gs: tuple[LayerGraph, ...]) -> RecomputePolicy:
+    distinct = {id(g): g for g in gs}
+    if len(distinct) == 1:
+        return fn(ctx, gs[0])
+    pols = {k: fn(ctx, g) for k, g in distinct.items()}
+    first = pols[id(gs[0])]
+    return dataclasses.replace(first, layers=tuple(pols[id(g)].layers[i] for i, g in enumerate(gs)))
 
 
 def per_stage(problem: PlanProblem, name: str, fn: StagePolicyFn, partition: Partition | None = None) -> PlanResult:
     """Apply a per-stage policy function on a fixed partition (default: dp or the user's)."""
     t0 = time.perf_counter()
     part = partition or base_partition(problem)
-    pols = tuple(stage_policy(fn, ctx, problem.graph) for ctx in problem.stage_contexts(part))
+    pols = tuple(stage_policy(fn, ctx, problem.graphs_for(ctx)) for ctx in problem.stage_contexts(part))
     return PlanResult(name, part, pols, search_time_s=time.perf_counter() - t0)
+
+
+def one_kind_only(problem: PlanProblem, method: str) -> None:
+    """Refuse a model of several layer kinds for a method that prices one layer graph (docs/decisions/0221)."""
+    if problem.heterogeneous:
+        kinds = ", ".join(k for k, _ in problem.kind_graphs)
+        raise SpecError(f"--method {method} plans models whose layers are all of one kind; {problem.model.name} has "
+                        f"{kinds} layers: use lynx, lynx-heu or a Megatron baseline (none, full, selective, uniform, "
+                        "block, mc-*)")
 
 
 def iteration_time(problem: PlanProblem, part: Partition, pols: tuple[RecomputePolicy, ...]) -> float:

@@ -9,10 +9,17 @@ import time
 
 from lynx.decisions import RecomputePolicy, StageContext
 from lynx.errors import InfeasibleError, SpecError
-from lynx.graph import LayerGraph
-from lynx.methods.common import base_partition, edge_times_per_stage, iteration_time, megatron_partition
+from lynx.graph import Graphs, LayerGraph
+from lynx.methods.common import (
+    base_partition,
+    edge_times_per_stage,
+    iteration_time,
+    megatron_partition,
+    one_kind_only,
+)
 from lynx.partition.base import Partition
-from lynx.partition.lynx import search_partitions
+from lynx.partition.lynx import PartitionSearch, search_partitions
+from lynx.partition.stack import stack_partition
 from lynx.policy.heu import HeuCache, HeuOptions, infeasible
 from lynx.policy.heu_mixed import mixed_policy
 from lynx.policy.offload import offload_link
@@ -26,10 +33,12 @@ def heu_options(problem: PlanProblem, method: str) -> HeuOptions:
                       time_limit_s=min(problem.options.time_limit_s, 10.0), method=method, offload=link)
 
 
-def stage_time(graph: LayerGraph, ctx: StageContext, pol: RecomputePolicy) -> float:
+def stage_time(graph: Graphs, ctx: StageContext, pol: RecomputePolicy) -> float:
     """Seconds per micro-batch on the stage (the paper's Training Cost Model): layers' F + B plus the HEU
     objective (critical recomputation, with its tiny tie-break, which keeps the cost monotone in N)."""
-    return ctx.num_layers * graph.step_time(ctx.subtract_wgrad) + pol.stats.objective
+    if isinstance(graph, LayerGraph):
+        return ctx.num_layers * graph.step_time(ctx.subtract_wgrad) + pol.stats.objective
+    return sum(g.step_time(ctx.subtract_wgrad) for g in graph) + pol.stats.objective
 
 
 def policies_for(problem: PlanProblem, part: Partition, cache: HeuCache,
@@ -40,7 +49,7 @@ def policies_for(problem: PlanProblem, part: Partition, cache: HeuCache,
     if any(isinstance(r, InfeasibleError) for r in res):
         if not explain:
             raise InfeasibleError("no policy fits")
-        raise infeasible(problem.graph, list(ctxs), cache.opts)
+        raise infeasible(problem.graphs_for, list(ctxs), cache.opts)
     return tuple(r for r in res if isinstance(r, RecomputePolicy))
 
 
@@ -87,7 +96,7 @@ _iteration = iteration_time
 
 def lynx_heu(problem: PlanProblem) -> PlanResult:
     t0 = time.perf_counter()
-    cache = HeuCache(problem.graph, heu_options(problem, "lynx-heu"))
+    cache = HeuCache(problem.graph, heu_options(problem, "lynx-heu"), kind_graphs=problem.kind_graphs)
     part = base_partition(problem)
     pols = policies_for(problem, part, cache)
     note = f"HEU: {cache.solves} stage problems, {cache.solve_time_s * 1e3:.1f} ms solving"
@@ -156,8 +165,9 @@ def lynx_search(problem: PlanProblem, method: str, cache: HeuCache | None = None
 skips the simulator-judged local search (the configuration search screens without it, then refines its
 finalists); `explain=False`: when nothing fits, say so without solving for each stage's smallest budget."""
     t0 = time.perf_counter()
-    if cache is None or cache.graph is not problem.graph or cache.opts != heu_options(problem, method):
-        cache = HeuCache(problem.graph, heu_options(problem, method))
+    if cache is None or cache.graph is not problem.graph or cache.opts != heu_options(problem, method) \
+            or cache.kind_graphs != problem.kind_graphs:
+        cache = HeuCache(problem.graph, heu_options(problem, method), kind_graphs=problem.kind_graphs)
     if problem.options.layers_per_stage is not None:  # the user's partition is not second-guessed
         part = base_partition(problem)
         return PlanResult(method, part, policies_for(problem, part, cache), ("explicit partition",),
@@ -169,19 +179,7 @@ finalists); `explain=False`: when nothing fits, say so without solving for each 
     # The first and last stages also run the embedding and the LM head + loss (as the simulator charges).
     edge = edge_times_per_stage(problem)
 
-    def cost(stage: int, n: int) -> float:
-        ctx = problem.stage_context(stage, n)
-        r = cache.get(ctx)
-        return math.inf if isinstance(r, InfeasibleError) else stage_time(problem.graph, ctx, r) + edge[stage]
-
-    u = problem.graph.step_time(problem.options.subtract_wgrad)
-
-    def lower(stage: int, n: int) -> float:
-        # cost() is (n * u + objective) + edge with objective >= 0 (a sum of non-negative recomputation times;
-        # the margin covers a solver's rounding of it around 0)
-        return (n * u + edge[stage]) * (1 - 1e-9)
-
-    search = search_partitions(problem.model.num_layers, par.pp, cost, lower=lower)
+    search = _partition_search(problem, cache, edge)
     dp = base_partition(problem)
     cands: dict[tuple[int, ...], tuple[str, Partition]] = {}
     for label, cand in (("dp", dp), ("greedy", search.greedy), ("exact", search.exact)):
@@ -224,6 +222,34 @@ finalists); `explain=False`: when nothing fits, say so without solving for each 
     return PlanResult(method, chosen, pols, notes, time.perf_counter() - t0), cache
 
 
+def _partition_search(problem: PlanProblem, cache: HeuCache, edge: list[float]) -> PartitionSearch:
+    """The greedy and exact searches over layer counts (one layer kind), or the min-max over contiguous splits of a
+    stack of several kinds (`partition.stack`), on HEU's stage costs plus the first / last stage's edges."""
+    par = problem.parallel
+    if problem.heterogeneous:
+        def cost3(stage: int, first: int, n: int) -> float:
+            ctx = problem.stage_context(stage, n, kinds=problem.range_kinds(first, n))
+            r = cache.get(ctx)
+            return math.inf if isinstance(r, InfeasibleError) else \
+                stage_time(problem.graphs_for(ctx), ctx, r) + edge[stage]
+
+        return stack_partition(problem.model.num_layers, par.pp, cost3)
+
+    def cost(stage: int, n: int) -> float:
+        ctx = problem.stage_context(stage, n)
+        r = cache.get(ctx)
+        return math.inf if isinstance(r, InfeasibleError) else stage_time(problem.graph, ctx, r) + edge[stage]
+
+    u = problem.graph.step_time(problem.options.subtract_wgrad)
+
+    def lower(stage: int, n: int) -> float:
+        # cost() is (n * u + objective) + edge with objective >= 0 (a sum of non-negative recomputation times;
+        # the margin covers a solver's rounding of it around 0)
+        return (n * u + edge[stage]) * (1 - 1e-9)
+
+    return search_partitions(problem.model.num_layers, par.pp, cost, lower=lower)
+
+
 def lynx(problem: PlanProblem) -> PlanResult:
     return lynx_search(problem, "lynx")[0]
 
@@ -231,6 +257,7 @@ def lynx(problem: PlanProblem) -> PlanResult:
 def lynx_mixed(problem: PlanProblem) -> PlanResult:
     """Mixed policies refine the slowest stage first, then whichever stage is now the slowest, until the
     slowest has been refined (other stages hardly move the iteration time). The simulator judges."""
+    one_kind_only(problem, "lynx-mixed")
     t0 = time.perf_counter()
     base, cache = lynx_search(problem, "lynx-mixed")
     if problem.options.vpp > 1:

@@ -5,7 +5,7 @@ third choice), `mc-offload` (Megatron-Core's stock fine-grained activation offlo
 from __future__ import annotations
 
 from lynx.errors import SpecError
-from lynx.methods.common import megatron_partition, per_stage
+from lynx.methods.common import megatron_partition, one_kind_only, per_stage
 from lynx.methods.heu import lynx_search
 from lynx.policy.megatron_offload import STOCK_MODULES, megatron_offload_policy, offload_all_policy
 from lynx.policy.offload import offload_link
@@ -22,11 +22,13 @@ def _need_link(problem: PlanProblem, method: str) -> None:
 
 
 def plan_lynx_offload(problem: PlanProblem) -> PlanResult:
+    one_kind_only(problem, "lynx-offload")
     _need_link(problem, "lynx-offload")
     return lynx_search(problem, "lynx-offload")[0]
 
 
 def plan_mc_offload(problem: PlanProblem) -> PlanResult:
+    one_kind_only(problem, "mc-offload")
     _need_link(problem, "mc-offload")
     res = per_stage(problem, "mc-offload", lambda c, g: megatron_offload_policy(c, g, STOCK_MODULES),
                     megatron_partition(problem))
@@ -36,5 +38,6 @@ def plan_mc_offload(problem: PlanProblem) -> PlanResult:
 
 
 def plan_offload_all(problem: PlanProblem) -> PlanResult:
+    one_kind_only(problem, "offload-all")
     _need_link(problem, "offload-all")
     return per_stage(problem, "offload-all", offload_all_policy, megatron_partition(problem))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from lynx.decisions import LayerPolicy, RecomputePolicy, StageContext
 from lynx.errors import InfeasibleError, SpecError
 from lynx.graph import LayerGraph
-from lynx.methods.common import per_stage
+from lynx.methods.common import one_kind_only, per_stage
 from lynx.methods.heu import heu_options
 from lynx.policy.heu import HeuCache
 from lynx.policy.opt import OptOptions, checkmate_options, solve_stage, stderr_progress
@@ -46,8 +46,10 @@ def _plan(problem: PlanProblem, opts: OptOptions) -> PlanResult:
 
 
 def plan_lynx_opt(problem: PlanProblem) -> PlanResult:
+    one_kind_only(problem, "lynx-opt")
     return _plan(problem, OptOptions())
 
 
 def plan_checkmate(problem: PlanProblem) -> PlanResult:
+    one_kind_only(problem, "checkmate")
     return _plan(problem, checkmate_options())

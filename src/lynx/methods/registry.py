@@ -14,6 +14,7 @@ from lynx.methods.offload import plan_lynx_offload, plan_mc_offload, plan_offloa
 from lynx.methods.opt import plan_checkmate, plan_lynx_opt
 from lynx.methods.rules import (
     MEGATRON_MODULE_LISTS,
+    MOE_MODULE_LISTS,
     plan_block,
     plan_full,
     plan_modules,
@@ -30,6 +31,9 @@ class Method:
     fn: MethodFn
     in_compare: bool = True
     """Part of `lynx plan --compare` (slow exact solvers opt out)."""
+    moe_only: bool = False
+    """A baseline of MoE layers (Megatron's MoE recompute modules): compared only for models with experts (not
+    `in_compare`, so dense comparisons and their tests are unchanged; `api.compare` adds them for MoE models)."""
 
 
 METHODS: tuple[Method, ...] = (
@@ -58,6 +62,8 @@ METHODS: tuple[Method, ...] = (
     Method("offload-all", "keep every activation and offload all of it to host memory", plan_offload_all),
     *(Method("mc-" + "+".join(mods), f"Megatron-Core --recompute-modules {' '.join(mods)} (on demand)",
              plan_modules(mods)) for mods in MEGATRON_MODULE_LISTS),
+    *(Method("mc-" + "+".join(mods), f"Megatron-Core --recompute-modules {' '.join(mods)} (on demand; MoE models)",
+             plan_modules(mods), in_compare=False, moe_only=True) for mods in MOE_MODULE_LISTS),
 )
 _BY_NAME = {m.name: m for m in METHODS}
 

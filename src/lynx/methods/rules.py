@@ -41,8 +41,8 @@ def plan_block(problem: PlanProblem) -> PlanResult:
         ctxs = problem.stage_contexts(part)
         n = max(part.layers_per_stage)
         for cand in range(0, n + 1):
-            pols = [stage_policy(_block_fn(cand), c, problem.graph) for c in ctxs]
-            peaks = [stage_peak_bytes(problem.graph, p.layers, c) for p, c in zip(pols, ctxs, strict=True)]
+            pols = [stage_policy(_block_fn(cand), c, problem.graphs_for(c)) for c in ctxs]
+            peaks = [stage_peak_bytes(problem.graphs_for(c), p.layers, c) for p, c in zip(pols, ctxs, strict=True)]
             if all(pk <= c.budget_bytes for pk, c in zip(peaks, ctxs, strict=True)):
                 n = cand
                 break
@@ -57,6 +57,15 @@ MEGATRON_MODULE_LISTS: tuple[tuple[str, ...], ...] = (
 """Every non-empty combination of Megatron-Core's dense --recompute-modules, one baseline method each (a tuned
 user picks the cheapest that fits; `core_attn layernorm` is what `lynx export megatron` hands out for the
 README plan)."""
+
+
+MOE_MODULE_LISTS: tuple[tuple[str, ...], ...] = (
+    ("moe_act",), ("moe",), ("shared_experts",), ("layernorm", "moe_act"), ("layernorm", "moe"),
+    ("mlp", "mla_up_proj"), ("mlp", "layernorm", "moe", "mla_up_proj"),
+)
+"""Megatron-Core's MoE --recompute-modules as baselines (MoE models only; `policy.megatron_modules`): each MoE
+module alone, the Qwen3 recipes' layernorm + moe_act / moe, and the DeepSeek-V3 recipes' mla_up_proj + mlp
+(NVIDIA's Megatron-MoE-ModelZoo best_practice scripts)."""
 
 
 def plan_modules(mods: tuple[str, ...]) -> MethodFn:

@@ -60,6 +60,15 @@ class Partition:
     def first_layer(self, stage: int) -> int:
         return sum(self.layers_per_stage[:stage])
 
+    def stage_layer_indices(self, stage: int) -> tuple[int, ...]:
+        """The model's layers on `stage`, in its order (its chunks' layers, chunk 0 first)."""
+        v = self.virtual_layers()
+        starts = [sum(v[:k]) for k in range(len(v))]
+        out: list[int] = []
+        for k in range(stage, len(v), self.num_stages):
+            out.extend(range(starts[k], starts[k] + v[k]))
+        return tuple(out)
+
     def __str__(self) -> str:
         if self.chunks:
             return "|".join(",".join(map(str, self.chunk_layers(s))) for s in range(self.num_stages))

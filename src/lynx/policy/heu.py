@@ -42,7 +42,7 @@ from lynx.decisions import (
     validate_layer_policy,
 )
 from lynx.errors import InfeasibleError
-from lynx.graph import LAYER_INPUT, LayerGraph
+from lynx.graph import LAYER_INPUT, Graphs, LayerGraph, first_graph, kind_runs, per_layer, stage_graphs
 from lynx.milp import Backend, Milp, MilpSolution
 from lynx.policy.heu_objective import cooldown_weight as cooldown_weight
 from lynx.policy.heu_objective import critical_recompute as critical_recompute
@@ -253,7 +253,8 @@ Group = tuple[LayerVars, int]
 """A run of identical layers: the policy's variables and how many layers use it (bottom run first)."""
 
 
-def memory_rows(graph: LayerGraph, groups: list[Group], ctx: StageContext) -> list[tuple[dict[int, float], float]]:
+def memory_rows(graph: LayerGraph | tuple[LayerGraph, ...], groups: list[Group], ctx: StageContext
+                ) -> list[tuple[dict[int, float], float]]:
     """(7)-(9) made exact for memory.linear_peak_bytes (an upper bound of the lifetime rule,
     memory.stage_peak_bytes, which checks the result); each row reads ``expr + offset <= A`` with A the
     stage's activation budget (budget minus static and non-layer terms):
@@ -266,53 +267,60 @@ def memory_rows(graph: LayerGraph, groups: list[Group], ctx: StageContext) -> li
     (full - retained). Backward working set of layer l = its on-demand and phase-3/4 tensors plus the
     phase-3/4 tensors of layer l - 1, which l's backward windows rebuild while l's backward runs.
     """
-    terms = [memory_terms(graph, lv) for lv, _ in groups]
+    gg = _group_graphs(graph, len(groups))
+    terms = [memory_terms(x, lv) for x, (lv, _) in zip(gg, groups, strict=True)]
     # micro-batches in flight x layers, per group: the schedule's facts (one chunk: in_flight * count;
     # interleaved, one group: each chunk's in-flight count times its layers; several groups: the largest)
     held = [ctx.layer_microbatches() if len(groups) == 1 else ctx.in_flight * c for _, c in groups]
     base: dict[int, float] = {}
-    for t, (lv, c), h in zip(terms, groups, held, strict=True):
-        _acc(base, {v: h * x for v, x in t["kept"].items()})
-        _acc(base, {v: c * x for v, x in t["fwd"].items()})  # empty without forward windows
+    for x, t, (lv, c), h in zip(gg, terms, groups, held, strict=True):
+        _acc(base, {v: h * b for v, b in t["kept"].items()})
+        _acc(base, {v: c * b for v, b in t["fwd"].items()})  # empty without forward windows
         # (8') an offloaded output is on the device for one micro-batch of the stage (being copied out, or
         #      reloaded for its backward), not for each in flight: - (f - 1) * c * sum_i O_i M_i
-        _acc(base, {v: -(ctx.in_flight - 1) * c * graph.keep_bytes(n) for n, v in lv.O.items()})
-    offset = sum(held) * graph.input_bytes
+        _acc(base, {v: -(ctx.in_flight - 1) * c * x.keep_bytes(n) for n, v in lv.O.items()})
+    offset = sum(h * x.input_bytes for h, x in zip(held, gg, strict=True))
+
     # R_out x out_bytes: a restored layer output exists whole beside its restoration (keep_bytes counts its mask
     # only; lynx.cost.lifetime's transient sample), as memory.linear_peak_bytes counts it
-    out_b = graph.op(graph.output_op).out_bytes
-
-    def r_out(lv: LayerVars, phases: tuple[Phase, ...]) -> dict[int, float]:
-        return {v: out_b for p, v in lv.R.get(graph.output_op, {}).items() if p in phases}
+    def r_out(g: int, phases: tuple[Phase, ...]) -> dict[int, float]:
+        x, lv = gg[g], groups[g][0]
+        out_b = x.op(x.output_op).out_bytes
+        return {v: out_b for p, v in lv.R.get(x.output_op, {}).items() if p in phases}
 
     own_ph = (*BWD_PHASES, Phase.ON_DEMAND)
     fwd_out: dict[int, float] = {}
-    for lv, _ in groups:
-        _acc(fwd_out, r_out(lv, FWD_PHASES))
+    for g in range(len(groups)):
+        _acc(fwd_out, r_out(g, FWD_PHASES))
     rows: list[tuple[dict[int, float], float]] = []
     for g, t in enumerate(terms):
         # forward working set of a layer of group g: full - M_in - sum_i S_i M_i
         row = dict(base)
         _acc(row, {v: -x for v, x in t["kept"].items()})
         _acc(row, fwd_out)
-        rows.append((row, offset + graph.full_activation_bytes() - graph.input_bytes))
+        rows.append((row, offset + gg[g].full_activation_bytes() - gg[g].input_bytes))
         # backward working set of group g's bottom layer (the layer below is group g-1's top, if any)
         row = dict(base)
         _acc(row, t["od"])
         _acc(row, t["bwd"])
-        _acc(row, r_out(groups[g][0], own_ph))
+        _acc(row, r_out(g, own_ph))
         if g > 0:
             _acc(row, terms[g - 1]["bwd"])
-            _acc(row, r_out(groups[g - 1][0], BWD_PHASES))
+            _acc(row, r_out(g - 1, BWD_PHASES))
         rows.append((row, offset))
         if groups[g][1] >= 2:  # a layer of group g above another of group g
             row = dict(base)
             _acc(row, t["od"])
             _acc(row, {v: 2.0 * x for v, x in t["bwd"].items()})
-            _acc(row, r_out(groups[g][0], own_ph))
-            _acc(row, r_out(groups[g][0], BWD_PHASES))
+            _acc(row, r_out(g, own_ph))
+            _acc(row, r_out(g, BWD_PHASES))
             rows.append((row, offset))
     return rows
+
+
+def _group_graphs(graph: LayerGraph | tuple[LayerGraph, ...], n: int) -> tuple[LayerGraph, ...]:
+    """The graph of each of `n` groups (one graph: every group's)."""
+    return (graph,) * n if isinstance(graph, LayerGraph) else graph
 
 
 def _acc(row: dict[int, float], more: dict[int, float]) -> None:
@@ -320,21 +328,22 @@ def _acc(row: dict[int, float], more: dict[int, float]) -> None:
         row[v] = row.get(v, 0.0) + c
 
 
-def add_objective(m: Milp, graph: LayerGraph, groups: list[Group], lam: float, tie: float,
+def add_objective(m: Milp, graph: LayerGraph | tuple[LayerGraph, ...], groups: list[Group], lam: float, tie: float,
                   tops: int = 1, fsdp_win: float = 0.0) -> None:
     """(2) minimize sum_l sum_i R_{5,i} C_i over the stage's layers, plus the top layer's R_{3,i} + R_{4,i}
     (no layer above it lends its backward windows; `tops` such layers, one per model chunk), plus lam *
     phase-1/2 work (the cool-down share when stalls may not hide it), plus the tie-break on all
     recomputation. Under FSDP a layer's on-demand work hides in its window `fsdp_win` (`pricing.fsdp_window`):
     the layer pays Y >= sum_i R_{5,i} C_i - W, Y >= 0, instead."""
+    gg = _group_graphs(graph, len(groups))
     for g, (lv, count) in enumerate(groups):
         top = g == len(groups) - 1
         if fsdp_win > 0:
             y = m.var(f"Y{g}", cost=count * OBJ_SCALE)
-            m.le({**{r[Phase.ON_DEMAND]: op_recompute_cost(graph, n) for n, r in lv.R.items()
+            m.le({**{r[Phase.ON_DEMAND]: op_recompute_cost(gg[g], n) for n, r in lv.R.items()
                      if Phase.ON_DEMAND in r}, y: -1.0}, fsdp_win)
         for n, r in lv.R.items():
-            c = op_recompute_cost(graph, n)
+            c = op_recompute_cost(gg[g], n)
             for t, v in r.items():
                 w = tie * count
                 if t == Phase.ON_DEMAND and fsdp_win <= 0:
@@ -353,11 +362,14 @@ def extract(graph: LayerGraph, sol: MilpSolution, lv: LayerVars) -> LayerPolicy:
     return LayerPolicy(keep=keep, recompute=rec, offload=off)
 
 
-def build_model(graph: LayerGraph, ctx: StageContext, opts: HeuOptions, counts: tuple[int, ...] = (),
+def build_model(graph: Graphs, ctx: StageContext, opts: HeuOptions, counts: tuple[int, ...] = (),
                 min_memory: bool = False) -> tuple[Milp, list[LayerVars], int]:
     """The HEU model for runs of identical layers (`counts`, bottom first; default: one run of all the
     stage's layers, the paper's HEU). With `min_memory`, the objective is the activation budget it needs
-    (returned handle z) instead of recomputation time."""
+    (returned handle z) instead of recomputation time. `graph` per layer (a stage of several layer kinds):
+    one run, with its own policy, per kind change (`kind_runs`); the runs share the stage's memory rows."""
+    if not isinstance(graph, LayerGraph):
+        return _build_runs(graph, ctx, opts, min_memory)
     counts = counts or (ctx.num_layers,)
     m = Milp()
     caps = window_caps(graph, ctx.subtract_wgrad)
@@ -390,6 +402,39 @@ def build_model(graph: LayerGraph, ctx: StageContext, opts: HeuOptions, counts: 
     if link is not None:
         # the smallest budget: the host memory still binds, the copy time does not matter
         add_offload_stage(m, graph, groups, ctx, link, opts.tie_break, price=not min_memory)
+    return m, lvs, z
+
+
+def _build_runs(graphs: tuple[LayerGraph, ...], ctx: StageContext, opts: HeuOptions, min_memory: bool
+                ) -> tuple[Milp, list[LayerVars], int]:
+    """HEU over a stage of several layer kinds: one layer policy per run of one kind (`kind_runs`), each with
+    its kind's ops, windows and costs, under the stage's shared memory rows. A run's phase-3/4 work hides in
+    the backward windows of the layer above; below another kind's run they are the smaller of the two kinds'
+    (a bound, the simulator charges the exact overflow). No offloading (not priced for several kinds)."""
+    gg, counts = kind_runs(graphs, ctx.num_layers)
+    m = Milp()
+    lvs = []
+    for g, x in enumerate(gg):
+        caps = window_caps(x, ctx.subtract_wgrad)
+        if g + 1 < len(gg):
+            above = window_caps(gg[g + 1], ctx.subtract_wgrad)
+            caps = {t: min(c, above[t]) if t in BWD_PHASES else c for t, c in caps.items()}
+        lv = add_layer_vars(m, x, ctx.has_fwd_windows, tag=f"{g}", caps=caps)
+        for t, cap in caps.items():  # (5) window capacity with the run's caps
+            row = {r[t]: op_recompute_cost(x, n) for n, r in lv.R.items() if t in r}
+            if row:
+                m.le(row, cap * (1 + 1e-9))
+        lvs.append(lv)
+    groups = list(zip(lvs, counts, strict=True))
+    z = m.var("A", lb=-math.inf, cost=1.0) if min_memory else -1
+    for row, off in memory_rows(gg, groups, ctx):
+        if min_memory:
+            m.le({**row, z: -1.0}, -off)
+        else:
+            m.le(row, ctx.activation_budget_bytes - off)
+    if not min_memory:
+        add_objective(m, gg, groups, cooldown_weight(ctx, opts.cooldown_overlap), opts.tie_break, ctx.num_chunks,
+                      min(fsdp_window(x, ctx) for x in gg))  # under FSDP the kinds' smallest window (a bound)
     return m, lvs, z
 
 
@@ -433,7 +478,7 @@ def _all_memory_rows(graph: LayerGraph, groups: list[Group], ctx: StageContext, 
     return out
 
 
-def min_budget_bytes(graph: LayerGraph, ctx: StageContext, opts: HeuOptions = HeuOptions()) -> float:
+def min_budget_bytes(graph: Graphs, ctx: StageContext, opts: HeuOptions = HeuOptions()) -> float:
     """The smallest budget for which some HEU policy fits this stage: the same ILP, minimizing the peak."""
     m, _, z = build_model(graph, ctx, opts, min_memory=True)
     sol = m.solve(opts.time_limit_s, backend=opts.backend)
@@ -448,8 +493,9 @@ def _stats(sol: MilpSolution, msg: str = "") -> SolveStats:
                       num_constraints=sol.num_constraints, mip_gap=sol.mip_gap, message=msg)
 
 
-def infeasible(graph: LayerGraph, ctxs: list[StageContext], opts: HeuOptions) -> InfeasibleError:
-    mins = tuple(min_budget_bytes(graph, c, opts) for c in ctxs)
+def infeasible(graph: Graphs | Callable[[StageContext], Graphs], ctxs: list[StageContext], opts: HeuOptions
+               ) -> InfeasibleError:
+    mins = tuple(min_budget_bytes(graph(c) if callable(graph) else graph, c, opts) for c in ctxs)
     parts = ", ".join(f"stage {c.stage} ({c.num_layers} layers) needs {b / GiB:.2f} GiB" if math.isfinite(b) else
                       f"stage {c.stage} ({c.num_layers} layers) fits no budget the solver could find (its "
                       "activations are too large to bound; reduce --seq-len, --micro-batch or the model)"
@@ -458,15 +504,18 @@ def infeasible(graph: LayerGraph, ctxs: list[StageContext], opts: HeuOptions) ->
     return InfeasibleError(f"no recomputation policy fits the budget of {budget:.2f} GiB: {parts}", mins)
 
 
-def solve_stage(ctx: StageContext, graph: LayerGraph, opts: HeuOptions, counts: tuple[int, ...] = (),
+def solve_stage(ctx: StageContext, graph: Graphs, opts: HeuOptions, counts: tuple[int, ...] = (),
                 explain: bool = True) -> RecomputePolicy:
     """Solve the HEU model for runs of identical layers (`counts`, bottom first; default one run).
 
     Raises InfeasibleError when no policy fits; with `explain` it carries the smallest budget that would
     (one more ILP), without it (inside partition search) it is cheap."""
+    kruns = kind_runs(graph, ctx.num_layers)
+    if not isinstance(graph, LayerGraph):
+        counts = kruns[1]
     counts = counts or (ctx.num_layers,)
-    if len(counts) == 1 and opts.skip_when_all_fit:
-        keep_all = (LayerPolicy(graph.needed()),) * ctx.num_layers
+    if (len(counts) == 1 or not isinstance(graph, LayerGraph)) and opts.skip_when_all_fit:
+        keep_all = tuple(LayerPolicy(g.needed()) for g in per_layer(graph, ctx.num_layers))
         if stage_peak_bytes(graph, keep_all, ctx) <= ctx.budget_bytes:
             # No recomputation fits: objective 0 is the ILP's optimum, no solve needed.
             return RecomputePolicy(opts.method, keep_all, cooldown_overlap=opts.cooldown_overlap,
@@ -479,14 +528,15 @@ def solve_stage(ctx: StageContext, graph: LayerGraph, opts: HeuOptions, counts: 
             raise infeasible(graph, [ctx], opts)
         raise InfeasibleError(f"stage {ctx.stage}: no policy fits ({sol.status})")
     layers: tuple[LayerPolicy, ...] = ()
-    for lv, c in zip(lvs, counts, strict=True):
-        lp = extract(graph, sol, lv)
+    run_graphs = kruns[0] if not isinstance(graph, LayerGraph) else (graph,) * len(counts)
+    for lv, c, rg in zip(lvs, counts, run_graphs, strict=True):
+        lp = extract(rg, sol, lv)
         runs = [(lp, c)]
         if lv.chunk_O:  # interleaved: the policy with each chunk's own offload set
             runs = [(replace(lp, offload=frozenset(x for x, v in o.items() if sol.is_one(v))), n)
                     for o, n in zip(lv.chunk_O, ctx.chunk_layers, strict=True)]
         for lpk, n in runs:
-            errs = validate_layer_policy(graph, lpk, ctx.has_fwd_windows)
+            errs = validate_layer_policy(rg, lpk, ctx.has_fwd_windows)
             if errs:  # a modelling bug, never a user error
                 raise AssertionError(f"HEU produced an invalid policy: {errs}")
             layers += (lpk,) * n
@@ -497,22 +547,23 @@ def solve_stage(ctx: StageContext, graph: LayerGraph, opts: HeuOptions, counts: 
     crit = critical_recompute(graph, layers, ctx, opts.cooldown_overlap)
     msg = f"critical recompute {crit * 1e3:.3f} ms per micro-batch"
     if any(lp.offload for lp in layers):
-        msg += f", exposed copies {stage_exposed_copy(graph, layers, ctx, opts.offload) * 1e3:.3f} ms"
+        msg += f", exposed copies {stage_exposed_copy(first_graph(graph), layers, ctx, opts.offload) * 1e3:.3f} ms"
     return RecomputePolicy(opts.method, layers, cooldown_overlap=opts.cooldown_overlap,
                            stats=_stats(sol, msg))
 
 
-def heu_policy(ctx: StageContext, graph: LayerGraph, opts: HeuOptions = HeuOptions()) -> RecomputePolicy:
+def heu_policy(ctx: StageContext, graph: Graphs, opts: HeuOptions = HeuOptions()) -> RecomputePolicy:
     """Lynx-HEU for one stage: one layer policy for every layer. Raises InfeasibleError (with the
     smallest budget that fits) when none fits."""
     return solve_stage(ctx, graph, opts)
 
 
-def _quiet_solve(ctx: StageContext, graph: LayerGraph, opts: HeuOptions) -> RecomputePolicy:
+def _quiet_solve(ctx: StageContext, graph: Graphs, opts: HeuOptions) -> RecomputePolicy:
     return solve_stage(ctx, graph, opts, explain=False)
 
 
-CacheKey = tuple[int, int, int, bool, bool, int, float, tuple[int, ...], int, tuple[tuple[int, ...], ...]]
+CacheKey = tuple[tuple[str, ...], int, int, int, bool, bool, int, float, tuple[int, ...], int,
+                 tuple[tuple[int, ...], ...]]
 
 
 @dataclass
@@ -524,15 +575,20 @@ class HeuCache:
 
     graph: LayerGraph
     opts: HeuOptions = field(default_factory=HeuOptions)
-    solver: Callable[[StageContext, LayerGraph, HeuOptions], RecomputePolicy] | None = None
+    solver: Callable[[StageContext, Graphs, HeuOptions], RecomputePolicy] | None = None
     """None: HEU without the min-budget explanation (cheap infeasibility)."""
     entries: dict[CacheKey, RecomputePolicy | InfeasibleError] = field(default_factory=dict)
     hits: int = 0
     solves: int = 0
     solve_time_s: float = 0.0
+    kind_graphs: tuple[tuple[str, LayerGraph], ...] = ()
+    """A model of several layer kinds: the graph of each (a stage's `kinds` pick its layers' graphs)."""
+
+    def graphs(self, ctx: StageContext) -> Graphs:
+        return stage_graphs(self.kind_graphs, ctx.kinds) if ctx.kinds else self.graph
 
     def key(self, ctx: StageContext) -> CacheKey:
-        return (ctx.num_layers, ctx.in_flight, round(ctx.activation_budget_bytes), ctx.has_fwd_windows,
+        return (ctx.kinds, ctx.num_layers, ctx.in_flight, round(ctx.activation_budget_bytes), ctx.has_fwd_windows,
                 ctx.subtract_wgrad, ctx.cooldown_count, cooldown_weight(ctx, self.opts.cooldown_overlap),
                 ctx.chunk_layers, ctx.layer_microbatches(),
                 # per-chunk offloading reads each live vector (memory and host rows)
@@ -547,7 +603,7 @@ class HeuCache:
         t0 = time.perf_counter()
         res: RecomputePolicy | InfeasibleError
         try:
-            res = (self.solver or _quiet_solve)(ctx, self.graph, self.opts)
+            res = (self.solver or _quiet_solve)(ctx, self.graphs(ctx), self.opts)
         except InfeasibleError as e:
             res = e
         self.solve_time_s += time.perf_counter() - t0

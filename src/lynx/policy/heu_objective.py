@@ -8,7 +8,7 @@ from __future__ import annotations
 from lynx.cost.pricing import bwd_windows, fsdp_window, fwd_windows, layer_recompute
 from lynx.cost.pricing import recompute_time as recompute_time
 from lynx.decisions import LayerPolicy, Phase, StageContext
-from lynx.graph import LayerGraph
+from lynx.graph import Graphs, LayerGraph, per_layer
 
 
 def cooldown_weight(ctx: StageContext, cooldown_overlap: bool) -> float:
@@ -19,19 +19,21 @@ def cooldown_weight(ctx: StageContext, cooldown_overlap: bool) -> float:
     return ctx.cooldown_count / max(1, ctx.num_microbatches)
 
 
-def critical_recompute(graph: LayerGraph, layers: tuple[LayerPolicy, ...], ctx: StageContext,
+def critical_recompute(graph: Graphs, layers: tuple[LayerPolicy, ...], ctx: StageContext,
                        cooldown_overlap: bool = True) -> float:
     """On-critical-path recomputation per micro-batch of a stage policy, priced as the simulator prices it:
-    phase 5, window overflow, the top layer's phase 3/4, and (without cool-down overlap) the cool-down share
-    of phase 1/2. The HEU objective without its tie-break term."""
-    win_f = fwd_windows(graph)
-    win_b = bwd_windows(graph, ctx.subtract_wgrad)
+    phase 5, window overflow, the top layer's phase 3/4 (a layer's phase 3/4 in the windows of the layer above),
+    and (without cool-down overlap) the cool-down share of phase 1/2. The HEU objective without its tie-break
+    term."""
+    gs = per_layer(graph, len(layers))
+    wins = {id(g): (fwd_windows(g), bwd_windows(g, ctx.subtract_wgrad), fsdp_window(g, ctx)) for g in gs}
     lam = cooldown_weight(ctx, cooldown_overlap)
     tops = {hi - 1 for _, hi in ctx.chunk_slices()} if ctx.chunk_layers else {len(layers) - 1}
     total = 0.0
-    fsdp_win = fsdp_window(graph, ctx)
     for i, lp in enumerate(layers):
-        r = layer_recompute(graph, lp, win_b, top=i in tops, fsdp_win=fsdp_win)
+        win_f = wins[id(gs[i])][0]
+        win_b = wins[id(gs[i + 1] if i + 1 < len(gs) else gs[i])][1]
+        r = layer_recompute(gs[i], lp, win_b, top=i in tops, fsdp_win=wins[id(gs[i])][2])
         total += r.on_demand
         for k, load in enumerate(r.fwd_loads):
             total += max(0.0, load - win_f[k]) + lam * min(load, win_f[k])

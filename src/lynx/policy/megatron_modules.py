@@ -24,10 +24,15 @@ from lynx.decisions import LayerPolicy, RecomputePolicy, StageContext
 from lynx.graph import LayerGraph
 from lynx.policy.rules import checkpointed_drops, checkpointed_reruns, on_demand
 
-MODULES: tuple[str, ...] = ("core_attn", "mlp", "layernorm")
-"""The dense-model names of Megatron-Core's --recompute-modules (moe, moe_act, mla_up_proj do not apply)."""
-OUTPUT_DISCARDING: frozenset[str] = frozenset({"layernorm"})
+MODULES: tuple[str, ...] = ("core_attn", "mlp", "layernorm", "moe", "moe_act", "shared_experts", "mla_up_proj")
+"""Megatron-Core's --recompute-modules names (TransformerConfig.recompute_modules, 0.16.1). The MoE ones
+(docs/decisions/0222): ``moe`` checkpoints the whole MoE block (router, dispatch, experts, combine: the
+all-to-alls re-run on demand too), ``moe_act`` discards the experts' activation output, ``shared_experts``
+checkpoints the shared expert, ``mla_up_proj`` discards the MLA up projections' and RoPE's outputs."""
+OUTPUT_DISCARDING: frozenset[str] = frozenset({"layernorm", "moe_act", "mla_up_proj"})
 """Modules Megatron recomputes with CheckpointWithoutOutput (their outputs are freed too)."""
+CONTAINS: dict[str, tuple[str, ...]] = {"moe": ("moe", "moe_act")}
+"""Modules whose checkpoint spans another's ops (the MoE block holds the experts' activation)."""
 
 
 def parse_modules(spec: str | tuple[str, ...]) -> tuple[str, ...]:
@@ -43,9 +48,13 @@ def dropped_ops(graph: LayerGraph, modules: tuple[str, ...]) -> frozenset[str]:
     """The op outputs freed after forward by recomputing `modules`."""
     out: set[str] = set()
     for m in modules:
-        ops = graph.module_ops(m)
+        ops = _ops(graph, m)
         out |= set(ops) if m in OUTPUT_DISCARDING else checkpointed_drops(graph, ops)
     return frozenset(out)
+
+
+def _ops(graph: LayerGraph, module: str) -> tuple[str, ...]:
+    return tuple(n for o in graph.ops for n in (o.name,) if o.module in CONTAINS.get(module, (module,)))
 
 
 def modules_layer(graph: LayerGraph, modules: tuple[str, ...]) -> LayerPolicy:
@@ -53,7 +62,7 @@ def modules_layer(graph: LayerGraph, modules: tuple[str, ...]) -> LayerPolicy:
     checkpointed ops that stay kept but lose their side state (`rules.checkpointed_reruns`)."""
     lp = on_demand(graph, graph.needed() - dropped_ops(graph, modules))
     rerun = frozenset(n for m in modules if m not in OUTPUT_DISCARDING
-                      for n in checkpointed_reruns(graph, graph.module_ops(m)))
+                      for n in checkpointed_reruns(graph, _ops(graph, m)))
     return LayerPolicy(keep=lp.keep, recompute=lp.recompute, rerun=rerun & lp.keep)
 
 

@@ -23,10 +23,13 @@ from lynx.decisions import LayerPolicy, RecomputePolicy, StageContext
 from lynx.graph import LAYER_INPUT, LayerGraph
 from lynx.policy.rules import keep_all
 
-OFFLOAD_MODULES: tuple[str, ...] = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm")
-"""Megatron-Core's dense-layer ``--offload-modules`` choices, in forward order."""
+OFFLOAD_MODULES: tuple[str, ...] = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1",
+                                     "moe_act")
+"""Megatron-Core's ``--offload-modules`` choices, in forward order (``expert_fc1``: the routed experts' input,
+``moe_act``: their activation's input; MoE layers only)."""
 STOCK_MODULES: tuple[str, ...] = OFFLOAD_MODULES
-"""The stock setting the baseline prices: every dense module, fraction 1, no PP delta."""
+"""The stock setting the baseline prices: every module, fraction 1, no PP delta (a dense graph has no expert
+ops, so the MoE modules select nothing there)."""
 
 
 def module_offload_ops(graph: LayerGraph, module: str) -> tuple[str, ...]:
@@ -43,8 +46,12 @@ def module_offload_ops(graph: LayerGraph, module: str) -> tuple[str, ...]:
         out = [s for n in graph.module_ops("core_attn") for s in graph.op(n).saved if s not in inside]
     elif module == "attn_proj" and "attn_proj" in names:
         out = list(graph.op("attn_proj").saved)
-    elif module == "mlp_norm" and len(norms) >= 2:
-        out = list(graph.op(norms[1]).saved)
+    elif module == "mlp_norm":  # the norm reading the attention residual (MLA and QK norms are "layernorm" too)
+        out = [s for n in norms if "attn_residual" in graph.op(n).inputs for s in graph.op(n).saved]
+    elif module == "expert_fc1" and "experts_fc1" in names:
+        out = list(graph.op("experts_fc1").saved)
+    elif module == "moe_act" and "experts_act" in names:
+        out = list(graph.op("experts_act").saved)
     return tuple(dict.fromkeys(n for n in out if n != LAYER_INPUT and n in needed))
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rich.table import Table
 
 from lynx.api import CompareRow
-from lynx.graph import LayerGraph
+from lynx.decisions import RecomputePolicy
+from lynx.graph import Graphs, LayerGraph
 from lynx.plan import Plan
 
 GiB = float(1 << 30)
@@ -68,25 +70,44 @@ def stage_table(plan: Plan) -> Table:
 def policy_table(plan: Plan) -> Table:
     """Per stage, the distinct layer policies: which ops are recomputed and in which phase."""
     g = plan.problem.graph
+    names = list(g.names)  # several layer kinds: the primary kind's ops, then the others' own (blank where absent)
+    for _, kg in plan.problem.kind_graphs:
+        names += [n for n in kg.names if n not in names]
     t = Table(title=f"{plan.result.method}: policy per stage (K keep, K5 keep and re-run on demand, O offload to "
-              "host, 1-5 recompute phase, . free)",
+              "host, 1-5 recompute phase, . free" + (", blank: not an op of the layer's kind"
+                                                    if plan.problem.heterogeneous else "") + ")",
               title_justify="left")
     t.add_column("stage/layers")
-    for n in g.names:
+    for n in names:
         t.add_column(n, justify="center")
+    ctxs = plan.problem.stage_contexts(plan.result.partition)
     for s, pol in enumerate(plan.result.policies):
-        groups = pol.to_dict(g)["layers"]
+        groups = _policy_groups(pol, plan.problem.graphs_for(ctxs[s]))
         first = 0
         for grp in groups:
             label = f"{s}/{first}-{first + grp['count'] - 1}"
             cells = []
-            for n in g.names:
-                v = grp["ops"][n]
+            for n in names:
+                v = grp["ops"].get(n, "")
                 short = {"keep": "K", "keep+rerun": "K5", "offload": "O"}.get(v)
-                cells.append(short or (v.split(":")[1] if v.startswith("recompute") else "."))
+                cells.append(short or (v.split(":")[1] if v.startswith("recompute") else "." if v else ""))
             t.add_row(label, *cells)
             first += grp["count"]
     return t
+
+
+def _policy_groups(pol: RecomputePolicy, graph: Graphs) -> list[dict[str, Any]]:
+    """Runs of identical layers (of one kind) with each op's decision (`RecomputePolicy.to_dict`'s groups)."""
+    if isinstance(graph, LayerGraph):
+        return list(pol.to_dict(graph)["layers"])
+    groups: list[dict[str, Any]] = []
+    for g, lp in zip(graph, pol.layers, strict=True):
+        d = lp.to_dict(g)
+        if groups and groups[-1]["ops"] == d:
+            groups[-1]["count"] += 1
+        else:
+            groups.append({"count": 1, "ops": d})
+    return groups
 
 
 def graph_table(g: LayerGraph) -> Table:

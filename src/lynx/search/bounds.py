@@ -39,6 +39,7 @@ from lynx.partition.base import Partition
 from lynx.policy.rules import full_policy
 from lynx.problem import PlanProblem
 from lynx.simulate import _p2p as p2p_seconds
+from lynx.stack import LayerKind, kinds_present, stage_kinds
 
 SAFETY = 1.0 - 1e-9
 """The time bound multiplies by this: summing per-action times in another order may round differently."""
@@ -62,8 +63,10 @@ def _stage_bytes(problem: PlanProblem, stage: int, n: int, per_layer_inputs: boo
     """`stage_context(stage, n).static_bytes` plus the layer inputs in flight, without building the context
     (the same `static_bytes` call and the schedule's in-flight count)."""
     o = problem.options
-    static = static_bytes(problem.model, problem.parallel, stage, n, o.bytes_per_param, o.precision,
-                          o.distributed_optimizer, o.dp_sharding)
+    # several layer kinds: the lightest kind's stage (a bound whatever layers the stage gets)
+    static = min(static_bytes(problem.model, problem.parallel, stage, n, o.bytes_per_param, o.precision,
+                              o.distributed_optimizer, o.dp_sharding, (k,) * n if problem.heterogeneous else None)
+                 for k in (kinds_present(problem.model) if problem.heterogeneous else ("dense",)))
     if o.vpp > 1:  # any split of the n layers over the chunks: static memory does not depend on it
         return static  # in-flight counts differ per chunk: the static part alone is the bound
     in_flight = max(c.in_flight for c in problem.facts.chunks[stage])
@@ -104,8 +107,9 @@ def frugal_reason(problem: PlanProblem, partition: Partition) -> str:
     is never offloaded), and HEU's memory constraint is that peak (`memory.stage_peak_bytes`). Over the budget on a
     stage, nothing fits there; tests/unit/test_search.py plans such candidates anyway."""
     for ctx in problem.stage_contexts(partition):
-        pol = stage_policy(full_policy, ctx, problem.graph)
-        peak = stage_peak_bytes(problem.graph, pol.layers, ctx)
+        graphs = problem.graphs_for(ctx)  # one graph per layer where the model has several kinds
+        pol = stage_policy(full_policy, ctx, graphs)
+        peak = stage_peak_bytes(graphs, pol.layers, ctx)
         if peak > ctx.budget_bytes:
             return (f"stage {ctx.stage} peaks at {peak / 2**30:.1f} GiB even recomputing every layer in full "
                     f"(budget {ctx.budget_bytes / 2**30:.1f} GiB)")
@@ -122,13 +126,24 @@ def partition_memory_reason(problem: PlanProblem, chunks: tuple[int, ...], metho
     for r in range(pp):
         own = chunks[r::pp]
         static = static_bytes(problem.model, problem.parallel, r, sum(own), o.bytes_per_param, o.precision,
-                              o.distributed_optimizer, o.dp_sharding)
+                              o.distributed_optimizer, o.dp_sharding, _rank_kinds(problem, chunks, r))
         held = max(c.in_flight * inp * (n if per_layer else 1) for c, n in zip(problem.facts.chunks[r], own,
                                                                               strict=True))
         if static + held > problem.budget_bytes:
             return (f"stage {r} needs at least {(static + held) / 2**30:.1f} GiB with its {sum(own)} layers "
                     f"(static memory + layer inputs in flight); budget {problem.budget_bytes / 2**30:.1f} GiB")
     return ""
+
+
+def _rank_kinds(problem: PlanProblem, chunks: tuple[int, ...], rank: int) -> tuple[LayerKind, ...] | None:
+    """The kinds of the layers rank `rank` holds on this partition (its virtual stages rank, rank + PP, ...),
+    None when the model's layers are all of one kind."""
+    if not problem.heterogeneous:
+        return None
+    pp, out = problem.parallel.pp, list[LayerKind]()
+    for k in range(rank, len(chunks), pp):
+        out += stage_kinds(problem.model, sum(chunks[:k]), chunks[k])
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +165,10 @@ def pieces(problem: PlanProblem) -> Pieces:
     if problem.options.include_edges:  # what the simulator adds to the first and last virtual stage
         et = stage_edge_times(problem.model, problem.hardware, problem.parallel, problem.graph)
         emb, head = et.embedding_fwd + et.embedding_bwd, et.head_fwd + et.head_bwd
-    return Pieces(problem.graph.step_time(problem.options.subtract_wgrad), emb, head, p2p_seconds(problem),
+    # several layer kinds: the cheapest kind's layer time (a lower bound for any layer)
+    graphs = dict(problem.kind_graphs).values() if problem.heterogeneous else (problem.graph,)
+    u = min(g.step_time(problem.options.subtract_wgrad) for g in graphs)
+    return Pieces(u, emb, head, p2p_seconds(problem),
                   problem.parallel.pp, problem.parallel.num_microbatches, problem.model.num_layers)
 
 
@@ -166,7 +184,7 @@ def _fixed(p: Pieces, r: int) -> float:
             + p.nmb * ((p.emb if r == 0 else 0.0) + (p.head if r == p.pp - 1 else 0.0)))
 
 
-def step_s(problem: PlanProblem, rank: int, layers: int) -> float:
+def step_s(problem: PlanProblem, rank: int, layers: int, kinds: tuple[LayerKind, ...] | None = None) -> float:
     """The rank's optimizer step and passes over its gradient buffer, after its last backward (the simulator's
     tail, `simulate.metrics.tail_time`, less the exposed DP collective it may add)."""
     o = problem.options
@@ -174,23 +192,26 @@ def step_s(problem: PlanProblem, rank: int, layers: int) -> float:
         return 0.0
     device = device_hardware(problem.hardware, problem.graph).device
     recipe = problem.static_recipe
-    return (optimizer_step_time(problem.model, problem.parallel, rank, layers, recipe, device, o.distributed_optimizer)
+    return (optimizer_step_time(problem.model, problem.parallel, rank, layers, recipe, device, o.distributed_optimizer,
+                                kinds)
             + grad_buffer_time(problem.model, problem.parallel, rank, layers, recipe, device, o.check_for_nan_in_grad,
-                               o.ddp_average_in_collective))
+                               o.ddp_average_in_collective, kinds))
 
 
 def partition_time_bound_s(problem: PlanProblem, chunks: tuple[int, ...], p: Pieces | None = None,
-                           step: Callable[[int, int], float] | None = None) -> float:
+                           step: Callable[[int, int, tuple[LayerKind, ...] | None], float] | None = None) -> float:
     """A lower bound on the iteration time of any plan on this partition (`chunks`: layers per virtual stage in
     model order, virtual stage k on rank k % PP): the start-up and drain bound per rank, one micro-batch's chain,
-    and each rank's own work followed by its optimizer step. `p` and `step` (rank, layers -> `step_s`): the
-    problem's pieces and step time where the caller keeps them (they do not depend on the split)."""
+    and each rank's own work followed by its optimizer step. `p` and `step` (rank, layers, the rank's layer kinds
+    -> `step_s`): the problem's pieces and step time where the caller keeps them (they do not depend on the split
+    flags)."""
     p = pieces(problem) if p is None else p
-    after = step or (lambda r, n: step_s(problem, r, n))
+    after = step or (lambda r, n, k: step_s(problem, r, n, k))
     own = [p.u * p.nmb * sum(chunks[r::p.pp]) for r in range(p.pp)]
     ranks = [_fixed(p, r) + p.u * sum(chunks[:r]) + own[r] for r in range(p.pp)]
     edges = [p.nmb * ((p.emb if r == 0 else 0.0) + (p.head if r == p.pp - 1 else 0.0)) for r in range(p.pp)]
-    steps = [own[r] + edges[r] + after(r, sum(chunks[r::p.pp])) for r in range(p.pp)]
+    steps = [own[r] + edges[r] + after(r, sum(chunks[r::p.pp]), _rank_kinds(problem, chunks, r))
+             for r in range(p.pp)]
     return SAFETY * max(max(ranks), max(steps), _chain(p, len(chunks)))
 
 

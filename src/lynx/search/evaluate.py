@@ -8,10 +8,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from lynx.api import layer_graph, make_problem
+from lynx.api import KindGraphs, kind_layer_graphs, layer_graph, make_problem
 from lynx.cost.memory import LayerMemory, held_bytes, layer_memory
 from lynx.errors import InfeasibleError, LynxError
 from lynx.graph import LayerGraph
+from lynx.graph import per_layer as per_layer_graphs
 from lynx.methods import get_method
 from lynx.methods.heu import heu_options, lynx_search
 from lynx.plan import Plan
@@ -21,6 +22,7 @@ from lynx.search.options import candidate_options
 from lynx.search.space import Candidate, Layout, Space
 from lynx.search.splits import Split
 from lynx.spec import GiB, ParallelSpec
+from lynx.stack import primary_kind
 
 LYNX_SEARCHED = ("lynx", "lynx-offload")
 """Methods planned through `lynx_search` with the search's shared HEU caches (one per graph and method)."""
@@ -67,18 +69,35 @@ class Shared:
 
     space: Space
     base: PlanOptions
-    graphs: dict[tuple[int, int, str, bool, int], LayerGraph] = field(default_factory=dict)
-    heu: dict[tuple[int, int, str, bool, int, str], HeuCache] = field(default_factory=dict)
+    graphs: dict[tuple[int, int, str, bool, int, int, int], LayerGraph] = field(default_factory=dict)
+    kind_graphs: dict[tuple[int, int, str, bool, int, int, int], KindGraphs] = field(default_factory=dict)
+    heu: dict[tuple[int, int, str, bool, int, int, int, str], HeuCache] = field(default_factory=dict)
     problems: dict[tuple[Layout, Split | None], PlanProblem] = field(default_factory=dict)
 
     def parallel(self, lay: Layout) -> ParallelSpec:
         s = self.space
         return ParallelSpec(tp=lay.tp, pp=lay.pp, dp=lay.dp, sequence_parallel=lay.sp, micro_batch_size=lay.mb,
                             global_batch_size=s.global_batch, seq_length=s.seq_len, cp=lay.cp,
-                            cp_comm_type=lay.cp_comm_type)
+                            cp_comm_type=lay.cp_comm_type, ep=lay.ep, etp=lay.etp)
+
+    @staticmethod
+    def _graph_key(lay: Layout) -> tuple[int, int, str, bool, int, int, int]:
+        return (lay.tp, lay.cp, lay.cp_comm_type, lay.sp, lay.mb, lay.ep, lay.etp)
+
+    def kinds(self, lay: Layout) -> KindGraphs:
+        """One graph per layer kind for a model of several kinds (empty for one kind; docs/decisions/0221)."""
+        key = self._graph_key(lay)
+        if key not in self.kind_graphs:
+            self.kind_graphs[key] = kind_layer_graphs(self.space.model, self.space.hardware, self.parallel(lay),
+                                                      self.base)
+        return self.kind_graphs[key]
 
     def graph(self, lay: Layout) -> LayerGraph:
-        key = (lay.tp, lay.cp, lay.cp_comm_type, lay.sp, lay.mb)
+        """The layer graph (the primary kind's where the model has several)."""
+        key = self._graph_key(lay)
+        kinds = self.kinds(lay)
+        if kinds:
+            return dict(kinds)[primary_kind(self.space.model)]
         if key not in self.graphs:
             # the request's graph: the same options (--tp-comm-overlap) as `lynx plan` of this layout prices
             self.graphs[key] = layer_graph(self.space.model, self.space.hardware, self.parallel(lay), self.base)
@@ -90,14 +109,14 @@ class Shared:
         if key not in self.problems:
             opts = candidate_options(self.base, self.space, lay, split)
             self.problems[key] = make_problem(self.space.model, self.space.hardware, self.parallel(lay), opts,
-                                              self.graph(lay))
+                                              self.graph(lay), self.kinds(lay))
         return self.problems[key]
 
     def heu_cache(self, problem: PlanProblem, lay: Layout, method: str = "lynx") -> HeuCache:
-        key = (lay.tp, lay.cp, lay.cp_comm_type, lay.sp, lay.mb, method)
+        key = (*self._graph_key(lay), method)
         cache = self.heu.get(key)
         if cache is None:
-            cache = HeuCache(problem.graph, heu_options(problem, method))
+            cache = HeuCache(problem.graph, heu_options(problem, method), kind_graphs=problem.kind_graphs)
             self.heu[key] = cache
         return cache
 
@@ -116,10 +135,11 @@ def _held_over_budget(problem: PlanProblem, result: PlanResult) -> str:
     mems: dict[object, LayerMemory] = {}
     bad = []
     for pol, ctx in zip(result.policies, problem.stage_contexts(result.partition), strict=True):
-        for lp in pol.layers:
-            if lp not in mems:
-                mems[lp] = layer_memory(problem.graph, lp)
-        per_layer = [mems[lp] for lp in pol.layers]
+        gs = per_layer_graphs(problem.graphs_for(ctx), len(pol.layers))
+        for g, lp in zip(gs, pol.layers, strict=True):
+            if (id(g), lp) not in mems:
+                mems[(id(g), lp)] = layer_memory(g, lp)
+        per_layer = [mems[(id(g), lp)] for g, lp in zip(gs, pol.layers, strict=True)]
         need = ctx.static_bytes + held_bytes(per_layer, ctx)
         if need > ctx.budget_bytes:
             bad.append(f"stage {ctx.stage} holds {need / GiB:.1f} GiB")

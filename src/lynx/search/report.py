@@ -17,10 +17,11 @@ from lynx.search.run import SearchResult
 from lynx.search.space import Layout
 
 
-def _layout_cells(o: Outcome) -> list[str]:
+def _layout_cells(o: Outcome, experts: bool = False) -> list[str]:
     lay = o.candidate.layout
     cp = str(lay.cp) if lay.cp == 1 or lay.cp_comm_type == "p2p" else f"{lay.cp} {lay.cp_comm_type}"
-    return [str(lay.tp), cp, str(lay.pp), str(lay.vpp), str(lay.dp), "on" if lay.sp else "off", str(lay.mb),
+    ep = [str(lay.ep), str(lay.etp or lay.tp)] if experts else []
+    return [str(lay.tp), cp, *ep, str(lay.pp), str(lay.vpp), str(lay.dp), "on" if lay.sp else "off", str(lay.mb),
             "fsdp" if lay.fsdp else "dist" if lay.dist_opt else "-"]
 
 
@@ -47,18 +48,20 @@ def search_table(res: SearchResult, top: int) -> Table:
     causal = shows_causal(res.space.model, res.space.seq_len)
     t = Table(title=f"{res.space.model.name} on {res.space.gpus} x {res.space.hardware.device.name}: "
               f"global batch {res.space.global_batch}, seq {res.space.seq_len} (fastest first)")
+    experts = res.space.model.is_moe  # EP and ETP columns for MoE models only (dense tables unchanged)
     mfu_cols = ("MFU", "MFU causal") if causal else ("MFU",)
-    for col in ("#", "TP", "CP", "PP", "VPP", "DP", "SP", "mb", "optimizer", "method", "iteration s", "tokens/s/GPU",
-                "TFLOP/s/GPU", *mfu_cols, "peak GiB per stage", "headroom GiB"):
+    for col in ("#", "TP", "CP", *(("EP", "ETP") if experts else ()), "PP", "VPP", "DP", "SP", "mb", "optimizer",
+                "method", "iteration s", "tokens/s/GPU", "TFLOP/s/GPU", *mfu_cols, "peak GiB per stage",
+                "headroom GiB"):
         t.add_column(col, justify="left" if col in ("method", "peak GiB per stage") else "right")
     rows = list(res.ranked[:top])
     for i, o in enumerate(rows, 1):
-        t.add_row(str(i), *_layout_cells(o), method_text(o), *_figures(o, causal, res))
+        t.add_row(str(i), *_layout_cells(o, experts), method_text(o), *_figures(o, causal, res))
     extra = [o for o in (res.best_stock,) if o is not None and o not in rows]
     extra += [o for _, o in res.recipes if o is not None and o.fits]
     for o in extra:
         rank = sum(r.iteration_s < o.iteration_s for r in res.ranked) + 1
-        t.add_row(str(rank), *_layout_cells(o), method_text(o), *_figures(o, causal, res), style="dim")
+        t.add_row(str(rank), *_layout_cells(o, experts), method_text(o), *_figures(o, causal, res), style="dim")
     return t
 
 
@@ -163,8 +166,9 @@ def _flip(lay: Layout, field: str) -> Layout:
 def outcome_dict(o: Outcome, res: SearchResult | None = None) -> dict[str, Any]:
     c = o.candidate
     lay = c.layout
-    d: dict[str, Any] = {"tp": lay.tp, "cp": lay.cp, "cp_comm_type": lay.cp_comm_type, "pp": lay.pp,
-                         "vpp": lay.vpp, "dp": lay.dp, "sp": lay.sp, "micro_batch": lay.mb,
+    d: dict[str, Any] = {"tp": lay.tp, "cp": lay.cp, "cp_comm_type": lay.cp_comm_type,
+                         **({"ep": lay.ep, "etp": lay.etp or lay.tp} if lay.ep > 1 or lay.etp else {}),
+                         "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "sp": lay.sp, "micro_batch": lay.mb,
                          "distributed_optimizer": lay.dist_opt, "fsdp": lay.fsdp, "method": c.method,
                          "stock_megatron": c.stock,
                          "status": o.status, "time_bound_s": None if math.isnan(o.bound_s) else o.bound_s,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from lynx.cost.fsdp import FSDP2, DpSharding
 from lynx.errors import SpecError
 from lynx.families import get_family
+from lynx.search.experts import expert_reason, expert_values, moe_sequence_parallel
 from lynx.search.splits import EVEN, Split, stock_splits
 from lynx.spec import MAX_MICROBATCHES, CpCommType, Hardware, ModelSpec, ParallelSpec, check_cp
 
@@ -58,11 +59,16 @@ class Layout:
     fsdp: bool = False
     """Fully sharded data parallelism (parameters, gradients and optimizer state over DP x CP: `Space.fsdp`'s
     sharding); `dist_opt` is then False."""
+    ep: int = 1
+    """Expert parallelism (MoE models; `search.experts`): folded into TP x CP x DP, not in the world size."""
+    etp: int = 0
+    """Expert tensor parallelism; 0: TP (Megatron's default)."""
 
     def label(self) -> str:
         cp = f" CP{self.cp}" + (f"({self.cp_comm_type})" if self.cp_comm_type != "p2p" else "") if self.cp > 1 else ""
+        ep = (f" EP{self.ep}" if self.ep > 1 else "") + (f" ETP{self.etp}" if self.etp else "")
         shard = "FSDP" if self.fsdp else f"DO{int(self.dist_opt)}"
-        return f"TP{self.tp}{cp} PP{self.pp} VPP{self.vpp} DP{self.dp} SP{int(self.sp)} mb{self.mb} {shard}"
+        return f"TP{self.tp}{cp}{ep} PP{self.pp} VPP{self.vpp} DP{self.dp} SP{int(self.sp)} mb{self.mb} {shard}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +94,8 @@ class Pins:
     mb: int | None = None
     dist_opt: bool | None = None
     cp: int | None = None
+    ep: int | None = None
+    etp: int | None = None
     methods: tuple[str, ...] | None = None
     """None: lynx on its own partition plus every stock Megatron-Core flag on Megatron's splits."""
     fsdp: bool | None = None
@@ -240,16 +248,21 @@ def layouts(space: Space) -> tuple[list[Layout], list[Rejected]]:
 
 def _cores_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected], cp: int = 1,
               kind: CpCommType = "p2p") -> list[Core]:
-    pins, out = space.pins, []
+    pins, out = space.pins, list[Core]()
     sps = [False, True] if tp > 1 else [False]
     if pins.sp is not None:
         sps = [pins.sp] if (tp > 1 or not pins.sp) else [False]
-    sps = [s for s in sps if not s or space.seq_len % (tp * cp) == 0]
+    sps = moe_sequence_parallel(space.model, tp, [s for s in sps if not s or space.seq_len % (tp * cp) == 0])
     dos = [False, True] if dp * cp > 1 else [False]  # it shards over DP x CP: with both 1, nothing
     if pins.dist_opt is not None:
         dos = [pins.dist_opt]
     if pins.fsdp:
         dos = []
+    experts = expert_values(space.model, pins.ep, pins.etp, tp, cp, dp)
+    if not experts:  # only where EP or ETP is pinned: searched, (EP 1, ETP = TP) always fits
+        rejected.append(Rejected(f"TP{tp}{f' CP{cp}' if cp > 1 else ''} PP{pp} DP{dp}", expert_reason(
+            space.model, pins.ep, pins.etp, tp, cp, dp)))
+        return out
     per_rank = space.global_batch // dp
     if pins.mb is not None and per_rank % pins.mb:
         rejected.append(Rejected(f"TP{tp} PP{pp} DP{dp} mb{pins.mb}", f"--micro-batch {pins.mb} does not divide the "
@@ -267,14 +280,16 @@ def _cores_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected],
                                      "interleaving needs PP >= 2, a multiple of PP micro-batches and "
                                      "a layer per virtual stage"))
             continue
-        out += [Core(Layout(tp, pp, 1, dp, sp, mb, do, cp, kind), vpps) for sp in sps for do in dos]
+        out += [Core(Layout(tp, pp, 1, dp, sp, mb, do, cp, kind, ep=ep, etp=etp), vpps) for sp in sps for do in dos
+                for ep, etp in experts]
         # the data-parallel sharding dimension; pinning the optimizer (--distributed-optimizer or not) pins it
         if dp * cp > 1 and (pins.fsdp or (pins.fsdp is None and pins.dist_opt is None)):
             if dp * cp % space.fsdp.instances:
                 rejected.append(Rejected(f"TP{tp} PP{pp} DP{dp} FSDP", f"--num-distributed-optimizer-instances "
                                          f"{space.fsdp.instances} does not divide DP x CP = {dp * cp}"))
                 continue
-            out += [Core(Layout(tp, pp, 1, dp, sp, mb, False, cp, kind, fsdp=True), vpps) for sp in sps]
+            out += [Core(Layout(tp, pp, 1, dp, sp, mb, False, cp, kind, fsdp=True, ep=ep, etp=etp), vpps)
+                    for sp in sps for ep, etp in experts]
     return out
 
 

@@ -33,6 +33,7 @@ from lynx.search.evaluate import LYNX_SEARCHED, Shared
 from lynx.search.options import candidate_options
 from lynx.search.space import Candidate, Core, Layout, Space, layout_candidates, method_sets
 from lynx.search.splits import Split, chunks, stock_splits
+from lynx.stack import LayerKind
 
 
 class Kind(IntEnum):
@@ -79,7 +80,7 @@ class Frontier:
         self.memory: dict[tuple[Node, bool], str] = {}
         self.pieces: dict[tuple[object, ...], Pieces] = {}
         self.layout_pieces: dict[Layout, Pieces] = {}
-        self.steps: dict[tuple[Layout, int, int], float] = {}
+        self.steps: dict[tuple[Layout, int, int, tuple[LayerKind, ...] | None], float] = {}
 
     def push(self, node: Node) -> None:
         try:
@@ -124,10 +125,10 @@ class Frontier:
         if p is None:
             p = self.layout_pieces[lay] = pieces(problem)
 
-        def after(rank: int, layers: int) -> float:
-            key = (lay, rank, layers)
+        def after(rank: int, layers: int, kinds: tuple[LayerKind, ...] | None) -> float:
+            key = (lay, rank, layers, kinds)
             if key not in self.steps:
-                self.steps[key] = step_s(problem, rank, layers)
+                self.steps[key] = step_s(problem, rank, layers, kinds)
             return self.steps[key]
 
         return partition_time_bound_s(problem, chunks, p, after)
@@ -147,10 +148,11 @@ class Frontier:
         unchecked problem: nothing is planned from it, and a layout the checks refuse is refused when its own
         node is built."""
         sh, lay = self.shared, core.layout
-        key = (lay.tp, lay.cp, lay.cp_comm_type, lay.sp, lay.mb, lay.dp, lay.pp > 1)
+        key = (lay.tp, lay.cp, lay.cp_comm_type, lay.sp, lay.mb, lay.ep, lay.etp, lay.dp, lay.pp > 1)
         if key not in self.pieces:
             opts = candidate_options(sh.base, sh.space, lay, None)
-            problem = PlanProblem(sh.space.model, sh.space.hardware, sh.parallel(lay), sh.graph(lay), opts)
+            problem = PlanProblem(sh.space.model, sh.space.hardware, sh.parallel(lay), sh.graph(lay), opts,
+                                  sh.kinds(lay))
             self.pieces[key] = pieces(problem)
         nmb = sh.space.global_batch // (lay.dp * lay.mb)
         p = replace(self.pieces[key], pp=lay.pp, nmb=nmb)

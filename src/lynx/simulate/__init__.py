@@ -64,7 +64,8 @@ def _costs(problem: PlanProblem, policies: tuple[RecomputePolicy, ...],
     et = stage_edge_times(problem.model, problem.hardware, problem.parallel, g) if problem.options.include_edges \
         else None
     link = offload_link(problem.hardware) if any(lp.offload for pol in policies for lp in pol.layers) else None
-    return [priced(g, pol, ctx, et, stage_exposed_copy(g, pol.layers, ctx, link) if link is not None else 0.0)
+    return [priced(problem.graphs_for(ctx), pol, ctx, et,
+                   stage_exposed_copy(g, pol.layers, ctx, link) if link is not None else 0.0)
             for pol, ctx in zip(policies, ctxs, strict=True)]
 
 
@@ -84,10 +85,13 @@ def simulate(
         raise ValueError(f"plan has {partition.num_stages} stages and {len(policies)} policies for PP {p}")
     facts = _facts(problem, partition, schedule)
     ctxs = problem.stage_contexts(partition, facts)
+    if problem.heterogeneous and any(lp.offload for pol in policies for lp in pol.layers):
+        raise ValueError("offloading is not priced for models of several layer kinds yet")
     for pol, ctx in zip(policies, ctxs, strict=True):
-        checked(problem.graph, pol, ctx)
+        checked(problem.graphs_for(ctx), pol, ctx)
     costs = _costs(problem, policies, ctxs)
-    ranks = [RankState(costs[r], ctxs[r], policies[r], StageMemory(problem.graph, policies[r], ctxs[r], record),
+    ranks = [RankState(costs[r], ctxs[r], policies[r],
+                       StageMemory(problem.graphs_for(ctxs[r]), policies[r], ctxs[r], record),
                        *hosts(facts, r), ctxs[r].has_fwd_windows) for r in range(p)]
     loop = Loop(facts, ranks, _p2p(problem) if p2p_s is None else p2p_s, record)
     loop.run()

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from lynx.cost.layer import EdgeTimes
 from lynx.cost.stage import ChunkCosts, charge_stage
 from lynx.decisions import RecomputePolicy, StageContext, check_policy
-from lynx.graph import LayerGraph
+from lynx.graph import Graphs, graphs_key, same_graphs
 from lynx.schedule import ActionKind, Schedule, ScheduleError, ScheduleFacts
 from lynx.simulate.memory_replay import StageMemory
 from lynx.simulate.results import Segment, SegmentKind
@@ -65,18 +65,18 @@ def _steps(sched: Schedule) -> list[list[Step]]:
     return steps
 
 
-_PRICED: dict[tuple[object, ...], tuple[LayerGraph, list[ChunkCosts]]] = {}
-_CHECKED: dict[tuple[object, ...], LayerGraph] = {}
+_PRICED: dict[tuple[object, ...], tuple[Graphs, list[ChunkCosts]]] = {}
+_CHECKED: dict[tuple[object, ...], Graphs] = {}
 MEMO_SIZE = 4096
 
 
-def priced(graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext, edges: EdgeTimes | None = None,
+def priced(graph: Graphs, pol: RecomputePolicy, ctx: StageContext, edges: EdgeTimes | None = None,
            copy_exposed: float = 0.0) -> list[ChunkCosts]:
     """`cost.stage.charge_stage`, memoized per graph object and the whole policy, context, edges and copies
     (whatever of them the pricing reads); each call gets fresh copies, which the caller may add to."""
-    key = (id(graph), pol, ctx, edges, copy_exposed)
+    key = (graphs_key(graph), pol, ctx, edges, copy_exposed)
     hit = _PRICED.get(key)
-    if hit is None or hit[0] is not graph:
+    if hit is None or not same_graphs(hit[0], graph):
         if len(_PRICED) >= MEMO_SIZE:
             _PRICED.clear()
         hit = (graph, charge_stage(graph, pol, ctx, edges, copy_exposed))
@@ -84,10 +84,11 @@ def priced(graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext, edges: Ed
     return [replace(c, fwd_loads=list(c.fwd_loads), _carry=dict(c._carry)) for c in hit[1]]
 
 
-def checked(graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext) -> None:
+def checked(graph: Graphs, pol: RecomputePolicy, ctx: StageContext) -> None:
     """`check_policy`, remembered per graph object, policy and context once it has passed."""
-    key = (id(graph), pol, ctx)
-    if _CHECKED.get(key) is graph:
+    key = (graphs_key(graph), pol, ctx)
+    hit = _CHECKED.get(key)
+    if hit is not None and same_graphs(hit, graph):
         return
     check_policy(graph, pol, ctx)
     if len(_CHECKED) >= MEMO_SIZE:

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from lynx.cost.lifetime import BackwardTrace, backward_trace
 from lynx.cost.memory import LayerMemory, layer_memory
 from lynx.decisions import LayerPolicy, RecomputePolicy, StageContext
-from lynx.graph import LayerGraph
+from lynx.graph import Graphs, graphs_key, per_layer, same_graphs, slice_graphs
 
 Pattern = tuple[tuple[tuple[float, float], ...], float, float]
 """(points relative to the action's start memory on a unit time axis, net change, top)."""
@@ -25,17 +25,20 @@ PatternKey = tuple[object, ...]
 class StageModel:
     """What a stage's memory replay reads, and the patterns derived from it (shared across simulations)."""
 
-    def __init__(self, graph: LayerGraph, layers: tuple[LayerPolicy, ...], slices: tuple[tuple[int, int], ...],
+    def __init__(self, graph: Graphs, layers: tuple[LayerPolicy, ...], slices: tuple[tuple[int, int], ...],
                  extra_retained: float, extra_transient: float, grad_workspace: float) -> None:
         self.extra_retained, self.extra_transient, self.grad_workspace = extra_retained, extra_transient, grad_workspace
-        distinct = {lp: layer_memory(graph, lp) for lp in dict.fromkeys(layers)}  # a stage repeats one policy
-        mems = [distinct[lp] for lp in layers]
+        gs = per_layer(graph, len(layers))
+        # a stage repeats one policy (per layer kind)
+        distinct = {(id(g), lp): layer_memory(g, lp) for g, lp in dict.fromkeys(zip(gs, layers, strict=True))}
+        mems = [distinct[(id(g), lp)] for g, lp in zip(gs, layers, strict=True)]
         self.chunks: list[list[LayerMemory]] = []
         self.traces: list[dict[bool, BackwardTrace]] = []
         """Per chunk: the activation-lifetime replay of one backward, phase-1/2 tensors held before or not."""
         for lo, hi in slices:
             self.chunks.append(mems[lo:hi])
-            self.traces.append({w: backward_trace(graph, layers[lo:hi], w) for w in (False, True)})
+            part = slice_graphs(graph, lo, hi)
+            self.traces.append({w: backward_trace(part, layers[lo:hi], w) for w in (False, True)})
         self.last_chunk = len(self.chunks) - 1
         self.patterns: dict[PatternKey, Pattern] = {}
 
@@ -93,18 +96,18 @@ class StageModel:
         return cur
 
 
-_MODELS: OrderedDict[PatternKey, tuple[LayerGraph, StageModel]] = OrderedDict()
+_MODELS: OrderedDict[PatternKey, tuple[Graphs, StageModel]] = OrderedDict()
 MODEL_CACHE_SIZE = 2048
 
 
-def stage_model(graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext) -> StageModel:
+def stage_model(graph: Graphs, pol: RecomputePolicy, ctx: StageContext) -> StageModel:
     """The stage's memory model, memoized per graph object, layer policies, chunk split and non-layer terms
     (exactly what the replay reads)."""
     slices = ctx.chunk_slices()
-    key = (id(graph), pol.layers, slices, ctx.extra_retained_bytes, ctx.extra_transient_bytes,
+    key = (graphs_key(graph), pol.layers, slices, ctx.extra_retained_bytes, ctx.extra_transient_bytes,
            ctx.grad_workspace_bytes)
     hit = _MODELS.get(key)
-    if hit is not None and hit[0] is graph:
+    if hit is not None and same_graphs(hit[0], graph):
         _MODELS.move_to_end(key)
         return hit[1]
     model = StageModel(graph, pol.layers, slices, ctx.extra_retained_bytes, ctx.extra_transient_bytes,
@@ -118,7 +121,7 @@ def stage_model(graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext) -> S
 class StageMemory:
     """Memory of one stage over an iteration; actions of one kind change it the same way every time."""
 
-    def __init__(self, graph: LayerGraph, pol: RecomputePolicy, ctx: StageContext, record: bool = True) -> None:
+    def __init__(self, graph: Graphs, pol: RecomputePolicy, ctx: StageContext, record: bool = True) -> None:
         self.ctx, self.record = ctx, record
         self.model = stage_model(graph, pol, ctx)
         self.chunks = self.model.chunks

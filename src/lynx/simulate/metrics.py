@@ -12,6 +12,7 @@ from lynx.cost.layer import model_flops_per_iteration
 from lynx.cost.static_memory import Recipe, dp_sync_time, grad_buffer_time, optimizer_step_time
 from lynx.decisions import StageContext
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
+from lynx.stack import LayerKind, as_kinds
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +68,11 @@ def tail_time(model: ModelSpec, hw: Hardware, par: ParallelSpec, ctxs: tuple[Sta
                 sync = dp_sync(model, par, s, ctx.num_layers, recipe, dp_link, distributed_optimizer, ov.bucket_size)
                 ar = sync.exposed(ov.grad_reduce, ov.param_gather, ov.last_bwd_s[s], ov.first_fwd_s[s])
         else:
-            ar = dp_sync_time(model, par, s, ctx.num_layers, recipe, dp_link, distributed_optimizer)
-        opt = optimizer_step_time(model, par, s, ctx.num_layers, recipe, hw.device, distributed_optimizer) \
+            ar = dp_sync_time(model, par, s, ctx.num_layers, recipe, dp_link, distributed_optimizer, kinds(ctx))
+        opt = optimizer_step_time(model, par, s, ctx.num_layers, recipe, hw.device, distributed_optimizer,
+                                  kinds(ctx)) \
             + grad_buffer_time(model, par, s, ctx.num_layers, recipe, hw.device, ov.check_for_nan,
-                               ov.average_in_collective)
+                               ov.average_in_collective, kinds(ctx))
         synced.append(ready[s] - pipeline_time + ar)
         opts.append(opt)
     if tied_sync_s > 0 and len(synced) > 1:
@@ -78,6 +80,11 @@ def tail_time(model: ModelSpec, hw: Hardware, par: ParallelSpec, ctxs: tuple[Sta
     for s in range(len(synced)):
         tail = max(tail, synced[s] + opts[s])
     return tail
+
+
+def kinds(ctx: StageContext) -> tuple[LayerKind, ...] | None:
+    """The stage's layer kinds for the static-memory functions (None: the model's one kind)."""
+    return as_kinds(ctx.kinds)
 
 
 def throughput(model: ModelSpec, hw: Hardware, par: ParallelSpec, iteration: float) -> tuple[float, float, float]:
