@@ -127,8 +127,8 @@ def _pins(p: Pins) -> dict[str, object]:
     return {f: getattr(p, f) for f in ("tp", "pp", "vpp", "sp", "mb", "dist_opt")}
 
 
-def _fresh(name: str, case: Case, hardware: str, precision: str, offload: bool) -> bool:
-    """`lynx plan --gpus N --json` in a fresh process, timed from outside."""
+def _fresh(name: str, case: Case, hardware: str, precision: str, offload: bool, timeout_s: float) -> bool:
+    """`lynx plan --gpus N --json` in a fresh process, timed from outside (stopped after `timeout_s`)."""
     import json
     import resource
     import subprocess
@@ -139,7 +139,13 @@ def _fresh(name: str, case: Case, hardware: str, precision: str, offload: bool) 
     print(f"{name}: {' '.join(cmd[1:])}; load average {os.getloadavg()[0]:.2f} (2-core VM, shared)")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        print(f"  stopped after {timeout_s:.0f} s (--case-timeout): no pick")
+        FIGURES.append(_results.Figure(f"{name}: fresh `lynx plan --gpus` (stopped at --case-timeout, no pick)",
+                                       f"> {timeout_s:.0f}", "s", f"<= {case.seconds_at_most:.0f}", False))
+        return False
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -162,13 +168,14 @@ def _fresh(name: str, case: Case, hardware: str, precision: str, offload: bool) 
     return holds
 
 
-def _run(name: str, hardware: str, precision: str, exhaustive: bool, offload: bool = True) -> bool:
+def _run(name: str, hardware: str, precision: str, exhaustive: bool, offload: bool = True,
+         timeout_s: float = 900.0) -> bool:
     if name == "gpt-175b-single":
         print(f"{name}: load average {os.getloadavg()[0]:.2f} (2-core VM, shared)")
         return _single()
     case = CASES[name]
     if case.published is None and not exhaustive:
-        return _fresh(name, case, hardware, precision, offload)
+        return _fresh(name, case, hardware, precision, offload, timeout_s)
     hw = load_hardware(hardware)
     # as `lynx plan --gpus`: the offloading methods too when the hardware has a host link (--no-offload: not)
     space = Space(load_model(case.model), hw, case.gpus, case.global_batch, case.seq_len, case.pins,
@@ -226,14 +233,18 @@ def main() -> int:
                     help="also plan every candidate the memory bound keeps (the planned-per-30-s target)")
     ap.add_argument("--no-offload", action="store_true",
                     help="search without the offloading methods (lynx plan --gpus --no-offload)")
+    ap.add_argument("--case-timeout", type=float, default=900.0, metavar="S",
+                    help="stop a fresh-process search case after S seconds and record it as not holding (default 900)")
     _results.add_option(ap, "config_search")
     args = ap.parse_args()
+    if not args.case_timeout > 0:
+        ap.error(f"--case-timeout {args.case_timeout:g}: must be positive")
     run = _results.Run()
     names = (["llama3-70b-64", "llama3.1-405b-1024", "llama3.1-405b-16384", "gpt-175b-single"]
              if args.case == "all" else [args.case])
     ok = True
     for name in names:
-        ok &= _run(name, args.hardware, args.precision, args.exhaustive, not args.no_offload)
+        ok &= _run(name, args.hardware, args.precision, args.exhaustive, not args.no_offload, args.case_timeout)
     run.write(args.results, "config_search", "measurement", "The configuration search, `lynx plan --gpus N`: speed "
               "and picks", FIGURES)
     return 0 if ok else 1

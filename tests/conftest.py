@@ -66,11 +66,14 @@ SLOW_CASES: dict[str, str] = {
     "integration/test_torchtitan_pp_tp.py::test_pp2_tp2_loss_and_grads_equal_torchtitans_own":
         "test_pp2_loss_and_grads_equal_torchtitans_own[windows-1f1b] (PP) and the TP window test",
     "integration/test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[windows-gpipe]":
-        "test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[windows-1f1b]",
+        "test_torchtitan_tp.py::test_tp2_every_window_restores_what_the_plan_put_there (the integration's windows) "
+        "and test_runtime_pipeline.py (PP 2 bitwise)",
     "integration/test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[full-1f1b]":
-        "test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[windows-1f1b]",
+        "test_torchtitan_tp.py::test_tp2_every_window_restores_what_the_plan_put_there (the integration's windows) "
+        "and test_runtime_pipeline.py (PP 2 bitwise)",
     "integration/test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[none-1f1b]":
-        "test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[windows-1f1b]",
+        "test_torchtitan_tp.py::test_tp2_every_window_restores_what_the_plan_put_there (the integration's windows) "
+        "and test_runtime_pipeline.py (PP 2 bitwise)",
     "integration/test_torchtitan_tp.py::test_tp2_loss_and_grads_equal_torchtitans_own[none]":
         "test_torchtitan_tp.py::test_tp2_every_window_restores_what_the_plan_put_there (bitwise too)",
     "integration/test_torchtitan_tp.py::test_tp2_loss_and_grads_equal_torchtitans_own[full]":
@@ -98,10 +101,9 @@ SLOW_CASES: dict[str, str] = {
         "test_search.py::test_pruned_search_equals_exhaustive_with_offloading[llama-tiny-16k]",
 
     "integration/test_runtime_offload_train.py::test_train_offload_plan_equals_keeping[tp2-pp2]":
-        "test_runtime_offload_train.py::test_train_offload_plan_equals_keeping[pp2] (lynx train offloading, "
-        "bitwise) and test_runtime_offload.py (the engine, bitwise)",
+        "test_runtime_offload.py (the engine's offloading, bitwise) and test_runtime_pipeline.py (lynx train's PP 2)",
     "integration/test_runtime_offload_train.py::test_train_interleaved_plan_offloading":
-        "test_runtime_offload_train.py::test_train_offload_plan_equals_keeping[pp2]",
+        "test_runtime_offload.py (the engine's offloading, bitwise)",
     "integration/test_runtime_offload_train.py::test_train_tp_plan_offloading_the_last_op":
         "test_runtime_offload_lastop.py::test_last_op_offloads_its_mask_not_its_output",
     "integration/test_runtime_llama_train.py::test_llama_pipeline_trains_as_the_single_process_run[1-2]":
@@ -186,6 +188,27 @@ SLOW_CASES: dict[str, str] = {
         "test_bounds_hold_for_every_planned_candidate[llama-tiny-cp2] (CP in the space)",
     "unit/test_search.py::test_pruned_search_equals_exhaustive[llama-tiny-cp2]":
         "test_pruned_search_equals_exhaustive[llama-tiny-cp-searched] (CP in the space)",
+    "integration/test_torchtitan_pp.py::test_pp2_loss_and_grads_equal_torchtitans_own[windows-1f1b]":
+        "test_torchtitan_tp.py::test_tp2_every_window_restores_what_the_plan_put_there (the integration's windows) "
+        "and test_runtime_pipeline.py (PP 2 bitwise)",
+    "integration/test_runtime_offload_train.py::test_train_offload_plan_equals_keeping[pp2]":
+        "test_runtime_offload.py (the engine's offloading, bitwise) and test_runtime_pipeline.py (lynx train's PP 2)",
+    "unit/test_offload.py::test_heu_with_offload_matches_brute_force_interleaved[True]":
+        "test_heu_with_offload_matches_brute_force_interleaved[False]",
+    "unit/test_heu_bruteforce.py::test_linear_rows_bound_the_exact_peak_for_every_policy[True]":
+        "test_linear_rows_bound_the_exact_peak_for_every_policy[False]",
+    "integration/test_json_stdout.py::test_stdout_is_json[compare]":
+        "test_cli.py::test_compare_json_orders_methods (the same command's JSON)",
+    "unit/test_breakdown.py::test_breakdown_sums_to_the_closed_form_peak[hardware=a100-40g-pcie,tp=2,mb=16]":
+        "the other test_breakdown_sums_to_the_closed_form_peak cases",
+    "unit/test_search.py::test_bounds_hold_for_every_planned_candidate[gpt-tiny-tight]":
+        "test_bounds_hold_for_every_planned_candidate[llama-tiny-cp2]",
+    **{f"integration/test_export_cli.py::{t}[{c}]": f"test_export_cli.py::{t}[mb16]"
+       for t in ("test_megatron_export_round_trips_through_from_megatron", "test_megatron_table_and_torchtitan_files")
+       for c in ("llama3-8b", "readme-mb8")},
+    **{f"integration/test_runtime_engine_leak.py::{t}": "test_runtime_engine_leak.py's [full] cases"
+       for t in ("test_nothing_held_between_steps[none]", "test_no_tensor_outlives_its_iteration[overlapped]",
+                 "test_no_tensor_outlives_its_iteration[selective]")},
 }
 
 
