@@ -125,9 +125,9 @@ SLOW_CASES: dict[str, str] = {
     "integration/test_runtime_llama.py::test_tp2_every_policy_bitwise_equal[True]": "the case without SP",
     "integration/test_runtime_engine.py::test_tp2_every_policy_bitwise_equal[True]": "the case without SP",
     "integration/test_runtime_memory.py::test_tp2_measured_peak_within_5_percent_below_predicted[gpt]":
-        "the LLaMA case",
+        "test_tiny_presets_measured_peak_within_5_percent_below_predicted[llama]",
     "integration/test_profile_cli.py::test_unreachable_rendezvous_is_a_clear_error_not_a_hang":
-        "test_faults.py::test_unreachable_rendezvous_fails_with_one_line",
+        "test_faults.py::test_a_dying_local_rank_is_one_line_per_rank_and_exit_1 (a distributed fault, one line)",
     "integration/test_runtime_pipeline.py::test_pp4_full_bitwise": "the PP 2 bitwise cases (PP 4 in the slow grid)",
     "unit/test_opt_vs_heu.py::test_lynx_opt_method_stopped_early_is_no_slower_than_lynx_heu":
         "test_started_from_heu_a_time_limited_opt_is_no_worse (the same warm start, one stage)",
@@ -209,6 +209,10 @@ SLOW_CASES: dict[str, str] = {
     **{f"integration/test_runtime_engine_leak.py::{t}": "test_runtime_engine_leak.py's [full] cases"
        for t in ("test_nothing_held_between_steps[none]", "test_no_tensor_outlives_its_iteration[overlapped]",
                  "test_no_tensor_outlives_its_iteration[selective]")},
+    "integration/test_faults.py::test_unreachable_rendezvous_fails_with_one_line":
+        "test_faults.py::test_a_dying_local_rank_is_one_line_per_rank_and_exit_1 (a distributed fault, one line)",
+    "integration/test_runtime_memory.py::test_tp2_measured_peak_within_5_percent_below_predicted[llama]":
+        "test_runtime_memory.py::test_tiny_presets_measured_peak_within_5_percent_below_predicted[llama]",
 }
 
 
