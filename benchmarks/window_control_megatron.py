@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _results  # noqa: E402
 import pipeline_testbed as pt  # noqa: E402
 import window_control as wc  # noqa: E402
-from _window_control import check_control_args  # noqa: E402
+from _window_control import check_control_args, profile_rank_and_exit  # noqa: E402
 
 H, HEADS, FFN, VOCAB = 256, 16, 1024, 2048
 MB, SEQ, MICROBATCHES = 2, 256, 4
@@ -86,13 +86,11 @@ def rank_profile(args: argparse.Namespace) -> None:
     """Time each op of one Megatron-Core layer (lynx's profiler on the integration's MegatronLayer); rank 0
     pickles what `lynx.profile.profiler.assemble` takes."""
     import torch
-    import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
     from lynx.integrations.megatron.layer import MegatronLayer
     from lynx.policy.rules import full_layer
-    from lynx.profile.measure import OpRunner, count_saved, restore_times
-    from lynx.profile.profiler import analytic_graph, device_name, measure_peaks
+    from lynx.profile.profiler import analytic_graph
     from tests.harness.megatron_seams import causal_mask
 
     _, _, model = _init(1, 1)
@@ -104,21 +102,7 @@ def rank_profile(args: argparse.Namespace) -> None:
     group = ps.get_tensor_model_parallel_group()
     torch.manual_seed(cfg.seed)
     x = torch.randn(SEQ, MB, H)  # Megatron's layers take [sequence, batch, hidden]
-    saved = count_saved(layer, x.detach().requires_grad_())
-    runner = OpRunner(layer, x, group)
-    for r in range(cfg.warmup + cfg.repeats):
-        runner.repeat(record=r >= cfg.warmup)
-    restore = restore_times(layer, x, full_layer(g), cfg.repeats)
-    peaks = measure_peaks(torch.device("cpu"), torch.float32, runner.timer)
-    raw = {"op_names": list(layer.op_names), "op_inputs": {k: list(v) for k, v in layer.op_inputs.items()},
-           "stats": {n: {k: runner.stats(k, n) for k in ("fwd", "dgrad", "wgrad")} for n in layer.op_names},
-           "split": dict(runner.samples.split), "disturbed_fraction": runner.disturbed_fraction(),
-           "saved": saved, "peaks": peaks, "restore": restore, "device": device_name(torch.device("cpu")),
-           "threads": torch.get_num_threads()}
-    if dist.get_rank() == 0:
-        Path(args.out_path).write_bytes(pickle.dumps(raw))
-    dist.barrier()
-    os._exit(0)  # gloo's destructors abort now and then after a clean run (as `lynx train` does)
+    profile_rank_and_exit(layer, x, group, cfg, full_layer(g), args.out_path)
 
 
 def rank_train(args: argparse.Namespace) -> None:

@@ -41,10 +41,12 @@ def test_smoke_runs_megatrons_model_with_the_plan_and_its_control(tmp_path: Path
     assert "measured hidden s (B - A)" in p.stdout and "targets:" in p.stdout
     saved = json.loads(out.read_text())
     pred, (rnd,) = saved["prediction"], saved["rounds"]
-    for stage in ("0", "1"):  # the control restores only on demand, at most what the plan restores in all
-        a, b = rnd["A"]["by_window"][stage], rnd["B"]["by_window"][stage]
-        assert set(b) == {"on_demand"} and 0 < b["on_demand"] <= sum(a.values())
-        assert rnd["B"]["stages"][stage]["window_s"] == 0.0 and rnd["B"]["stages"][stage]["ondemand_s"] > 0
+    for stage in ("0", "1"):  # the control restores only on demand, at most what the plan restores in all (a stage
+        a, b = rnd["A"]["by_window"][stage], rnd["B"]["by_window"][stage]  # that fits keeping all restores none)
+        assert set(b) <= {"on_demand"} and b.get("on_demand", 0) <= sum(a.values())
+        assert rnd["B"]["stages"][stage]["window_s"] == 0.0
+        assert (rnd["B"]["stages"][stage]["ondemand_s"] > 0) == (b.get("on_demand", 0) > 0)
+    assert any(rnd["B"]["by_window"][s].get("on_demand", 0) > 0 for s in ("0", "1"))
     a0 = rnd["A"]["by_window"]["0"]
     assert (sum(v for k, v in a0.items() if k != "on_demand") > 0) == (pred["window_recompute_s"] > 0)
     for x in ("A", "B", "A2"):
