@@ -28,6 +28,10 @@ def check_inputs(model: ModelSpec, hardware: Hardware, parallel: ParallelSpec, o
     check_vpp(opts.vpp, model, parallel)
     check_overlaps(opts, parallel)
     check_sharding(opts.dp_sharding, parallel, opts.distributed_optimizer)
+    if opts.dp_sharding.fsdp and model.is_moe:  # sharded static memory knows one layer kind (`cost.fsdp`)
+        raise SpecError(f"{model.name}: FSDP (--use-torch-fsdp2 / --use-megatron-fsdp) with expert layers is not "
+                        "priced yet (experts shard over expert-DP, which lynx's FSDP model does not split); use the "
+                        "distributed optimizer (--distributed-optimizer)")
     if opts.tp_comm_overlap and model.transformer_impl == "local" and parallel.tp > 1:
         raise SpecError("--tp-comm-overlap needs --transformer-impl transformer_engine (the userbuffers overlap is "
                         "TransformerEngine's; Megatron-Core's local modules have none)")

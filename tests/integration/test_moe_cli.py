@@ -37,3 +37,16 @@ def test_bad_expert_layouts_are_one_line(tmp_path: Path, extra: list[str], what:
     r = run_lynx(["plan", *QWEN_SMALL, *extra, "--out", str(out)])
     assert r.returncode == 2 and what in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
     assert r.stderr.startswith("lynx: error:") and not out.exists()
+
+
+@pytest.mark.parametrize("args", [
+    ("--tp", "1", "--pp", "1", "--dp", "8", "--ep", "8"),
+    ("--gpus", "8"),
+])
+def test_fsdp_with_experts_is_refused_not_mispriced(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """FSDP's sharded static memory knows one layer kind: an MoE model under FSDP is refused in one line."""
+    out = tmp_path / "p.json"
+    p = run_lynx(["plan", "--model", "qwen3-30b-a3b", "--hardware", "h100-80g-nvlink", "--global-batch", "64",
+                  "--seq-len", "4096", "--use-torch-fsdp2", "--out", str(out), *args])
+    assert p.returncode == 2 and "expert" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and not out.exists()

@@ -157,6 +157,11 @@ def _fsdp_pin(f: PlanFlags) -> DpSharding | None:
     """An FSDP named on the command line pins the search's sharding dimension to it."""
     ds = f.dp_sharding()
     if ds.fsdp:
+        from lynx.models import load_model
+
+        if load_model(f.model).is_moe:
+            raise SpecError(f"--use-torch-fsdp2 / --use-megatron-fsdp with --gpus: {f.model} has expert layers, "
+                            "and FSDP with experts is not priced yet; drop the FSDP flag")
         return ds
     if ds.instances > 1:
         raise SpecError("--num-distributed-optimizer-instances with --gpus: give --use-torch-fsdp2 or "

@@ -283,7 +283,7 @@ def _cores_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected],
         out += [Core(Layout(tp, pp, 1, dp, sp, mb, do, cp, kind, ep=ep, etp=etp), vpps) for sp in sps for do in dos
                 for ep, etp in experts]
         # the data-parallel sharding dimension; pinning the optimizer (--distributed-optimizer or not) pins it
-        if dp * cp > 1 and (pins.fsdp or (pins.fsdp is None and pins.dist_opt is None)):
+        if dp * cp > 1 and not space.model.is_moe and (pins.fsdp or (pins.fsdp is None and pins.dist_opt is None)):
             if dp * cp % space.fsdp.instances:
                 rejected.append(Rejected(f"TP{tp} PP{pp} DP{dp} FSDP", f"--num-distributed-optimizer-instances "
                                          f"{space.fsdp.instances} does not divide DP x CP = {dp * cp}"))
