@@ -224,6 +224,8 @@ def main() -> int:
     add_option(ap, "search_goal")
     args = ap.parse_args()
     if args.from_raw:
+        if not RAW.is_file():
+            ap.error(f"--from-raw: {RAW} does not exist (run a job first)")
         write_record(json.loads(RAW.read_text()), args.results)
         return 0
     return run(list(JOBS) if args.job == "all" else [args.job], args.results)
