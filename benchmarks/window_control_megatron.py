@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _results  # noqa: E402
 import pipeline_testbed as pt  # noqa: E402
 import window_control as wc  # noqa: E402
-from _window_control import check_control_args, profile_rank_and_exit  # noqa: E402
+from _window_control import ControlDefaults, control_parser, finish_control_args, profile_rank_and_exit  # noqa: E402
 
 H, HEADS, FFN, VOCAB = 256, 16, 1024, 2048
 MB, SEQ, MICROBATCHES = 2, 256, 4
@@ -204,40 +204,15 @@ def testbed(rate: float) -> Any:
     return tb
 
 
+CONTROL = ControlDefaults("window_control_megatron", layers=8, layers_help="decoder layers, split over the 2 stages",
+                          iters=8, rounds=4, smoke_layers=4, from_json_runs=False)
+
+
 def parse() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", type=int, default=8, help="decoder layers, split over the 2 stages (default 8)")
-    ap.add_argument("--rate", type=float, default=400.0, help="link rate, Mbit/s (default 400)")
-    ap.add_argument("--budget-frac", default="auto", help="as in window_control.py")
-    ap.add_argument("--method", default="lynx", choices=("lynx", "lynx-heu"))
-    ap.add_argument("--min-signal", type=float, default=0.04,
-                    help="refuse when predicted control - plan is below this share of the predicted iteration")
-    ap.add_argument("--iters", type=int, default=8, help="timed iterations per training run")
-    ap.add_argument("--rounds", type=int, default=4, help="rounds of A B A'")
-    ap.add_argument("--repeats", type=int, default=5, help="profiler repeats")
-    ap.add_argument("--smoke", action="store_true",
-                    help="end to end only: 4 layers, 2 iterations, 1 round, 2 profiler repeats, no --min-signal")
-    ap.add_argument("--out", type=Path, default=None, help="JSON of the run (default benchmarks/results/raw/"
-                    "window_control_megatron.json; with --smoke, none unless given)")
-    ap.add_argument("--from-json", type=Path, default=None, help="re-print the tables and targets of a saved run")
-    _results.add_option(ap, "window_control_megatron")
-    ap.add_argument("--rank-profile", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--rank-train", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--plan-path", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--out-path", default=None, help=argparse.SUPPRESS)
+    ap = control_parser(__doc__.splitlines()[0], CONTROL)
     args = ap.parse_args()
-    if args.rank_profile or args.rank_train:
-        return args
-    check_control_args(ap, args)
-    if args.layers < PP or args.layers % PP:
-        ap.error(f"--layers {args.layers}: a positive multiple of PP {PP}")
-    if args.smoke:
-        args.layers, args.iters, args.rounds, args.repeats, args.min_signal = 4, 2, 1, 2, 0.0
-    if args.out is None and not args.smoke and args.from_json is None:
-        args.out = Path("benchmarks/results/raw/window_control_megatron.json")
-    if args.from_json is None:
-        pt.check_args(ap, args)
-    return args
+    bad = args.layers < PP or args.layers % PP
+    return finish_control_args(ap, args, CONTROL, f"a positive multiple of PP {PP}" if bad else None)
 
 
 TITLE = "What the windows hide on Megatron-Core's own GPTModel (PP 2 x TP 2)"

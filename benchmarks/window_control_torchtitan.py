@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _results  # noqa: E402
 import pipeline_testbed as pt  # noqa: E402
 import window_control as wc  # noqa: E402
-from _window_control import check_control_args, profile_rank_and_exit  # noqa: E402
+from _window_control import ControlDefaults, control_parser, finish_control_args, profile_rank_and_exit  # noqa: E402
 
 H, HEADS, FFN, VOCAB = 256, 16, 768, 2048  # torchtitan 0.3.0's llama3 "debugmodel" (llama3/__init__.py)
 MB, SEQ, MICROBATCHES = 2, 256, 2
@@ -232,45 +232,17 @@ def train(tb: Any, plan_path: Path, out: Path, iters: int, layers: int) -> dict[
             "by_window": timed[-1]["by_window"]}
 
 
+CONTROL = ControlDefaults("window_control_torchtitan", layers=6, layers_help="torchtitan debug-model blocks",
+                          iters=10, rounds=5, smoke_layers=2, from_json_runs=True)
+
+
 def parse() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", type=int, default=6, help="torchtitan debug-model blocks (default 6)")
-    ap.add_argument("--rate", type=float, default=400.0, help="link rate, Mbit/s (default 400)")
-    ap.add_argument("--budget-frac", default="auto", help="as in window_control.py")
-    ap.add_argument("--method", default="lynx", choices=("lynx", "lynx-heu"))
-    ap.add_argument("--min-signal", type=float, default=0.04,
-                    help="refuse when predicted control - plan is below this share of the predicted iteration")
+    ap = control_parser(__doc__.splitlines()[0], CONTROL)
     ap.add_argument("--reads", choices=("profile", "family"), default="profile",
                     help="which backward reads which output: as lynx's profiler counted them on the integration's "
                          "layer (default), or the torchtitan-llama3 family's (times and bytes measured either way)")
-    ap.add_argument("--iters", type=int, default=10, help="timed iterations per training run")
-    ap.add_argument("--rounds", type=int, default=5, help="rounds of A B A'")
-    ap.add_argument("--repeats", type=int, default=5, help="profiler repeats")
-    ap.add_argument("--smoke", action="store_true",
-                    help="end to end only: 2 layers, 2 iterations, 1 round, 2 profiler repeats, no --min-signal")
-    ap.add_argument("--out", type=Path, default=None, help="JSON of the run (default benchmarks/results/raw/"
-                    "window_control_torchtitan.json; with --smoke, none unless given)")
-    ap.add_argument("--from-json", type=Path, nargs="+", default=None,
-                    help="re-print the tables and targets of saved runs (with --results: write their figures)")
-    _results.add_option(ap, "window_control_torchtitan")
-    # inside a rank (run by the driver in the testbed)
-    ap.add_argument("--rank-profile", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--rank-train", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--plan-path", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--out-path", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.rank_profile or args.rank_train:
-        return args
-    check_control_args(ap, args)
-    if args.layers < 1:
-        ap.error(f"--layers {args.layers}: must be at least 1")
-    if args.smoke:
-        args.layers, args.iters, args.rounds, args.repeats, args.min_signal = 2, 2, 1, 2, 0.0
-    if args.out is None and not args.smoke and args.from_json is None:
-        args.out = Path("benchmarks/results/raw/window_control_torchtitan.json")
-    if args.from_json is None:
-        pt.check_args(ap, args)
-    return args
+    return finish_control_args(ap, args, CONTROL, "must be at least 1" if args.layers < 1 else None)
 
 
 TITLE = "What the windows hide on torchtitan's own Llama 3 model"
