@@ -64,6 +64,7 @@ CASES: list[tuple[str, list[str], str]] = [
      "--model gpt-tiny with --from-megatron"),
     ("megatron-gpus", ["plan", "--gpus", "8", "--from-megatron", MEGATRON], "--gpus"),
     ("megatron-compare", ["plan", "--compare", "--from-megatron", MEGATRON], "--compare is not read with"),
+    ("megatron-not-a-file", ["plan", "--from-megatron", "{o}/args.txt"], "has no Megatron flag and is not a file"),
     ("memory-plan-and-tp", ["memory", "--plan", "{f}/good.json", "--tp", "2"], "--tp with --plan"),
     ("lps-printed-without-vpp", [*SINGLE, "--pp", "2", "--layers-per-stage", "1,1|1,1"], "--vpp 1"),
     # a message that blamed the wrong thing: the real cause named
@@ -142,3 +143,13 @@ def test_a_trace_with_no_events_is_refused(files: Path, tmp_path: Path) -> None:
                                  "otherData": {"layout": {"pp": 1, "vpp": 1, "num_microbatches": 2}}}))
     with pytest.raises(TraceError, match="no events"):
         compare(files / "good.json", empty)
+
+
+def test_from_megatron_reads_a_file_as_its_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`lynx export megatron`'s megatron_args.txt (one flag a line) is read back by path, priced as quoted."""
+    args = tmp_path / "megatron_args.txt"
+    args.write_text(MEGATRON.replace(" --", "\n--") + "\n")
+    quoted = run_main(["plan", "--from-megatron", MEGATRON, "--json"], capsys)
+    by_path = run_main(["plan", "--from-megatron", str(args), "--json"], capsys)
+    assert quoted[0] == by_path[0] == 0, (quoted[2], by_path[2])
+    assert json.loads(by_path[1]) == json.loads(quoted[1])

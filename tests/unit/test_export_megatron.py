@@ -15,7 +15,7 @@ from lynx.api import plan as plan_with
 from lynx.decisions import RecomputePolicy
 from lynx.errors import SpecError
 from lynx.export.layout import ChunkLayout, parse_megatron_layout
-from lynx.export.megatron import build_megatron, render_plugin
+from lynx.export.megatron import PAPER_PRECISION_NOTE, build_megatron, render_plugin
 from lynx.export.megatron_recompute import (
     NONE,
     MegatronRecompute,
@@ -84,8 +84,8 @@ def test_registry_baseline_and_own_policies_price_the_same(rec: MegatronRecomput
     assert [s.peak_bytes for s in a.stages] == pytest.approx([s.peak_bytes for s in b.stages], rel=1e-12)
 
 
-def _source(mb: int) -> ExportSource:
-    prob = problem_for(mb=mb)
+def _source(mb: int, **opts: object) -> ExportSource:
+    prob = problem_for(mb=mb, **opts)
     p = plan_with(prob, "lynx", record=False)
     return source_from(p.problem, p.result)
 
@@ -105,6 +105,10 @@ def test_readme_plan_exports_flags_and_prices() -> None:
     # stock Megatron without the layout flag: its even split, 8 layers per stage, the cheapest setting that fits
     assert even.label == "megatron (even split)" and [s.num_layers for s in even.stages] == [8, 8, 8, 8]
     assert even.fits
+    # the paper's 16 B/param recipe (the default) is not what --bf16 runs: the export says so, and only then
+    assert PAPER_PRECISION_NOTE in exp.notes
+    bf16 = _source(8, precision="megatron-bf16")
+    assert PAPER_PRECISION_NOTE not in build_megatron(bf16, simulate=False).notes
 
 
 def test_tight_plan_prices_what_megatron_loses() -> None:

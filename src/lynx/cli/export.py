@@ -203,11 +203,26 @@ def check_megatron_pins(cmd: MegatronCommand, f: PlanFlags) -> None:
                             f"with --from-megatron's {_MEGATRON_FLAG[name]} {shown}; give the size in one place")
 
 
+def megatron_command_text(value: str) -> str:
+    """--from-megatron's value: a quoted command line, or the path of a file holding one (what `lynx export
+    megatron` writes as megatron_args.txt), read whole. A value with no flag that names no file is refused."""
+    if any(t.startswith("--") for t in value.split()):
+        return value
+    path = Path(value.strip()).expanduser()
+    if not path.is_file():
+        raise SpecError(f"--from-megatron: {value!r} has no Megatron flag and is not a file; give the command line "
+                        "quoted (\"--num-layers 32 ...\") or the path of a file holding it (megatron_args.txt)")
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"--from-megatron: cannot read {path}: {e}") from None
+
+
 def plan_from_megatron_flags(f: PlanFlags) -> None:
     """`lynx plan --from-megatron "ARGS"` with lynx's own options (which win over the command line's)."""
     from lynx.export.megatron_args import parse_megatron_args
 
-    cmd = parse_megatron_args(str(f.from_megatron))
+    cmd = parse_megatron_args(megatron_command_text(str(f.from_megatron)))
     check_megatron_pins(cmd, f)
     given = LynxFlags(f.precision, bool(f.distributed_optimizer), f.overlap_grad_reduce, f.overlap_param_gather,
                       f.tp_comm_overlap)

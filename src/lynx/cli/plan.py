@@ -257,8 +257,9 @@ def plan_cmd(
         "--tp-comm-overlap", help="Megatron's --tp-comm-overlap (TransformerEngine userbuffers, needs --sp): SP "
         "collectives pipelined with their GEMMs; Lynx's windows shrink to what is left.")] = False,
     from_megatron: Annotated[str | None, typer.Option(
-        "--from-megatron", help="Simulate a Megatron-LM command line (quoted) next to lynx's plan; sizes come "
-        "from it, --hardware/--dp/--nodes/--budget-gb from lynx's options (docs/export.md).")] = None,
+        "--from-megatron", help="Simulate a Megatron-LM command line (quoted, or a file holding it such as "
+        "lynx export megatron's megatron_args.txt) next to lynx's plan; sizes come from it, "
+        "--hardware/--dp/--nodes/--budget-gb from lynx's options (docs/export.md).")] = None,
     decoder_first_pipeline_num_layers: Annotated[int | None, typer.Option(
         "--decoder-first-pipeline-num-layers", help="Megatron's flag: the stock Megatron rows run with this many "
         "layers on the first stage, the rest even (lynx's methods partition on their own).")] = None,

@@ -122,6 +122,13 @@ def megatron_run(src: ExportSource) -> tuple[Figures, bool]:
     return fig, offload[0] != offload[1] or any(s != stock for s in per_stage)
 
 
+PAPER_PRECISION_NOTE = (
+    "precision: this plan priced the paper's static memory (--precision paper: 16 B/param, 16-bit gradients); "
+    "Megatron-Core under --bf16 keeps fp32 main gradients (18 B/param, 6 + 12/DP with --use-distributed-optimizer), "
+    "so its stages hold more than the figures here: plan with --precision megatron-bf16 to price what it runs")
+"""The default recipe is the paper's (to reproduce its figures); no Megatron-Core flag runs it."""
+
+
 def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
     graph, lay, par = src.problem.graph, src.layout, src.problem.parallel
     rounded, stock, notes, rounding = _translation(src)
@@ -153,6 +160,8 @@ def build_megatron(src: ExportSource, simulate: bool = True) -> MegatronExport:
         *_as_flags(stock.flags()),
         *offload_flags([offload_entry(graph, pol) for pol in src.policies]),
     ]
+    if src.problem.options.precision == "paper":
+        notes.append(PAPER_PRECISION_NOTE)
     fl = first_last_counts(lay)
     if fl is not None:
         notes.append(f"layout alternative: --decoder-first-pipeline-num-layers {fl[0]} "
