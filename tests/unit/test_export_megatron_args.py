@@ -48,7 +48,7 @@ def test_forms_defaults_and_ignored_flags() -> None:
                               "--decoder-last-pipeline-num-layers 9")
     assert cmd.layout == ChunkLayout(4, 1, (7, 8, 8, 9))
     assert cmd.recompute == MegatronRecompute("selective", modules=("core_attn",))
-    assert any("--lr --data-path" in w for w in cmd.warnings)
+    assert any(w.startswith("read, no effect on time or memory: --lr --data-path") for w in cmd.warnings)
     assert any("--ffn-hidden-size 16384" in w for w in cmd.warnings)
     cmd = parse_megatron_args(BASE.split() + ["--recompute-granularity", "full", "--recompute-method", "block",
                                               "--recompute-num-layers", "2",
@@ -57,6 +57,24 @@ def test_forms_defaults_and_ignored_flags() -> None:
     assert cmd.recompute == MegatronRecompute("full", "block", 2)
     sel = parse_megatron_args(BASE + " --recompute-granularity selective --recompute-modules mlp layernorm")
     assert sel.recompute.modules == ("mlp", "layernorm")
+
+
+def test_flags_not_priced_are_named_under_what_they_change() -> None:
+    """Every flag read and not priced is in one of three warnings: no effect, changes time or memory (with what
+    lynx prices instead), unknown. --virtual-pipeline-model-parallel-size is read as the chunks per rank."""
+    cmd = parse_megatron_args(BASE + " --virtual-pipeline-model-parallel-size 2 --overlap-p2p-communication "
+                              "--manual-gc --train-iters 10 --frobnicate 3")
+    assert cmd.layout == ChunkLayout(4, 2, (4,) * 8)
+    heads = ("NOT priced", "unknown to lynx", "read, no effect")
+    found = [[w for w in cmd.warnings if w.startswith(h)] for h in heads]
+    assert [len(f) for f in found] == [1, 1, 1], cmd.warnings
+    unpriced, unknown, quiet = (f[0] for f in found)
+    assert unpriced.startswith("NOT priced") and "--overlap-p2p-communication (pipeline sends" in unpriced
+    assert unknown.startswith("unknown to lynx") and unknown.endswith("--frobnicate")
+    assert quiet == "read, no effect on time or memory: --manual-gc --train-iters"
+    with pytest.raises(SpecError, match="conflicts with --pipeline-model-parallel-layout's 1 stages"):
+        parse_megatron_args(BASE + " --virtual-pipeline-model-parallel-size 2 "
+                            "--pipeline-model-parallel-layout Et*8|t*8|t*8|t*8L")
 
 
 @pytest.mark.parametrize("extra, what", [

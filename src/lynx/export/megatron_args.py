@@ -2,7 +2,8 @@
 
 The flags that decide what lynx models (sizes, TP/PP/SP, batch shape, the layout, recomputation) are
 parsed; flags that change the model in ways lynx does not model are refused with one line naming them; every
-other flag (data, optimizer, logging, ...) is listed in a warning and ignored.
+other flag is listed in a warning under what it means for the price (`export.megatron_unpriced`): no effect on time
+or memory, changes them but not priced (with the direction of the error), or unknown.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from lynx.export.megatron_fsdp import sharding_of
 from lynx.export.megatron_fusion import BOOL_FLAGS, fusion_fields
 from lynx.export.megatron_model import model_from_flags
 from lynx.export.megatron_recompute import MegatronRecompute, RecomputeMethod
+from lynx.export.megatron_unpriced import flag_warnings
 from lynx.spec import ModelSpec, ParallelSpec
 
 _INT = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--seq-length",
@@ -36,7 +38,8 @@ _INT = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-h
         "--max-position-embeddings", "--vocab-size", "--tensor-model-parallel-size",
         "--pipeline-model-parallel-size", "--micro-batch-size", "--global-batch-size", "--recompute-num-layers",
         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-        "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank", "--num-query-groups",
+        "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+        "--virtual-pipeline-model-parallel-size", "--num-query-groups",
         "--context-parallel-size", *FP8_INT, *FSDP_INT, *moe.INT_FLAGS)
 _FLOAT = ("--attention-dropout", "--hidden-dropout", "--rotary-base", "--activation-offload-fraction",
           "--delta-offload-bytes-across-pp-ranks", *moe.FLOAT_FLAGS)
@@ -178,13 +181,26 @@ def _int(k: dict[str, Value], flag: str, default: int | None = None) -> int:
     return int(cast(int, v))
 
 
+_VPP_FLAGS = ("--virtual-pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank")
+"""Both name the model chunks per rank (the first is what Megatron-LM's recipes pass with a layout string)."""
+
+
 def _layout(k: dict[str, Value], pp: int, num_layers: int) -> ChunkLayout:
+    given = {f: _int(k, f) for f in _VPP_FLAGS if f in k}
+    if any(v < 1 for v in given.values()) or len(set(given.values())) > 1:
+        raise SpecError("--from-megatron: " + " and ".join(f"{f} {v}" for f, v in given.items())
+                        + ": one positive number of model chunks per rank")
     if "--pipeline-model-parallel-layout" in k:
-        return parse_megatron_layout(str(k["--pipeline-model-parallel-layout"]), pp, num_layers)
+        lay = parse_megatron_layout(str(k["--pipeline-model-parallel-layout"]), pp, num_layers)
+        if given and lay.vpp != next(iter(given.values())):
+            flag, v = next(iter(given.items()))
+            raise SpecError(f"--from-megatron: {flag} {v} conflicts with --pipeline-model-parallel-layout's "
+                            f"{lay.vpp} stages per rank")
+        return lay
     first, last = k.get("--decoder-first-pipeline-num-layers"), k.get("--decoder-last-pipeline-num-layers")
     vpp = 1
-    if "--num-virtual-stages-per-pipeline-rank" in k:
-        vpp = _int(k, "--num-virtual-stages-per-pipeline-rank")
+    if given:
+        vpp = next(iter(given.values()))
     elif "--num-layers-per-virtual-pipeline-stage" in k:
         per = _int(k, "--num-layers-per-virtual-pipeline-stage")
         vpp = num_layers // (pp * per) if per > 0 and num_layers % (pp * per) == 0 else 0
@@ -239,8 +255,7 @@ def parse_megatron_args(args: str | Sequence[str]) -> MegatronCommand:
     if missing:
         raise SpecError(f"--from-megatron: missing {', '.join(missing)} (lynx needs the model and batch sizes)")
     warn: list[str] = []
-    if ignored:
-        warn.append("ignored (lynx does not model them): " + " ".join(ignored))
+    warn += flag_warnings(ignored)
     layers, hidden, seq = _int(k, "--num-layers"), _int(k, "--hidden-size"), _int(k, "--seq-length")
     defaults = [f"{f} {d}" for f, d in (("--ffn-hidden-size", 4 * hidden),
                                           ("--max-position-embeddings", seq)) if f not in k]

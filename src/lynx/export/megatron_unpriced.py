@@ -1,0 +1,75 @@
+"""What `--from-megatron` says about the flags it does not price: which change nothing lynx prices (the training
+schedule, data, logging, checkpoints, Megatron's defaults given explicitly), which change time or memory and are
+not priced (named, each with the direction of the error), and which it does not know.
+
+Names are Megatron-LM's (megatron/training/arguments.py, core_r0.16). A flag here is never silently dropped: the
+warnings list every one of them under its heading (docs/export.md, "--from-megatron").
+"""
+
+from __future__ import annotations
+
+NO_EFFECT_PREFIXES: tuple[str, ...] = (
+    "--lr", "--min-lr", "--train-", "--eval-", "--log-", "--save", "--load", "--ckpt-", "--data-", "--tokenizer-",
+    "--vocab-file", "--merge-file", "--split", "--seed", "--weight-decay", "--start-weight-decay",
+    "--end-weight-decay", "--adam-", "--clip-grad", "--init-method-", "--wandb-", "--tensorboard-", "--exit-",
+    "--dist-ckpt", "--use-dist-ckpt", "--no-load-", "--no-save-", "--finetune", "--mock-data", "--timing-log",
+    "--distributed-timeout-minutes", "--profile", "--num-workers", "--dataloader-", "--rerun-", "--loss-scale",
+    "--initial-loss-scale", "--min-loss-scale", "--hysteresis", "--attention-softmax-in-fp32",
+    "--num-dataset-builder-threads", "--object-storage-", "--async-save", "--use-persistent-ckpt-worker",
+)
+"""Flags that set what is trained, logged or saved, not the time or memory of a training iteration
+(checkpoint saving and evaluation run between iterations; loss scaling is arithmetic on a scalar)."""
+
+NO_EFFECT: frozenset[str] = frozenset({
+    "--use-mcore-models", "--use-te-rng-tracker", "--nccl-communicator-config-path", "--calculate-per-token-loss",
+    "--apply-rope-fusion", "--bias-swiglu-fusion", "--bias-gelu-fusion", "--masked-softmax-fusion",
+    "--bias-dropout-fusion", "--manual-gc", "--manual-gc-interval", "--manual-gc-eval",
+    "--no-create-attention-mask-in-dataloader", "--no-mmap-bin-files", "--tp-comm-bootstrap-backend",
+})
+"""Megatron's defaults given explicitly (the fusions are on unless `--no-...`) and switches with no time or
+memory effect per iteration (--manual-gc: lynx prices no garbage-collection pause, which is what it removes;
+--calculate-per-token-loss: one reduction of a scalar per micro-batch)."""
+
+UNPRICED: dict[str, str] = {
+    "--overlap-p2p-communication": "pipeline sends and receives overlapped with compute in the interleaved "
+                                   "schedule; lynx charges them on the critical path, an upper bound on the time",
+    "--defer-embedding-wgrad-compute": "the last stage's output-layer weight gradient deferred into the "
+                                       "pipeline flush; lynx charges it in the last backward, an upper bound",
+    "--wgrad-deferral-limit": "with --defer-embedding-wgrad-compute (above)",
+    "--align-param-gather": "the interleaved schedule's parameter all-gathers launched together; lynx prices "
+                            "them as --overlap-param-gather does without it",
+    "--use-precision-aware-optimizer": "the optimizer state in lower precision (--main-grads-dtype, "
+                                       "--main-params-dtype, --exp-avg-dtype, --exp-avg-sq-dtype); lynx prices "
+                                       "fp32 state, an upper bound on static memory",
+    "--main-grads-dtype": "with --use-precision-aware-optimizer (above)",
+    "--main-params-dtype": "with --use-precision-aware-optimizer (above)",
+    "--exp-avg-dtype": "with --use-precision-aware-optimizer (above)",
+    "--exp-avg-sq-dtype": "with --use-precision-aware-optimizer (above)",
+    "--overlap-moe-expert-parallel-comm": "the token all-to-alls of one micro-batch overlapped with another's "
+                                          "compute; lynx charges them exposed, an upper bound on the time",
+    "--cuda-graph-impl": "CUDA graphs remove launch overheads lynx charges per kernel, an upper bound on the time",
+    "--enable-cuda-graph": "as --cuda-graph-impl",
+    "--external-cuda-graph": "as --cuda-graph-impl",
+}
+"""Flags that change the time or the memory of an iteration which lynx does not price, with what lynx prices
+instead (so the reader knows which way the figure errs)."""
+
+
+def no_effect(flag: str) -> bool:
+    return flag in NO_EFFECT or flag.startswith(NO_EFFECT_PREFIXES)
+
+
+def flag_warnings(ignored: list[str]) -> list[str]:
+    """The warnings for the flags `parse_megatron_args` read but does not price, one heading each."""
+    quiet = [f for f in ignored if no_effect(f)]
+    unpriced = [f for f in ignored if f in UNPRICED and not no_effect(f)]
+    unknown = [f for f in ignored if f not in UNPRICED and not no_effect(f)]
+    out = []
+    if unpriced:
+        out.append("NOT priced, they change time or memory: "
+                   + "; ".join(f"{f} ({UNPRICED[f]})" for f in unpriced))
+    if unknown:
+        out.append("unknown to lynx, not priced (check they change neither time nor memory): " + " ".join(unknown))
+    if quiet:
+        out.append("read, no effect on time or memory: " + " ".join(quiet))
+    return out
