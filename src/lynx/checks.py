@@ -32,9 +32,23 @@ def check_inputs(model: ModelSpec, hardware: Hardware, parallel: ParallelSpec, o
         raise SpecError(f"{model.name}: FSDP (--use-torch-fsdp2 / --use-megatron-fsdp) with expert layers is not "
                         "priced yet (experts shard over expert-DP, which lynx's FSDP model does not split); use the "
                         "distributed optimizer (--distributed-optimizer)")
+    check_optimizer_precision(opts, model)
     if opts.tp_comm_overlap and model.transformer_impl == "local" and parallel.tp > 1:
         raise SpecError("--tp-comm-overlap needs --transformer-impl transformer_engine (the userbuffers overlap is "
                         "TransformerEngine's; Megatron-Core's local modules have none)")
+
+
+def check_optimizer_precision(opts: PlanOptions, model: ModelSpec) -> None:
+    """The gradient-buffer and optimizer dtypes are Megatron's bf16 recipe's (arguments.py reads them under --bf16)."""
+    o = opts.optimizer_precision
+    if o.is_default:
+        return
+    flags = "--grad-reduce-in-bf16 / --main-grads-dtype / --use-precision-aware-optimizer"
+    if opts.precision != "megatron-bf16":
+        raise SpecError(f"{flags}: Megatron's bf16 recipe only (--precision megatron-bf16, --bf16), got --precision "
+                        f"{opts.precision}")
+    if model.family == "torchtitan-llama3":
+        raise SpecError(f"{flags}: Megatron-Core's optimizer options; torchtitan's FSDP keeps fp32 state")
 
 
 def check_overlaps(opts: PlanOptions, par: ParallelSpec) -> None:

@@ -12,7 +12,7 @@ from lynx.cost.memory import (
     grad_workspace_bytes,
     static_bytes,
 )
-from lynx.cost.static_memory import PrecisionName, Recipe, recipe_for
+from lynx.cost.static_memory import OPTIMIZER_FP32, OptimizerPrecision, PrecisionName, Recipe, recipe_for
 from lynx.decisions import FsdpCharge, RecomputePolicy, StageContext
 from lynx.graph import Graphs, LayerGraph, stage_graphs
 from lynx.partition.base import Partition
@@ -32,6 +32,9 @@ class PlanOptions:
     """Static-memory recipe (`lynx.cost.static_memory`): paper 16 B, bf16 18 B, fp16 20 B, fp32 16 B."""
     distributed_optimizer: bool = False
     """Shard fp32 main weights and optimizer state over DP (Megatron --use-distributed-optimizer)."""
+    optimizer_precision: OptimizerPrecision = OPTIMIZER_FP32
+    """The gradient buffer's and the optimizer state's dtypes (--grad-reduce-in-bf16, --use-precision-aware-optimizer
+    and its dtypes; `lynx.cost.static_memory.OptimizerPrecision`): Megatron's fp32 by default."""
     budget_bytes: float | None = field(default=None, metadata=rng(gt=0))
     """Usable memory per device; None means the device's capacity minus its reserve."""
     subtract_wgrad: bool = True
@@ -130,7 +133,7 @@ class PlanProblem:
     @property
     def static_recipe(self) -> Recipe:
         """The precision recipe, with `bytes_per_param` as an override of its total."""
-        return recipe_for(self.options.precision, self.options.bytes_per_param)
+        return recipe_for(self.options.precision, self.options.bytes_per_param, self.options.optimizer_precision)
 
     @property
     def budget_bytes(self) -> float:
@@ -171,7 +174,7 @@ class PlanProblem:
             budget_bytes=self.budget_bytes,
             static_bytes=static_bytes(self.model, par, stage, num_layers, self.options.bytes_per_param,
                                       self.options.precision, self.options.distributed_optimizer,
-                                      self.options.dp_sharding, as_kinds(kinds)),
+                                      self.options.dp_sharding, as_kinds(kinds), self.options.optimizer_precision),
             extra_retained_bytes=extra_retained_bytes(self.model, par, stage),
             extra_transient_bytes=extra_transient_bytes(self.model, par, stage),
             grad_workspace_bytes=grad_workspace_bytes(stage_graphs(self.kind_graphs, kinds) if kinds

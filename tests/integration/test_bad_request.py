@@ -47,6 +47,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("single-offload", [*SINGLE, "--offload"], "--offload/--no-offload is read by the configuration"),
     ("single-target", [*SINGLE, "--target", "lynx"], "--target is read by the configuration search only"),
     ("single-idle", [*SINGLE, "--allow-idle-gpus"], "--allow-idle-gpus"),
+    ("optimizer-dtype", [*SINGLE, "--exp-avg-dtype", "fp64"], "--exp-avg-dtype 'fp64'; valid: fp32, bf16"),
+    ("optimizer-dtype-paper", [*SINGLE, "--grad-reduce-in-bf16"], "Megatron's bf16 recipe only"),
     ("search-compare", [*SEARCH, "--compare"], "--compare plans one layout only"),
     ("search-gantt", [*SEARCH, "--gantt", "{o}/g.png"], "--gantt plans one layout only"),
     ("search-lps", [*SEARCH, "--layers-per-stage", "2,2"], "--layers-per-stage plans one layout only"),

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from lynx.cost.fsdp import DDP, DpSharding
+from lynx.cost.static_memory import OPTIMIZER_FP32, OptimizerPrecision
 from lynx.errors import SpecError
 from lynx.graph import LayerGraph
 from lynx.models import load_model, model_presets
@@ -158,6 +159,7 @@ def build_request(
     overlap_grad_reduce: bool = False, overlap_param_gather: bool = False, tp_comm_overlap: bool = False,
     cp: int = 1, cp_comm_type: str = "p2p", hierarchical_cp: str | None = None, vpp: int = 1,
     method: str = "lynx", dp_sharding: DpSharding = DDP, ep: int = 1, etp: int | None = None,
+    optimizer_precision: OptimizerPrecision = OPTIMIZER_FP32,
 ) -> Request:
     """The request from command-line values, every one checked (one line naming the option on a bad one)."""
     from lynx.checks import check_inputs
@@ -189,7 +191,7 @@ def build_request(
         overlap_grad_reduce=overlap_grad_reduce, dp_sharding=dp_sharding,
         overlap_param_gather=overlap_param_gather,
         tp_comm_overlap=tp_comm_overlap,
-        vpp=vpp,
+        vpp=vpp, optimizer_precision=optimizer_precision,
     )
     par = parallel_spec(tp, pp, dp, sp, mb, gb, seq, cp, cp_comm_type,
                         parse_hierarchical_cp(hierarchical_cp, cp, cp_comm_type), ep, etp)

@@ -165,7 +165,7 @@ def megatron_options(run: MegatronRun, lynx: LynxFlags, bytes_per_param: float |
         overlap_param_gather=lynx.overlap_param_gather or run.overlap_param_gather,
         tp_comm_overlap=lynx.tp_comm_overlap or run.tp_comm_overlap, ddp_bucket_size=run.ddp_bucket_size,
         check_for_nan_in_grad=run.check_for_nan_in_grad, ddp_average_in_collective=run.ddp_average_in_collective,
-        dp_sharding=run.dp_sharding,
+        dp_sharding=run.dp_sharding, optimizer_precision=run.optimizer_precision,
     )
 
 

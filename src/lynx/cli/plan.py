@@ -29,6 +29,15 @@ from lynx.cli.common import (
     print_json,
 )
 from lynx.cli.fp8 import Fp8FormatOpt, Fp8ParamGatherOpt, Fp8RecipeOpt
+from lynx.cli.optimizer import (
+    ExpAvgDtypeOpt,
+    ExpAvgSqDtypeOpt,
+    GradReduceBf16Opt,
+    MainGradsDtypeOpt,
+    MainParamsDtypeOpt,
+    NoRemaindersOpt,
+    PrecisionAwareOpt,
+)
 from lynx.errors import SpecError
 from lynx.paths import atomic_path
 from lynx.spec import GiB
@@ -302,6 +311,13 @@ def plan_cmd(
     fp8_format: Fp8FormatOpt = None,
     fp8_recipe: Fp8RecipeOpt = None,
     fp8_param_gather: Fp8ParamGatherOpt = False,
+    grad_reduce_in_bf16: GradReduceBf16Opt = False,
+    use_precision_aware_optimizer: PrecisionAwareOpt = False,
+    main_grads_dtype: MainGradsDtypeOpt = "fp32",
+    main_params_dtype: MainParamsDtypeOpt = "fp32",
+    exp_avg_dtype: ExpAvgDtypeOpt = "fp32",
+    exp_avg_sq_dtype: ExpAvgSqDtypeOpt = "fp32",
+    no_store_param_remainders: NoRemaindersOpt = False,
     no_production_overlaps: Annotated[bool, typer.Option(
         "--no-production-overlaps", help="With --gpus: do not assume Megatron's production overlaps (grad reduce, "
         "param gather with the distributed optimizer, TP comm overlap with SP) on every candidate; the overlap flags "

@@ -9,6 +9,7 @@ from typing import Any
 
 from lynx.cli.common import build_request
 from lynx.cost.fsdp import DDP, DpSharding
+from lynx.cost.static_memory import OptimizerPrecision
 from lynx.errors import SpecError
 from lynx.request import Request
 
@@ -82,7 +83,22 @@ class PlanFlags:
     fp8_format: str | None
     fp8_recipe: str | None
     fp8_param_gather: bool
+    grad_reduce_in_bf16: bool
+    use_precision_aware_optimizer: bool
+    main_grads_dtype: str
+    main_params_dtype: str
+    exp_avg_dtype: str
+    exp_avg_sq_dtype: str
+    no_store_param_remainders: bool
     no_production_overlaps: bool
+
+    def optimizer_precision(self) -> OptimizerPrecision:
+        """The gradient-buffer and optimizer dtypes (`cli.optimizer`); Megatron's fp32 unless given."""
+        from lynx.cli.optimizer import optimizer_option
+
+        return optimizer_option(self.grad_reduce_in_bf16, self.use_precision_aware_optimizer, self.main_grads_dtype,
+                                self.main_params_dtype, self.exp_avg_dtype, self.exp_avg_sq_dtype,
+                                self.no_store_param_remainders)
 
     def dp_sharding(self) -> DpSharding:
         """The data-parallel sharding the Megatron flags select (`export.megatron_fsdp.sharding_of`)."""
@@ -136,7 +152,7 @@ def _request(f: PlanFlags, tp: int, pp: int, dp: int, sp: bool, mb: int, nodes: 
                         overlap_grad_reduce=f.overlap_grad_reduce, overlap_param_gather=f.overlap_param_gather,
                         tp_comm_overlap=f.tp_comm_overlap, cp=cp, cp_comm_type=f.cp_comm_type,
                         hierarchical_cp=hierarchical_cp, vpp=vpp, method=f.method or "lynx",
-                        dp_sharding=sharding, ep=ep, etp=etp)
+                        dp_sharding=sharding, ep=ep, etp=etp, optimizer_precision=f.optimizer_precision())
     return _with_fp8(_with_fusions(req, f), f)
 
 

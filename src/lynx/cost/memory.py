@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from lynx.cost.fsdp import DpSharding
 from lynx.cost.lifetime import backward_trace
+from lynx.cost.static_memory import OptimizerPrecision
 from lynx.decisions import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase, StageContext
 from lynx.families import get_family
 from lynx.graph import Graphs, LayerGraph, per_layer, slice_graphs
@@ -36,7 +37,7 @@ def static_bytes(
     model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int,
     bytes_per_param: float | None = None, precision: str = "paper",
     distributed_optimizer: bool = False, dp_sharding: DpSharding | None = None,
-    kinds: tuple[LayerKind, ...] | None = None,
+    kinds: tuple[LayerKind, ...] | None = None, optimizer: OptimizerPrecision | None = None,
 ) -> float:
     """Parameters, gradients and optimizer states of one stage on one device (`lynx.cost.static_memory`:
     embeddings on the first stage, the LM head copy and final LayerNorm on the last, recipes, sharding;
@@ -48,13 +49,13 @@ def static_bytes(
     if dp_sharding is not None and (dp_sharding.fsdp or dp_sharding.instances > 1):
         ds = running_sharding(model, dp_sharding, par, distributed_optimizer)
         if ds is not None:
-            recipe = recipe_for(precision, bytes_per_param)
+            recipe = recipe_for(precision, bytes_per_param, optimizer)
             return sharded_static(model, par, stage, num_layers, recipe, ds, bytes_per_param).total
     if get_family(model.family).static_memory == "torchtitan-fsdp":  # torchtitan's FSDP2 as it runs
         from lynx.cost.titan_fsdp import titan_static_bytes
 
         return titan_static_bytes(model, par, stage, num_layers, bytes_per_param, precision, distributed_optimizer)
-    recipe = recipe_for(precision, bytes_per_param)
+    recipe = recipe_for(precision, bytes_per_param, optimizer)
     return stage_static(model, par, stage, num_layers, recipe, distributed_optimizer, kinds).total
 
 

@@ -83,6 +83,61 @@ RECIPES: dict[Precision, Recipe] = {
 }
 
 
+DtypeName = Literal["fp32", "bf16", "fp16", "fp8"]
+DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+"""fp8 optimizer moments are TransformerEngine's FusedAdam uint8 states with a per-tensor scale (negligible)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptimizerPrecision:
+    """Megatron's gradient-buffer and optimizer-state dtypes, as its flags name them (megatron/training/arguments.py
+    and megatron/core/optimizer/optimizer_config.py, core_r0.16): ``--grad-reduce-in-bf16``,
+    ``--use-precision-aware-optimizer`` (TransformerEngine's FusedAdam) with ``--main-grads-dtype``,
+    ``--main-params-dtype``, ``--exp-avg-dtype``, ``--exp-avg-sq-dtype`` and ``store_param_remainders``
+    (on by default; off with ``--no-store-param-remainders``). The default is Megatron's: fp32 throughout."""
+
+    grad_reduce_in_bf16: bool = False
+    use_precision_aware_optimizer: bool = False
+    main_grads_dtype: Literal["fp32", "bf16"] = "fp32"
+    main_params_dtype: Literal["fp32", "fp16"] = "fp32"
+    exp_avg_dtype: DtypeName = "fp32"
+    exp_avg_sq_dtype: DtypeName = "fp32"
+    store_param_remainders: bool = True
+
+    @property
+    def is_default(self) -> bool:
+        return self == OPTIMIZER_FP32
+
+    def bf16_grad_buffer(self) -> bool:
+        """Megatron accumulates and reduces gradients in bf16 with --grad-reduce-in-bf16, or when
+        --main-grads-dtype is bf16 (arguments.py leaves accumulate_allreduce_grads_in_fp32 off then)."""
+        return self.grad_reduce_in_bf16 or self.main_grads_dtype == "bf16"
+
+    def apply(self, r: Recipe) -> Recipe:
+        """The recipe with these dtypes: a bf16 gradient buffer (2 B, and the DP reduction moves 2 B a parameter);
+        with the precision-aware optimizer, its moments at their dtypes and the main parameters at fp16, or as the
+        16-bit remainders beside bf16 parameters (store_param_remainders)."""
+        if self.is_default:
+            return r
+        grad = min(r.grad_bytes, 2.0) if self.bf16_grad_buffer() else r.grad_bytes
+        master, moments = r.master_bytes, r.optimizer_bytes
+        if self.use_precision_aware_optimizer and master:
+            moments = DTYPE_BYTES[self.exp_avg_dtype] + DTYPE_BYTES[self.exp_avg_sq_dtype]
+            if self.main_params_dtype == "fp16" or (self.store_param_remainders and r.param_bytes == 2.0):
+                master = 2.0
+        return Recipe(f"{r.name}+optimizer-dtypes", r.param_bytes, grad, r.main_grad_bytes, master, moments)
+
+    def describe(self) -> str:
+        parts = ["bf16 gradient buffer"] if self.bf16_grad_buffer() else []
+        if self.use_precision_aware_optimizer:
+            parts.append(f"precision-aware optimizer (moments {self.exp_avg_dtype}/{self.exp_avg_sq_dtype}, main "
+                         f"params {self.main_params_dtype}{', remainders' if self.store_param_remainders else ''})")
+        return ", ".join(parts)
+
+
+OPTIMIZER_FP32 = OptimizerPrecision()
+
+
 def parse_precision(name: str) -> Precision:
     try:
         return Precision(name)
@@ -90,10 +145,13 @@ def parse_precision(name: str) -> Precision:
         raise SpecError(f"--precision {name!r}: expected one of {', '.join(p.value for p in Precision)}") from None
 
 
-def recipe_for(precision: str | Precision, bytes_per_param: float | None = None) -> Recipe:
-    """The recipe, or with `bytes_per_param` (the old `--bytes-per-param`) an override of its total: the
-    params and grads keep the recipe's dtypes and the optimizer state takes the rest."""
+def recipe_for(precision: str | Precision, bytes_per_param: float | None = None,
+               optimizer: OptimizerPrecision | None = None) -> Recipe:
+    """The recipe (with `optimizer`'s dtypes), or with `bytes_per_param` (the old `--bytes-per-param`) an override
+    of its total: the params and grads keep the recipe's dtypes and the optimizer state takes the rest."""
     base = RECIPES[parse_precision(precision) if isinstance(precision, str) else precision]
+    if optimizer is not None:
+        base = optimizer.apply(base)
     if bytes_per_param is None:
         return base
     state = bytes_per_param - base.param_bytes - base.grad_bytes

@@ -26,6 +26,7 @@ from lynx.export.megatron_fsdp import sharding_flags
 from lynx.export.megatron_model import model_flags
 from lynx.export.megatron_moe import parallel_flags as expert_parallel_flags
 from lynx.export.megatron_offload import offload_entry, offload_flags, offload_notes
+from lynx.export.megatron_optimizer import optimizer_flags
 from lynx.export.megatron_recompute import MegatronRecompute, chunk_setting, collapse, hidden_note
 from lynx.export.pricing import (
     Figures,
@@ -250,6 +251,7 @@ def run_flags(opts: PlanOptions, par: ParallelSpec) -> list[tuple[str, ...]]:
         out.append(("--no-check-for-nan-in-loss-and-grad",))
     if opts.ddp_average_in_collective:
         out.append(("--ddp-average-in-collective",))
+    out += optimizer_flags(opts.optimizer_precision)
     return out + [f for f in sharding_flags(opts.dp_sharding) if f not in out]
 
 

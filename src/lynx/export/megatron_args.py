@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from lynx.cost.fsdp import DDP, DpSharding
+from lynx.cost.static_memory import OPTIMIZER_FP32, OptimizerPrecision
 from lynx.errors import SpecError
 from lynx.export import megatron_moe as moe
 from lynx.export.layout import ChunkLayout, even_layout, first_last_layout, parse_megatron_layout
@@ -29,6 +30,9 @@ from lynx.export.megatron_fsdp import STR_FLAGS as FSDP_STR
 from lynx.export.megatron_fsdp import sharding_of
 from lynx.export.megatron_fusion import BOOL_FLAGS, fusion_fields
 from lynx.export.megatron_model import model_from_flags
+from lynx.export.megatron_optimizer import BOOL_FLAGS as OPT_BOOL
+from lynx.export.megatron_optimizer import STR_FLAGS as OPT_STR
+from lynx.export.megatron_optimizer import optimizer_of
 from lynx.export.megatron_recompute import MegatronRecompute, RecomputeMethod
 from lynx.export.megatron_unpriced import flag_warnings
 from lynx.spec import ModelSpec, ParallelSpec
@@ -45,15 +49,15 @@ _FLOAT = ("--attention-dropout", "--hidden-dropout", "--rotary-base", "--activat
           "--delta-offload-bytes-across-pp-ranks", *moe.FLOAT_FLAGS)
 _STR = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--normalization",
         "--position-embedding-type", "--attention-backend", "--transformer-impl", "--cp-comm-type",
-        "--cross-entropy-fusion-impl", *FP8_STR, *FSDP_STR, *moe.STR_FLAGS)
+        "--cross-entropy-fusion-impl", *FP8_STR, *FSDP_STR, *OPT_STR, *moe.STR_FLAGS)
 _LIST = ("--recompute-modules", "--hierarchical-context-parallel-sizes", "--offload-modules")
 _BOOL = ("--sequence-parallel", "--bf16", "--fp16", "--recompute-activations", "--swiglu", "--group-query-attention",
          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--use-distributed-optimizer",
          "--use-flash-attn", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
-         "--grad-reduce-in-bf16", "--squared-relu", "--add-qkv-bias", "--account-for-embedding-in-pipeline-split",
+         "--squared-relu", "--add-qkv-bias", "--account-for-embedding-in-pipeline-split",
          "--account-for-loss-in-pipeline-split", "--fine-grained-activation-offloading",
          "--no-check-for-nan-in-loss-and-grad", "--ddp-average-in-collective", *BOOL_FLAGS, *FP8_BOOL, *FSDP_BOOL,
-         *moe.BOOL_FLAGS)
+         *OPT_BOOL, *moe.BOOL_FLAGS)
 _REFUSED = {
     "--distribute-saved-activations": "activations distributed over the TP group",
     "--cpu-offloading": "activation offloading to the host",
@@ -81,6 +85,8 @@ class MegatronRun:
     dp_sharding: DpSharding = DDP
     """--use-megatron-fsdp / --data-parallel-sharding-strategy / --use-torch-fsdp2 /
     --num-distributed-optimizer-instances (`export.megatron_fsdp.sharding_of`)."""
+    optimizer_precision: OptimizerPrecision = OPTIMIZER_FP32
+    """--grad-reduce-in-bf16, --use-precision-aware-optimizer and its dtypes (`export.megatron_optimizer`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,9 +271,6 @@ def parse_megatron_args(args: str | Sequence[str]) -> MegatronCommand:
         warn.append("--vocab-size not given: Megatron takes the vocabulary from the tokenizer, which lynx cannot "
                     "read; it ASSUMED 51200 (GPT-2's, padded). The LM head and loss scale with it: pass "
                     "--vocab-size (Llama 3: 128256, Qwen2.5: 151936, Nemotron-4: 256000)")
-    if k.get("--grad-reduce-in-bf16"):
-        warn.append("--grad-reduce-in-bf16: lynx reduces the gradient buffer at its own dtype (fp32 for bf16), an "
-                    "upper bound on the DP time")
     if not (k.get("--bf16") or k.get("--fp16")):
         warn.append("neither --bf16 nor --fp16: Megatron trains in fp32; lynx prices 16-bit activations with the "
                     "fp32 static recipe")
@@ -366,5 +369,5 @@ def _run(k: dict[str, Value]) -> MegatronRun:
         ddp_bucket_size=None if bucket is None else int(cast(int, bucket)),
         check_for_nan_in_grad=not k.get("--no-check-for-nan-in-loss-and-grad"),
         ddp_average_in_collective=bool(k.get("--ddp-average-in-collective")),
-        dp_sharding=sharding_of(k),
+        dp_sharding=sharding_of(k), optimizer_precision=optimizer_of(k),
     )

@@ -38,13 +38,6 @@ UNPRICED: dict[str, str] = {
     "--wgrad-deferral-limit": "with --defer-embedding-wgrad-compute (above)",
     "--align-param-gather": "the interleaved schedule's parameter all-gathers launched together; lynx prices "
                             "them as --overlap-param-gather does without it",
-    "--use-precision-aware-optimizer": "the optimizer state in lower precision (--main-grads-dtype, "
-                                       "--main-params-dtype, --exp-avg-dtype, --exp-avg-sq-dtype); lynx prices "
-                                       "fp32 state, an upper bound on static memory",
-    "--main-grads-dtype": "with --use-precision-aware-optimizer (above)",
-    "--main-params-dtype": "with --use-precision-aware-optimizer (above)",
-    "--exp-avg-dtype": "with --use-precision-aware-optimizer (above)",
-    "--exp-avg-sq-dtype": "with --use-precision-aware-optimizer (above)",
     "--overlap-moe-expert-parallel-comm": "the token all-to-alls of one micro-batch overlapped with another's "
                                           "compute; lynx charges them exposed, an upper bound on the time",
     "--cuda-graph-impl": "CUDA graphs remove launch overheads lynx charges per kernel, an upper bound on the time",

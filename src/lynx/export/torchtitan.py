@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from lynx.cost.static_memory import OPTIMIZER_FP32
 from lynx.decisions import LayerPolicy, Phase
 from lynx.export.layout import ChunkLayout
 from lynx.export.pricing import Figures
@@ -178,6 +179,7 @@ def price_on_torchtitan(src: ExportSource, layers: list[dict[str, Any]], engine:
     replicate, shard = dp_degrees(src)
     # torchtitan's FSDP2 with the export's degrees: its memory and its collectives' time (`lynx.cost.fsdp_time`)
     opts = replace(p.options, precision="megatron-bf16", bytes_per_param=None, distributed_optimizer=False,
+                   optimizer_precision=OPTIMIZER_FP32,
                    dp_sharding=DpSharding(DpMode.TORCH_FSDP2, instances=replicate))
     try:
         tp = make_problem(replace(p.model, family=TITAN), p.hardware, p.parallel, opts)

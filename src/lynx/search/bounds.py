@@ -65,7 +65,8 @@ def _stage_bytes(problem: PlanProblem, stage: int, n: int, per_layer_inputs: boo
     o = problem.options
     # several layer kinds: the lightest kind's stage (a bound whatever layers the stage gets)
     static = min(static_bytes(problem.model, problem.parallel, stage, n, o.bytes_per_param, o.precision,
-                              o.distributed_optimizer, o.dp_sharding, (k,) * n if problem.heterogeneous else None)
+                              o.distributed_optimizer, o.dp_sharding, (k,) * n if problem.heterogeneous else None,
+                              o.optimizer_precision)
                  for k in (kinds_present(problem.model) if problem.heterogeneous else ("dense",)))
     if o.vpp > 1:  # any split of the n layers over the chunks: static memory does not depend on it
         return static  # in-flight counts differ per chunk: the static part alone is the bound
@@ -126,7 +127,8 @@ def partition_memory_reason(problem: PlanProblem, chunks: tuple[int, ...], metho
     for r in range(pp):
         own = chunks[r::pp]
         static = static_bytes(problem.model, problem.parallel, r, sum(own), o.bytes_per_param, o.precision,
-                              o.distributed_optimizer, o.dp_sharding, _rank_kinds(problem, chunks, r))
+                              o.distributed_optimizer, o.dp_sharding, _rank_kinds(problem, chunks, r),
+                              o.optimizer_precision)
         held = max(c.in_flight * inp * (n if per_layer else 1) for c, n in zip(problem.facts.chunks[r], own,
                                                                               strict=True))
         if static + held > problem.budget_bytes:

@@ -1,0 +1,49 @@
+"""The gradient-buffer and optimizer-dtype option group (Megatron-LM's names) that `lynx plan` takes, read into
+`lynx.cost.static_memory.OptimizerPrecision` by the same reader as `--from-megatron` (`export.megatron_optimizer`)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from lynx.cost.static_memory import OptimizerPrecision
+
+OPTIMIZER_PANEL = "Gradient and optimizer dtypes (Megatron-Core, under --precision megatron-bf16; docs/export.md)"
+
+GradReduceBf16Opt = Annotated[bool, typer.Option(
+    "--grad-reduce-in-bf16", help="Accumulate and reduce gradients in bf16 (2 B a parameter, half the DP bytes).",
+    rich_help_panel=OPTIMIZER_PANEL)]
+PrecisionAwareOpt = Annotated[bool, typer.Option(
+    "--use-precision-aware-optimizer", help="TransformerEngine's FusedAdam keeps the state at the dtypes below.",
+    rich_help_panel=OPTIMIZER_PANEL)]
+MainGradsDtypeOpt = Annotated[str, typer.Option(
+    "--main-grads-dtype", help="fp32 (default) or bf16 (a bf16 gradient buffer).", rich_help_panel=OPTIMIZER_PANEL)]
+MainParamsDtypeOpt = Annotated[str, typer.Option(
+    "--main-params-dtype", help="fp32 (default; stored as 16-bit remainders beside bf16 parameters) or fp16.",
+    rich_help_panel=OPTIMIZER_PANEL)]
+ExpAvgDtypeOpt = Annotated[str, typer.Option(
+    "--exp-avg-dtype", help="Adam's first moment: fp32 (default), bf16, fp16, fp8.", rich_help_panel=OPTIMIZER_PANEL)]
+ExpAvgSqDtypeOpt = Annotated[str, typer.Option(
+    "--exp-avg-sq-dtype", help="Adam's second moment: fp32 (default), bf16, fp16, fp8.",
+    rich_help_panel=OPTIMIZER_PANEL)]
+NoRemaindersOpt = Annotated[bool, typer.Option(
+    "--no-store-param-remainders", help="Keep whole fp32 main parameters with the precision-aware optimizer.",
+    rich_help_panel=OPTIMIZER_PANEL)]
+
+
+def optimizer_option(grad_reduce_in_bf16: bool, use_precision_aware_optimizer: bool, main_grads_dtype: str,
+                     main_params_dtype: str, exp_avg_dtype: str, exp_avg_sq_dtype: str,
+                     no_store_param_remainders: bool) -> OptimizerPrecision:
+    """The options as the typed setting; a bad dtype is one `lynx: error:` line naming the option."""
+    from lynx.export.megatron_optimizer import optimizer_of
+
+    return optimizer_of({"--grad-reduce-in-bf16": grad_reduce_in_bf16,
+                         "--use-precision-aware-optimizer": use_precision_aware_optimizer,
+                         "--main-grads-dtype": main_grads_dtype, "--main-params-dtype": main_params_dtype,
+                         "--exp-avg-dtype": exp_avg_dtype, "--exp-avg-sq-dtype": exp_avg_sq_dtype,
+                         "--no-store-param-remainders": no_store_param_remainders}, where="")
+
+
+__all__ = ["OPTIMIZER_PANEL", "ExpAvgDtypeOpt", "ExpAvgSqDtypeOpt", "GradReduceBf16Opt", "MainGradsDtypeOpt",
+           "MainParamsDtypeOpt", "NoRemaindersOpt", "PrecisionAwareOpt", "optimizer_option"]
