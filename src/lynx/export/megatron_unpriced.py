@@ -25,14 +25,15 @@ NO_EFFECT: frozenset[str] = frozenset({
     "--apply-rope-fusion", "--bias-swiglu-fusion", "--bias-gelu-fusion", "--masked-softmax-fusion",
     "--bias-dropout-fusion", "--manual-gc", "--manual-gc-interval", "--manual-gc-eval",
     "--no-create-attention-mask-in-dataloader", "--no-mmap-bin-files", "--tp-comm-bootstrap-backend",
+    "--overlap-p2p-communication",
 })
 """Megatron's defaults given explicitly (the fusions are on unless `--no-...`) and switches with no time or
-memory effect per iteration (--manual-gc: lynx prices no garbage-collection pause, which is what it removes;
---calculate-per-token-loss: one reduction of a scalar per micro-batch)."""
+memory effect per iteration beyond what lynx prices anyway (--manual-gc: lynx prices no garbage-collection pause,
+which is what it removes; --overlap-p2p-communication: lynx's simulator already lets a pipeline transfer delay only
+the op that receives it, never the sender's compute; --calculate-per-token-loss: one reduction of a scalar per
+micro-batch)."""
 
 UNPRICED: dict[str, str] = {
-    "--overlap-p2p-communication": "pipeline sends and receives overlapped with compute in the interleaved "
-                                   "schedule; lynx charges them on the critical path, an upper bound on the time",
     "--defer-embedding-wgrad-compute": "the last stage's output-layer weight gradient deferred into the "
                                        "pipeline flush; lynx charges it in the last backward, an upper bound",
     "--wgrad-deferral-limit": "with --defer-embedding-wgrad-compute (above)",
