@@ -23,6 +23,8 @@ from lynx.cost.state_sharding import (
 from lynx.models import load_model
 from lynx.partition.base import Partition
 from lynx.plan import Plan
+from lynx.policy.offload import OffloadLink, offload_link
+from lynx.policy.offload_fraction import FractionOffload, offload_fraction
 from lynx.policy.rules import block_policy
 from lynx.problem import PlanOptions, PlanResult
 from lynx.search import Pins, Space, search
@@ -126,7 +128,9 @@ def _ready_times(p: Plan) -> list[float]:
 def price_mist(case: Case, hw: Hardware) -> Priced:
     """Mist's configuration: its partition, its recomputed-layer count per stage (whole layers, first layers of
     the stage, on demand: `block_policy`), its 16-byte recipe with its ZeRO stage per stage and its offloaded
-    optimizer-state fractions (`lynx.cost.state_sharding`). Activation offloading (Mist's A ratio) is not priced."""
+    optimizer-state fractions (`lynx.cost.state_sharding`), and its activation offload ratio per stage as lynx's
+    offload model prices it (`lynx.policy.offload_fraction`: that fraction of the stage's retained activation
+    bytes marked offloaded, the simulator charging the held bytes and the exposed copy time)."""
     model, par = model_of(case), _mist_parallel(case)
     st = case.mist.stages
     zero1 = st[0].state.zero >= ZeroStage.OPTIMIZER and par.dp > 1
@@ -136,14 +140,16 @@ def price_mist(case: Case, hw: Hardware) -> Priced:
     problem = make_problem(model, hw, par, opts)
     part = Partition(case.mist.layers_per_stage, "explicit")
     ctxs = problem.stage_contexts(part)
-    pols = tuple(block_policy(c, problem.graph, s.ckpt_layers) for c, s in zip(ctxs, st, strict=True))
-    p = Plan.evaluate(problem, PlanResult("mist", part, pols), record=True)
+    offs = tuple(offload_fraction(problem.graph, block_policy(c, problem.graph, s.ckpt_layers),
+                                  s.offload_activations) for c, s in zip(ctxs, st, strict=True))
+    p = Plan.evaluate(problem, PlanResult("mist", part, tuple(o.policy for o in offs)), record=True)
     recipe = problem.static_recipe
     dp_link = hw.link_for_group(par.dp_cp, par.tp)
-    host = hw.host()
+    host, link = hw.host(), offload_link(hw)
     ready, pipe = _ready_times(p), p.sim.pipeline_time_s
     peaks: list[float] = []
     extra = 0.0
+    host_over = False
     notes: list[str] = []
     for s, (ctx, stage, sim) in enumerate(zip(ctxs, st, p.sim.stages, strict=True)):
         state = stage_state(model, par, s, ctx.num_layers, recipe, stage.state)
@@ -154,12 +160,25 @@ def price_mist(case: Case, hw: Hardware) -> Priced:
         comm = sharding_comm_per_microbatch(model, par, s, ctx.num_layers, recipe, stage.state, dp_link)
         shard = exposed_sharding_time(comm, sim.fwd_time_s, sim.bwd_time_s, par.num_microbatches)
         extra = max(extra, max(0.0, off - (pipe - ready[s])) + shard)
-        if stage.offload_activations > 0:
-            notes.append(f"stage {s}: activation offload {stage.offload_activations:g} not priced")
+        notes += activation_offload_notes(s, offs[s], sim.host_bytes + state.host, link)
+        host_over |= link is not None and sim.host_bytes + state.host > link.host_bytes
+        if stage.state.offload_weights > 0 or stage.state.offload_grads > 0:  # no artifact case does (docs/mist.md)
+            notes.append(f"stage {s}: weight/gradient offload held on the host, its per-micro-batch copies not priced")
     label = (f"TP{par.tp} PP{par.pp} DP{par.dp} mb{par.micro_batch_size} layers "
              f"{','.join(map(str, case.mist.layers_per_stage))} ckpt {','.join(str(s.ckpt_layers) for s in st)}")
-    oom = any(pk * MiB > _budget(hw) for pk in peaks)
+    oom = host_over or any(pk * MiB > _budget(hw) for pk in peaks)
     return Priced(label, p.sim.iteration_time_s + extra, tuple(peaks), oom, tuple(notes))
+
+
+def activation_offload_notes(stage: int, off: FractionOffload, host_bytes: float,
+                             link: OffloadLink | None) -> list[str]:
+    """What the table says of a stage's activation offloading: the stated and reached fractions (lynx moves
+    whole op outputs, never a layer input), and a host-memory overflow (`host_bytes`: the offloaded activations
+    of every micro-batch in flight and the offloaded state, against the GPU's share: docs/offload.md, row O4)."""
+    notes = [f"stage {stage}: activation offload {off.stated:g} (reached {off.reached:.3f})"] if off.stated else []
+    if link is not None and host_bytes > link.host_bytes:  # without a host link the simulator refuses offloading
+        notes.append(f"stage {stage}: host memory {host_bytes / 2**30:.1f} GiB over {link.host_bytes / 2**30:.1f}")
+    return notes
 
 
 def price_search(case: Case, hw: Hardware, top: int = 10, recipe: str = MEGATRON_PRECISION) -> Priced:

@@ -148,9 +148,10 @@ def _pick_targets(tab: Table, t: Targets, mist: list[float], meg: list[float], m
 
 
 def ranking_table(rows: list[Row]) -> Table:
-    tab = Table(title="Cases without measured figures in the artifact: lynx's predicted ranking")
+    tab = Table(title="Cases without measured figures in the artifact: lynx's predicted ranking (Mist's "
+                      "largest stage peak, GiB)")
     for col in ("case", "hardware", "Megatron config", "Mist config", "Megatron pred", "Mist pred",
-                "speedup pred", "Mist fits", "notes"):
+                "speedup pred", "Mist peak pred", "Mist fits", "notes"):
         tab.add_column(col, justify="left" if col in ("case", "hardware", "notes") or col.endswith("config")
                        else "right")
     for r in rows:
@@ -158,7 +159,8 @@ def ranking_table(rows: list[Row]) -> Table:
             continue
         tab.add_row(r.case.id, HARDWARE[r.case.hardware], r.megatron.label, r.mist.label,
                     f"{r.megatron.iteration_s:.2f}", f"{r.mist.iteration_s:.2f}", f"{r.ratio:.3f}",
-                    "no" if r.mist.oom else "yes", "; ".join(r.mist.notes[:2]))
+                    f"{max(r.mist.stage_peak_mib) / 1024:.1f}", "no" if r.mist.oom else "yes",
+                    "; ".join(r.mist.notes[:2]))
     return tab
 
 

@@ -62,3 +62,32 @@ def test_optimizer_offload_is_priced() -> None:
     unoffloaded = mp.price_mist(kept, hw)
     assert all(a < b for a, b in zip(priced.stage_peak_mib, unoffloaded.stage_peak_mib, strict=True))
     assert priced.iteration_s >= unoffloaded.iteration_s
+
+
+def test_activation_offload_is_priced() -> None:
+    """Mist's activation offload ratio (the last field of its stage tuple) through lynx's offload model: the
+    stages' peaks drop by the offloaded bytes and the configuration fits L4's 24 GB, as Mist's run did; the
+    copies only add time (none is exposed on this case: contention-free overlap, docs/mist.md)."""
+    c = next(c for c in mc.load().cases if c.id == "l4-gpt-13b-flash")
+    hw = mp.hardware_of(c)
+    priced = mp.price_mist(c, hw)
+    kept = dataclasses.replace(c, mist=dataclasses.replace(c.mist, stages=tuple(
+        dataclasses.replace(s, offload_activations=0.0) for s in c.mist.stages)))
+    unoffloaded = mp.price_mist(kept, hw)
+    assert unoffloaded.oom and not priced.oom
+    for s, (a, b) in enumerate(zip(priced.stage_peak_mib, unoffloaded.stage_peak_mib, strict=True)):
+        assert (a < b) if c.mist.stages[s].offload_activations > 0 else a == b
+    assert priced.iteration_s >= unoffloaded.iteration_s
+    assert any("activation offload 0.625 (reached 0.62" in n for n in priced.notes)
+    small = dataclasses.replace(hw, host_link=dataclasses.replace(hw.host(), host_memory_bytes=32e9))
+    over = mp.price_mist(c, small)  # 2 GB per GPU: stage 0's in-flight copies and offloaded state do not fit
+    assert over.oom and any("stage 0: host memory" in n for n in over.notes)
+
+
+def test_only_the_multi_node_l4_cases_offload_activations_and_none_weights_or_grads() -> None:
+    """What docs/mist.md says of the artifact: single-node L4 and A100 rows carry no activation offload (their
+    prices are unchanged by it), and no case offloads weights or gradients (Mist's W and G ratios are all 0)."""
+    for c in mc.load().cases:
+        offloads = any(s.offload_activations > 0 for s in c.mist.stages)
+        assert offloads == (c.hardware == "l4" and c.nodes > 1)
+        assert all(s.state.offload_weights == s.state.offload_grads == 0.0 for s in c.mist.stages)
