@@ -28,7 +28,7 @@ from lynx.runtime.layers import tp
 from lynx.runtime.layers.base import Direction, OpFn
 from lynx.runtime.layers.ends import lm_loss
 from lynx.runtime.layers.family import RuntimeFamily
-from lynx.runtime.layers.llama import LLAMA_ENDS, LlamaConfig, LlamaLayer, _RMSNorm, _SwiGLU
+from lynx.runtime.layers.llama import LLAMA_ENDS, LlamaConfig, LlamaLayer, _SwiGLU
 from lynx.runtime.layers.tp import Group
 from lynx.spec import ModelSpec, ParallelSpec
 
@@ -160,7 +160,7 @@ class MoELayer(LlamaLayer):
             "unpermute": lambda e, m: self._unpermute(e[x0], e["router_topk"], self._token_shape()),
         }
         if name == "mlp_residual":
-            return lambda e, m: sum((e[i] for i in ins[1:]), e[x0])  # type: ignore[return-value]
+            return lambda e, m: sum((e[i] for i in ins[1:]), e[x0])
         return fns[name] if name in fns else super()._op(name)
 
     def _token_shape(self) -> torch.Size:
@@ -213,8 +213,6 @@ def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: 
         problems.append("no dropout")
     if par.expert_tp != 1:
         problems.append(f"expert tensor parallelism 1 (--expert-tensor-parallel-size 1; the plan has {par.expert_tp})")
-    if par.tp > 1 and not par.sequence_parallel:
-        problems.append("sequence parallelism with TP > 1 (Megatron-Core's MoE layer requires it)")
     if par.cp > 1:
         problems.append("no context parallelism")
     if model.num_moe_experts % par.ep:

@@ -1,0 +1,139 @@
+"""The MoE runtime (`lynx.runtime.layers.moe`) at expert-parallel layouts on CPU with gloo: one iteration under
+Lynx's policies (planned under a budget that makes it recompute) gives the loss and every gradient of the same
+layout without recomputation, bit for bit (same kernels on the same inputs; the all-to-alls restored on demand
+re-run on every EP rank in the same order), and the restorations each collective window hosted are what the plan
+puts in that block's windows, the token all-to-alls' windows included.
+
+EP 2 at world 2 (DP 2, experts split) stays in the default run; EP 2 x TP 2 (SP, world 4) and PP 2 x EP 2
+(world 4) are slow. `lynx train` itself is checked on an EP 2 plan against the single-process run (EP 1) and
+on the refusals."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from lynx.runtime.launch import run_ranks  # noqa: E402
+from tests.harness.moe_check import MOE_TINY, MoECase, compare_moe  # noqa: E402
+
+A2A = ("dispatch_a2a", "combine_a2a")
+
+
+def _run(case: MoECase, tmp_path: Path) -> list[dict]:
+    out = run_ranks(functools.partial(compare_moe, case), case.world, tmp_path, threads=1)
+    for r in out:
+        assert not r["bad"] and not r["extra"] and r["num_grads"] > 0, r
+        assert r["loss_equal"], r
+        assert r["expert_grads"], r  # every rank holds (and compared) its experts' gradients
+        for s, want in r["expected"].items():
+            got = r["by_window"][s]
+            assert {k: got.get(k, 0) for k in want} == want, (s, got, want)
+            per_coll = r["by_collective"][s]
+            assert sum(per_coll.values()) == sum(want.values()), (per_coll, want)  # every window a collective's
+    return out
+
+
+def _a2a_hosted(out: list[dict]) -> int:
+    return sum(n for r in out for c in r["by_collective"].values() for k, n in c.items() if k.split()[1] in A2A)
+
+
+def test_ep2_bitwise_and_the_all_to_alls_host_the_mlp_windows(tmp_path: Path) -> None:
+    """TP 1: the MoE block's only collectives are the all-to-alls, so the plan's phase-3 work (layer 0's ops
+    restored in layer 1's MLP backward) runs in the combine all-to-all's backward."""
+    out = _run(MoECase(tp=1, pp=1, dp=2, ep=2), tmp_path)
+    for r in out:
+        want = r["expected"]["0"]
+        assert want["bwd_mlp"] > 0
+        assert r["by_collective"]["0"].get("bwd combine_a2a", 0) == want["bwd_mlp"]
+    assert _a2a_hosted(out) > 0
+
+
+@pytest.mark.slow
+def test_ep2_tp2_sequence_parallel_bitwise(tmp_path: Path) -> None:
+    """Attention TP 2 with SP, experts EP 2 (ETP 1) folded into TP x DP = 4: EP groups {0, 1}, {2, 3}."""
+    out = _run(MoECase(tp=2, pp=1, dp=2, ep=2), tmp_path)
+    assert _a2a_hosted(out) > 0
+
+
+@pytest.mark.slow
+def test_pp2_ep2_bitwise_and_a_forward_all_to_all_hosts_phase_2(tmp_path: Path) -> None:
+    """PP 2 x DP 2 with EP 2 on each stage: 1F1B's steady state hosts phase-2 restorations in the dispatch
+    all-to-all of a later micro-batch's forward."""
+    out = _run(MoECase(tp=1, pp=2, dp=2, ep=2, num_layers=4), tmp_path)
+    fwd = sum(n for r in out for c in r["by_collective"].values() for k, n in c.items() if k == "fwd dispatch_a2a")
+    assert fwd > 0
+
+
+# -- lynx train ------------------------------------------------------------------------------------------------
+def _model_file(tmp_path: Path, **changes: object) -> Path:
+    import yaml
+
+    path = tmp_path / "moe.yaml"
+    path.write_text(yaml.safe_dump({**MOE_TINY, **changes}))
+    return path
+
+
+def _lynx(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lynx", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _plan(tmp_path: Path, name: str, dp: int, ep: int, **model: object) -> Path:
+    out = tmp_path / f"{name}.json"
+    r = _lynx(["plan", "--model", str(_model_file(tmp_path, **model)), "--hardware", "a100-40g-nvlink", "--tp", "1",
+               "--pp", "1", "--dp", str(dp), "--ep", str(ep), "--micro-batch", "2", "--global-batch", "8",
+               "--seq-len", "32", "--out", str(out)])
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.mark.slow
+def test_lynx_train_ep2_trains_as_the_single_process_run(tmp_path: Path) -> None:
+    """The losses of 3 iterations at EP 2 (DP 2) equal the single-process run's within 1e-5 relative: the
+    expert gradients' reduction and the dispatch are right (not bitwise: DP splits the batch's sums)."""
+    losses = []
+    for name, dp, ep in (("one", 1, 1), ("ep2", 2, 2)):
+        out = tmp_path / f"{name}.out.json"
+        r = _lynx(["train", "--plan", str(_plan(tmp_path, name, dp, ep)), "--iters", "3", "--warmup", "0",
+                   "--threads", "1", "--quiet", "--out", str(out)])
+        assert r.returncode == 0, r.stderr[-2000:]
+        rep = json.loads(out.read_text())
+        losses.append([it["loss"] for it in rep["iterations"]])
+        assert "restored_by_collective" in rep["stages"]["0"]
+    one, ep2 = losses
+    assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(ep2, one, strict=True)), (ep2, one)
+    assert one[-1] < one[0]
+
+
+@pytest.mark.parametrize(("model", "layout", "what"), [
+    ({"moe_token_dispatcher_type": "allgather"}, {}, "moe_token_dispatcher_type alltoall"),
+    ({"moe_shared_expert_intermediate_size": 0}, {}, "a shared expert"),
+    ({}, {"tp": 2, "etp": 2}, "expert tensor parallelism 1"),
+])
+def test_lynx_train_refuses_a_plan_it_cannot_run_in_one_line(tmp_path: Path, model: dict, layout: dict,
+                                                             what: str) -> None:
+    """Checked before any rank starts (in this process; `test_bad_input.py` runs the mcore refusal through the
+    command line: one line, exit 2)."""
+    from lynx.api import make_problem
+    from lynx.methods import get_method
+    from lynx.plan import Plan
+    from lynx.problem import PlanOptions
+    from lynx.runtime.train import TrainConfig, launch
+    from lynx.spec import ModelSpec, ParallelSpec, load_hardware
+
+    par = ParallelSpec(**{"tp": 1, "dp": 2, "ep": 2, "etp": 1, "micro_batch_size": 2, "global_batch_size": 8,
+                          "seq_length": 32, "sequence_parallel": True, **layout})
+    prob = make_problem(ModelSpec(**{**MOE_TINY, **model}), load_hardware("a100-40g-nvlink"), par, PlanOptions())
+    path = tmp_path / "p.json"
+    Plan.evaluate(prob, get_method("none").fn(prob)).save(path)
+    from lynx.errors import LynxError
+
+    with pytest.raises(LynxError) as err:
+        launch(TrainConfig(plan=str(path), iters=1, quiet=True, device="cpu"))
+    assert err.value.exit_code == 2 and what in str(err.value) and "\n" not in str(err.value), str(err.value)
