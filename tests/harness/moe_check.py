@@ -1,11 +1,11 @@
-"""The MoE runtime's correctness check (tests/integration/test_runtime_moe.py): a tiny mcore MoE model planned by
+"""The MoE runtime's correctness check (tests/integration/test_runtime_moe.py): the moe-tiny preset planned by
 Lynx under a budget that makes it recompute, run through the pipeline runtime at an EP layout, against the same
 layout and data with no recomputation (no engine); loss and every gradient compared bit for bit, and the
 restorations each collective window hosted beside what the plan puts in that block's windows."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -14,20 +14,13 @@ from lynx.api import make_problem
 from lynx.cost.memory import stage_peak_bytes
 from lynx.decisions import Phase, RecomputePolicy
 from lynx.methods import get_method
+from lynx.models import load_model
 from lynx.problem import PlanOptions, PlanProblem
 from lynx.runtime.layers.gpt_model import synthetic_batch
 from lynx.runtime.layers.moe import MoEConfig
 from lynx.runtime.pipeline import PipelineLayout, PipelineRunner, make_groups
 from lynx.runtime.pipeline.order import layout_schedule
 from lynx.spec import ModelSpec, ParallelSpec, load_hardware
-
-MOE_TINY = dict(name="moe-tiny", family="mcore", num_layers=2, hidden_size=64, num_attention_heads=4,
-                num_query_groups=2, ffn_hidden_size=128, vocab_size=256, max_position_embeddings=64,
-                num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32,
-                moe_shared_expert_intermediate_size=64, moe_token_dispatcher_type="alltoall", moe_grouped_gemm=True,
-                activation="swiglu", normalization="rmsnorm", position_embedding="rope", tie_embeddings=False,
-                attention="flash", dropout=False, bias="none")
-"""A small MoE model (not a published one): 4 experts, top-2, a shared expert, LLaMA attention with GQA."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +45,7 @@ class MoECase:
                             global_batch_size=self.micro_batch * self.dp * self.num_microbatches)
 
     def model(self) -> ModelSpec:
-        return ModelSpec(**{**MOE_TINY, "num_layers": self.num_layers})  # type: ignore[arg-type]
+        return replace(load_model("moe-tiny"), num_layers=self.num_layers)
 
     def problem(self, budget: float | None = None) -> PlanProblem:
         opts = PlanOptions() if budget is None else PlanOptions(budget_bytes=budget)

@@ -26,9 +26,8 @@ import torch
 from lynx.runtime.layers import moe_dispatch as md
 from lynx.runtime.layers import tp
 from lynx.runtime.layers.base import Direction, OpFn
-from lynx.runtime.layers.ends import lm_loss
 from lynx.runtime.layers.family import RuntimeFamily
-from lynx.runtime.layers.llama import LLAMA_ENDS, LlamaConfig, LlamaLayer, _SwiGLU
+from lynx.runtime.layers.llama import LLAMA_ENDS, LlamaConfig, LlamaLayer, LlamaModel, _SwiGLU
 from lynx.runtime.layers.tp import Group
 from lynx.spec import ModelSpec, ParallelSpec
 
@@ -170,28 +169,18 @@ class MoELayer(LlamaLayer):
         return torch.Size((s, c.micro_batch_size, c.hidden_size))
 
 
-class MoEModel(torch.nn.Module):
-    """Embedding, a stack of `MoELayer`s, final RMSNorm, untied LM head, loss (the `LlamaModel` interface)."""
+class MoEModel(LlamaModel):
+    """Embedding, a stack of `MoELayer`s, final RMSNorm, untied LM head, loss (`LlamaModel`'s forward)."""
 
     def __init__(self, cfg: MoEConfig, num_layers: int, vocab_size: int, group: Group = None,
                  device: Any = None, seed: int = 1234, ep_group: Group = None) -> None:
-        super().__init__()
+        torch.nn.Module.__init__(self)  # LlamaModel's own builds LLaMA layers
         cfg = replace(cfg, num_layers=num_layers)
         self.cfg, self.group, self.seed = cfg, group, seed
         LLAMA_ENDS.build(self, cfg, vocab_size, seed, True, True, device)
         self.layers = torch.nn.ModuleList(
             MoELayer(cfg, group, layer_index=i, device=device, seed=seed, ep_group=ep_group)
             for i in range(num_layers))
-
-    def forward(self, tokens: torch.Tensor, labels: torch.Tensor, microbatch: int = 0,
-                engine: Any = None) -> torch.Tensor:
-        x = LLAMA_ENDS.embed(self, tokens, microbatch, self.group)
-        if engine is not None:
-            x = engine.forward(x, microbatch)
-        else:
-            for layer in self.layers:
-                x = layer(x, microbatch)
-        return lm_loss(LLAMA_ENDS.head(self, x, self.group), labels, self.group)
 
 
 def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: bool) -> MoEConfig:
