@@ -40,21 +40,15 @@ class MoEConfig(LlamaConfig):
     topk: int = 2
     expert_ffn: int = 64
     ep: int = 1
-    vocab: int = 8
-    """For the planner's view only."""
 
     family: ClassVar[str] = "mcore"
 
     def model_spec(self, num_layers: int, vocab: int, name: str = "runtime") -> ModelSpec:
-        return ModelSpec(name=name, num_layers=num_layers, hidden_size=self.hidden_size,
-                         num_attention_heads=self.num_attention_heads, num_query_groups=self.groups,
-                         ffn_hidden_size=self.ffn_hidden_size, vocab_size=vocab,
-                         max_position_embeddings=max(self.seq_length, 8), family="mcore", activation="swiglu",
-                         normalization="rmsnorm", position_embedding="rope", tie_embeddings=False,
-                         attention="flash", dropout=False, bias="none", num_moe_experts=self.num_experts,
-                         moe_router_topk=self.topk, moe_ffn_hidden_size=self.expert_ffn,
-                         moe_shared_expert_intermediate_size=self.ffn_hidden_size,
-                         moe_token_dispatcher_type="alltoall", moe_grouped_gemm=True)
+        """The planner's view: the LLaMA layer's attention, the MoE MLP (family mcore, the alltoall dispatcher)."""
+        return replace(super().model_spec(num_layers, vocab, name), family="mcore", num_moe_experts=self.num_experts,
+                       moe_router_topk=self.topk, moe_ffn_hidden_size=self.expert_ffn,
+                       moe_shared_expert_intermediate_size=self.ffn_hidden_size,
+                       moe_token_dispatcher_type="alltoall", moe_grouped_gemm=True)
 
     def parallel(self) -> ParallelSpec:
         dp = max(self.ep // self.tp, 1)  # any DP the EP folds into: the op list does not depend on it
@@ -213,7 +207,7 @@ def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: 
                      micro_batch_size=par.micro_batch_size, num_query_groups=model.num_query_groups,
                      tp=par.tp, sequence_parallel=par.sequence_parallel, dtype=dtype, num_layers=model.num_layers,
                      num_experts=model.num_moe_experts, topk=model.moe_router_topk, expert_ffn=model.expert_ffn,
-                     ep=par.ep, vocab=model.vocab_size)
+                     ep=par.ep)
 
 
 RUNTIME = RuntimeFamily(config=_config, layer=MoELayer, model=MoEModel, op_names=lambda cfg: _names(cfg)[0],
