@@ -27,7 +27,7 @@ from lynx.runtime.layers import moe_dispatch as md
 from lynx.runtime.layers import tp
 from lynx.runtime.layers.base import Direction, OpFn
 from lynx.runtime.layers.family import RuntimeFamily
-from lynx.runtime.layers.llama import LLAMA_ENDS, LlamaConfig, LlamaLayer, LlamaModel, _SwiGLU
+from lynx.runtime.layers.llama import LLAMA_ENDS, LlamaConfig, LlamaLayer, LlamaModel, _SwiGLU, _wide
 from lynx.runtime.layers.tp import Group
 from lynx.spec import ModelSpec, ParallelSpec
 
@@ -85,8 +85,7 @@ class MoELayer(LlamaLayer):
         return _names(cfg)
 
     def build_mlp(self, base: int, out_std: float, kw: dict[str, Any]) -> tuple[torch.nn.Module, ...]:
-        cfg = self.cfg
-        assert isinstance(cfg, MoEConfig)
+        cfg = self.moe
         h, fs, f, e = cfg.hidden_size, cfg.ffn_hidden_size, cfg.expert_ffn, cfg.num_experts
         self.shared_up = tp.ColumnParallelLinear(h, 2 * fs, self.group, seed=base + 3, stride=2, **kw)
         self.shared_down = tp.RowParallelLinear(fs, h, self.group, seed=base + 4, std=out_std, **kw)
@@ -106,13 +105,19 @@ class MoELayer(LlamaLayer):
         return self.shared_up, self.shared_down
 
     # -- MoE ops -------------------------------------------------------------------------------------
+    @property
+    def moe(self) -> MoEConfig:
+        cfg = self.cfg
+        assert isinstance(cfg, MoEConfig)
+        return cfg
+
     def _router_topk(self, logits: torch.Tensor) -> torch.Tensor:
-        k = self.cfg.topk  # type: ignore[attr-defined]
-        vals, ids = logits.topk(k, -1)
+        # 16-bit logits in fp32 (Megatron's --moe-router-dtype fp32; the ids stay exact as floats below 2^24 experts)
+        vals, ids = _wide(logits).topk(self.moe.topk, -1)
         return torch.cat([torch.softmax(vals, -1), ids.to(vals.dtype)], -1)
 
     def _permute(self, x: torch.Tensor, rt: torch.Tensor, mb: int) -> torch.Tensor:
-        k, e = self.cfg.topk, self.cfg.num_experts  # type: ignore[attr-defined]
+        k, e = self.moe.topk, self.moe.num_experts
         _, ids = md.route(rt, k)
         self.counts[mb] = torch.bincount(ids.reshape(-1), minlength=e)
         return x.reshape(-1, x.shape[-1])[md.sort_by_expert(ids) // k]
@@ -127,10 +132,10 @@ class MoELayer(LlamaLayer):
                           self.window(Direction.BWD, "combine_a2a", mb))
 
     def _unpermute(self, y: torch.Tensor, rt: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-        k = self.cfg.topk  # type: ignore[attr-defined]
+        k = self.moe.topk
         probs, ids = md.route(rt, k)
         order = md.sort_by_expert(ids)
-        w = probs.reshape(-1)[order]
+        w = probs.reshape(-1)[order].to(y.dtype)
         out = y.new_zeros(probs.shape[0], y.shape[-1]).index_add(0, order // k, y * w[:, None])
         return out.view(shape)
 
