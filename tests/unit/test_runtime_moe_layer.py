@@ -70,3 +70,15 @@ def test_a_layer_refuses_an_ep_that_does_not_match_its_group() -> None:
     with pytest.raises(ValueError, match="EP group has 1 ranks"):
         MoELayer(MoEConfig(hidden_size=32, num_attention_heads=4, ffn_hidden_size=48, seq_length=8,
                            micro_batch_size=2, num_experts=4, ep=2))
+
+
+def test_a_pipeline_layout_refuses_an_ep_that_does_not_fold_into_tp_x_dp() -> None:
+    from lynx.runtime.pipeline import LayoutError, PipelineLayout
+
+    def layout(ep: int) -> PipelineLayout:
+        return PipelineLayout(tp=2, pp=1, dp=1, vpp=1, layers_per_stage=(2,), policies=(None,), num_microbatches=1,
+                              ep=ep)
+
+    assert layout(2).ep == 2
+    with pytest.raises(LayoutError, match="EP 4 must divide TP 2 x DP 1"):
+        layout(4)
