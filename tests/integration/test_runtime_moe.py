@@ -179,3 +179,30 @@ def test_ep1_measured_peak_against_the_plan(one_torch_thread: None) -> None:
         train_step(model, mbs, eng, 2)
         pred = predicted_activation_bytes(graph, pol, cfg, 2)[1]
         assert pred <= eng.stats.peak_bytes <= 1.12 * pred, (name, eng.stats.peak_bytes, pred)
+
+
+@pytest.mark.parametrize(("path", "value", "what"), [
+    (("parallel", "ep"), 3, "must divide TP x CP x DP"),  # EP 3 at world 2
+    (("model", "num_moe_experts"), 5, "5 experts are not divisible"),  # EP 2 over 5 experts
+])
+def test_lynx_train_refuses_a_tampered_expert_layout_in_one_line(tmp_path: Path, path: tuple[str, str], value: int,
+                                                                 what: str) -> None:
+    from lynx.api import make_problem
+    from lynx.errors import LynxError
+    from lynx.methods import get_method
+    from lynx.models import load_model
+    from lynx.plan import Plan
+    from lynx.problem import PlanOptions
+    from lynx.runtime.train import TrainConfig, launch
+    from lynx.spec import ParallelSpec, load_hardware
+
+    par = ParallelSpec(dp=2, ep=2, micro_batch_size=2, global_batch_size=8, seq_length=32)
+    prob = make_problem(load_model("moe-tiny"), load_hardware("a100-40g-nvlink"), par, PlanOptions())
+    plan = tmp_path / "p.json"
+    Plan.evaluate(prob, get_method("none").fn(prob)).save(plan)
+    d = json.loads(plan.read_text())
+    d[path[0]][path[1]] = value
+    plan.write_text(json.dumps(d))
+    with pytest.raises(LynxError) as err:
+        launch(TrainConfig(plan=str(plan), iters=1, quiet=True, device="cpu"))
+    assert err.value.exit_code == 2 and what in str(err.value) and "\n" not in str(err.value), str(err.value)
