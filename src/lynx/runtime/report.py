@@ -192,6 +192,9 @@ def finish(report: dict[str, Any] | None, args: TrainConfig) -> None:
                   f"{st['measured_act_after_fwd_bytes'] / 2**20:.2f} MiB (predicted "
                   f"{st['predicted_act_after_fwd_bytes'] / 2**20:.2f}), recompute windows {st['window_s']:.4f} s "
                   f"(cool-down {st['cooldown_s']:.4f}) on demand {st['ondemand_s']:.4f} s", flush=True)
+            if st["restored_by_collective"]:  # which collective hosted how many restorations (last iteration)
+                print(f"stage {s}: restored in windows " + ", ".join(
+                    f"{k} {n}" for k, n in sorted(st["restored_by_collective"].items())), flush=True)
         print(f"median iteration {report['median_time_s']:.3f} s (the plan predicts "
               f"{report['predicted_iteration_time_s']:.4g} s on its hardware)", flush=True)
     if args.trace and args.compare_trace:
