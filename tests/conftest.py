@@ -36,6 +36,11 @@ def one_torch_thread():  # type: ignore[no-untyped-def]
 # The default run stays under 8 minutes on 2 cores (README, "Tests"): these cases are marked `slow`, each with
 # the case of its kind that stays in the default run. `python -m pytest -m ""` runs them all.
 SLOW_CASES: dict[str, str] = {
+    **{f"integration/test_runtime_moe.py::{t}":
+       "test_runtime_moe.py::test_ep2_bitwise_and_the_all_to_alls_host_the_mlp_windows (the MoE layer, EP 2, windows)"
+       for t in ("test_ep2_tp2_sequence_parallel_bitwise",
+                 "test_pp2_ep2_bitwise_and_a_forward_all_to_all_hosts_phase_2",
+                 "test_lynx_train_ep2_trains_as_the_single_process_run")},
     "integration/test_window_control_torchtitan.py::test_smoke_runs_torchtitans_model_with_the_plan_and_its_control":
         "test_window_control_torchtitan.py::test_bad_options_are_one_clear_line_and_exit_2 and "
         "unit/test_window_control_bench.py (the analysis)",

@@ -11,8 +11,9 @@ layer, independently. `family: mcore` in a model file takes the fields as given:
 * tied or untied embeddings, dropout.
 
 Op names follow the LLaMA family where the structure is the same (`rmsnorm1`, `gate_up`, `swiglu`, `down`) and
-the GPT family otherwise (`ln1`, `fc1`, `gelu` / `squared_relu`, `fc2`). The runtime builds the GPT and LLaMA
-layers only; it refuses an mcore model it has no layer for (planning, export and the simulator take any).
+the GPT family otherwise (`ln1`, `fc1`, `gelu` / `squared_relu`, `fc2`). The runtime builds one mcore layer, the
+MoE layer with LLaMA attention and a shared expert (`lynx.runtime.layers.moe`); it refuses any other mcore model in
+one line (planning, export and the simulator take any).
 """
 
 from __future__ import annotations
@@ -214,5 +215,6 @@ FAMILY = Family(
     name="mcore", defaults=DEFAULTS, check_model=check_model, check_layout=check_layout, layer=layer,
     layer_params=layer_params, embedding_params=embedding_params, head_params=head_params,
     final_norm_params=final_norm_params, output_params=output_params,
-    matmul_flops_per_token=matmul_flops_per_token, runtime_module="", kind_layer=kind_layer,
+    matmul_flops_per_token=matmul_flops_per_token, runtime_module="lynx.runtime.layers.moe",
+    kind_layer=kind_layer,
 )

@@ -40,6 +40,8 @@ class StageRecord:
     offloaded_bytes: int = 0
     """Bytes the engine copied to the host (the policy's offloaded ops); 0 without offloading."""
     host_peak_bytes: int = 0
+    restored_by_collective: dict[str, int] = field(default_factory=dict)
+    """Ops restored inside each collective's window ("fwd dispatch_a2a", "bwd attn_allreduce", ...)."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,8 @@ def iter_record(it: int, warmup: bool, dt: float, runner: PipelineRunner, cuda: 
         if st is None:
             continue
         stages[s] = StageRecord(st.peak_bytes, max(st.fwd_end_bytes, default=0), st.window_s, st.cooldown_s,
-                                st.ondemand_s, dict(st.by_window), st.offloaded_bytes, st.host_peak_bytes)
+                                st.ondemand_s, dict(st.by_window), st.offloaded_bytes, st.host_peak_bytes,
+                                dict(st.by_collective))
     loss = sum(runner.losses) / len(runner.losses) if runner.losses else None
     return IterRecord(it, warmup, dt, loss, stages, cuda)
 
@@ -114,6 +117,7 @@ def _stages(ranks: list[RankRecord], timed: int, microbatches: int) -> dict[str,
                 "predicted_act_after_fwd_bytes": pred.act_after_fwd_bytes, "in_flight": pred.in_flight,
                 "window_s": sum(x.window_s for x in recs) / n, "cooldown_s": sum(x.cooldown_s for x in recs) / n,
                 "ondemand_s": sum(x.ondemand_s for x in recs) / n, "restored": recs[-1].restored,
+                "restored_by_collective": recs[-1].restored_by_collective,
                 "offloaded_bytes": recs[-1].offloaded_bytes,
                 "offloaded_bytes_per_microbatch": recs[-1].offloaded_bytes / max(1, microbatches),
                 "predicted_offloaded_bytes_per_microbatch": pred.offloaded_bytes,
@@ -188,6 +192,9 @@ def finish(report: dict[str, Any] | None, args: TrainConfig) -> None:
                   f"{st['measured_act_after_fwd_bytes'] / 2**20:.2f} MiB (predicted "
                   f"{st['predicted_act_after_fwd_bytes'] / 2**20:.2f}), recompute windows {st['window_s']:.4f} s "
                   f"(cool-down {st['cooldown_s']:.4f}) on demand {st['ondemand_s']:.4f} s", flush=True)
+            if st["restored_by_collective"]:  # which collective hosted how many restorations (last iteration)
+                print(f"stage {s}: restored in windows " + ", ".join(
+                    f"{k} {n}" for k, n in sorted(st["restored_by_collective"].items())), flush=True)
         print(f"median iteration {report['median_time_s']:.3f} s (the plan predicts "
               f"{report['predicted_iteration_time_s']:.4g} s on its hardware)", flush=True)
     if args.trace and args.compare_trace:

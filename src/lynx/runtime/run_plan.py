@@ -65,7 +65,7 @@ def load_run(plan_path: str, dtype: torch.dtype, core_attn: bool) -> RunPlan:
     try:
         layout = PipelineLayout(tp=par.tp, pp=par.pp, dp=par.dp, vpp=vpp, layers_per_stage=virtual,
                                 policies=policies_per_virtual_stage(tuple(result.policies), virtual, par.pp, vpp),
-                                num_microbatches=par.num_microbatches)
+                                num_microbatches=par.num_microbatches, ep=par.ep)
     except LayoutError as e:
         raise PlanFormatError(f"{plan_path}: {e}") from None
     for s, pol in enumerate(result.policies):

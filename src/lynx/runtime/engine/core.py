@@ -285,20 +285,31 @@ class RecomputeEngine:
             if self._replaying:
                 return
             self.stats.window_calls += 1
-            block = self.layers[li].op_blocks[op]  # the family's block of this comm op
-            if direction is Direction.FWD:
-                phase = FWD_PHASE[block]
-                for tl, tmb, name, p in self.plan.take_window(li, block, mb, self._hosts):
-                    if (tl, tmb) in self._records:
-                        self._ensure(tl, tmb, name, Place.of(p))
-                if self._guest is not None:
-                    eng, j = self._guest
-                    n, ng = len(self.layers), len(eng.layers)
-                    eng.restore_pending(j, phase, [g for g in range(ng) if g * n // ng == li])
-            elif li > 0 and (li - 1, mb) in self._records:
-                for name, p in self.plan.bwd_window_ops(li, block):
-                    self._ensure(li - 1, mb, name, Place.of(p))
+            before = self.stats.restored_in_window
+            try:
+                self._window(li, direction, op, mb)
+            finally:
+                hosted = self.stats.restored_in_window - before
+                if hosted:
+                    key = f"{direction.value} {op}"
+                    self.stats.by_collective[key] = self.stats.by_collective.get(key, 0) + hosted
         return hook
+
+    def _window(self, li: int, direction: Direction, op: str, mb: int) -> None:
+        """The restorations layer li's collective of comm op `op` hosts in `direction` for micro-batch mb."""
+        block = self.layers[li].op_blocks[op]  # the family's block of this comm op
+        if direction is Direction.FWD:
+            phase = FWD_PHASE[block]
+            for tl, tmb, name, p in self.plan.take_window(li, block, mb, self._hosts):
+                if (tl, tmb) in self._records:
+                    self._ensure(tl, tmb, name, Place.of(p))
+            if self._guest is not None:
+                eng, j = self._guest
+                n, ng = len(self.layers), len(eng.layers)
+                eng.restore_pending(j, phase, [g for g in range(ng) if g * n // ng == li])
+        elif li > 0 and (li - 1, mb) in self._records:
+            for name, p in self.plan.bwd_window_ops(li, block):
+                self._ensure(li - 1, mb, name, Place.of(p))
 
     def cooldown(self, mb: int) -> None:
         """Restore now every pending phase-1/2 op of micro-batch `mb` (no later forward hosts them): called in

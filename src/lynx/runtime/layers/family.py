@@ -28,6 +28,8 @@ class RuntimeFamily:
     op_names: Callable[[Any], tuple[str, ...]]
     ends: ModelEnds
     """The embedding and the final norm + LM head (`lynx.runtime.layers.ends`)."""
+    experts: bool = False
+    """Its layers take the expert-parallel group (`layer(..., ep_group=)`, `model(..., ep_group=)`)."""
 
 
 def runtime_for(model: ModelSpec) -> RuntimeFamily:

@@ -164,7 +164,7 @@ class LlamaLayer(OpLayer):
 
     def __init__(self, cfg: LlamaConfig, group: Group = None, layer_index: int = 0, device: Any = None,
                  seed: int = 1234) -> None:
-        names, inputs, blocks = _names(cfg)
+        names, inputs, blocks = self.layer_names(cfg)
         super().__init__(layer_index, names, inputs, blocks)
         t = tp.world(group)
         h, a, g, f = cfg.hidden_size, cfg.num_attention_heads, cfg.groups, cfg.ffn_hidden_size
@@ -184,9 +184,7 @@ class LlamaLayer(OpLayer):
         self.norm2 = torch.nn.Parameter(torch.ones(h, **kw))
         self.qkv = tp.ColumnParallelLinear(h, (a + 2 * g) * self.head_dim, group, seed=base + 1, **kw)
         self.proj = tp.RowParallelLinear(a * self.head_dim, h, group, seed=base + 2, std=out_std, **kw)
-        self.gate_up = tp.ColumnParallelLinear(h, 2 * f, group, seed=base + 3, stride=2, **kw)
-        self.down = tp.RowParallelLinear(f, h, group, seed=base + 4, std=out_std, **kw)
-        for lin in (self.qkv, self.proj, self.gate_up, self.down):
+        for lin in (self.qkv, self.proj, *self.build_mlp(base, out_std, kw)):
             lin.bias = None  # type: ignore[assignment]  # LLaMA linears have no biases
         if cfg.sequence_parallel:  # norm grads are partial per rank: the model all-reduces them
             self.norm1.sequence_parallel = True  # type: ignore[attr-defined]
@@ -199,11 +197,22 @@ class LlamaLayer(OpLayer):
         self.register_buffer("sin", ang.sin().to(**kw), persistent=False)
         self.set_ops({n: self._op(n) for n in names})
 
+    @staticmethod
+    def layer_names(cfg: LlamaConfig) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]], dict[str, str]]:
+        return _names(cfg)
+
+    def build_mlp(self, base: int, out_std: float, kw: dict[str, Any]) -> tuple[torch.nn.Module, ...]:
+        """The MLP's parameters (a subclass with another MLP builds its own); returns its TP linears."""
+        h, f = self.cfg.hidden_size, self.cfg.ffn_hidden_size
+        self.gate_up = tp.ColumnParallelLinear(h, 2 * f, self.group, seed=base + 3, stride=2, **kw)
+        self.down = tp.RowParallelLinear(f, h, self.group, seed=base + 4, std=out_std, **kw)
+        return self.gate_up, self.down
+
     # -- ops -----------------------------------------------------------------------------------------
     def _column(self, lin: tp.ColumnParallelLinear, x: torch.Tensor, comm: str, mb: int) -> torch.Tensor:
         if self.cfg.sequence_parallel:  # the backward collective is the all-gather's reduce-scatter
             return tp.apply_fn(tp.ColumnParallelLinearFn, x, lin.weight, None, None, None)
-        window = self.window(Direction.BWD, comm, mb)
+        window = self.window(Direction.BWD, comm, mb) if comm in self.op_blocks else None
         return tp.apply_fn(tp.ColumnParallelLinearFn, x, lin.weight, None, self.group, window)
 
     def _rope(self, qkv: torch.Tensor) -> torch.Tensor:

@@ -49,8 +49,13 @@ class PipelineLayout:
     policies: tuple[RecomputePolicy | None, ...]
     """Per virtual stage; None runs the stage without the engine (the reference)."""
     num_microbatches: int
+    ep: int = 1
+    """Expert parallelism, folded into each stage's TP x DP ranks as Megatron-Core does with expert TP 1: rank i of
+    a stage (i = dp_rank * TP + tp_rank) is EP rank i % EP of expert-DP rank i // EP."""
 
     def __post_init__(self) -> None:
+        if (self.tp * self.dp) % self.ep:
+            raise LayoutError(f"EP {self.ep} must divide TP {self.tp} x DP {self.dp} (experts fold into them)")
         n = self.pp * self.vpp
         if len(self.layers_per_stage) != n or len(self.policies) != n:
             raise LayoutError(f"PP={self.pp} x VPP={self.vpp} needs {n} stages, the plan has "
@@ -98,6 +103,10 @@ class Groups:
     dp: Any
     embedding: Any
     """The first and last pipeline ranks of this (dp, tp) column: the tied embedding's gradient."""
+    ep: Any = None
+    """The expert-parallel group (the token all-to-alls); None with EP 1."""
+    edp: Any = None
+    """The expert-data-parallel group (expert gradients); None when it is one rank."""
 
 
 def make_groups(layout: PipelineLayout, rank: int, timeout_s: float | None = None) -> Groups:
@@ -129,8 +138,21 @@ def make_groups(layout: PipelineLayout, rank: int, timeout_s: float | None = Non
             g = new_group(members)
             if rank in members:
                 mine["dp"] = g
+    stage = L.tp * L.dp
+    edp = stage // L.ep
+    for p in range(L.pp) if L.ep > 1 else ():
+        for e in range(edp):
+            members = [p * stage + e * L.ep + j for j in range(L.ep)]
+            g = new_group(members)
+            if rank in members:
+                mine["ep"] = g
+        for j in range(L.ep) if edp > 1 else ():
+            members = [p * stage + e * L.ep + j for e in range(edp)]
+            g = new_group(members)
+            if rank in members:
+                mine["edp"] = g
     return Groups(tp=mine["tp"] if L.tp > 1 else None, pp=mine["pp"], dp=mine["dp"] if L.dp > 1 else None,
-                  embedding=mine["embedding"] if L.pp > 1 else None)
+                  embedding=mine["embedding"] if L.pp > 1 else None, ep=mine.get("ep"), edp=mine.get("edp"))
 
 
 class PipelineRunner:
@@ -153,7 +175,7 @@ class PipelineRunner:
         order = rank_order(schedule, self.pp_rank)
         self.hosts, self.cool, self.in_flight = order.hosts, order.cooldown, order.in_flight
         specs = [s for s in L.stage_specs() if s.index % L.pp == self.pp_rank]
-        self.modules = {s.index: StageModule(s, cfg, vocab, groups.tp, device, seed) for s in specs}
+        self.modules = {s.index: StageModule(s, cfg, vocab, groups.tp, device, seed, groups.ep) for s in specs}
         for mod in self.modules.values():
             mod.autocast = autocast
         self.losses: list[float] = []
@@ -261,6 +283,8 @@ class PipelineRunner:
         t0 = time.perf_counter()
         g = self.groups
         params = [p for m in self.modules.values() for p in m.parameters() if p.grad is not None]
+        experts = [p for p in params if getattr(p, "expert_parallel", False)]
+        params = [p for p in params if not getattr(p, "expert_parallel", False)]
         if g.tp is not None and self.cfg.sequence_parallel:
             for p in params:
                 if getattr(p, "sequence_parallel", False):
@@ -278,7 +302,23 @@ class PipelineRunner:
             flat.div_(self.layout.dp)
             for dst, src in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
                 dst.copy_(src)
+        self._reduce_expert_grads(experts)
         self.event("collective", "gradient all-reduce (tied embedding, SP, DP)", t0, time.perf_counter())
+
+    def _reduce_expert_grads(self, experts: list[torch.nn.Parameter]) -> None:
+        """An expert's gradient on its rank already sums the tokens of every EP rank, each a share of its own DP
+        replica's loss: summed over the ranks holding the same experts (expert-DP) it is every rank's tokens,
+        so divided by DP it is the gradient of the mean loss, as the dense parameters' DP average is."""
+        if not experts:
+            return
+        grads = [p.grad for p in experts if p.grad is not None]
+        if self.groups.edp is not None:
+            flat = torch._utils._flatten_dense_tensors(grads)
+            dist.all_reduce(flat, group=self.groups.edp)
+            for dst, src in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+                dst.copy_(src)
+        for grad in grads:
+            grad.div_(self.layout.dp)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for m in self.modules.values() for p in m.parameters()]

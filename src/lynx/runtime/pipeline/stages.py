@@ -47,14 +47,16 @@ class StageSpec:
 
 class StageModule(torch.nn.Module):
     def __init__(self, spec: StageSpec, cfg: Any, vocab_size: int, group: Group = None,
-                 device: torch.device | str | None = None, seed: int = 1234) -> None:
+                 device: torch.device | str | None = None, seed: int = 1234, ep_group: Group = None) -> None:
+        """`ep_group`: the expert-parallel group, for a family whose layer has experts (`RuntimeFamily.experts`)."""
         super().__init__()
         self.spec, self.cfg, self.group, self.seed = spec, cfg, group, seed
         family = runtime_of(cfg)
         self.ends = family.ends
         self.ends.build(self, cfg, vocab_size, seed, spec.is_first, spec.is_last, device)
         # keyed by the global layer index: parameter names equal the model's ("layers.3.qkv.weight")
-        stack = [family.layer(cfg, group, layer_index=i, device=device, seed=seed)
+        extra = {"ep_group": ep_group} if family.experts else {}
+        stack = [family.layer(cfg, group, layer_index=i, device=device, seed=seed, **extra)
                  for i in range(spec.first_layer, spec.first_layer + spec.num_layers)]
         self.layers = torch.nn.ModuleDict({str(layer.layer_index): cast(torch.nn.Module, layer) for layer in stack})
         self.engine = RecomputeEngine(stack, spec.policy) if spec.policy is not None and stack else None

@@ -1,0 +1,219 @@
+"""The runtime layer of the `mcore` family's mixture-of-experts model: the LLaMA attention (`LlamaLayer`'s ops) and
+an MoE MLP built from `lynx.families.moe`'s op vocabulary, executable op by op so the recompute engine drops,
+restores and hosts restorations in its collectives, the token all-to-alls included (docs/decisions/0224).
+
+- ``shared_fc1`` / ``shared_act`` / ``shared_fc2`` (+ ``shared_allreduce`` or, with SP, ``shared_allgather`` /
+  ``shared_reducescatter``): the shared expert, a SwiGLU MLP on the TP group (Megatron's SharedExpertMLP).
+- ``router``: the replicated [h, E] linear; ``router_topk``: top-k logits, softmax over them (Megatron's default,
+  moe_router_pre_softmax off); its output [tok, 2k] holds the k probabilities and the k expert ids (exact as
+  floats), so what later ops read is one tensor the engine can drop and restore.
+- ``permute``: the tok x k token copies sorted by expert; ``dispatch_a2a``: the per-expert counts exchanged, the
+  copies sent to the rank of their expert over the EP group, regrouped by local expert; ``experts_fc1`` /
+  ``experts_act`` / ``experts_fc2``: the rank's E / EP experts (SwiGLU), one GEMM per expert; ``combine_a2a``:
+  the outputs back; ``unpermute``: weighted by the router's probabilities and summed per token.
+
+Expert parallelism folds into the stage's TP x DP ranks as Megatron-Core does (ETP innermost, then EP, then
+expert-DP); the experts run without TP (ETP 1). No auxiliary load-balancing loss (it changes neither time nor
+memory, `lynx.spec`), no capacity factor (dropless)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+import torch
+
+from lynx.runtime.layers import moe_dispatch as md
+from lynx.runtime.layers import tp
+from lynx.runtime.layers.base import Direction, OpFn
+from lynx.runtime.layers.family import RuntimeFamily
+from lynx.runtime.layers.llama import LLAMA_ENDS, LlamaConfig, LlamaLayer, LlamaModel, _SwiGLU, _wide
+from lynx.runtime.layers.tp import Group
+from lynx.spec import ModelSpec, ParallelSpec
+
+
+@dataclass(frozen=True)
+class MoEConfig(LlamaConfig):
+    """`LlamaConfig` with experts; ffn_hidden_size is the shared expert's width."""
+
+    num_experts: int = 4
+    topk: int = 2
+    expert_ffn: int = 64
+    ep: int = 1
+
+    family: ClassVar[str] = "mcore"
+
+    def model_spec(self, num_layers: int, vocab: int, name: str = "runtime") -> ModelSpec:
+        """The planner's view: the LLaMA layer's attention, the MoE MLP (family mcore, the alltoall dispatcher)."""
+        return replace(super().model_spec(num_layers, vocab, name), family="mcore", num_moe_experts=self.num_experts,
+                       moe_router_topk=self.topk, moe_ffn_hidden_size=self.expert_ffn,
+                       moe_shared_expert_intermediate_size=self.ffn_hidden_size,
+                       moe_token_dispatcher_type="alltoall", moe_grouped_gemm=True)
+
+    def parallel(self) -> ParallelSpec:
+        dp = max(self.ep // self.tp, 1)  # any DP the EP folds into: the op list does not depend on it
+        return ParallelSpec(tp=self.tp, sequence_parallel=self.sequence_parallel, seq_length=self.seq_length,
+                            micro_batch_size=self.micro_batch_size, global_batch_size=self.micro_batch_size * dp,
+                            dp=dp, ep=self.ep, etp=1)
+
+
+def _names(cfg: MoEConfig) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]], dict[str, str]]:
+    from lynx.families.mcore import kind_layer
+
+    ops = kind_layer(cfg.model_spec(1, 8), cfg.parallel(), "moe").ops
+    return tuple(o.name for o in ops), {o.name: o.inputs for o in ops}, {o.name: o.block for o in ops}
+
+
+class MoELayer(LlamaLayer):
+    """One MoE layer on one rank: LLaMA attention over the TP group, experts over the EP group."""
+
+    def __init__(self, cfg: MoEConfig, group: Group = None, layer_index: int = 0, device: Any = None,
+                 seed: int = 1234, ep_group: Group = None) -> None:
+        if tp.world(ep_group) != cfg.ep or cfg.num_experts % cfg.ep:
+            raise ValueError(f"MoEConfig.ep={cfg.ep}, {cfg.num_experts} experts, but the EP group has "
+                             f"{tp.world(ep_group)} ranks (EP must divide the experts)")
+        self.ep_group = ep_group
+        self.splits: dict[int, md.Splits] = {}
+        """Per micro-batch: the dispatch sizes (set by `dispatch_a2a`, read by the ops after it)."""
+        self.counts: dict[int, torch.Tensor] = {}
+        """Per micro-batch: copies per expert of this rank's tokens (set by `permute`)."""
+        super().__init__(cfg, group, layer_index, device, seed)
+
+    @staticmethod
+    def layer_names(cfg: LlamaConfig) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]], dict[str, str]]:
+        assert isinstance(cfg, MoEConfig)
+        return _names(cfg)
+
+    def build_mlp(self, base: int, out_std: float, kw: dict[str, Any]) -> tuple[torch.nn.Module, ...]:
+        cfg = self.moe
+        h, fs, f, e = cfg.hidden_size, cfg.ffn_hidden_size, cfg.expert_ffn, cfg.num_experts
+        self.shared_up = tp.ColumnParallelLinear(h, 2 * fs, self.group, seed=base + 3, stride=2, **kw)
+        self.shared_down = tp.RowParallelLinear(fs, h, self.group, seed=base + 4, std=out_std, **kw)
+        gen = torch.Generator().manual_seed(base + 5)
+        self.router = torch.nn.Parameter(torch.empty(h, e).normal_(0, 0.02, generator=gen).to(**kw))
+        # every expert drawn in order from one generator, this rank keeping its E / EP: the same weights at any EP
+        w1 = torch.empty(e, h, 2 * f).normal_(0, 0.02, generator=gen)
+        w2 = torch.empty(e, f, h).normal_(0, out_std, generator=gen)
+        local = e // cfg.ep
+        first = tp.rank_in(self.ep_group) * local
+        self.experts_w1 = torch.nn.Parameter(w1[first:first + local].contiguous().to(**kw))
+        self.experts_w2 = torch.nn.Parameter(w2[first:first + local].contiguous().to(**kw))
+        for p in (self.experts_w1, self.experts_w2):
+            p.expert_parallel = True  # type: ignore[attr-defined]  # reduced over expert-DP, not DP
+        if cfg.sequence_parallel:  # the router reads this rank's tokens only: its gradient is partial per TP rank
+            self.router.sequence_parallel = True  # type: ignore[attr-defined]
+        return self.shared_up, self.shared_down
+
+    # -- MoE ops -------------------------------------------------------------------------------------
+    @property
+    def moe(self) -> MoEConfig:
+        cfg = self.cfg
+        assert isinstance(cfg, MoEConfig)
+        return cfg
+
+    def _router_topk(self, logits: torch.Tensor) -> torch.Tensor:
+        # 16-bit logits in fp32 (Megatron's --moe-router-dtype fp32; the ids stay exact as floats below 2^24 experts)
+        vals, ids = _wide(logits).topk(self.moe.topk, -1)
+        return torch.cat([torch.softmax(vals, -1), ids.to(vals.dtype)], -1)
+
+    def _permute(self, x: torch.Tensor, rt: torch.Tensor, mb: int) -> torch.Tensor:
+        k, e = self.moe.topk, self.moe.num_experts
+        _, ids = md.route(rt, k)
+        self.counts[mb] = torch.bincount(ids.reshape(-1), minlength=e)
+        return x.reshape(-1, x.shape[-1])[md.sort_by_expert(ids) // k]
+
+    def _dispatch(self, x: torch.Tensor, mb: int) -> torch.Tensor:
+        s = self.splits[mb] = md.exchange_counts(self.counts[mb], self.ep_group)
+        return md.dispatch(x, s, self.ep_group, self.window(Direction.FWD, "dispatch_a2a", mb),
+                           self.window(Direction.BWD, "dispatch_a2a", mb))
+
+    def _combine(self, y: torch.Tensor, mb: int) -> torch.Tensor:
+        return md.combine(y, self.splits[mb], self.ep_group, self.window(Direction.FWD, "combine_a2a", mb),
+                          self.window(Direction.BWD, "combine_a2a", mb))
+
+    def _unpermute(self, y: torch.Tensor, rt: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        k = self.moe.topk
+        probs, ids = md.route(rt, k)
+        order = md.sort_by_expert(ids)
+        w = probs.reshape(-1)[order].to(y.dtype)
+        out = y.new_zeros(probs.shape[0], y.shape[-1]).index_add(0, order // k, y * w[:, None])
+        return out.view(shape)
+
+    def _op(self, name: str) -> OpFn:
+        ins = self.op_inputs[name]
+        x0 = ins[0]
+        shared_comm = "shared_allreduce"
+        fns: dict[str, OpFn] = {
+            "shared_fc1": lambda e, m: self._column(self.shared_up, e[x0], shared_comm, m),
+            "shared_act": lambda e, m: tp.apply_fn(_SwiGLU, e[x0]),
+            "shared_fc2": lambda e, m: tp.call(self.shared_down, e[x0]),
+            "router": lambda e, m: e[x0].reshape(-1, e[x0].shape[-1]) @ self.router,
+            "router_topk": lambda e, m: self._router_topk(e[x0]),
+            "permute": lambda e, m: self._permute(e[x0], e["router_topk"], m),
+            "dispatch_a2a": lambda e, m: self._dispatch(e[x0], m),
+            "experts_fc1": lambda e, m: md.expert_gemm(e[x0], self.experts_w1, self.splits[m].per_expert),
+            "experts_act": lambda e, m: tp.apply_fn(_SwiGLU, e[x0]),
+            "experts_fc2": lambda e, m: md.expert_gemm(e[x0], self.experts_w2, self.splits[m].per_expert),
+            "combine_a2a": lambda e, m: self._combine(e[x0], m),
+            "unpermute": lambda e, m: self._unpermute(e[x0], e["router_topk"], self._token_shape()),
+        }
+        if name == "mlp_residual":
+            return lambda e, m: sum((e[i] for i in ins[1:]), e[x0])
+        return fns[name] if name in fns else super()._op(name)
+
+    def _token_shape(self) -> torch.Size:
+        """[s, b, h] of this rank's tokens (s / TP with SP): the layer's residual stream."""
+        c = self.cfg
+        s = c.seq_length // (c.tp if c.sequence_parallel else 1)
+        return torch.Size((s, c.micro_batch_size, c.hidden_size))
+
+
+class MoEModel(LlamaModel):
+    """Embedding, a stack of `MoELayer`s, final RMSNorm, untied LM head, loss (`LlamaModel`'s forward)."""
+
+    def __init__(self, cfg: MoEConfig, num_layers: int, vocab_size: int, group: Group = None,
+                 device: Any = None, seed: int = 1234, ep_group: Group = None) -> None:
+        torch.nn.Module.__init__(self)  # LlamaModel's own builds LLaMA layers
+        cfg = replace(cfg, num_layers=num_layers)
+        self.cfg, self.group, self.seed = cfg, group, seed
+        LLAMA_ENDS.build(self, cfg, vocab_size, seed, True, True, device)
+        self.layers = torch.nn.ModuleList(
+            MoELayer(cfg, group, layer_index=i, device=device, seed=seed, ep_group=ep_group)
+            for i in range(num_layers))
+
+
+def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: bool) -> MoEConfig:
+    from lynx.stack import layer_kinds
+
+    problems = []
+    if not model.is_moe or any(k != "moe" for k in layer_kinds(model)):
+        problems.append("every layer an MoE layer (num_moe_experts > 0, moe_layer_freq 1)")
+    if model.moe_token_dispatcher_type != "alltoall":
+        problems.append("moe_token_dispatcher_type alltoall")
+    if model.moe_shared_expert_intermediate_size == 0:
+        problems.append("a shared expert (moe_shared_expert_intermediate_size > 0)")
+    if model.moe_expert_capacity_factor is not None:
+        problems.append("dropless routing (no moe_expert_capacity_factor)")
+    if (model.activation, model.normalization, model.position_embedding, model.attention, model.bias) != (
+            "swiglu", "rmsnorm", "rope", "flash", "none") or model.multi_latent_attention or model.qk_layernorm:
+        problems.append("swiglu, rmsnorm, rope, flash attention, no biases, no MLA or qk_layernorm")
+    if model.dropout and (model.hidden_dropout or model.attention_dropout):
+        problems.append("no dropout")
+    if par.expert_tp != 1:
+        problems.append(f"expert tensor parallelism 1 (--expert-tensor-parallel-size 1; the plan has {par.expert_tp})")
+    if par.cp > 1:
+        problems.append("no context parallelism")
+    if model.num_moe_experts % par.ep:
+        problems.append(f"EP dividing the experts (EP {par.ep}, {model.num_moe_experts} experts)")
+    if problems:
+        raise ValueError("lynx train builds the mcore family's MoE layer only, which needs " + "; ".join(problems))
+    return MoEConfig(hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
+                     ffn_hidden_size=model.moe_shared_expert_intermediate_size, seq_length=par.seq_length,
+                     micro_batch_size=par.micro_batch_size, num_query_groups=model.num_query_groups,
+                     tp=par.tp, sequence_parallel=par.sequence_parallel, dtype=dtype, num_layers=model.num_layers,
+                     num_experts=model.num_moe_experts, topk=model.moe_router_topk, expert_ffn=model.expert_ffn,
+                     ep=par.ep)
+
+
+RUNTIME = RuntimeFamily(config=_config, layer=MoELayer, model=MoEModel, op_names=lambda cfg: _names(cfg)[0],
+                        ends=LLAMA_ENDS, experts=True)

@@ -1,0 +1,128 @@
+"""Token routing of an MoE layer on the expert-parallel group: top-k routing, the permutation of token copies by
+expert, and the dispatch / combine all-to-alls (`torch.distributed.all_to_all_single`, gloo or NCCL) with the
+recompute engine's windows open while each is in flight, forward and backward, as the TP collectives do
+(`lynx.runtime.layers.tp`).
+
+Layout of one rank's token copies (Megatron-Core's alltoall dispatcher, token_dispatcher.py): the tok x k copies
+sorted by expert (stable, so a copy's order inside an expert is its token order); experts are split contiguously
+over EP ranks, so that order is also grouped by destination rank. A rank receives, from each source rank in
+turn, that source's copies for its local experts (expert order inside); the experts run on them regrouped by
+local expert, and the reverse order sends the outputs back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lynx.runtime.layers import tp
+from lynx.runtime.layers.tp import Group, Window
+
+
+def route(router_out: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probs [tok, k], expert ids [tok, k]) from the router_topk op's output [tok, 2k] = [probs | ids]."""
+    return router_out[:, :k], router_out[:, k:].detach().long()
+
+
+def sort_by_expert(ids: torch.Tensor) -> torch.Tensor:
+    """The order of the tok x k copies sorted by expert (stable: token order inside an expert)."""
+    return torch.argsort(ids.reshape(-1), stable=True)
+
+
+@dataclass(frozen=True)
+class Splits:
+    """One micro-batch's dispatch sizes on this rank (plain ints: a replay recomputes the same)."""
+
+    send: tuple[int, ...]
+    """Copies sent to each EP rank."""
+    recv: tuple[tuple[int, ...], ...]
+    """recv[src][e]: copies received from EP rank src for local expert e."""
+
+    @property
+    def recv_per_src(self) -> list[int]:
+        return [sum(r) for r in self.recv]
+
+    @property
+    def per_expert(self) -> list[int]:
+        """Copies each local expert computes (all sources)."""
+        return [sum(r[e] for r in self.recv) for e in range(len(self.recv[0]))]
+
+    def grouped_order(self) -> list[int]:
+        """Received rows (source-major) in local-expert-major order."""
+        starts, s = [], 0
+        for r in self.recv:
+            starts.append(s)
+            s += sum(r)
+        order: list[int] = []
+        for e in range(len(self.recv[0])):
+            for src, r in enumerate(self.recv):
+                off = starts[src] + sum(r[:e])
+                order.extend(range(off, off + r[e]))
+        return order
+
+
+def exchange_counts(per_expert: torch.Tensor, group: Group) -> Splits:
+    """The per-expert copy counts of every EP rank's dispatch (a small blocking all-to-all of counts)."""
+    n = tp.world(group)
+    local = per_expert.numel() // n
+    send = [int(c) for c in per_expert.view(n, local).sum(1)]
+    if n == 1:
+        return Splits(tuple(send), (tuple(int(c) for c in per_expert),))
+    got = torch.empty_like(per_expert)
+    dist.all_to_all_single(got, per_expert.contiguous(), group=group)
+    return Splits(tuple(send), tuple(tuple(int(c) for c in row) for row in got.view(n, local)))
+
+
+def _all_to_all(x: torch.Tensor, out_rows: list[int], in_rows: list[int], group: Group, window: Window
+                ) -> torch.Tensor:
+    """Rows `in_rows[r]` of x to rank r, `out_rows[r]` rows from rank r; `window` runs while in flight."""
+    if tp.world(group) == 1:
+        if window is not None:
+            window()
+        return x.clone()
+    x = x.contiguous()
+    out = x.new_empty((sum(out_rows), *x.shape[1:]))
+    work = dist.all_to_all_single(out, x, out_rows, in_rows, group=group, async_op=True)
+    if window is not None:
+        window()
+    assert work is not None
+    work.wait()
+    return out
+
+
+class AllToAllFn(torch.autograd.Function):
+    """The token all-to-all: forward sends with `in_rows` / receives `out_rows`, backward the reverse; each
+    direction opens its window while the collective is in flight. Saves nothing."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, out_rows: list[int], in_rows: list[int], group: Group,
+                fwd_window: Window, bwd_window: Window) -> torch.Tensor:
+        ctx.rows, ctx.group, ctx.bwd_window = (out_rows, in_rows), group, bwd_window
+        return _all_to_all(x, out_rows, in_rows, group, fwd_window)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        out_rows, in_rows = ctx.rows
+        return _all_to_all(g, in_rows, out_rows, ctx.group, ctx.bwd_window), None, None, None, None, None
+
+
+def dispatch(x: torch.Tensor, splits: Splits, group: Group, fwd: Window, bwd: Window) -> torch.Tensor:
+    """This rank's copies sorted by expert -> the copies its local experts compute, grouped by local expert."""
+    raw = tp.apply_fn(AllToAllFn, x, splits.recv_per_src, list(splits.send), group, fwd, bwd)
+    return raw[torch.tensor(splits.grouped_order(), dtype=torch.long, device=x.device)]
+
+
+def combine(y: torch.Tensor, splits: Splits, group: Group, fwd: Window, bwd: Window) -> torch.Tensor:
+    """The local experts' outputs (grouped by local expert) -> this rank's copies, sorted by expert."""
+    order = torch.tensor(splits.grouped_order(), dtype=torch.long, device=y.device)
+    inv = torch.empty_like(order)  # source-major again: the inverse of the grouping
+    inv[order] = torch.arange(order.numel(), device=y.device)
+    return tp.apply_fn(AllToAllFn, y[inv], list(splits.send), splits.recv_per_src, group, fwd, bwd)
+
+
+def expert_gemm(x: torch.Tensor, w: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Rows of x grouped by local expert (counts[e] rows each) times that expert's weight w[e] ([in, out])."""
+    parts = [xe @ w[e] for e, xe in enumerate(torch.split(x, counts))]
+    return torch.cat(parts) if parts else x.new_empty((0, w.shape[-1]))

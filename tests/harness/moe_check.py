@@ -1,0 +1,124 @@
+"""The MoE runtime's correctness check (tests/integration/test_runtime_moe.py): the moe-tiny preset planned by
+Lynx under a budget that makes it recompute, run through the pipeline runtime at an EP layout, against the same
+layout and data with no recomputation (no engine); loss and every gradient compared bit for bit, and the
+restorations each collective window hosted beside what the plan puts in that block's windows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from lynx.api import make_problem
+from lynx.cost.memory import stage_peak_bytes
+from lynx.decisions import Phase, RecomputePolicy
+from lynx.methods import get_method
+from lynx.models import load_model
+from lynx.problem import PlanOptions, PlanProblem
+from lynx.runtime.layers.gpt_model import synthetic_batch
+from lynx.runtime.layers.moe import MoEConfig
+from lynx.runtime.pipeline import PipelineLayout, PipelineRunner, make_groups
+from lynx.runtime.pipeline.order import layout_schedule
+from lynx.spec import ModelSpec, ParallelSpec, load_hardware
+
+
+@dataclass(frozen=True)
+class MoECase:
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+    num_layers: int = 2
+    num_microbatches: int = 4
+    seq_length: int = 16
+    micro_batch: int = 2
+    method: str = "lynx"
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def parallel(self) -> ParallelSpec:
+        return ParallelSpec(tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, etp=1, sequence_parallel=self.tp > 1,
+                            micro_batch_size=self.micro_batch, seq_length=self.seq_length,
+                            global_batch_size=self.micro_batch * self.dp * self.num_microbatches)
+
+    def model(self) -> ModelSpec:
+        return replace(load_model("moe-tiny"), num_layers=self.num_layers)
+
+    def problem(self, budget: float | None = None) -> PlanProblem:
+        opts = PlanOptions() if budget is None else PlanOptions(budget_bytes=budget)
+        return make_problem(self.model(), load_hardware("a100-40g-nvlink"), self.parallel(), opts)
+
+    def policies(self) -> tuple[tuple[int, ...], tuple[RecomputePolicy, ...], PlanProblem]:
+        """`method`'s partition and per-stage policies; "lynx" under a budget halfway between no recomputation's
+        peak and full recomputation's, so that it must recompute (as `pipeline_check.stage_policies`)."""
+        prob = self.problem()
+        if self.method == "lynx":
+            part = get_method("none").fn(prob).partition
+            ctxs = prob.stage_contexts(part)
+            peaks = [max(stage_peak_bytes(prob.graph, pol.layers, c)
+                         for pol, c in zip(get_method(m).fn(prob).policies, ctxs, strict=True))
+                     for m in ("none", "full")]
+            prob = self.problem(sum(peaks) / 2)
+        res = get_method(self.method).fn(prob)
+        return tuple(res.partition.layers_per_stage), tuple(res.policies), prob
+
+
+def _runner(case: MoECase, cfg: MoEConfig, part: tuple[int, ...], pols: tuple[RecomputePolicy | None, ...],
+            rank: int) -> PipelineRunner:
+    layout = PipelineLayout(tp=case.tp, pp=case.pp, dp=case.dp, vpp=1, layers_per_stage=part, policies=pols,
+                            num_microbatches=case.num_microbatches, ep=case.ep)
+    return PipelineRunner(layout, layout_schedule(case.pp, 1, case.num_microbatches), cfg,
+                          case.model().vocab_size, rank, make_groups(layout, rank), torch.device("cpu"))
+
+
+def expected_windows(pols: tuple[RecomputePolicy, ...], hosted: int, m: int) -> dict[str, int]:
+    """What the plan restores per block's windows in one iteration of one stage: each hosted micro-batch's
+    phase-2 (MLP forward) and phase-1 ops of every layer; phase 3/4 ops of every layer but the top one, for each
+    of the m micro-batches (layer l's run in layer l + 1's backward collectives)."""
+    out = {"fwd_mlp": 0, "fwd_attn": 0, "bwd_mlp": 0, "bwd_attn": 0}
+    for pol in pols:
+        for i, lp in enumerate(pol.layers):
+            for _, ph in lp.recompute:
+                if ph is Phase.FWD_MLP:
+                    out["fwd_mlp"] += hosted
+                elif ph is Phase.FWD_ATTN:
+                    out["fwd_attn"] += hosted
+                elif ph is Phase.BWD_MLP and i + 1 < len(pol.layers):
+                    out["bwd_mlp"] += m
+                elif ph is Phase.BWD_ATTN and i + 1 < len(pol.layers):
+                    out["bwd_attn"] += m
+    return out
+
+
+def compare_moe(case: MoECase, group: Any) -> dict[str, Any]:
+    """One iteration of `case` on this rank with Lynx's policies and without recomputation: what differed, and
+    the restorations per window against the plan's."""
+    import torch.distributed as dist
+
+    from lynx.runtime.layers.family import runtime_for
+
+    rank = dist.get_rank()
+    part, pols, prob = case.policies()
+    cfg = runtime_for(prob.model).config(prob.model, prob.parallel, torch.float32, False)
+    dp_rank = (rank // case.tp) % case.dp
+    m = case.num_microbatches
+    batches = [synthetic_batch(prob.model.vocab_size, case.micro_batch, case.seq_length, dp_rank * m + j, 0,
+                               torch.device("cpu")) for j in range(m)]
+    got, want = _runner(case, cfg, part, pols, rank), _runner(case, cfg, part, (None,) * len(part), rank)
+    got.step(batches)
+    want.step(batches)
+    g, w = got.named_grads(), want.named_grads()
+    stages = {s: mod.engine.stats for s, mod in got.modules.items() if mod.engine is not None}
+    return {
+        "rank": rank, "bad": sorted(n for n in w if n not in g or not torch.equal(g[n], w[n])),
+        "num_grads": len(g), "extra": sorted(set(g) - set(w)),
+        "loss_equal": got.losses == want.losses, "losses": got.losses,
+        "by_window": {str(s): dict(st.by_window) for s, st in stages.items()},
+        "by_collective": {str(s): dict(st.by_collective) for s, st in stages.items()},
+        "expected": {str(s): expected_windows((pols[s],), len([k for k in got.hosts if k[0] == s]), m)
+                     for s in stages},
+        "expert_grads": sorted(n for n in g if "experts_w" in n),
+    }
