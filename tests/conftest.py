@@ -36,6 +36,13 @@ def one_torch_thread():  # type: ignore[no-untyped-def]
 # The default run stays under 8 minutes on 2 cores (README, "Tests"): these cases are marked `slow`, each with
 # the case of its kind that stays in the default run. `python -m pytest -m ""` runs them all.
 SLOW_CASES: dict[str, str] = {
+    **{f"integration/test_runtime_fsdp.py::test_fsdp2_plans_bitwise_and_restored_in_the_all_gathers[{m}]":
+       "test_runtime_fsdp.py::test_fsdp2_selective_bitwise_and_restored_in_the_all_gathers (FSDP2, bitwise, windows)"
+       for m in ("full", "lynx")},
+    "integration/test_runtime_fsdp.py::test_lynx_train_fsdp2_reports_the_fsdp_windows":
+        "test_runtime_fsdp.py::test_fsdp2_selective_bitwise_and_restored_in_the_all_gathers (the same run, in process)",
+    "integration/test_runtime_fsdp.py::test_lynx_train_refuses_an_fsdp_plan_it_cannot_run":
+        "unit/test_runtime_fsdp_checks.py (every refusal, without a process)",
     "integration/test_window_control_torchtitan.py::test_smoke_runs_torchtitans_model_with_the_plan_and_its_control":
         "test_window_control_torchtitan.py::test_bad_options_are_one_clear_line_and_exit_2 and "
         "unit/test_window_control_bench.py (the analysis)",

@@ -36,7 +36,7 @@ class StageRecord:
     cooldown_s: float
     ondemand_s: float
     restored: dict[str, int]
-    """Ops restored per place (fwd_attn, fwd_mlp, bwd_mlp, bwd_attn, cooldown, on_demand)."""
+    """Ops restored per place (fwd_attn, fwd_mlp, bwd_mlp, bwd_attn, cooldown, fsdp_bwd, on_demand)."""
     offloaded_bytes: int = 0
     """Bytes the engine copied to the host (the policy's offloaded ops); 0 without offloading."""
     host_peak_bytes: int = 0

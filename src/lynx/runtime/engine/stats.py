@@ -18,7 +18,8 @@ class EngineStats:
     cooldown_s: float = 0.0
     """Of `window_s`: recomputation issued in a cool-down stall, before waiting for the next stage's gradient."""
     by_window: dict[str, int] = field(default_factory=dict)
-    """Ops restored per place: "fwd_attn", "fwd_mlp", "bwd_mlp", "bwd_attn", "cooldown", "on_demand"."""
+    """Ops restored per place: "fwd_attn", "fwd_mlp", "bwd_mlp", "bwd_attn", "cooldown", "fsdp_bwd",
+    "on_demand"."""
     peak_bytes: int = 0
     """Peak activation bytes held for backward (saved tensors kept, plus restored ones), all micro-batches."""
     fwd_end_bytes: list[int] = field(default_factory=list)
