@@ -28,8 +28,9 @@ from lynx.runtime.launch import run_ranks  # noqa: E402
 
 PLAN = ("--model", "gpt-tiny", "--tp", "1", "--pp", "1", "--dp", "2", "--micro-batch", "2", "--global-batch", "8",
         "--seq-len", "32", "--use-torch-fsdp2")
-METHODS = {"selective": (), "full": (), "lynx": ("--budget-gb", "0.035")}
-"""lynx's budget sits between none's and full's peak for gpt-tiny here: it must recompute (qkv, gelu)."""
+METHODS = {"selective": (), "full": (), "lynx": ("--budget-gb", "0.035"), "uniform": ("--recompute-num-layers", "2")}
+"""lynx's budget sits between none's and full's peak for gpt-tiny here: it must recompute (qkv, gelu). Megatron's
+uniform chunks of 2: layer 1's (and 3's) input is not stored, so its window replays layer 0 (2) first."""
 
 
 def _lynx(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -90,19 +91,22 @@ def _run(plan: str, group: Any) -> dict[str, Any]:
             "rel_vs_ddp": rel, "by_window": dict(stats.by_window),
             "phases": sorted({int(p) for lp in pol.layers for _, p in lp.recompute}),
             "planned": m * sum(len(lp.recompute) for lp in pol.layers),
-            "held_after_forward": stats.fwd_end_bytes, "unshards": got.live[0].unshards}
+            "unshards": got.live[0].unshards,
+            "reshard": rp.fsdp.reshard_after_forward}
 
 
-def check_plan(plan: Path, tmp_path: Path) -> None:
+def check_plan(plan: Path, tmp_path: Path, unshards: list[int] | None = None, reshard: bool = True) -> None:
+    """`unshards`: per layer, how often lynx unshards it itself (a replay outside the layer's own call and
+    backward); none by default."""
     for r in run_ranks(functools.partial(_run, str(plan)), 2, tmp_path, timeout_s=120):
-        assert r["names_equal"] and r["sharded"], r
+        assert r["names_equal"] and r["sharded"] and r["reshard"] is reshard, r
         assert r["losses"] == r["ref_losses"], r
         assert r["not_bitwise"] == [], r["not_bitwise"]
         assert r["rel_vs_ddp"] < 1e-5, r["rel_vs_ddp"]
         assert max(abs(a - b) for a, b in zip(r["losses"], r["ddp_losses"], strict=True)) < 1e-6, r
         assert r["phases"] == [5], r["phases"]  # TP 1, PP 1: the plan's recomputation is all on demand
         assert r["by_window"] == {"fsdp_bwd": r["planned"]}, (r["by_window"], r["planned"])
-        assert r["unshards"] == [0] * len(r["unshards"])  # every restoration ran with its own layer gathered
+        assert r["unshards"] == (unshards or [0] * len(r["unshards"])), r["unshards"]
 
 
 def test_fsdp2_selective_bitwise_and_restored_in_the_all_gathers(tmp_path: Path) -> None:
@@ -114,12 +118,29 @@ def test_fsdp2_plans_bitwise_and_restored_in_the_all_gathers(method: str, tmp_pa
     check_plan(make_plan(tmp_path, method), tmp_path)
 
 
+def test_fsdp2_uniform_chunks_replay_the_layer_below_unsharded_by_lynx(tmp_path: Path) -> None:
+    """Layer 1's window restores layer 0's output first, while FSDP2 holds layer 0 resharded after its forward:
+    lynx unshards it (once per micro-batch; FSDP2's own pre-backward of layer 0 then finds it gathered)."""
+    check_plan(make_plan(tmp_path, "uniform"), tmp_path, unshards=[2, 0, 2, 0])
+
+
+def test_fsdp2_without_resharding_after_forward(tmp_path: Path) -> None:
+    """reshard_after_forward off (torchtitan's `fsdp_reshard_after_forward = "never"`, read into the plan's
+    `dp_sharding.reshard`): the parameters stay gathered from forward to backward; the same equalities."""
+    plan = make_plan(tmp_path, "selective")
+    d = json.loads(plan.read_text())
+    d["options"]["dp_sharding"]["reshard"] = "never"
+    plan.write_text(json.dumps(d))
+    check_plan(plan, tmp_path, reshard=False)
+
+
 def test_lynx_train_fsdp2_reports_the_fsdp_windows(tmp_path: Path) -> None:
     plan = make_plan(tmp_path, "selective")
     p = _lynx("train", "--plan", str(plan), "--iters", "1", "--warmup", "0", "--threads", "1", "--quiet",
               "--out", "r.json", cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["data_parallel"] == "torch-fsdp2 (reshard after forward)"
     (it,) = rep["iterations"]
     assert it["restored_on_demand"] == 0 and it["restored_in_window"] == 2 * 4 * 3  # m x layers x ops
     assert rep["stages"]["0"]["restored"] == {"fsdp_bwd": 24}
