@@ -17,7 +17,7 @@ has been issued. There the engine restores the layer's pending work (`Place.FSDP
 A restoration outside its layer's own call (a Megatron-uniform chunk replaying the layer below) finds that layer
 sharded; `live_params` unshards it first (`FSDPModule.unshard`; FSDP2's own pre-backward then finds it gathered).
 
-Supported: TP 1, PP 1, no HSDP, torch FSDP2 (Megatron-FSDP's strategies are not this wrapper). Anything else is
+Supported: TP 1, PP 1, DP > 1, no HSDP, torch FSDP2 (Megatron-FSDP's strategies are not this wrapper). Anything else is
 refused before any process starts (`check_fsdp`, one line, exit 2).
 """
 
@@ -41,7 +41,7 @@ class FsdpRun:
     """Each layer's gathered parameters are freed after its forward (and gathered again before its backward)."""
 
 
-def check_fsdp(path: str, ds: DpSharding, tp: int, pp: int, vpp: int, cp: int) -> FsdpRun | None:
+def check_fsdp(path: str, ds: DpSharding, tp: int, pp: int, vpp: int, cp: int, dp: int) -> FsdpRun | None:
     """The FSDP2 run a plan asks for (None: DDP), or one `PlanFormatError` line naming what is not supported."""
     if not ds.fsdp:
         return None
@@ -52,9 +52,11 @@ def check_fsdp(path: str, ds: DpSharding, tp: int, pp: int, vpp: int, cp: int) -
     unsupported = [f"{name} {v}" for name, v in (("TP", tp), ("PP", pp), ("VPP", vpp), ("CP", cp)) if v > 1]
     if ds.instances > 1:
         unsupported.append(f"HSDP replicas {ds.instances}")
+    if dp < 2:
+        unsupported.append(f"DP {dp} (nothing to shard over)")
     if unsupported:
-        raise PlanFormatError(f"{path}: lynx train runs FSDP2 plans at TP 1, PP 1, CP 1 without HSDP; this plan "
-                              f"has {', '.join(unsupported)}")
+        raise PlanFormatError(f"{path}: lynx train runs FSDP2 plans at TP 1, PP 1, CP 1, DP > 1 without HSDP; "
+                              f"this plan has {', '.join(unsupported)}")
     return FsdpRun(reshard_after_forward=ds.reshards(pp))
 
 

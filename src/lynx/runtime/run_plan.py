@@ -64,7 +64,7 @@ def load_run(plan_path: str, dtype: torch.dtype, core_attn: bool) -> RunPlan:
                               f"runtime's embedding and LM head are vocabulary-parallel (pad the vocabulary to a "
                               f"multiple of {par.tp}, as Megatron's --make-vocab-size-divisible-by does)")
     vpp = problem.options.vpp
-    fsdp = check_fsdp(plan_path, problem.options.dp_sharding, par.tp, par.pp, vpp, par.cp)
+    fsdp = check_fsdp(plan_path, problem.options.dp_sharding, par.tp, par.pp, vpp, par.cp, par.dp)
     virtual = tuple(result.partition.chunks or result.partition.layers_per_stage)
     try:
         layout = PipelineLayout(tp=par.tp, pp=par.pp, dp=par.dp, vpp=vpp, layers_per_stage=virtual,
