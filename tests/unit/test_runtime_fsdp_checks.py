@@ -1,6 +1,6 @@
 """Which FSDP plans `lynx train` runs (`lynx.runtime.fsdp.check_fsdp`): torch FSDP2 at TP 1, PP 1, CP 1, DP > 1
-without HSDP; everything else one `PlanFormatError` line naming what the plan has (the CLI prints it as `lynx: error:`, exit 2:
-tests/integration/test_runtime_fsdp.py)."""
+without HSDP; everything else one `PlanFormatError` line naming what the plan has (the CLI prints it as
+`lynx: error:`, exit 2: tests/integration/test_runtime_fsdp.py)."""
 
 from __future__ import annotations
 
