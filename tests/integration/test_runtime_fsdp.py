@@ -39,9 +39,12 @@ def _lynx(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def make_plan(tmp_path: Path, method: str, *extra: str) -> Path:
+    """`lynx plan` in this process (the CLI's own entry; a subprocess costs a Python start-up)."""
+    from lynx.cli import main
+
     out = tmp_path / f"{method}.json"
-    p = _lynx("plan", *PLAN, "--method", method, *METHODS.get(method, ()), *extra, "--out", str(out), cwd=tmp_path)
-    assert p.returncode == 0, p.stderr
+    main(["plan", *PLAN, "--method", method, *METHODS.get(method, ()), *extra, "--out", str(out), "--json"])
+    assert out.exists()
     return out
 
 
