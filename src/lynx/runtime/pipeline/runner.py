@@ -173,6 +173,10 @@ class PipelineRunner:
         """(category, name, t0, t1, stage) while `tracing`: stage is the one whose action was running."""
         self.tracing = False
         self.current_stage = -1
+        for mod in self.modules.values():
+            if mod.engine is not None:
+                mod.engine.tracer = lambda n, a, b: self.event("recompute", n, a, b, None)
+                mod.engine.copy_tracer = lambda n, a, b: self.event("copy", n, a, b, None)
         self.loss_fn = make_loss_fn(L.num_microbatches, self.losses, groups.tp)
         self.stages: list[Any] = []
         """This rank's PipelineStages (on the CPU when host-staged; none under FSDP, `_fsdp_step`)."""
@@ -188,9 +192,6 @@ class PipelineRunner:
                 out = out if mod.spec.is_last else out.detach().to(comm).requires_grad_(True)
             wrapped = HostStaged(mod, device, comm) if host_staged else mod
             stages.append(tpp.make_stage(wrapped, s, L.num_stages, comm, inp, out, groups.pp))
-            if mod.engine is not None:
-                mod.engine.tracer = lambda n, a, b: self.event("recompute", n, a, b, None)
-                mod.engine.copy_tracer = lambda n, a, b: self.event("copy", n, a, b, None)
         hooks = tpp.Hooks(before_forward=self.before_forward, before_grad_wait=self._before_grad_wait,
                           span=lambda n, a, b, s: self.event("pipeline", n, a, b, s),
                           peer_rank=lambda s: L.rank_of(s % L.pp, self.dp_rank, self.tp_rank), timeout_s=timeout_s)
