@@ -56,7 +56,23 @@ def _full(g: Any) -> Any:
     return g.full_tensor() if hasattr(g, "full_tensor") else g
 
 
-def _run(plan: str, group: Any) -> dict[str, Any]:
+def _hook_inside_the_call(runner: Any) -> None:
+    """Negative control: put lynx's window hook on each layer's output inside the layer's call, i.e. before FSDP2's
+    post-forward registers its pre-backward there, so it runs before FSDP2 gathers the layer."""
+    import lynx.runtime.pipeline.stages as stages
+    from lynx.runtime.fsdp import window_after_pre_backward
+
+    stages.window_after_pre_backward = lambda *a: None  # type: ignore[assignment]
+    mod = runner.modules[0]
+    for li, layer in enumerate(mod.layers.values()):
+        def step(x: Any, mb: int, li: int = li, own: Any = layer.step) -> Any:
+            y = own(x, mb)
+            window_after_pre_backward(mod.engine, li, y, mb)
+            return y
+        layer.step = step
+
+
+def _run(plan: str, group: Any, early: bool = False) -> dict[str, Any]:
     import torch.distributed as dist
 
     from lynx.runtime.layers.gpt_model import synthetic_batch
@@ -75,6 +91,8 @@ def _run(plan: str, group: Any) -> dict[str, Any]:
         lay = layout if policies else replace(layout, policies=(None,))
         r = PipelineRunner(lay, layout_schedule(1, 1, m), rp.cfg, rp.problem.model.vocab_size, rank,
                            make_groups(lay, rank), torch.device("cpu"), fsdp=rp.fsdp if fsdp else None)
+        if early and policies:
+            _hook_inside_the_call(r)
         r.step(batches)
         return r
 
@@ -135,6 +153,16 @@ def test_fsdp2_without_resharding_after_forward(tmp_path: Path) -> None:
     d["options"]["dp_sharding"]["reshard"] = "never"
     plan.write_text(json.dumps(d))
     check_plan(plan, tmp_path, reshard=False)
+
+
+def test_negative_control_a_window_before_fsdps_pre_backward_finds_the_layer_sharded(tmp_path: Path) -> None:
+    """The hook's place matters and the checks see it: registered inside the layer's call (before FSDP2's
+    pre-backward), the window runs while FSDP2 holds the layer resharded, so lynx gathers every layer itself, once
+    per micro-batch (gradients still bitwise: the same replays on the same parameters)."""
+    plan = make_plan(tmp_path, "selective")
+    for r in run_ranks(functools.partial(_run, str(plan), early=True), 2, tmp_path, timeout_s=120):
+        assert r["not_bitwise"] == [] and r["by_window"] == {"fsdp_bwd": r["planned"]}, r
+        assert r["unshards"] == [2, 2, 2, 2], r["unshards"]  # check_plan requires [0, 0, 0, 0]
 
 
 def test_lynx_train_fsdp2_reports_the_fsdp_windows(tmp_path: Path) -> None:
