@@ -41,6 +41,19 @@ SLOW_CASES: dict[str, str] = {
        for t in ("test_ep2_tp2_sequence_parallel_bitwise",
                  "test_pp2_ep2_bitwise_and_a_forward_all_to_all_hosts_phase_2",
                  "test_lynx_train_ep2_trains_as_the_single_process_run")},
+    **{f"integration/test_runtime_fsdp.py::test_fsdp2_plans_bitwise_and_restored_in_the_all_gathers[{m}]":
+       "test_runtime_fsdp.py::test_fsdp2_selective_bitwise_and_restored_in_the_all_gathers (FSDP2, bitwise, windows)"
+       for m in ("full", "lynx")},
+    "integration/test_runtime_fsdp.py::test_fsdp2_uniform_chunks_replay_the_layer_below_unsharded_by_lynx":
+        "test_runtime_fsdp.py::test_fsdp2_selective_bitwise_and_restored_in_the_all_gathers (FSDP2, bitwise, windows)",
+    "integration/test_runtime_fsdp.py::test_fsdp2_without_resharding_after_forward":
+        "test_runtime_fsdp.py::test_fsdp2_selective_bitwise_and_restored_in_the_all_gathers (FSDP2, bitwise, windows)",
+    "integration/test_runtime_fsdp.py::test_negative_control_a_window_before_fsdps_pre_backward_finds_the_layer_sharded":
+        "test_runtime_fsdp.py::test_fsdp2_selective_bitwise_and_restored_in_the_all_gathers (its unshards check)",
+    "integration/test_runtime_fsdp.py::test_lynx_train_fsdp2_reports_the_fsdp_windows":
+        "test_runtime_fsdp.py::test_fsdp2_selective_bitwise_and_restored_in_the_all_gathers (the same run, in process)",
+    "integration/test_runtime_fsdp.py::test_lynx_train_refuses_an_fsdp_plan_it_cannot_run":
+        "unit/test_runtime_fsdp_checks.py (every refusal, without a process)",
     "integration/test_window_control_torchtitan.py::test_smoke_runs_torchtitans_model_with_the_plan_and_its_control":
         "test_window_control_torchtitan.py::test_bad_options_are_one_clear_line_and_exit_2 and "
         "unit/test_window_control_bench.py (the analysis)",

@@ -36,7 +36,7 @@ class StageRecord:
     cooldown_s: float
     ondemand_s: float
     restored: dict[str, int]
-    """Ops restored per place (fwd_attn, fwd_mlp, bwd_mlp, bwd_attn, cooldown, on_demand)."""
+    """Ops restored per place (fwd_attn, fwd_mlp, bwd_mlp, bwd_attn, cooldown, fsdp_bwd, on_demand)."""
     offloaded_bytes: int = 0
     """Bytes the engine copied to the host (the policy's offloaded ops); 0 without offloading."""
     host_peak_bytes: int = 0
@@ -137,6 +137,8 @@ def build(args: TrainConfig, rp: RunPlan, ranks: list[RankRecord], backend: str,
         "tp": L.tp, "pp": L.pp, "dp": L.dp, "vpp": L.vpp, "num_layers": sum(L.layers_per_stage),
         "num_microbatches": L.num_microbatches, "device": args.device, "dtype": args.dtype, "backend": backend,
         "precision": args.precision,
+        "data_parallel": ("torch-fsdp2 (reshard after forward)" if rp.fsdp.reshard_after_forward
+                          else "torch-fsdp2") if rp.fsdp is not None else "ddp",
         "master_dtypes": {k: sorted({d for r in ranks for d in r.master_dtypes.get(k, ())})
                           for k in ("params", "grads", "optimizer")},
         "p2p": "host memory" if host_staged else "direct",

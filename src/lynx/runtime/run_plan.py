@@ -13,6 +13,7 @@ from lynx.decisions import validate_layer_policy
 from lynx.errors import PlanFormatError
 from lynx.plan import Plan, load_plan, policies_per_virtual_stage
 from lynx.problem import PlanProblem
+from lynx.runtime.fsdp import FsdpRun, check_fsdp
 from lynx.runtime.layers.family import RuntimeFamily, runtime_for
 from lynx.runtime.pipeline import LayoutError, PipelineLayout
 from lynx.spec import fusion_changes
@@ -32,6 +33,8 @@ class RunPlan:
     predicted_time_s: float
     predicted_stage_peaks: tuple[float, ...]
     """The simulator's per-pipeline-rank peak memory (static included), bytes."""
+    fsdp: FsdpRun | None = None
+    """The plan's data parallelism is torch FSDP2 (`lynx.runtime.fsdp`); None: DDP."""
 
 
 _FUSIONS_THAT_CHANGE_SAVED_BYTES = ("transformer_impl", "bias_activation_fusion")
@@ -61,6 +64,7 @@ def load_run(plan_path: str, dtype: torch.dtype, core_attn: bool) -> RunPlan:
                               f"runtime's embedding and LM head are vocabulary-parallel (pad the vocabulary to a "
                               f"multiple of {par.tp}, as Megatron's --make-vocab-size-divisible-by does)")
     vpp = problem.options.vpp
+    fsdp = check_fsdp(plan_path, problem.options.dp_sharding, par.tp, par.pp, vpp, par.cp, par.dp)
     virtual = tuple(result.partition.chunks or result.partition.layers_per_stage)
     try:
         layout = PipelineLayout(tp=par.tp, pp=par.pp, dp=par.dp, vpp=vpp, layers_per_stage=virtual,
@@ -75,4 +79,4 @@ def load_run(plan_path: str, dtype: torch.dtype, core_attn: bool) -> RunPlan:
                 raise PlanFormatError(f"{plan_path}: stage {s} layer {i}: " + "; ".join(errs))
     pred = Plan.evaluate(problem, result, record=False).prediction
     return RunPlan(plan_path, problem, result.method, layout, family, cfg, pred.iteration_time_s,
-                   tuple(st.peak_memory_bytes for st in pred.stages))
+                   tuple(st.peak_memory_bytes for st in pred.stages), fsdp)

@@ -106,7 +106,8 @@ def run(config: TrainConfig, rank: int, world: int) -> dict[str, Any] | None:
     device = torch.device(f"cuda:{torch.cuda.current_device()}") if config.device == "cuda" else torch.device("cpu")
     runner = PipelineRunner(layout, run_schedule(config, layout), rp.cfg, rp.problem.model.vocab_size, rank,
                             make_groups(layout, rank, config.timeout), device, config.seed, timeout_s=config.timeout,
-                            host_staged=host_staged(config), autocast=amp)
+                            host_staged=host_staged(config), autocast=amp,
+                            fsdp=rp.fsdp)
     opt = torch.optim.AdamW(runner.parameters(), lr=config.lr)
     dp_rank = layout.coords(rank)[1]
     records: list[rep.IterRecord] = []

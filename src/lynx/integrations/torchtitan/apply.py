@@ -24,6 +24,7 @@ from lynx.export.titan_assumes import PlanAssumes, assumes_of
 from lynx.integrations.torchtitan import _fence, checks
 from lynx.integrations.torchtitan.layer import TitanLayer
 from lynx.runtime.engine import EngineStats, RecomputeEngine
+from lynx.runtime.fsdp import window_after_pre_backward
 from lynx.runtime.layers import tp
 
 
@@ -112,6 +113,8 @@ class LynxTorchtitan:
         self.engine = RecomputeEngine(self.layers, pols, params,
                                       live_params=lambda li: self.layers[li].live_parameters())
         self._microbatch = 0
+        self._fsdp_hooked: dict[int, Any] = {}
+        """FSDP2: per block, the forward hook that puts lynx's window after FSDP2's pre-backward."""
         self.auto_step = True
         """Start a new step (micro-batch 0) when the part's first block runs with nothing held for backward (a
         training loop that never calls `end_step`, such as torchtitan's trainer)."""
@@ -142,8 +145,18 @@ class LynxTorchtitan:
                 self._microbatch += 1
             mb = self._microbatch - 1
             self.layers[li].context[mb] = (attention_masks, positions)
+            if li not in self._fsdp_hooked and _fence.is_fsdp(self.blocks[li]):
+                # appended now, after FSDP2's post-forward (fully_shard before or after the plan): it sees the
+                # output once FSDP2 has put its pre-backward on it, this call included (`lynx.runtime.fsdp`)
+                self._fsdp_hooked[li] = self.blocks[li].register_forward_hook(self._fsdp_window(li))
             return self.engine.forward_layer(li, x, mb)
         return run
+
+    def _fsdp_window(self, li: int) -> Any:
+        def post(module: nn.Module, args: Any, output: Any) -> None:
+            if isinstance(output, torch.Tensor) and torch.is_grad_enabled():
+                window_after_pre_backward(self.engine, li, output, self._microbatch - 1)
+        return post
 
     def _check_first(self, x: torch.Tensor) -> None:
         """The first forward: the plan's batch and dtype; the parameters still the ones the engine was given
@@ -169,6 +182,9 @@ class LynxTorchtitan:
         for b, f in zip(self.blocks, self._own, strict=True):
             b.forward = f
             checks.unguard_compile(b)
+        for h in self._fsdp_hooked.values():
+            h.remove()
+        self._fsdp_hooked.clear()
 
 
 def apply_lynx_plan(model_part: nn.Module, plan: str | Path | Mapping[int, LayerPolicy],

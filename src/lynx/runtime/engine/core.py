@@ -319,6 +319,25 @@ class RecomputeEngine:
             if (tl, tmb) in self._records:
                 self._ensure(tl, tmb, name, Place.COOLDOWN)
 
+    def fsdp_window(self, li: int, mb: int) -> None:
+        """Restore now layer li's pending work for micro-batch `mb` (`Place.FSDP_BWD`): called by a hook that FSDP2's
+        pre-backward of layer li precedes (its parameters gathered, the next gather prefetched), so what backward
+        would restore on demand runs while FSDP's collectives are in flight (`lynx.runtime.fsdp`)."""
+        rec = self._records.get((li, mb))
+        if rec is None:
+            return
+        for name in self.plan.fsdp_window_ops(li, rec.restored):
+            self._ensure(li, mb, name, Place.FSDP_BWD)
+
+    def use_live_params(self, live_params: Callable[[int], Iterable[torch.Tensor]],
+                        params: Iterable[torch.Tensor]) -> None:
+        """Set `live_params` after construction (a stage wrapped by FSDP2 once its engine exists; see `__init__`),
+        and replace the parameter storages known so far by `params`: the wrapper freed the old ones, and an
+        activation allocated at a freed parameter's address must not pass for a parameter."""
+        self._live_params = live_params
+        self._param_keys.clear()  # in place: the ledger and the hooks share the set
+        self._param_keys.update(storage_key(p) for p in params)
+
     def restore_pending(self, mb: int, phase: Phase, layers: Collection[int]) -> None:
         """Restore now the pending `phase` ops of micro-batch `mb` in `layers` (another chunk's forward window
         hosts them)."""

@@ -1,6 +1,6 @@
-"""Where a restoration runs, as types: `Place` (a window of the plan's phases 1-4, the cool-down stall, or on
-demand) and `Direction` (the forward or the backward collective a layer opens a window in). The place's
-value is the key the engine's statistics and `lynx train`'s report count restorations under."""
+"""Where a restoration runs, as types: `Place` (a window of the plan's phases 1-4, the cool-down stall, FSDP's
+backward all-gather, or on demand) and `Direction` (the forward or the backward collective a layer opens a window
+in). The place's value is the key the engine's statistics and `lynx train`'s report count restorations under."""
 
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ class Place(Enum):
     BWD_ATTN = "bwd_attn"
     COOLDOWN = "cooldown"
     """The cool-down stall: before waiting for the next stage's gradient, with no forward left to host."""
+    FSDP_BWD = "fsdp_bwd"
+    """Inside FSDP2's backward all-gather: after the layer's pre-backward unshard, with the gather of the layer
+    below (FSDP's backward prefetch) in flight; the layer's own pending work (the planner's
+    `cost.pricing.fsdp_window`, decision 0240)."""
     ON_DEMAND = "on_demand"
     """When backward unpacks a tensor not restored yet (phase 5, or what no window restored)."""
 

@@ -124,6 +124,14 @@ class RestorePlan:
         phase = BWD_PHASE[block]
         return [(n, p) for n, p in self.policies[li - 1].recompute if p == phase]
 
+    # -- FSDP's backward all-gather window ------------------------------------------------------------------
+    def fsdp_window_ops(self, li: int, restored: Collection[str]) -> list[str]:
+        """Layer li's planned restorations not done yet, in op order: what layer li's FSDP backward window hosts
+        (the planner's `cost.pricing.fsdp_window` hides the layer's on-demand work). A comm op among them replays
+        its collective inside FSDP2's pre-backward hook, which every rank of the TP group runs at the same point of
+        the same graph, in the same op order."""
+        return [n for n in self.layers[li].op_names if n in self.planned[li] and n not in restored]
+
     # -- freeing restored outputs ----------------------------------------------------------------------------
     def chunk_top(self, li: int) -> bool:
         """Is layer li's output restored for the layer above rather than held (its input is not checkpointed)?"""

@@ -18,7 +18,8 @@ class EngineStats:
     cooldown_s: float = 0.0
     """Of `window_s`: recomputation issued in a cool-down stall, before waiting for the next stage's gradient."""
     by_window: dict[str, int] = field(default_factory=dict)
-    """Ops restored per place: "fwd_attn", "fwd_mlp", "bwd_mlp", "bwd_attn", "cooldown", "on_demand"."""
+    """Ops restored per place: "fwd_attn", "fwd_mlp", "bwd_mlp", "bwd_attn", "cooldown", "fsdp_bwd",
+    "on_demand"."""
     by_collective: dict[str, int] = field(default_factory=dict)
     """Ops restored inside each collective's window, keyed "fwd <comm op>" / "bwd <comm op>" (e.g.
     "fwd dispatch_a2a"): which collective of a block hosted them (the cool-down and on-demand are not here)."""

@@ -59,6 +59,9 @@ class OpLayer(torch.nn.Module):
         self.layer_index = layer_index
         self.op_names, self.op_inputs, self.op_blocks = op_names, op_inputs, op_blocks
         self.window_hook: WindowHook | None = None
+        self.step: Callable[[torch.Tensor, int], torch.Tensor] | None = None
+        """Set when the engine runs this layer but a wrapper's hooks must see the call (FSDP2's `fully_shard`
+        unshards on the module's own call): `forward` hands the call to it (`lynx.runtime.fsdp`)."""
         self._ops: dict[str, OpFn] = {}
 
     def set_ops(self, table: dict[str, OpFn]) -> None:
@@ -83,6 +86,8 @@ class OpLayer(torch.nn.Module):
         return fn(env, microbatch)
 
     def forward(self, x: torch.Tensor, microbatch: int = 0) -> torch.Tensor:
+        if self.step is not None:
+            return self.step(x, microbatch)
         env: dict[str, torch.Tensor] = {LAYER_INPUT: x}
         for n in self.op_names:
             env[n] = self.run_op(n, env, microbatch)

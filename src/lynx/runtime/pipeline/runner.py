@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from lynx.decisions import RecomputePolicy
 from lynx.errors import LynxError
+from lynx.runtime.fsdp import FsdpRun, LiveParams, shard_stage
 from lynx.runtime.pipeline import _torch_pipelining as tpp
 from lynx.runtime.pipeline.order import check_executable, rank_order
 from lynx.runtime.pipeline.stages import HostStaged, StageModule, StageSpec, make_loss_fn
@@ -162,11 +163,12 @@ class PipelineRunner:
     def __init__(self, layout: PipelineLayout, schedule: Schedule, cfg: Any, vocab: int, rank: int,
                  groups: Groups, device: torch.device, seed: int = 1234, workdir: str | None = None,
                  timeout_s: float | None = None, host_staged: bool = False,
-                 autocast: torch.dtype | None = None) -> None:
+                 autocast: torch.dtype | None = None, fsdp: FsdpRun | None = None) -> None:
         """`host_staged`: p2p through host memory (`HostStaged`): the PipelineStages and their buffers on the
         CPU, the stage modules on `device` (gloo on CUDA, several ranks on one GPU). `autocast`: mixed
         precision, every stage's forward under autocast to that dtype with the parameters as built (fp32
-        master weights and gradients; recomputation replays under the same autocast state)."""
+        master weights and gradients; recomputation replays under the same autocast state). `fsdp`: every stage
+        wrapped in FSDP2 over the DP group (`lynx.runtime.fsdp`), which then reduces the gradients itself."""
         L = layout
         check_executable(schedule, L.pp, L.vpp, L.num_microbatches)
         cfg = replace(cfg, num_layers=sum(L.layers_per_stage))  # Megatron's scaled init reads the depth
@@ -176,13 +178,33 @@ class PipelineRunner:
         self.hosts, self.cool, self.in_flight = order.hosts, order.cooldown, order.in_flight
         specs = [s for s in L.stage_specs() if s.index % L.pp == self.pp_rank]
         self.modules = {s.index: StageModule(s, cfg, vocab, groups.tp, device, seed, groups.ep) for s in specs}
-        for mod in self.modules.values():
+        self.fsdp = fsdp
+        self.live: dict[int, LiveParams] = {}
+        """FSDP2: per stage, the engine's live-parameter callback (its `unshards` per layer)."""
+        for s, mod in self.modules.items():
             mod.autocast = autocast
+            if fsdp is not None:
+                if groups.dp is None:
+                    raise LayoutError("FSDP needs DP > 1")
+                live = shard_stage(mod, groups.dp, fsdp)
+                mod.sharded = True
+                if live is not None:
+                    self.live[s] = live
         self.losses: list[float] = []
         self.events: list[tuple[str, str, float, float, int]] = []
         """(category, name, t0, t1, stage) while `tracing`: stage is the one whose action was running."""
         self.tracing = False
         self.current_stage = -1
+        for mod in self.modules.values():
+            if mod.engine is not None:
+                mod.engine.tracer = lambda n, a, b: self.event("recompute", n, a, b, None)
+                mod.engine.copy_tracer = lambda n, a, b: self.event("copy", n, a, b, None)
+        self.loss_fn = make_loss_fn(L.num_microbatches, self.losses, groups.tp)
+        self.stages: list[Any] = []
+        """This rank's PipelineStages (on the CPU when host-staged; none under FSDP, `_fsdp_step`)."""
+        self.schedule: Any = None
+        if fsdp is not None:
+            return
         stages = []
         comm = torch.device("cpu") if host_staged else device
         for s, mod in self.modules.items():
@@ -192,20 +214,15 @@ class PipelineRunner:
                 out = out if mod.spec.is_last else out.detach().to(comm).requires_grad_(True)
             wrapped = HostStaged(mod, device, comm) if host_staged else mod
             stages.append(tpp.make_stage(wrapped, s, L.num_stages, comm, inp, out, groups.pp))
-            if mod.engine is not None:
-                mod.engine.tracer = lambda n, a, b: self.event("recompute", n, a, b, None)
-                mod.engine.copy_tracer = lambda n, a, b: self.event("copy", n, a, b, None)
         hooks = tpp.Hooks(before_forward=self.before_forward, before_grad_wait=self._before_grad_wait,
                           span=lambda n, a, b, s: self.event("pipeline", n, a, b, s),
                           peer_rank=lambda s: L.rank_of(s % L.pp, self.dp_rank, self.tp_rank), timeout_s=timeout_s)
         self.schedule_hooks = hooks
         self.stages = stages
-        """This rank's PipelineStages (on the CPU when host-staged)."""
         with tempfile.TemporaryDirectory(prefix="lynx-pp-") as tmp:  # torch loads the list from a CSV file
             csv_path = Path(workdir or tmp) / f"actions-rank{rank}.csv"
             save_csv(schedule, csv_path)
-            loss_fn = make_loss_fn(L.num_microbatches, self.losses, groups.tp)
-            self.schedule = tpp.build_schedule(stages, L.num_microbatches, loss_fn, str(csv_path), hooks)
+            self.schedule = tpp.build_schedule(stages, L.num_microbatches, self.loss_fn, str(csv_path), hooks)
 
     # -- hooks ---------------------------------------------------------------------------------------
     def event(self, cat: str, name: str, t0: float, t1: float, stage: int | None = None) -> None:
@@ -254,6 +271,16 @@ class PipelineRunner:
         self.losses.clear()
         for mod in self.modules.values():
             mod.train()
+        if self.schedule is None:
+            self._fsdp_step(batches)
+        else:
+            self._schedule_step(batches)
+        for mod in self.modules.values():
+            if mod.engine is not None:
+                mod.engine.end_step()
+        self._reduce_grads()
+
+    def _schedule_step(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         tokens = torch.cat([t for t, _ in batches]) if self.has_first else None
         labels = torch.cat([lab for _, lab in batches]) if self.has_last else None
         args = (tokens,) if tokens is not None else ()
@@ -267,10 +294,21 @@ class PipelineRunner:
             cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise tpp.PeerError(f"the pipeline step failed (p2p peers of this rank: {self._peers()}): "
                                 f"{cause}") from None
-        for mod in self.modules.values():
-            if mod.engine is not None:
-                mod.engine.end_step()
-        self._reduce_grads()
+
+    def _fsdp_step(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """One stage under FSDP2 (`lynx.runtime.fsdp`: PP 1), without torch's pipeline schedule, whose FSDP support
+        gathers the whole stage before its first action and reshards it after its last (no per-layer all-gather
+        left to host anything). Each micro-batch's forward, then its backward (1F1B on one stage); FSDP2
+        reduce-scatters each layer's gradient after its backward, as the planner prices it."""
+        (s, mod), = self.modules.items()
+        for j, (tokens, labels) in enumerate(batches):
+            self.before_forward(s, j)
+            t0 = time.perf_counter()
+            loss = self.loss_fn(mod(tokens), labels)
+            t1 = time.perf_counter()
+            self.event("pipeline", f"F{j}", t0, t1, s)
+            loss.backward()
+            self.event("pipeline", f"B{j}", t1, time.perf_counter(), s)
 
     def _peers(self) -> str:
         """The neighbouring stages on other ranks, with the rank that runs each."""
@@ -295,7 +333,7 @@ class PipelineRunner:
                     grad = getattr(m, name).grad
                     if grad is not None:
                         dist.all_reduce(grad, group=g.embedding)
-        if g.dp is not None:
+        if g.dp is not None and self.fsdp is None:  # FSDP2 reduce-scattered them (`lynx.runtime.fsdp`)
             grads = [p.grad for p in params if p.grad is not None]
             flat = torch._utils._flatten_dense_tensors(grads)
             dist.all_reduce(flat, group=g.dp)

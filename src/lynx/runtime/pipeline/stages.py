@@ -20,6 +20,7 @@ import torch
 
 from lynx.decisions import RecomputePolicy
 from lynx.runtime.engine import RecomputeEngine
+from lynx.runtime.fsdp import window_after_pre_backward
 from lynx.runtime.layers.ends import lm_loss
 from lynx.runtime.layers.family import runtime_of
 from lynx.runtime.layers.tp import Group
@@ -65,6 +66,9 @@ class StageModule(torch.nn.Module):
         """Mixed precision: the forward runs under autocast to this dtype, parameters stay as built (fp32
         master weights; `lynx train --precision megatron-bf16`). None: no autocast."""
         self.hosts: frozenset[int] = frozenset()
+        self.sharded = False
+        """Wrapped in FSDP2 (`lynx.runtime.fsdp.shard_stage`): each layer is called as a module, so FSDP's hooks
+        run, and its call hands the step to the engine."""
         self.guest: tuple[RecomputeEngine, int] | None = None
 
     def set_microbatch(self, microbatch: int, hosts: Collection[int] = (),
@@ -84,7 +88,11 @@ class StageModule(torch.nn.Module):
         mb = self.microbatch
         if self.spec.is_first:
             x = self.ends.embed(self, x, mb, self.group)
-        if self.engine is not None:
+        if self.engine is not None and self.sharded:
+            for li, layer in enumerate(self.layers.values()):
+                x = layer(x, mb)
+                window_after_pre_backward(self.engine, li, x, mb)
+        elif self.engine is not None:
             x = self.engine.forward(x, mb, self.hosts, self.guest)
         else:
             for layer in self.layers.values():
