@@ -177,6 +177,11 @@ SLOW_CASES: dict[str, str] = {
        for c in ("tp2-sp-llama", "tp2-llama", "pp2-gpt", "pp2-tp2-gpt", "pp2-tp2-sp-llama", "dp2-llama")},
     "integration/test_megatron_core.py::test_one_rank_gpt_with_dropout_bitwise_and_where_planned":
         "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (the same, at TP 2)",
+    **{f"integration/test_megatron_ddp.py::test_overlap_grad_reduce_bitwise_and_where_planned[{c}]":
+       "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (Megatron-Core, TP windows) and "
+       "unit/test_export_megatron_engine.py::test_ddp_overlaps_price_as_lynxs_plan and "
+       "integration/test_megatron_pre_hooks.py (the engine runs the linears' pre-hooks)"
+       for c in ("dp2-gpt", "dp2-llama-distributed-optimizer", "dp2-tp2-sp-llama")},
     "integration/test_megatron_core.py::test_interleaved_pp2_vpp2_bitwise":
         "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (Megatron-Core, TP windows)",
     "integration/test_window_control_megatron.py::test_smoke_runs_megatrons_model_with_the_plan_and_its_control":

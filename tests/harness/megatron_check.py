@@ -51,7 +51,51 @@ def _chunks(s: Shape, mode: str, plan: str, hookup: str | None = None) -> tuple[
     models = [ms.build_gpt(t, cfg, spec, vp_stage=v) for v in vps]
     apply = _hookup(hookup).apply_plan if hookup else (lambda m, vp_stage: apply_lynx_plan(m, plan, vp_stage=vp_stage))
     lynx = [apply(m, vp_stage=v) for m, v in zip(models, vps, strict=True)] if mode == "lynx" else []
-    return cfg, [ms.wrap_ddp(cfg, m) for m in models], lynx
+    return cfg, [ms.wrap_ddp(cfg, m, s) for m in models], lynx
+
+
+class _DdpWatch:
+    """The engine's restorations (all places) when the first DDP bucket collective was launched and when the
+    first one was waited for: Megatron's own bucket groups' ``start_grad_sync`` / ``finish_grad_sync``, wrapped
+    per instance here (a test seam; the integration itself does not touch DDP)."""
+
+    def __init__(self, lynx: list[Any]) -> None:
+        self.lynx = lynx
+        self.launched: int | None = None
+        self.waited: int | None = None
+
+    def restorations(self) -> int:
+        return sum(sum(x.stats.by_window.values()) for x in self.lynx)
+
+    def wrap(self, group: Any) -> None:
+        start, finish = group.start_grad_sync, group.finish_grad_sync
+
+        def started(*a: Any, **k: Any) -> Any:
+            if self.launched is None and self.waited is None:
+                self.launched = self.restorations()
+            return start(*a, **k)
+
+        def finished(*a: Any, **k: Any) -> Any:
+            if self.waited is None:
+                self.waited = self.restorations()
+            return finish(*a, **k)
+
+        group.start_grad_sync, group.finish_grad_sync = started, finished
+
+    def restored_in_flight(self) -> int:
+        """Restorations run while a bucket's gradient collective was outstanding (0 without the overlap:
+        Megatron then launches each bucket from `finish_grad_sync`, after the backward)."""
+        if self.launched is None or self.waited is None:
+            return 0
+        return self.waited - self.launched
+
+
+def _watch_ddp(chunks: list[Any], lynx: list[Any]) -> _DdpWatch:
+    w = _DdpWatch(lynx)
+    for c in chunks:
+        for g in c.bucket_groups:
+            w.wrap(g)
+    return w
 
 
 def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> None:
@@ -76,20 +120,32 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
     held: list[int] = []
     offloaded: list[int] = []
     peak: list[int] = []
+    in_ddp = 0
     for mode in ("none", "full", "lynx"):
         cfg, chunks, lynx = _chunks(s, mode, args.plan, args.hookup)
+        for _ in range(s.steps - 1):
+            if s.overlap_param_gather:
+                ms.stale_other_shards(chunks)
+            ms.train_step(s, cfg, chunks, data, schedule_kwargs(lynx[0], cfg) if lynx and s.vpp == 1 else None,
+                          keep_grads=False)
+        watch = _watch_ddp(chunks, lynx) if lynx else None
+        if s.overlap_param_gather:
+            ms.stale_other_shards(chunks)
         if args.hookup and lynx:
             kw = _hookup(args.hookup).cooldown_kwargs(cfg) if s.vpp == 1 else None
         else:
             kw = schedule_kwargs(lynx[0], cfg) if lynx and s.vpp == 1 else None
         runs[mode] = ms.train_step(s, cfg, chunks, data, kw)
+        if watch is not None:
+            in_ddp = watch.restored_in_flight()
         stats = [dict(x.stats.by_window) for x in lynx] or stats
         if lynx:
             held = [x.engine.held_bytes() for x in lynx]
             peak = [x.stats.peak_bytes for x in lynx]
             offloaded = [x.stats.offloaded_bytes for x in lynx]
     (l0, g0), out = runs["none"], {"rank": rank, "stats": stats, "params": len(runs["none"][1]),
-                                   "held_after_step": held, "peak_bytes": peak, "offloaded_bytes": offloaded}
+                                   "held_after_step": held, "peak_bytes": peak, "offloaded_bytes": offloaded,
+                                   "restored_in_ddp_collective": in_ddp}
     for mode in ("full", "lynx"):
         loss, g = runs[mode]
         out[mode] = {"losses_equal": loss == l0, "grads_equal": all(torch.equal(g[k], g0[k]) for k in g0),

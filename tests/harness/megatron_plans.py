@@ -53,6 +53,18 @@ class Shape:
     vpp: int = 1
     mbs: int = 2
     microbatches: int = 4
+    overlap_grad_reduce: bool = False
+    """Megatron's DDP launches each gradient bucket's collective during the last backward (its hooks)."""
+    distributed_optimizer: bool = False
+    """Megatron's DDP reduce-scatters the buckets (the distributed optimizer's layout) instead of all-reducing."""
+    overlap_param_gather: bool = False
+    """With `distributed_optimizer`: each bucket's parameter all-gather is waited for in the forward pre-hooks of
+    the modules using it (Megatron's DDP); the harness makes the other ranks' shards stale before each step."""
+    bucket_size: int | None = None
+    steps: int = 1
+    """Training steps per run, the same batch each (no optimizer step): Megatron's DDP launches bucket
+    collectives during backward only from its second step on (the first learns each bucket's hook counts)."""
+    """Megatron's DDP bucket size in parameters (None: its default, one bucket for these tiny models)."""
 
 
 NO_FWD = {"gelu": Phase.BWD_MLP, "swiglu": Phase.BWD_MLP}

@@ -171,12 +171,16 @@ def causal_mask(seq: int) -> torch.Tensor:
 
 
 
-def wrap_ddp(cfg: Any, model: Any) -> Any:
-    """Megatron-Core's own DDP around one model chunk (gradients in its main_grad buffers)."""
+def wrap_ddp(cfg: Any, model: Any, t: Shape | None = None) -> Any:
+    """Megatron-Core's own DDP around one model chunk (gradients in its main_grad buffers), with the shape's
+    DDP switches (`Shape.overlap_grad_reduce`, `Shape.distributed_optimizer`)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                        use_distributed_optimizer=False)
+    ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True,
+                                        overlap_grad_reduce=t is not None and t.overlap_grad_reduce,
+                                        use_distributed_optimizer=t is not None and t.distributed_optimizer,
+                                        overlap_param_gather=t is not None and t.overlap_param_gather,
+                                        bucket_size=None if t is None else t.bucket_size)
     return DistributedDataParallel(cfg, ddp, model)
 
 
@@ -226,3 +230,22 @@ def train_step(t: Shape, cfg: Any, chunks: list[Any], data: list[tuple[torch.Ten
     grads = {f"{i}.{n}": p.main_grad.detach().clone() for i, c in enumerate(chunks)
              for n, p in c.module.named_parameters()} if keep_grads else {}
     return losses, grads
+
+
+def stale_other_shards(chunks: list[Any]) -> None:
+    """What the distributed optimizer's step leaves before the next forward: this rank's shard of every
+    parameter bucket updated, the other ranks' shards stale until the bucket's all-gather (here: the other shards
+    shifted by 1, so a parameter read before its bucket's gather gives a different loss and gradients)."""
+    import torch.distributed as dist
+
+    for c in chunks:
+        for g in c.bucket_groups:
+            size = dist.get_world_size(g.intra_distributed_optimizer_instance_group)
+            mine = dist.get_rank(g.intra_distributed_optimizer_instance_group)
+            for b in g.buckets:
+                n = b.param_data.numel() // size
+                with torch.no_grad():
+                    for r in range(size):
+                        if r != mine:
+                            b.param_data[r * n:(r + 1) * n] += 1.0
+

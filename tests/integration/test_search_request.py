@@ -52,10 +52,11 @@ def test_pick_price_is_the_export_price(tmp_path: Path, capsys: pytest.CaptureFi
 def test_megatron_target_ranks_lynx_plans_as_the_engine_runs_them(tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """Where lynx's engine inside Megatron-Core can run a lynx plan (no TransformerEngine userbuffers, local
-    attention), --target megatron prices it as the engine runs it: the export's engine row, to the digit."""
+    attention), --target megatron prices it as the engine runs it: the export's engine row, to the digit.
+    --distributed-optimizer pins Megatron's DDP (the engine does not run FSDP layouts, docs/decisions/0162)."""
     plan = tmp_path / "p.json"
     d = _search([*TINY_SEARCH, "--model", "gpt-tiny", "--target", "megatron", "--method", "lynx",
-                 "--no-production-overlaps"], plan, capsys)
+                 "--no-production-overlaps", "--distributed-optimizer"], plan, capsys)
     w = d["winner"]
     assert w["runs_on"] == "Megatron-Core + lynx engine"
     code, out, err = run_main(["export", "megatron", str(plan), "--out", str(tmp_path / "x"), "--json"], capsys)

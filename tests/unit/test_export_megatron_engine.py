@@ -104,3 +104,43 @@ def test_the_plugins_offloading_names_its_environment() -> None:
     assert exp.to_dict()["environment"] == {"NVTE_CPU_OFFLOAD_V1": "1"}
     plain = build_megatron(source_from(p, plan_with(p, "full", record=False).result), simulate=False)
     assert plain.environment == ()
+
+
+def _dp2(**opts: object):  # type: ignore[no-untyped-def]
+    """PP 1 at DP 2 (the DP collectives on the critical path of the only stage), with Megatron's DP options."""
+    from lynx.api import make_problem
+    from lynx.models import load_model
+    from lynx.problem import PlanOptions
+    from lynx.spec import ParallelSpec, load_hardware
+
+    par = ParallelSpec(tp=4, pp=1, dp=2, micro_batch_size=4, global_batch_size=64, seq_length=1024)
+    return make_problem(load_model("gpt-7b"), load_hardware("a100-40g-nvlink"), par,
+                        PlanOptions(**opts))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("opts", [
+    {"overlap_grad_reduce": True, "ddp_bucket_size": 10_000_000},
+    {"overlap_grad_reduce": True, "overlap_param_gather": True, "distributed_optimizer": True},
+])
+def test_ddp_overlaps_price_as_lynxs_plan(opts: dict[str, object]) -> None:
+    """Megatron's DDP gradient (and distributed-optimizer parameter) collectives with their overlaps on: lynx
+    places no restoration in them and the integration runs the plan's on-demand work while they are in flight
+    (tests/integration/test_megatron_ddp.py), so the engine's row is lynx's plan, and the overlaps count."""
+    p = _dp2(**opts)
+    res = plan_with(p, "lynx", record=False).result
+    fig, fit = engine_price(p, res, Launcher.PRETRAIN_GPT)
+    assert fit.runs and fit.notes == () and fig is not None and "every window" in fig.setting
+    assert fig.iteration_time_s == simulate_lynx(p, res).iteration_time_s
+    off = _dp2(**{k: v for k, v in opts.items() if not k.startswith("overlap")})
+    assert fig.iteration_time_s < simulate_lynx(off, res).iteration_time_s  # the overlaps hide DP time
+
+
+@pytest.mark.parametrize("mode", ["megatron-fsdp", "torch-fsdp2"])
+def test_fsdp_is_named_as_not_run(mode: str) -> None:
+    from lynx.cost.fsdp import DpMode, DpSharding
+
+    p = _dp2(dp_sharding=DpSharding(DpMode(mode)))
+    res = plan_with(p, "full", record=False).result
+    fit = engine_fit(p, res)
+    assert not fit.runs and mode in fit.why_not and "DDP" in fit.why_not
+    assert engine_price(p, res)[0] is None

@@ -12,7 +12,18 @@ priced (`engine_fit`):
   Megatron-LM's ``pretrain_gpt.py`` does not, nor does the interleaved schedule: there that work runs on demand,
   and the row is priced so (`Launcher`);
 * TransformerEngine's fused attention (a plan with ``attention: flash``), context parallelism, TE's TP-comm
-  overlap, and families other than gpt / llama / mcore: not run (no row; the plugin's row remains).
+  overlap, and families other than gpt / llama / mcore: not run (no row; the plugin's row remains);
+* Megatron-FSDP and torch FSDP2 (``--use-megatron-fsdp``, ``--use-torch-fsdp2``): not run (no row). The plan
+  prices each layer's on-demand recomputation inside that layer's FSDP gather / reduce-scatter window
+  (`lynx.cost.pricing.fsdp_window`); the integration has not been run under either wrapper (Megatron's FSDP2
+  wrapper builds a CUDA device mesh, so the CPU tests cannot build it; Megatron-FSDP was not tried).
+
+Megatron's DDP (with or without the distributed optimizer) runs as planned: with ``--overlap-grad-reduce`` its
+bucket collectives are launched from its parameter hooks and waited for only after the last backward, and with
+``--overlap-param-gather`` the gathers are waited for in the next iteration's first forward: no stall the plan
+could fill with a restoration still needed. lynx prices both overlaps against the compute they run beside
+(`lynx.cost.dp_overlap`) and places no restoration in them; the integration runs the plan's on-demand work
+while the buckets are in flight (docs/decisions/0162), so the row is lynx's own.
 """
 
 from __future__ import annotations
@@ -63,6 +74,9 @@ def engine_fit(problem: PlanProblem, result: PlanResult, launcher: Launcher = La
         why = f"context parallelism (CP {par.cp})"
     elif opts.tp_comm_overlap and par.sequence_parallel:
         why = "--tp-comm-overlap (TransformerEngine's userbuffers)"
+    elif opts.dp_sharding.fsdp:
+        why = (f"data-parallel sharding {opts.dp_sharding.mode.value} (the integration runs under Megatron-Core's "
+               "DDP, with or without the distributed optimizer; not under Megatron-FSDP or torch FSDP2)")
     if why:
         return EngineFit(False, why, False, ())
     wants = any(p.cooldown_overlap for p in result.policies) and par.pp > 1

@@ -169,3 +169,19 @@ def global_buffer(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
     out: torch.Tensor = parallel_state.get_global_memory_buffer().get_tensor(shape, dtype, "mpu")
     return out
+
+
+def run_pre_hooks(module: Any, x: torch.Tensor) -> None:
+    """Run the forward pre-hooks registered on one of the layer's linears, which lynx's engine computes without
+    calling the module. Megatron's DDP registers one on every submodule with ``overlap_param_gather``: it waits
+    for (and dispatches) the all-gather of the bucket holding the module's parameters, which the distributed
+    optimizer has updated only in this rank's shard; skipping it would read another rank's stale values. Reads
+    torch's private hook tables (``Module.__call__`` offers no way to run the hooks alone); a hook that would
+    replace the input is refused, as the engine cannot honour it."""
+    for hid, hook in list(module._forward_pre_hooks.items()):
+        out = hook(module, (x,), {}) if hid in module._forward_pre_hooks_with_kwargs else hook(module, (x,))
+        if out is not None:
+            raise TypeError(f"lynx.integrations.megatron: a forward pre-hook on {type(module).__name__} "
+                            "replaces its input; lynx's engine computes the layer's linears itself and cannot "
+                            "apply it")
+

@@ -7,8 +7,11 @@ Megatron's own TP collectives.
 The seam is the layer's ``forward`` (an instance attribute set here, removed by `remove`): Megatron's
 TransformerBlock still calls each layer, under its own RNG fork and offloading contexts, and everything
 Megatron wraps around the model (its DDP's gradient hooks, its pipeline schedules' p2p, `finalize_model_grads`)
-runs unchanged. The cool-down window of the 1F1B schedule opens through the schedule's own
-``p2p_communicator`` argument (`CooldownP2P`). A user adds two lines to the model provider (what
+runs unchanged; the forward pre-hooks on the linears the engine computes itself (where Megatron's DDP waits for
+a bucket's parameter gather with ``overlap_param_gather``) are run by `MegatronLayer`. Megatron's DDP
+collectives host no restoration: nothing waits for them before the backward ends (docs/decisions/0162). The
+cool-down window of the 1F1B schedule opens through the schedule's own ``p2p_communicator`` argument
+(`CooldownP2P`). A user adds two lines to the model provider (what
 `lynx export megatron` writes): build the model as always, then ``apply_lynx_plan(model, "plan.json")``.
 """
 

@@ -154,12 +154,18 @@ class MegatronLayer(OpLayer):
         return f"{block}_allgather" if self.sp else f"{block}_allreduce"
 
     def _column(self, x: torch.Tensor, lin: Any, block: str, mb: int, bias: bool) -> torch.Tensor:
+        _fence.run_pre_hooks(lin, x)
         window = self.window(Direction.BWD, self._bwd_comm(block), mb)
         b = lin.bias if bias else None
         if self.sp and self.group is not None:
             return tp.apply_fn(MegatronLinear, x, lin.weight, b, self.group, "scatter", window,
                                self._links.get((mb, block)))
         return tp.apply_fn(MegatronLinear, x, lin.weight, b, self.group, "allreduce", window, None)
+
+    def _row(self, x: torch.Tensor, lin: Any) -> torch.Tensor:
+        """A RowParallelLinear's GEMM (its reduction is the plan's own op; the bias is added by the residual)."""
+        _fence.run_pre_hooks(lin, x)
+        return tp.apply_fn(MegatronLinear, x, lin.weight, None, None, "row", None, None)
 
     def _gather(self, x: torch.Tensor, name: str, mb: int) -> torch.Tensor:
         block = self.op_blocks[name]
@@ -260,15 +266,13 @@ class MegatronLayer(OpLayer):
             "softmax": lambda e, m: self._softmax(e[x0], m),
             "attn_dropout": lambda e, m: self._attn_dropout(e[x0]),
             "attn_context": lambda e, m: self._context(e[x0], e[ins[1]]),
-            "attn_proj": lambda e, m: tp.apply_fn(MegatronLinear, e[x0], att.linear_proj.weight, None, None, "row",
-                                                  None, None),
+            "attn_proj": lambda e, m: self._row(e[x0], att.linear_proj),
             "fc1": lambda e, m: self._column(e[x0], mlp.linear_fc1, "mlp", m, False),
             "gate_up": lambda e, m: self._column(e[x0], mlp.linear_fc1, "mlp", m, False),
             "gelu": lambda e, m: self._activation(e[x0]),
             "swiglu": lambda e, m: self._activation(e[x0]),
             "squared_relu": lambda e, m: self._activation(e[x0]),
-            "fc2": lambda e, m: tp.apply_fn(MegatronLinear, e[x0], mlp.linear_fc2.weight, None, None, "row", None,
-                                            None),
+            "fc2": lambda e, m: self._row(e[x0], mlp.linear_fc2),
             "attn_residual": lambda e, m: self._residual("attn", e[x0], e[ins[1]]),
             "mlp_residual": lambda e, m: self._residual("mlp", e[x0], e[ins[1]]),
         }
