@@ -247,11 +247,13 @@ def stage_peak_bytes(graph: Graphs, layers: tuple[LayerPolicy, ...], ctx: StageC
 
 def stage_floor_bytes(mems: list[LayerMemory], ctx: StageContext) -> float:
     """The first terms of `stage_peak_bytes` (static, non-layer and gradient workspace, and what the in-flight
-    micro-batches hold), without the activation-lifetime replay. `stage_peak_bytes` adds non-negative terms to
-    this very float (forward holdings, a working set: sums and maxima of byte counts, and a replay's peak is at
-    least its starting total), and IEEE addition of a non-negative term never decreases a sum, so
-    `stage_floor_bytes(...) > budget` implies `stage_peak_bytes(...) > budget` exactly (`methods.rules.plan_block`
-    skips the replay on it; tests/unit/test_memory_floor.py)."""
+    micro-batches hold), without the activation-lifetime replay. `stage_peak_bytes` adds two terms to this very
+    float: the forward holdings (a sum of byte counts) and max(forward set, backward set), at least the backward
+    set, which is >= 0 wherever the replay's pass starts from what it holds (no phase-1/2 restore changed a lower
+    layer after its holdings were taken: always for Megatron's rules, which restore on demand only); IEEE
+    addition of a non-negative term never decreases a sum, so there `stage_floor_bytes(...) > budget` implies
+    `stage_peak_bytes(...) > budget` bit for bit (`methods.rules.plan_block` skips the replay on it;
+    tests/unit/test_memory_floor.py)."""
     return ctx.static_bytes + ctx.extra_transient_bytes + ctx.grad_workspace_bytes + held_bytes(mems, ctx)
 
 
