@@ -128,6 +128,11 @@ class LayerGraph:
     meta: GraphMeta = field(default_factory=GraphMeta)
     runtime: RuntimeCosts | None = None
     """Measured runtime costs beyond the ops (profiled graphs only); None: the ops are the whole price."""
+    _by_name: dict[str, Op] = field(init=False, repr=False, compare=False, hash=False)
+    """Lookups derived from `ops` once (the graph is frozen): the planners and the memory replay ask `op`,
+    `names` and `needed` millions of times in a configuration search."""
+    _names: tuple[str, ...] = field(init=False, repr=False, compare=False, hash=False)
+    _needed: frozenset[str] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if not self.ops:
@@ -147,17 +152,17 @@ class LayerGraph:
                 raise PlanFormatError(f"graph: op {op.name!r} saves unknown op(s) {bad}")
             if min(op.fwd_time, op.bwd_time, op.out_bytes, op.mask_bytes, op.wgrad_time) < 0:
                 raise PlanFormatError(f"graph: op {op.name!r} has a negative time or size")
+        object.__setattr__(self, "_by_name", {o.name: o for o in self.ops})
+        object.__setattr__(self, "_names", tuple(o.name for o in self.ops))
+        object.__setattr__(self, "_needed", frozenset(s for o in self.ops for s in o.saved if s != LAYER_INPUT))
 
     # -- lookups -------------------------------------------------------------------------------------
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(o.name for o in self.ops)
+        return self._names
 
     def op(self, name: str) -> Op:
-        for o in self.ops:
-            if o.name == name:
-                return o
-        raise KeyError(name)
+        return self._by_name[name]  # KeyError for an unknown name, as the scan raised
 
     def index(self, name: str) -> int:
         return self.names.index(name)
@@ -168,7 +173,7 @@ class LayerGraph:
 
     def needed(self) -> frozenset[str]:
         """Ops whose stored state some backward reads (the layer input excluded)."""
-        return frozenset(s for o in self.ops for s in o.saved if s != LAYER_INPUT)
+        return self._needed
 
     def keep_bytes(self, name: str) -> float:
         """Bytes held for backward per micro-batch when op `name` is kept (S = 1)."""

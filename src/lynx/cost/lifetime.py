@@ -81,7 +81,8 @@ class _Replay:
         self.gs = per_layer(graph, n)
         self.layers = [_Layer(lp, i == 0 or lp.input_checkpoint,
                               i + 1 < n and not layers[i + 1].input_checkpoint) for i, lp in enumerate(layers)]
-        facts = {id(g): _graph_facts(g, extra) for g in dict.fromkeys(self.gs)}
+        # distinct graphs by identity (hashing a graph hashes every op; a stage repeats one graph object)
+        facts = {i: _graph_facts(g, extra) for i, g in {id(g): g for g in self.gs}.items()}
         self.facts = [facts[id(g)] for g in self.gs]
         self.planned = [frozenset(lp.recomputed()) for lp in layers]
         self.restoring: set[tuple[int, str]] = set()

@@ -160,8 +160,18 @@ def host_bytes(mems: list[LayerMemory], ctx: StageContext) -> float:
 
 
 def layer_memories(graph: Graphs, layers: tuple[LayerPolicy, ...]) -> list[LayerMemory]:
-    """`layer_memory` of each layer with its own graph."""
-    return [layer_memory(g, lp) for g, lp in zip(per_layer(graph, len(layers)), layers, strict=True)]
+    """`layer_memory` of each layer with its own graph, computed once per distinct (graph, policy) object pair: a
+    stage's layers share a handful of policy objects (`(lp,) * n`), and `layer_memory` is a pure function of both
+    (both frozen; the pairs are alive for the call, so their ids are unique)."""
+    seen: dict[tuple[int, int], LayerMemory] = {}
+    out = []
+    for g, lp in zip(per_layer(graph, len(layers)), layers, strict=True):
+        key = (id(g), id(lp))
+        m = seen.get(key)
+        if m is None:
+            m = seen[key] = layer_memory(g, lp)
+        out.append(m)
+    return out
 
 
 def linear_peak_bytes(graph: Graphs, layers: tuple[LayerPolicy, ...], ctx: StageContext) -> float:
@@ -233,10 +243,19 @@ def stage_peak_bytes(graph: Graphs, layers: tuple[LayerPolicy, ...], ctx: StageC
     mems = layer_memories(graph, layers)
     held_fwd, work_b, fwd_tr = stage_lifetimes(graph, layers, ctx)
     work_f = max((m.dropped for m in mems), default=0.0)
-    return (
-        ctx.static_bytes + ctx.extra_transient_bytes + ctx.grad_workspace_bytes
-        + held_bytes(mems, ctx) + held_fwd + max(work_f + fwd_tr, work_b)
-    )
+    return stage_floor_bytes(mems, ctx) + held_fwd + max(work_f + fwd_tr, work_b)
+
+
+def stage_floor_bytes(mems: list[LayerMemory], ctx: StageContext) -> float:
+    """The first terms of `stage_peak_bytes` (static, non-layer and gradient workspace, and what the in-flight
+    micro-batches hold), without the activation-lifetime replay. `stage_peak_bytes` adds two terms to this very
+    float: the forward holdings (a sum of byte counts) and max(forward set, backward set), at least the backward
+    set, which is >= 0 wherever the replay's pass starts from what it holds (no phase-1/2 restore changed a lower
+    layer after its holdings were taken: always for Megatron's rules, which restore on demand only); IEEE
+    addition of a non-negative term never decreases a sum, so there `stage_floor_bytes(...) > budget` implies
+    `stage_peak_bytes(...) > budget` bit for bit (`methods.rules.plan_block` skips the replay on it;
+    tests/unit/test_memory_floor.py)."""
+    return ctx.static_bytes + ctx.extra_transient_bytes + ctx.grad_workspace_bytes + held_bytes(mems, ctx)
 
 
 def predicted_activation_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], extra_per_layer: list[float],

@@ -211,7 +211,8 @@ def layer_policies(graph: LayerGraph, rec: MegatronRecompute, num_layers: int) -
     k = rec.num_layers or 1
     full = full_layer(graph)
     if rec.method == "block":
-        return tuple(full if i < k else keep_all(graph) for i in range(num_layers))
+        kept = keep_all(graph)
+        return tuple(full if i < k else kept for i in range(num_layers))
     chunked = LayerPolicy(keep=full.keep, recompute=full.recompute, input_checkpoint=False)
     return tuple(full if i % k == 0 else chunked for i in range(num_layers))
 
@@ -229,6 +230,15 @@ def candidates(graph: LayerGraph, num_layers: int) -> list[MegatronRecompute]:
 
 
 def recompute_cost(graph: LayerGraph, rec: MegatronRecompute, num_layers: int) -> float:
-    """Seconds of forward work rerun per micro-batch (ties: the order `candidates` lists them in)."""
-    return sum(ops_recompute_cost(graph, (*lp.recomputed(), *sorted(lp.rerun)))
-               for lp in layer_policies(graph, rec, num_layers))
+    """Seconds of forward work rerun per micro-batch (ties: the order `candidates` lists them in). Each distinct
+    layer policy object is priced once (a chunk's layers share a few), the sum taken over every layer in order
+    as before."""
+    per: dict[int, float] = {}
+
+    def cost(lp: LayerPolicy) -> float:
+        c = per.get(id(lp))
+        if c is None:
+            c = per[id(lp)] = ops_recompute_cost(graph, (*lp.recomputed(), *sorted(lp.rerun)))
+        return c
+
+    return sum(cost(lp) for lp in layer_policies(graph, rec, num_layers))

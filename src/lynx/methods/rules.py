@@ -4,7 +4,8 @@ or the user's explicit layout), not on lynx's partitioners."""
 
 from __future__ import annotations
 
-from lynx.cost.memory import stage_peak_bytes
+from lynx.cost.memory import layer_memories, stage_floor_bytes, stage_peak_bytes
+from lynx.decisions import RecomputePolicy, StageContext
 from lynx.methods.common import MethodFn, StagePolicyFn, megatron_partition, per_stage, stage_policy
 from lynx.policy.megatron_modules import modules_policy
 from lynx.policy.rules import block_policy, full_policy, none_policy, selective_policy, uniform_policy
@@ -32,6 +33,16 @@ def _block_fn(n: int) -> StagePolicyFn:
     return lambda c, g: block_policy(c, g, n)
 
 
+def _fits(problem: PlanProblem, ctx: StageContext, pol: RecomputePolicy) -> bool:
+    """`stage_peak_bytes <= budget`, deciding on the replay-free floor first where it is already over: the floor
+    is the peak's own first terms, so it never exceeds the peak (`memory.stage_floor_bytes`), and the activation
+    replay (most of the time of a deep stage) runs only for the values of N that might fit."""
+    graphs = problem.graphs_for(ctx)
+    if stage_floor_bytes(layer_memories(graphs, pol.layers), ctx) > ctx.budget_bytes:
+        return False
+    return stage_peak_bytes(graphs, pol.layers, ctx) <= ctx.budget_bytes
+
+
 def plan_block(problem: PlanProblem) -> PlanResult:
     """Megatron block(N): the first N layers of each stage (each model chunk when interleaved) recompute
     fully; N from the user, else the smallest that fits every stage by the closed-form peak."""
@@ -41,9 +52,7 @@ def plan_block(problem: PlanProblem) -> PlanResult:
         ctxs = problem.stage_contexts(part)
         n = max(part.layers_per_stage)
         for cand in range(0, n + 1):
-            pols = [stage_policy(_block_fn(cand), c, problem.graphs_for(c)) for c in ctxs]
-            peaks = [stage_peak_bytes(problem.graphs_for(c), p.layers, c) for p, c in zip(pols, ctxs, strict=True)]
-            if all(pk <= c.budget_bytes for pk, c in zip(peaks, ctxs, strict=True)):
+            if all(_fits(problem, c, stage_policy(_block_fn(cand), c, problem.graphs_for(c))) for c in ctxs):
                 n = cand
                 break
     res = per_stage(problem, "block", _block_fn(n), part)

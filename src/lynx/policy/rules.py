@@ -112,5 +112,6 @@ def block_policy(ctx: StageContext, graph: LayerGraph, num_layers: int = 1) -> R
     """Megatron ``--recompute-method block --recompute-num-layers N``: the first N layers of each stage
     are fully recomputed, the others keep everything."""
     n = min(max(0, num_layers), ctx.num_layers)
-    layers = tuple(full_layer(graph) if i < n else keep_all(graph) for i in range(ctx.num_layers))
+    full, kept = full_layer(graph), keep_all(graph)  # once per stage: both are pure functions of the graph
+    layers = tuple(full if i < n else kept for i in range(ctx.num_layers))
     return RecomputePolicy(method="block", layers=layers)

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from lynx.cost.lifetime import BackwardTrace, backward_trace
-from lynx.cost.memory import LayerMemory, layer_memory
+from lynx.cost.memory import LayerMemory, layer_memories
 from lynx.decisions import LayerPolicy, RecomputePolicy, StageContext
-from lynx.graph import Graphs, graphs_key, per_layer, same_graphs, slice_graphs
+from lynx.graph import Graphs, graphs_key, same_graphs, slice_graphs
 
 Pattern = tuple[tuple[tuple[float, float], ...], float, float]
 """(points relative to the action's start memory on a unit time axis, net change, top)."""
@@ -28,10 +28,8 @@ class StageModel:
     def __init__(self, graph: Graphs, layers: tuple[LayerPolicy, ...], slices: tuple[tuple[int, int], ...],
                  extra_retained: float, extra_transient: float, grad_workspace: float) -> None:
         self.extra_retained, self.extra_transient, self.grad_workspace = extra_retained, extra_transient, grad_workspace
-        gs = per_layer(graph, len(layers))
-        # a stage repeats one policy (per layer kind)
-        distinct = {(id(g), lp): layer_memory(g, lp) for g, lp in dict.fromkeys(zip(gs, layers, strict=True))}
-        mems = [distinct[(id(g), lp)] for g, lp in zip(gs, layers, strict=True)]
+        # a stage repeats one policy (per layer kind): priced once per distinct pair, without hashing the graphs
+        mems = layer_memories(graph, layers)
         self.chunks: list[list[LayerMemory]] = []
         self.traces: list[dict[bool, BackwardTrace]] = []
         """Per chunk: the activation-lifetime replay of one backward, phase-1/2 tensors held before or not."""
