@@ -121,4 +121,26 @@ def compare_moe(case: MoECase, group: Any) -> dict[str, Any]:
         "expected": {str(s): expected_windows((pols[s],), len([k for k in got.hosts if k[0] == s]), m)
                      for s in stages},
         "expert_grads": sorted(n for n in g if "experts_w" in n),
+        **(_memory(case, got, pols, prob, cfg) if case.pp == 1 else {}),
     }
+
+
+def _memory(case: MoECase, got: PipelineRunner, pols: tuple[RecomputePolicy, ...], prob: PlanProblem,
+            cfg: MoEConfig) -> dict[str, Any]:
+    """PP 1: the engine's peak of held activation bytes, the planner's prediction of it, and the routing's
+    imbalance: the most copies an expert rank received for one (layer, micro-batch) over the balanced
+    share tok x k (the plan prices `moe_imbalance`)."""
+    from lynx.runtime.predict import predicted_activation_bytes, runtime_graph
+
+    eng = got.modules[0].engine
+    assert eng is not None
+    tok = case.seq_length * case.micro_batch // (case.tp if case.tp > 1 else 1)
+    recv = [sum(s.per_expert) for layer in eng.layers for s in layer.splits.values()]  # type: ignore[attr-defined]
+    imbalance = max(recv) / (tok * prob.model.moe_router_topk)
+    skewed = make_problem(replace(prob.model, moe_imbalance=imbalance), prob.hardware, prob.parallel, prob.options)
+
+    def predicted(p: PlanProblem) -> float:
+        return predicted_activation_bytes(runtime_graph(p.graph, torch.float32), pols[0], cfg, 1)[1]
+
+    return {"peak": eng.stats.peak_bytes, "predicted": predicted(prob), "imbalance": imbalance,
+            "predicted_at_imbalance": predicted(skewed)}

@@ -54,6 +54,13 @@ def test_ep2_bitwise_and_the_all_to_alls_host_the_mlp_windows(tmp_path: Path) ->
         assert want["bwd_mlp"] > 0
         assert r["by_collective"]["0"].get("bwd combine_a2a", 0) == want["bwd_mlp"]
     assert _a2a_hosted(out) > 0
+    for r in out:  # memory against the plan at EP 2 (docs/decisions/0225)
+        # the untrained router sends a rank up to ~1.2x the balanced tok x k copies (the plan's moe_imbalance is
+        # 1.0): priced at the imbalance measured, the plan is within the routing bookkeeping (EP 1's 3%) of the
+        # engine's peak; priced balanced, the peak is no further below it than that
+        assert 1.0 <= r["imbalance"] <= 1.5, r
+        assert r["predicted_at_imbalance"] <= r["peak"] <= 1.03 * r["predicted_at_imbalance"], r
+        assert r["peak"] >= 0.97 * r["predicted"], r
 
 
 @pytest.mark.slow
@@ -151,11 +158,12 @@ MEM_POLICIES = ("none", "full", "selective", "mc-moe", "mc-moe_act", "mc-shared_
 def test_ep1_measured_peak_against_the_plan(one_torch_thread: None) -> None:
     """EP 1 (every expert local: the expert activations are exactly tok x k rows whatever the routing), 3 layers,
     2 micro-batches in flight, each policy and Lynx under a tight budget: the engine's peak of held activation
-    bytes is at least the planner's and at most 12% above it. The excess is the routing's bookkeeping the planner
-    folds into `router_topk` as tok x k fp32 scores: the runtime also holds the top-k ids and int64 permutation
-    indices (permute, the regrouping after the dispatch and before the combine, unpermute's scatter), about 5 x
-    tok x k x 8 bytes per layer and micro-batch: 3-6% of this tiny model's (hidden 64) activations, 10% under
-    full recomputation where little else is held; negligible at real widths."""
+    bytes is at least the planner's and at most 3% above it (measured 0.5-1.9%). The excess is routing
+    bookkeeping the planner folds into `router_topk`'s tok x k fp32 scores: top-k's int64 ids and softmax output,
+    the int64 permutation indices of permute, the regrouping after the dispatch and before the combine and
+    unpermute (with its gathered probabilities): under 60 x tok x k bytes per layer and micro-batch, about 1-2% of
+    this toy model's (hidden 64) activations, negligible at real widths. Before docs/decisions/0225 it was 12%:
+    unpermute's `index_add` saved a whole weighted copy of its input, which no plan prices."""
     from lynx.methods import get_method
     from lynx.plan import Plan
     from lynx.runtime.engine import RecomputeEngine
@@ -178,7 +186,7 @@ def test_ep1_measured_peak_against_the_plan(one_torch_thread: None) -> None:
         eng = RecomputeEngine(model.layers, pol)
         train_step(model, mbs, eng, 2)
         pred = predicted_activation_bytes(graph, pol, cfg, 2)[1]
-        assert pred <= eng.stats.peak_bytes <= 1.12 * pred, (name, eng.stats.peak_bytes, pred)
+        assert pred <= eng.stats.peak_bytes <= 1.03 * pred, (name, eng.stats.peak_bytes, pred)
 
 
 @pytest.mark.parametrize(("path", "value", "what"), [

@@ -69,9 +69,10 @@ def test_lynx_train_megatron_bf16_runs_and_keeps_fp32_master_weights(tmp_path: P
     p = _lynx("plan", "--model", "gpt-tiny", "--tp", "1", "--pp", "1", "--micro-batch", "2", "--global-batch", "4",
               "--seq-len", "32", "--method", "selective", "--out", "p.json", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
-    p = _lynx("train", "--plan", "p.json", "--iters", "2", "--warmup", "0", "--threads", "1", "--quiet",
+    p = _lynx("train", "--plan", "p.json", "--iters", "2", "--warmup", "0", "--threads", "1",
               "--precision", "megatron-bf16", "--out", "r.json", cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
+    assert "note: the predictions are Megatron's bf16 model's" in p.stdout, p.stdout  # autocast holds more
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["precision"] == "megatron-bf16"
     assert rep["master_dtypes"] == {"params": ["torch.float32"], "grads": ["torch.float32"],

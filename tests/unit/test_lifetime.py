@@ -184,3 +184,30 @@ def test_gpt_full_counts_the_allreduce_restoration() -> None:
     res = g.op("mlp_residual")
     assert res.name == g.output_op and g.op("fc2").out_bytes < res.out_bytes + res.mask_bytes
     assert new - old == res.out_bytes + res.mask_bytes
+
+
+def test_an_moe_block_hosts_its_backward_window_in_the_combine() -> None:
+    """The runtime's engine restores layer l - 1's phase-3 ops inside layer l's combine all-to-all backward (the
+    MoE block's first backward collective, at any TP); the replay holds them from there, beside layer l's
+    restorations, as the engine does (docs/decisions/0225). A dense block keeps FC1's window (gate_up)."""
+    from lynx.cost.lifetime import _Replay
+    from lynx.models import load_model
+
+    hw = load_hardware("a100-40g-nvlink")
+    for tp in (1, 2):
+        par = ParallelSpec(tp=tp, dp=2, ep=2, sequence_parallel=tp > 1, micro_batch_size=2, global_batch_size=8,
+                           seq_length=32)
+        g = make_problem(load_model("moe-tiny"), hw, par, PlanOptions()).graph
+        assert _Replay._window_op(g, "mlp") == "combine_a2a", tp
+    par = ParallelSpec(tp=2, dp=1, micro_batch_size=1, global_batch_size=1, seq_length=32)
+    dense = make_problem(load_model("llama-tiny"), hw, par, PlanOptions()).graph
+    assert _Replay._window_op(dense, "mlp") == "gate_up"  # LLaMA's FC1
+    # phase 3 in the combine's window: layer 0's expert ops are held during layer 1's backward
+    g = make_problem(load_model("moe-tiny"), hw, ParallelSpec(dp=2, ep=2, micro_batch_size=2, global_batch_size=8,
+                                                              seq_length=32), PlanOptions()).graph
+    keep = frozenset(o.name for o in g.ops) - {"experts_fc1", "experts_act"}
+    on = LayerPolicy(keep=keep, recompute=(("experts_fc1", Phase.BWD_MLP), ("experts_act", Phase.BWD_MLP)))
+    late = LayerPolicy(keep=keep, recompute=(("experts_fc1", Phase.ON_DEMAND), ("experts_act", Phase.ON_DEMAND)))
+    tr, tr5 = backward_trace(g, (on, on), False), backward_trace(g, (late, late), False)
+    both = g.op("experts_fc1").out_bytes + g.op("experts_act").out_bytes
+    assert tr.layer_peak[1] == tr5.layer_peak[1] + both, (tr, tr5)

@@ -82,3 +82,31 @@ def test_a_pipeline_layout_refuses_an_ep_that_does_not_fold_into_tp_x_dp() -> No
     assert layout(2).ep == 2
     with pytest.raises(LayoutError, match="EP 4 must divide TP 2 x DP 1"):
         layout(4)
+
+
+def test_unpermute_saves_no_copy_of_its_input_beyond_the_input_itself() -> None:
+    """What `unpermute` leaves autograd is Megatron's: the combine's output itself, the gathered probabilities
+    and int64 indices; never a second tok x k x h tensor (`index_add` saved its weighted source: 12% of the
+    activations the plan did not price, docs/decisions/0225). Its value is the probability-weighted sum."""
+    tok, k, h = 6, 2, 8
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.stack([torch.randperm(4, generator=gen)[:k] for _ in range(tok)]).double()
+    probs = torch.softmax(torch.randn(tok, k, generator=gen, dtype=torch.float64), -1).requires_grad_()
+    rt = torch.cat([probs, ids], -1)
+    y = torch.randn(tok * k, h, generator=gen, dtype=torch.float64, requires_grad=True)
+    saved: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = md.unpermute(y, rt, k)
+    big = [t for t in saved if t.is_floating_point() and t.numel() >= tok * h]
+    assert big and all(t.untyped_storage().data_ptr() == y.untyped_storage().data_ptr() for t in big), \
+        [tuple(t.shape) for t in big]
+    order = md.sort_by_expert(ids.long())
+    want = torch.zeros(tok, h, dtype=torch.float64)
+    for row, copy in enumerate(order.tolist()):
+        want[copy // k] += probs.reshape(-1)[copy] * y[row]
+    torch.testing.assert_close(out, want)

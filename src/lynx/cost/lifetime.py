@@ -181,8 +181,13 @@ class _Replay:
 
     @staticmethod
     def _window_op(g: LayerGraph, blk: str) -> str:
-        """The op whose backward opens the block's backward window: the column-parallel GEMM whose weight
-        gradient overlaps the block's backward collective (QKV, FC1)."""
+        """The op whose backward opens the block's backward window: an MoE block's combine (all-to-all, the
+        first collective of its backward, which the runtime's engine hosts the window in, whatever the TP:
+        `runtime/layers/moe_dispatch.py`, docs/decisions/0224 and 0225), else the column-parallel GEMM whose
+        weight gradient overlaps the block's backward collective (QKV, FC1)."""
+        moe = [c.name for c in g.comm_ops() if c.block == blk and c.module == "moe"]  # the token dispatcher's
+        if moe:
+            return moe[-1]
         for c in g.comm_ops():
             if c.block == blk and c.overlaps_wgrad_of:
                 return c.overlaps_wgrad_of

@@ -197,6 +197,10 @@ def finish(report: dict[str, Any] | None, args: TrainConfig) -> None:
             if st["restored_by_collective"]:  # which collective hosted how many restorations (last iteration)
                 print(f"stage {s}: restored in windows " + ", ".join(
                     f"{k} {n}" for k, n in sorted(st["restored_by_collective"].items())), flush=True)
+        if report["precision"] != "fp32":  # docs/runtime.md, "Mixed precision" (docs/decisions/0225)
+            print("note: the predictions are Megatron's bf16 model's; bf16 autocast over fp32 weights also holds "
+                  "fp32 activations and bf16 casts of inputs and weights (--dtype bfloat16 runs the priced model)",
+                  flush=True)
         print(f"median iteration {report['median_time_s']:.3f} s (the plan predicts "
               f"{report['predicted_iteration_time_s']:.4g} s on its hardware)", flush=True)
     if args.trace and args.compare_trace:

@@ -132,12 +132,7 @@ class MoELayer(LlamaLayer):
                           self.window(Direction.BWD, "combine_a2a", mb))
 
     def _unpermute(self, y: torch.Tensor, rt: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-        k = self.moe.topk
-        probs, ids = md.route(rt, k)
-        order = md.sort_by_expert(ids)
-        w = probs.reshape(-1)[order].to(y.dtype)
-        out = y.new_zeros(probs.shape[0], y.shape[-1]).index_add(0, order // k, y * w[:, None])
-        return out.view(shape)
+        return md.unpermute(y, rt, self.moe.topk).view(shape)
 
     def _op(self, name: str) -> OpFn:
         ins = self.op_inputs[name]

@@ -122,6 +122,21 @@ def combine(y: torch.Tensor, splits: Splits, group: Group, fwd: Window, bwd: Win
     return tp.apply_fn(AllToAllFn, y[inv], list(splits.send), splits.recv_per_src, group, fwd, bwd)
 
 
+def unpermute(y: torch.Tensor, router_out: torch.Tensor, k: int) -> torch.Tensor:
+    """The copies `y` (sorted by expert) weighted by their router probability and summed per token: [tok, h].
+
+    What autograd saves is Megatron's (moe_utils.unpermute: the copies, the probabilities, the indices): `y`
+    itself (the combine's output, an op the plan prices), the gathered probabilities and two int64 index
+    vectors. Not `index_add`: its backward saves the whole weighted source, one more tok x k x h tensor per
+    layer and micro-batch that no plan prices (docs/decisions/0225)."""
+    probs, ids = route(router_out, k)
+    order = sort_by_expert(ids)
+    inv = torch.empty_like(order)  # copy j of the token-major layout sits at row inv[j] of y
+    inv[order] = torch.arange(order.numel(), device=order.device)
+    weighted = y * probs.reshape(-1)[order].to(y.dtype)[:, None]
+    return weighted[inv].view(probs.shape[0], k, y.shape[-1]).sum(1)
+
+
 def expert_gemm(x: torch.Tensor, w: torch.Tensor, counts: list[int]) -> torch.Tensor:
     """Rows of x grouped by local expert (counts[e] rows each) times that expert's weight w[e] ([in, out])."""
     parts = [xe @ w[e] for e, xe in enumerate(torch.split(x, counts))]
