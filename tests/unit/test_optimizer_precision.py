@@ -69,3 +69,22 @@ def test_export_writes_the_flags_and_from_megatron_reads_them_back() -> None:
     cmd = parse_megatron_args(text)
     assert cmd.run.optimizer_precision == PAO
     assert not any("--exp-avg-dtype" in w for w in cmd.warnings)  # read, not named as unpriced
+
+
+def test_lynx_memory_takes_the_same_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """`lynx memory` breaks down the state at the dtypes `lynx plan` takes (bf16 moments, 16-bit remainders:
+    (2 + 2 + 2) / DP a parameter against 12 / DP), and refuses them beside --plan like every other option."""
+    import json
+
+    from tests.harness.cli import run_main
+
+    base = ["memory", "--method", "full", "--json", "--precision", "megatron-bf16", "--distributed-optimizer",
+            "--dp", "2", "--global-batch", "128", "--nodes", "8"]
+    code, out, err = run_main([*base, "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16",
+                               "--exp-avg-sq-dtype", "bf16"], capsys)
+    assert code == 0, err
+    st = json.loads(out)["stages"][1]
+    n = sum(st["static"]["params"].values())
+    assert st["static"]["optimizer_bytes"] == pytest.approx(6 * n / 2)
+    code, _, err = run_main(["memory", "--plan", "p.json", "--exp-avg-dtype", "bf16"], capsys)
+    assert code == 2 and "--exp-avg-dtype with --plan" in err

@@ -35,12 +35,23 @@ from lynx.cli.common import (
     print_json,
 )
 from lynx.cli.fp8 import Fp8FormatOpt, Fp8ParamGatherOpt, Fp8RecipeOpt, fp8_option, with_fp8
+from lynx.cli.optimizer import (
+    OPTIMIZER_FLAGS,
+    ExpAvgDtypeOpt,
+    ExpAvgSqDtypeOpt,
+    GradReduceBf16Opt,
+    MainGradsDtypeOpt,
+    MainParamsDtypeOpt,
+    NoRemaindersOpt,
+    PrecisionAwareOpt,
+    optimizer_option,
+)
 from lynx.errors import SpecError
 
 PLAN_FILE_GIVES = ("model", "hardware", "tp", "pp", "dp", "cp", "cp_comm_type", "hierarchical_cp", "ep", "etp",
                    "sp", "micro_batch", "global_batch", "seq_len", "nodes", "method", "layers_per_stage", "budget_gb",
                    "bytes_per_param", "precision", "distributed_optimizer", "busbw", "recompute_num_layers", "vpp",
-                   "fp8_format", "fp8_recipe", "fp8_param_gather")
+                   "fp8_format", "fp8_recipe", "fp8_param_gather", *OPTIMIZER_FLAGS)
 """What a plan file fixes: given with --plan, these would be ignored, so they are refused."""
 
 
@@ -86,6 +97,13 @@ def memory_cmd(
     fp8_format: Fp8FormatOpt = None,
     fp8_recipe: Fp8RecipeOpt = None,
     fp8_param_gather: Fp8ParamGatherOpt = False,
+    grad_reduce_in_bf16: GradReduceBf16Opt = False,
+    use_precision_aware_optimizer: PrecisionAwareOpt = False,
+    main_grads_dtype: MainGradsDtypeOpt = "fp32",
+    main_params_dtype: MainParamsDtypeOpt = "fp32",
+    exp_avg_dtype: ExpAvgDtypeOpt = "fp32",
+    exp_avg_sq_dtype: ExpAvgSqDtypeOpt = "fp32",
+    no_store_param_remainders: NoRemaindersOpt = False,
 ) -> None:
     """Per-stage memory: parameters, gradients, optimizer state, activations x in-flight micro-batches,
     forward-window holdings, transient working set, embedding/logits, and the headroom to the budget."""
@@ -118,7 +136,10 @@ def memory_cmd(
                                 layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
                                 precision=precision, distributed_optimizer=distributed_optimizer,
                                 busbw_gbps=busbw, cp=cp, cp_comm_type=cp_comm_type, hierarchical_cp=hierarchical_cp,
-                                vpp=vpp, ep=ep, etp=etp).problem()
+                                vpp=vpp, ep=ep, etp=etp, optimizer_precision=optimizer_option(
+                                    grad_reduce_in_bf16, use_precision_aware_optimizer, main_grads_dtype,
+                                    main_params_dtype, exp_avg_dtype, exp_avg_sq_dtype, no_store_param_remainders),
+                                ).problem()
         problem = with_fp8(problem, fp8)
         if method == "lynx" and "lynx" not in available_methods():
             method = "full"

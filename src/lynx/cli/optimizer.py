@@ -9,6 +9,10 @@ import typer
 
 from lynx.cost.static_memory import OptimizerPrecision
 
+OPTIMIZER_FLAGS = ("grad_reduce_in_bf16", "use_precision_aware_optimizer", "main_grads_dtype", "main_params_dtype",
+                   "exp_avg_dtype", "exp_avg_sq_dtype", "no_store_param_remainders")
+"""The group's parameter names (what a plan file fixes: `lynx memory --plan` refuses them beside it)."""
+
 OPTIMIZER_PANEL = "Gradient and optimizer dtypes (Megatron-Core, under --precision megatron-bf16; docs/export.md)"
 
 GradReduceBf16Opt = Annotated[bool, typer.Option(
@@ -45,5 +49,5 @@ def optimizer_option(grad_reduce_in_bf16: bool, use_precision_aware_optimizer: b
                          "--no-store-param-remainders": no_store_param_remainders}, where="")
 
 
-__all__ = ["OPTIMIZER_PANEL", "ExpAvgDtypeOpt", "ExpAvgSqDtypeOpt", "GradReduceBf16Opt", "MainGradsDtypeOpt",
-           "MainParamsDtypeOpt", "NoRemaindersOpt", "PrecisionAwareOpt", "optimizer_option"]
+__all__ = ["OPTIMIZER_FLAGS", "OPTIMIZER_PANEL", "ExpAvgDtypeOpt", "ExpAvgSqDtypeOpt", "GradReduceBf16Opt",
+           "MainGradsDtypeOpt", "MainParamsDtypeOpt", "NoRemaindersOpt", "PrecisionAwareOpt", "optimizer_option"]
