@@ -36,6 +36,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("export-titan-offload-nolink", ["export", "torchtitan", "{f}/offload_nolink.json", "--out", "{o}/t"],
      "no host link"),
     ("train-offload-nolink", ["train", "--plan", "{f}/offload_nolink.json"], "no host link"),
+    ("train-optimizer-dtypes", ["train", "--plan", "{f}/bf16_grads.json"], "lynx train keeps torch AdamW's fp32"),
     ("train-compare-trace-alone", ["train", "--plan", "{f}/good.json", "--compare-trace"], "--compare-trace needs"),
     # bad input accepted silently: the search's refusals match the single layout's; options of one mode
     ("search-offload-nolink", [*SEARCH, "-H", NOLINK, "--method", "lynx-offload"], "no host link"),
@@ -95,6 +96,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     except SystemExit as e:
         assert not e.code, e.code
     d = json.loads(plan.read_text())
+    bf16 = {**d, "options": {**d["options"], "precision": "megatron-bf16",
+                             "optimizer_precision": {"grad_reduce_in_bf16": True}}}
+    (root / "bf16_grads.json").write_text(json.dumps(bf16))  # priced dtypes lynx train does not run
     d["stages"][0]["layers"][0]["ops"]["fc1"] = "offload"  # a valid offloading plan on the A100's host link
     (root / "offload.json").write_text(json.dumps(d))
     d["hardware"]["device"]["name"] = "X1-40GB"  # a device lynx knows no host link for

@@ -21,6 +21,11 @@ def check_trainable(plan: Path) -> None:
     if problem.model.fp8 is not None:
         raise SpecError(f"{plan}: the plan prices FP8 linear layers (TransformerEngine on an FP8 GPU); lynx train runs "
                         "16-bit layers only (export it: lynx export megatron)")
+    opt = problem.options.optimizer_precision
+    if not opt.is_default:
+        raise SpecError(f"{plan}: the plan prices Megatron's {opt.describe()}; lynx train keeps torch AdamW's fp32 "
+                        "gradients and state, so its static memory would not be the plan's (plan without those flags "
+                        "to train here, or export it: lynx export megatron)")
     cp = problem.parallel.cp
     if cp != 1:
         raise SpecError(f"{plan}: the plan uses context parallelism (cp {cp}); lynx train runs TP x PP x DP only "
