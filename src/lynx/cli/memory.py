@@ -107,6 +107,7 @@ def memory_cmd(
 ) -> None:
     """Per-stage memory: parameters, gradients, optimizer state, activations x in-flight micro-batches,
     forward-window holdings, transient working set, embedding/logits, and the headroom to the budget."""
+    params = dict(locals())  # first: the options only (the optimizer group is read by name)
     from lynx.api import plan as plan_one
     from lynx.breakdown import stage_memories
     from lynx.cli.modes import flag, given
@@ -136,10 +137,7 @@ def memory_cmd(
                                 layers_per_stage, budget_gb, bytes_per_param, recompute_num_layers,
                                 precision=precision, distributed_optimizer=distributed_optimizer,
                                 busbw_gbps=busbw, cp=cp, cp_comm_type=cp_comm_type, hierarchical_cp=hierarchical_cp,
-                                vpp=vpp, ep=ep, etp=etp, optimizer_precision=optimizer_option(
-                                    grad_reduce_in_bf16, use_precision_aware_optimizer, main_grads_dtype,
-                                    main_params_dtype, exp_avg_dtype, exp_avg_sq_dtype, no_store_param_remainders),
-                                ).problem()
+                                vpp=vpp, ep=ep, etp=etp, optimizer_precision=optimizer_option(params)).problem()
         problem = with_fp8(problem, fp8)
         if method == "lynx" and "lynx" not in available_methods():
             method = "full"

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 import typer
 
@@ -36,17 +37,17 @@ NoRemaindersOpt = Annotated[bool, typer.Option(
     rich_help_panel=OPTIMIZER_PANEL)]
 
 
-def optimizer_option(grad_reduce_in_bf16: bool, use_precision_aware_optimizer: bool, main_grads_dtype: str,
-                     main_params_dtype: str, exp_avg_dtype: str, exp_avg_sq_dtype: str,
-                     no_store_param_remainders: bool) -> OptimizerPrecision:
-    """The options as the typed setting; a bad dtype is one `lynx: error:` line naming the option."""
+def optimizer_option(params: Mapping[str, Any]) -> OptimizerPrecision:
+    """The group's options, by their parameter names (`OPTIMIZER_FLAGS`), as the typed setting; a bad dtype is
+    one `lynx: error:` line naming the option."""
     from lynx.export.megatron_optimizer import optimizer_of
 
-    return optimizer_of({"--grad-reduce-in-bf16": grad_reduce_in_bf16,
-                         "--use-precision-aware-optimizer": use_precision_aware_optimizer,
-                         "--main-grads-dtype": main_grads_dtype, "--main-params-dtype": main_params_dtype,
-                         "--exp-avg-dtype": exp_avg_dtype, "--exp-avg-sq-dtype": exp_avg_sq_dtype,
-                         "--no-store-param-remainders": no_store_param_remainders}, where="")
+    p = {n: params[n] for n in OPTIMIZER_FLAGS}
+    return optimizer_of({"--grad-reduce-in-bf16": p["grad_reduce_in_bf16"],
+                         "--use-precision-aware-optimizer": p["use_precision_aware_optimizer"],
+                         "--main-grads-dtype": p["main_grads_dtype"], "--main-params-dtype": p["main_params_dtype"],
+                         "--exp-avg-dtype": p["exp_avg_dtype"], "--exp-avg-sq-dtype": p["exp_avg_sq_dtype"],
+                         "--no-store-param-remainders": p["no_store_param_remainders"]}, where="")
 
 
 __all__ = ["OPTIMIZER_FLAGS", "OPTIMIZER_PANEL", "ExpAvgDtypeOpt", "ExpAvgSqDtypeOpt", "GradReduceBf16Opt",

@@ -94,11 +94,9 @@ class PlanFlags:
 
     def optimizer_precision(self) -> OptimizerPrecision:
         """The gradient-buffer and optimizer dtypes (`cli.optimizer`); Megatron's fp32 unless given."""
-        from lynx.cli.optimizer import optimizer_option
+        from lynx.cli.optimizer import OPTIMIZER_FLAGS, optimizer_option
 
-        return optimizer_option(self.grad_reduce_in_bf16, self.use_precision_aware_optimizer, self.main_grads_dtype,
-                                self.main_params_dtype, self.exp_avg_dtype, self.exp_avg_sq_dtype,
-                                self.no_store_param_remainders)
+        return optimizer_option({n: getattr(self, n) for n in OPTIMIZER_FLAGS})
 
     def dp_sharding(self) -> DpSharding:
         """The data-parallel sharding the Megatron flags select (`export.megatron_fsdp.sharding_of`)."""
