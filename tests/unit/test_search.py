@@ -252,7 +252,9 @@ def test_pruned_search_equals_exhaustive_with_offloading(model: str, hw: str, gp
     top = 3
     pruned = search(space, opts, top=top)
     full = search(space, opts, top=top, exhaustive=True)
-    assert [_key(o) for o in pruned.ranked[:top]] == [_key(o) for o in full.ranked[:top]]
+    dominated = _dominated_no_faster(pruned, full)  # rows of their own layout that a cheaper method beats
+    assert [_key(o) for o in pruned.ranked[:top]] == [_key(o) for o in full.ranked
+                                                      if o.candidate not in dominated][:top]
     assert (pruned.best_stock and _key(pruned.best_stock)) == (full.best_stock and _key(full.best_stock))
     assert pruned.considered == full.considered
     methods = {o.candidate.method for o in full.outcomes}

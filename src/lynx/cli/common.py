@@ -200,5 +200,27 @@ def build_request(
     return Request(m, hw, par, opts, method, graph=graph)
 
 
+ROW_LIST = 64
+"""A list of more objects than this prints one object per line (`json_text`)."""
+
+
+def json_text(obj: Any, level: int = 0) -> str:
+    """`json.dumps(obj, indent=2)`, except that a list of more than `ROW_LIST` objects (the search's thousands of
+    candidates) prints each object on one line: as readable row by row, and written by json's C encoder (the
+    indenting encoder is pure Python, seconds for a large search)."""
+    pad, inner = "  " * level, "  " * (level + 1)
+    if isinstance(obj, dict) and obj:
+        items = (f"{inner}{json.dumps(k if isinstance(k, str) else json.dumps(k))}: {json_text(v, level + 1)}"
+                 for k, v in obj.items())
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(obj, (list, tuple)) and obj:
+        if len(obj) > ROW_LIST and all(isinstance(o, dict) for o in obj):
+            rows = (inner + json.dumps(o) for o in obj)
+        else:
+            rows = (inner + json_text(o, level + 1) for o in obj)
+        return "[\n" + ",\n".join(rows) + f"\n{pad}]"
+    return json.dumps(obj)
+
+
 def print_json(obj: Any) -> None:
-    typer.echo(json.dumps(obj, indent=2))
+    typer.echo(json_text(obj))

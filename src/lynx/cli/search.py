@@ -175,7 +175,7 @@ def run_search(a: SearchArgs, base: Request) -> None:
     from lynx.search import Pins, Space, search
     from lynx.search.plot import scatter_png
     from lynx.search.report import explain, result_dict, search_table
-    from lynx.search.space import OFFLOAD_METHODS, candidates
+    from lynx.search.space import OFFLOAD_METHODS, cores
     from lynx.search.targets import rank_for_target
 
     check_target(base.model, a.target, a.cp)
@@ -198,8 +198,8 @@ def run_search(a: SearchArgs, base: Request) -> None:
                        methods=None if a.method is None else (a.method,)),
                   a.allow_cross_node_tp, a.cp_comm_type,
                   has_link if a.offload is None else a.offload, a.production_overlaps, fsdp=a.fsdp or FSDP2)
-    cands, rejected = candidates(space)
-    if not cands:  # nothing to search: say which rule the pins break, before any work
+    layouts, rejected = cores(space)  # every core holds a candidate at least (`space.layout_candidates`)
+    if not layouts:  # nothing to search: say which rule the pins break, before any work
         raise SpecError(f"--gpus {a.gpus}: no layout satisfies the pinned options ({no_layout_reason(a, rejected)})")
     res = _with_progress(lambda cb: search(space, base.options, top=a.top, progress=cb))
     res = rank_for_target(res, a.target, a.top)

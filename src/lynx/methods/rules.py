@@ -5,10 +5,20 @@ or the user's explicit layout), not on lynx's partitioners."""
 from __future__ import annotations
 
 from lynx.cost.memory import layer_memories, stage_floor_bytes, stage_peak_bytes
-from lynx.decisions import RecomputePolicy, StageContext
+from lynx.decisions import LayerPolicy, RecomputePolicy, StageContext
+from lynx.graph import LayerGraph
 from lynx.methods.common import MethodFn, StagePolicyFn, megatron_partition, per_stage, stage_policy
-from lynx.policy.megatron_modules import modules_policy
-from lynx.policy.rules import block_policy, full_policy, none_policy, selective_policy, uniform_policy
+from lynx.policy.megatron_modules import modules_layer, modules_policy
+from lynx.policy.rules import (
+    block_policy,
+    full_layer,
+    full_policy,
+    keep_all,
+    none_policy,
+    selective_layer,
+    selective_policy,
+    uniform_policy,
+)
 from lynx.problem import PlanProblem, PlanResult
 
 
@@ -57,6 +67,23 @@ def plan_block(problem: PlanProblem) -> PlanResult:
                 break
     res = per_stage(problem, "block", _block_fn(n), part)
     return PlanResult(res.method, res.partition, res.policies, (f"--recompute-num-layers {n}",), res.search_time_s)
+
+
+def fixed_layer_policy(method: str, graph: LayerGraph) -> LayerPolicy | None:
+    """The one layer policy a Megatron method applies to every layer whatever the stage (none, full, selective and
+    the dense --recompute-modules lists), None for the others (block and uniform depend on a layer's place; lynx's
+    methods search). The configuration search prices a stock candidate's recomputation from it before planning
+    (`search.tree.Frontier.method_bound`)."""
+    if method == "none":
+        return keep_all(graph)
+    if method == "full":
+        return full_layer(graph)
+    if method == "selective":
+        return selective_layer(graph)
+    mods = tuple(method.removeprefix("mc-").split("+"))
+    if method.startswith("mc-") and mods in MEGATRON_MODULE_LISTS:
+        return modules_layer(graph, mods)
+    return None
 
 
 MEGATRON_MODULE_LISTS: tuple[tuple[str, ...], ...] = (

@@ -32,13 +32,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from lynx.cost.edges import device_hardware, stage_edge_times
+from lynx.cost.fsdp_time import fsdp_step_time
 from lynx.cost.memory import stage_peak_bytes, static_bytes
 from lynx.cost.static_memory import grad_buffer_time, optimizer_step_time
-from lynx.methods.common import stage_policy
+from lynx.methods.common import per_stage, stage_policy
 from lynx.partition.base import Partition
-from lynx.policy.rules import full_policy
+from lynx.policy.rules import full_policy, none_policy
 from lynx.problem import PlanProblem
 from lynx.simulate import _p2p as p2p_seconds
+from lynx.simulate import simulate
 from lynx.stack import LayerKind, kinds_present, stage_kinds
 
 SAFETY = 1.0 - 1e-9
@@ -59,46 +61,58 @@ def _largest_fitting(fits: Callable[[int], bool], hi: int) -> int:
     return lo
 
 
-def _stage_bytes(problem: PlanProblem, stage: int, n: int, per_layer_inputs: bool) -> float:
+def _stage_bytes(problem: PlanProblem, stage: int, n: int, per_layer_inputs: bool, static_only: bool = False) -> float:
     """`stage_context(stage, n).static_bytes` plus the layer inputs in flight, without building the context
-    (the same `static_bytes` call and the schedule's in-flight count)."""
+    (the same `static_bytes` call and the schedule's in-flight count); `static_only`: without the inputs."""
     o = problem.options
     # several layer kinds: the lightest kind's stage (a bound whatever layers the stage gets)
     static = min(static_bytes(problem.model, problem.parallel, stage, n, o.bytes_per_param, o.precision,
                               o.distributed_optimizer, o.dp_sharding, (k,) * n if problem.heterogeneous else None,
                               o.optimizer_precision)
                  for k in (kinds_present(problem.model) if problem.heterogeneous else ("dense",)))
-    if o.vpp > 1:  # any split of the n layers over the chunks: static memory does not depend on it
+    if o.vpp > 1 or static_only:  # any split of the n layers over the chunks: static memory does not depend on it
         return static  # in-flight counts differ per chunk: the static part alone is the bound
     in_flight = max(c.in_flight for c in problem.facts.chunks[stage])
     return static + in_flight * problem.graph.input_bytes * (n if per_layer_inputs else 1)
 
 
-def memory_bound_reason(problem: PlanProblem, method: str) -> str:
-    """Why no partition of this layout can fit the budget with `method` ('' when one might)."""
-    pp, layers, vpp = problem.parallel.pp, problem.model.num_layers, problem.options.vpp
+def memory_bound_reason(problem: PlanProblem, method: str, static_only: bool = False) -> str:
+    """Why no partition of this layout can fit the budget with `method` ('' when one might); `static_only`: on
+    static memory alone, a stage holding at least one layer (a bound for every VPP, split and method of the layout:
+    `static_memory_reason`)."""
+    pp, layers = problem.parallel.pp, problem.model.num_layers
+    vpp = 1 if static_only else problem.options.vpp
     budget = problem.budget_bytes
     per_layer = method not in CHUNKED_METHODS
     cap = layers - pp + 1  # every other stage needs at least one layer
     lo = vpp if vpp > 1 else 1  # layers a stage needs at least (one per chunk)
     even = -(-layers // pp)
-    if even >= lo and all(_stage_bytes(problem, s, even, per_layer) <= budget for s in range(pp)):
+    inputs = " + layer inputs in flight" if vpp == 1 and not static_only else ""
+    if even >= lo and all(_stage_bytes(problem, s, even, per_layer, static_only) <= budget for s in range(pp)):
         return ""  # the balanced split fits the bound already: no need to look further
     room = 0
     for s in range(pp):
         def fits(k: int, s: int = s) -> bool:
-            return k < lo or _stage_bytes(problem, s, k, per_layer) <= budget
+            return k < lo or _stage_bytes(problem, s, k, per_layer, static_only) <= budget
 
         n = _largest_fitting(fits, cap)
         if n < lo:
-            need = _stage_bytes(problem, s, lo, per_layer)
-            return (f"stage {s} needs at least {need / 2**30:.1f} GiB with {lo} layer(s) (static memory"
-                    f"{' + layer inputs in flight' if vpp == 1 else ''}); budget {budget / 2**30:.1f} GiB")
+            need = _stage_bytes(problem, s, lo, per_layer, static_only)
+            return (f"stage {s} needs at least {need / 2**30:.1f} GiB with {lo} layer(s) (static memory{inputs}); "
+                    f"budget {budget / 2**30:.1f} GiB")
         room += n
     if room < layers:
-        return (f"at most {room} of {layers} layers fit over {pp} stages (static memory"
-                f"{' + layer inputs in flight' if vpp == 1 else ''}; budget {budget / 2**30:.1f} GiB)")
+        return (f"at most {room} of {layers} layers fit over {pp} stages (static memory{inputs}; budget "
+                f"{budget / 2**30:.1f} GiB)")
     return ""
+
+
+def static_memory_reason(problem: PlanProblem) -> str:
+    """Why no candidate of the layout fits on static memory alone, whatever its interleaving, split or method ('' when
+    one might): every stage holds its parameters, gradients and optimizer state for at least one layer, and static
+    memory depends on the layers a rank holds, not on how they are chunked (`_stage_bytes`). The search refuses a
+    whole layout by it before building any of its nodes (`tree.Frontier.static_reason`)."""
+    return memory_bound_reason(problem, "block", static_only=True)
 
 
 def frugal_reason(problem: PlanProblem, partition: Partition) -> str:
@@ -188,12 +202,16 @@ def _fixed(p: Pieces, r: int) -> float:
 
 def step_s(problem: PlanProblem, rank: int, layers: int, kinds: tuple[LayerKind, ...] | None = None) -> float:
     """The rank's optimizer step and passes over its gradient buffer, after its last backward (the simulator's
-    tail, `simulate.metrics.tail_time`, less the exposed DP collective it may add)."""
+    tail, `simulate.metrics.tail_time`, less the exposed DP collective it may add); under FSDP or a partial
+    distributed optimizer the step over the rank's shard, as the tail charges it."""
     o = problem.options
     if not o.include_dp_allreduce:
         return 0.0
-    device = device_hardware(problem.hardware, problem.graph).device
-    recipe = problem.static_recipe
+    hw = device_hardware(problem.hardware, problem.graph)
+    device, recipe = hw.device, problem.static_recipe
+    sharding = problem.dp_sharding
+    if sharding is not None:  # FSDP (or a partial distributed optimizer): its step on the shard, as the tail charges
+        return fsdp_step_time(problem.model, hw, problem.parallel, rank, layers, recipe, sharding)
     return (optimizer_step_time(problem.model, problem.parallel, rank, layers, recipe, device, o.distributed_optimizer,
                                 kinds)
             + grad_buffer_time(problem.model, problem.parallel, rank, layers, recipe, device, o.check_for_nan_in_grad,
@@ -238,6 +256,16 @@ def time_bound_from(p: Pieces, vpp: int) -> float:
         return SAFETY * max((a * p.layers + sum(c)) / p.pp, max(c) + a * vpp, _chain(p, p.pp * vpp))
     ends = max(_fixed(p, k) + p.u * k + a for k in range(p.pp))
     return SAFETY * max(_pipeline_any(p), ends, _chain(p, p.pp))
+
+
+def plain_s(problem: PlanProblem, partition: Partition) -> float:
+    """A lower bound on the simulated iteration time of any policy on `partition`: the simulated time of keeping
+    every activation there (memory aside). Recomputing an op, or copying it to the host and back, only ever adds
+    time (on the critical path, or in a window that would otherwise idle), so no policy of lynx's on the partition
+    is faster. One simulation: the search spends it on a lynx interleaved node whose cheaper bounds did not prune
+    it, before Lynx-HEU's stage problems (tens of MILPs) are solved for it (`tree.Frontier.tighten`)."""
+    pols = per_stage(problem, "none", none_policy, partition).policies
+    return SAFETY * simulate(problem, partition, pols, record=False).iteration_time_s
 
 
 def time_bound_s(problem: PlanProblem) -> float:

@@ -26,8 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from lynx.problem import PlanOptions
+from lynx.search.bounds import SAFETY
 from lynx.search.dominance import cannot_fit, dominated, order
-from lynx.search.evaluate import LYNX_SEARCHED, Outcome, Shared, plan_candidate
+from lynx.search.evaluate import LYNX_SEARCHED, Outcome, Shared, Status, plan_candidate
 from lynx.search.recipes import Applied, applicable
 from lynx.search.space import Candidate, Rejected, Space, cores, layout_candidates
 from lynx.search.tree import Frontier, Kind, Node, count
@@ -187,7 +188,11 @@ class _Run:
             elif self.frontier.tighten(node, bound):  # also when exhaustive: the bounds test covers it
                 continue
             elif node.kind == Kind.CORE:
-                self.frontier.expand(node)
+                why = self.frontier.static_reason(node.core)
+                if why:
+                    self._refuse(node, bound, why)
+                else:
+                    self.frontier.expand(node)
             else:
                 self._plan(node, bound)
             for bad, why in self.frontier.invalid:
@@ -199,12 +204,20 @@ class _Run:
         self.skipped += n
         self.tick(n, f"pruned at bound {bound:.3f} s")
 
+    def _core_outcomes(self, node: Node, status: Status, bound: float, why: str) -> None:
+        """Every candidate of a core decided at once (`status`, `why`)."""
+        for v in node.core.vpps:
+            own, stock = layout_candidates(self.shared.space, node.core.at(v))
+            self.outcomes += [Outcome(c, status, bound, why) for c in own + stock]
+        self.tick(count(self.shared.space, node), status)
+
+    def _refuse(self, node: Node, bound: float, why: str) -> None:
+        """A core whose static memory alone exceeds the budget for every split (`Frontier.static_reason`)."""
+        self._core_outcomes(node, "over budget (bound)", bound, why)
+
     def _invalid(self, node: Node, why: str) -> None:
         if node.kind == Kind.CORE:
-            for v in node.core.vpps:
-                own, stock = layout_candidates(self.shared.space, node.core.at(v))
-                self.outcomes += [Outcome(c, "invalid", math.nan, why) for c in own + stock]
-            self.tick(count(self.shared.space, node), "invalid")
+            self._core_outcomes(node, "invalid", math.nan, why)
             return
         cands = self.frontier.candidates(node)
         self.outcomes += [Outcome(c, "invalid", math.nan, why) for c in cands]
@@ -229,6 +242,8 @@ class _Run:
         cheaper = "" if self.exhaustive else dominated(c.method, fits)
         if cheaper:
             return Outcome(c, "dominated", bound, f"no faster than {cheaper}, which fits this layout")
+        if node.kind == Kind.STOCK:  # its method's recomputation on top of the split's bound
+            bound = max(bound, SAFETY * self.frontier.method_bound(node, c))
         skip = "" if self.exhaustive else self.sweep.skips(c)
         if skip:
             return Outcome(c, "skipped (VPP sweep)", bound, skip)

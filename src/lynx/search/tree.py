@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import IntEnum
 
+from lynx.cost.pricing import layer_recompute
 from lynx.errors import LynxError
 from lynx.methods.common import base_partition
+from lynx.methods.rules import fixed_layer_policy
 from lynx.problem import PlanProblem
 from lynx.search.bounds import (
     CHUNKED_METHODS,
@@ -25,6 +28,8 @@ from lynx.search.bounds import (
     partition_memory_reason,
     partition_time_bound_s,
     pieces,
+    plain_s,
+    static_memory_reason,
     step_s,
     time_bound_from,
     time_bound_s,
@@ -50,6 +55,8 @@ class Node:
     split: Split | None = None
     tight: bool = False
     """A lynx interleaved node whose bound is on the dp split its screen plans (`Frontier.tighten`)."""
+    plain: bool = False
+    """A tight node whose bound is also the simulated time of that split recomputing nothing (`Frontier.tighten`)."""
 
 
 def count(space: Space, node: Node) -> int:
@@ -81,6 +88,8 @@ class Frontier:
         self.pieces: dict[tuple[object, ...], Pieces] = {}
         self.layout_pieces: dict[Layout, Pieces] = {}
         self.steps: dict[tuple[Layout, int, int, tuple[LayerKind, ...] | None], float] = {}
+        self.static: dict[tuple[object, ...], str] = {}
+        self.methods: dict[tuple[Node, str], float] = {}
 
     def push(self, node: Node) -> None:
         try:
@@ -99,11 +108,19 @@ class Frontier:
 
     def tighten(self, node: Node, bound: float) -> bool:
         """A lynx interleaved node popped on its any-split bound is pushed back with the bound of the dp split
-        its screen plans (`methods.heu._interleaved_search` without refinement); True when it was."""
-        if node.kind != Kind.LYNX or node.tight or node.layout is None or node.layout.vpp == 1:
+        its screen plans (`methods.heu._interleaved_search` without refinement), and popped on that, pushed back
+        once more with the simulated time of the split keeping every activation (`plain_s`) unless the memory bounds
+        refuse all its candidates; True when it was."""
+        if node.kind != Kind.LYNX or node.plain or node.layout is None or node.layout.vpp == 1:
             return False
         problem = self.shared.problem(node.layout, None)
         part = base_partition(problem)
+        if node.tight:
+            if all(self.memory_reason(node, c) for c in self.candidates(node)):
+                return False  # refused by the memory bounds when planned: no simulation spent on it
+            tighter = max(bound, plain_s(problem, part))
+            heapq.heappush(self.heap, (tighter, next(self.seq), replace(node, plain=True)))
+            return True
         tight = max(bound, self._partition_bound(node.layout, problem, part.chunks or part.layers_per_stage))
         heapq.heappush(self.heap, (tight, next(self.seq), replace(node, tight=True)))
         return True
@@ -124,14 +141,17 @@ class Frontier:
         p = self.layout_pieces.get(lay)
         if p is None:
             p = self.layout_pieces[lay] = pieces(problem)
+        return partition_time_bound_s(problem, chunks, p, self._step(lay, problem))
 
+    def _step(self, lay: Layout, problem: PlanProblem) -> Callable[[int, int, tuple[LayerKind, ...] | None], float]:
+        """`bounds.step_s` of the layout's ranks, each priced once."""
         def after(rank: int, layers: int, kinds: tuple[LayerKind, ...] | None) -> float:
             key = (lay, rank, layers, kinds)
             if key not in self.steps:
                 self.steps[key] = step_s(problem, rank, layers, kinds)
             return self.steps[key]
 
-        return partition_time_bound_s(problem, chunks, p, after)
+        return after
 
     def _layout_problem(self, node: Node) -> PlanProblem:
         """The problem a stock node's bound is priced on: the layout's own (the pieces and the optimizer step do
@@ -158,6 +178,40 @@ class Frontier:
         p = replace(self.pieces[key], pp=lay.pp, nmb=nmb)
         deep = min((v for v in core.vpps if v > 1), default=0)
         return min(time_bound_from(p, v) for v in ((1,) if 1 in core.vpps else ()) + ((deep,) if deep else ()))
+
+    def method_bound(self, node: Node, cand: Candidate) -> float:
+        """A stock candidate's own bound (0 where it has none beyond its node's): its split's
+        `partition_time_bound_s` with every layer's step lengthened by the on-demand recomputation its method
+        places in each layer (`rules.fixed_layer_policy`: none, full, selective, the module lists). The simulator
+        charges that recomputation before each backward (`cost.pricing.layer_recompute`: Megatron's recompute is
+        on demand, no window hosts it) unless an FSDP window hides it, so FSDP layouts and models of several layer
+        kinds keep their node's bound."""
+        assert node.layout is not None
+        key = (node, cand.method)
+        if key not in self.methods:
+            problem = self._layout_problem(node)
+            lp = None if problem.heterogeneous or problem.options.dp_sharding.fsdp else \
+                fixed_layer_policy(cand.method, problem.graph)
+            extra = 0.0 if lp is None else layer_recompute(problem.graph, lp, (0.0, 0.0), top=True).on_demand
+            if extra > 0:
+                self._partition_bound(node.layout, problem, self.chunks(node))  # the layout's pieces, priced once
+                p = self.layout_pieces[node.layout]
+                self.methods[key] = partition_time_bound_s(problem, self.chunks(node), replace(p, u=p.u + extra),
+                                                           self._step(node.layout, problem))
+            else:
+                self.methods[key] = 0.0
+        return self.methods[key]
+
+    def static_reason(self, core: Core) -> str:
+        """Why no candidate of the core fits on static memory alone ('' when one might: `bounds.static_memory_reason`),
+        once per sharding of the parameters (what static memory depends on)."""
+        sh, lay = self.shared, core.layout
+        key = (lay.tp, lay.cp, lay.pp, lay.dp, lay.dist_opt, lay.fsdp, lay.ep, lay.etp)
+        if key not in self.static:
+            problem = PlanProblem(sh.space.model, sh.space.hardware, sh.parallel(lay), sh.graph(lay),
+                                  candidate_options(sh.base, sh.space, lay, None), sh.kinds(lay))
+            self.static[key] = static_memory_reason(problem)
+        return self.static[key]
 
     def chunks(self, node: Node) -> tuple[int, ...]:
         assert node.layout is not None and node.split is not None
