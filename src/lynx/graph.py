@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from lynx.errors import PlanFormatError
 from lynx.validate import build, check_field
@@ -339,3 +339,31 @@ def kind_runs(graph: Graphs, n: int) -> tuple[tuple[LayerGraph, ...], tuple[int,
             graphs.append(g)
             counts.append(1)
     return tuple(graphs), tuple(counts)
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+MEMO_ENTRIES = 4096
+"""Entries one `per_graph` memo keeps before it starts again (a search touches a few hundred graphs)."""
+
+
+def per_graph(fn: Callable[Concatenate[LayerGraph, _P], _R]) -> Callable[Concatenate[LayerGraph, _P], _R]:
+    """Memoize a pure function of a graph (and hashable arguments) by the graph's identity: hashing a graph hashes
+    every op, and a search asks the same policy or memory question of one graph object thousands of times. Each
+    entry holds its graph, so the id it is keyed by cannot be reused while it is cached; the result must be
+    immutable (the callers' are frozen dataclasses)."""
+    memo: dict[tuple[object, ...], tuple[LayerGraph, _R]] = {}
+
+    @functools.wraps(fn)
+    def wrapper(graph: LayerGraph, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        key = (id(graph), args, tuple(kwargs.items()))
+        hit = memo.get(key)
+        if hit is not None and hit[0] is graph:
+            return hit[1]
+        out = fn(graph, *args, **kwargs)
+        if len(memo) >= MEMO_ENTRIES:
+            memo.clear()
+        memo[key] = (graph, out)
+        return out
+
+    return wrapper

@@ -14,7 +14,7 @@ from lynx.cost.lifetime import backward_trace
 from lynx.cost.static_memory import OptimizerPrecision
 from lynx.decisions import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase, StageContext
 from lynx.families import get_family
-from lynx.graph import Graphs, LayerGraph, per_layer, slice_graphs
+from lynx.graph import Graphs, LayerGraph, per_graph, per_layer, slice_graphs
 from lynx.spec import ModelSpec, ParallelSpec
 from lynx.stack import LayerKind
 
@@ -102,6 +102,7 @@ class LayerMemory:
     being copied out or reloaded (docs/offload.md), on the host for the others."""
 
 
+@per_graph
 def layer_memory(graph: LayerGraph, lp: LayerPolicy) -> LayerMemory:
     keep = set(lp.keep)
 

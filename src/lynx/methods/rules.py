@@ -43,14 +43,34 @@ def _block_fn(n: int) -> StagePolicyFn:
     return lambda c, g: block_policy(c, g, n)
 
 
+def _floor_fits(problem: PlanProblem, ctx: StageContext, pol: RecomputePolicy) -> bool:
+    return stage_floor_bytes(layer_memories(problem.graphs_for(ctx), pol.layers), ctx) <= ctx.budget_bytes
+
+
 def _fits(problem: PlanProblem, ctx: StageContext, pol: RecomputePolicy) -> bool:
     """`stage_peak_bytes <= budget`, deciding on the replay-free floor first where it is already over: the floor
     is the peak's own first terms, so it never exceeds the peak (`memory.stage_floor_bytes`), and the activation
     replay (most of the time of a deep stage) runs only for the values of N that might fit."""
-    graphs = problem.graphs_for(ctx)
-    if stage_floor_bytes(layer_memories(graphs, pol.layers), ctx) > ctx.budget_bytes:
+    if not _floor_fits(problem, ctx, pol):
         return False
-    return stage_peak_bytes(graphs, pol.layers, ctx) <= ctx.budget_bytes
+    return stage_peak_bytes(problem.graphs_for(ctx), pol.layers, ctx) <= ctx.budget_bytes
+
+
+def _first_floor_fit(problem: PlanProblem, ctxs: tuple[StageContext, ...], hi: int) -> int:
+    """The smallest N in [0, hi] whose floor fits every stage (hi when none below does), by bisection: block(N + 1)
+    recomputes in full a layer that block(N) keeps whole, and a full layer retains only its input, so each stage's
+    floor never grows with N. Every smaller N is over budget on its floor already; `plan_block` scans from here."""
+    def ok(n: int) -> bool:
+        return all(_floor_fits(problem, c, stage_policy(_block_fn(n), c, problem.graphs_for(c))) for c in ctxs)
+
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def plan_block(problem: PlanProblem) -> PlanResult:
@@ -61,7 +81,7 @@ def plan_block(problem: PlanProblem) -> PlanResult:
     if n is None:
         ctxs = problem.stage_contexts(part)
         n = max(part.layers_per_stage)
-        for cand in range(0, n + 1):
+        for cand in range(_first_floor_fit(problem, ctxs, n), n + 1):
             if all(_fits(problem, c, stage_policy(_block_fn(cand), c, problem.graphs_for(c))) for c in ctxs):
                 n = cand
                 break

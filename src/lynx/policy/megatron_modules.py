@@ -21,7 +21,7 @@ demand per layer and micro-batch.
 from __future__ import annotations
 
 from lynx.decisions import LayerPolicy, RecomputePolicy, StageContext
-from lynx.graph import LayerGraph
+from lynx.graph import LayerGraph, per_graph
 from lynx.policy.rules import checkpointed_drops, checkpointed_reruns, on_demand
 
 MODULES: tuple[str, ...] = ("core_attn", "mlp", "layernorm", "moe", "moe_act", "shared_experts", "mla_up_proj")
@@ -57,6 +57,7 @@ def _ops(graph: LayerGraph, module: str) -> tuple[str, ...]:
     return tuple(n for o in graph.ops for n in (o.name,) if o.module in CONTAINS.get(module, (module,)))
 
 
+@per_graph
 def modules_layer(graph: LayerGraph, modules: tuple[str, ...]) -> LayerPolicy:
     """Keep everything backward reads except what the modules free; recompute that on demand, and re-run the
     checkpointed ops that stay kept but lose their side state (`rules.checkpointed_reruns`)."""

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from lynx.decisions import LayerPolicy, Phase, RecomputePolicy, StageContext
-from lynx.graph import LAYER_INPUT, LayerGraph
+from lynx.graph import LAYER_INPUT, LayerGraph, per_graph
 
 
+@per_graph
 def keep_all(graph: LayerGraph) -> LayerPolicy:
     """No recomputation: keep every op whose state backward reads."""
     return LayerPolicy(keep=graph.needed())
@@ -25,6 +26,7 @@ def recompute_closure(graph: LayerGraph, drop: frozenset[str], keep: frozenset[s
     return tuple(n for n in graph.names if n in out)
 
 
+@per_graph
 def on_demand(graph: LayerGraph, keep: frozenset[str]) -> LayerPolicy:
     """Keep `keep` (restricted to what backward reads), recompute the rest on demand."""
     keep = frozenset(keep) & graph.needed()
@@ -32,6 +34,7 @@ def on_demand(graph: LayerGraph, keep: frozenset[str]) -> LayerPolicy:
     return LayerPolicy(keep=keep, recompute=tuple((n, Phase.ON_DEMAND) for n in rec))
 
 
+@per_graph
 def full_layer(graph: LayerGraph) -> LayerPolicy:
     """Megatron full: keep only the layer input, rerun the whole layer forward (collectives included)."""
     return on_demand(graph, frozenset())
@@ -73,6 +76,7 @@ def _rerun_inputs(graph: LayerGraph, rerun: frozenset[str], lp: LayerPolicy) -> 
     return tuple((n, Phase.ON_DEMAND) for n in graph.names if n in need)
 
 
+@per_graph
 def selective_layer(graph: LayerGraph) -> LayerPolicy:
     """Megatron selective (Korthikanti et al. 2022): checkpoint core attention (QK^T, softmax, dropout,
     probs @ V); its input (QKV) and output (context, which the projection saves) stay stored. With flash
