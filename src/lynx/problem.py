@@ -93,6 +93,11 @@ def _facts(pp: int, num_microbatches: int, vpp: int) -> ScheduleFacts:
     return derive_facts(make_schedule(pp, num_microbatches, vpp))
 
 
+CONTEXT_ENTRIES = 4096
+"""(problem, partition, schedule) triples `PlanProblem.stage_contexts` keeps before it starts again."""
+_CONTEXTS: dict[tuple[object, ...], tuple[object, object, tuple[StageContext, ...]]] = {}
+
+
 @dataclass(frozen=True, slots=True)
 class PlanProblem:
     model: ModelSpec
@@ -205,9 +210,22 @@ class PlanProblem:
         return fsdp_charge(self.model, self.hardware, self.parallel, stage, self.static_recipe, ds)
 
     def stage_contexts(self, partition: Partition, facts: ScheduleFacts | None = None) -> tuple[StageContext, ...]:
-        return tuple(self.stage_context(s, n, partition.chunk_layers(s) if partition.chunks else (), facts,
-                                        self.partition_kinds(partition, s))
-                     for s, n in enumerate(partition.layers_per_stage))
+        """Every rank's context on `partition` (`stage_context`). A planning call asks this of one problem object
+        and partition several times (the method, the search's memory check, the simulator): kept per (problem
+        object, partition, facts object); the entry holds both objects, so their ids are not reused while cached,
+        and the contexts are frozen."""
+        f = facts if facts is not None else self.facts
+        key = (id(self), partition.layers_per_stage, partition.chunks, id(f))
+        hit = _CONTEXTS.get(key)
+        if hit is not None and hit[0] is self and hit[1] is f:
+            return hit[2]
+        out = tuple(self.stage_context(s, n, partition.chunk_layers(s) if partition.chunks else (), f,
+                                       self.partition_kinds(partition, s))
+                    for s, n in enumerate(partition.layers_per_stage))
+        if len(_CONTEXTS) >= CONTEXT_ENTRIES:
+            _CONTEXTS.clear()
+        _CONTEXTS[key] = (self, f, out)
+        return out
 
     def partition_kinds(self, partition: Partition, stage: int) -> tuple[str, ...]:
         """The kinds of the layers `partition` puts on `stage` (empty for a model of one kind)."""

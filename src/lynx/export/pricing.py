@@ -21,6 +21,8 @@ Offload = Sequence[Mapping[str, Any]] | None
 """The plugin's offload entry per virtual stage (`export.megatron_offload.offload_entry`; empty: none)."""
 
 if TYPE_CHECKING:
+    from lynx.decisions import LayerPolicy
+    from lynx.partition.base import Partition
     from lynx.plan import Plan
 
 
@@ -110,24 +112,60 @@ def _run(problem: PlanProblem, layout: ChunkLayout | None,
             return plan_with(replace(problem, options=opts), method, record=False)
         how = [how] * len(layout.layers)
     from lynx.decisions import RecomputePolicy
+
+    problem, part = _per_stage_problem(problem, layout)
+    pols = tuple(RecomputePolicy("megatron", _rank_layers(problem, layout, how, offload, r))
+                 for r in range(layout.pp))
+    return Plan.evaluate(problem, PlanResult("megatron", part, pols), record=False)
+
+
+def _per_stage_problem(problem: PlanProblem, layout: ChunkLayout) -> tuple[PlanProblem, Partition]:
+    """The problem (its VPP) and the explicit partition per-stage Megatron settings are priced on."""
     from lynx.partition.base import Partition
 
-    g, pp = problem.graph, layout.pp
-    chunk_pols = [stack_policies(problem.range_graphs(layout.first_layer(v), n), rec, n)
-                  for v, (rec, n) in enumerate(zip(how, layout.layers, strict=True))]
-    if offload:
-        from lynx.export.megatron_offload import apply_offload
-
-        chunk_pols = [apply_offload(g, tuple(lps), e) for lps, e in zip(chunk_pols, offload, strict=True)]
     if layout.vpp == 1:
-        part = Partition(layout.layers, "explicit")
-        pols = tuple(RecomputePolicy("megatron", lps) for lps in chunk_pols)
-    else:
-        part = Partition.interleaved(layout.layers, pp, "explicit")
-        pols = tuple(RecomputePolicy("megatron", tuple(lp for c in range(layout.vpp) for lp in chunk_pols[c * pp + r]))
-                     for r in range(pp))
-        problem = replace(problem, options=replace(problem.options, vpp=layout.vpp))
-    return Plan.evaluate(problem, PlanResult("megatron", part, pols), record=False)
+        return problem, Partition(layout.layers, "explicit")
+    return (replace(problem, options=replace(problem.options, vpp=layout.vpp)),
+            Partition.interleaved(layout.layers, layout.pp, "explicit"))
+
+
+def _rank_layers(problem: PlanProblem, layout: ChunkLayout, settings: Sequence[MegatronRecompute],
+                 offload: Offload, rank: int) -> tuple[LayerPolicy, ...]:
+    """Rank `rank`'s layer policies under one Megatron setting per virtual stage (chunk 0's layers first), with
+    the plugin's offload entries where given."""
+    out: list[LayerPolicy] = []
+    for v in range(rank, len(layout.layers), layout.pp):
+        n = layout.layers[v]
+        lps = stack_policies(problem.range_graphs(layout.first_layer(v), n), settings[v], n)
+        if offload:
+            from lynx.export.megatron_offload import apply_offload
+
+            lps = apply_offload(problem.graph, tuple(lps), offload[v])
+        out += lps
+    return tuple(out)
+
+
+class _RankFloor:
+    """Whether a rank's replay-free memory floor (`memory.stage_floor_bytes`: static, non-layer and what its
+    in-flight micro-batches hold) fits its budget under some per-stage settings. The floor never exceeds the peak
+    the simulator replays for the rank (its first terms; tests/unit/test_export_floor.py), so a setting over it
+    cannot fit and is not simulated: `fastest_fitting` tries the cheapest settings first, most of which do not
+    fit. The stage contexts depend on the layout alone and are built once."""
+
+    def __init__(self, problem: PlanProblem, layout: ChunkLayout, offload: Offload) -> None:
+        self.problem, part = _per_stage_problem(problem, layout)
+        self.layout, self.offload = layout, offload
+        self.ctxs = self.problem.stage_contexts(part)
+
+    def bytes(self, settings: Sequence[MegatronRecompute], rank: int) -> float:
+        from lynx.cost.memory import layer_memories, stage_floor_bytes
+
+        ctx = self.ctxs[rank]
+        layers = _rank_layers(self.problem, self.layout, settings, self.offload, rank)
+        return stage_floor_bytes(layer_memories(self.problem.graphs_for(ctx), layers), ctx)
+
+    def fits(self, settings: Sequence[MegatronRecompute], rank: int) -> bool:
+        return self.bytes(settings, rank) <= self.ctxs[rank].budget_bytes
 
 
 def _check_simulable(problem: PlanProblem, layout: ChunkLayout) -> None:
@@ -184,9 +222,10 @@ def fastest_fitting(problem: PlanProblem, layout: ChunkLayout, start: Sequence[M
     _check_simulable(problem, layout)
     g, pp = problem.graph, layout.pp
     chosen, found = list(start), [False] * len(start)
+    floor = _RankFloor(problem, layout, offload)
 
     def fits(trial: list[MegatronRecompute], rank: int) -> bool:
-        return simulate_per_stage(problem, layout, trial, offload).stages[rank].fits
+        return floor.fits(trial, rank) and simulate_per_stage(problem, layout, trial, offload).stages[rank].fits
 
     for r in range(pp):
         vs = [c * pp + r for c in range(layout.vpp)]
@@ -218,8 +257,11 @@ def fastest_fitting_global(problem: PlanProblem, layout: ChunkLayout,
     _check_simulable(problem, layout)
     g = problem.graph
     pool = {c for n in set(layout.layers) for c in candidates(g, n)}
+    floor = _RankFloor(problem, layout, offload)
     for cand in sorted(pool, key=lambda r: (sum(recompute_cost(g, r, n) for n in layout.layers), r.short())):
-        if simulate_per_stage(problem, layout, [cand] * len(layout.layers), offload).fits:
+        trial = [cand] * len(layout.layers)
+        if all(floor.fits(trial, r) for r in range(layout.pp)) and \
+                simulate_per_stage(problem, layout, trial, offload).fits:
             return cand
     return None
 

@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from lynx.api import KindGraphs, kind_layer_graphs, layer_graph, make_problem
-from lynx.cost.memory import LayerMemory, held_bytes, layer_memory
+from lynx.cost.memory import held_bytes, layer_memories
 from lynx.errors import InfeasibleError, LynxError
 from lynx.graph import LayerGraph
-from lynx.graph import per_layer as per_layer_graphs
 from lynx.methods import get_method
 from lynx.methods.heu import heu_options, lynx_search
 from lynx.plan import Plan
@@ -132,15 +131,9 @@ def _held_over_budget(problem: PlanProblem, result: PlanResult) -> str:
     """The stages whose static memory plus the activations held for their in-flight micro-batches (the
     closed form `memory.held_bytes`, which the simulated peak includes) already exceed the budget: such a
     plan runs out of memory whatever the simulation adds, so it is not simulated."""
-    mems: dict[object, LayerMemory] = {}
     bad = []
     for pol, ctx in zip(result.policies, problem.stage_contexts(result.partition), strict=True):
-        gs = per_layer_graphs(problem.graphs_for(ctx), len(pol.layers))
-        for g, lp in zip(gs, pol.layers, strict=True):
-            if (id(g), lp) not in mems:
-                mems[(id(g), lp)] = layer_memory(g, lp)
-        per_layer = [mems[(id(g), lp)] for g, lp in zip(gs, pol.layers, strict=True)]
-        need = ctx.static_bytes + held_bytes(per_layer, ctx)
+        need = ctx.static_bytes + held_bytes(layer_memories(problem.graphs_for(ctx), pol.layers), ctx)
         if need > ctx.budget_bytes:
             bad.append(f"stage {ctx.stage} holds {need / GiB:.1f} GiB")
     return f"{', '.join(bad)} before any working memory (budget {problem.budget_bytes / GiB:.1f} GiB)" if bad else ""
