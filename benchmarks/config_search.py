@@ -71,7 +71,7 @@ CASES = {
 
 
 def _line(res: SearchResult) -> str:
-    return (f"considered {res.considered}, pruned {res.pruned} (memory bound {res.count('over budget (bound)')}, "
+    return (f"considered {res.considered}, pruned {res.pruned} (memory bound {res.over_memory_bound}, "
             f"time bound {res.count('pruned (time bound)')}), planned {res.planned} "
             f"({res.simulated} simulated, {res.count('planned')} fit), invalid {res.count('invalid')}; "
             f"{res.seconds:.1f} s; "

@@ -10,7 +10,7 @@ import pytest
 from lynx.models import load_model
 from lynx.problem import PlanOptions
 from lynx.search import Pins, Space, search
-from lynx.search.space import STOCK_METHODS, candidates, layouts
+from lynx.search.space import STOCK_METHODS, candidates, layout_candidates, layouts
 from lynx.spec import GiB, load_hardware
 
 # Small spaces (4-8 GPUs, short sequences) that enumerate in seconds, over three model shapes: GPT with
@@ -48,7 +48,7 @@ def test_pruned_search_equals_exhaustive(model: str, hw: str, gpus: int, gb: int
     top = 3
     pruned = search(space, opts, top=top)
     full = search(space, opts, top=top, exhaustive=True)
-    assert full.pruned == full.count("over budget (bound)")  # exhaustive plans everything the memory bound keeps
+    assert full.pruned == full.over_memory_bound  # exhaustive plans everything the memory bounds keep
     # The table's rows and the stock-Megatron row are the same, with the same figures, once the candidates the
     # pruned search left unplanned as dominated are taken out (each is no faster than a row of its own layout).
     dominated = _dominated_no_faster(pruned, full)
@@ -89,11 +89,23 @@ def test_memory_bound_never_refuses_a_layout_that_fits() -> None:
     space = _space("gpt-tiny", "a100-40g-nvlink", 4, 32, 512, Pins())
     opts = PlanOptions(budget_bytes=0.05 * GiB)
     res = search(space, opts, exhaustive=True)
-    refused = [o for o in res.outcomes if o.status == "over budget (bound)"]
+    refused = [o.candidate for o in res.outcomes if o.status == "over budget (bound)"]
     assert refused
+    whole = _refused_candidates(res)  # layouts refused on static memory alone: every candidate of theirs
+    assert whole and len(whole) == res.refused_count
     shared = Shared(space, opts)
-    for o in refused:
-        assert not plan_candidate(shared, o.candidate, o.bound_s).fits, o.candidate
+    for c in refused + whole:
+        assert not plan_candidate(shared, c, math.nan).fits, c
+
+
+def _refused_candidates(res):  # noqa: ANN001, ANN202 (a SearchResult)
+    """Every candidate of the layouts the search refused whole on their static memory."""
+    out = []
+    for core, _ in res.refused:
+        for v in core.vpps:
+            own, stock = layout_candidates(res.space, core.at(v))
+            out += own + stock
+    return out
 
 
 def test_space_follows_megatron_rules() -> None:
@@ -267,6 +279,7 @@ def test_pruned_search_equals_exhaustive_with_offloading(model: str, hw: str, gp
         if not math.isnan(o.iteration_s):
             assert o.bound_s <= o.iteration_s, (o.candidate, o.bound_s, o.iteration_s)
     shared = Shared(space, opts)
-    for o in full.outcomes:
-        if o.status == "over budget (bound)" and o.candidate.method in ("lynx-offload", "mc-offload"):
-            assert not plan_candidate(shared, o.candidate, o.bound_s).fits, o.candidate
+    refused = [o.candidate for o in full.outcomes if o.status == "over budget (bound)"] + _refused_candidates(full)
+    for c in refused:
+        if c.method in ("lynx-offload", "mc-offload"):
+            assert not plan_candidate(shared, c, math.nan).fits, c

@@ -15,6 +15,7 @@ from lynx.search.mfu import CONVENTION, causal_mfu, shows_causal
 from lynx.search.options import PRODUCTION_OVERLAPS
 from lynx.search.run import SearchResult
 from lynx.search.space import Layout
+from lynx.search.tree import Kind, Node, count
 
 
 def _layout_cells(o: Outcome, experts: bool = False) -> list[str]:
@@ -98,7 +99,7 @@ def explain(res: SearchResult) -> list[str]:
     best, stock, recipe = res.best, res.best_stock, res.best_recipe
     out = [f"Searched {res.considered} candidates in {res.seconds:.1f} s: {res.planned} planned ({res.simulated} "
            f"simulated); skipped {res.pruned}: {res.skipped + res.count('pruned (time bound)')} by time bounds and "
-           f"{res.count('over budget (bound)')} by memory bounds (neither loses the optimum), "
+           f"{res.over_memory_bound} by memory bounds (neither loses the optimum), "
            f"{res.count('dominated')} dominated by a cheaper method that fits, {res.count('skipped (VPP sweep)')} by "
            "the VPP sweep (a rule: deeper interleaving of the layout had got slower).", *assumptions(res)]
     if best is None:
@@ -207,4 +208,7 @@ def result_dict(res: SearchResult) -> dict[str, Any]:
         "explanation": explain(res),
         "candidates": [outcome_dict(o) for o in res.outcomes],  # the `skipped_unbuilt` ones are not listed
         "rejected": [{"what": r.what, "reason": r.reason} for r in res.rejected],
+        # layouts whose static memory alone is over budget: their candidates are counted, not listed
+        "refused": [{"what": core.layout.label().replace(" VPP1", " (every VPP)"), "reason": why,
+                     "candidates": count(res.space, Node(Kind.CORE, core))} for core, why in res.refused],
     }

@@ -28,9 +28,9 @@ from dataclasses import dataclass, replace
 from lynx.problem import PlanOptions
 from lynx.search.bounds import SAFETY
 from lynx.search.dominance import cannot_fit, dominated, order
-from lynx.search.evaluate import LYNX_SEARCHED, Outcome, Shared, Status, plan_candidate
+from lynx.search.evaluate import LYNX_SEARCHED, Outcome, Shared, plan_candidate
 from lynx.search.recipes import Applied, applicable
-from lynx.search.space import Candidate, Rejected, Space, cores, layout_candidates
+from lynx.search.space import Candidate, Core, Rejected, Space, cores, layout_candidates
 from lynx.search.tree import Frontier, Kind, Node, count
 
 Progress = Callable[[int, int, str], None]
@@ -51,6 +51,11 @@ class SearchResult:
     """The published recipes for the job, each with its priced outcome (None: it cannot run the job)."""
     skipped: int = 0
     """Candidates pruned by their node's time bound without being built (not in `outcomes`)."""
+    refused: tuple[tuple[Core, str], ...] = ()
+    """Layouts (VPP open) whose static memory alone exceeds the budget (`tree.Frontier.static_reason`), with the
+    reason: none of their candidates is built or listed in `outcomes` (a large cluster refuses millions)."""
+    refused_count: int = 0
+    """Candidates of the `refused` layouts."""
 
     @property
     def ranked(self) -> tuple[Outcome, ...]:
@@ -75,11 +80,16 @@ class SearchResult:
 
     @property
     def considered(self) -> int:
-        return len(self.outcomes) + self.skipped
+        return len(self.outcomes) + self.skipped + self.refused_count
+
+    @property
+    def over_memory_bound(self) -> int:
+        """Candidates refused by a memory bound: listed ones, and those of the layouts refused whole."""
+        return self.count("over budget (bound)") + self.refused_count
 
     @property
     def pruned(self) -> int:
-        return (self.skipped + self.count("pruned (time bound)") + self.count("over budget (bound)")
+        return (self.skipped + self.count("pruned (time bound)") + self.over_memory_bound
                 + self.count("skipped (VPP sweep)") + self.count("dominated"))
 
     @property
@@ -167,8 +177,9 @@ class _Run:
         self.inc, self.sweep = _Incumbents(top), VppSweep()
         self.top, self.exhaustive, self.progress = top, exhaustive, progress
         self.outcomes: list[Outcome] = []
-        self.skipped = self.done = self.total = 0
+        self.skipped = self.done = self.total = self.refused_count = 0
         self.rejected: list[Rejected] = []
+        self.refused: list[tuple[Core, str]] = []
 
     def tick(self, n: int, what: str) -> None:
         self.done += n
@@ -190,7 +201,7 @@ class _Run:
             elif node.kind == Kind.CORE:
                 why = self.frontier.static_reason(node.core)
                 if why:
-                    self._refuse(node, bound, why)
+                    self._refuse(node, why)
                 else:
                     self.frontier.expand(node)
             else:
@@ -204,20 +215,20 @@ class _Run:
         self.skipped += n
         self.tick(n, f"pruned at bound {bound:.3f} s")
 
-    def _core_outcomes(self, node: Node, status: Status, bound: float, why: str) -> None:
-        """Every candidate of a core decided at once (`status`, `why`)."""
-        for v in node.core.vpps:
-            own, stock = layout_candidates(self.shared.space, node.core.at(v))
-            self.outcomes += [Outcome(c, status, bound, why) for c in own + stock]
-        self.tick(count(self.shared.space, node), status)
-
-    def _refuse(self, node: Node, bound: float, why: str) -> None:
-        """A core whose static memory alone exceeds the budget for every split (`Frontier.static_reason`)."""
-        self._core_outcomes(node, "over budget (bound)", bound, why)
+    def _refuse(self, node: Node, why: str) -> None:
+        """A core whose static memory alone exceeds the budget for every split (`Frontier.static_reason`): counted,
+        listed once with its reason, its candidates never built."""
+        n = count(self.shared.space, node)
+        self.refused.append((node.core, why))
+        self.refused_count += n
+        self.tick(n, "over budget (bound)")
 
     def _invalid(self, node: Node, why: str) -> None:
         if node.kind == Kind.CORE:
-            self._core_outcomes(node, "invalid", math.nan, why)
+            for v in node.core.vpps:
+                own, stock = layout_candidates(self.shared.space, node.core.at(v))
+                self.outcomes += [Outcome(c, "invalid", math.nan, why) for c in own + stock]
+            self.tick(count(self.shared.space, node), "invalid")
             return
         cands = self.frontier.candidates(node)
         self.outcomes += [Outcome(c, "invalid", math.nan, why) for c in cands]
@@ -269,4 +280,5 @@ def search(space: Space, base: PlanOptions | None = None, top: int = 5, exhausti
                     for a in applicable(space))
     heu = r.shared.heu.values()
     return SearchResult(space, tuple(final), tuple(r.rejected), time.perf_counter() - t0,
-                        sum(h.solves for h in heu), sum(h.hits for h in heu), recipes, r.skipped)
+                        sum(h.solves for h in heu), sum(h.hits for h in heu), recipes, r.skipped, tuple(r.refused),
+                        r.refused_count)
