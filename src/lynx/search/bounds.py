@@ -174,9 +174,13 @@ class Pieces:
     pp: int
     nmb: int
     layers: int
+    fsdp_win: float = 0.0
+    """Under FSDP, the idle part of a layer's backward step that hosts its on-demand recomputation
+    (`pricing.fsdp_window`, already in `u`); 0 otherwise."""
 
 
-def pieces(problem: PlanProblem) -> Pieces:
+def pieces(problem: PlanProblem, fsdp: bool = True) -> Pieces:
+    """`fsdp`: with FSDP's per-layer terms in `u` (`fsdp_layer_s`); the layout's own problem is needed for them."""
     emb = head = 0.0
     if problem.options.include_edges:  # what the simulator adds to the first and last virtual stage
         et = stage_edge_times(problem.model, problem.hardware, problem.parallel, problem.graph)
@@ -184,8 +188,25 @@ def pieces(problem: PlanProblem) -> Pieces:
     # several layer kinds: the cheapest kind's layer time (a lower bound for any layer)
     graphs = dict(problem.kind_graphs).values() if problem.heterogeneous else (problem.graph,)
     u = min(g.step_time(problem.options.subtract_wgrad) for g in graphs)
-    return Pieces(u, emb, head, p2p_seconds(problem),
-                  problem.parallel.pp, problem.parallel.num_microbatches, problem.model.num_layers)
+    exposed, win = fsdp_layer_s(problem) if fsdp else (0.0, 0.0)
+    return Pieces(u + exposed + win, emb, head, p2p_seconds(problem),
+                  problem.parallel.pp, problem.parallel.num_microbatches, problem.model.num_layers, win)
+
+
+def fsdp_layer_s(problem: PlanProblem) -> tuple[float, float]:
+    """What FSDP adds to every layer's step whatever its policy, as `cost.stage.chunk_costs` charges it: (the
+    forward's wait for the layer's gather beyond its compute, the backward's window `pricing.fsdp_window`), the
+    smallest over the stages; (0, 0) without FSDP or for a model of several layer kinds."""
+    if problem.heterogeneous:
+        return 0.0, 0.0
+    g = problem.graph
+    fwd = g.fwd_time()
+    bwd = sum(o.bwd_time for o in g.ops if not o.is_comm) + g.exposed_bwd_comm(problem.options.subtract_wgrad)
+    charges = [c for c in (problem.fsdp_charge(s) for s in range(problem.parallel.pp)) if c is not None]
+    if not charges:
+        return 0.0, 0.0
+    return (min(max(0.0, c.gather_fwd_s - fwd) for c in charges),
+            min(max(0.0, c.gather_bwd_s + c.reduce_s - bwd) for c in charges))
 
 
 def _chain(p: Pieces, virtual_stages: int) -> float:

@@ -173,7 +173,7 @@ class Frontier:
             opts = candidate_options(sh.base, sh.space, lay, None)
             problem = PlanProblem(sh.space.model, sh.space.hardware, sh.parallel(lay), sh.graph(lay), opts,
                                   sh.kinds(lay))
-            self.pieces[key] = pieces(problem)
+            self.pieces[key] = pieces(problem, fsdp=False)  # FSDP's terms depend on PP and micro-batches
         nmb = sh.space.global_batch // (lay.dp * lay.mb)
         p = replace(self.pieces[key], pp=lay.pp, nmb=nmb)
         deep = min((v for v in core.vpps if v > 1), default=0)
@@ -184,18 +184,18 @@ class Frontier:
         `partition_time_bound_s` with every layer's step lengthened by the on-demand recomputation its method
         places in each layer (`rules.fixed_layer_policy`: none, full, selective, the module lists). The simulator
         charges that recomputation before each backward (`cost.pricing.layer_recompute`: Megatron's recompute is
-        on demand, no window hosts it) unless an FSDP window hides it, so FSDP layouts and models of several layer
-        kinds keep their node's bound."""
+        on demand, no window hosts it) beyond what an FSDP window hides (`Pieces.fsdp_win`, already in the layer's
+        step); models of several layer kinds keep their node's bound."""
         assert node.layout is not None
         key = (node, cand.method)
         if key not in self.methods:
             problem = self._layout_problem(node)
-            lp = None if problem.heterogeneous or problem.options.dp_sharding.fsdp else \
-                fixed_layer_policy(cand.method, problem.graph)
-            extra = 0.0 if lp is None else layer_recompute(problem.graph, lp, (0.0, 0.0), top=True).on_demand
+            lp = None if problem.heterogeneous else fixed_layer_policy(cand.method, problem.graph)
+            demand = 0.0 if lp is None else layer_recompute(problem.graph, lp, (0.0, 0.0), top=True).on_demand
+            self._partition_bound(node.layout, problem, self.chunks(node))  # the layout's pieces, priced once
+            p = self.layout_pieces[node.layout]
+            extra = max(0.0, demand - p.fsdp_win)
             if extra > 0:
-                self._partition_bound(node.layout, problem, self.chunks(node))  # the layout's pieces, priced once
-                p = self.layout_pieces[node.layout]
                 self.methods[key] = partition_time_bound_s(problem, self.chunks(node), replace(p, u=p.u + extra),
                                                            self._step(node.layout, problem))
             else:
