@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from lynx.cost.memory import stage_peak_bytes
+from lynx.cost.memory import layer_memories, stage_floor_bytes, stage_peak_bytes
 from lynx.cost.pricing import fsdp_window, op_recompute_cost
 from lynx.decisions import (
     BWD_PHASES,
@@ -516,7 +516,9 @@ def solve_stage(ctx: StageContext, graph: Graphs, opts: HeuOptions, counts: tupl
     counts = counts or (ctx.num_layers,)
     if (len(counts) == 1 or not isinstance(graph, LayerGraph)) and opts.skip_when_all_fit:
         keep_all = tuple(LayerPolicy(g.needed()) for g in per_layer(graph, ctx.num_layers))
-        if stage_peak_bytes(graph, keep_all, ctx) <= ctx.budget_bytes:
+        # the replay-free floor first: over the budget, the peak is too (`memory.stage_floor_bytes`)
+        if stage_floor_bytes(layer_memories(graph, keep_all), ctx) <= ctx.budget_bytes and \
+                stage_peak_bytes(graph, keep_all, ctx) <= ctx.budget_bytes:
             # No recomputation fits: objective 0 is the ILP's optimum, no solve needed.
             return RecomputePolicy(opts.method, keep_all, cooldown_overlap=opts.cooldown_overlap,
                                    stats=SolveStats("closed-form", "optimal", message="keeping every "

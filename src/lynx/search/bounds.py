@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from lynx.cost.edges import device_hardware, stage_edge_times
 from lynx.cost.fsdp_time import fsdp_step_time
-from lynx.cost.memory import stage_peak_bytes, static_bytes
+from lynx.cost.memory import layer_memories, stage_floor_bytes, stage_peak_bytes, static_bytes
 from lynx.cost.static_memory import grad_buffer_time, optimizer_step_time
 from lynx.methods.common import per_stage, stage_policy
 from lynx.partition.base import Partition
@@ -124,6 +124,10 @@ def frugal_reason(problem: PlanProblem, partition: Partition) -> str:
     for ctx in problem.stage_contexts(partition):
         graphs = problem.graphs_for(ctx)  # one graph per layer where the model has several kinds
         pol = stage_policy(full_policy, ctx, graphs)
+        floor = stage_floor_bytes(layer_memories(graphs, pol.layers), ctx)  # the peak's first terms, no replay
+        if floor > ctx.budget_bytes:
+            return (f"stage {ctx.stage} needs at least {floor / 2**30:.1f} GiB even recomputing every layer in full "
+                    f"(budget {ctx.budget_bytes / 2**30:.1f} GiB)")
         peak = stage_peak_bytes(graphs, pol.layers, ctx)
         if peak > ctx.budget_bytes:
             return (f"stage {ctx.stage} peaks at {peak / 2**30:.1f} GiB even recomputing every layer in full "
