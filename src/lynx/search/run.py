@@ -235,6 +235,10 @@ class _Run:
         self.tick(len(cands), "invalid")
 
     def _plan(self, node: Node, bound: float) -> None:
+        why = self.frontier.split_reason(node) if node.kind == Kind.STOCK else ""
+        if why:
+            self._invalid(node, why)
+            return
         fits: dict[str, Outcome] = {}
         failed: set[str] = set()
         for c in sorted(self.frontier.candidates(node), key=lambda c: order(c.method)):

@@ -32,7 +32,6 @@ from lynx.search.bounds import (
     static_memory_reason,
     step_s,
     time_bound_from,
-    time_bound_s,
 )
 from lynx.search.evaluate import LYNX_SEARCHED, Shared
 from lynx.search.options import candidate_options
@@ -129,24 +128,39 @@ class Frontier:
         sh = self.shared
         if node.kind == Kind.LYNX:
             assert node.layout is not None
-            return time_bound_s(sh.problem(node.layout, None))
-        if node.kind == Kind.STOCK:
+            return time_bound_from(self._pieces(node.layout, sh.problem(node.layout, None)), node.layout.vpp)
+        if node.kind == Kind.STOCK:  # the split's own checks run when the node is planned (`split_reason`)
             assert node.layout is not None and node.split is not None
-            sh.problem(node.layout, node.split)  # the split's own checks: a split Megatron refuses is invalid here
             return self._partition_bound(node.layout, self._layout_problem(node), self.chunks(node))
         return self._core_bound(node.core)
 
+    def split_reason(self, node: Node) -> str:
+        """Why Megatron refuses a stock node's split ('' when it runs it): its problem's checks."""
+        assert node.layout is not None
+        try:
+            self.shared.problem(node.layout, node.split)
+        except LynxError as e:
+            return str(e).splitlines()[0]
+        return ""
+
+    def _pieces(self, lay: Layout, problem: PlanProblem) -> Pieces:
+        """`bounds.pieces` of the layout, once for all its VPPs (none of them depends on interleaving)."""
+        key = replace(lay, vpp=1)
+        p = self.layout_pieces.get(key)
+        if p is None:
+            p = self.layout_pieces[key] = pieces(problem)
+        return p
+
     def _partition_bound(self, lay: Layout, problem: PlanProblem, chunks: tuple[int, ...]) -> float:
         """`partition_time_bound_s` with the layout's pieces and optimizer steps priced once."""
-        p = self.layout_pieces.get(lay)
-        if p is None:
-            p = self.layout_pieces[lay] = pieces(problem)
-        return partition_time_bound_s(problem, chunks, p, self._step(lay, problem))
+        return partition_time_bound_s(problem, chunks, self._pieces(lay, problem), self._step(lay, problem))
 
     def _step(self, lay: Layout, problem: PlanProblem) -> Callable[[int, int, tuple[LayerKind, ...] | None], float]:
-        """`bounds.step_s` of the layout's ranks, each priced once."""
+        """`bounds.step_s` of the layout's ranks (of any VPP: a rank's step depends on its layers), each priced once."""
+        flat = replace(lay, vpp=1)
+
         def after(rank: int, layers: int, kinds: tuple[LayerKind, ...] | None) -> float:
-            key = (lay, rank, layers, kinds)
+            key = (flat, rank, layers, kinds)
             if key not in self.steps:
                 self.steps[key] = step_s(problem, rank, layers, kinds)
             return self.steps[key]
@@ -192,8 +206,7 @@ class Frontier:
             problem = self._layout_problem(node)
             lp = None if problem.heterogeneous else fixed_layer_policy(cand.method, problem.graph)
             demand = 0.0 if lp is None else layer_recompute(problem.graph, lp, (0.0, 0.0), top=True).on_demand
-            self._partition_bound(node.layout, problem, self.chunks(node))  # the layout's pieces, priced once
-            p = self.layout_pieces[node.layout]
+            p = self._pieces(node.layout, problem)
             extra = max(0.0, demand - p.fsdp_win)
             if extra > 0:
                 self.methods[key] = partition_time_bound_s(problem, self.chunks(node), replace(p, u=p.u + extra),
