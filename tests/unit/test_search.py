@@ -283,3 +283,30 @@ def test_pruned_search_equals_exhaustive_with_offloading(model: str, hw: str, gp
     for c in refused:
         if c.method in ("lynx-offload", "mc-offload"):
             assert not plan_candidate(shared, c, math.nan).fits, c
+
+
+@pytest.mark.parametrize(("model", "hw", "gpus", "gb", "seq", "pins", "budget"), SPACES[:1] + SPACES[3:4])
+def test_policy_bound_holds_for_every_planned_stock_candidate(model: str, hw: str, gpus: int, gb: int, seq: int,
+                                                              pins: Pins, budget: float | None) -> None:
+    """The bound a stock candidate gets once its method has chosen its policies (block's N included), before it
+    is simulated, never exceeds its simulated time."""
+    from dataclasses import replace
+
+    from lynx.search.evaluate import Shared
+    from lynx.search.space import Core
+    from lynx.search.tree import Frontier, Kind, Node
+
+    space = _space(model, hw, gpus, gb, seq, pins)
+    opts = PlanOptions(budget_bytes=None if budget is None else budget * GiB)
+    full = search(space, opts, exhaustive=True)
+    frontier = Frontier(Shared(space, opts))
+    checked = set()
+    for o in full.outcomes:
+        c = o.candidate
+        if not c.stock or c.recipe or o.plan is None or math.isnan(o.iteration_s):
+            continue
+        node = Node(Kind.STOCK, Core(replace(c.layout, vpp=1), (c.layout.vpp,)), c.layout, c.split)
+        bound = frontier.policy_bound(node, o.plan.problem, o.plan.result)
+        assert bound <= o.iteration_s, (c, bound, o.iteration_s)
+        checked.add(c.method)
+    assert {"block", "full"} <= checked or {"full", "mc-mlp"} <= checked, checked

@@ -34,11 +34,13 @@ from dataclasses import dataclass
 from lynx.cost.edges import device_hardware, stage_edge_times
 from lynx.cost.fsdp_time import fsdp_step_time
 from lynx.cost.memory import layer_memories, stage_floor_bytes, stage_peak_bytes, static_bytes
+from lynx.cost.pricing import recompute_time
 from lynx.cost.static_memory import grad_buffer_time, optimizer_step_time
+from lynx.decisions import Phase
 from lynx.methods.common import per_stage, stage_policy
 from lynx.partition.base import Partition
 from lynx.policy.rules import full_policy, none_policy
-from lynx.problem import PlanProblem
+from lynx.problem import PlanProblem, PlanResult
 from lynx.simulate import _p2p as p2p_seconds
 from lynx.simulate import simulate
 from lynx.stack import LayerKind, kinds_present, stage_kinds
@@ -244,20 +246,46 @@ def step_s(problem: PlanProblem, rank: int, layers: int, kinds: tuple[LayerKind,
 
 
 def partition_time_bound_s(problem: PlanProblem, chunks: tuple[int, ...], p: Pieces | None = None,
-                           step: Callable[[int, int, tuple[LayerKind, ...] | None], float] | None = None) -> float:
+                           step: Callable[[int, int, tuple[LayerKind, ...] | None], float] | None = None,
+                           extra: tuple[float, ...] = ()) -> float:
     """A lower bound on the iteration time of any plan on this partition (`chunks`: layers per virtual stage in
     model order, virtual stage k on rank k % PP): the start-up and drain bound per rank, one micro-batch's chain,
     and each rank's own work followed by its optimizer step. `p` and `step` (rank, layers, the rank's layer kinds
     -> `step_s`): the problem's pieces and step time where the caller keeps them (they do not depend on the split
-    flags)."""
+    flags). `extra`: per rank, seconds every micro-batch's pass adds beyond its layers' steps (a known policy's
+    on-demand recomputation, `policy_extra_s`): in the rank's own work and in the chain."""
     p = pieces(problem) if p is None else p
     after = step or (lambda r, n, k: step_s(problem, r, n, k))
-    own = [p.u * p.nmb * sum(chunks[r::p.pp]) for r in range(p.pp)]
+    ex = extra or (0.0,) * p.pp
+    own = [p.u * p.nmb * sum(chunks[r::p.pp]) + p.nmb * ex[r] for r in range(p.pp)]
     ranks = [_fixed(p, r) + p.u * sum(chunks[:r]) + own[r] for r in range(p.pp)]
     edges = [p.nmb * ((p.emb if r == 0 else 0.0) + (p.head if r == p.pp - 1 else 0.0)) for r in range(p.pp)]
     steps = [own[r] + edges[r] + after(r, sum(chunks[r::p.pp]), _rank_kinds(problem, chunks, r))
              for r in range(p.pp)]
-    return SAFETY * max(max(ranks), max(steps), _chain(p, len(chunks)))
+    return SAFETY * max(max(ranks), max(steps), _chain(p, len(chunks)) + sum(ex))
+
+
+def policy_extra_s(problem: PlanProblem, result: PlanResult, p: Pieces) -> tuple[float, ...]:
+    """Per rank, the on-demand recomputation one micro-batch's backward charges on the critical path under the
+    result's policies beyond what FSDP's window hides (`cost.pricing.layer_recompute`: on-demand work, and the
+    Megatron re-runs, before each layer's backward; at least `max(0, demand - window)` with the smallest window
+    of the stages, `Pieces.fsdp_win`, already in `u`). Counts on-demand work only: what a policy places in the
+    windows (phases 1-4, lynx's) may hide. For stock Megatron policies that is all their recomputation; models of
+    several layer kinds get zeros."""
+    if problem.heterogeneous:
+        return (0.0,) * len(result.policies)
+    g, win = problem.graph, p.fsdp_win
+    seen: dict[int, float] = {}
+    out = []
+    for pol in result.policies:
+        total = 0.0
+        for lp in pol.layers:
+            d = seen.get(id(lp))
+            if d is None:
+                d = seen[id(lp)] = max(0.0, recompute_time(g, lp, (Phase.ON_DEMAND,)) - win)
+            total += d
+        out.append(total)
+    return tuple(out)
 
 
 def _pipeline_any(p: Pieces) -> float:

@@ -5,6 +5,7 @@ problem (layers, in-flight micro-batches, budget, windows) is solved once across
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -139,9 +140,16 @@ def _held_over_budget(problem: PlanProblem, result: PlanResult) -> str:
     return f"{', '.join(bad)} before any working memory (budget {problem.budget_bytes / GiB:.1f} GiB)" if bad else ""
 
 
-def plan_candidate(shared: Shared, cand: Candidate, bound_s: float, refine: bool = False) -> Outcome:
+PolicyBound = Callable[[PlanProblem, PlanResult], float]
+"""A lower bound on a planned result's iteration time, before its simulation (`tree.Frontier.policy_bound`)."""
+
+
+def plan_candidate(shared: Shared, cand: Candidate, bound_s: float, refine: bool = False,
+                   prune_above: float = math.inf, policy_bound: PolicyBound | None = None) -> Outcome:
     """Plan and simulate one candidate (stock candidates on Megatron-Core's even split); `refine`: lynx's
-    simulator-judged partition refinement too (the search gives it to its finalists only)."""
+    simulator-judged partition refinement too (the search gives it to its finalists only). `policy_bound`: once
+    the method has chosen its policies, their bound; above `prune_above` (what the search's incumbents need) the
+    candidate is pruned unsimulated."""
     problem = shared.problem(cand.layout, cand.split if cand.stock else None)
     try:
         result = _result(shared, cand, problem, refine)
@@ -155,6 +163,12 @@ def plan_candidate(shared: Shared, cand: Candidate, bound_s: float, refine: bool
     over = _held_over_budget(problem, result)
     if over:
         return Outcome(cand, "does not fit", bound_s, over, partition=part.layers_per_stage)
+    if policy_bound is not None and math.isfinite(prune_above):
+        bound_s = max(bound_s, policy_bound(problem, result))
+        if bound_s > prune_above:
+            note = f" ({'; '.join(result.notes)})" if result.notes else ""
+            return Outcome(cand, "pruned (time bound)", bound_s, f"time bound {bound_s:.3f} s with its policy{note} "
+                           "exceeds what the search's best need", partition=part.layers_per_stage)
     try:
         plan = Plan.evaluate(problem, result, record=False)
     except LynxError as e:  # a method's policy the simulator refuses (a planner bug, reported as such)

@@ -126,7 +126,12 @@ class _Incumbents:
         return -self.heap[0] if len(self.heap) >= self.top else math.inf
 
     def prunes(self, cand: Candidate, bound: float) -> bool:
-        return bound > self.kth and (not cand.stock or bound > self.stock)
+        return bound > self.threshold(cand)
+
+    def threshold(self, cand: Candidate) -> float:
+        """The bound above which the candidate is pruned: the `top`-th best time, and for a stock candidate the
+        best stock time too."""
+        return max(self.kth, self.stock) if cand.stock else self.kth
 
     def prunes_node(self, node: Node, bound: float) -> bool:
         """A core holds stock candidates too: it must beat the stock time as well."""
@@ -265,7 +270,11 @@ class _Run:
         if not self.exhaustive and self.inc.prunes(c, bound):
             return Outcome(c, "pruned (time bound)", bound,
                            f"time bound {bound:.3f} s exceeds the {self.top} best found")
-        o = plan_candidate(self.shared, c, bound)
+        if node.kind == Kind.STOCK and not self.exhaustive:  # its policy's bound before it is simulated
+            o = plan_candidate(self.shared, c, bound, prune_above=self.inc.threshold(c),
+                               policy_bound=lambda p, r: self.frontier.policy_bound(node, p, r))
+        else:
+            o = plan_candidate(self.shared, c, bound)
         self.inc.add(o)
         self.sweep.add(o)
         return o

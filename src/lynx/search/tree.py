@@ -19,7 +19,7 @@ from lynx.cost.pricing import layer_recompute
 from lynx.errors import LynxError
 from lynx.methods.common import base_partition
 from lynx.methods.rules import fixed_layer_policy
-from lynx.problem import PlanProblem
+from lynx.problem import PlanProblem, PlanResult
 from lynx.search.bounds import (
     CHUNKED_METHODS,
     Pieces,
@@ -29,6 +29,7 @@ from lynx.search.bounds import (
     partition_time_bound_s,
     pieces,
     plain_s,
+    policy_extra_s,
     static_memory_reason,
     step_s,
     time_bound_from,
@@ -214,6 +215,14 @@ class Frontier:
             else:
                 self.methods[key] = 0.0
         return self.methods[key]
+
+    def policy_bound(self, node: Node, problem: PlanProblem, result: PlanResult) -> float:
+        """A stock node's split bound with the on-demand recomputation its method's policies place on each rank
+        (`bounds.policy_extra_s`): Megatron's block, whose N is known only once the method has chosen it."""
+        assert node.layout is not None
+        p = self._pieces(node.layout, problem)
+        return partition_time_bound_s(problem, self.chunks(node), p, self._step(node.layout, problem),
+                                      policy_extra_s(problem, result, p))
 
     def static_reason(self, core: Core) -> str:
         """Why no candidate of the core fits on static memory alone ('' when one might: `bounds.static_memory_reason`),
