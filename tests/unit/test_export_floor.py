@@ -51,3 +51,46 @@ def test_fastest_fitting_is_the_simulations_choice() -> None:
             if simulate_per_stage(problem, layout, trial).stages[r].fits:
                 assert rec == chosen[r], (r, rec.short(), chosen[r].short())
                 break
+
+
+def _one_rank_at_a_time(problem, layout, start):  # noqa: ANN001, ANN202
+    """The plugin's per-stage choice by simulation alone, one rank and one chunk after another (the reference the
+    floor-first, side-by-side search must reproduce)."""
+    from lynx.export.megatron_recompute import recompute_cost
+
+    g, pp = problem.graph, layout.pp
+    chosen, found = list(start), [False] * len(start)
+
+    def fits(trial, r):  # noqa: ANN001, ANN202
+        return simulate_per_stage(problem, layout, trial).stages[r].fits
+
+    for r in range(pp):
+        vs = [c * pp + r for c in range(layout.vpp)]
+        pool = {c for v in vs for c in candidates(g, layout.layers[v])}
+        for cand in sorted(pool, key=lambda c: (sum(recompute_cost(g, c, layout.layers[v]) for v in vs), c.short())):
+            trial = [cand if i in vs else x for i, x in enumerate(chosen)]
+            if fits(trial, r):
+                chosen, found = trial, [f or i in vs for i, f in enumerate(found)]
+                break
+        for v in vs if layout.vpp > 1 and found[vs[0]] else []:
+            n = layout.layers[v]
+            for cand in candidates(g, n):
+                if recompute_cost(g, cand, n) >= recompute_cost(g, chosen[v], n):
+                    break
+                trial = [*chosen[:v], cand, *chosen[v + 1:]]
+                if fits(trial, r):
+                    chosen = trial
+                    break
+    return chosen, found
+
+
+@pytest.mark.parametrize(("opts", "layout"), [
+    pytest.param(dict(mb=8, budget_bytes=14 * GiB), ChunkLayout(4, 1, (8, 8, 8, 8)), id="1f1b"),
+    pytest.param(dict(mb=4, budget_bytes=11 * GiB), ChunkLayout(4, 2, (4, 4, 4, 4, 4, 4, 4, 4)), id="interleaved"),
+])
+def test_side_by_side_search_equals_one_rank_at_a_time(opts: dict[str, object], layout: ChunkLayout) -> None:
+    problem = problem_for(**opts)  # type: ignore[arg-type]
+    start = [candidates(problem.graph, n)[0] for n in layout.layers]
+    got = fastest_fitting(problem, layout, start)
+    assert got == _one_rank_at_a_time(problem, layout, start)
+    assert len({s.short() for s in got[0]}) > 1  # the budget makes the stages choose differently

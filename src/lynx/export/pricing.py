@@ -7,7 +7,8 @@ a refactor of the simulator's internals does not reach here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -216,7 +217,11 @@ def fastest_fitting(problem: PlanProblem, layout: ChunkLayout, start: Sequence[M
     its rank fits; memory is per rank, so ranks are independent. Each rank first gets the cheapest setting
     shared by all its chunks that fits (without interleaving that is exact); with interleaving each chunk
     then tries cheaper settings of its own while the rank still fits. A rank where nothing fits keeps
-    `start`. Returns the settings and, per stage, whether they fit."""
+    `start`. Returns the settings and, per stage, whether they fit.
+
+    The ranks try their settings side by side: each round simulates one pipeline in which every rank still
+    looking tries its next setting (cheapest first, over its memory floor skipped), and each rank reads its own
+    fit from it, so a deep pipeline costs as many simulations as its most frugal rank needs tries, not their sum."""
     from lynx.export.megatron_recompute import candidates, recompute_cost
 
     _check_simulable(problem, layout)
@@ -224,29 +229,74 @@ def fastest_fitting(problem: PlanProblem, layout: ChunkLayout, start: Sequence[M
     chosen, found = list(start), [False] * len(start)
     floor = _RankFloor(problem, layout, offload)
 
-    def fits(trial: list[MegatronRecompute], rank: int) -> bool:
-        return floor.fits(trial, rank) and simulate_per_stage(problem, layout, trial, offload).stages[rank].fits
+    stages = [[c * pp + r for c in range(layout.vpp)] for r in range(pp)]
 
-    for r in range(pp):
-        vs = [c * pp + r for c in range(layout.vpp)]
+    def on_rank(base: list[MegatronRecompute], r: int, cand: MegatronRecompute) -> list[MegatronRecompute]:
+        return [cand if i in stages[r] else x for i, x in enumerate(base)]
+
+    def cheapest_first(r: int) -> list[MegatronRecompute]:
+        vs = stages[r]
         pool = {c for v in vs for c in candidates(g, layout.layers[v])}
-        for cand in sorted(pool, key=lambda c: (sum(recompute_cost(g, c, layout.layers[v]) for v in vs), c.short())):
-            trial = [cand if i in vs else x for i, x in enumerate(chosen)]
-            if fits(trial, r):
-                chosen = trial
-                for v in vs:
+        return sorted(pool, key=lambda c: (sum(recompute_cost(g, c, layout.layers[v]) for v in vs), c.short()))
+
+    tries = {r: iter(cheapest_first(r)) for r in range(pp)}
+    looking = list(range(pp))
+    while looking:
+        testing: dict[int, MegatronRecompute] = {}
+        for r in looking:  # each rank's next setting over its memory floor
+            cand = next((c for c in tries[r] if floor.fits(on_rank(chosen, r, c), r)), None)
+            if cand is not None:
+                testing[r] = cand
+        if not testing:
+            break
+        trial = list(chosen)
+        for r, cand in testing.items():
+            trial = on_rank(trial, r, cand)
+        sim = simulate_per_stage(problem, layout, trial, offload)
+        for r, cand in testing.items():
+            if sim.stages[r].fits:
+                chosen = on_rank(chosen, r, cand)
+                for v in stages[r]:
                     found[v] = True
-                break
-        for v in vs if layout.vpp > 1 and found[vs[0]] else []:
+        looking = [r for r in testing if not found[stages[r][0]]]
+    if layout.vpp > 1:  # each chunk of a rank that fits tries cheaper settings of its own, ranks side by side
+        _chunks_side_by_side(problem, layout, chosen, [r for r in range(pp) if found[stages[r][0]]], floor, offload)
+    return chosen, found
+
+
+def _chunks_side_by_side(problem: PlanProblem, layout: ChunkLayout, chosen: list[MegatronRecompute],
+                         ranks: list[int], floor: _RankFloor, offload: Offload) -> None:
+    """`fastest_fitting`'s second step, in place: on each of `ranks`, chunk by chunk, the cheapest setting
+    cheaper than the chunk's own with which the rank still fits. Every rank proposes its next trial; one simulation
+    per round answers them all (a rank reads its own fit)."""
+    from lynx.export.megatron_recompute import candidates, recompute_cost
+
+    g, pp = problem.graph, layout.pp
+
+    def refine(r: int) -> Generator[tuple[int, MegatronRecompute], bool, None]:
+        for v in range(r, len(layout.layers), pp):
             n = layout.layers[v]
             for cand in candidates(g, n):
                 if recompute_cost(g, cand, n) >= recompute_cost(g, chosen[v], n):
                     break
-                trial = [*chosen[:v], cand, *chosen[v + 1:]]
-                if fits(trial, r):
-                    chosen = trial
+                if not floor.fits([*chosen[:v], cand, *chosen[v + 1:]], r):
+                    continue
+                if (yield v, cand):
+                    chosen[v] = cand
                     break
-    return chosen, found
+
+    gens = {r: refine(r) for r in ranks}
+    pending = {r: p for r, gen in gens.items() if (p := next(gen, None)) is not None}
+    while pending:
+        trial = list(chosen)
+        for v, cand in pending.values():
+            trial[v] = cand
+        sim = simulate_per_stage(problem, layout, trial, offload)
+        answered = {}
+        for r in pending:
+            with contextlib.suppress(StopIteration):  # the rank has tried every chunk
+                answered[r] = gens[r].send(sim.stages[r].fits)
+        pending = answered
 
 
 def fastest_fitting_global(problem: PlanProblem, layout: ChunkLayout,
