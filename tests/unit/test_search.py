@@ -310,3 +310,21 @@ def test_policy_bound_holds_for_every_planned_stock_candidate(model: str, hw: st
         assert bound <= o.iteration_s, (c, bound, o.iteration_s)
         checked.add(c.method)
     assert {"block", "full"} <= checked or {"full", "mc-mlp"} <= checked, checked
+
+
+def test_a_refined_finalist_is_not_pruned_by_its_screens_bound() -> None:
+    """Mist's GPT-1.3B job on 2 L4 (standard attention, 16-byte state): the best plan is an interleaved lynx plan
+    whose partition refinement beats the time of keeping everything on its dp split (the node's simulated bound),
+    so that bound may prune it only once it cannot be a finalist. Pruned and exhaustive pick the same plan."""
+    from dataclasses import replace
+
+    m = load_model("mist-gpt-1.3b")
+    model = replace(m, attention="standard", max_position_embeddings=max(m.max_position_embeddings, 2048))
+    hw = load_hardware("l4-24g-pcie")
+    space = Space(model, hw, 2, 32, 2048, Pins(), offload=hw.host() is not None)
+    opts = PlanOptions(precision="paper", overlap_grad_reduce=True, check_for_nan_in_grad=False)
+    pruned, full = search(space, opts, top=10), search(space, opts, top=10, exhaustive=True)
+    assert pruned.best is not None and full.best is not None
+    assert pruned.best.candidate.layout.vpp > 1  # the refined interleaved plan
+    assert pruned.best.bound_s > pruned.best.iteration_s  # its screen's bound is above its refined time
+    assert _key(pruned.best)[1:] == _key(full.best)[1:]

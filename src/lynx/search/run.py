@@ -111,6 +111,7 @@ class _Incumbents:
         self.top = top
         self.heap: list[float] = []  # negated: the worst of the best `top` on top
         self.stock = math.inf
+        self.screens: list[float] = []  # negated: the `2 top` fastest lynx screens (`_refine_finalists`' set)
 
     def add(self, o: Outcome) -> None:
         if not o.fits:
@@ -120,10 +121,24 @@ class _Incumbents:
             heapq.heappop(self.heap)
         if o.candidate.stock:
             self.stock = min(self.stock, o.iteration_s)
+        if o.candidate.method in LYNX_SEARCHED:
+            heapq.heappush(self.screens, -o.iteration_s)
+            if len(self.screens) > 2 * self.top:
+                heapq.heappop(self.screens)
 
     @property
     def kth(self) -> float:
         return -self.heap[0] if len(self.heap) >= self.top else math.inf
+
+    @property
+    def finalist(self) -> float:
+        """The slowest screen time of a lynx candidate the finalists' refinement would still take."""
+        return -self.screens[0] if len(self.screens) >= 2 * self.top else math.inf
+
+    def split_bound_prunes(self, bound: float) -> bool:
+        """A bound that holds for lynx's screen on its dp split only (`tree.Node.tight`): refinement may move the
+        finalists' partitions below it, so it prunes only a candidate that cannot be a finalist either."""
+        return bound > self.kth and bound > self.finalist
 
     def prunes(self, cand: Candidate, bound: float) -> bool:
         return bound > self.threshold(cand)
@@ -135,15 +150,18 @@ class _Incumbents:
 
     def prunes_node(self, node: Node, bound: float) -> bool:
         """A core holds stock candidates too: it must beat the stock time as well."""
+        if node.tight:
+            return self.split_bound_prunes(bound)
         return bound > self.kth and (node.kind == Kind.LYNX or bound > self.stock)
 
 
 class VppSweep:
-    """lynx's candidates of one layout in increasing VPP: the deeper ones are skipped once two values in a row
-    were slower than the best shallower one (see the module's docstring)."""
+    """lynx's candidates of one layout by VPP: a VPP is skipped once, among the VPPs below it planned so far, the
+    deepest was slower than the best shallower one (see the module's docstring). Only values below count, so the
+    rule does not depend on the order the tree's bounds pop them in."""
 
     def __init__(self) -> None:
-        self.seen: dict[tuple[object, ...], list[float]] = {}
+        self.seen: dict[tuple[object, ...], dict[int, float]] = {}
 
     @staticmethod
     def _key(c: Candidate) -> tuple[object, ...] | None:
@@ -151,7 +169,8 @@ class VppSweep:
 
     def skips(self, c: Candidate) -> str:
         key = self._key(c)
-        times = self.seen.get(key, []) if key is not None and c.layout.vpp > 1 else []
+        got = self.seen.get(key, {}) if key is not None and c.layout.vpp > 1 else {}
+        times = [t for v, t in sorted(got.items()) if v < c.layout.vpp]
         if len(times) >= 2 and times[-1] > min(times[:-1]):
             return f"VPP sweep: deeper interleaving of this layout got slower (best {min(times):.3f} s)"
         return ""
@@ -159,7 +178,7 @@ class VppSweep:
     def add(self, o: Outcome) -> None:
         key = self._key(o.candidate)
         if key is not None and o.candidate.layout.vpp > 1:  # VPP 1 is a schedule of its own (1F1B)
-            self.seen.setdefault(key, []).append(o.iteration_s if o.fits else math.inf)
+            self.seen.setdefault(key, {})[o.candidate.layout.vpp] = o.iteration_s if o.fits else math.inf
 
 
 def _refine_finalists(shared: Shared, outcomes: list[Outcome], n: int) -> list[Outcome]:
@@ -267,7 +286,7 @@ class _Run:
         skip = "" if self.exhaustive else self.sweep.skips(c)
         if skip:
             return Outcome(c, "skipped (VPP sweep)", bound, skip)
-        if not self.exhaustive and self.inc.prunes(c, bound):
+        if not self.exhaustive and (self.inc.split_bound_prunes(bound) if node.tight else self.inc.prunes(c, bound)):
             return Outcome(c, "pruned (time bound)", bound,
                            f"time bound {bound:.3f} s exceeds the {self.top} best found")
         if node.kind == Kind.STOCK and not self.exhaustive:  # its policy's bound before it is simulated
