@@ -113,3 +113,10 @@ def test_search_prices_tp_comm_overlap_as_plan_does(tmp_path: Path) -> None:
     """The defect the issue found: the search built its graphs without --tp-comm-overlap (TP 2 pinned, SP, 8k)."""
     d = Draw("llama3-8b", "h100-80g-nvlink", 8, 8192, 16, True, 1, 1, False, 2)
     _check(d, tmp_path, top=2)
+
+
+def test_search_prices_its_production_overlaps_as_plan_does(tmp_path: Path) -> None:
+    """The search turns on --tp-comm-overlap for a sequence-parallel layout (production overlaps, the default) and
+    writes it in the plan file: the layout's graph must be priced with it too (TP 2, 2 GPUs, no flag given)."""
+    d = Draw("gpt-tiny", "a100-40g-nvlink", 2, 256, 16, False, None, None, False, 2)
+    _check(d, tmp_path)

@@ -89,8 +89,14 @@ class Shared:
         key = self._graph_key(lay)
         if key not in self.kind_graphs:
             self.kind_graphs[key] = kind_layer_graphs(self.space.model, self.space.hardware, self.parallel(lay),
-                                                      self.base)
+                                                      self._graph_options(lay))
         return self.kind_graphs[key]
+
+    def _graph_options(self, lay: Layout) -> PlanOptions:
+        """The options a layout's graph is priced with: the candidate's own, so that the production overlaps the
+        search turns on per layout (--tp-comm-overlap with SP) are in its graph as they are in the plan file it
+        writes (they depend on the graph key's TP and SP alone)."""
+        return candidate_options(self.base, self.space, lay, None)
 
     def graph(self, lay: Layout) -> LayerGraph:
         """The layer graph (the primary kind's where the model has several)."""
@@ -100,7 +106,8 @@ class Shared:
             return dict(kinds)[primary_kind(self.space.model)]
         if key not in self.graphs:
             # the request's graph: the same options (--tp-comm-overlap) as `lynx plan` of this layout prices
-            self.graphs[key] = layer_graph(self.space.model, self.space.hardware, self.parallel(lay), self.base)
+            self.graphs[key] = layer_graph(self.space.model, self.space.hardware, self.parallel(lay),
+                                           self._graph_options(lay))
         return self.graphs[key]
 
     def problem(self, lay: Layout, split: Split | None = None) -> PlanProblem:
