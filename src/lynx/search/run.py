@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from lynx.problem import PlanOptions
-from lynx.search.bounds import SAFETY
 from lynx.search.dominance import cannot_fit, dominated, order
 from lynx.search.evaluate import LYNX_SEARCHED, Outcome, Shared, plan_candidate
 from lynx.search.recipes import Applied, applicable
@@ -282,7 +281,7 @@ class _Run:
         if cheaper:
             return Outcome(c, "dominated", bound, f"no faster than {cheaper}, which fits this layout")
         if node.kind == Kind.STOCK:  # its method's recomputation on top of the split's bound
-            bound = max(bound, SAFETY * self.frontier.method_bound(node, c))
+            bound = max(bound, self.frontier.method_bound(node, c))  # SAFETY applied by the bound itself
         skip = "" if self.exhaustive else self.sweep.skips(c)
         if skip:
             return Outcome(c, "skipped (VPP sweep)", bound, skip)
