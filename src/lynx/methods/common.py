@@ -11,6 +11,7 @@ from lynx.errors import SpecError
 from lynx.graph import Graphs, LayerGraph, per_layer
 from lynx.partition.base import Partition
 from lynx.partition.dp import dp_partition
+from lynx.policy.rules import none_policy
 from lynx.problem import PlanProblem, PlanResult
 from lynx.simulate import simulate
 
@@ -136,6 +137,15 @@ def iteration_time(problem: PlanProblem, part: Partition, pols: tuple[RecomputeP
     """The simulator's iteration time, infinite when a stage runs out of memory."""
     sim = simulate(problem, part, pols, record=False)
     return float("inf") if sim.oom else sim.iteration_time_s
+
+
+def plain_time(problem: PlanProblem, part: Partition) -> float:
+    """The simulated iteration time of `part` keeping every activation, memory aside: no policy on the partition
+    is faster (recomputing an op, or copying it to the host and back, only ever adds time, on the critical path or
+    in a window that would otherwise idle). The search's bound for a lynx interleaved node (`search.bounds.plain_s`)
+    and the partition refinement's test before it solves a move's stage problems (`methods.heu._refine`)."""
+    pols = per_stage(problem, "none", none_policy, part).policies
+    return simulate(problem, part, pols, record=False).iteration_time_s
 
 
 def edge_times_per_stage(problem: PlanProblem) -> list[float]:

@@ -16,11 +16,12 @@ from lynx.methods.common import (
     iteration_time,
     megatron_partition,
     one_kind_only,
+    plain_time,
 )
 from lynx.partition.base import Partition
 from lynx.partition.lynx import PartitionSearch, search_partitions
 from lynx.partition.stack import stack_partition
-from lynx.policy.heu import HeuCache, HeuOptions, infeasible
+from lynx.policy.heu import OFFLOAD_MIP_GAP, HeuCache, HeuOptions, infeasible
 from lynx.policy.heu_mixed import mixed_policy
 from lynx.policy.offload import offload_link
 from lynx.problem import PlanProblem, PlanResult
@@ -30,7 +31,8 @@ def heu_options(problem: PlanProblem, method: str) -> HeuOptions:
     # offloading as HEU's third choice only for the offload method (lynx.methods.offload; docs/offload.md)
     link = offload_link(problem.hardware) if method == "lynx-offload" else None
     return HeuOptions(cooldown_overlap=problem.options.cooldown_overlap,
-                      time_limit_s=min(problem.options.time_limit_s, 10.0), method=method, offload=link)
+                      time_limit_s=min(problem.options.time_limit_s, 10.0), method=method, offload=link,
+                      mip_gap=1e-6 if link is None else OFFLOAD_MIP_GAP)
 
 
 def stage_time(graph: Graphs, ctx: StageContext, pol: RecomputePolicy) -> float:
@@ -62,7 +64,10 @@ def _refine(problem: PlanProblem, part: Partition, best_t: float, cache: HeuCach
     """Beyond min-max: the stage-time proxy ignores pipeline fill and drain, which matter when micro-
     batches are few. Local search with the event simulator as the judge: move one layer between any two
     stages (virtual stages when interleaved), take the first improvement, repeat (at most `max_sims`
-    simulations)."""
+    simulations). A move whose partition, keeping every activation, is already no faster than the best
+    (`plain_time`, one simulation) cannot improve whatever its policies: it is judged on that, without solving its
+    stages' problems (counted as a simulation, so the moves tried are those the full judgement would try, unless
+    some of them fit no policy)."""
     counts = list(part.virtual_layers())
     pp = problem.parallel.pp
     found: tuple[float, Partition, tuple[RecomputePolicy, ...]] | None = None
@@ -77,6 +82,9 @@ def _refine(problem: PlanProblem, part: Partition, best_t: float, cache: HeuCach
                 cand[a] -= 1
                 cand[b] += 1
                 new = Partition.interleaved(tuple(cand), pp, method="lynx-refined")
+                if PLAIN_SAFETY * plain_time(problem, new) >= best_t * (1 - 1e-9):
+                    sims += 1
+                    continue
                 try:
                     pols = policies_for(problem, new, cache, explain=False)
                 except InfeasibleError:
@@ -92,6 +100,8 @@ def _refine(problem: PlanProblem, part: Partition, best_t: float, cache: HeuCach
 
 
 _iteration = iteration_time
+PLAIN_SAFETY = 1.0 - 1e-9
+"""`plain_time` is summed in another order than a policy's simulation: it may round differently."""
 
 
 def lynx_heu(problem: PlanProblem) -> PlanResult:

@@ -62,6 +62,12 @@ PHASES: tuple[Phase, ...] = tuple(Phase)
 OBJ_SCALE = 1e6
 """The objective is built in microseconds: HiGHS stops at an absolute gap of 1e-6, which in seconds would
 be a large fraction of a recomputation-time objective of a few milliseconds."""
+OFFLOAD_MIP_GAP = 1e-4
+"""The relative gap the offloading models stop at (HiGHS's default). With per-chunk offload sets an interleaved
+stage's model of ~100 binaries can take HiGHS seconds, up to the 10 s limit, to close its last 1e-5 of gap
+(the configuration search solves hundreds: decision 0145); at 1e-4 the same models close in tenths of a second,
+their optimum at most 1e-4 of the critical time away (a fraction of a microsecond per micro-batch), which can
+cost the tie-break, never a window."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,6 +81,8 @@ class HeuOptions:
     """Weight of total recomputation time in the objective: among policies with equal critical time,
     prefer recomputing less (less energy, less exposure to window-time misprediction)."""
     time_limit_s: float = 10.0
+    mip_gap: float = 1e-6
+    """HiGHS's relative gap: 1e-6 proves the tie-break too. The offloading models use `OFFLOAD_MIP_GAP`."""
     backend: Backend = "auto"
     skip_when_all_fit: bool = True
     """Answer without an ILP when keeping every activation fits (objective 0 is then optimal)."""
@@ -481,7 +489,7 @@ def _all_memory_rows(graph: LayerGraph, groups: list[Group], ctx: StageContext, 
 def min_budget_bytes(graph: Graphs, ctx: StageContext, opts: HeuOptions = HeuOptions()) -> float:
     """The smallest budget for which some HEU policy fits this stage: the same ILP, minimizing the peak."""
     m, _, z = build_model(graph, ctx, opts, min_memory=True)
-    sol = m.solve(opts.time_limit_s, backend=opts.backend)
+    sol = m.solve(opts.time_limit_s, opts.mip_gap, backend=opts.backend)
     if not sol.has_solution:
         return math.inf
     return ctx.budget_bytes - ctx.activation_budget_bytes + sol.value(z)
@@ -524,7 +532,7 @@ def solve_stage(ctx: StageContext, graph: Graphs, opts: HeuOptions, counts: tupl
                                    stats=SolveStats("closed-form", "optimal", message="keeping every "
                                                     "activation fits the budget: nothing to recompute"))
     m, lvs, _ = build_model(graph, ctx, opts, counts)
-    sol = m.solve(opts.time_limit_s, backend=opts.backend)
+    sol = m.solve(opts.time_limit_s, opts.mip_gap, backend=opts.backend)
     if not sol.has_solution:
         if explain:
             raise infeasible(graph, [ctx], opts)

@@ -37,12 +37,11 @@ from lynx.cost.memory import layer_memories, stage_floor_bytes, stage_peak_bytes
 from lynx.cost.pricing import recompute_time
 from lynx.cost.static_memory import grad_buffer_time, optimizer_step_time
 from lynx.decisions import Phase
-from lynx.methods.common import per_stage, stage_policy
+from lynx.methods.common import plain_time, stage_policy
 from lynx.partition.base import Partition
-from lynx.policy.rules import full_policy, none_policy
+from lynx.policy.rules import full_policy
 from lynx.problem import PlanProblem, PlanResult
 from lynx.simulate import _p2p as p2p_seconds
-from lynx.simulate import simulate
 from lynx.stack import LayerKind, kinds_present, stage_kinds
 
 SAFETY = 1.0 - 1e-9
@@ -312,13 +311,10 @@ def time_bound_from(p: Pieces, vpp: int) -> float:
 
 
 def plain_s(problem: PlanProblem, partition: Partition) -> float:
-    """A lower bound on the simulated iteration time of any policy on `partition`: the simulated time of keeping
-    every activation there (memory aside). Recomputing an op, or copying it to the host and back, only ever adds
-    time (on the critical path, or in a window that would otherwise idle), so no policy of lynx's on the partition
-    is faster. One simulation: the search spends it on a lynx interleaved node whose cheaper bounds did not prune
-    it, before Lynx-HEU's stage problems (tens of MILPs) are solved for it (`tree.Frontier.tighten`)."""
-    pols = per_stage(problem, "none", none_policy, partition).policies
-    return SAFETY * simulate(problem, partition, pols, record=False).iteration_time_s
+    """A lower bound on the simulated iteration time of any policy on `partition` (`methods.common.plain_time`). One
+    simulation: the search spends it on a lynx interleaved node whose cheaper bounds did not prune it, before
+    Lynx-HEU's stage problems (tens of MILPs) are solved for it (`tree.Frontier.tighten`)."""
+    return SAFETY * plain_time(problem, partition)
 
 
 def time_bound_s(problem: PlanProblem) -> float:
