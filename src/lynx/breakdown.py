@@ -113,7 +113,9 @@ class StageMemory:
 
     @property
     def peak(self) -> float:
-        return sum(self.terms().values())
+        """The terms' sum, or the optimizer step's own peak where that is higher (static memory and the fp16
+        recipe's main-gradient copy, `StaticBreakdown.step_bytes`, with no activation alive)."""
+        return max(sum(self.terms().values()), self.static.total + self.static.step_bytes)
 
     @property
     def headroom(self) -> float:
@@ -138,6 +140,7 @@ class StageMemory:
                 "param_bytes": st.param_bytes,
                 "grad_bytes": st.grad_bytes,
                 "optimizer_bytes": st.optimizer_bytes,
+                "step_only_bytes": st.step_bytes,
             },
         }
 

@@ -239,6 +239,10 @@ class StageContext:
     kinds: tuple[str, ...] = ()
     """The kind of each of the stage's layers, bottom first, where the model's layers are of several kinds
     (`lynx.stack`: "dense", "moe"); empty: every layer of the one kind the problem's graph prices."""
+    step_bytes: float = 0.0
+    """Alive only in the optimizer step, beside `static_bytes` and no activation (the fp16 recipe's fp32
+    main-gradient copy, `cost.static_memory.Recipe.step_only_bytes`): the stage's peak is at least static + this.
+    A step that does not fit is charged as static instead (`PlanProblem.stage_context`), so that nothing fits."""
 
     @property
     def num_chunks(self) -> int:

@@ -11,6 +11,7 @@ from lynx.cost.memory import (
     extra_transient_bytes,
     grad_workspace_bytes,
     static_bytes,
+    step_bytes,
 )
 from lynx.cost.static_memory import OPTIMIZER_FP32, OptimizerPrecision, PrecisionName, Recipe, recipe_for
 from lynx.decisions import FsdpCharge, RecomputePolicy, StageContext
@@ -170,6 +171,13 @@ class PlanProblem:
             raise ValueError(f"stage {stage}: {len(chunks)} chunks in the schedule, layers given for "
                              f"{len(chunk_layers)}")
         in_flight = tuple(c.in_flight for c in chunks)
+        o = self.options
+        static = static_bytes(self.model, par, stage, num_layers, o.bytes_per_param, o.precision,
+                              o.distributed_optimizer, o.dp_sharding, as_kinds(kinds), o.optimizer_precision)
+        step = step_bytes(self.model, par, stage, num_layers, o.bytes_per_param, o.precision,
+                          o.distributed_optimizer, o.dp_sharding, as_kinds(kinds), o.optimizer_precision)
+        if static + step > self.budget_bytes:  # the optimizer step alone does not fit: nothing does
+            static, step = static + step, 0.0
         return StageContext(
             stage=stage,
             num_stages=par.pp,
@@ -177,9 +185,8 @@ class PlanProblem:
             in_flight=max(in_flight),
             num_microbatches=par.num_microbatches,
             budget_bytes=self.budget_bytes,
-            static_bytes=static_bytes(self.model, par, stage, num_layers, self.options.bytes_per_param,
-                                      self.options.precision, self.options.distributed_optimizer,
-                                      self.options.dp_sharding, as_kinds(kinds), self.options.optimizer_precision),
+            static_bytes=static,
+            step_bytes=step,
             extra_retained_bytes=extra_retained_bytes(self.model, par, stage),
             extra_transient_bytes=extra_transient_bytes(self.model, par, stage),
             grad_workspace_bytes=grad_workspace_bytes(stage_graphs(self.kind_graphs, kinds) if kinds

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lynx.api import make_problem, plan
-from lynx.cost.memory import static_bytes
+from lynx.cost.memory import static_bytes, step_bytes
 from lynx.cost.static_memory import RECIPES, Precision, recipe_for, stage_params, stage_static
 from lynx.errors import SpecError
 from lynx.models import load_model, total_params
@@ -47,10 +47,45 @@ def test_stage_static_is_megatrons_formula(precision: Precision, dp: int, stage:
     n = 8
     count = _stage_param_count(m, par, stage, n)
     plain, sharded = MEGATRON_TABLE[precision]
-    got = static_bytes(m, par, stage, n, precision=precision.value)
+    # Megatron's formula counts the fp16 recipe's main-gradient copy, which only the optimizer step holds
+    got = static_bytes(m, par, stage, n, precision=precision.value) + step_bytes(m, par, stage, n,
+                                                                                precision=precision.value)
     assert got == pytest.approx(plain(dp) * count, rel=1e-12)
-    got_do = static_bytes(m, par, stage, n, precision=precision.value, distributed_optimizer=True)
+    got_do = static_bytes(m, par, stage, n, precision=precision.value, distributed_optimizer=True) \
+        + step_bytes(m, par, stage, n, precision=precision.value, distributed_optimizer=True)
     assert got_do == pytest.approx(sharded(dp) * count, rel=1e-12)
+
+
+@pytest.mark.parametrize("do", [False, True])
+def test_the_fp16_main_gradient_copy_is_the_steps_only(do: bool) -> None:
+    """Megatron's fp16 optimizers copy the gradients to fp32 in the step and free the copy at the next zero_grad:
+    4 bytes a parameter (over DP with the distributed optimizer) on the step's peak, not the forward's. bf16
+    accumulates in its fp32 buffer already: nothing step-only."""
+    m = load_model("gpt-7b")
+    par = ParallelSpec(tp=4, pp=4, dp=2, global_batch_size=16)
+    count = _stage_param_count(m, par, 1, 8)
+    step = step_bytes(m, par, 1, 8, precision="megatron-fp16", distributed_optimizer=do)
+    assert step == pytest.approx(4.0 * count / (2 if do else 1), rel=1e-12)
+    assert step_bytes(m, par, 1, 8, precision="megatron-bf16", distributed_optimizer=do) == 0.0
+
+
+def test_the_steps_copy_is_on_the_peak_and_a_step_that_does_not_fit_fits_nothing() -> None:
+    """Planned: the simulated and closed-form peaks of every stage are at least static + the step's copy; with a
+    budget between a stage's static memory and static + the step's copy, no plan fits there."""
+    m = load_model("gpt-7b")
+    hw = load_hardware("a100-80g-dgx")
+    par = ParallelSpec(tp=4, pp=4, dp=2, micro_batch_size=1, global_batch_size=16, seq_length=1024)
+    opts = PlanOptions(precision="megatron-fp16", distributed_optimizer=True)
+    p = plan(make_problem(m, hw, par, opts), "full")
+    for ctx, st in zip(p.problem.stage_contexts(p.result.partition), p.sim.stages, strict=True):
+        assert ctx.step_bytes > 0
+        assert st.peak_memory_bytes >= ctx.static_bytes + ctx.step_bytes
+    ctx = p.problem.stage_contexts(p.result.partition)[1]
+    tight = PlanOptions(precision="megatron-fp16", distributed_optimizer=True,
+                        budget_bytes=ctx.static_bytes + ctx.step_bytes / 2)
+    squeezed = make_problem(m, hw, par, tight)
+    assert squeezed.stage_contexts(p.result.partition)[1].step_bytes == 0.0  # charged as static
+    assert plan(squeezed, "full").sim.stages[1].oom
 
 
 def test_paper_recipe_is_zero_16_bytes_and_zero1_shards_12() -> None:

@@ -59,6 +59,28 @@ def static_bytes(
     return stage_static(model, par, stage, num_layers, recipe, distributed_optimizer, kinds).total
 
 
+def step_bytes(
+    model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int,
+    bytes_per_param: float | None = None, precision: str = "paper",
+    distributed_optimizer: bool = False, dp_sharding: DpSharding | None = None,
+    kinds: tuple[LayerKind, ...] | None = None, optimizer: OptimizerPrecision | None = None,
+) -> float:
+    """What only the optimizer step holds beside `static_bytes` (`StaticBreakdown.step_bytes`: the fp16 recipe's
+    fp32 main-gradient copy); 0 under FSDP, a partial distributed optimizer or torchtitan's FSDP2, which
+    `static_bytes` prices whole."""
+    from lynx.cost.fsdp import running_sharding
+    from lynx.cost.static_memory import recipe_for, stage_static
+    from lynx.families import get_family
+
+    if dp_sharding is not None and (dp_sharding.fsdp or dp_sharding.instances > 1) and \
+            running_sharding(model, dp_sharding, par, distributed_optimizer) is not None:
+        return 0.0
+    if get_family(model.family).static_memory == "torchtitan-fsdp":
+        return 0.0
+    recipe = recipe_for(precision, bytes_per_param, optimizer)
+    return stage_static(model, par, stage, num_layers, recipe, distributed_optimizer, kinds).step_bytes
+
+
 def extra_retained_bytes(model: ModelSpec, par: ParallelSpec, stage: int) -> float:
     """Per micro-batch outside the layers: the embedding dropout mask on the first stage (Korthikanti
     et al. 2022, sec. 4.3: sbhp/t with p the number of stages counted on stage 0)."""
@@ -244,7 +266,9 @@ def stage_peak_bytes(graph: Graphs, layers: tuple[LayerPolicy, ...], ctx: StageC
     mems = layer_memories(graph, layers)
     held_fwd, work_b, fwd_tr = stage_lifetimes(graph, layers, ctx)
     work_f = max((m.dropped for m in mems), default=0.0)
-    return stage_floor_bytes(mems, ctx) + held_fwd + max(work_f + fwd_tr, work_b)
+    # the optimizer step's own allocation (`StageContext.step_bytes`) comes when no activation is alive
+    peak = stage_floor_bytes(mems, ctx) + held_fwd + max(work_f + fwd_tr, work_b)
+    return max(peak, ctx.static_bytes + ctx.step_bytes)
 
 
 def stage_floor_bytes(mems: list[LayerMemory], ctx: StageContext) -> float:

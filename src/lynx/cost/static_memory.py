@@ -67,6 +67,15 @@ class Recipe:
         return self.main_grad_bytes + self.master_bytes + self.optimizer_bytes
 
     @property
+    def step_only_bytes(self) -> float:
+        """The part of `state_bytes` alive only from the optimizer step to the next iteration's ``zero_grad``: the
+        fp16 recipe's fp32 main-gradient copy (Megatron's optimizers make it in `_copy_model_grads_to_main_grads`,
+        ``main_param.grad = model_grad.float()``, and drop it with ``zero_grad(set_to_none=True)`` before the next
+        forward). No activation is alive then: it counts against the step's peak, not the forward's and backward's.
+        Megatron's formula (`bytes_per_param`) counts it throughout."""
+        return self.main_grad_bytes
+
+    @property
     def total(self) -> float:
         return self.param_bytes + self.grad_bytes + self.state_bytes
 
@@ -217,10 +226,13 @@ class StaticBreakdown:
     param_bytes: float
     grad_bytes: float
     optimizer_bytes: float
-    """Main weights, main-gradient copy and Adam state, after sharding over DP."""
+    """Main weights and Adam state, after sharding over DP (the fp16 recipe's main-gradient copy: `step_bytes`)."""
+    step_bytes: float = 0.0
+    """Alive only in the optimizer step (`Recipe.step_only_bytes`), after sharding over DP."""
 
     @property
     def total(self) -> float:
+        """What forward and backward see: the step-only copy is not allocated then."""
         return self.param_bytes + self.grad_bytes + self.optimizer_bytes
 
 
@@ -238,7 +250,9 @@ def stage_static(
         params=sp, recipe=recipe, distributed_optimizer=distributed_optimizer, dp=par.dp,
         param_bytes=n * recipe.param_bytes + fp8_static_delta(model, par, num_layers, recipe.param_bytes),
         grad_bytes=n * recipe.grad_bytes,
-        optimizer_bytes=(n - sp.experts) * recipe.state_bytes / shard + sp.experts * recipe.state_bytes / eshard,
+        optimizer_bytes=(n - sp.experts) * (recipe.state_bytes - recipe.step_only_bytes) / shard
+        + sp.experts * (recipe.state_bytes - recipe.step_only_bytes) / eshard,
+        step_bytes=(n - sp.experts) * recipe.step_only_bytes / shard + sp.experts * recipe.step_only_bytes / eshard,
     )
 
 

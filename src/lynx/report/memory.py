@@ -53,6 +53,10 @@ def memory_table(stages: Sequence[StageMemory], title: str) -> Table:
         cols = (*cols[:6], "offloaded/mb", "host", *cols[6:])
     for c in cols:
         t.add_column(c, justify="right")
+    step = max((st.static.step_bytes for st in stages), default=0.0)
+    if step > 0:  # the fp16 recipe: Megatron's formula counts it in the state, the allocator sees it in the step
+        t.caption = (f"{t.caption}. optimizer: without the fp32 main-gradient copy (up to {_g(step)} GiB) that only "
+                     "the optimizer step holds, when no activation is alive; peak is at least static + that copy")
     for st in stages:
         head = st.headroom
         off = (_g(st.act.offloaded_per_microbatch), _g(st.act.host)) if offloads else ()

@@ -125,7 +125,7 @@ class StageMemory:
         self.chunks = self.model.chunks
         self.last_chunk = self.model.last_chunk
         self.cur = ctx.static_bytes
-        self.peak = self.cur
+        self.peak = self.cur + ctx.step_bytes  # the optimizer step's own allocation, when no activation is alive
         self.curve: list[tuple[float, float]] = [(0.0, self.cur)]
 
     def _replay(self, key: PatternKey, t0: float, t1: float) -> None:
