@@ -11,7 +11,6 @@ from lynx.cost.memory import (
     extra_transient_bytes,
     grad_workspace_bytes,
     static_bytes,
-    step_bytes,
 )
 from lynx.cost.static_memory import OPTIMIZER_FP32, OptimizerPrecision, PrecisionName, Recipe, recipe_for
 from lynx.decisions import FsdpCharge, RecomputePolicy, StageContext
@@ -172,10 +171,9 @@ class PlanProblem:
                              f"{len(chunk_layers)}")
         in_flight = tuple(c.in_flight for c in chunks)
         o = self.options
-        static = static_bytes(self.model, par, stage, num_layers, o.bytes_per_param, o.precision,
-                              o.distributed_optimizer, o.dp_sharding, as_kinds(kinds), o.optimizer_precision)
-        step = step_bytes(self.model, par, stage, num_layers, o.bytes_per_param, o.precision,
-                          o.distributed_optimizer, o.dp_sharding, as_kinds(kinds), o.optimizer_precision)
+        static, step = (static_bytes(self.model, par, stage, num_layers, o.bytes_per_param, o.precision,
+                                     o.distributed_optimizer, o.dp_sharding, as_kinds(kinds), o.optimizer_precision,
+                                     step_only=only) for only in (False, True))
         if static + step > self.budget_bytes:  # the optimizer step alone does not fit: nothing does
             static, step = static + step, 0.0
         return StageContext(

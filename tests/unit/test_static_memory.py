@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lynx.api import make_problem, plan
-from lynx.cost.memory import static_bytes, step_bytes
+from lynx.cost.memory import static_bytes
 from lynx.cost.static_memory import RECIPES, Precision, recipe_for, stage_params, stage_static
 from lynx.errors import SpecError
 from lynx.models import load_model, total_params
@@ -48,11 +48,10 @@ def test_stage_static_is_megatrons_formula(precision: Precision, dp: int, stage:
     count = _stage_param_count(m, par, stage, n)
     plain, sharded = MEGATRON_TABLE[precision]
     # Megatron's formula counts the fp16 recipe's main-gradient copy, which only the optimizer step holds
-    got = static_bytes(m, par, stage, n, precision=precision.value) + step_bytes(m, par, stage, n,
-                                                                                precision=precision.value)
+    got = sum(static_bytes(m, par, stage, n, precision=precision.value, step_only=only) for only in (False, True))
     assert got == pytest.approx(plain(dp) * count, rel=1e-12)
-    got_do = static_bytes(m, par, stage, n, precision=precision.value, distributed_optimizer=True) \
-        + step_bytes(m, par, stage, n, precision=precision.value, distributed_optimizer=True)
+    got_do = sum(static_bytes(m, par, stage, n, precision=precision.value, distributed_optimizer=True, step_only=only)
+                 for only in (False, True))
     assert got_do == pytest.approx(sharded(dp) * count, rel=1e-12)
 
 
@@ -64,9 +63,9 @@ def test_the_fp16_main_gradient_copy_is_the_steps_only(do: bool) -> None:
     m = load_model("gpt-7b")
     par = ParallelSpec(tp=4, pp=4, dp=2, global_batch_size=16)
     count = _stage_param_count(m, par, 1, 8)
-    step = step_bytes(m, par, 1, 8, precision="megatron-fp16", distributed_optimizer=do)
+    step = static_bytes(m, par, 1, 8, precision="megatron-fp16", distributed_optimizer=do, step_only=True)
     assert step == pytest.approx(4.0 * count / (2 if do else 1), rel=1e-12)
-    assert step_bytes(m, par, 1, 8, precision="megatron-bf16", distributed_optimizer=do) == 0.0
+    assert static_bytes(m, par, 1, 8, precision="megatron-bf16", distributed_optimizer=do, step_only=True) == 0.0
 
 
 def test_the_steps_copy_is_on_the_peak_and_a_step_that_does_not_fit_fits_nothing() -> None:

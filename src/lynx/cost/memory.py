@@ -38,10 +38,14 @@ def static_bytes(
     bytes_per_param: float | None = None, precision: str = "paper",
     distributed_optimizer: bool = False, dp_sharding: DpSharding | None = None,
     kinds: tuple[LayerKind, ...] | None = None, optimizer: OptimizerPrecision | None = None,
+    step_only: bool = False,
 ) -> float:
     """Parameters, gradients and optimizer states of one stage on one device (`lynx.cost.static_memory`:
     embeddings on the first stage, the LM head copy and final LayerNorm on the last, recipes, sharding;
-    FSDP and a partial distributed optimizer: `lynx.cost.fsdp.sharded_static`)."""
+    FSDP and a partial distributed optimizer: `lynx.cost.fsdp.sharded_static`), as forward and backward see them.
+    `step_only`: instead, what only the optimizer step holds beside them (`StaticBreakdown.step_bytes`: the fp16
+    recipe's fp32 main-gradient copy; 0 under FSDP, a partial distributed optimizer or torchtitan's FSDP2, which
+    are priced whole)."""
     from lynx.cost.fsdp import running_sharding, sharded_static
     from lynx.cost.static_memory import recipe_for, stage_static
     from lynx.families import get_family
@@ -49,36 +53,18 @@ def static_bytes(
     if dp_sharding is not None and (dp_sharding.fsdp or dp_sharding.instances > 1):
         ds = running_sharding(model, dp_sharding, par, distributed_optimizer)
         if ds is not None:
+            if step_only:
+                return 0.0
             recipe = recipe_for(precision, bytes_per_param, optimizer)
             return sharded_static(model, par, stage, num_layers, recipe, ds, bytes_per_param).total
     if get_family(model.family).static_memory == "torchtitan-fsdp":  # torchtitan's FSDP2 as it runs
         from lynx.cost.titan_fsdp import titan_static_bytes
 
-        return titan_static_bytes(model, par, stage, num_layers, bytes_per_param, precision, distributed_optimizer)
+        return 0.0 if step_only else titan_static_bytes(model, par, stage, num_layers, bytes_per_param, precision,
+                                                        distributed_optimizer)
     recipe = recipe_for(precision, bytes_per_param, optimizer)
-    return stage_static(model, par, stage, num_layers, recipe, distributed_optimizer, kinds).total
-
-
-def step_bytes(
-    model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int,
-    bytes_per_param: float | None = None, precision: str = "paper",
-    distributed_optimizer: bool = False, dp_sharding: DpSharding | None = None,
-    kinds: tuple[LayerKind, ...] | None = None, optimizer: OptimizerPrecision | None = None,
-) -> float:
-    """What only the optimizer step holds beside `static_bytes` (`StaticBreakdown.step_bytes`: the fp16 recipe's
-    fp32 main-gradient copy); 0 under FSDP, a partial distributed optimizer or torchtitan's FSDP2, which
-    `static_bytes` prices whole."""
-    from lynx.cost.fsdp import running_sharding
-    from lynx.cost.static_memory import recipe_for, stage_static
-    from lynx.families import get_family
-
-    if dp_sharding is not None and (dp_sharding.fsdp or dp_sharding.instances > 1) and \
-            running_sharding(model, dp_sharding, par, distributed_optimizer) is not None:
-        return 0.0
-    if get_family(model.family).static_memory == "torchtitan-fsdp":
-        return 0.0
-    recipe = recipe_for(precision, bytes_per_param, optimizer)
-    return stage_static(model, par, stage, num_layers, recipe, distributed_optimizer, kinds).step_bytes
+    st = stage_static(model, par, stage, num_layers, recipe, distributed_optimizer, kinds)
+    return st.step_bytes if step_only else st.total
 
 
 def extra_retained_bytes(model: ModelSpec, par: ParallelSpec, stage: int) -> float:
