@@ -159,7 +159,9 @@ def stage_memories(plan: Plan) -> tuple[StageMemory, ...]:
             sh = sharded_static(problem.model, problem.parallel, s, ctx.num_layers, problem.static_recipe, ds,
                                 problem.options.bytes_per_param)
             static = replace(static, param_bytes=sh.params + sh.in_flight, grad_bytes=sh.grads,
-                             optimizer_bytes=sh.optimizer)
+                             optimizer_bytes=sh.optimizer, step_bytes=0.0)  # the shards are priced whole
+        elif static.step_bytes and not ctx.step_bytes:  # a step that does not fit, charged as static (the context's)
+            static = replace(static, optimizer_bytes=static.optimizer_bytes + static.step_bytes, step_bytes=0.0)
         out.append(StageMemory(s, ctx.num_layers, static, activation_terms(problem.graphs_for(ctx), pol.layers, ctx),
                                ctx.budget_bytes, sims[s].peak_memory_bytes if s < len(sims) else None))
     return tuple(out)

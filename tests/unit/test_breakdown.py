@@ -16,6 +16,7 @@ CASES = [
     dict(pp=1, mb=2, gb=8, model="gpt-1.3b"),
     dict(hardware="a100-40g-pcie", tp=2, mb=16),
     dict(precision="megatron-bf16", recompute_num_layers=2),
+    dict(precision="megatron-fp16", distributed_optimizer=True),  # the step's copy on the step's peak only
 ]
 
 

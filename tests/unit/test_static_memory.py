@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lynx.api import make_problem, plan
-from lynx.cost.memory import static_bytes
+from lynx.breakdown import stage_memories
+from lynx.cost.memory import stage_peak_bytes, static_bytes
 from lynx.cost.static_memory import RECIPES, Precision, recipe_for, stage_params, stage_static
 from lynx.errors import SpecError
 from lynx.models import load_model, total_params
@@ -84,7 +85,29 @@ def test_the_steps_copy_is_on_the_peak_and_a_step_that_does_not_fit_fits_nothing
                         budget_bytes=ctx.static_bytes + ctx.step_bytes / 2)
     squeezed = make_problem(m, hw, par, tight)
     assert squeezed.stage_contexts(p.result.partition)[1].step_bytes == 0.0  # charged as static
-    assert plan(squeezed, "full").sim.stages[1].oom
+    squeezed_plan = plan(squeezed, "full")
+    assert squeezed_plan.sim.stages[1].oom
+    # `lynx memory` shows what the planner charged: the copy in the optimizer column, the closed-form peak
+    ctx1 = squeezed.stage_contexts(p.result.partition)[1]
+    st = stage_memories(squeezed_plan)[1]
+    assert st.static.total == pytest.approx(ctx1.static_bytes, rel=1e-12)
+    assert st.peak == pytest.approx(stage_peak_bytes(squeezed.graph, squeezed_plan.result.policies[1].layers, ctx1),
+                                    rel=1e-12)
+
+
+def test_fsdp_prices_the_fp16_state_whole_with_no_step_only_part() -> None:
+    from lynx.cost.fsdp import FSDP2
+
+    m = load_model("gpt-7b")
+    par = ParallelSpec(tp=4, pp=1, dp=4, micro_batch_size=1, global_batch_size=16, seq_length=1024)
+    problem = make_problem(m, load_hardware("a100-80g-dgx"), par,
+                           PlanOptions(precision="megatron-fp16", dp_sharding=FSDP2))
+    p = plan(problem, "full")
+    ctx = problem.stage_contexts(p.result.partition)[0]
+    assert ctx.step_bytes == 0.0
+    st = stage_memories(p)[0]
+    assert st.static.step_bytes == 0.0 and st.static.total == pytest.approx(ctx.static_bytes, rel=1e-12)
+    assert st.peak == pytest.approx(stage_peak_bytes(problem.graph, p.result.policies[0].layers, ctx), rel=1e-12)
 
 
 def test_paper_recipe_is_zero_16_bytes_and_zero1_shards_12() -> None:
