@@ -183,6 +183,9 @@ SLOW_CASES: dict[str, str] = {
        "unit/test_export_megatron_engine.py::test_ddp_overlaps_price_as_lynxs_plan and "
        "integration/test_megatron_pre_hooks.py (the engine runs the linears' pre-hooks)"
        for c in ("dp2-gpt", "dp2-llama-distributed-optimizer", "dp2-tp2-sp-llama")},
+    **{f"integration/test_megatron_core.py::test_flash_attention_layouts_bitwise_and_where_planned[{c}]":
+       "test_megatron_core.py::test_flash_attention_tp2_llama_bitwise_and_where_planned (the flash core_attn op, "
+       "TP windows)" for c in ("one-rank-gpt-dropout", "pp2-tp2-sp-llama")},
     "integration/test_megatron_core.py::test_interleaved_pp2_vpp2_bitwise":
         "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (Megatron-Core, TP windows)",
     "integration/test_window_control_megatron.py::test_smoke_runs_megatrons_model_with_the_plan_and_its_control":

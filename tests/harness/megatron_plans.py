@@ -7,7 +7,7 @@ puts work in every window kind, so a test sees each window restore what the plan
 |---|---|
 | keep | qkv, fc1 / gate_up, attn_residual |
 | 1 (attention forward collective of the next forward) | rope, attn_scores, softmax, attn_dropout |
-| 2 (MLP forward collective of the next forward) | attn_context, gelu / swiglu |
+| 2 (MLP forward collective of the next forward) | attn_context or core_attn (flash), gelu / swiglu |
 | 3 (MLP backward collective of the layer above) | ln2 / rmsnorm2 |
 | 4 (attention backward collective of the layer above) | ln1 / rmsnorm1 |
 | free (restored on demand when backward reads it) | the rest |
@@ -25,8 +25,8 @@ from lynx.spec import ModelSpec, ParallelSpec
 KEEP = frozenset({"qkv", "fc1", "gate_up", "attn_residual"})
 PHASES = {"rope": Phase.FWD_ATTN, "attn_scores": Phase.FWD_ATTN, "softmax": Phase.FWD_ATTN,
           "attn_dropout": Phase.FWD_ATTN, "attn_context": Phase.FWD_MLP, "gelu": Phase.FWD_MLP,
-          "swiglu": Phase.FWD_MLP, "ln2": Phase.BWD_MLP, "rmsnorm2": Phase.BWD_MLP, "ln1": Phase.BWD_ATTN,
-          "rmsnorm1": Phase.BWD_ATTN}
+          "swiglu": Phase.FWD_MLP, "core_attn": Phase.FWD_MLP, "ln2": Phase.BWD_MLP, "rmsnorm2": Phase.BWD_MLP,
+          "ln1": Phase.BWD_ATTN, "rmsnorm1": Phase.BWD_ATTN}
 
 
 LLAMA = {"activation": "swiglu", "normalization": "rmsnorm", "position_embedding": "rope", "bias": "none"}
@@ -38,6 +38,8 @@ class Shape:
     SwiGLU, RoPE, GQA, no biases, untied embeddings)."""
 
     llama: bool = False
+    flash: bool = False
+    """``attention: flash``: one core_attn op, lynx's FlashDotProductAttention in the local spec."""
     layers: int = 2
     hidden: int = 64
     heads: int = 4
@@ -152,12 +154,13 @@ def _names(s: Shape) -> tuple[str, ...]:
 
 
 def specs(s: Shape) -> tuple[ModelSpec, ParallelSpec]:
-    """lynx's model and parallel specs of the tiny model (standard attention: Megatron-Core's local spec)."""
+    """lynx's model and parallel specs of the tiny model (standard attention: Megatron-Core's local spec; flash:
+    that spec with lynx's FlashDotProductAttention)."""
     fam = "llama" if s.llama else "gpt"
     m = ModelSpec(name=f"tiny-{fam}", family=fam, num_layers=s.layers, hidden_size=s.hidden,
                   num_attention_heads=s.heads, num_query_groups=s.groups, ffn_hidden_size=s.ffn, vocab_size=s.vocab,
                   max_position_embeddings=s.seq, dropout=s.dropout > 0, hidden_dropout=s.dropout,
-                  attention_dropout=s.dropout, attention="standard", tie_embeddings=not s.llama,
+                  attention_dropout=s.dropout, attention="flash" if s.flash else "standard", tie_embeddings=not s.llama,
                   **(LLAMA if s.llama else {"bias": "all"}))
     par = ParallelSpec(tp=s.tp, pp=s.pp, dp=s.dp, sequence_parallel=s.sp, micro_batch_size=s.mbs,
                        global_batch_size=s.mbs * s.microbatches * s.dp, seq_length=s.seq)

@@ -138,6 +138,10 @@ def layer_spec(t: Shape, sp: bool, chunks: int = 1) -> Any:
     from megatron.core.transformer.transformer_block import TransformerBlock, TransformerBlockSubmodules
 
     spec = get_gpt_layer_local_spec(normalization="RMSNorm" if t.llama else "LayerNorm")
+    if t.flash:
+        from lynx.integrations.megatron.attention import with_flash_attention
+
+        spec = with_flash_attention(spec)
     if not sp:
         return spec
     norm = SPRMSNorm if t.llama else SPLayerNorm

@@ -6,9 +6,10 @@ recomputation, with a lynx plan — and the losses and every gradient (DDP's mai
 
 GPT (LayerNorm, GeLU, learned positions, biases, tied embeddings) and LLaMA-style (RMSNorm, SwiGLU, RoPE, GQA,
 no biases, untied) models; TP 2 with and without SP, PP 2 (the cool-down window through the schedule's
-``p2p_communicator``), PP 2 x TP 2, interleaved PP 2 x VPP 2 and DP 2. Bitwise everywhere: lynx runs Megatron's
-own kernels in Megatron's order (`MegatronLinear`), dropout replays its stashed generator states, and every
-all-reduce sums two ranks (a + b = b + a in floating point)."""
+``p2p_communicator``), PP 2 x TP 2, interleaved PP 2 x VPP 2 and DP 2; plans with ``attention: flash`` on the
+local spec with lynx's FlashDotProductAttention (`lynx.integrations.megatron.attention`). Bitwise everywhere: lynx
+runs Megatron's own kernels in Megatron's order (`MegatronLinear`), dropout replays its stashed generator states,
+and every all-reduce sums two ranks (a + b = b + a in floating point)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,31 @@ def test_layouts_bitwise_and_where_planned(case: str, tmp_path: Path) -> None:
 
     s = SLOW[case]
     _check(run(s, tmp_path, exported=case == "pp2-tp2-gpt"), s)
+
+
+def test_flash_attention_tp2_llama_bitwise_and_where_planned(tmp_path: Path) -> None:
+    """A plan with ``attention: flash`` (one core_attn op) on the local spec with lynx's FlashDotProductAttention
+    (`with_flash_attention`), through the exported hook-up: Megatron's own runs use the same kernel."""
+    from tests.harness.megatron_check import run
+
+    s = Shape(flash=True, tp=2, llama=True, groups=2)
+    _check(run(s, tmp_path, exported=True), s)
+
+
+FLASH_SLOW = {  # slow (tests/conftest.py's table): the TP 2 LLaMA flash case above stays in the default run
+    "one-rank-gpt-dropout": Shape(flash=True, dropout=0.1),
+    "pp2-tp2-sp-llama": Shape(flash=True, pp=2, tp=2, sp=True, layers=4, llama=True, groups=2),
+}
+
+
+@pytest.mark.parametrize("case", list(FLASH_SLOW))
+def test_flash_attention_layouts_bitwise_and_where_planned(case: str, tmp_path: Path) -> None:
+    """Attention dropout inside the fused kernel (drawn and replayed as the other dropouts); PP 2 x TP 2 with SP,
+    the cool-down window included."""
+    from tests.harness.megatron_check import run
+
+    s = FLASH_SLOW[case]
+    _check(run(s, tmp_path), s)
 
 
 def test_interleaved_pp2_vpp2_bitwise(tmp_path: Path) -> None:

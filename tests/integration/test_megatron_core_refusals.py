@@ -17,14 +17,25 @@ from tests.harness.megatron_plans import Shape, plan_file
 pytest.importorskip("megatron.core")
 
 
-def _model(s: Shape, **over: Any) -> Any:
-    """A stand-in for GPTModel carrying Megatron-Core's own TransformerConfig for `s` (fields `over` changed)."""
+def _model(s: Shape, core: str = "", **over: Any) -> Any:
+    """A stand-in for GPTModel carrying Megatron-Core's own TransformerConfig for `s` (fields `over` changed);
+    `core` ("standard" / "flash"): one decoder layer whose core attention is an (unbuilt) instance of Megatron's
+    DotProductAttention / lynx's FlashDotProductAttention."""
     from tests.harness.megatron_seams import config
 
     cfg = config(s, s.tp, s.pp, s.sp)
     for k, v in over.items():
         setattr(cfg, k, v)
-    return SimpleNamespace(config=cfg, position_embedding_type="rope" if s.llama else "learned_absolute")
+    out = SimpleNamespace(config=cfg, position_embedding_type="rope" if s.llama else "learned_absolute")
+    if core:
+        from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+        from lynx.integrations.megatron.attention import FlashDotProductAttention
+
+        cls = FlashDotProductAttention if core == "flash" else DotProductAttention
+        layer = SimpleNamespace(self_attention=SimpleNamespace(core_attention=cls.__new__(cls)))
+        out.decoder = SimpleNamespace(layers=[layer])
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -68,11 +79,23 @@ def test_each_mismatch_is_one_line_naming_both_sides(plan: Any, over: dict[str, 
         assert w in msg, msg
 
 
-def test_a_flash_attention_plan_is_refused_for_the_local_spec(tmp_path: Path, plan: Any) -> None:
+def _flash(plan: Any) -> Any:
     m = dataclasses.replace(plan.problem.model, attention="flash")
-    src = dataclasses.replace(plan, problem=dataclasses.replace(plan.problem, model=m))
-    msg = _refused(src, _model(Shape(tp=2, layers=4, pp=2)))
-    assert "attention flash" in msg and "DotProductAttention" in msg
+    return dataclasses.replace(plan, problem=dataclasses.replace(plan.problem, model=m))
+
+
+def test_the_attention_kernel_must_be_the_plans(plan: Any) -> None:
+    """A flash plan needs lynx's FlashDotProductAttention in the spec, a standard plan Megatron's DotProductAttention;
+    each on the other is refused naming both kernels (and how to build the flash spec)."""
+    from lynx.integrations.megatron.check import check_model
+
+    s = Shape(tp=2, layers=4, pp=2)
+    msg = _refused(_flash(plan), _model(s, core="standard"))
+    assert "attention flash" in msg and "DotProductAttention" in msg and "with_flash_attention" in msg
+    msg = _refused(plan, _model(s, core="flash"))
+    assert "attention standard" in msg and "FlashDotProductAttention" in msg
+    check_model(_flash(plan), _model(s, core="flash"))
+    check_model(plan, _model(s, core="standard"))
 
 
 def test_a_plan_for_a_llama_model_is_refused_on_a_gpt_one(tmp_path: Path) -> None:

@@ -63,13 +63,39 @@ def test_a_plan_with_nothing_in_the_stall_loses_nothing(lynx_plan) -> None:  # t
     assert fig.iteration_time_s == simulate_lynx(lynx_plan.problem, lynx_plan.result).iteration_time_s
 
 
+def test_a_flash_plan_runs_with_lynxs_flash_core_attention(tmp_path: Path) -> None:
+    """attention: flash runs as lynx's FlashDotProductAttention in the local spec (tests/integration/
+    test_megatron_core.py runs it bitwise): the row is the plan's own price, the note and the hook-up say which
+    kernel runs and how the spec is built."""
+    from lynx.export.megatron_engine import FLASH_NOTE
+    from lynx.models import load_model
+    from lynx.spec import ParallelSpec, load_hardware
+
+    par = ParallelSpec(tp=2, pp=2, dp=1, micro_batch_size=1, global_batch_size=16, seq_length=4096)
+    from lynx.api import make_problem
+
+    p = make_problem(load_model("llama3-8b"), load_hardware("h100-80g-nvlink"), par)
+    assert p.model.attention == "flash"
+    done = plan_with(p, "lynx", record=False)
+    fig, fit = engine_price(p, done.result, Launcher.CUSTOM_LOOP)
+    assert fit.runs and FLASH_NOTE in fit.notes and fig is not None
+    assert fig.iteration_time_s == simulate_lynx(p, done.result).iteration_time_s
+    plan = tmp_path / "plan.json"
+    done.save(plan)
+    write_megatron(build_megatron(source_from(p, done.result)), tmp_path / "out", plan)
+    mod = (tmp_path / "out" / ENGINE_FILE).read_text()
+    assert "with_flash_attention(get_gpt_layer_local_spec(...))" in mod
+    assert "from lynx.integrations.megatron.attention import with_flash_attention" in mod
+    compile(mod, ENGINE_FILE, "exec")
+
+
 def test_what_the_integration_cannot_run_is_named() -> None:
     p = problem_for(pp=2, tp=2)
-    flash = dataclasses.replace(p, model=dataclasses.replace(p.model, attention="flash"))
+    cp = dataclasses.replace(p, parallel=dataclasses.replace(p.parallel, cp=2))
     res = plan_with(p, "full", record=False).result
-    fit = engine_fit(flash, res)
-    assert not fit.runs and "attention flash" in fit.why_not and "TransformerEngine" in fit.why_not
-    fig, _ = engine_price(flash, res)
+    fit = engine_fit(cp, res)
+    assert not fit.runs and "context parallelism" in fit.why_not
+    fig, _ = engine_price(cp, res)
     assert fig is None
 
 

@@ -82,8 +82,10 @@ def megatron_cmd(
     if exp.engine_fit is not None and exp.engine_fit.runs:
         from lynx.export.megatron_engine import ENGINE_FILE
 
+        spec = ("with_flash_attention(get_gpt_layer_local_spec()) (lynx.integrations.megatron.attention)"
+                if exp.source.problem.model.attention == "flash" else "get_gpt_layer_local_spec()")
         console.print(f"lynx engine: in the model provider, after building the GPTModel from "
-                      f"get_gpt_layer_local_spec(): `from {ENGINE_FILE[:-3]} import apply_plan; "
+                      f"{spec}: `from {ENGINE_FILE[:-3]} import apply_plan; "
                       f"apply_plan(model, vp_stage=vp_stage)` ({ENGINE_FILE}, no --recompute-* flags)",
                       markup=False, highlight=False)
     for k, v in exp.environment:

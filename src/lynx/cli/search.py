@@ -228,8 +228,8 @@ def run_search(a: SearchArgs, base: Request) -> None:
 
 
 TARGET_TEXT = {
-    Target.MEGATRON: "the table's top rows are what Megatron-Core runs of `lynx export megatron` (its flags, and "
-    "lynx's plugin where the method column says so)",
+    Target.MEGATRON: "the table's top rows are what Megatron-Core runs of `lynx export megatron` (its flags, lynx's "
+    "plugin or lynx's engine where the method column says so)",
     Target.TORCHTITAN: "the table's top rows are what torchtitan runs of `lynx export torchtitan` (its eager kernels "
     "and FSDP, lynx's engine or AC module)",
     Target.LYNX: "lynx's own runtime (`lynx train`) runs the lynx rows; stock rows run on Megatron-Core as they are",

@@ -284,7 +284,8 @@ def write_megatron(exp: MegatronExport, out_dir: Path, plan_file: Path | None = 
     if plan_file is not None and (exp.engine_fit is None or exp.engine_fit.runs):
         lay = exp.source.layout
         files[PLAN_COPY] = Path(plan_file).read_text()
-        files[ENGINE_FILE] = engine_module(PLAN_COPY, exp.source.family, lay.pp, lay.vpp)
+        files[ENGINE_FILE] = engine_module(PLAN_COPY, exp.source.family, lay.pp, lay.vpp,
+                                           exp.source.problem.model.attention == "flash")
         files[ENGINE_ARGS_FILE] = "\n".join(" ".join(shlex.quote(t) for t in f) for f in engine_args(exp.args)) + "\n"
     paths = []
     for name, text in files.items():

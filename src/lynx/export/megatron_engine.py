@@ -11,8 +11,10 @@ priced (`engine_fit`):
   where the training loop passes ``schedule_kwargs(...)`` to Megatron-Core's non-interleaved 1F1B schedule;
   Megatron-LM's ``pretrain_gpt.py`` does not, nor does the interleaved schedule: there that work runs on demand,
   and the row is priced so (`Launcher`);
-* TransformerEngine's fused attention (a plan with ``attention: flash``), context parallelism, TE's TP-comm
-  overlap, and families other than gpt / llama / mcore: not run (no row; the plugin's row remains);
+* a plan with ``attention: flash`` runs its ``core_attn`` op as lynx's `FlashDotProductAttention` (PyTorch's
+  fused ``scaled_dot_product_attention``) in the local spec, not TransformerEngine's fused attention (`FLASH_NOTE`);
+* context parallelism, TE's TP-comm overlap, and families other than gpt / llama / mcore: not run (no row; the
+  plugin's row remains);
 * Megatron-FSDP and torch FSDP2 (``--use-megatron-fsdp``, ``--use-torch-fsdp2``): not run (no row). The plan
   prices each layer's on-demand recomputation inside that layer's FSDP gather / reduce-scatter window
   (`lynx.cost.pricing.fsdp_window`); the integration has not been run under either wrapper (Megatron's FSDP2
@@ -43,6 +45,15 @@ implementation (TE 2.10 made a second one the default; Megatron's fine-grained o
 FAMILIES = ("gpt", "llama", "mcore")
 
 
+FLASH_NOTE = ("lynx engine: attention flash runs as lynx's FlashDotProductAttention in the local layer spec "
+              "(with_flash_attention(get_gpt_layer_local_spec(...)); PyTorch's scaled_dot_product_attention, its "
+              "flash-attention kernels on H100 in bf16), priced as the plan's flash attention; TransformerEngine's "
+              "fused attention (the TE spec) is not what runs")
+
+
+COOLDOWN_NOTE = "lynx engine: the cool-down window does not open under"
+
+
 class Launcher(enum.Enum):
     """Who calls Megatron-Core's forward_backward_func."""
 
@@ -67,9 +78,6 @@ def engine_fit(problem: PlanProblem, result: PlanResult, launcher: Launcher = La
     why = ""
     if m.family not in FAMILIES:
         why = f"family {m.family!r} (the integration runs Megatron-Core's gpt / llama / mcore layers)"
-    elif m.attention == "flash":
-        why = ("attention flash: TransformerEngine's fused attention (the TE layer spec) is not supported yet; the "
-               "integration runs the local spec's DotProductAttention (plan with attention: standard)")
     elif par.cp > 1:
         why = f"context parallelism (CP {par.cp})"
     elif opts.tp_comm_overlap and par.sequence_parallel:
@@ -82,10 +90,12 @@ def engine_fit(problem: PlanProblem, result: PlanResult, launcher: Launcher = La
     wants = any(p.cooldown_overlap for p in result.policies) and par.pp > 1
     cool = wants and launcher is Launcher.CUSTOM_LOOP and opts.vpp <= 1
     notes: list[str] = []
+    if m.attention == "flash":
+        notes.append(FLASH_NOTE)
     if wants and not cool:
         where = ("the interleaved schedule" if opts.vpp > 1 else
                  "Megatron-LM's pretrain_gpt.py (its loop passes no p2p_communicator)")
-        notes.append(f"lynx engine: the cool-down window does not open under {where}: that recomputation runs on "
+        notes.append(f"{COOLDOWN_NOTE} {where}: that recomputation runs on "
                      "demand, priced so; a Megatron-Core loop that passes schedule_kwargs() to the 1F1B schedule "
                      "runs it in the stall")
     return EngineFit(True, "", cool, tuple(notes))
@@ -106,7 +116,8 @@ def engine_price(problem: PlanProblem, result: PlanResult,
     how = "every window"
     if run is not result:
         if fig.iteration_time_s == simulate_lynx(problem, result).iteration_time_s:
-            fit = replace(fit, notes=())  # the plan puts nothing in the cool-down stall: nothing is lost
+            # the plan puts nothing in the cool-down stall: nothing is lost, nothing to say about it
+            fit = replace(fit, notes=tuple(n for n in fit.notes if not n.startswith(COOLDOWN_NOTE)))
         else:
             how = "no cool-down window"
     return replace(fig, label="megatron+lynx engine", setting=f"{result.method} ({how}; {launcher.value})"), fit
@@ -124,20 +135,25 @@ def engine_args(args: tuple[tuple[str, ...], ...]) -> tuple[tuple[str, ...], ...
     return (*(f for f in args if f[0] not in _MEGATRON_OWN), ("--transformer-impl", "local"))
 
 
-def engine_module(plan_name: str, family: str, pp: int, vpp: int) -> str:
-    """The hook-up module `lynx export megatron` writes beside the plan (imported by the model provider)."""
-    return _TEMPLATE.format(plan=plan_name, family=family, pp=pp, vpp=vpp)
+def engine_module(plan_name: str, family: str, pp: int, vpp: int, flash: bool = False) -> str:
+    """The hook-up module `lynx export megatron` writes beside the plan (imported by the model provider); `flash`:
+    the plan has ``attention: flash`` (the spec line wraps the local spec in `with_flash_attention`)."""
+    spec = ("with_flash_attention(get_gpt_layer_local_spec(...))" if flash else "get_gpt_layer_local_spec(...)")
+    imp = ("    from lynx.integrations.megatron.attention import with_flash_attention\n" if flash else "")
+    why = ("; this plan has attention: flash, so every layer's core attention is lynx's FlashDotProductAttention"
+           if flash else "")
+    return _TEMPLATE.format(plan=plan_name, family=family, pp=pp, vpp=vpp, spec=spec, imp=imp, why=why)
 
 
 _TEMPLATE = '''"""lynx's recompute engine for this plan inside Megatron-Core (written by `lynx export megatron`).
 
 In Megatron-LM's pretrain_gpt.py, model_provider(): build the model as always, from Megatron-Core's local layer
-spec (get_gpt_layer_local_spec(); TransformerEngine's spec is not supported yet), with no Megatron recomputation
-(no --recompute-* flags), then apply the plan to it:
+spec (get_gpt_layer_local_spec(); TransformerEngine's spec is not supported yet{why}), with no Megatron
+recomputation (no --recompute-* flags), then apply the plan to it:
 
     from lynx_megatron_engine import apply_plan
-    ...
-    model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(...), ...)
+{imp}    ...
+    model = GPTModel(config=config, transformer_layer_spec={spec}, ...)
     apply_plan(model, vp_stage=vp_stage)
     return model
 

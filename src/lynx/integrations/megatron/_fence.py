@@ -51,7 +51,8 @@ class LayerParts:
     attention: Any
     """Its `SelfAttention` (the projections, the head counts, the RoPE settings)."""
     core: Any
-    """Its `DotProductAttention` (Megatron's local, unfused attention: softmax module, dropout, scale)."""
+    """Its core attention: `DotProductAttention` (Megatron's local, unfused attention: softmax module, dropout,
+    scale) or lynx's `FlashDotProductAttention` (`lynx.integrations.megatron.attention`)."""
     mlp: Any
     heads: int
     """Query heads on this rank."""
@@ -77,6 +78,8 @@ def layer_parts(layer: Any) -> LayerParts:
     from megatron.core.transformer.dot_product_attention import DotProductAttention  # type: ignore[import-untyped]
     from megatron.core.transformer.mlp import MLP  # type: ignore[import-untyped]
 
+    from lynx.integrations.megatron.attention import FlashDotProductAttention
+
     name = type(layer).__name__
     att, mlp = getattr(layer, "self_attention", None), getattr(layer, "mlp", None)
     if not isinstance(att, SelfAttention):
@@ -84,10 +87,11 @@ def layer_parts(layer: Any) -> LayerParts:
     if not isinstance(mlp, MLP):
         raise _refuse(f"{name}'s mlp is {type(mlp).__name__} (MoE or other); only the dense MLP is modelled")
     core = att.core_attention
-    if not isinstance(core, DotProductAttention):
+    if not isinstance(core, (DotProductAttention, FlashDotProductAttention)):
         raise _refuse(f"core attention {type(core).__name__} (TransformerEngine spec): only the local spec's "
-                      "DotProductAttention is supported here (TransformerEngine is not installed where this "
-                      "integration was built and tested); build the model with get_gpt_layer_local_spec()")
+                      "DotProductAttention (a plan with attention: standard) or lynx's FlashDotProductAttention "
+                      "(attention: flash; with_flash_attention(get_gpt_layer_local_spec())) is supported here "
+                      "(TransformerEngine is not installed where this integration was built and tested)")
     for where, lin, cls in (("linear_qkv", att.linear_qkv, ColumnParallelLinear),
                             ("linear_proj", att.linear_proj, RowParallelLinear),
                             ("linear_fc1", mlp.linear_fc1, ColumnParallelLinear),

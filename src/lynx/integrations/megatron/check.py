@@ -1,6 +1,7 @@
 """Does a lynx plan describe this Megatron-Core model chunk? Each mismatch is refused in one line naming the
 plan's side and the model's (`PlanMismatch`): layers, model shape, TP / SP / PP / virtual stages, op names,
-dtype, dropout, attention kernel, and Megatron's own recomputation or offloading switched on beside lynx."""
+dtype, dropout, attention kernel (the plan's `attention` against the layers' core attention), and Megatron's own
+recomputation or offloading switched on beside lynx."""
 
 from __future__ import annotations
 
@@ -58,10 +59,17 @@ def check_model(src: ExportSource, gpt: Any) -> None:
         if theirs[k] != v:
             raise _refuse(k, f"{k} {v}", f"{k} {theirs[k]}")
     m = src.problem.model
-    if m.attention == "flash":
-        raise _refuse("attention", "attention flash (one core_attn op, TransformerEngine's fused attention)",
-                      "Megatron-Core's local DotProductAttention (attn_scores, softmax, [attn_dropout,] "
-                      "attn_context); plan it with attention: standard")
+    kernel = _attention_kernel(gpt)
+    if kernel is not None and kernel != m.attention:
+        plan_side = {"flash": "attention flash (one core_attn op)",
+                     "standard": "attention standard (attn_scores, softmax, [attn_dropout,] attn_context)"}
+        model_side = {"flash": "lynx's FlashDotProductAttention (attention: flash)",
+                      "standard": "Megatron-Core's local DotProductAttention (attention: standard)"}
+        hint = ("; build the layer spec with lynx.integrations.megatron.attention.with_flash_attention("
+                "get_gpt_layer_local_spec(...))" if m.attention == "flash" else "; plan it with attention: flash")
+        plan_has = plan_side.get(m.attention, m.attention)
+        raise PlanMismatch(f"lynx.integrations.megatron: attention: the plan has {plan_has}, the model has "
+                           f"{model_side[kernel]}{hint}")
     plan_hd = m.hidden_dropout if m.dropout else 0.0
     plan_ad = m.attention_dropout if m.dropout else 0.0
     if (plan_hd, plan_ad) != (c.hidden_dropout, c.attention_dropout):
@@ -79,6 +87,22 @@ def check_model(src: ExportSource, gpt: Any) -> None:
     unknown = [n for n in src.graph_ops if n not in computable_ops()]
     if unknown:
         raise _refuse("op names", f"ops {', '.join(unknown)}", "no such ops in Megatron-Core's local layer")
+
+
+def _attention_kernel(gpt: Any) -> str | None:
+    """"flash" or "standard": the core attention of the chunk's first layer (None: the chunk has no layers, or
+    another kernel, which `_fence.layer_parts` refuses with its own line)."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention  # type: ignore[import-untyped]
+
+    from lynx.integrations.megatron.attention import FlashDotProductAttention
+
+    layers = getattr(getattr(gpt, "decoder", None), "layers", None) or []
+    if not layers:
+        return None
+    core = getattr(getattr(layers[0], "self_attention", None), "core_attention", None)
+    if isinstance(core, FlashDotProductAttention):
+        return "flash"
+    return "standard" if isinstance(core, DotProductAttention) else None
 
 
 def check_layers(src: ExportSource, v: int, numbers: list[int]) -> None:

@@ -1,7 +1,8 @@
 """Megatron-Core's `TransformerLayer` (local spec) as a lynx runtime layer: the plan's op list (the ops lynx's
 `gpt` / `llama` / `mcore` families price for Megatron-Core), each op computed by the layer's own modules and
 Megatron's own functions — its norms, its RoPE (`apply_rotary_pos_emb`), its DotProductAttention's softmax
-module, dropout and scale, its bias-dropout-add, its MLP's activation — on the layer's own parameters.
+module, dropout and scale (or, for a plan with ``attention: flash``, lynx's `FlashDotProductAttention` as the
+spec put it in: the ``core_attn`` op), its bias-dropout-add, its MLP's activation — on the layer's own parameters.
 
 The four linears and their collectives are the one part lynx runs itself, with Megatron's arithmetic
 (`MegatronLinear`: ``LinearWithGradAccumulationAndAsyncCommunication``'s forward and backward, kernel for
@@ -32,7 +33,7 @@ from lynx.integrations.megatron import _fence
 from lynx.runtime.layers import tp
 from lynx.runtime.layers.base import Direction, OpFn, OpLayer
 
-_DROPOUT_OPS = frozenset({"attn_dropout", "attn_residual", "mlp_residual"})
+_DROPOUT_OPS = frozenset({"attn_dropout", "core_attn", "attn_residual", "mlp_residual"})
 
 
 class _Scatter:
@@ -232,6 +233,15 @@ class MegatronLayer(OpLayer):
         ctx = ctx.permute(2, 0, 1, 3).contiguous()
         return ctx.view(*ctx.size()[:-2], self.parts.core.hidden_size_per_partition)
 
+    def _flash(self, src: str, t: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        """The plan's ``core_attn`` op (``attention: flash``): `FlashDotProductAttention`'s own computation on the
+        query and key (from the RoPE output or the QKV projection) and the value."""
+        from lynx.integrations.megatron.attention import attend
+
+        query, key = self._qk(src, t)
+        _, _, value = self._split(qkv)
+        return attend(self.parts.core, query, key, value)
+
     def _activation(self, x: torch.Tensor) -> torch.Tensor:
         """MLP.forward between linear_fc1 and linear_fc2 (its eager path, or its bias-activation fusion)."""
         from lynx.integrations.megatron import _activation
@@ -266,6 +276,7 @@ class MegatronLayer(OpLayer):
             "softmax": lambda e, m: self._softmax(e[x0], m),
             "attn_dropout": lambda e, m: self._attn_dropout(e[x0]),
             "attn_context": lambda e, m: self._context(e[x0], e[ins[1]]),
+            "core_attn": lambda e, m: self._flash(x0, e[x0], e[ins[-1]]),
             "attn_proj": lambda e, m: self._row(e[x0], att.linear_proj),
             "fc1": lambda e, m: self._column(e[x0], mlp.linear_fc1, "mlp", m, False),
             "gate_up": lambda e, m: self._column(e[x0], mlp.linear_fc1, "mlp", m, False),
@@ -291,8 +302,8 @@ class MegatronLayer(OpLayer):
 def computable_ops() -> frozenset[str]:
     """Every op name `MegatronLayer` can compute (the plan's graph may use no other)."""
     return frozenset({"ln1", "rmsnorm1", "ln2", "rmsnorm2", "qkv", "rope", "attn_scores", "softmax", "attn_dropout",
-                      "attn_context", "attn_proj", "fc1", "gate_up", "gelu", "swiglu", "squared_relu", "fc2",
-                      "down", "attn_residual", "mlp_residual", "attn_allgather", "mlp_allgather",
+                      "attn_context", "core_attn", "attn_proj", "fc1", "gate_up", "gelu", "swiglu", "squared_relu",
+                      "fc2", "down", "attn_residual", "mlp_residual", "attn_allgather", "mlp_allgather",
                       "attn_reducescatter", "mlp_reducescatter", "attn_allreduce", "mlp_allreduce"})
 
 
