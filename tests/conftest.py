@@ -186,7 +186,9 @@ SLOW_CASES: dict[str, str] = {
     **{f"integration/test_megatron_core.py::test_flash_attention_layouts_bitwise_and_where_planned[{c}]":
        "test_megatron_core.py::test_flash_attention_tp2_llama_bitwise_and_where_planned (the flash core_attn op, "
        "TP windows)" for c in ("one-rank-gpt-dropout", "pp2-tp2-sp-llama")},
-    "integration/test_megatron_core.py::test_interleaved_pp2_vpp2_bitwise":
+    "integration/test_megatron_core.py::test_interleaved_pp2_vpp2_tp2_sp_flash_bitwise_and_where_planned":
+        "test_megatron_core.py::test_flash_attention_tp2_llama_bitwise_and_where_planned (flash, TP windows)",
+    "integration/test_megatron_core.py::test_interleaved_pp2_vpp2_bitwise_and_where_planned":
         "test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned (Megatron-Core, TP windows)",
     "integration/test_window_control_megatron.py::test_smoke_runs_megatrons_model_with_the_plan_and_its_control":
         "test_window_control_megatron.py::test_bad_options_are_one_clear_line_and_exit_2 and "

@@ -126,15 +126,15 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
         for _ in range(s.steps - 1):
             if s.overlap_param_gather:
                 ms.stale_other_shards(chunks)
-            ms.train_step(s, cfg, chunks, data, schedule_kwargs(lynx[0], cfg) if lynx and s.vpp == 1 else None,
-                          keep_grads=False)
+            ms.train_step(s, cfg, chunks, data, schedule_kwargs(lynx if s.vpp > 1 else lynx[0], cfg) if lynx
+                          else None, keep_grads=False)
         watch = _watch_ddp(chunks, lynx) if lynx else None
         if s.overlap_param_gather:
             ms.stale_other_shards(chunks)
         if args.hookup and lynx:
-            kw = _hookup(args.hookup).cooldown_kwargs(cfg) if s.vpp == 1 else None
+            kw = _hookup(args.hookup).cooldown_kwargs(cfg)
         else:
-            kw = schedule_kwargs(lynx[0], cfg) if lynx and s.vpp == 1 else None
+            kw = schedule_kwargs(lynx if s.vpp > 1 else lynx[0], cfg) if lynx else None
         runs[mode] = ms.train_step(s, cfg, chunks, data, kw)
         if watch is not None:
             in_ddp = watch.restored_in_flight()

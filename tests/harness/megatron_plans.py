@@ -145,6 +145,43 @@ def expected_places(s: Shape, pp_rank: int, cooldown: bool = True) -> dict[str, 
     return out
 
 
+def expected_places_interleaved(s: Shape, pp_rank: int) -> list[dict[str, int]]:
+    """Per model chunk of rank `pp_rank` (chunk 0 first), the restorations per place the windows policy asks under
+    Megatron's interleaved 1F1B, as the plan's schedule places them (`lynx.runtime.pipeline.order.rank_order`): a
+    backward's phase-1/2 ops in the forward that hosts it (of its own chunk or another: counted in the owner's
+    statistics), in the cool-down stall where none does, on demand otherwise; phase-3/4 ops in the backward windows
+    of the layer above in the same chunk, the chunk's top layer's on demand; with SP the all-gathers on demand."""
+    from lynx.runtime.pipeline.order import layout_schedule, rank_order
+
+    order = rank_order(layout_schedule(s.pp, s.vpp, s.microbatches), pp_rank)
+    hosted = set(order.hosts.values())
+    layers = s.layers // (s.pp * s.vpp)
+    fwd = pp_rank < s.pp - 1  # the plan's stage context: forward windows on every rank but the last
+    pol = {n: _phase(n, fwd) for n in _names(s) if n in PHASES}
+    outs = []
+    for c in range(s.vpp):
+        stage = c * s.pp + pp_rank
+        out: dict[str, int] = {}
+
+        def add(place: str, k: int, out: dict[str, int] = out) -> None:
+            if k:
+                out[place] = out.get(place, 0) + k
+
+        for mb in range(s.microbatches):
+            where = ("host" if (stage, mb) in hosted else "cooldown" if (stage, mb) in order.cooldown
+                     else "on_demand")
+            for li in range(layers):
+                for _n, p in pol.items():
+                    if p in (Phase.FWD_ATTN, Phase.FWD_MLP):
+                        add(("fwd_attn" if p == Phase.FWD_ATTN else "fwd_mlp") if where == "host" else where, 1)
+                    else:
+                        add("on_demand" if li == layers - 1 else ("bwd_mlp" if p == Phase.BWD_MLP else "bwd_attn"), 1)
+                if s.sp and s.tp > 1:
+                    add("on_demand", 2)
+        outs.append(out)
+    return outs
+
+
 def _names(s: Shape) -> tuple[str, ...]:
     """The op names of the tiny model's layer graph (as `plan_file` plans it)."""
     from lynx.families import get_family

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.megatron_plans import Shape, expected_places
+from tests.harness.megatron_plans import Shape, expected_places, expected_places_interleaved
 
 pytest.importorskip("megatron.core")
 
@@ -32,7 +32,8 @@ def _check(ranks: list[dict[str, Any]], s: Shape, places: bool = True) -> None:
         assert all(b > 0 for b in r["peak_bytes"])
         pp_rank = (r["rank"] // s.tp) % s.pp
         if places:
-            assert r["stats"] == [expected_places(s, pp_rank)], (r["rank"], r["stats"])
+            want = expected_places_interleaved(s, pp_rank) if s.vpp > 1 else [expected_places(s, pp_rank)]
+            assert r["stats"] == want, (r["rank"], r["stats"], want)
     assert any(r["lynx"]["losses"] for r in ranks)  # the last stage computed the losses
 
 
@@ -94,16 +95,25 @@ def test_flash_attention_layouts_bitwise_and_where_planned(case: str, tmp_path: 
     _check(run(s, tmp_path), s)
 
 
-def test_interleaved_pp2_vpp2_bitwise(tmp_path: Path) -> None:
-    """Megatron's interleaved 1F1B: one engine per model chunk, windows inside each chunk (its cool-down stall
-    is not wired: those restorations run on demand)."""
+def test_interleaved_pp2_vpp2_bitwise_and_where_planned(tmp_path: Path) -> None:
+    """Megatron's interleaved 1F1B: one engine per model chunk; each forward's windows host the backward the plan's
+    schedule gives them, of its own chunk or of the rank's other chunk, and the cool-down stall (the schedule's
+    ``p2p_communicator``, every chunk of the rank) hosts the rest."""
     from tests.harness.megatron_check import run
 
     s = Shape(pp=2, vpp=2, layers=8, llama=True, groups=2)
-    ranks = run(s, tmp_path)
-    _check(ranks, s, places=False)
-    for r in ranks:
-        assert len(r["stats"]) == 2 and all(st.get("bwd_attn", 0) > 0 for st in r["stats"])
+    ranks = run(s, tmp_path, exported=True)  # the hook-up's apply_plan per chunk, its cooldown_kwargs
+    _check(ranks, s)
+    first = [r for r in ranks if r["rank"] == 0][0]["stats"]
+    assert all(st.get("cooldown", 0) > 0 and st.get("fwd_attn", 0) > 0 for st in first)
+
+
+def test_interleaved_pp2_vpp2_tp2_sp_flash_bitwise_and_where_planned(tmp_path: Path) -> None:
+    """The same at TP 2 with SP and flash attention: the windows in Megatron's own collectives, across chunks."""
+    from tests.harness.megatron_check import run
+
+    s = Shape(pp=2, vpp=2, tp=2, sp=True, layers=8, llama=True, groups=2, flash=True)
+    _check(run(s, tmp_path), s)
 
 
 def test_offloading_plan_bitwise_and_where_planned(tmp_path: Path) -> None:

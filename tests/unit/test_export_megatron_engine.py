@@ -170,3 +170,19 @@ def test_fsdp_is_named_as_not_run(mode: str) -> None:
     fit = engine_fit(p, res)
     assert not fit.runs and mode in fit.why_not and "DDP" in fit.why_not
     assert engine_price(p, res)[0] is None
+
+
+def test_an_interleaved_plan_opens_the_cool_down_window_in_a_custom_loop() -> None:
+    """Interleaved 1F1B: the integration hosts each backward's phase-1/2 work where the plan's schedule puts it (of
+    the chunk's own or another chunk's forward) and, given every chunk's schedule_kwargs, the cool-down stall
+    (tests/integration/test_megatron_core.py counts them): the row is lynx's own price in a custom loop, and under
+    pretrain_gpt.py the stall's work runs on demand, priced so."""
+    p = _standard(vpp=2, mb=4)
+    res = plan_with(p, "lynx", record=False).result
+    assert any(pol.cooldown_overlap for pol in res.policies)
+    fig, fit = engine_price(p, res, Launcher.CUSTOM_LOOP)
+    assert fit.runs and fit.cooldown and fig is not None and "every window" in fig.setting
+    assert fig.iteration_time_s == simulate_lynx(p, res).iteration_time_s
+    fig2, fit2 = engine_price(p, res, Launcher.PRETRAIN_GPT)
+    assert fig2 is not None and not fit2.cooldown
+    assert fig2.iteration_time_s >= fig.iteration_time_s

@@ -8,9 +8,10 @@ all-gathers'), on Megatron-Core's own GPTModel from its local layer spec. What i
 priced (`engine_fit`):
 
 * the cool-down stall (phase-1/2 work of the last micro-batches, before the wait for their gradient) opens only
-  where the training loop passes ``schedule_kwargs(...)`` to Megatron-Core's non-interleaved 1F1B schedule;
-  Megatron-LM's ``pretrain_gpt.py`` does not, nor does the interleaved schedule: there that work runs on demand,
-  and the row is priced so (`Launcher`);
+  where the training loop passes ``schedule_kwargs(...)`` to Megatron-Core's 1F1B or interleaved 1F1B schedule;
+  Megatron-LM's ``pretrain_gpt.py`` does not: there that work runs on demand, and the row is priced so
+  (`Launcher`). Interleaved, each forward hosts the backward the plan's schedule gives it, of its own model chunk
+  or of another chunk on the rank, under either launcher;
 * a plan with ``attention: flash`` runs its ``core_attn`` op as lynx's `FlashDotProductAttention` (PyTorch's
   fused ``scaled_dot_product_attention``) in the local spec, not TransformerEngine's fused attention (`FLASH_NOTE`);
 * context parallelism, TE's TP-comm overlap, and families other than gpt / llama / mcore: not run (no row; the
@@ -88,16 +89,15 @@ def engine_fit(problem: PlanProblem, result: PlanResult, launcher: Launcher = La
     if why:
         return EngineFit(False, why, False, ())
     wants = any(p.cooldown_overlap for p in result.policies) and par.pp > 1
-    cool = wants and launcher is Launcher.CUSTOM_LOOP and opts.vpp <= 1
+    cool = wants and launcher is Launcher.CUSTOM_LOOP
     notes: list[str] = []
     if m.attention == "flash":
         notes.append(FLASH_NOTE)
     if wants and not cool:
-        where = ("the interleaved schedule" if opts.vpp > 1 else
-                 "Megatron-LM's pretrain_gpt.py (its loop passes no p2p_communicator)")
+        where = "Megatron-LM's pretrain_gpt.py (its loop passes no p2p_communicator)"
         notes.append(f"{COOLDOWN_NOTE} {where}: that recomputation runs on "
-                     "demand, priced so; a Megatron-Core loop that passes schedule_kwargs() to the 1F1B schedule "
-                     "runs it in the stall")
+                     "demand, priced so; a Megatron-Core loop that passes schedule_kwargs() (every model chunk of the "
+                     "rank when interleaved) to its pipeline schedule runs it in the stall")
     return EngineFit(True, "", cool, tuple(notes))
 
 
@@ -157,7 +157,8 @@ recomputation (no --recompute-* flags), then apply the plan to it:
     apply_plan(model, vp_stage=vp_stage)
     return model
 
-A Megatron-Core training loop of your own also opens the 1F1B cool-down window:
+A Megatron-Core training loop of your own also opens the cool-down window (1F1B or interleaved 1F1B, after every
+model chunk of the rank got apply_plan):
 
     forward_backward_func(..., **cooldown_kwargs(config))
 
@@ -182,11 +183,11 @@ def apply_plan(model: Any, vp_stage: int | None = None) -> Any:
 
 
 def cooldown_kwargs(config: Any) -> dict[str, Any]:
-    """Keyword arguments for Megatron-Core's forward_backward_func that open the cool-down window (PP > 1, one
-    model chunk per rank; empty otherwise)."""
+    """Keyword arguments for Megatron-Core's forward_backward_func that open the cool-down window (PP > 1: the
+    rank's model chunk, or its {vpp} chunks applied last when interleaved; empty otherwise)."""
     from lynx.integrations.megatron import schedule_kwargs
 
-    if len(_APPLIED) != 1:
+    if len(_APPLIED) < {vpp}:
         return {{}}
-    return schedule_kwargs(_APPLIED[0], config)
+    return schedule_kwargs(_APPLIED[-{vpp}:] if {vpp} > 1 else _APPLIED[-1], config)
 '''
