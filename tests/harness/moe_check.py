@@ -34,6 +34,10 @@ class MoECase:
     seq_length: int = 16
     micro_batch: int = 2
     method: str = "lynx"
+    shared: bool = True
+    """moe-tiny's shared expert; False: routed experts only (Qwen3-MoE's and Mixtral's layer)."""
+    pattern: tuple[int, ...] = ()
+    """Megatron's --moe-layer-freq as a list (1: MoE, 0: dense; DeepSeek's dense first layers); empty: all MoE."""
 
     @property
     def world(self) -> int:
@@ -45,7 +49,10 @@ class MoECase:
                             global_batch_size=self.micro_batch * self.dp * self.num_microbatches)
 
     def model(self) -> ModelSpec:
-        return replace(load_model("moe-tiny"), num_layers=self.num_layers)
+        m = replace(load_model("moe-tiny"), num_layers=self.num_layers)
+        if self.pattern:
+            m = replace(m, moe_layer_pattern=self.pattern)
+        return m if self.shared else replace(m, moe_shared_expert_intermediate_size=0)
 
     def problem(self, budget: float | None = None) -> PlanProblem:
         opts = PlanOptions() if budget is None else PlanOptions(budget_bytes=budget)
@@ -58,7 +65,7 @@ class MoECase:
         if self.method == "lynx":
             part = get_method("none").fn(prob).partition
             ctxs = prob.stage_contexts(part)
-            peaks = [max(stage_peak_bytes(prob.graph, pol.layers, c)
+            peaks = [max(stage_peak_bytes(prob.graphs_for(c), pol.layers, c)
                          for pol, c in zip(get_method(m).fn(prob).policies, ctxs, strict=True))
                      for m in ("none", "full")]
             prob = self.problem(sum(peaks) / 2)
@@ -121,7 +128,7 @@ def compare_moe(case: MoECase, group: Any) -> dict[str, Any]:
         "expected": {str(s): expected_windows((pols[s],), len([k for k in got.hosts if k[0] == s]), m)
                      for s in stages},
         "expert_grads": sorted(n for n in g if "experts_w" in n),
-        **(_memory(case, got, pols, prob, cfg) if case.pp == 1 else {}),
+        **(_memory(case, got, pols, prob, cfg) if case.pp == 1 and not prob.heterogeneous else {}),
     }
 
 

@@ -63,6 +63,28 @@ def test_ep2_bitwise_and_the_all_to_alls_host_the_mlp_windows(tmp_path: Path) ->
         assert r["peak"] >= 0.97 * r["predicted"], r
 
 
+def test_ep2_without_a_shared_expert_bitwise(tmp_path: Path) -> None:
+    """Routed experts only (Qwen3-MoE's and Mixtral's MoE layer, moe_shared_expert_intermediate_size 0): no shared
+    expert's parameters or ops; the same bitwise check and windows."""
+    out = _run(MoECase(tp=1, pp=1, dp=2, ep=2, shared=False), tmp_path)
+    for r in out:
+        assert not any("shared" in k for k in r["by_collective"]["0"]), r["by_collective"]
+        assert r["expert_grads"]
+        assert r["predicted_at_imbalance"] <= r["peak"] <= 1.03 * r["predicted_at_imbalance"], r  # as with one
+    assert _a2a_hosted(out) > 0
+
+
+def test_ep2_dense_first_layer_then_moe_bitwise(tmp_path: Path) -> None:
+    """A stack of a dense layer and MoE layers (DeepSeek's dense first layers: --moe-layer-freq [0,1,1]): the dense
+    layer is the planner's dense kind with the model's FFN, each layer under its kind's policy; bitwise, and the
+    windows host what the plan puts there, the dense layer's MLP collectives and the all-to-alls alike."""
+    out = _run(MoECase(tp=1, pp=1, dp=2, ep=2, num_layers=3, pattern=(0, 1, 1)), tmp_path)
+    for r in out:
+        assert not any(".0.experts" in n or "layers.0.router" in n for n in r["expert_grads"]), r["expert_grads"]
+        assert any(".1.experts" in n for n in r["expert_grads"]), r["expert_grads"]
+    assert _a2a_hosted(out) > 0
+
+
 @pytest.mark.slow
 def test_ep2_tp2_sequence_parallel_bitwise(tmp_path: Path) -> None:
     """Attention TP 2 with SP, experts EP 2 (ETP 1) folded into TP x DP = 4: EP groups {0, 1}, {2, 3}."""
@@ -124,7 +146,6 @@ def test_lynx_train_ep2_trains_as_the_single_process_run(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(("model", "layout", "what"), [
     ({"moe_token_dispatcher_type": "allgather"}, {}, "moe_token_dispatcher_type alltoall"),
-    ({"moe_shared_expert_intermediate_size": 0}, {}, "a shared expert"),
     ({}, {"tp": 2, "etp": 2}, "expert tensor parallelism 1"),
 ])
 def test_lynx_train_refuses_a_plan_it_cannot_run_in_one_line(tmp_path: Path, model: dict, layout: dict,

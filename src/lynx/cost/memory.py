@@ -269,7 +269,7 @@ def stage_floor_bytes(mems: list[LayerMemory], ctx: StageContext) -> float:
     return ctx.static_bytes + ctx.extra_transient_bytes + ctx.grad_workspace_bytes + held_bytes(mems, ctx)
 
 
-def predicted_activation_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...], extra_per_layer: list[float],
+def predicted_activation_bytes(graph: Graphs, layers: tuple[LayerPolicy, ...], extra_per_layer: list[float],
                                in_flight: int, fwd_windows: bool,
                                extra_per_op: dict[str, float] | None = None,
                                transient: bool = False) -> tuple[float, float]:
@@ -278,8 +278,8 @@ def predicted_activation_bytes(graph: LayerGraph, layers: tuple[LayerPolicy, ...
     adds bytes the runtime holds per layer for its kept ops beyond the graph (e.g. LayerNorm statistics),
     `extra_per_op` the same bytes per op for restored ones. By default the recompute engine's byte ledger
     (sampled after a restoration's frees); `transient=True`: the allocator's view, each restoration's output
-    beside its inputs (`lynx.cost.lifetime`)."""
-    mems = [layer_memory(graph, lp) for lp in layers]
+    beside its inputs (`lynx.cost.lifetime`). `graph`: one graph, or one per layer (a stack of several kinds)."""
+    mems = layer_memories(graph, layers)
     retained = sum(m.retained for m in mems) + sum(extra_per_layer)
     tr = backward_trace(graph, layers, fwd_windows, extra_per_op, transient)
     held_fwd = sum(tr.fwd_held) if fwd_windows else 0.0

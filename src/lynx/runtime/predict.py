@@ -10,7 +10,7 @@ import torch
 from lynx.cost.memory import layer_memory
 from lynx.cost.memory import predicted_activation_bytes as _predicted
 from lynx.decisions import RecomputePolicy
-from lynx.graph import LayerGraph
+from lynx.graph import Graphs, LayerGraph, per_layer
 from lynx.schedule import derive_facts, schedule_1f1b
 
 
@@ -46,17 +46,19 @@ def as_executed(policy: RecomputePolicy) -> RecomputePolicy:
     return replace(policy, layers=tuple(replace(lp, rerun=frozenset()) for lp in policy.layers))
 
 
-def predicted_activation_bytes(graph: LayerGraph, policy: RecomputePolicy, cfg: Any,
+def predicted_activation_bytes(graph: Graphs, policy: RecomputePolicy, cfg: Any,
                                in_flight: int = 1) -> tuple[float, float]:
     """The planner's view of what the engine measures, from `lynx.cost.memory` on `graph` (bytes in the
     runtime's dtype): (held after the forward passes in flight, peak held including what backward
     restores). In-flight count and forward windows are the schedule's facts for the first stage of an
-    `in_flight`-deep 1F1B pipeline. LayerNorm statistics are added as the runtime holds them."""
+    `in_flight`-deep 1F1B pipeline. LayerNorm statistics are added as the runtime holds them. `graph`: one graph,
+    or one per layer (a stack of several kinds)."""
     k = max(1, in_flight)
     policy = as_executed(policy)
     facts = derive_facts(schedule_1f1b(k, k)).of(0)
     ln = [float(layernorm_stats_bytes(cfg, lp.keep)) for lp in policy.layers]
-    per_op = {n: float(layernorm_stats_bytes(cfg, frozenset({n}))) for n in graph.names}
+    names = {n for g in per_layer(graph, len(policy.layers)) for n in g.names}
+    per_op = {n: float(layernorm_stats_bytes(cfg, frozenset({n}))) for n in names}
     after, peak = _predicted(graph, policy.layers, ln, facts.in_flight, facts.has_fwd_windows,
                              {n: b for n, b in per_op.items() if b})
     off = predicted_offloaded_bytes(graph, policy, cfg)
@@ -69,8 +71,10 @@ def predicted_activation_bytes(graph: LayerGraph, policy: RecomputePolicy, cfg: 
     return after - facts.in_flight * off, peak - (facts.in_flight - 1) * off
 
 
-def predicted_offloaded_bytes(graph: LayerGraph, policy: RecomputePolicy, cfg: Any) -> float:
+def predicted_offloaded_bytes(graph: Graphs, policy: RecomputePolicy, cfg: Any) -> float:
     """Bytes per micro-batch the planner's memory model says leave the device (`LayerMemory.offloaded`, what
     `lynx memory` shows), plus the LayerNorm statistics the runtime's offloaded norms save beside their output
     (as `layernorm_stats_bytes` adds them for kept norms)."""
-    return sum(layer_memory(graph, lp).offloaded + layernorm_stats_bytes(cfg, lp.offload) for lp in policy.layers)
+    graphs = per_layer(graph, len(policy.layers))
+    return sum(layer_memory(g, lp).offloaded + layernorm_stats_bytes(cfg, lp.offload)
+               for g, lp in zip(graphs, policy.layers, strict=True))

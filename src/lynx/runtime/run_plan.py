@@ -11,6 +11,7 @@ import torch
 
 from lynx.decisions import validate_layer_policy
 from lynx.errors import PlanFormatError
+from lynx.graph import LayerGraph
 from lynx.plan import Plan, load_plan, policies_per_virtual_stage
 from lynx.problem import PlanProblem
 from lynx.runtime.fsdp import FsdpRun, check_fsdp
@@ -55,10 +56,13 @@ def load_run(plan_path: str, dtype: torch.dtype, core_attn: bool) -> RunPlan:
         cfg = family.config(model, par, dtype, core_attn)
     except ValueError as e:
         raise PlanFormatError(f"{plan_path}: {e}") from None
-    names = family.op_names(cfg)
-    if names != problem.graph.names:
-        raise PlanFormatError(f"{plan_path}: the plan's layer ops ({', '.join(problem.graph.names)}) are not "
-                              f"this runtime layer's ({', '.join(names)}); check --core-attn")
+    kinds = problem.kind_graphs or (("", problem.graph),)
+    for kind, graph in kinds:
+        names = family.kind_op_names(cfg, kind) if kind and family.kind_op_names else family.op_names(cfg)
+        if names != graph.names:
+            what = f"{kind} layer ops" if kind else "layer ops"
+            raise PlanFormatError(f"{plan_path}: the plan's {what} ({', '.join(graph.names)}) are not this runtime "
+                                  f"layer's ({', '.join(names)}); check --core-attn")
     if model.vocab_size % par.tp:
         raise PlanFormatError(f"{plan_path}: vocab_size {model.vocab_size} is not divisible by tp {par.tp}: the "
                               f"runtime's embedding and LM head are vocabulary-parallel (pad the vocabulary to a "
@@ -72,9 +76,12 @@ def load_run(plan_path: str, dtype: torch.dtype, core_attn: bool) -> RunPlan:
                                 num_microbatches=par.num_microbatches, ep=par.ep)
     except LayoutError as e:
         raise PlanFormatError(f"{plan_path}: {e}") from None
-    for s, pol in enumerate(result.policies):
+    ctxs = problem.stage_contexts(result.partition)
+    for s, (pol, ctx) in enumerate(zip(result.policies, ctxs, strict=True)):
+        graphs = problem.graphs_for(ctx)  # one graph, or one per layer by its kind
         for i, lp in enumerate(pol.layers):
-            errs = validate_layer_policy(problem.graph, lp, has_fwd_windows=True)
+            errs = validate_layer_policy(graphs if isinstance(graphs, LayerGraph) else graphs[i], lp,
+                                         has_fwd_windows=True)
             if errs:
                 raise PlanFormatError(f"{plan_path}: stage {s} layer {i}: " + "; ".join(errs))
     pred = Plan.evaluate(problem, result, record=False).prediction

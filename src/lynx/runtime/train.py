@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from lynx.errors import LynxError
+from lynx.graph import Graphs, LayerGraph
 from lynx.runtime import report as rep
 from lynx.runtime.config import NO_PROBES, TrainConfig, TrainProbes, parse
 from lynx.runtime.launch import (
@@ -156,13 +157,21 @@ def _master_dtypes(runner: PipelineRunner, opt: torch.optim.Optimizer) -> dict[s
 
 
 def _predicted(rp: RunPlan, runner: PipelineRunner, dtype: torch.dtype) -> dict[int, rep.StagePrediction]:
-    g = rp.problem.graph
-    g = runtime_graph(g, dtype) if g.meta.source == "analytic" else g
+    scaled: dict[int, LayerGraph] = {}
+
+    def rt(g: LayerGraph) -> LayerGraph:
+        if id(g) not in scaled:
+            scaled[id(g)] = runtime_graph(g, dtype) if g.meta.source == "analytic" else g
+        return scaled[id(g)]
+
     out = {}
     for s, mod in runner.modules.items():
         pol = mod.spec.policy
         if pol is None:
             continue
+        # the stage's layers' graphs: one, or one per layer by its kind (a stack of dense and MoE layers)
+        gs = rp.problem.range_graphs(mod.spec.first_layer, mod.spec.num_layers)
+        g: Graphs = rt(gs) if isinstance(gs, LayerGraph) else tuple(rt(x) for x in gs)
         k = runner.in_flight.get(s, 1)
         after, peak = predicted_activation_bytes(g, pol, rp.cfg, in_flight=k)
         out[s] = rep.StagePrediction(after, peak, k, predicted_offloaded_bytes(g, pol, rp.cfg))

@@ -30,6 +30,9 @@ class RuntimeFamily:
     """The embedding and the final norm + LM head (`lynx.runtime.layers.ends`)."""
     experts: bool = False
     """Its layers take the expert-parallel group (`layer(..., ep_group=)`, `model(..., ep_group=)`)."""
+    kind_op_names: Callable[[Any, str], tuple[str, ...]] | None = None
+    """(cfg, layer kind) -> the op names of that kind's runtime layer, for a stack of several kinds (`lynx.stack`);
+    None: one kind (`op_names`)."""
 
 
 def runtime_for(model: ModelSpec) -> RuntimeFamily:

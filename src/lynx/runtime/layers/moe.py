@@ -3,7 +3,8 @@ an MoE MLP built from `lynx.families.moe`'s op vocabulary, executable op by op s
 restores and hosts restorations in its collectives, the token all-to-alls included (docs/decisions/0224).
 
 - ``shared_fc1`` / ``shared_act`` / ``shared_fc2`` (+ ``shared_allreduce`` or, with SP, ``shared_allgather`` /
-  ``shared_reducescatter``): the shared expert, a SwiGLU MLP on the TP group (Megatron's SharedExpertMLP).
+  ``shared_reducescatter``): the shared expert, a SwiGLU MLP on the TP group (Megatron's SharedExpertMLP); a model
+  without one (Qwen3-MoE, Mixtral: ``MoEConfig.shared`` False) has none of these ops.
 - ``router``: the replicated [h, E] linear; ``router_topk``: top-k logits, softmax over them (Megatron's default,
   moe_router_pre_softmax off); its output [tok, 2k] holds the k probabilities and the k expert ids (exact as
   floats), so what later ops read is one tensor the engine can drop and restore.
@@ -11,6 +12,10 @@ restores and hosts restorations in its collectives, the token all-to-alls includ
   copies sent to the rank of their expert over the EP group, regrouped by local expert; ``experts_fc1`` /
   ``experts_act`` / ``experts_fc2``: the rank's E / EP experts (SwiGLU), one GEMM per expert; ``combine_a2a``:
   the outputs back; ``unpermute``: weighted by the router's probabilities and summed per token.
+
+A stack of dense and MoE layers (DeepSeek's dense first layers, ``moe_layer_freq`` / ``moe_layer_pattern``): a dense
+layer is `LlamaLayer` with the model's dense FFN width, whose ops are the planner's ``dense`` kind of the mcore
+family (`stack_layer` picks by the layer's index, `MoEConfig.kinds`).
 
 Expert parallelism folds into the stage's TP x DP ranks as Megatron-Core does (ETP innermost, then EP, then
 expert-DP); the experts run without TP (ETP 1). No auxiliary load-balancing loss (it changes neither time nor
@@ -34,12 +39,28 @@ from lynx.spec import ModelSpec, ParallelSpec
 
 @dataclass(frozen=True)
 class MoEConfig(LlamaConfig):
-    """`LlamaConfig` with experts; ffn_hidden_size is the shared expert's width."""
+    """`LlamaConfig` with experts; ffn_hidden_size is the shared expert's width (with `shared`)."""
 
     num_experts: int = 4
     topk: int = 2
     expert_ffn: int = 64
     ep: int = 1
+    shared: bool = True
+    """A shared expert beside the routed ones (DeepSeek, Qwen2-MoE); False: routed experts only (Qwen3, Mixtral)."""
+    kinds: tuple[str, ...] = ()
+    """Per global layer, "moe" or "dense" (`lynx.stack.layer_kinds`); empty: every layer MoE."""
+    dense_ffn: int = 0
+    """The dense layers' FFN width (the model's ffn_hidden_size)."""
+
+    def is_dense(self, layer_index: int) -> bool:
+        return bool(self.kinds) and self.kinds[layer_index] == "dense"
+
+    def dense_config(self) -> LlamaConfig:
+        """A dense layer's config: the attention's, with the dense FFN width."""
+        from dataclasses import fields
+
+        base = {f.name: getattr(self, f.name) for f in fields(LlamaConfig)}
+        return LlamaConfig(**{**base, "ffn_hidden_size": self.dense_ffn})
 
     family: ClassVar[str] = "mcore"
 
@@ -47,7 +68,7 @@ class MoEConfig(LlamaConfig):
         """The planner's view: the LLaMA layer's attention, the MoE MLP (family mcore, the alltoall dispatcher)."""
         return replace(super().model_spec(num_layers, vocab, name), family="mcore", num_moe_experts=self.num_experts,
                        moe_router_topk=self.topk, moe_ffn_hidden_size=self.expert_ffn,
-                       moe_shared_expert_intermediate_size=self.ffn_hidden_size,
+                       moe_shared_expert_intermediate_size=self.ffn_hidden_size if self.shared else 0,
                        moe_token_dispatcher_type="alltoall", moe_grouped_gemm=True)
 
     def parallel(self) -> ParallelSpec:
@@ -87,8 +108,11 @@ class MoELayer(LlamaLayer):
     def build_mlp(self, base: int, out_std: float, kw: dict[str, Any]) -> tuple[torch.nn.Module, ...]:
         cfg = self.moe
         h, fs, f, e = cfg.hidden_size, cfg.ffn_hidden_size, cfg.expert_ffn, cfg.num_experts
-        self.shared_up = tp.ColumnParallelLinear(h, 2 * fs, self.group, seed=base + 3, stride=2, **kw)
-        self.shared_down = tp.RowParallelLinear(fs, h, self.group, seed=base + 4, std=out_std, **kw)
+        shared: tuple[torch.nn.Module, ...] = ()
+        if cfg.shared:
+            self.shared_up = tp.ColumnParallelLinear(h, 2 * fs, self.group, seed=base + 3, stride=2, **kw)
+            self.shared_down = tp.RowParallelLinear(fs, h, self.group, seed=base + 4, std=out_std, **kw)
+            shared = (self.shared_up, self.shared_down)
         gen = torch.Generator().manual_seed(base + 5)
         self.router = torch.nn.Parameter(torch.empty(h, e).normal_(0, 0.02, generator=gen).to(**kw))
         # every expert drawn in order from one generator, this rank keeping its E / EP: the same weights at any EP
@@ -102,7 +126,7 @@ class MoELayer(LlamaLayer):
             p.expert_parallel = True  # type: ignore[attr-defined]  # reduced over expert-DP, not DP
         if cfg.sequence_parallel:  # the router reads this rank's tokens only: its gradient is partial per TP rank
             self.router.sequence_parallel = True  # type: ignore[attr-defined]
-        return self.shared_up, self.shared_down
+        return shared
 
     # -- MoE ops -------------------------------------------------------------------------------------
     @property
@@ -138,10 +162,14 @@ class MoELayer(LlamaLayer):
         ins = self.op_inputs[name]
         x0 = ins[0]
         shared_comm = "shared_allreduce"
-        fns: dict[str, OpFn] = {
-            "shared_fc1": lambda e, m: self._column(self.shared_up, e[x0], shared_comm, m),
-            "shared_act": lambda e, m: tp.apply_fn(_SwiGLU, e[x0]),
-            "shared_fc2": lambda e, m: tp.call(self.shared_down, e[x0]),
+        fns: dict[str, OpFn] = {}
+        if self.moe.shared:
+            fns.update({
+                "shared_fc1": lambda e, m: self._column(self.shared_up, e[x0], shared_comm, m),
+                "shared_act": lambda e, m: tp.apply_fn(_SwiGLU, e[x0]),
+                "shared_fc2": lambda e, m: tp.call(self.shared_down, e[x0]),
+            })
+        fns |= {
             "router": lambda e, m: e[x0].reshape(-1, e[x0].shape[-1]) @ self.router,
             "router_topk": lambda e, m: self._router_topk(e[x0]),
             "permute": lambda e, m: self._permute(e[x0], e["router_topk"], m),
@@ -163,6 +191,15 @@ class MoELayer(LlamaLayer):
         return torch.Size((s, c.micro_batch_size, c.hidden_size))
 
 
+def stack_layer(cfg: MoEConfig, group: Group = None, layer_index: int = 0, device: Any = None, seed: int = 1234,
+                ep_group: Group = None) -> LlamaLayer:
+    """The layer at `layer_index` of the model's stack: a dense `LlamaLayer` where `cfg.kinds` says dense, else an
+    `MoELayer` (the family's `RuntimeFamily.layer`)."""
+    if cfg.is_dense(layer_index):
+        return LlamaLayer(cfg.dense_config(), group, layer_index=layer_index, device=device, seed=seed)
+    return MoELayer(cfg, group, layer_index=layer_index, device=device, seed=seed, ep_group=ep_group)
+
+
 class MoEModel(LlamaModel):
     """Embedding, a stack of `MoELayer`s, final RMSNorm, untied LM head, loss (`LlamaModel`'s forward)."""
 
@@ -173,7 +210,7 @@ class MoEModel(LlamaModel):
         self.cfg, self.group, self.seed = cfg, group, seed
         LLAMA_ENDS.build(self, cfg, vocab_size, seed, True, True, device)
         self.layers = torch.nn.ModuleList(
-            MoELayer(cfg, group, layer_index=i, device=device, seed=seed, ep_group=ep_group)
+            stack_layer(cfg, group, layer_index=i, device=device, seed=seed, ep_group=ep_group)
             for i in range(num_layers))
 
 
@@ -181,12 +218,13 @@ def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: 
     from lynx.stack import layer_kinds
 
     problems = []
-    if not model.is_moe or any(k != "moe" for k in layer_kinds(model)):
-        problems.append("every layer an MoE layer (num_moe_experts > 0, moe_layer_freq 1)")
+    kinds = layer_kinds(model)
+    if not model.is_moe or any(k not in ("moe", "dense") for k in kinds):
+        problems.append("an MoE model (num_moe_experts > 0)")
+    if model.mtp_num_layers:
+        problems.append("no multi-token prediction layers (mtp_num_layers 0)")
     if model.moe_token_dispatcher_type != "alltoall":
         problems.append("moe_token_dispatcher_type alltoall")
-    if model.moe_shared_expert_intermediate_size == 0:
-        problems.append("a shared expert (moe_shared_expert_intermediate_size > 0)")
     if model.moe_expert_capacity_factor is not None:
         problems.append("dropless routing (no moe_expert_capacity_factor)")
     if (model.activation, model.normalization, model.position_embedding, model.attention, model.bias) != (
@@ -202,13 +240,20 @@ def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: 
         problems.append(f"EP dividing the experts (EP {par.ep}, {model.num_moe_experts} experts)")
     if problems:
         raise ValueError("lynx train builds the mcore family's MoE layer only, which needs " + "; ".join(problems))
+    shared = model.moe_shared_expert_intermediate_size > 0
     return MoEConfig(hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
-                     ffn_hidden_size=model.moe_shared_expert_intermediate_size, seq_length=par.seq_length,
+                     ffn_hidden_size=model.moe_shared_expert_intermediate_size if shared else model.ffn_hidden_size,
+                     shared=shared, kinds=() if all(k == "moe" for k in kinds) else tuple(kinds),
+                     dense_ffn=model.ffn_hidden_size, seq_length=par.seq_length,
                      micro_batch_size=par.micro_batch_size, num_query_groups=model.num_query_groups,
                      tp=par.tp, sequence_parallel=par.sequence_parallel, dtype=dtype, num_layers=model.num_layers,
                      num_experts=model.num_moe_experts, topk=model.moe_router_topk, expert_ffn=model.expert_ffn,
                      ep=par.ep)
 
 
-RUNTIME = RuntimeFamily(config=_config, layer=MoELayer, model=MoEModel, op_names=lambda cfg: _names(cfg)[0],
-                        ends=LLAMA_ENDS, experts=True)
+def _kind_names(cfg: MoEConfig, kind: str) -> tuple[str, ...]:
+    return LlamaLayer.layer_names(cfg.dense_config())[0] if kind == "dense" else _names(cfg)[0]
+
+
+RUNTIME = RuntimeFamily(config=_config, layer=stack_layer, model=MoEModel, op_names=lambda cfg: _names(cfg)[0],
+                        ends=LLAMA_ENDS, experts=True, kind_op_names=_kind_names)
