@@ -37,6 +37,8 @@ class MoECase:
     shared: bool = True
     """moe-tiny's shared expert; False: routed experts only (Qwen3-MoE's and Mixtral's layer)."""
     pattern: tuple[int, ...] = ()
+    qk_layernorm: bool = False
+    """Megatron's --qk-layernorm (Qwen3)."""
     """Megatron's --moe-layer-freq as a list (1: MoE, 0: dense; DeepSeek's dense first layers); empty: all MoE."""
 
     @property
@@ -52,6 +54,8 @@ class MoECase:
         m = replace(load_model("moe-tiny"), num_layers=self.num_layers)
         if self.pattern:
             m = replace(m, moe_layer_pattern=self.pattern)
+        if self.qk_layernorm:
+            m = replace(m, qk_layernorm=True)
         return m if self.shared else replace(m, moe_shared_expert_intermediate_size=0)
 
     def problem(self, budget: float | None = None) -> PlanProblem:
@@ -128,6 +132,7 @@ def compare_moe(case: MoECase, group: Any) -> dict[str, Any]:
         "expected": {str(s): expected_windows((pols[s],), len([k for k in got.hosts if k[0] == s]), m)
                      for s in stages},
         "expert_grads": sorted(n for n in g if "experts_w" in n),
+        "qk_norm_grads": {n: g[n].tolist() for n in sorted(g) if n.endswith(("q_norm", "k_norm"))},
         **(_memory(case, got, pols, prob, cfg) if case.pp == 1 and not prob.heterogeneous else {}),
     }
 

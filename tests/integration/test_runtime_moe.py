@@ -74,6 +74,33 @@ def test_ep2_without_a_shared_expert_bitwise(tmp_path: Path) -> None:
     assert _a2a_hosted(out) > 0
 
 
+def test_ep2_qwen3_layer_bitwise(tmp_path: Path) -> None:
+    """Qwen3-MoE's layer: q/k RMSNorm per head before RoPE (--qk-layernorm), routed experts only."""
+    out = _run(MoECase(tp=1, pp=1, dp=2, ep=2, shared=False, qk_layernorm=True), tmp_path)
+    for r in out:
+        assert r["predicted_at_imbalance"] <= r["peak"] <= 1.03 * r["predicted_at_imbalance"], r
+    assert _a2a_hosted(out) > 0
+
+
+@pytest.mark.slow
+def test_ep2_tp2_sp_qwen3_layer_with_a_dense_layer_bitwise(tmp_path: Path) -> None:
+    """The q/k norms at TP 2 with SP in a stack whose first layer is dense (the mcore dense kind, q/k norms
+    included). Their weights are replicated and each TP rank's heads give a partial gradient: summed over TP, every
+    rank holds the gradient the same batch gives at TP 1 (up to the summation order)."""
+    case = MoECase(tp=2, pp=1, dp=2, ep=2, num_layers=3, pattern=(0, 1, 1), shared=False, qk_layernorm=True)
+    (tmp_path / "tp2").mkdir()
+    (tmp_path / "tp1").mkdir()
+    out = _run(case, tmp_path / "tp2")
+    assert _a2a_hosted(out) > 0
+    one = _run(replace(case, tp=1), tmp_path / "tp1")[0]["qk_norm_grads"]
+    assert len(one) == 6  # q and k norms of 3 layers
+    for r in out:
+        for name, want in one.items():
+            got = r["qk_norm_grads"][name]
+            close = all(abs(a - b) <= 1e-4 * max(abs(b), 1e-3) for a, b in zip(got, want, strict=True))
+            assert close, (name, r["rank"], got, want)
+
+
 def test_ep2_dense_first_layer_then_moe_bitwise(tmp_path: Path) -> None:
     """A stack of a dense layer and MoE layers (DeepSeek's dense first layers: --moe-layer-freq [0,1,1]): the dense
     layer is the planner's dense kind with the model's FFN, each layer under its kind's policy; bitwise, and the
@@ -142,6 +169,27 @@ def test_lynx_train_ep2_trains_as_the_single_process_run(tmp_path: Path) -> None
     one, ep2 = losses
     assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(ep2, one, strict=True)), (ep2, one)
     assert one[-1] < one[0]
+
+
+@pytest.mark.slow
+def test_lynx_train_qwen3_layer_at_tp2_trains_as_one_process(tmp_path: Path) -> None:
+    """Qwen3's layer (q/k norms, routed experts only) planned and trained through `lynx plan` / `lynx train` at TP 2
+    x EP 2 with SP: 3 iterations with their optimizer steps give the single-process run's losses within 1e-5
+    relative (too few steps to see the q/k norms' TP gradient sum: test_ep2_tp2_sp_qwen3_layer_with_a_dense_layer_
+    bitwise checks that one)."""
+    model = _model_file(tmp_path, moe_shared_expert_intermediate_size=0, qk_layernorm=True)
+    losses = []
+    for name, extra in (("one", ["--tp", "1", "--ep", "1"]), ("tp2", ["--tp", "2", "--ep", "2", "--etp", "1", "--sp"])):
+        plan, out = tmp_path / f"{name}.json", tmp_path / f"{name}.out.json"
+        r = _lynx(["plan", "--model", str(model), "--hardware", "a100-40g-nvlink", "--pp", "1", "--dp", "1", *extra,
+                   "--micro-batch", "2", "--global-batch", "8", "--seq-len", "32", "--out", str(plan)])
+        assert r.returncode == 0, r.stderr
+        r = _lynx(["train", "--plan", str(plan), "--iters", "3", "--warmup", "0", "--threads", "1", "--quiet",
+                   "--out", str(out)])
+        assert r.returncode == 0, r.stderr[-2000:]
+        losses.append([it["loss"] for it in json.loads(out.read_text())["iterations"]])
+    one, tp2 = losses
+    assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(tp2, one, strict=True)), (tp2, one)
 
 
 @pytest.mark.parametrize(("model", "layout", "what"), [

@@ -27,10 +27,15 @@ def runtime_graph(graph: LayerGraph, dtype: torch.dtype) -> LayerGraph:
 def layernorm_stats_bytes(cfg: Any, keep: frozenset[str]) -> int:
     """Mean and 1/std per token that a kept LayerNorm's backward also reads (fp32), which the graph folds
     into the op as negligible: 2 x 4 bytes per token per kept LayerNorm (a config may name its own norm ops
-    and bytes per token: RMSNorm keeps 4)."""
+    and bytes per token: RMSNorm keeps 4). A kept ``qk_layernorm`` (q/k RMSNorm per head, after the QKV GEMM: every
+    token of the rank's heads, SP or not) keeps 4 bytes per token and local head."""
     tok = cfg.seq_length * cfg.micro_batch_size // (cfg.tp if cfg.sequence_parallel else 1)
     per = getattr(cfg, "norm_stats_bytes", 2 * 4)
-    return sum(per * tok for n in getattr(cfg, "norm_ops", ("ln1", "ln2")) if n in keep)
+    out = sum(per * tok for n in getattr(cfg, "norm_ops", ("ln1", "ln2")) if n in keep)
+    if "qk_layernorm" in keep and getattr(cfg, "qk_layernorm", False):
+        heads = (cfg.num_attention_heads + cfg.groups) // cfg.tp
+        out += 4 * cfg.seq_length * cfg.micro_batch_size * heads
+    return int(out)
 
 
 def as_executed(policy: RecomputePolicy) -> RecomputePolicy:

@@ -50,6 +50,9 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     dropout_p: float = 0.0
     """Must be 0 (kept for the runtime's shared interface)."""
+    qk_layernorm: bool = False
+    """RMSNorm over every query and key head before RoPE (Megatron's --qk-layernorm, Qwen3): the op
+    ``qk_layernorm`` of the mcore family (the llama family has no such op)."""
 
     family: ClassVar[str] = "llama"
     norm_ops: ClassVar[tuple[str, ...]] = ("rmsnorm1", "rmsnorm2")
@@ -67,7 +70,7 @@ class LlamaConfig:
                          ffn_hidden_size=self.ffn_hidden_size, vocab_size=vocab,
                          max_position_embeddings=max(self.seq_length, 8), family="llama", activation="swiglu",
                          normalization="rmsnorm", position_embedding="rope", tie_embeddings=False,
-                         attention="flash", dropout=False, bias="none")
+                         attention="flash", dropout=False, bias="none", qk_layernorm=self.qk_layernorm)
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
@@ -190,6 +193,11 @@ class LlamaLayer(OpLayer):
             self.norm1.sequence_parallel = True  # type: ignore[attr-defined]
             self.norm2.sequence_parallel = True  # type: ignore[attr-defined]
         d = self.head_dim
+        if cfg.qk_layernorm:  # per-head norms, replicated; each TP rank's heads give a partial gradient
+            self.q_norm = torch.nn.Parameter(torch.ones(d, **kw))
+            self.k_norm = torch.nn.Parameter(torch.ones(d, **kw))
+            self.q_norm.tp_partial = True  # type: ignore[attr-defined]
+            self.k_norm.tp_partial = True  # type: ignore[attr-defined]
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
         ang = torch.outer(torch.arange(cfg.seq_length, dtype=torch.float64), inv)
         ang = torch.cat([ang, ang], -1)[:, None, None, :]  # [s, 1, 1, d]
@@ -220,6 +228,23 @@ class LlamaLayer(OpLayer):
         per = self.heads_local // self.groups_local + 2
         return tp.apply_fn(_Rope, qkv, self.cos[:s], self.sin[:s], (s, b, self.groups_local, per, self.head_dim))
 
+    def _qk_norm(self, qkv: torch.Tensor) -> torch.Tensor:
+        """The ``qk_layernorm`` op: RMSNorm over each query and key head, into RoPE's layout [s, b, a_l + g_l, d].
+        The norms read views of the QKV output (what they save is its storage, kept for the op anyway)."""
+        s, b = qkv.shape[0], qkv.shape[1]
+        g_l, d = self.groups_local, self.head_dim
+        per = self.heads_local // g_l + 2
+        x = qkv.view(s, b, g_l, per, d)
+        eps = self.cfg.norm_eps
+        q = tp.apply_fn(_RMSNorm, x[:, :, :, : per - 2], self.q_norm, eps)  # [s, b, g_l, per - 2, d]
+        k = tp.apply_fn(_RMSNorm, x[:, :, :, per - 2], self.k_norm, eps)    # [s, b, g_l, d]
+        return torch.cat([q.reshape(s, b, g_l * (per - 2), d), k], 2)
+
+    def _rope_split(self, qk: torch.Tensor) -> torch.Tensor:
+        """RoPE on [s, b, a_l + g_l, d] (after ``qk_layernorm``); the angles are buffers: nothing saved."""
+        s = qk.shape[0]
+        return qk * self.cos[:s] + _rotate_half(qk) * self.sin[:s]
+
     def _core(self, rope: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         s, b = rope.shape[0], rope.shape[1]
         a_l, g_l, d = self.heads_local, self.groups_local, self.head_dim
@@ -239,7 +264,8 @@ class LlamaLayer(OpLayer):
             "rmsnorm2": lambda e, m: tp.apply_fn(_RMSNorm, e[x0], self.norm2, eps),
             "qkv": lambda e, m: self._column(self.qkv, e[x0], "attn_allreduce", m),
             "gate_up": lambda e, m: self._column(self.gate_up, e[x0], "mlp_allreduce", m),
-            "rope": lambda e, m: self._rope(e[x0]),
+            "rope": (lambda e, m: self._rope(e[x0])) if x0 == "qkv" else (lambda e, m: self._rope_split(e[x0])),
+            "qk_layernorm": lambda e, m: self._qk_norm(e[x0]),
             "core_attn": lambda e, m: self._core(e[x0], e["qkv"]),
             "attn_proj": lambda e, m: tp.call(self.proj, e[x0]),
             "swiglu": lambda e, m: tp.apply_fn(_SwiGLU, e[x0]),

@@ -14,8 +14,9 @@ restores and hosts restorations in its collectives, the token all-to-alls includ
   the outputs back; ``unpermute``: weighted by the router's probabilities and summed per token.
 
 A stack of dense and MoE layers (DeepSeek's dense first layers, ``moe_layer_freq`` / ``moe_layer_pattern``): a dense
-layer is `LlamaLayer` with the model's dense FFN width, whose ops are the planner's ``dense`` kind of the mcore
-family (`stack_layer` picks by the layer's index, `MoEConfig.kinds`).
+layer is `DenseLayer`, the LLaMA layer with the model's dense FFN width and the ops of the planner's ``dense`` kind
+of the mcore family (`stack_layer` picks by the layer's index, `MoEConfig.kinds`). ``qk_layernorm`` (Qwen3): an
+RMSNorm over every query and key head before RoPE, in both kinds (`LlamaLayer`).
 
 Expert parallelism folds into the stage's TP x DP ranks as Megatron-Core does (ETP innermost, then EP, then
 expert-DP); the experts run without TP (ETP 1). No auxiliary load-balancing loss (it changes neither time nor
@@ -55,12 +56,9 @@ class MoEConfig(LlamaConfig):
     def is_dense(self, layer_index: int) -> bool:
         return bool(self.kinds) and self.kinds[layer_index] == "dense"
 
-    def dense_config(self) -> LlamaConfig:
-        """A dense layer's config: the attention's, with the dense FFN width."""
-        from dataclasses import fields
-
-        base = {f.name: getattr(self, f.name) for f in fields(LlamaConfig)}
-        return LlamaConfig(**{**base, "ffn_hidden_size": self.dense_ffn})
+    def dense_config(self) -> MoEConfig:
+        """A dense layer's config: the attention's, with the dense FFN width (`DenseLayer`)."""
+        return replace(self, ffn_hidden_size=self.dense_ffn, shared=False, kinds=())
 
     family: ClassVar[str] = "mcore"
 
@@ -78,10 +76,10 @@ class MoEConfig(LlamaConfig):
                             dp=dp, ep=self.ep, etp=1)
 
 
-def _names(cfg: MoEConfig) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]], dict[str, str]]:
+def _names(cfg: MoEConfig, kind: str = "moe") -> tuple[tuple[str, ...], dict[str, tuple[str, ...]], dict[str, str]]:
     from lynx.families.mcore import kind_layer
 
-    ops = kind_layer(cfg.model_spec(1, 8), cfg.parallel(), "moe").ops
+    ops = kind_layer(cfg.model_spec(1, 8), cfg.parallel(), kind).ops  # type: ignore[arg-type]
     return tuple(o.name for o in ops), {o.name: o.inputs for o in ops}, {o.name: o.block for o in ops}
 
 
@@ -191,12 +189,22 @@ class MoELayer(LlamaLayer):
         return torch.Size((s, c.micro_batch_size, c.hidden_size))
 
 
+class DenseLayer(LlamaLayer):
+    """A dense layer of an mcore stack: the LLaMA layer (SwiGLU MLP of the dense width) with the ops of the mcore
+    family's dense kind (its q/k norms included)."""
+
+    @staticmethod
+    def layer_names(cfg: LlamaConfig) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]], dict[str, str]]:
+        assert isinstance(cfg, MoEConfig)
+        return _names(cfg, "dense")
+
+
 def stack_layer(cfg: MoEConfig, group: Group = None, layer_index: int = 0, device: Any = None, seed: int = 1234,
                 ep_group: Group = None) -> LlamaLayer:
-    """The layer at `layer_index` of the model's stack: a dense `LlamaLayer` where `cfg.kinds` says dense, else an
+    """The layer at `layer_index` of the model's stack: a `DenseLayer` where `cfg.kinds` says dense, else an
     `MoELayer` (the family's `RuntimeFamily.layer`)."""
     if cfg.is_dense(layer_index):
-        return LlamaLayer(cfg.dense_config(), group, layer_index=layer_index, device=device, seed=seed)
+        return DenseLayer(cfg.dense_config(), group, layer_index=layer_index, device=device, seed=seed)
     return MoELayer(cfg, group, layer_index=layer_index, device=device, seed=seed, ep_group=ep_group)
 
 
@@ -228,8 +236,8 @@ def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: 
     if model.moe_expert_capacity_factor is not None:
         problems.append("dropless routing (no moe_expert_capacity_factor)")
     if (model.activation, model.normalization, model.position_embedding, model.attention, model.bias) != (
-            "swiglu", "rmsnorm", "rope", "flash", "none") or model.multi_latent_attention or model.qk_layernorm:
-        problems.append("swiglu, rmsnorm, rope, flash attention, no biases, no MLA or qk_layernorm")
+            "swiglu", "rmsnorm", "rope", "flash", "none") or model.multi_latent_attention:
+        problems.append("swiglu, rmsnorm, rope, flash attention, no biases, no multi-latent attention")
     if model.dropout and (model.hidden_dropout or model.attention_dropout):
         problems.append("no dropout")
     if par.expert_tp != 1:
@@ -244,7 +252,7 @@ def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: 
     return MoEConfig(hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
                      ffn_hidden_size=model.moe_shared_expert_intermediate_size if shared else model.ffn_hidden_size,
                      shared=shared, kinds=() if all(k == "moe" for k in kinds) else tuple(kinds),
-                     dense_ffn=model.ffn_hidden_size, seq_length=par.seq_length,
+                     dense_ffn=model.ffn_hidden_size, qk_layernorm=model.qk_layernorm, seq_length=par.seq_length,
                      micro_batch_size=par.micro_batch_size, num_query_groups=model.num_query_groups,
                      tp=par.tp, sequence_parallel=par.sequence_parallel, dtype=dtype, num_layers=model.num_layers,
                      num_experts=model.num_moe_experts, topk=model.moe_router_topk, expert_ffn=model.expert_ffn,
@@ -252,7 +260,7 @@ def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: 
 
 
 def _kind_names(cfg: MoEConfig, kind: str) -> tuple[str, ...]:
-    return LlamaLayer.layer_names(cfg.dense_config())[0] if kind == "dense" else _names(cfg)[0]
+    return _names(cfg.dense_config(), "dense")[0] if kind == "dense" else _names(cfg)[0]
 
 
 RUNTIME = RuntimeFamily(config=_config, layer=stack_layer, model=MoEModel, op_names=lambda cfg: _names(cfg)[0],

@@ -285,9 +285,11 @@ def scaled_init_std(std: float, num_layers: int) -> float:
 
 
 def allreduce_sp_grads(module: torch.nn.Module, sequence_parallel: bool, group: Group) -> None:
-    """Sum the partial norm-weight gradients of the sequence-parallel region over the TP group."""
-    if not sequence_parallel or world(group) == 1:
+    """Sum the partial norm-weight gradients of the sequence-parallel region over the TP group, and of the weights
+    replicated over TP whose gradient is partial per rank whatever SP (`tp_partial`: the q/k norms)."""
+    if world(group) == 1:
         return
     for p in module.parameters():
-        if getattr(p, "sequence_parallel", False) and p.grad is not None:
+        partial = (sequence_parallel and getattr(p, "sequence_parallel", False)) or getattr(p, "tp_partial", False)
+        if partial and p.grad is not None:
             dist.all_reduce(p.grad, group=group)

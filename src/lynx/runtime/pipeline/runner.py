@@ -323,9 +323,10 @@ class PipelineRunner:
         params = [p for m in self.modules.values() for p in m.parameters() if p.grad is not None]
         experts = [p for p in params if getattr(p, "expert_parallel", False)]
         params = [p for p in params if not getattr(p, "expert_parallel", False)]
-        if g.tp is not None and self.cfg.sequence_parallel:
+        if g.tp is not None:  # replicated weights with a partial gradient per TP rank: SP norms, q/k norms
+            sp = bool(self.cfg.sequence_parallel)
             for p in params:
-                if getattr(p, "sequence_parallel", False):
+                if (sp and getattr(p, "sequence_parallel", False)) or getattr(p, "tp_partial", False):
                     dist.all_reduce(p.grad, group=g.tp)
         if g.embedding is not None:
             for m in self.modules.values():  # a tied embedding / head: both ends' parts summed
