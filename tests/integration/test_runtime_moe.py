@@ -171,6 +171,19 @@ def test_lynx_train_ep2_trains_as_the_single_process_run(tmp_path: Path) -> None
     assert one[-1] < one[0]
 
 
+@pytest.mark.parametrize(("balancing", "noted"), [("aux_loss", True), ("none", False)])
+def test_lynx_train_says_the_router_trains_without_the_auxiliary_loss(tmp_path: Path, balancing: str,
+                                                                    noted: bool) -> None:
+    """The runtime's MoE router has no load-balancing loss: a plan whose model has one is run with a note saying so
+    (report["notes"], printed), never silently."""
+    from lynx.runtime.report import run_notes
+    from lynx.runtime.run_plan import load_run
+
+    plan = _plan(tmp_path, "p", 2, 2, moe_router_load_balancing_type=balancing)
+    notes = run_notes(load_run(str(plan), torch.float32, False))
+    assert any("auxiliary load-balancing loss" in n for n in notes) == noted, notes
+
+
 @pytest.mark.slow
 def test_lynx_train_qwen3_layer_at_tp2_trains_as_one_process(tmp_path: Path) -> None:
     """Qwen3's layer (q/k norms, routed experts only) planned and trained through `lynx plan` / `lynx train` at TP 2

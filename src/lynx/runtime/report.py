@@ -125,6 +125,18 @@ def _stages(ranks: list[RankRecord], timed: int, microbatches: int) -> dict[str,
     return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 
+def run_notes(rp: RunPlan) -> list[str]:
+    """What this run trains differently from the plan's model, where it changes neither the time nor the memory
+    the plan prices (said on every run, never silently)."""
+    m = rp.problem.model
+    notes = []
+    if m.is_moe and m.moe_router_load_balancing_type != "none":
+        notes.append(f"the plan's model has moe_router_load_balancing_type {m.moe_router_load_balancing_type}; the "
+                     "runtime's router trains on the LM loss alone (no auxiliary load-balancing loss: it changes "
+                     "neither the time nor the memory the plan prices)")
+    return notes
+
+
 def build(args: TrainConfig, rp: RunPlan, ranks: list[RankRecord], backend: str,
           host_staged: bool) -> dict[str, Any]:
     L = rp.layout
@@ -144,7 +156,7 @@ def build(args: TrainConfig, rp: RunPlan, ranks: list[RankRecord], backend: str,
         "p2p": "host memory" if host_staged else "direct",
         "config": {k: (str(v) if k == "dtype" else v) for k, v in asdict(rp.cfg).items()},
         "iterations": iters, "median_time_s": sorted(r["time_s"] for r in timed)[len(timed) // 2],
-        "predicted_iteration_time_s": rp.predicted_time_s, "stages": stages,
+        "predicted_iteration_time_s": rp.predicted_time_s, "stages": stages, "notes": run_notes(rp),
         "measured_act_after_fwd_bytes": first.get("measured_act_after_fwd_bytes", 0),
         "predicted_act_after_fwd_bytes": first.get("predicted_act_after_fwd_bytes", 0.0),
         "measured_act_peak_bytes": first.get("measured_act_peak_bytes", 0),
@@ -197,6 +209,8 @@ def finish(report: dict[str, Any] | None, args: TrainConfig) -> None:
             if st["restored_by_collective"]:  # which collective hosted how many restorations (last iteration)
                 print(f"stage {s}: restored in windows " + ", ".join(
                     f"{k} {n}" for k, n in sorted(st["restored_by_collective"].items())), flush=True)
+        for n in report["notes"]:
+            print(f"note: {n}", flush=True)
         if report["precision"] != "fp32":  # docs/runtime.md, "Mixed precision" (docs/decisions/0225)
             print("note: the predictions are Megatron's bf16 model's; bf16 autocast over fp32 weights also holds "
                   "fp32 activations and bf16 casts of inputs and weights (--dtype bfloat16 runs the priced model)",
