@@ -22,6 +22,10 @@ from lynx.runtime.pipeline import PipelineLayout, PipelineRunner, make_groups
 from lynx.runtime.pipeline.order import layout_schedule
 from lynx.spec import ModelSpec, ParallelSpec, load_hardware
 
+REPLICATED = ("q_norm", "k_norm", "q_down", "kv_down", "q_latent_norm", "kv_latent_norm")
+"""Attention weights replicated over TP whose gradient each TP rank computes in part (q/k norms; MLA's down
+projections and latent norms with SP): summed over TP, every rank holds the TP 1 gradient."""
+
 
 @dataclass(frozen=True)
 class MoECase:
@@ -39,6 +43,8 @@ class MoECase:
     pattern: tuple[int, ...] = ()
     qk_layernorm: bool = False
     """Megatron's --qk-layernorm (Qwen3)."""
+    mla: bool = False
+    """Multi-latent attention (DeepSeek-V3's, at toy ranks: q latent 32, kv latent 16, heads 16 + 8 rotary, v 16)."""
     """Megatron's --moe-layer-freq as a list (1: MoE, 0: dense; DeepSeek's dense first layers); empty: all MoE."""
 
     @property
@@ -56,6 +62,9 @@ class MoECase:
             m = replace(m, moe_layer_pattern=self.pattern)
         if self.qk_layernorm:
             m = replace(m, qk_layernorm=True)
+        if self.mla:
+            m = replace(m, multi_latent_attention=True, q_lora_rank=32, kv_lora_rank=16, qk_head_dim=16,
+                        qk_pos_emb_head_dim=8, v_head_dim=16)
         return m if self.shared else replace(m, moe_shared_expert_intermediate_size=0)
 
     def problem(self, budget: float | None = None) -> PlanProblem:
@@ -132,7 +141,7 @@ def compare_moe(case: MoECase, group: Any) -> dict[str, Any]:
         "expected": {str(s): expected_windows((pols[s],), len([k for k in got.hosts if k[0] == s]), m)
                      for s in stages},
         "expert_grads": sorted(n for n in g if "experts_w" in n),
-        "qk_norm_grads": {n: g[n].tolist() for n in sorted(g) if n.endswith(("q_norm", "k_norm"))},
+        "replicated_grads": {n: g[n].reshape(-1).tolist() for n in sorted(g) if n.endswith(REPLICATED)},
         **(_memory(case, got, pols, prob, cfg) if case.pp == 1 and not prob.heterogeneous else {}),
     }
 

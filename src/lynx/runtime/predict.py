@@ -28,13 +28,25 @@ def layernorm_stats_bytes(cfg: Any, keep: frozenset[str]) -> int:
     """Mean and 1/std per token that a kept LayerNorm's backward also reads (fp32), which the graph folds
     into the op as negligible: 2 x 4 bytes per token per kept LayerNorm (a config may name its own norm ops
     and bytes per token: RMSNorm keeps 4). A kept ``qk_layernorm`` (q/k RMSNorm per head, after the QKV GEMM: every
-    token of the rank's heads, SP or not) keeps 4 bytes per token and local head."""
+    token of the rank's heads, SP or not) keeps 4 bytes per token and local head. Multi-latent attention as the
+    runtime runs it (its V padded for the fused kernel) keeps more than the planner counts for `mla_rope` and
+    `core_attn` (see below)."""
     tok = cfg.seq_length * cfg.micro_batch_size // (cfg.tp if cfg.sequence_parallel else 1)
     per = getattr(cfg, "norm_stats_bytes", 2 * 4)
     out = sum(per * tok for n in getattr(cfg, "norm_ops", ("ln1", "ln2")) if n in keep)
     if "qk_layernorm" in keep and getattr(cfg, "qk_layernorm", False):
         heads = (cfg.num_attention_heads + cfg.groups) // cfg.tp
         out += 4 * cfg.seq_length * cfg.micro_batch_size * heads
+    mla = getattr(cfg, "mla", ())
+    if mla:  # the runtime's MLA attention (`lynx.runtime.layers.mla`): V padded to the query's head size for the
+        # fused kernel, in mla_rope's output and in the kernel's own saved output beside core_attn's
+        _, _, dn, dr, dv = mla
+        elems = cfg.seq_length * cfg.micro_batch_size * (cfg.num_attention_heads // cfg.tp)
+        size = torch.empty((), dtype=cfg.dtype).element_size()
+        if "mla_rope" in keep:
+            out += size * elems * (dn + dr - dv)
+        if "core_attn" in keep:
+            out += size * elems * (dn + dr)
     return int(out)
 
 

@@ -53,6 +53,9 @@ class LlamaConfig:
     qk_layernorm: bool = False
     """RMSNorm over every query and key head before RoPE (Megatron's --qk-layernorm, Qwen3): the op
     ``qk_layernorm`` of the mcore family (the llama family has no such op)."""
+    mla: tuple[int, ...] = ()
+    """Multi-latent attention (`lynx.runtime.layers.mla`, the mcore family only): (q_lora_rank, kv_lora_rank,
+    qk_head_dim, qk_pos_emb_head_dim, v_head_dim); empty: grouped-query attention."""
 
     family: ClassVar[str] = "llama"
     norm_ops: ClassVar[tuple[str, ...]] = ("rmsnorm1", "rmsnorm2")
@@ -70,7 +73,16 @@ class LlamaConfig:
                          ffn_hidden_size=self.ffn_hidden_size, vocab_size=vocab,
                          max_position_embeddings=max(self.seq_length, 8), family="llama", activation="swiglu",
                          normalization="rmsnorm", position_embedding="rope", tie_embeddings=False,
-                         attention="flash", dropout=False, bias="none", qk_layernorm=self.qk_layernorm)
+                         attention="flash", dropout=False, bias="none", qk_layernorm=self.qk_layernorm,
+                         **_mla_fields(self.mla))
+
+
+def _mla_fields(mla: tuple[int, ...]) -> dict[str, Any]:
+    if not mla:
+        return {}
+    ql, kvl, dn, dr, dv = mla
+    return {"multi_latent_attention": True, "q_lora_rank": ql, "kv_lora_rank": kvl, "qk_head_dim": dn,
+            "qk_pos_emb_head_dim": dr, "v_head_dim": dv}
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
@@ -164,6 +176,13 @@ class LlamaLayer(OpLayer):
 
     cos: torch.Tensor
     sin: torch.Tensor
+    # multi-latent attention's weights (`lynx.runtime.layers.mla.build`, with `LlamaConfig.mla` only)
+    q_down: torch.nn.Parameter
+    kv_down: torch.nn.Parameter
+    q_latent_norm: torch.nn.Parameter
+    kv_latent_norm: torch.nn.Parameter
+    q_up: tp.ColumnParallelLinear
+    kv_up: tp.ColumnParallelLinear
 
     def __init__(self, cfg: LlamaConfig, group: Group = None, layer_index: int = 0, device: Any = None,
                  seed: int = 1234) -> None:
@@ -173,7 +192,11 @@ class LlamaLayer(OpLayer):
         h, a, g, f = cfg.hidden_size, cfg.num_attention_heads, cfg.groups, cfg.ffn_hidden_size
         if t != cfg.tp:
             raise ValueError(f"LlamaConfig.tp={cfg.tp} but the process group has {t} ranks")
-        if h % a or a % g or g % t or f % t or (h // a) % 2:
+        if cfg.mla:
+            if a % t or f % t or cfg.mla[3] % 2 or cfg.qk_layernorm:
+                raise ValueError(f"multi-latent attention: heads {a}, ffn {f}, rotary head dim {cfg.mla[3]}: need "
+                                 f"heads % TP = ffn % TP = 0, an even rotary head dim and no q/k layernorm (TP={t})")
+        elif h % a or a % g or g % t or f % t or (h // a) % 2:
             raise ValueError(f"hidden {h}, heads {a}, query groups {g}, ffn {f}: need h % a = a % g = g % TP = "
                              f"ffn % TP = 0 and an even head dim (TP={t})")
         if cfg.dropout_p:
@@ -185,9 +208,15 @@ class LlamaLayer(OpLayer):
         out_std = tp.scaled_init_std(0.02, cfg.num_layers)
         self.norm1 = torch.nn.Parameter(torch.ones(h, **kw))
         self.norm2 = torch.nn.Parameter(torch.ones(h, **kw))
-        self.qkv = tp.ColumnParallelLinear(h, (a + 2 * g) * self.head_dim, group, seed=base + 1, **kw)
-        self.proj = tp.RowParallelLinear(a * self.head_dim, h, group, seed=base + 2, std=out_std, **kw)
-        for lin in (self.qkv, self.proj, *self.build_mlp(base, out_std, kw)):
+        if cfg.mla:
+            from lynx.runtime.layers import mla
+
+            attn = mla.build(self, base, out_std, kw)
+        else:
+            self.qkv = tp.ColumnParallelLinear(h, (a + 2 * g) * self.head_dim, group, seed=base + 1, **kw)
+            self.proj = tp.RowParallelLinear(a * self.head_dim, h, group, seed=base + 2, std=out_std, **kw)
+            attn = (self.qkv, self.proj)
+        for lin in (*attn, *self.build_mlp(base, out_std, kw)):
             lin.bias = None  # type: ignore[assignment]  # LLaMA linears have no biases
         if cfg.sequence_parallel:  # norm grads are partial per rank: the model all-reduces them
             self.norm1.sequence_parallel = True  # type: ignore[attr-defined]
@@ -198,11 +227,12 @@ class LlamaLayer(OpLayer):
             self.k_norm = torch.nn.Parameter(torch.ones(d, **kw))
             self.q_norm.tp_partial = True  # type: ignore[attr-defined]
             self.k_norm.tp_partial = True  # type: ignore[attr-defined]
-        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-        ang = torch.outer(torch.arange(cfg.seq_length, dtype=torch.float64), inv)
-        ang = torch.cat([ang, ang], -1)[:, None, None, :]  # [s, 1, 1, d]
-        self.register_buffer("cos", ang.cos().to(**kw), persistent=False)
-        self.register_buffer("sin", ang.sin().to(**kw), persistent=False)
+        if not cfg.mla:  # (MLA's rotary buffers are its rotary part's: `mla.build`)
+            inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+            ang = torch.outer(torch.arange(cfg.seq_length, dtype=torch.float64), inv)
+            ang = torch.cat([ang, ang], -1)[:, None, None, :]  # [s, 1, 1, d]
+            self.register_buffer("cos", ang.cos().to(**kw), persistent=False)
+            self.register_buffer("sin", ang.sin().to(**kw), persistent=False)
         self.set_ops({n: self._op(n) for n in names})
 
     @staticmethod
@@ -254,6 +284,29 @@ class LlamaLayer(OpLayer):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=a_l != g_l)
         return out.permute(2, 0, 1, 3).reshape(s, b, a_l * d)  # a view: the kernel writes [s, b, a_l, d]
 
+    def _mla_ops(self, name: str, ins: tuple[str, ...]) -> dict[str, OpFn]:
+        """Multi-latent attention's ops (`lynx.runtime.layers.mla`)."""
+        from lynx.runtime.layers import mla
+
+        ql, kvl = self.cfg.mla[0], self.cfg.mla[1]
+        eps, x0 = self.cfg.norm_eps, ins[0]
+        fns: dict[str, OpFn] = {
+            "q_down": lambda e, m: F.linear(e[x0], self.q_down),
+            "kv_down": lambda e, m: F.linear(e[x0], self.kv_down),
+            "q_layernorm": lambda e, m: mla.latent_norm(e[x0], self.q_latent_norm, eps, ql),
+            "kv_layernorm": (lambda e, m: mla.latent_norm(e[x0][..., ql:], self.kv_latent_norm, eps, kvl))
+            if x0 == "attn_allgather" else (lambda e, m: mla.latent_norm(e[x0], self.kv_latent_norm, eps, kvl)),
+            "q_up": lambda e, m: self._column(self.q_up, e[x0], "attn_allreduce", m),
+            "kv_up": lambda e, m: self._column(self.kv_up, e[x0], "attn_allreduce", m),
+            "mla_rope": lambda e, m: mla.rope(self, e[ins[0]], e[ins[1]], e[ins[2]]),
+            "core_attn": lambda e, m: mla.core(self, e[x0]),
+        }
+        if name == "attn_allgather" and len(ins) == 2:  # SP: both latents gathered at once, [q | kv]
+            fns[name] = lambda e, m: tp.gather_from_sp(torch.cat([e[ins[0]], e[ins[1]]], -1), self.group,
+                                                       self.window(Direction.FWD, name, m),
+                                                       self.window(Direction.BWD, name, m))
+        return fns
+
     def _op(self, name: str) -> OpFn:
         """The function of op `name` (LLaMA's op table, one entry per op of the family's list)."""
         ins = self.op_inputs[name]
@@ -271,6 +324,8 @@ class LlamaLayer(OpLayer):
             "swiglu": lambda e, m: tp.apply_fn(_SwiGLU, e[x0]),
             "down": lambda e, m: tp.call(self.down, e[x0]),
         }
+        if self.cfg.mla:
+            fns |= self._mla_ops(name, ins)
         if name in fns:
             return fns[name]
         if name.endswith("_allgather"):

@@ -236,8 +236,10 @@ def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: 
     if model.moe_expert_capacity_factor is not None:
         problems.append("dropless routing (no moe_expert_capacity_factor)")
     if (model.activation, model.normalization, model.position_embedding, model.attention, model.bias) != (
-            "swiglu", "rmsnorm", "rope", "flash", "none") or model.multi_latent_attention:
-        problems.append("swiglu, rmsnorm, rope, flash attention, no biases, no multi-latent attention")
+            "swiglu", "rmsnorm", "rope", "flash", "none"):
+        problems.append("swiglu, rmsnorm, rope, flash attention, no biases")
+    if model.multi_latent_attention and (model.q_lora_rank == 0 or model.qk_layernorm):
+        problems.append("multi-latent attention with a query latent (q_lora_rank > 0) and no qk_layernorm")
     if model.dropout and (model.hidden_dropout or model.attention_dropout):
         problems.append("no dropout")
     if par.expert_tp != 1:
@@ -253,6 +255,8 @@ def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: 
                      ffn_hidden_size=model.moe_shared_expert_intermediate_size if shared else model.ffn_hidden_size,
                      shared=shared, kinds=() if all(k == "moe" for k in kinds) else tuple(kinds),
                      dense_ffn=model.ffn_hidden_size, qk_layernorm=model.qk_layernorm, seq_length=par.seq_length,
+                     mla=(model.q_lora_rank, model.kv_lora_rank, model.qk_head_dim, model.qk_pos_emb_head_dim,
+                          model.v_head_dim) if model.multi_latent_attention else (),
                      micro_batch_size=par.micro_batch_size, num_query_groups=model.num_query_groups,
                      tp=par.tp, sequence_parallel=par.sequence_parallel, dtype=dtype, num_layers=model.num_layers,
                      num_experts=model.num_moe_experts, topk=model.moe_router_topk, expert_ffn=model.expert_ffn,
