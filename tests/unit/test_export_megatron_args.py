@@ -86,10 +86,24 @@ def test_flags_not_priced_are_named_under_what_they_change() -> None:
     ("--pipeline-model-parallel-layout Et*9|t*8|t*8|t*8L", "decoder layers"),
     ("--decoder-first-pipeline-num-layers 9 --decoder-last-pipeline-num-layers 8", "evenly"),
     ("--micro-batch-size eight", "integer"),
+    ("--num-experts 4 --moe-router-dtype bf16", "fp32 or fp64"),
 ])
 def test_bad_command_lines_fail_with_one_clear_line(extra: str, what: str) -> None:
     with pytest.raises(SpecError, match=what):
         parse_megatron_args(BASE + " " + extra)
+
+
+def test_flags_that_change_the_model_or_its_memory_are_read() -> None:
+    """Megatron-LM's older --use-rotary-position-embeddings is rope; --moe-router-dtype fp32 is what lynx prices
+    (nothing said), fp64 is said; --empty-unused-memory-level is named under what it changes."""
+    assert parse_megatron_args(BASE).model.position_embedding == "learned"
+    assert parse_megatron_args(BASE + " --use-rotary-position-embeddings").model.position_embedding == "rope"
+    moe = BASE + " --num-experts 4 --moe-router-topk 2"
+    assert not any("moe-router-dtype" in w for w in parse_megatron_args(moe + " --moe-router-dtype fp32").warnings)
+    w = parse_megatron_args(moe + " --moe-router-dtype fp64").warnings
+    assert any(x.startswith("--moe-router-dtype fp64: lynx prices the router's top-k scores in fp32") for x in w), w
+    w = parse_megatron_args(BASE + " --empty-unused-memory-level 1").warnings
+    assert any(x.startswith("NOT priced") and "--empty-unused-memory-level (the allocator's" in x for x in w), w
 
 
 def test_missing_sizes_are_named() -> None:

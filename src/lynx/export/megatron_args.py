@@ -56,7 +56,8 @@ _BOOL = ("--sequence-parallel", "--bf16", "--fp16", "--recompute-activations", "
          "--use-flash-attn", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
          "--squared-relu", "--add-qkv-bias", "--account-for-embedding-in-pipeline-split",
          "--account-for-loss-in-pipeline-split", "--fine-grained-activation-offloading",
-         "--no-check-for-nan-in-loss-and-grad", "--ddp-average-in-collective", *BOOL_FLAGS, *FP8_BOOL, *FSDP_BOOL,
+         "--no-check-for-nan-in-loss-and-grad", "--ddp-average-in-collective", "--use-rotary-position-embeddings",
+         *BOOL_FLAGS, *FP8_BOOL, *FSDP_BOOL,
          *OPT_BOOL, *moe.BOOL_FLAGS)
 _REFUSED = {
     "--distribute-saved-activations": "activations distributed over the TP group",
@@ -275,6 +276,7 @@ def parse_megatron_args(args: str | Sequence[str]) -> MegatronCommand:
         warn.append("neither --bf16 nor --fp16: Megatron trains in fp32; lynx prices 16-bit activations with the "
                     "fp32 static recipe")
     model = model_from_flags(k, warn)
+    warn += moe.router_dtype_warnings(k)
     # --transformer-impl and the fusion flags (`export.megatron_fusion`; local's unfused attention: attention_of)
     model = dataclasses.replace(model, **fusion_fields(k, model.activation, "--from-megatron: --transformer-impl"),
                                 fp8=fp8_of_flags(k))  # --fp8-format and friends (`export.megatron_fp8`)

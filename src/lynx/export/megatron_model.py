@@ -89,7 +89,9 @@ def model_from_flags(k: Mapping[str, Any], warn: list[str]) -> ModelSpec:
     read on its own, as Megatron-Core's TransformerConfig does; the family is gpt or llama when the switches are
     exactly those models', else mcore (`lynx.families.mcore`)."""
     layers, hidden, seq = int(k["--num-layers"]), int(k["--hidden-size"]), int(k["--seq-length"])
-    norm, pos = k.get("--normalization", "LayerNorm"), k.get("--position-embedding-type", "learned_absolute")
+    # --use-rotary-position-embeddings: Megatron-LM's older switch for rope (it sets position_embedding_type)
+    legacy = "rope" if k.get("--use-rotary-position-embeddings") else "learned_absolute"
+    norm, pos = k.get("--normalization", "LayerNorm"), k.get("--position-embedding-type", legacy)
     if norm not in ("LayerNorm", "RMSNorm"):
         raise SpecError(f"--from-megatron: --normalization {norm}: lynx models LayerNorm and RMSNorm")
     if pos not in ("learned_absolute", "rope", "none"):

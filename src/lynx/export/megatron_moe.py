@@ -19,7 +19,8 @@ INT_FLAGS = ("--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--m
              "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
              "--mtp-num-layers", "--kv-channels", "--expert-model-parallel-size", "--expert-tensor-parallel-size")
 FLOAT_FLAGS = ("--moe-expert-capacity-factor",)
-STR_FLAGS = ("--moe-token-dispatcher-type", "--moe-router-load-balancing-type", "--moe-layer-freq")
+STR_FLAGS = ("--moe-token-dispatcher-type", "--moe-router-load-balancing-type", "--moe-layer-freq",
+             "--moe-router-dtype")
 BOOL_FLAGS = ("--moe-grouped-gemm", "--moe-pad-expert-input-to-capacity", "--multi-latent-attention",
               "--qk-layernorm")
 
@@ -88,6 +89,18 @@ def moe_fields(k: Mapping[str, Any], num_layers: int) -> dict[str, Any]:
         if f in out:
             out[f] = str(out[f])
     return out
+
+
+def router_dtype_warnings(k: Mapping[str, Any]) -> list[str]:
+    """--moe-router-dtype: lynx prices the router's scores in fp32 (`lynx.families.moe.ROUTER_BYTES`, what fp32 and
+    the DeepSeek-V3 / Qwen3 recipes run); another value is read and said."""
+    dtype = k.get("--moe-router-dtype")
+    if dtype is None or dtype == "fp32":
+        return []
+    if dtype != "fp64":
+        raise SpecError(f"--from-megatron: --moe-router-dtype {dtype}: Megatron takes fp32 or fp64")
+    return ["--moe-router-dtype fp64: lynx prices the router's top-k scores in fp32, half the bytes fp64 keeps "
+            "(a few bytes per token and expert choice: the memory is slightly under-priced)"]
 
 
 def expert_parallel(k: Mapping[str, Any]) -> tuple[int, int]:

@@ -43,6 +43,9 @@ UNPRICED: dict[str, str] = {
                                           "compute; lynx charges them exposed, an upper bound on the time",
     "--cuda-graph-impl": "CUDA graphs remove launch overheads lynx charges per kernel, an upper bound on the time",
     "--enable-cuda-graph": "as --cuda-graph-impl",
+    "--empty-unused-memory-level": "the allocator's cached blocks released after each iteration (1) and evaluation "
+                                   "(2), reserved again in the next: the same peak, allocation time lynx does not "
+                                   "charge (a lower bound on the time)",
     "--external-cuda-graph": "as --cuda-graph-impl",
 }
 """Flags that change the time or the memory of an iteration which lynx does not price, with what lynx prices
