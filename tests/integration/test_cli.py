@@ -102,7 +102,7 @@ def test_graph_json_is_a_layer_graph(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["plan", "--tp", "3"], "not divisible by TP 3"),
-        (["plan", "--model", "gpt-8b"], "known: deepseek-v3, gpt-1.3b"),
+        (["plan", "--model", "gpt-8b"], "known: deepseek-v3, deepseek-v3-tiny, gpt-1.3b"),
         (["plan", "--tp", "8", "--pp", "4"], "only 4 available"),
         (["plan", "--tp", "4", "--pp", "4", "--nodes", "2"], "needs 4 nodes"),
         (["plan", "--global-batch", "100"], "not divisible by micro-batch 8"),

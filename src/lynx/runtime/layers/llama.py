@@ -293,9 +293,11 @@ class LlamaLayer(OpLayer):
         fns: dict[str, OpFn] = {
             "q_down": lambda e, m: F.linear(e[x0], self.q_down),
             "kv_down": lambda e, m: F.linear(e[x0], self.kv_down),
-            "q_layernorm": lambda e, m: mla.latent_norm(e[x0], self.q_latent_norm, eps, ql),
-            "kv_layernorm": (lambda e, m: mla.latent_norm(e[x0][..., ql:], self.kv_latent_norm, eps, kvl))
-            if x0 == "attn_allgather" else (lambda e, m: mla.latent_norm(e[x0], self.kv_latent_norm, eps, kvl)),
+            # RMSNorm over a latent's first columns (a view: the norm saves the latent's storage)
+            "q_layernorm": lambda e, m: tp.apply_fn(_RMSNorm, e[x0][..., :ql], self.q_latent_norm, eps),
+            "kv_layernorm": (lambda e, m: tp.apply_fn(_RMSNorm, e[x0][..., ql:ql + kvl], self.kv_latent_norm, eps))
+            if x0 == "attn_allgather" else
+            (lambda e, m: tp.apply_fn(_RMSNorm, e[x0][..., :kvl], self.kv_latent_norm, eps)),
             "q_up": lambda e, m: self._column(self.q_up, e[x0], "attn_allreduce", m),
             "kv_up": lambda e, m: self._column(self.kv_up, e[x0], "attn_allreduce", m),
             "mla_rope": lambda e, m: mla.rope(self, e[ins[0]], e[ins[1]], e[ins[2]]),

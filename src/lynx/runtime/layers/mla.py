@@ -85,9 +85,3 @@ def core(layer: Any, qkv: torch.Tensor) -> torch.Tensor:
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     return out[..., :dv].permute(2, 0, 1, 3).reshape(s, b, a_l * dv)
 
-
-def latent_norm(x: torch.Tensor, w: torch.Tensor, eps: float, width: int) -> torch.Tensor:
-    """RMSNorm over the first `width` columns of a latent (a view: the norm saves the latent's storage)."""
-    from lynx.runtime.layers.llama import _RMSNorm
-
-    return tp.apply_fn(_RMSNorm, x[..., :width], w, eps)
