@@ -99,6 +99,21 @@ def test_what_the_integration_cannot_run_is_named() -> None:
     assert fig is None
 
 
+@pytest.mark.parametrize(("preset", "what"), [("deepseek-v3", "mixture-of-experts"), ("qwen3-30b-a3b", "mixture"),
+                                              ("mixtral-8x7b", "mixture-of-experts")])
+def test_models_the_integration_does_not_build_get_no_engine_row(preset: str, what: str) -> None:
+    """MoE (and MLA, q/k norms, MTP, FP8) plans: the integration reads Megatron-Core's dense layer only, so no engine
+    row is priced and `--target megatron` falls back to the plugin's."""
+    from lynx.export.megatron_engine import layer_why
+    from lynx.models import load_model
+
+    m = load_model(preset)
+    assert what in layer_why(m)
+    dense = load_model("llama3-8b")
+    assert layer_why(dense) == ""
+    assert "multi-latent" in layer_why(dataclasses.replace(dense, multi_latent_attention=True))
+    assert "q/k layernorm" in layer_why(dataclasses.replace(dense, qk_layernorm=True))
+
 def test_engine_args_drop_megatrons_own_recomputation_and_offloading() -> None:
     args = (("--tensor-model-parallel-size", "2"), ("--recompute-granularity", "full"),
             ("--recompute-method", "block"), ("--fine-grained-activation-offloading",),

@@ -14,8 +14,9 @@ priced (`engine_fit`):
   or of another chunk on the rank, under either launcher;
 * a plan with ``attention: flash`` runs its ``core_attn`` op as lynx's `FlashDotProductAttention` (PyTorch's
   fused ``scaled_dot_product_attention``) in the local spec, not TransformerEngine's fused attention (`FLASH_NOTE`);
-* context parallelism, TE's TP-comm overlap, and families other than gpt / llama / mcore: not run (no row; the
-  plugin's row remains);
+* context parallelism, TE's TP-comm overlap, mixture-of-experts layers, multi-latent attention, q/k layernorm,
+  multi-token prediction, FP8, and families other than gpt / llama / mcore: not run (no row; the plugin's row
+  remains; `layer_why`);
 * Megatron-FSDP and torch FSDP2 (``--use-megatron-fsdp``, ``--use-torch-fsdp2``): not run (no row). The plan
   prices each layer's on-demand recomputation inside that layer's FSDP gather / reduce-scatter window
   (`lynx.cost.pricing.fsdp_window`); the integration has not been run under either wrapper (Megatron's FSDP2
@@ -36,6 +37,7 @@ from dataclasses import dataclass, replace
 
 from lynx.export.pricing import Figures, simulate_lynx
 from lynx.problem import PlanProblem, PlanResult
+from lynx.spec import ModelSpec
 
 ENGINE_FILE = "lynx_megatron_engine.py"
 ENGINE_ARGS_FILE = "megatron_args_engine.txt"
@@ -79,6 +81,8 @@ def engine_fit(problem: PlanProblem, result: PlanResult, launcher: Launcher = La
     why = ""
     if m.family not in FAMILIES:
         why = f"family {m.family!r} (the integration runs Megatron-Core's gpt / llama / mcore layers)"
+    elif layer_why(m):
+        why = layer_why(m)
     elif par.cp > 1:
         why = f"context parallelism (CP {par.cp})"
     elif opts.tp_comm_overlap and par.sequence_parallel:
@@ -99,6 +103,23 @@ def engine_fit(problem: PlanProblem, result: PlanResult, launcher: Launcher = La
                      "demand, priced so; a Megatron-Core loop that passes schedule_kwargs() (every model chunk of the "
                      "rank when interleaved) to its pipeline schedule runs it in the stall")
     return EngineFit(True, "", cool, tuple(notes))
+
+
+def layer_why(m: ModelSpec) -> str:
+    """What of the model's layers `lynx.integrations.megatron` does not run ('' when it runs them all): it reads
+    Megatron-Core's dense TransformerLayer of the local spec (`_fence.layer_parts` refuses the rest at run time;
+    this says so before a row is priced)."""
+    if m.is_moe:
+        return "mixture-of-experts layers (the integration runs Megatron-Core's dense MLP; lynx train runs MoE plans)"
+    if m.multi_latent_attention:
+        return "multi-latent attention (the integration runs Megatron-Core's SelfAttention)"
+    if m.qk_layernorm:
+        return "q/k layernorm (--qk-layernorm)"
+    if m.mtp_num_layers:
+        return "multi-token-prediction layers"
+    if m.fp8 is not None:
+        return "FP8 linear layers (TransformerEngine's; the integration runs the local spec's 16-bit linears)"
+    return ""
 
 
 def engine_price(problem: PlanProblem, result: PlanResult,
