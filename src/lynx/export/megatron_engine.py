@@ -49,9 +49,10 @@ FAMILIES = ("gpt", "llama", "mcore")
 
 
 FLASH_NOTE = ("lynx engine: attention flash runs as lynx's FlashDotProductAttention in the local layer spec "
-              "(with_flash_attention(get_gpt_layer_local_spec(...)); PyTorch's scaled_dot_product_attention, its "
-              "flash-attention kernels on H100 in bf16), priced as the plan's flash attention; TransformerEngine's "
-              "fused attention (the TE spec) is not what runs")
+              "(with_flash_attention(get_gpt_layer_local_spec(...)); PyTorch's scaled_dot_product_attention, a fused "
+              "kernel that keeps no s x s scores, flash or memory-efficient as PyTorch dispatches it on the GPU), "
+              "priced as the plan's flash attention; TransformerEngine's fused attention (the TE spec) is not what "
+              "runs")
 
 
 COOLDOWN_NOTE = "lynx engine: the cool-down window does not open under"

@@ -6,7 +6,8 @@ spec has only `DotProductAttention` (the unfused scores, softmax, dropout and co
 standard``); its TransformerEngine spec has `TEDotProductAttention`, whose fused linears lynx's engine does not run.
 `FlashDotProductAttention` is the third way in: a `CoreAttention` of Megatron-Core's own protocol
 (``megatron.core.transformer.attention.CoreAttention``) running PyTorch's ``scaled_dot_product_attention``, which
-on H100 in bf16 / fp16 dispatches to the flash-attention kernels. `with_flash_attention` puts it into a layer spec
+on an H100 in bf16 / fp16 dispatches to a fused kernel that keeps no s x s scores (flash or memory-efficient
+attention, as PyTorch picks). `with_flash_attention` puts it into a layer spec
 (the local one, ``get_gpt_layer_local_spec``); Megatron-Core builds it as it builds any core attention, and lynx's
 engine computes the plan's ``core_attn`` op with the same function (`flash_context`), so a model runs the same
 kernel with lynx's engine on it and without.
