@@ -35,7 +35,7 @@ def main() -> None:
     from lynx.cost.memory import predicted_activation_bytes as predict
     from lynx.runtime.layers.gpt import LayerConfig
     from lynx.runtime.layers.llama import LlamaConfig
-    from lynx.runtime.predict import as_executed, layernorm_stats_bytes, runtime_graph
+    from lynx.runtime.predict import as_executed, runtime_extra_bytes, runtime_graph
 
     hidden, heads, seq, mb, layers = 2048, 16, 2048, 4, 4
     mib = float(1 << 20)
@@ -58,8 +58,8 @@ def main() -> None:
             if f != fam:
                 continue
             pol = as_executed(method_policy(m, prob))
-            ln = [float(layernorm_stats_bytes(cfg, lp.keep)) for lp in pol.layers]
-            per_op = {n: float(layernorm_stats_bytes(cfg, frozenset({n}))) for n in g.names}
+            ln = [float(runtime_extra_bytes(cfg, lp.keep)) for lp in pol.layers]
+            per_op = {n: float(runtime_extra_bytes(cfg, frozenset({n}))) for n in g.names}
             per_op = {n: b for n, b in per_op.items() if b}
             old = (predict(g, pol.layers, ln, 1, False, per_op)[1] + ws) / mib
             new = (predict(g, pol.layers, ln, 1, False, per_op, transient=True)[1] + ws) / mib

@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 
 from benchmarks._harness import method_policy, model_spec, problem_for, stage_order, train_step
-from lynx.runtime.predict import layernorm_stats_bytes, predicted_activation_bytes, runtime_graph
+from lynx.runtime.predict import predicted_activation_bytes, runtime_extra_bytes, runtime_graph
 
-__all__ = ["grads_of", "layernorm_stats_bytes", "method_policy", "model_spec", "predicted_activation_bytes",
+__all__ = ["grads_of", "runtime_extra_bytes", "method_policy", "model_spec", "predicted_activation_bytes",
            "problem_for", "runtime_graph", "stage_order", "train_step"]
 
 

@@ -111,7 +111,7 @@ def _replicated_grads_as_at_tp1(case: MoECase, tmp_path: Path, count: int) -> No
 def test_ep2_deepseek_moe_layer_bitwise(tmp_path: Path) -> None:
     """DeepSeek-V3's MoE layer at toy size: multi-latent attention (`lynx.runtime.layers.mla`) and MoE with a shared
     expert; bitwise, the windows as planned, and the held bytes within 3% of the runtime's prediction at the routing
-    measured (the planner's bytes plus V's padding for the fused kernel, `predict.layernorm_stats_bytes`). The dense
+    measured (the planner's bytes plus V's padding for the fused kernel, `predict.runtime_extra_bytes`). The dense
     first layer: test_ep2_tp2_sp_deepseek_layers_bitwise_and_replicated_gradients_summed."""
     out = _run(MoECase(tp=1, pp=1, dp=2, ep=2, mla=True), tmp_path)
     for r in out:

@@ -14,9 +14,9 @@ from lynx.runtime.layers.gpt import GPTLayer, LayerConfig, op_inputs_for, op_nam
 from lynx.runtime.layers.gpt_model import GPTModel  # noqa: E402
 from lynx.spec import ParallelSpec, load_hardware  # noqa: E402
 from tests.harness.check import (  # noqa: E402
-    layernorm_stats_bytes,
     method_policy,
     problem_for,
+    runtime_extra_bytes,
     runtime_graph,
     train_step,
 )
@@ -83,7 +83,7 @@ def test_held_bytes_equal_the_graph_accounting(method: str) -> None:
     model = GPTModel(CFG, layers, vocab)
     eng = RecomputeEngine(model.layers, pol)
     train_step(model, 1, eng)
-    expected = sum(g.retained_bytes(lp.keep) + layernorm_stats_bytes(CFG, lp.keep) for lp in pol.layers)
+    expected = sum(g.retained_bytes(lp.keep) + runtime_extra_bytes(CFG, lp.keep) for lp in pol.layers)
     assert eng.stats.fwd_end_bytes == [expected]
     for lp in pol.layers:
         assert not validate_layer_policy(prob.graph, lp, has_fwd_windows=False)

@@ -80,12 +80,12 @@ def megatron_cmd(
     else:
         console.print(exp.sim_note)
     if exp.engine_fit is not None and exp.engine_fit.runs:
-        from lynx.export.megatron_engine import ENGINE_FILE
+        from lynx.export.megatron_engine import ENGINE_FILE, spec_line
 
-        spec = ("with_flash_attention(get_gpt_layer_local_spec()) (lynx.integrations.megatron.attention)"
-                if exp.source.problem.model.attention == "flash" else "get_gpt_layer_local_spec()")
+        flash = exp.source.problem.model.attention == "flash"
+        where = " (lynx.integrations.megatron.attention)" if flash else ""
         console.print(f"lynx engine: in the model provider, after building the GPTModel from "
-                      f"{spec}: `from {ENGINE_FILE[:-3]} import apply_plan; "
+                      f"{spec_line(flash)}{where}: `from {ENGINE_FILE[:-3]} import apply_plan; "
                       f"apply_plan(model, vp_stage=vp_stage)` ({ENGINE_FILE}, no --recompute-* flags)",
                       markup=False, highlight=False)
     for k, v in exp.environment:

@@ -82,8 +82,8 @@ def engine_fit(problem: PlanProblem, result: PlanResult, launcher: Launcher = La
     why = ""
     if m.family not in FAMILIES:
         why = f"family {m.family!r} (the integration runs Megatron-Core's gpt / llama / mcore layers)"
-    elif layer_why(m):
-        why = layer_why(m)
+    elif (unbuilt := layer_why(m)):
+        why = unbuilt
     elif par.cp > 1:
         why = f"context parallelism (CP {par.cp})"
     elif opts.tp_comm_overlap and par.sequence_parallel:
@@ -157,10 +157,16 @@ def engine_args(args: tuple[tuple[str, ...], ...]) -> tuple[tuple[str, ...], ...
     return (*(f for f in args if f[0] not in _MEGATRON_OWN), ("--transformer-impl", "local"))
 
 
+def spec_line(flash: bool) -> str:
+    """The layer spec the model provider builds the GPTModel from for lynx's engine (`flash`: the plan has
+    ``attention: flash``, wrapped in `with_flash_attention`)."""
+    return "with_flash_attention(get_gpt_layer_local_spec(...))" if flash else "get_gpt_layer_local_spec(...)"
+
+
 def engine_module(plan_name: str, family: str, pp: int, vpp: int, flash: bool = False) -> str:
     """The hook-up module `lynx export megatron` writes beside the plan (imported by the model provider); `flash`:
     the plan has ``attention: flash`` (the spec line wraps the local spec in `with_flash_attention`)."""
-    spec = ("with_flash_attention(get_gpt_layer_local_spec(...))" if flash else "get_gpt_layer_local_spec(...)")
+    spec = spec_line(flash)
     imp = ("    from lynx.integrations.megatron.attention import with_flash_attention\n" if flash else "")
     why = ("; this plan has attention: flash, so every layer's core attention is lynx's FlashDotProductAttention"
            if flash else "")

@@ -68,7 +68,7 @@ fused kernel. Without bias and dropout both run one add (F.dropout with p = 0 re
 
 ROPE_EAGER = Passes(fwd=10, bwd=10, fwd_kernels=10, bwd_kernels=10)
 """megatron/core/models/common/embeddings/rope_utils.py `_apply_rotary_pos_emb_bshd` without apply_rope_fusion,
-once for Q and once for K: ``t * cos`` (2), `_rotate_half` (negate half: 1, ``torch.cat``: 2), ``* sin`` (2),
+once for Q and once for K: ``t * cos`` (2), `rotate_half` (negate half: 1, ``torch.cat``: 2), ``* sin`` (2),
 the sum (3): 10 per element over five kernels each. Backward mirrors it (the two products, the negation, the
 halves reassembled, the two gradients summed): 10. The products save cos and sin, buffers of s x d: nothing per
 layer. Fused (TE's fused_apply_rotary_pos_emb): 2 / 2."""

@@ -24,13 +24,13 @@ def runtime_graph(graph: LayerGraph, dtype: torch.dtype) -> LayerGraph:
     return replace(graph, ops=ops, input_bytes=graph.input_bytes * f)
 
 
-def layernorm_stats_bytes(cfg: Any, keep: frozenset[str]) -> int:
-    """Mean and 1/std per token that a kept LayerNorm's backward also reads (fp32), which the graph folds
-    into the op as negligible: 2 x 4 bytes per token per kept LayerNorm (a config may name its own norm ops
-    and bytes per token: RMSNorm keeps 4). A kept ``qk_layernorm`` (q/k RMSNorm per head, after the QKV GEMM: every
-    token of the rank's heads, SP or not) keeps 4 bytes per token and local head. Multi-latent attention as the
-    runtime runs it (its V padded for the fused kernel) keeps more than the planner counts for `mla_rope` and
-    `core_attn` (see below)."""
+def runtime_extra_bytes(cfg: Any, keep: frozenset[str]) -> int:
+    """Bytes the runtime holds for the kept ops `keep` beyond the planner's graph. The mean and 1/std per token that
+    a kept LayerNorm's backward also reads (fp32), which the graph folds into the op as negligible: 2 x 4 bytes per
+    token per kept LayerNorm (a config may name its own norm ops and bytes per token: RMSNorm keeps 4). A kept
+    ``qk_layernorm`` (q/k RMSNorm per head, after the QKV GEMM: every token of the rank's heads, SP or not) keeps 4
+    bytes per token and local head. Multi-latent attention as the runtime runs it (its V padded for the fused
+    kernel) keeps more than the planner counts for `mla_rope` and `core_attn` (see below)."""
     tok = cfg.seq_length * cfg.micro_batch_size // (cfg.tp if cfg.sequence_parallel else 1)
     per = getattr(cfg, "norm_stats_bytes", 2 * 4)
     out = sum(per * tok for n in getattr(cfg, "norm_ops", ("ln1", "ln2")) if n in keep)
@@ -73,9 +73,9 @@ def predicted_activation_bytes(graph: Graphs, policy: RecomputePolicy, cfg: Any,
     k = max(1, in_flight)
     policy = as_executed(policy)
     facts = derive_facts(schedule_1f1b(k, k)).of(0)
-    ln = [float(layernorm_stats_bytes(cfg, lp.keep)) for lp in policy.layers]
+    ln = [float(runtime_extra_bytes(cfg, lp.keep)) for lp in policy.layers]
     names = {n for g in per_layer(graph, len(policy.layers)) for n in g.names}
-    per_op = {n: float(layernorm_stats_bytes(cfg, frozenset({n}))) for n in names}
+    per_op = {n: float(runtime_extra_bytes(cfg, frozenset({n}))) for n in names}
     after, peak = _predicted(graph, policy.layers, ln, facts.in_flight, facts.has_fwd_windows,
                              {n: b for n, b in per_op.items() if b})
     off = predicted_offloaded_bytes(graph, policy, cfg)
@@ -91,7 +91,7 @@ def predicted_activation_bytes(graph: Graphs, policy: RecomputePolicy, cfg: Any,
 def predicted_offloaded_bytes(graph: Graphs, policy: RecomputePolicy, cfg: Any) -> float:
     """Bytes per micro-batch the planner's memory model says leave the device (`LayerMemory.offloaded`, what
     `lynx memory` shows), plus the LayerNorm statistics the runtime's offloaded norms save beside their output
-    (as `layernorm_stats_bytes` adds them for kept norms)."""
+    (as `runtime_extra_bytes` adds them for kept norms)."""
     graphs = per_layer(graph, len(policy.layers))
-    return sum(layer_memory(g, lp).offloaded + layernorm_stats_bytes(cfg, lp.offload)
+    return sum(layer_memory(g, lp).offloaded + runtime_extra_bytes(cfg, lp.offload)
                for g, lp in zip(graphs, policy.layers, strict=True))

@@ -11,7 +11,7 @@ import torch
 
 from lynx.decisions import validate_layer_policy
 from lynx.errors import PlanFormatError
-from lynx.graph import LayerGraph
+from lynx.graph import per_layer
 from lynx.plan import Plan, load_plan, policies_per_virtual_stage
 from lynx.problem import PlanProblem
 from lynx.runtime.fsdp import FsdpRun, check_fsdp
@@ -78,10 +78,9 @@ def load_run(plan_path: str, dtype: torch.dtype, core_attn: bool) -> RunPlan:
         raise PlanFormatError(f"{plan_path}: {e}") from None
     ctxs = problem.stage_contexts(result.partition)
     for s, (pol, ctx) in enumerate(zip(result.policies, ctxs, strict=True)):
-        graphs = problem.graphs_for(ctx)  # one graph, or one per layer by its kind
-        for i, lp in enumerate(pol.layers):
-            errs = validate_layer_policy(graphs if isinstance(graphs, LayerGraph) else graphs[i], lp,
-                                         has_fwd_windows=True)
+        graphs = per_layer(problem.graphs_for(ctx), len(pol.layers))  # each layer's graph, by its kind
+        for i, (lp, graph) in enumerate(zip(pol.layers, graphs, strict=True)):
+            errs = validate_layer_policy(graph, lp, has_fwd_windows=True)
             if errs:
                 raise PlanFormatError(f"{plan_path}: stage {s} layer {i}: " + "; ".join(errs))
     pred = Plan.evaluate(problem, result, record=False).prediction

@@ -29,6 +29,7 @@ from lynx.runtime.layers import tp, vocab
 from lynx.runtime.layers.base import Direction, OpFn, OpLayer
 from lynx.runtime.layers.ends import lm_loss
 from lynx.runtime.layers.family import RuntimeFamily
+from lynx.runtime.layers.rope import register_tables, rotate_half, rotate_half_t
 from lynx.runtime.layers.tp import Group
 from lynx.spec import ModelSpec, ParallelSpec
 
@@ -128,17 +129,6 @@ class _SwiGLU(torch.autograd.Function):
         return (torch.cat([d_gate, g * silu], -1),)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, -1)
-    return torch.cat([-x2, x1], -1)
-
-
-def _rotate_half_t(x: torch.Tensor) -> torch.Tensor:
-    """The transpose of `_rotate_half` (its inverse): [u1, u2] -> [u2, -u1]."""
-    u1, u2 = x.chunk(2, -1)
-    return torch.cat([u2, -u1], -1)
-
-
 class _Rope(torch.autograd.Function):
     """Q and K of the QKV output [s, b, g_l, a/g + 2, d], rotated into a new [s, b, a_l + g_l, d]."""
 
@@ -149,12 +139,12 @@ class _Rope(torch.autograd.Function):
         x = qkv.view(s, b, g_l, per, d)
         qk = torch.cat([x[:, :, :, : per - 2].reshape(s, b, g_l * (per - 2), d), x[:, :, :, per - 2]], 2)
         ctx.cos, ctx.sin, ctx.shape = cos, sin, shape  # buffers on the context: nothing saved for backward
-        return qk * cos + _rotate_half(qk) * sin
+        return qk * cos + rotate_half(qk) * sin
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         s, b, g_l, per, d = ctx.shape
-        gqk = g * ctx.cos + _rotate_half_t(g * ctx.sin)
+        gqk = g * ctx.cos + rotate_half_t(g * ctx.sin)
         out = g.new_zeros(s, b, g_l, per, d)
         out[:, :, :, : per - 2] = gqk[:, :, : g_l * (per - 2)].view(s, b, g_l, per - 2, d)
         out[:, :, :, per - 2] = gqk[:, :, g_l * (per - 2):]
@@ -228,11 +218,7 @@ class LlamaLayer(OpLayer):
             self.q_norm.tp_partial = True  # type: ignore[attr-defined]
             self.k_norm.tp_partial = True  # type: ignore[attr-defined]
         if not cfg.mla:  # (MLA's rotary buffers are its rotary part's: `mla.build`)
-            inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-            ang = torch.outer(torch.arange(cfg.seq_length, dtype=torch.float64), inv)
-            ang = torch.cat([ang, ang], -1)[:, None, None, :]  # [s, 1, 1, d]
-            self.register_buffer("cos", ang.cos().to(**kw), persistent=False)
-            self.register_buffer("sin", ang.sin().to(**kw), persistent=False)
+            register_tables(self, cfg.rope_theta, cfg.seq_length, d, kw)
         self.set_ops({n: self._op(n) for n in names})
 
     @staticmethod
@@ -273,7 +259,7 @@ class LlamaLayer(OpLayer):
     def _rope_split(self, qk: torch.Tensor) -> torch.Tensor:
         """RoPE on [s, b, a_l + g_l, d] (after ``qk_layernorm``); the angles are buffers: nothing saved."""
         s = qk.shape[0]
-        return qk * self.cos[:s] + _rotate_half(qk) * self.sin[:s]
+        return qk * self.cos[:s] + rotate_half(qk) * self.sin[:s]
 
     def _core(self, rope: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         s, b = rope.shape[0], rope.shape[1]

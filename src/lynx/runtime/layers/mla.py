@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from lynx.runtime.layers import tp
+from lynx.runtime.layers.rope import register_tables, rotate_half
 
 
 def build(layer: Any, base: int, out_std: float, kw: dict[str, Any]) -> tuple[torch.nn.Module, ...]:
@@ -44,18 +45,8 @@ def build(layer: Any, base: int, out_std: float, kw: dict[str, Any]) -> tuple[to
     layer.q_up = tp.ColumnParallelLinear(ql, a * (dn + dr), group, seed=base + 1, **kw)
     layer.kv_up = tp.ColumnParallelLinear(kvl, a * (dn + dv), group, seed=base + 7, **kw)
     layer.proj = tp.RowParallelLinear(a * dv, h, group, seed=base + 2, std=out_std, **kw)
-    d = dr
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    ang = torch.outer(torch.arange(cfg.seq_length, dtype=torch.float64), inv)
-    ang = torch.cat([ang, ang], -1)[:, None, None, :]  # [s, 1, 1, dr]
-    layer.register_buffer("cos", ang.cos().to(**kw), persistent=False)
-    layer.register_buffer("sin", ang.sin().to(**kw), persistent=False)
+    register_tables(layer, cfg.rope_theta, cfg.seq_length, dr, kw)  # the rotary part's angles
     return layer.q_up, layer.kv_up, layer.proj
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, -1)
-    return torch.cat([-x2, x1], -1)
 
 
 def rope(layer: Any, q_up: torch.Tensor, kv_up: torch.Tensor, kv_latent: torch.Tensor) -> torch.Tensor:
@@ -69,10 +60,10 @@ def rope(layer: Any, q_up: torch.Tensor, kv_up: torch.Tensor, kv_latent: torch.T
     cos, sin = layer.cos[:s], layer.sin[:s]
     q = q_up.view(s, b, a_l, dn + dr)
     q_pe = q[..., dn:]
-    q_pe = q_pe * cos + _rotate_half(q_pe) * sin
+    q_pe = q_pe * cos + rotate_half(q_pe) * sin
     kv = kv_up.view(s, b, a_l, dn + dv)
     k_pe = kv_latent[..., -dr:].unsqueeze(2)  # [s, b, 1, dr]: one rotary key part shared by every head
-    k_pe = (k_pe * cos + _rotate_half(k_pe) * sin).expand(s, b, a_l, dr)
+    k_pe = (k_pe * cos + rotate_half(k_pe) * sin).expand(s, b, a_l, dr)
     return torch.cat([q[..., :dn], q_pe, kv[..., :dn], k_pe, F.pad(kv[..., dn:], (0, dn + dr - dv))], -1)
 
 

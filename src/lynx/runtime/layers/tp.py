@@ -284,12 +284,16 @@ def scaled_init_std(std: float, num_layers: int) -> float:
     return std / math.sqrt(2.0 * max(1, num_layers))
 
 
+def partial_over_tp(p: torch.nn.Parameter, sequence_parallel: bool) -> bool:
+    """A weight replicated over TP whose gradient each TP rank computes in part: the norms of the sequence-parallel
+    region (with SP), and the weights tagged `tp_partial` whatever SP (q/k norms; MLA's latent weights with SP)."""
+    return (sequence_parallel and getattr(p, "sequence_parallel", False)) or getattr(p, "tp_partial", False)
+
+
 def allreduce_sp_grads(module: torch.nn.Module, sequence_parallel: bool, group: Group) -> None:
-    """Sum the partial norm-weight gradients of the sequence-parallel region over the TP group, and of the weights
-    replicated over TP whose gradient is partial per rank whatever SP (`tp_partial`: the q/k norms)."""
+    """Sum the partial gradients (`partial_over_tp`) over the TP group."""
     if world(group) == 1:
         return
     for p in module.parameters():
-        partial = (sequence_parallel and getattr(p, "sequence_parallel", False)) or getattr(p, "tp_partial", False)
-        if partial and p.grad is not None:
+        if partial_over_tp(p, sequence_parallel) and p.grad is not None:
             dist.all_reduce(p.grad, group=group)

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from lynx.decisions import RecomputePolicy
 from lynx.errors import LynxError
 from lynx.runtime.fsdp import FsdpRun, LiveParams, shard_stage
+from lynx.runtime.layers.tp import partial_over_tp
 from lynx.runtime.pipeline import _torch_pipelining as tpp
 from lynx.runtime.pipeline.order import check_executable, rank_order
 from lynx.runtime.pipeline.stages import HostStaged, StageModule, StageSpec, make_loss_fn
@@ -324,9 +325,8 @@ class PipelineRunner:
         experts = [p for p in params if getattr(p, "expert_parallel", False)]
         params = [p for p in params if not getattr(p, "expert_parallel", False)]
         if g.tp is not None:  # replicated weights with a partial gradient per TP rank: SP norms, q/k norms
-            sp = bool(self.cfg.sequence_parallel)
             for p in params:
-                if (sp and getattr(p, "sequence_parallel", False)) or getattr(p, "tp_partial", False):
+                if partial_over_tp(p, bool(self.cfg.sequence_parallel)):
                     dist.all_reduce(p.grad, group=g.tp)
         if g.embedding is not None:
             for m in self.modules.values():  # a tied embedding / head: both ends' parts summed
