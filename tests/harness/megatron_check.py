@@ -155,14 +155,16 @@ def _rank(rank: int, world: int, init_method: str, args: argparse.Namespace) -> 
     dist.destroy_process_group()
 
 
-def run(s: Shape, tmp: Path, policy: str = "windows", exported: bool = False) -> list[dict[str, Any]]:
+def run(s: Shape, tmp: Path, policy: str = "windows", exported: bool = False,
+        planned: Shape | None = None) -> list[dict[str, Any]]:
     """The comparison on tp x pp x dp local ranks; one dict per rank (see the module docstring). `exported`:
-    apply the plan as a user does, through what `lynx export megatron` writes (`_hookup`)."""
+    apply the plan as a user does, through what `lynx export megatron` writes (`_hookup`). `planned`: the shape
+    the plan is made for, when it is not the one run (a refusal's test)."""
     from lynx.export.megatron import build_megatron, write_megatron
     from lynx.export.source import load_source
     from lynx.runtime.launch import spawn_ranks
 
-    plan = plan_file(tmp, s, policy)
+    plan = plan_file(tmp, planned or s, policy)
     hookup = None
     if exported:
         hookup = str(tmp / "lynx-megatron")

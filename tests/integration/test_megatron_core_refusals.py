@@ -118,3 +118,39 @@ def test_the_stages_layers_and_the_microbatch_shape(plan: Any) -> None:
     check_shape(plan, 16, 2)
     with pytest.raises(PlanMismatch, match="seq_length 16, micro_batch_size 2, the model has seq_length 32"):
         check_shape(plan, 32, 2)
+
+
+@pytest.mark.parametrize(("planned", "ran", "steps", "said"), [(2, 4, 1, "the plan has 2, the schedule ran 3"),
+                                                              (4, 2, 2, "the plan has 4, the schedule ran 2")])
+def test_another_number_of_micro_batches_is_refused(tmp_path: Path, planned: int, ran: int, steps: int,
+                                                    said: str) -> None:
+    """The plan's windows and cool-down are placed per micro-batch: a schedule that runs more of them in a step is
+    refused at the first one too many, one that runs fewer at the next step's first forward, naming both counts."""
+    from lynx.runtime.launch import RankFailedError
+    from tests.harness.megatron_check import run
+
+    s = Shape(pp=2, layers=4, microbatches=ran, steps=steps)
+    with pytest.raises(RankFailedError, match=f"micro-batches per step: {said}"):
+        run(s, tmp_path, planned=dataclasses.replace(s, microbatches=planned))
+
+
+def test_the_interleaved_cool_down_window_needs_every_chunk_under_one_plan() -> None:
+    """`schedule_kwargs` / `cooldown_p2p` with several chunks: chunks that are not the rank's chunks of one
+    interleaved plan, or Megatron micro-batch groups other than the plan's schedule's (PP), are one clear line."""
+    from lynx.integrations.megatron.apply import LynxMegatron, _RankChunks, cooldown_p2p
+
+    def chunk(rc: object) -> LynxMegatron:
+        c = LynxMegatron.__new__(LynxMegatron)
+        c.rank_chunks = rc  # type: ignore[assignment]
+        return c
+
+    cfg = SimpleNamespace(microbatch_group_size_per_vp_stage=None, pipeline_model_parallel_size=2)
+    with pytest.raises(ValueError, match="every model chunk of this rank under one interleaved plan"):
+        cooldown_p2p([chunk(None), chunk(None)], None, cfg)
+    one, other = _RankChunks.__new__(_RankChunks), _RankChunks.__new__(_RankChunks)
+    one.chunks, other.chunks = {0: None, 2: None}, {0: None, 2: None}
+    with pytest.raises(ValueError, match="every model chunk"):
+        cooldown_p2p([chunk(one), chunk(other)], None, cfg)
+    cfg.microbatch_group_size_per_vp_stage = 3
+    with pytest.raises(ValueError, match="microbatch_group_size_per_vp_stage 3"):
+        cooldown_p2p([chunk(one), chunk(one)], None, cfg)

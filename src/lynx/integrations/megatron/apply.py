@@ -27,7 +27,7 @@ import torch
 
 from lynx.export.source import ExportSource, load_source
 from lynx.integrations.megatron import _fence
-from lynx.integrations.megatron.check import check_layers, check_model, check_shape
+from lynx.integrations.megatron.check import PlanMismatch, check_layers, check_model, check_shape
 from lynx.integrations.megatron.layer import MegatronLayer
 from lynx.runtime.engine import EngineStats, RecomputeEngine
 from lynx.runtime.pipeline.order import RankOrder, layout_schedule, rank_order
@@ -131,6 +131,8 @@ class LynxMegatron:
             rc.chunks[v] = self
             self.rank_chunks = rc
         self._hosting: tuple[tuple[int, ...] | None, tuple[RecomputeEngine, int] | None] = (None, None)
+        self._each_microbatch_alone = self.rank_chunks is None and rank == pp - 1
+        """1F1B's last stage (or PP 1): nothing held between micro-batches (`_start_microbatch`)."""
         self._microbatch = 0
         self._fwd_order: list[int] = []
         self._backwards = 0
@@ -169,23 +171,32 @@ class LynxMegatron:
             return out, kwargs.get("context")
         return run
 
+    def _chunks_of_rank(self) -> list[LynxMegatron]:
+        return [self] if self.rank_chunks is None else list(self.rank_chunks.chunks.values())
+
     def _start_microbatch(self, x: torch.Tensor) -> None:
-        # every backward of the last step ran: a new step starts here. Interleaved, a chunk may also hold nothing
-        # between two of its forwards within a step (its backwards caught up), so there the step has ended only
-        # once the chunk has run the plan's micro-batches
-        done = self.rank_chunks is None or self._microbatch >= self.src.problem.parallel.num_microbatches
-        if self.auto_step and self.engine.idle() and done:
-            self.end_step()
+        m = self.src.problem.parallel.num_microbatches
+        # every backward of the last step ran on the rank: a new step starts here. A pipeline rank holds a micro-batch
+        # from its first forward of a step to its last backward (one interleaved chunk alone may hold none between
+        # two of its forwards, so the rank's chunks are asked together), except 1F1B's last stage (and PP 1), which
+        # runs each micro-batch's backward right after its forward and so holds none between micro-batches: there
+        # every micro-batch starts afresh (no forward window or stall spans two of them) and the count is not seen
+        if self.auto_step and all(c.engine.idle() for c in self._chunks_of_rank()):
+            for c in self._chunks_of_rank():
+                if not self._each_microbatch_alone and c._microbatch not in (0, m):
+                    raise _count_mismatch(m, c._microbatch)
+                c.end_step()
+            if self.rank_chunks is not None:
+                self.rank_chunks.received = 0
+        if self._microbatch >= m:  # more forwards in one step than the plan's micro-batches
+            raise _count_mismatch(m, self._microbatch + 1)
         if not self._checked_shape:
             tp = self.src.problem.parallel.tp if self.gpt.config.sequence_parallel else 1
             check_shape(self.src, int(x.shape[0]) * tp, int(x.shape[1]))
             self._checked_shape = True
         self._fwd_order.append(self._microbatch)
-        rc = self.rank_chunks
-        if rc is not None:
-            if self._microbatch == 0 and self.virtual_stage == min(rc.chunks):
-                rc.received = 0  # the rank's first forward of a step
-            self._hosting = rc.hosting(self.virtual_stage, self._microbatch)
+        if self.rank_chunks is not None:
+            self._hosting = self.rank_chunks.hosting(self.virtual_stage, self._microbatch)
         self._microbatch += 1
 
     def cooldown_next(self) -> int | None:
@@ -210,6 +221,13 @@ class LynxMegatron:
         for b in self.blocks:
             if "forward" in vars(b):
                 del b.forward
+
+
+def _count_mismatch(plan: int, ran: int) -> PlanMismatch:
+    """The schedule runs another number of micro-batches per step than the plan (its windows and cool-down are
+    planned per micro-batch: they would land elsewhere, and the price would not be this run's)."""
+    return PlanMismatch(f"lynx.integrations.megatron: micro-batches per step: the plan has {plan}, the schedule ran "
+                        f"{ran} (run the plan's global batch and micro-batch size, or plan this one)")
 
 
 def apply_lynx_plan(model: Any, plan: str | Path | ExportSource, vp_stage: int | None = None) -> LynxMegatron:
