@@ -47,6 +47,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("single-cross-node", [*SINGLE, "--allow-cross-node-tp"], "--allow-cross-node-tp is read by the configuration"),
     ("single-offload", [*SINGLE, "--offload"], "--offload/--no-offload is read by the configuration"),
     ("single-target", [*SINGLE, "--target", "lynx"], "--target is read by the configuration search only"),
+    ("single-jobs", [*SINGLE, "--jobs", "2"], "--jobs is read by the configuration search only"),
+    ("search-jobs-zero", [*SEARCH, "--jobs", "0"], "--jobs must be > 0, got 0"),
     ("single-idle", [*SINGLE, "--allow-idle-gpus"], "--allow-idle-gpus"),
     ("optimizer-dtype", [*SINGLE, "--exp-avg-dtype", "fp64"], "--exp-avg-dtype 'fp64'; valid: fp32, bf16"),
     ("optimizer-dtype-paper", [*SINGLE, "--grad-reduce-in-bf16"], "Megatron's bf16 recipe only"),

@@ -202,6 +202,9 @@ def plan_cmd(
     allow_idle_gpus: Annotated[bool, typer.Option(
         "--allow-idle-gpus", help="Accept a layout that leaves some of --gpus / --nodes idle.")] = False,
     top: Annotated[int, typer.Option("--top", help="With --gpus: configurations in the table.")] = 5,
+    jobs: Annotated[int | None, typer.Option(
+        "--jobs", "-j", help="With --gpus: worker processes that plan lynx's candidates ahead of the search (the "
+        "same answer; 1: none) [default: one per CPU this process may use, at most 8].")] = None,
     search_png: Annotated[Path | None, typer.Option(
         "--search-png", help="With --gpus: plot every candidate's time against its peak memory (PNG).")] = None,
     target: Annotated[str | None, typer.Option(
@@ -334,8 +337,8 @@ def plan_cmd(
     mode = check_plan_mode(params, f.typed)
     _check_plan_outputs(out, gantt, memory_png)
     check_outputs(**{"--search-png": (search_png, PLOT_FORMATS)})
-    check_ints(**{"--gpus": (gpus, POSITIVE), "--top": (top, POSITIVE), "--vpp": (vpp, POSITIVE),
-                  "--nodes": (nodes, POSITIVE)})
+    check_ints(**{"--gpus": (gpus, POSITIVE), "--top": (top, POSITIVE), "--jobs": (jobs, POSITIVE),
+                  "--vpp": (vpp, POSITIVE), "--nodes": (nodes, POSITIVE)})
     if f.fusions_given() and profile:
         raise SpecError(f"{f.fusions_given()[0]} with --profile: a profile measured the kernels it ran; the fusion "
                         "flags change the analytic model only")

@@ -91,6 +91,7 @@ class PlanFlags:
     exp_avg_sq_dtype: str
     no_store_param_remainders: bool
     no_production_overlaps: bool
+    jobs: int | None
 
     def optimizer_precision(self) -> OptimizerPrecision:
         """The gradient-buffer and optimizer dtypes (`cli.optimizer`); Megatron's fp32 unless given."""

@@ -67,6 +67,8 @@ class SearchArgs:
     ep: int | None = None
     """--ep pinned (None: searched for MoE models, `search.experts`)."""
     etp: int | None = None
+    jobs: int | None = None
+    """--jobs (None: `parallel.auto_jobs`)."""
 
 
 def cluster_gpus(hw: Hardware, gpus: int | None, nodes: int | None) -> int | None:
@@ -150,7 +152,7 @@ def search_cmd(f: PlanFlags) -> None:
     run_search(SearchArgs(f.model, f.hardware, total, f.global_batch, f.seq_len, tp, pp, f.vpp, sp, f.micro_batch,
                           dist_opt, f.method, f.allow_cross_node_tp, f.top, f.as_json, f.out, f.search_png, cp,
                           req.parallel.cp_comm_type if "cp_comm_type" in f.typed else None, f.offload, target,
-                          not f.no_production_overlaps, _fsdp_pin(f), f.ep, f.etp), req)
+                          not f.no_production_overlaps, _fsdp_pin(f), f.ep, f.etp, f.jobs), req)
 
 
 def _fsdp_pin(f: PlanFlags) -> DpSharding | None:
@@ -201,7 +203,10 @@ def run_search(a: SearchArgs, base: Request) -> None:
     layouts, rejected = cores(space)  # every core holds a candidate at least (`space.layout_candidates`)
     if not layouts:  # nothing to search: say which rule the pins break, before any work
         raise SpecError(f"--gpus {a.gpus}: no layout satisfies the pinned options ({no_layout_reason(a, rejected)})")
-    res = _with_progress(lambda cb: search(space, base.options, top=a.top, progress=cb))
+    from lynx.search.parallel import auto_jobs
+
+    jobs = a.jobs or auto_jobs()
+    res = _with_progress(lambda cb: search(space, base.options, top=a.top, progress=cb, jobs=jobs))
     res = rank_for_target(res, a.target, a.top)
     if a.as_json:
         print_json(result_dict(res) | {"target": a.target.value})

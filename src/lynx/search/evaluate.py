@@ -151,21 +151,37 @@ PolicyBound = Callable[[PlanProblem, PlanResult], float]
 """A lower bound on a planned result's iteration time, before its simulation (`tree.Frontier.policy_bound`)."""
 
 
+Failed = tuple[Status, str]
+"""A candidate's method found no plan: the status and the reason, as `Outcome` records them."""
+
+
+def plan_result(shared: Shared, cand: Candidate, refine: bool = False) -> PlanResult | Failed:
+    """The candidate's method on its problem (the policies and partition, not yet simulated), or why it has none.
+    A pure function of the search's space and options and the candidate: a worker process of
+    `lynx.search.parallel` computes it on its own `Shared` and the search finishes it with `plan_candidate`."""
+    problem = shared.problem(cand.layout, cand.split if cand.stock else None)
+    try:
+        return _result(shared, cand, problem, refine)
+    except InfeasibleError as e:
+        return "does not fit", f"no policy fits: {str(e).splitlines()[0]}"
+    except LynxError as e:
+        return "invalid", str(e).splitlines()[0]
+    except ValueError as e:  # HEU's model builder on a budget below any policy (reported; see the report)
+        return "does not fit", f"planner: {e}"
+
+
 def plan_candidate(shared: Shared, cand: Candidate, bound_s: float, refine: bool = False,
-                   prune_above: float = math.inf, policy_bound: PolicyBound | None = None) -> Outcome:
+                   prune_above: float = math.inf, policy_bound: PolicyBound | None = None,
+                   planned: PlanResult | Failed | None = None) -> Outcome:
     """Plan and simulate one candidate (stock candidates on Megatron-Core's even split); `refine`: lynx's
     simulator-judged partition refinement too (the search gives it to its finalists only). `policy_bound`: once
     the method has chosen its policies, their bound; above `prune_above` (what the search's incumbents need) the
-    candidate is pruned unsimulated."""
+    candidate is pruned unsimulated. `planned`: `plan_result` of the candidate with this `refine`, computed
+    ahead (by a worker process); None: computed here."""
     problem = shared.problem(cand.layout, cand.split if cand.stock else None)
-    try:
-        result = _result(shared, cand, problem, refine)
-    except InfeasibleError as e:
-        return Outcome(cand, "does not fit", bound_s, f"no policy fits: {str(e).splitlines()[0]}")
-    except LynxError as e:
-        return Outcome(cand, "invalid", bound_s, str(e).splitlines()[0])
-    except ValueError as e:  # HEU's model builder on a budget below any policy (reported; see the report)
-        return Outcome(cand, "does not fit", bound_s, f"planner: {e}")
+    result = plan_result(shared, cand, refine) if planned is None else planned
+    if isinstance(result, tuple):
+        return Outcome(cand, result[0], bound_s, result[1])
     part = result.partition
     over = _held_over_budget(problem, result)
     if over:

@@ -93,6 +93,15 @@ def assumptions(res: SearchResult) -> list[str]:
     return out
 
 
+def _workers(res: SearchResult) -> str:
+    """How many processes searched (the answer is the same with one)."""
+    if res.jobs <= 1:
+        return ""
+    handed, used = res.ahead
+    return (f" {res.jobs} worker processes planned {handed} of lynx's candidates ahead of the search ({used} of them "
+            "needed; --jobs 1 gives the same answer in one process).")
+
+
 def explain(res: SearchResult) -> list[str]:
     """A few sentences in the user's terms: what was searched, what won and by how much over the fastest stock
     Megatron-Core configuration and over the published recipe, and what the winner's own choices buy."""
@@ -101,7 +110,8 @@ def explain(res: SearchResult) -> list[str]:
            f"simulated); skipped {res.pruned}: {res.skipped + res.count('pruned (time bound)')} by time bounds and "
            f"{res.over_memory_bound} by memory bounds (neither loses the optimum), "
            f"{res.count('dominated')} dominated by a cheaper method that fits, {res.count('skipped (VPP sweep)')} by "
-           "the VPP sweep (a rule: deeper interleaving of the layout had got slower).", *assumptions(res)]
+           "the VPP sweep (a rule: deeper interleaving of the layout had got slower)." + _workers(res),
+           *assumptions(res)]
     if best is None:
         return [*out, "No configuration fits the memory budget; more GPUs or a shorter sequence are needed."]
     lay = best.candidate.layout
@@ -201,6 +211,7 @@ def result_dict(res: SearchResult) -> dict[str, Any]:
         "skipped_unbuilt": res.skipped,
         "seconds": res.seconds,
         "stage_problems_solved": res.stage_problems, "stage_problem_cache_hits": res.stage_hits,
+        "jobs": res.jobs, "planned_ahead": {"handed_out": res.ahead[0], "used": res.ahead[1]},
         "winner": outcome_dict(best, res) if best else None,
         "stock_megatron": outcome_dict(stock, res) if stock else None,
         "recipes": [{"name": a.recipe.name, "source": a.recipe.source, "reason": a.reason,

@@ -14,6 +14,9 @@ shallower ones, the deeper ones are skipped (`VppSweep`; a rule, not a bound). W
 planned where a method that recomputes a subset of what it recomputes already fits (`dominance`: recomputing,
 or copying to the host, only ever adds time). `exhaustive=True` plans everything (the tests compare both).
 
+With `jobs` > 1, lynx's candidates of the nodes near the top of the heap are planned ahead on worker processes
+(`parallel.Ahead`); the tree itself and what it decides are unchanged.
+
 The published recipes that apply to the job (`recipes.applicable`) are planned always, beside the search; they do
 not feed the incumbents (the table and the stock row are the search's own)."""
 
@@ -25,9 +28,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from lynx.problem import PlanOptions
+from lynx.problem import PlanOptions, PlanResult
 from lynx.search.dominance import cannot_fit, dominated, order
-from lynx.search.evaluate import LYNX_SEARCHED, Outcome, Shared, plan_candidate
+from lynx.search.evaluate import LYNX_SEARCHED, Failed, Outcome, Shared, plan_candidate
+from lynx.search.parallel import Ahead
 from lynx.search.recipes import Applied, applicable
 from lynx.search.space import Candidate, Core, Rejected, Space, cores, layout_candidates
 from lynx.search.tree import Frontier, Kind, Node, count
@@ -55,6 +59,10 @@ class SearchResult:
     reason: none of their candidates is built or listed in `outcomes` (a large cluster refuses millions)."""
     refused_count: int = 0
     """Candidates of the `refused` layouts."""
+    jobs: int = 1
+    """Worker processes that planned lynx's candidates ahead of the tree (1: none, all planned in process)."""
+    ahead: tuple[int, int] = (0, 0)
+    """Candidates handed to the workers, and of those the ones the tree then planned (the rest it pruned)."""
 
     @property
     def ranked(self) -> tuple[Outcome, ...]:
@@ -180,22 +188,38 @@ class VppSweep:
             self.seen.setdefault(key, {})[o.candidate.layout.vpp] = o.iteration_s if o.fits else math.inf
 
 
-def _refine_finalists(shared: Shared, outcomes: list[Outcome], n: int) -> list[Outcome]:
+def _refine_finalists(shared: Shared, outcomes: list[Outcome], n: int, ahead: Ahead | None) -> list[Outcome]:
     """lynx's simulator-judged partition refinement (up to 40 simulations each) for the `n` fastest lynx
     candidates only: it moves a plan by a fraction of a percent, and screening every candidate with it would
-    multiply the search's time by ten (docs/decisions/0069-configuration-search.md)."""
+    multiply the search's time by ten (docs/decisions/0069-configuration-search.md). With workers, each
+    finalist's refinement runs on one."""
     lynx = sorted((o for o in outcomes if o.fits and o.candidate.method in LYNX_SEARCHED),
-                  key=lambda o: o.iteration_s)
-    better = {id(o): plan_candidate(shared, o.candidate, o.bound_s, refine=True) for o in lynx[:n]}
+                  key=lambda o: o.iteration_s)[:n]
+    if ahead is not None:
+        for o in lynx:
+            ahead.submit(o.candidate, refine=True)
+    better = {id(o): plan_candidate(shared, o.candidate, o.bound_s, refine=True,
+                                    planned=None if ahead is None else ahead.take(o.candidate, refine=True))
+              for o in lynx}
     return [better.get(id(o), o) for o in outcomes]
+
+
+AHEAD_AFTER_S = 1.0
+"""Seconds of searching before the workers start: a search that ends sooner (a pinned layout, a small job) does
+not pay for starting them (about half a second of imports each)."""
 
 
 class _Run:
     """One search's state: the frontier, the incumbents, the outcomes decided so far."""
 
+    LOOK = 31
+    """Heap entries `_hand_out` looks at: the heap's top five levels, where the next nodes to pop are."""
+
     def __init__(self, space: Space, base: PlanOptions, top: int, exhaustive: bool,
-                 progress: Progress | None) -> None:
+                 progress: Progress | None, jobs: int = 1) -> None:
         self.shared = Shared(space, base)
+        self.jobs, self.t0 = jobs, time.perf_counter()
+        self.ahead: Ahead | None = None
         self.frontier = Frontier(self.shared)
         self.inc, self.sweep = _Incumbents(top), VppSweep()
         self.top, self.exhaustive, self.progress = top, exhaustive, progress
@@ -232,6 +256,28 @@ class _Run:
             for bad, why in self.frontier.invalid:
                 self._invalid(bad, why)
             self.frontier.invalid.clear()
+            if self.ahead is None and self.jobs > 1 and time.perf_counter() - self.t0 > AHEAD_AFTER_S:
+                self.ahead = Ahead(self.shared.space, self.shared.base, self.jobs)
+            if self.ahead is not None and self.ahead.wants():
+                self._hand_out()
+
+    def _hand_out(self) -> None:
+        """Hand the workers the lynx candidates of the heap's top nodes that the tree will plan when it pops them
+        unless the incumbents have moved by then: nodes past their last tightening (1F1B, or interleaved with
+        the plain bound), not pruned now, whose candidates pass the memory bounds (the same cached answers the
+        tree reads) and the VPP sweep so far."""
+        assert self.ahead is not None
+        for bound, _, node in self.frontier.heap[:self.LOOK]:
+            if node.kind != Kind.LYNX or node.layout is None or not (node.layout.vpp == 1 or node.plain):
+                continue
+            if not self.exhaustive and self.inc.prunes_node(node, bound):
+                continue
+            for c in sorted(self.frontier.candidates(node), key=lambda c: order(c.method)):
+                if c.method not in LYNX_SEARCHED or self.ahead.handed_out(c):
+                    continue
+                if self.frontier.memory_reason(node, c) or (not self.exhaustive and self.sweep.skips(c)):
+                    continue
+                self.ahead.submit(c)
 
     def _prune(self, node: Node, bound: float) -> None:
         n = count(self.shared.space, node)
@@ -256,6 +302,10 @@ class _Run:
         cands = self.frontier.candidates(node)
         self.outcomes += [Outcome(c, "invalid", math.nan, why) for c in cands]
         self.tick(len(cands), "invalid")
+
+    def _taken(self, c: Candidate) -> PlanResult | Failed | None:
+        """A worker's `plan_result` of the candidate where one was handed out (None: plan it here)."""
+        return None if self.ahead is None else self.ahead.take(c)
 
     def _plan(self, node: Node, bound: float) -> None:
         why = self.frontier.split_reason(node) if node.kind == Kind.STOCK else ""
@@ -290,26 +340,42 @@ class _Run:
                            f"time bound {bound:.3f} s exceeds the {self.top} best found")
         if node.kind == Kind.STOCK and not self.exhaustive:  # its policy's bound before it is simulated
             o = plan_candidate(self.shared, c, bound, prune_above=self.inc.threshold(c),
-                               policy_bound=lambda p, r: self.frontier.policy_bound(node, p, r))
+                               policy_bound=lambda p, r: self.frontier.policy_bound(node, p, r), planned=self._taken(c))
         else:
-            o = plan_candidate(self.shared, c, bound)
+            o = plan_candidate(self.shared, c, bound, planned=self._taken(c))
         self.inc.add(o)
         self.sweep.add(o)
         return o
 
 
 def search(space: Space, base: PlanOptions | None = None, top: int = 5, exhaustive: bool = False,
-           progress: Progress | None = None) -> SearchResult:
-    """Plan the space's candidates, pruning by bounds unless `exhaustive`; price the published recipes."""
+           progress: Progress | None = None, jobs: int = 1) -> SearchResult:
+    """Plan the space's candidates, pruning by bounds unless `exhaustive`; price the published recipes. `jobs` > 1:
+    up to that many worker processes plan lynx's candidates ahead of the tree, the finalists' refinements and the
+    recipes (`parallel`: the same answer). They are spawned, so a script that asks for them must guard its entry
+    point with ``if __name__ == "__main__":``, as Python's multiprocessing requires."""
     t0 = time.perf_counter()
-    r = _Run(space, base or PlanOptions(), top, exhaustive, progress)
-    r.run()
-    final = _refine_finalists(r.shared, r.outcomes, 2 * top)
+    r = _Run(space, base or PlanOptions(), top, exhaustive, progress, jobs)
+    try:
+        r.run()
+        final = _refine_finalists(r.shared, r.outcomes, 2 * top, r.ahead)
+        applied = applicable(space)
+        if r.ahead is not None:
+            for a in applied:
+                if a.candidate is not None:
+                    r.ahead.submit(a.candidate)
+        recipes = tuple((a, None if a.candidate is None else plan_candidate(r.shared, a.candidate, math.nan,
+                                                                               planned=r._taken(a.candidate)))
+                        for a in applied)
+    finally:
+        if r.ahead is not None:
+            r.ahead.close()
+    ahead = r.ahead
     final.sort(key=lambda o: (not o.fits, o.iteration_s if o.fits else math.inf, o.candidate.layout,
                               o.candidate.method, o.candidate.split.key()))
-    recipes = tuple((a, None if a.candidate is None else plan_candidate(r.shared, a.candidate, math.nan))
-                    for a in applicable(space))
     heu = r.shared.heu.values()
+    solves, hits = (ahead.solves, ahead.hits) if ahead is not None else (0, 0)
     return SearchResult(space, tuple(final), tuple(r.rejected), time.perf_counter() - t0,
-                        sum(h.solves for h in heu), sum(h.hits for h in heu), recipes, r.skipped, tuple(r.refused),
-                        r.refused_count)
+                        solves + sum(h.solves for h in heu), hits + sum(h.hits for h in heu), recipes, r.skipped,
+                        tuple(r.refused), r.refused_count, jobs if ahead is not None else 1,
+                        (ahead.handed, ahead.used) if ahead is not None else (0, 0))

@@ -84,7 +84,7 @@ class Frontier:
         self.heap: list[tuple[float, int, Node]] = []
         self.seq = itertools.count()
         self.invalid: list[tuple[Node, str]] = []
-        self.memory: dict[tuple[Node, bool], str] = {}
+        self.memory: dict[tuple[Kind, Layout | None, Split | None, bool], str] = {}
         self.pieces: dict[tuple[object, ...], Pieces] = {}
         self.layout_pieces: dict[Layout, Pieces] = {}
         self.steps: dict[tuple[Layout, int, int, tuple[LayerKind, ...] | None], float] = {}
@@ -263,7 +263,9 @@ class Frontier:
         """Why no plan of the candidate can fit ('' when one might): `bounds`' memory bound, on the known
         partition for stock candidates."""
         assert node.layout is not None
-        key = (node, cand.method in CHUNKED_METHODS)  # the bound differs only for chunked methods
+        # the bound differs only for chunked methods; it reads the node's layout and split, not how far its time
+        # bound has been tightened (a lynx node is asked again once tight, and once plain)
+        key = (node.kind, node.layout, node.split, cand.method in CHUNKED_METHODS)
         if key not in self.memory:
             problem = self.shared.problem(node.layout, node.split if node.kind == Kind.STOCK else None)
             if node.kind == Kind.STOCK:

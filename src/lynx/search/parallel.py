@@ -1,0 +1,117 @@
+"""lynx's own candidates planned ahead on worker processes (`lynx plan --gpus N --jobs J`).
+
+The search's tree is sequential: the order it pops nodes in and the incumbents its bounds are compared with decide
+what is planned, and that order is what makes the answer the exhaustive search's. What costs the time is planning
+lynx's candidates (Lynx-HEU's stage models, its partition search and screens: about 60% of a 70B search), and that
+is a pure function of the space, the options and the candidate (`evaluate.plan_result`). So the tree stays in the
+main process, exactly as it was, and `Ahead` hands the lynx candidates of the nodes near the top of its heap to
+workers before the tree reaches them. When the tree decides to plan one, it takes the worker's result (or plans it
+itself if none was handed out); a candidate the tree prunes after all was planned for nothing, which costs a core
+that would otherwise have idled. The pick, the table and every count but the stage problems are the sequential
+search's (tests/unit/test_search_parallel.py compares them).
+
+Workers are spawned (not forked: the parent may hold threads, the progress bar's among them), each builds its own
+`Shared` caches, ignores Ctrl-C and is terminated when the search ends or is interrupted: no solve outlives it."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from dataclasses import dataclass
+from multiprocessing.pool import AsyncResult, Pool
+
+from lynx.problem import PlanOptions, PlanResult
+from lynx.search.evaluate import Failed, Shared, plan_result
+from lynx.search.space import Candidate, Space
+
+AUTO_JOBS_MAX = 8
+"""`--jobs` left to lynx: one worker per CPU the process may use, at most this many."""
+
+
+def auto_jobs() -> int:
+    """The CPUs this process may run on (its affinity, not the machine's count), capped at `AUTO_JOBS_MAX`."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        n = os.cpu_count() or 1
+    return max(1, min(n, AUTO_JOBS_MAX))
+
+
+@dataclass(frozen=True, slots=True)
+class Worked:
+    """A worker's answer: the candidate's `plan_result`, and the Lynx-HEU stage problems it solved and reused."""
+
+    result: PlanResult | Failed
+    solves: int
+    hits: int
+
+
+_SHARED: Shared | None = None
+
+
+def _init(space: Space, base: PlanOptions) -> None:
+    global _SHARED
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the search and terminates the pool
+    _SHARED = Shared(space, base)
+
+
+def _counts(shared: Shared) -> tuple[int, int]:
+    return sum(h.solves for h in shared.heu.values()), sum(h.hits for h in shared.heu.values())
+
+
+def _work(cand: Candidate, refine: bool) -> Worked:
+    assert _SHARED is not None, "worker used before its initializer ran"
+    solves, hits = _counts(_SHARED)
+    result = plan_result(_SHARED, cand, refine)
+    after = _counts(_SHARED)
+    return Worked(result, after[0] - solves, after[1] - hits)
+
+
+class Ahead:
+    """A pool of `jobs` worker processes planning candidates the search hands out ahead of need."""
+
+    def __init__(self, space: Space, base: PlanOptions, jobs: int) -> None:
+        self.jobs = jobs
+        self.pool: Pool = multiprocessing.get_context("spawn").Pool(jobs, initializer=_init, initargs=(space, base))
+        self.pending: dict[tuple[Candidate, bool], AsyncResult[Worked]] = {}
+        self.running: list[AsyncResult[Worked]] = []
+        self.seen: set[tuple[Candidate, bool]] = set()
+        self.solves = self.hits = self.handed = self.used = 0
+        self.waited_s = 0.0
+
+    def wants(self) -> bool:
+        """Room for more work: fewer than two candidates per worker not yet answered."""
+        self.running = [r for r in self.running if not r.ready()]
+        return len(self.running) < 2 * self.jobs
+
+    def handed_out(self, cand: Candidate, refine: bool = False) -> bool:
+        return (cand, refine) in self.seen
+
+    def submit(self, cand: Candidate, refine: bool = False) -> None:
+        key = (cand, refine)
+        if key not in self.seen:
+            self.seen.add(key)
+            r = self.pool.apply_async(_work, key)
+            self.pending[key] = r
+            self.running.append(r)
+            self.handed += 1
+
+    def take(self, cand: Candidate, refine: bool = False) -> PlanResult | Failed | None:
+        """The worker's `plan_result` of a candidate handed out (waiting for it if need be); None if it was not."""
+        r = self.pending.pop((cand, refine), None)
+        if r is None:
+            return None
+        t0 = time.perf_counter()
+        got = r.get()
+        self.waited_s += time.perf_counter() - t0
+        self.solves += got.solves
+        self.hits += got.hits
+        self.used += 1
+        return got.result
+
+    def close(self) -> None:
+        """Stop every worker now, answered or not (nothing they hold is needed once the search returns)."""
+        self.pool.terminate()
+        self.pool.join()

@@ -1,0 +1,74 @@
+"""The search with worker processes (`lynx plan --gpus N --jobs J`, `lynx.search.parallel`): the same answer as in
+one process (every outcome, its status, time and peaks, the counts), the workers really used, and none left
+running when the search ends or is interrupted."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+
+import pytest
+
+from lynx.models import load_model
+from lynx.problem import PlanOptions
+from lynx.search import Pins, Space, run, search
+from lynx.spec import GiB, load_hardware
+
+
+def _rows(res):  # noqa: ANN001, ANN202 (a SearchResult)
+    return [(o.candidate, o.status, None if math.isnan(o.iteration_s) else o.iteration_s, o.stage_peak_gib,
+             o.partition, o.reason) for o in res.outcomes]
+
+
+@pytest.fixture
+def workers_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start the workers with the search (a search this small ends before the default delay)."""
+    monkeypatch.setattr(run, "AHEAD_AFTER_S", 0.0)
+
+
+@pytest.mark.usefixtures("workers_at_once")
+def test_workers_give_the_same_search() -> None:
+    """Interleaved lynx and lynx-offload candidates under a budget where some recompute, some offload and some do
+    not fit: the workers plan most of lynx's candidates, and every outcome is the one-process search's."""
+    space = Space(load_model("gpt-tiny"), load_hardware("a100-40g-nvlink"), 4, 32, 512, Pins(), offload=True)
+    opts = PlanOptions(budget_bytes=0.05 * GiB)
+    one = search(space, opts, top=3)
+    two = search(space, opts, top=3, jobs=2)
+    assert _rows(two) == _rows(one)
+    assert [(a.recipe.name, o and o.iteration_s) for a, o in two.recipes] == \
+        [(a.recipe.name, o and o.iteration_s) for a, o in one.recipes]
+    assert (two.considered, two.pruned, two.planned, two.simulated) == \
+        (one.considered, one.pruned, one.planned, one.simulated)
+    assert one.jobs == 1 and one.ahead == (0, 0)
+    handed, used = two.ahead
+    lynx_planned = sum(o.candidate.method in ("lynx", "lynx-offload") and o.status in ("planned", "does not fit")
+                       for o in two.outcomes)
+    assert two.jobs == 2 and 0 < used <= handed and used >= lynx_planned // 2, (two.ahead, lynx_planned)
+    assert any(o.plan is not None and o.candidate.layout.vpp > 1 for o in two.outcomes)
+    assert not multiprocessing.active_children()
+
+
+@pytest.mark.usefixtures("workers_at_once")
+def test_an_interrupted_search_leaves_no_worker() -> None:
+    """Ctrl-C in the middle of a search (the progress callback raises it, as the signal would): the search stops
+    with KeyboardInterrupt and its workers are gone."""
+    space = Space(load_model("gpt-tiny"), load_hardware("a100-40g-nvlink"), 4, 32, 512, Pins(), offload=True)
+    seen: list[int] = []
+
+    def progress(done: int, total: int, what: str) -> None:
+        seen.append(done)
+        if len(seen) == 40:
+            assert multiprocessing.active_children()  # the workers are up
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        search(space, PlanOptions(budget_bytes=0.05 * GiB), progress=progress, jobs=2)
+    assert not multiprocessing.active_children()
+
+
+def test_a_short_search_starts_no_worker() -> None:
+    """Below `run.AHEAD_AFTER_S` of searching no worker is started (a pinned layout costs no process start)."""
+    space = Space(load_model("gpt-tiny"), load_hardware("a100-40g-nvlink"), 4, 32, 512,
+                  Pins(tp=1, pp=2, vpp=1, mb=1, methods=("lynx",)))
+    res = search(space, PlanOptions(), jobs=4)
+    assert res.jobs == 1 and res.ahead == (0, 0) and res.best is not None
