@@ -203,8 +203,9 @@ def plan_cmd(
         "--allow-idle-gpus", help="Accept a layout that leaves some of --gpus / --nodes idle.")] = False,
     top: Annotated[int, typer.Option("--top", help="With --gpus: configurations in the table.")] = 5,
     jobs: Annotated[int | None, typer.Option(
-        "--jobs", "-j", help="With --gpus: worker processes that plan lynx's candidates ahead of the search (the "
-        "same answer; 1: none) [default: one per CPU this process may use, at most 8].")] = None,
+        "--jobs", "-j", help="With --gpus: processes searching, this one and J - 1 workers that plan lynx's "
+        "candidates ahead of it (the same answer; 1: no workers) [default: one per CPU this process may use, at most "
+        "8].")] = None,
     search_png: Annotated[Path | None, typer.Option(
         "--search-png", help="With --gpus: plot every candidate's time against its peak memory (PNG).")] = None,
     target: Annotated[str | None, typer.Option(

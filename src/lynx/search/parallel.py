@@ -1,4 +1,5 @@
-"""lynx's own candidates planned ahead on worker processes (`lynx plan --gpus N --jobs J`).
+"""lynx's own candidates planned ahead on worker processes (`lynx plan --gpus N --jobs J`: J processes in all,
+the search's own and J - 1 workers).
 
 The search's tree is sequential: the order it pops nodes in and the incumbents its bounds are compared with decide
 what is planned, and that order is what makes the answer the exhaustive search's. What costs the time is planning
@@ -27,7 +28,7 @@ from lynx.search.evaluate import Failed, Shared, plan_result
 from lynx.search.space import Candidate, Space
 
 AUTO_JOBS_MAX = 8
-"""`--jobs` left to lynx: one worker per CPU the process may use, at most this many."""
+"""`--jobs` left to lynx: one process per CPU this one may use (the search's and the workers), at most this many."""
 
 
 def auto_jobs() -> int:
@@ -70,11 +71,12 @@ def _work(cand: Candidate, refine: bool) -> Worked:
 
 
 class Ahead:
-    """A pool of `jobs` worker processes planning candidates the search hands out ahead of need."""
+    """A pool of `workers` processes planning candidates the search hands out ahead of need."""
 
-    def __init__(self, space: Space, base: PlanOptions, jobs: int) -> None:
-        self.jobs = jobs
-        self.pool: Pool = multiprocessing.get_context("spawn").Pool(jobs, initializer=_init, initargs=(space, base))
+    def __init__(self, space: Space, base: PlanOptions, workers: int) -> None:
+        self.workers = workers
+        self.pool: Pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_init,
+                                                                     initargs=(space, base))
         self.pending: dict[tuple[Candidate, bool], AsyncResult[Worked]] = {}
         self.running: list[AsyncResult[Worked]] = []
         self.seen: set[tuple[Candidate, bool]] = set()
@@ -84,7 +86,7 @@ class Ahead:
     def wants(self) -> bool:
         """Room for more work: fewer than two candidates per worker not yet answered."""
         self.running = [r for r in self.running if not r.ready()]
-        return len(self.running) < 2 * self.jobs
+        return len(self.running) < 2 * self.workers
 
     def handed_out(self, cand: Candidate, refine: bool = False) -> bool:
         return (cand, refine) in self.seen

@@ -98,8 +98,9 @@ def _workers(res: SearchResult) -> str:
     if res.jobs <= 1:
         return ""
     handed, used = res.ahead
-    return (f" {res.jobs} worker processes planned {handed} of lynx's candidates ahead of the search ({used} of them "
-            "needed; --jobs 1 gives the same answer in one process).")
+    workers = res.jobs - 1
+    return (f" {workers} worker process{'es' if workers > 1 else ''} planned {handed} of lynx's candidates ahead of "
+            f"the search ({used} of them needed; --jobs 1 gives the same answer in one process).")
 
 
 def explain(res: SearchResult) -> list[str]:

@@ -14,7 +14,7 @@ shallower ones, the deeper ones are skipped (`VppSweep`; a rule, not a bound). W
 planned where a method that recomputes a subset of what it recomputes already fits (`dominance`: recomputing,
 or copying to the host, only ever adds time). `exhaustive=True` plans everything (the tests compare both).
 
-With `jobs` > 1, lynx's candidates of the nodes near the top of the heap are planned ahead on worker processes
+With `jobs` > 1, lynx's candidates of the nodes near the top of the heap are planned ahead on `jobs - 1` workers
 (`parallel.Ahead`); the tree itself and what it decides are unchanged.
 
 The published recipes that apply to the job (`recipes.applicable`) are planned always, beside the search; they do
@@ -60,7 +60,7 @@ class SearchResult:
     refused_count: int = 0
     """Candidates of the `refused` layouts."""
     jobs: int = 1
-    """Worker processes that planned lynx's candidates ahead of the tree (1: none, all planned in process)."""
+    """Processes that searched: this one and `jobs - 1` workers planning lynx's candidates ahead of the tree."""
     ahead: tuple[int, int] = (0, 0)
     """Candidates handed to the workers, and of those the ones the tree then planned (the rest it pruned)."""
 
@@ -257,7 +257,7 @@ class _Run:
                 self._invalid(bad, why)
             self.frontier.invalid.clear()
             if self.ahead is None and self.jobs > 1 and time.perf_counter() - self.t0 > AHEAD_AFTER_S:
-                self.ahead = Ahead(self.shared.space, self.shared.base, self.jobs)
+                self.ahead = Ahead(self.shared.space, self.shared.base, self.jobs - 1)
             if self.ahead is not None and self.ahead.wants():
                 self._hand_out()
 
@@ -351,8 +351,8 @@ class _Run:
 def search(space: Space, base: PlanOptions | None = None, top: int = 5, exhaustive: bool = False,
            progress: Progress | None = None, jobs: int = 1) -> SearchResult:
     """Plan the space's candidates, pruning by bounds unless `exhaustive`; price the published recipes. `jobs` > 1:
-    up to that many worker processes plan lynx's candidates ahead of the tree, the finalists' refinements and the
-    recipes (`parallel`: the same answer). They are spawned, so a script that asks for them must guard its entry
+    this process and `jobs - 1` workers, which plan lynx's candidates ahead of the tree, the finalists' refinements
+    and the recipes (`parallel`: the same answer). They are spawned, so a script that asks for them must guard its entry
     point with ``if __name__ == "__main__":``, as Python's multiprocessing requires."""
     t0 = time.perf_counter()
     r = _Run(space, base or PlanOptions(), top, exhaustive, progress, jobs)
