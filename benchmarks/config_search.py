@@ -165,8 +165,8 @@ def _fresh_once(name: str, case: Case, cmd: list[str], timeout_s: float, target:
     d = json.loads(done.stdout[done.stdout.index("{"):])
     print(f"  considered {d['considered']}, pruned {d['pruned']} ({d['skipped_unbuilt']} never built), planned "
           f"{d['planned']} ({d['simulated']} simulated); search {d['seconds']:.1f} s in process; {d['jobs']} "
-          f"worker process(es), {d['planned_ahead']['used']} of {d['planned_ahead']['handed_out']} candidates "
-          "handed out used")
+          f"process(es) ({d['jobs'] - 1} workers), {d['planned_ahead']['used']} of "
+          f"{d['planned_ahead']['handed_out']} candidates handed out used")
     w = d["winner"]
     if w:
         print(f"  pick: TP{w['tp']} CP{w['cp']} PP{w['pp']} VPP{w['vpp']} DP{w['dp']} mb{w['micro_batch']} "
@@ -178,7 +178,7 @@ def _fresh_once(name: str, case: Case, cmd: list[str], timeout_s: float, target:
         print(f"  one process: {wall:.1f} s wall, {cpu:.1f} s CPU (reference, no target)")
         return True
     holds = wall <= case.seconds_at_most
-    FIGURES.append(_results.Figure(f"{name}: fresh `lynx plan --gpus` ({d['jobs']} workers; {d['planned']} planned, "
+    FIGURES.append(_results.Figure(f"{name}: fresh `lynx plan --gpus` (--jobs {d['jobs']}; {d['planned']} planned, "
                                    f"{cpu:.1f} s CPU of every process{pick})",
                                    round(wall, 1), "s", f"<= {case.seconds_at_most:.0f}", holds))
     print(f"  target: fresh process <= {case.seconds_at_most:.0f} s: {'holds' if holds else 'DOES NOT HOLD'} "

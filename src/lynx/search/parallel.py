@@ -19,9 +19,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import time
 from dataclasses import dataclass
 from multiprocessing.pool import AsyncResult, Pool
+from typing import Any
 
 from lynx.problem import PlanOptions, PlanResult
 from lynx.search.evaluate import Failed, Shared, plan_result
@@ -44,29 +44,44 @@ def auto_jobs() -> int:
 class Worked:
     """A worker's answer: the candidate's `plan_result`, and the Lynx-HEU stage problems it solved and reused."""
 
-    result: PlanResult | Failed
+    result: PlanResult | Failed | None
+    """None: the search had taken the candidate back before this worker started it (`Ahead.take`)."""
     solves: int
     hits: int
 
 
+QUEUED, RUNNING, DONE, TAKEN_BACK = 0, 1, 2, 3
+"""A handed-out candidate's state in `Ahead.states` (changed under its lock): a queued one the search needs now is
+taken back and planned in the search's process rather than waited for behind others."""
+TAKE_BACK = True
+"""False: `Ahead.take` waits for a queued candidate too (tests check every handed-out result is used that way)."""
+SLOTS = 1 << 16
+"""Candidates one search can hand out (its states array); beyond, the search plans them itself."""
+
 _SHARED: Shared | None = None
+_STATES: Any = None
 
 
-def _init(space: Space, base: PlanOptions) -> None:
-    global _SHARED
+def _init(space: Space, base: PlanOptions, states: Any) -> None:
+    global _SHARED, _STATES
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the search and terminates the pool
-    _SHARED = Shared(space, base)
+    _SHARED, _STATES = Shared(space, base), states
 
 
 def _counts(shared: Shared) -> tuple[int, int]:
     return sum(h.solves for h in shared.heu.values()), sum(h.hits for h in shared.heu.values())
 
 
-def _work(cand: Candidate, refine: bool) -> Worked:
+def _work(slot: int, cand: Candidate, refine: bool) -> Worked:
     assert _SHARED is not None, "worker used before its initializer ran"
+    with _STATES.get_lock():
+        if _STATES[slot] == TAKEN_BACK:
+            return Worked(None, 0, 0)
+        _STATES[slot] = RUNNING
     solves, hits = _counts(_SHARED)
     result = plan_result(_SHARED, cand, refine)
     after = _counts(_SHARED)
+    _STATES[slot] = DONE
     return Worked(result, after[0] - solves, after[1] - hits)
 
 
@@ -75,13 +90,13 @@ class Ahead:
 
     def __init__(self, space: Space, base: PlanOptions, workers: int) -> None:
         self.workers = workers
-        self.pool: Pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_init,
-                                                                     initargs=(space, base))
-        self.pending: dict[tuple[Candidate, bool], AsyncResult[Worked]] = {}
+        ctx = multiprocessing.get_context("spawn")
+        self.states = ctx.Array("b", SLOTS)
+        self.pool: Pool = ctx.Pool(workers, initializer=_init, initargs=(space, base, self.states))
+        self.pending: dict[tuple[Candidate, bool], tuple[int, AsyncResult[Worked]]] = {}
         self.running: list[AsyncResult[Worked]] = []
         self.seen: set[tuple[Candidate, bool]] = set()
         self.solves = self.hits = self.handed = self.used = 0
-        self.waited_s = 0.0
 
     def wants(self) -> bool:
         """Room for more work: fewer than two candidates per worker not yet answered."""
@@ -93,25 +108,30 @@ class Ahead:
 
     def submit(self, cand: Candidate, refine: bool = False) -> None:
         key = (cand, refine)
-        if key not in self.seen:
+        if key not in self.seen and self.handed < SLOTS:
             self.seen.add(key)
-            r = self.pool.apply_async(_work, key)
-            self.pending[key] = r
+            slot = self.handed
+            r = self.pool.apply_async(_work, (slot, cand, refine))
+            self.pending[key] = (slot, r)
             self.running.append(r)
             self.handed += 1
 
     def take(self, cand: Candidate, refine: bool = False) -> PlanResult | Failed | None:
-        """The worker's `plan_result` of a candidate handed out (waiting for it if need be); None if it was not."""
-        r = self.pending.pop((cand, refine), None)
-        if r is None:
+        """The worker's `plan_result` of a candidate handed out, waiting for it if a worker has started it; None if
+        it was not handed out, or still queued (then it is taken back: the caller plans it)."""
+        got = self.pending.pop((cand, refine), None)
+        if got is None:
             return None
-        t0 = time.perf_counter()
-        got = r.get()
-        self.waited_s += time.perf_counter() - t0
-        self.solves += got.solves
-        self.hits += got.hits
+        slot, r = got
+        with self.states.get_lock():
+            if TAKE_BACK and self.states[slot] == QUEUED:
+                self.states[slot] = TAKEN_BACK
+                return None
+        worked = r.get()
+        self.solves += worked.solves
+        self.hits += worked.hits
         self.used += 1
-        return got.result
+        return worked.result
 
     def close(self) -> None:
         """Stop every worker now, answered or not (nothing they hold is needed once the search returns)."""
