@@ -49,3 +49,28 @@ def test_bad_moe_flags_are_one_line_errors() -> None:
         parse_megatron_args(base + " --num-experts 2 --moe-router-topk 4")
     with pytest.raises(SpecError, match="not an integer"):
         parse_megatron_args(base + " --num-experts many")
+
+
+def test_deepseek_router_flags_are_read_and_said() -> None:
+    """DeepSeek-V3's router as Megatron-Core runs it (sigmoid scores, expert bias, top-k scaling, node-limited
+    groups, the auxiliary-loss coefficient): the same model and price as without them; the routing switches said
+    to change nothing lynx prices, the group limit named as not priced with the direction of the error (DeepEP
+    sends a token to fewer nodes), no flag left unknown."""
+    m = load_model("deepseek-v3")
+    flags = [" ".join(shlex.quote(x) for x in f) for f in model_flags(m, 4096)]
+    cmd = " ".join(flags) + " --micro-batch-size 1 --global-batch-size 64 --expert-model-parallel-size 8 " \
+        "--tensor-model-parallel-size 2 --sequence-parallel --bf16"
+    router = " --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-topk-scaling-factor " \
+        "2.5 --moe-router-num-groups 8 --moe-router-group-topk 4 --moe-aux-loss-coeff 1e-4 " \
+        "--moe-router-bias-update-rate 1e-3 --moe-permute-fusion --moe-router-fusion"
+    plain, routed = parse_megatron_args(cmd), parse_megatron_args(cmd + router)
+    assert routed.model == plain.model and routed.parallel(8) == plain.parallel(8)
+    new = [w for w in routed.warnings if w not in plain.warnings]
+    assert not any(w.startswith("unknown to lynx") for w in new), new
+    said = next(w for w in new if w.startswith("read, the experts' routing only"))
+    for f in ("--moe-router-score-function", "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor",
+              "--moe-aux-loss-coeff", "--moe-router-bias-update-rate", "--moe-permute-fusion", "--moe-router-fusion"):
+        assert f in said
+    unpriced = next(w for w in new if w.startswith("NOT priced"))
+    assert "--moe-router-num-groups" in unpriced and "upper bound" in unpriced and "--moe-router-group-topk" in unpriced
+    assert "sigmoid" not in " ".join(new) or "softmax or sigmoid" in said  # the value is not taken for a flag

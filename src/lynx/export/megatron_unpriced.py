@@ -33,6 +33,26 @@ which is what it removes; --overlap-p2p-communication: lynx's simulator already 
 the op that receives it, never the sender's compute; --calculate-per-token-loss: one reduction of a scalar per
 micro-batch)."""
 
+NO_EFFECT_MOE: dict[str, str] = {
+    "--moe-router-score-function": "softmax or sigmoid over the [tokens, experts] logits in fp32, the bytes lynx "
+                                   "prices for the router's scores either way",
+    "--moe-router-pre-softmax": "the softmax before or after the top-k, on the same [tokens, experts] scores",
+    "--moe-router-topk-scaling-factor": "a product on the [tokens, top-k] routing weights",
+    "--moe-router-enable-expert-bias": "one float per expert added to the scores for the top-k choice, updated "
+                                       "after the optimizer step (DeepSeek-V3's auxiliary-loss-free balancing)",
+    "--moe-router-bias-update-rate": "with --moe-router-enable-expert-bias (above)",
+    "--moe-aux-loss-coeff": "a scalar loss term on the router's scores (0 turns it off)",
+    "--moe-z-loss-coeff": "as --moe-aux-loss-coeff",
+    "--moe-router-force-load-balancing": "routing made balanced, which is what lynx prices anyway",
+    "--moe-per-layer-logging": "logging",
+    "--moe-router-fusion": "the router's top-k and score kernels fused: a few [tokens, experts] ops",
+    "--moe-permute-fusion": "lynx prices the permutation and its inverse as one pass over the token copies, which "
+                            "is what the fused kernel runs",
+}
+"""Mixture-of-experts router switches that change which experts a token goes to, or by what weight, but neither
+how many copies are sent nor any tensor lynx prices beyond a few bytes per token and expert (Megatron-Core 0.16.1
+TransformerConfig's moe_router_* and loss-coefficient fields)."""
+
 UNPRICED: dict[str, str] = {
     "--defer-embedding-wgrad-compute": "the last stage's output-layer weight gradient deferred into the "
                                        "pipeline flush; lynx charges it in the last backward, an upper bound",
@@ -47,18 +67,31 @@ UNPRICED: dict[str, str] = {
                                    "(2), reserved again in the next: the same peak, allocation time lynx does not "
                                    "charge (a lower bound on the time)",
     "--external-cuda-graph": "as --cuda-graph-impl",
+    "--moe-router-num-groups": "group-limited routing: a token's experts come from at most --moe-router-group-topk "
+                               "of these groups (DeepSeek-V3's node-limited routing when the groups are the EP "
+                               "group's nodes); with --moe-token-dispatcher-type flex DeepEP then sends a token to "
+                               "fewer nodes than lynx prices for balanced routing over all of them (an upper bound "
+                               "on the time); alltoall and allgather send the same copies either way",
+    "--moe-router-group-topk": "with --moe-router-num-groups (above)",
+    "--moe-router-topk-limited-devices": "Megatron's older name for group-limited routing (as "
+                                         "--moe-router-num-groups)",
+    "--moe-input-jitter-eps": "the router's input multiplied by uniform noise, an elementwise pass over the hidden "
+                              "states lynx does not charge (a lower bound on the time)",
+    "--moe-router-padding-for-fp8": "each expert's tokens padded to a multiple of 16 for the FP8 GEMMs, at most 15 "
+                                    "rows an expert that lynx does not count (a lower bound on time and memory)",
 }
 """Flags that change the time or the memory of an iteration which lynx does not price, with what lynx prices
 instead (so the reader knows which way the figure errs)."""
 
 
 def no_effect(flag: str) -> bool:
-    return flag in NO_EFFECT or flag.startswith(NO_EFFECT_PREFIXES)
+    return flag in NO_EFFECT or flag in NO_EFFECT_MOE or flag.startswith(NO_EFFECT_PREFIXES)
 
 
 def flag_warnings(ignored: list[str]) -> list[str]:
     """The warnings for the flags `parse_megatron_args` read but does not price, one heading each."""
-    quiet = [f for f in ignored if no_effect(f)]
+    router = [f for f in ignored if f in NO_EFFECT_MOE]
+    quiet = [f for f in ignored if no_effect(f) and f not in NO_EFFECT_MOE]
     unpriced = [f for f in ignored if f in UNPRICED and not no_effect(f)]
     unknown = [f for f in ignored if f not in UNPRICED and not no_effect(f)]
     out = []
@@ -67,6 +100,9 @@ def flag_warnings(ignored: list[str]) -> list[str]:
                    + "; ".join(f"{f} ({UNPRICED[f]})" for f in unpriced))
     if unknown:
         out.append("unknown to lynx, not priced (check they change neither time nor memory): " + " ".join(unknown))
+    if router:
+        out.append("read, the experts' routing only, priced the same: "
+                   + "; ".join(f"{f} ({NO_EFFECT_MOE[f]})" for f in router))
     if quiet:
         out.append("read, no effect on time or memory: " + " ".join(quiet))
     return out
