@@ -77,3 +77,4 @@ def test_a_short_search_starts_no_worker() -> None:
                   Pins(tp=1, pp=2, vpp=1, mb=1, methods=("lynx",)))
     res = search(space, PlanOptions(), jobs=4)
     assert res.jobs == 1 and res.ahead == (0, 0) and res.best is not None
+

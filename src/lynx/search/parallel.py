@@ -6,10 +6,11 @@ what is planned, and that order is what makes the answer the exhaustive search's
 lynx's candidates (Lynx-HEU's stage models, its partition search and screens: about 60% of a 70B search), and that
 is a pure function of the space, the options and the candidate (`evaluate.plan_result`). So the tree stays in the
 main process, exactly as it was, and `Ahead` hands the lynx candidates of the nodes near the top of its heap to
-workers before the tree reaches them. When the tree decides to plan one, it takes the worker's result (or plans it
-itself if none was handed out); a candidate the tree prunes after all was planned for nothing, which costs a core
-that would otherwise have idled. The pick, the table and every count but the stage problems are the sequential
-search's (tests/unit/test_search_parallel.py compares them).
+workers before the tree reaches them. When the tree decides to plan one, it takes the worker's result if a worker
+has started it, and plans it itself if none was handed out or it is still queued (taken back); a candidate the tree
+prunes after all was planned for nothing, which costs a core that would otherwise have idled. The pick, the table
+and every count but the stage problems are the sequential search's (tests/unit/test_search_parallel.py compares
+them).
 
 Workers are spawned (not forked: the parent may hold threads, the progress bar's among them), each builds its own
 `Shared` caches, ignores Ctrl-C and is terminated when the search ends or is interrupted: no solve outlives it."""
@@ -51,10 +52,15 @@ class Worked:
 
 
 QUEUED, RUNNING, DONE, TAKEN_BACK = 0, 1, 2, 3
-"""A handed-out candidate's state in `Ahead.states` (changed under its lock): a queued one the search needs now is
-taken back and planned in the search's process rather than waited for behind others."""
+"""A handed-out candidate's state in `Ahead.states`: a queued one the search needs now is taken back and planned in
+the search's process rather than waited for behind others. One byte each, read and written without a lock (a
+worker killed while holding one would stop the search): where the search takes a candidate back just as a worker
+starts it, both plan it and the worker's answer is not read; the answer is the same."""
 TAKE_BACK = True
 """False: `Ahead.take` waits for a queued candidate too (tests check every handed-out result is used that way)."""
+WAIT_S = 300.0
+"""The longest the search waits for a started candidate; then it plans it itself and hands out nothing more (a
+worker the system killed never answers, and multiprocessing's pool would wait for it forever)."""
 SLOTS = 1 << 16
 """Candidates one search can hand out (its states array); beyond, the search plans them itself."""
 
@@ -74,10 +80,9 @@ def _counts(shared: Shared) -> tuple[int, int]:
 
 def _work(slot: int, cand: Candidate, refine: bool) -> Worked:
     assert _SHARED is not None, "worker used before its initializer ran"
-    with _STATES.get_lock():
-        if _STATES[slot] == TAKEN_BACK:
-            return Worked(None, 0, 0)
-        _STATES[slot] = RUNNING
+    if _STATES[slot] == TAKEN_BACK:  # no lock (see `QUEUED`)
+        return Worked(None, 0, 0)
+    _STATES[slot] = RUNNING
     solves, hits = _counts(_SHARED)
     result = plan_result(_SHARED, cand, refine)
     after = _counts(_SHARED)
@@ -91,17 +96,18 @@ class Ahead:
     def __init__(self, space: Space, base: PlanOptions, workers: int) -> None:
         self.workers = workers
         ctx = multiprocessing.get_context("spawn")
-        self.states = ctx.Array("b", SLOTS)
+        self.states = ctx.Array("b", SLOTS, lock=False)
         self.pool: Pool = ctx.Pool(workers, initializer=_init, initargs=(space, base, self.states))
         self.pending: dict[tuple[Candidate, bool], tuple[int, AsyncResult[Worked]]] = {}
         self.running: list[AsyncResult[Worked]] = []
         self.seen: set[tuple[Candidate, bool]] = set()
         self.solves = self.hits = self.handed = self.used = 0
+        self.stalled = False
 
     def wants(self) -> bool:
         """Room for more work: fewer than two candidates per worker not yet answered."""
         self.running = [r for r in self.running if not r.ready()]
-        return len(self.running) < 2 * self.workers
+        return not self.stalled and len(self.running) < 2 * self.workers
 
     def handed_out(self, cand: Candidate, refine: bool = False) -> bool:
         return (cand, refine) in self.seen
@@ -123,11 +129,14 @@ class Ahead:
         if got is None:
             return None
         slot, r = got
-        with self.states.get_lock():
-            if TAKE_BACK and self.states[slot] == QUEUED:
-                self.states[slot] = TAKEN_BACK
-                return None
-        worked = r.get()
+        if TAKE_BACK and self.states[slot] == QUEUED:
+            self.states[slot] = TAKEN_BACK
+            return None
+        try:
+            worked = r.get(timeout=WAIT_S)
+        except multiprocessing.TimeoutError:
+            self.stalled = True
+            return None
         self.solves += worked.solves
         self.hits += worked.hits
         self.used += 1
