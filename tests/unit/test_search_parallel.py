@@ -78,3 +78,27 @@ def test_a_short_search_starts_no_worker() -> None:
     res = search(space, PlanOptions(), jobs=4)
     assert res.jobs == 1 and res.ahead == (0, 0) and res.best is not None
 
+
+
+@pytest.mark.usefixtures("workers_at_once")
+def test_a_killed_worker_does_not_stop_the_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers killed mid-search (the system's OOM killer, a user's kill): what they held is planned in the search's
+    process, and the answer is the one-process search's; the search returns and leaves no process."""
+    import os
+    import signal
+
+    monkeypatch.setattr(parallel, "TAKE_BACK", False)  # wait on every handed-out candidate, the killed ones' too
+    space = Space(load_model("gpt-tiny"), load_hardware("a100-40g-nvlink"), 4, 32, 512, Pins(), offload=True)
+    opts = PlanOptions(budget_bytes=0.05 * GiB)
+    killed: list[int] = []
+
+    def progress(done: int, total: int, what: str) -> None:
+        if not killed and multiprocessing.active_children() and done > 40:
+            for p in multiprocessing.active_children():
+                os.kill(p.pid, signal.SIGKILL)
+                killed.append(p.pid)
+
+    two = search(space, opts, top=3, jobs=3, progress=progress)
+    assert killed
+    assert _rows(two) == _rows(search(space, opts, top=3))
+    assert not multiprocessing.active_children()

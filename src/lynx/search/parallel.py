@@ -20,8 +20,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import time
 from dataclasses import dataclass
-from multiprocessing.pool import AsyncResult, Pool
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 from lynx.problem import PlanOptions, PlanResult
@@ -59,83 +61,125 @@ starts it, both plan it and the worker's answer is not read; the answer is the s
 TAKE_BACK = True
 """False: `Ahead.take` waits for a queued candidate too (tests check every handed-out result is used that way)."""
 WAIT_S = 300.0
-"""The longest the search waits for a started candidate; then it plans it itself and hands out nothing more (a
-worker the system killed never answers, and multiprocessing's pool would wait for it forever)."""
+"""The longest the search waits for a started candidate; then it plans it itself and hands out nothing more."""
 SLOTS = 1 << 16
 """Candidates one search can hand out (its states array); beyond, the search plans them itself."""
 
-_SHARED: Shared | None = None
-_STATES: Any = None
-
-
-def _init(space: Space, base: PlanOptions, states: Any) -> None:
-    global _SHARED, _STATES
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the search and terminates the pool
-    _SHARED, _STATES = Shared(space, base), states
+Task = tuple[int, Candidate, bool]
+"""(slot, candidate, refine): what the search sends a worker down its pipe."""
 
 
 def _counts(shared: Shared) -> tuple[int, int]:
     return sum(h.solves for h in shared.heu.values()), sum(h.hits for h in shared.heu.values())
 
 
-def _work(slot: int, cand: Candidate, refine: bool) -> Worked:
-    assert _SHARED is not None, "worker used before its initializer ran"
-    if _STATES[slot] == TAKEN_BACK:  # no lock (see `QUEUED`)
-        return Worked(None, 0, 0)
-    _STATES[slot] = RUNNING
-    solves, hits = _counts(_SHARED)
-    result = plan_result(_SHARED, cand, refine)
-    after = _counts(_SHARED)
-    _STATES[slot] = DONE
-    return Worked(result, after[0] - solves, after[1] - hits)
+def _serve(conn: Connection, space: Space, base: PlanOptions, states: Any) -> None:
+    """A worker: plan each task from its pipe in order, answer (slot, `Worked`), until the pipe closes or says
+    None. The parent stops the search on Ctrl-C and kills its workers; they ignore it themselves."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    shared = Shared(space, base)
+    while True:
+        try:
+            task: Task | None = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        slot, cand, refine = task
+        if states[slot] == TAKEN_BACK:  # no lock (see `QUEUED`)
+            conn.send((slot, Worked(None, 0, 0)))
+            continue
+        states[slot] = RUNNING
+        solves, hits = _counts(shared)
+        result = plan_result(shared, cand, refine)
+        after = _counts(shared)
+        states[slot] = DONE
+        conn.send((slot, Worked(result, after[0] - solves, after[1] - hits)))
 
 
 class Ahead:
-    """A pool of `workers` processes planning candidates the search hands out ahead of need."""
+    """`workers` processes planning candidates the search hands out ahead of need, each on its own pipe (a worker
+    killed by the system closes its pipe only: what it held is planned by the search, the others go on)."""
 
     def __init__(self, space: Space, base: PlanOptions, workers: int) -> None:
-        self.workers = workers
         ctx = multiprocessing.get_context("spawn")
         self.states = ctx.Array("b", SLOTS, lock=False)
-        self.pool: Pool = ctx.Pool(workers, initializer=_init, initargs=(space, base, self.states))
-        self.pending: dict[tuple[Candidate, bool], tuple[int, AsyncResult[Worked]]] = {}
-        self.running: list[AsyncResult[Worked]] = []
+        self.procs: list[BaseProcess] = []
+        self.conns: list[Connection] = []
+        for _ in range(workers):
+            mine, theirs = ctx.Pipe()
+            p = ctx.Process(target=_serve, args=(theirs, space, base, self.states), daemon=True)
+            p.start()
+            theirs.close()
+            self.procs.append(p)
+            self.conns.append(mine)
+        self.load = [0] * workers
+        """Tasks sent to each worker and not yet answered."""
+        self.alive = set(range(workers))
+        self.pending: dict[tuple[Candidate, bool], tuple[int, int]] = {}
+        """Handed out, not yet taken: (slot, worker)."""
+        self.answers: dict[int, Worked] = {}
         self.seen: set[tuple[Candidate, bool]] = set()
         self.solves = self.hits = self.handed = self.used = 0
         self.stalled = False
 
+    def _read(self, timeout: float) -> None:
+        """Collect the answers waiting (up to `timeout` s for one); a closed pipe marks its worker dead."""
+        of = {id(self.conns[w]): w for w in self.alive}
+        for ready in wait([self.conns[w] for w in self.alive], timeout) if of else ():
+            w = of[id(ready)]
+            try:
+                slot, worked = self.conns[w].recv()
+            except (EOFError, OSError):
+                self.alive.discard(w)
+                continue
+            self.load[w] -= 1
+            if worked.result is not None:
+                self.answers[slot] = worked
+
     def wants(self) -> bool:
-        """Room for more work: fewer than two candidates per worker not yet answered."""
-        self.running = [r for r in self.running if not r.ready()]
-        return not self.stalled and len(self.running) < 2 * self.workers
+        """Room for more work: fewer than two candidates per live worker not yet answered."""
+        self._read(0)
+        return not self.stalled and sum(self.load[w] for w in self.alive) < 2 * len(self.alive)
 
     def handed_out(self, cand: Candidate, refine: bool = False) -> bool:
         return (cand, refine) in self.seen
 
     def submit(self, cand: Candidate, refine: bool = False) -> None:
         key = (cand, refine)
-        if key not in self.seen and self.handed < SLOTS:
-            self.seen.add(key)
-            slot = self.handed
-            r = self.pool.apply_async(_work, (slot, cand, refine))
-            self.pending[key] = (slot, r)
-            self.running.append(r)
-            self.handed += 1
+        if key in self.seen or self.handed >= SLOTS or self.stalled or not self.alive:
+            return
+        w = min(self.alive, key=lambda i: self.load[i])
+        slot = self.handed
+        try:
+            self.conns[w].send((slot, cand, refine))
+        except OSError:  # its worker is gone
+            self.alive.discard(w)
+            return
+        self.seen.add(key)
+        self.pending[key] = (slot, w)
+        self.load[w] += 1
+        self.handed += 1
 
     def take(self, cand: Candidate, refine: bool = False) -> PlanResult | Failed | None:
         """The worker's `plan_result` of a candidate handed out, waiting for it if a worker has started it; None if
-        it was not handed out, or still queued (then it is taken back: the caller plans it)."""
+        it was not handed out, still queued (then it is taken back: the caller plans it), or its worker is gone."""
         got = self.pending.pop((cand, refine), None)
         if got is None:
             return None
-        slot, r = got
+        slot, w = got
         if TAKE_BACK and self.states[slot] == QUEUED:
             self.states[slot] = TAKEN_BACK
             return None
-        try:
-            worked = r.get(timeout=WAIT_S)
-        except multiprocessing.TimeoutError:
-            self.stalled = True
+        deadline = time.monotonic() + WAIT_S
+        while slot not in self.answers and w in self.alive:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.stalled = True
+                return None
+            self._read(min(left, 1.0))
+        worked = self.answers.pop(slot, None)
+        if worked is None:
             return None
         self.solves += worked.solves
         self.hits += worked.hits
@@ -144,5 +188,9 @@ class Ahead:
 
     def close(self) -> None:
         """Stop every worker now, answered or not (nothing they hold is needed once the search returns)."""
-        self.pool.terminate()
-        self.pool.join()
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.join()
+        for c in self.conns:
+            c.close()
