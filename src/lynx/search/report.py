@@ -99,8 +99,8 @@ def _workers(res: SearchResult) -> str:
         return ""
     handed, used = res.ahead
     workers = res.jobs - 1
-    return (f" {workers} worker process{'es' if workers > 1 else ''} planned {handed} of lynx's candidates ahead of "
-            f"the search ({used} of them needed; --jobs 1 gives the same answer in one process).")
+    return (f" {workers} worker process{'es' if workers > 1 else ''} took {handed} of lynx's candidates ahead of the "
+            f"search, which used {used} of their answers (--jobs 1 gives the same answer in one process).")
 
 
 def explain(res: SearchResult) -> list[str]:
