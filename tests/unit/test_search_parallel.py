@@ -102,3 +102,19 @@ def test_a_killed_worker_does_not_stop_the_search(monkeypatch: pytest.MonkeyPatc
     assert killed
     assert _rows(two) == _rows(search(space, opts, top=3))
     assert not multiprocessing.active_children()
+
+
+@pytest.mark.usefixtures("workers_at_once")
+def test_workers_the_system_refuses_leave_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the system refuses the worker processes (a process limit, memory), the search runs in this one, as
+    --jobs 1, and says so."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(run, "Ahead", refuse)
+    space = Space(load_model("gpt-tiny"), load_hardware("a100-40g-nvlink"), 4, 32, 512, Pins(), offload=True)
+    opts = PlanOptions(budget_bytes=0.05 * GiB)
+    res = search(space, opts, top=3, jobs=3)
+    assert res.jobs == 1 and res.ahead == (0, 0)
+    assert _rows(res) == _rows(search(space, opts, top=3))

@@ -338,7 +338,10 @@ def plan_cmd(
     mode = check_plan_mode(params, f.typed)
     _check_plan_outputs(out, gantt, memory_png)
     check_outputs(**{"--search-png": (search_png, PLOT_FORMATS)})
-    check_ints(**{"--gpus": (gpus, POSITIVE), "--top": (top, POSITIVE), "--jobs": (jobs, POSITIVE),
+    from lynx.search.parallel import MAX_JOBS
+    from lynx.validate import Range
+
+    check_ints(**{"--gpus": (gpus, POSITIVE), "--top": (top, POSITIVE), "--jobs": (jobs, Range(gt=0, le=MAX_JOBS)),
                   "--vpp": (vpp, POSITIVE), "--nodes": (nodes, POSITIVE)})
     if f.fusions_given() and profile:
         raise SpecError(f"{f.fusions_given()[0]} with --profile: a profile measured the kernels it ran; the fusion "

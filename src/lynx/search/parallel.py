@@ -30,6 +30,9 @@ from lynx.problem import PlanOptions, PlanResult
 from lynx.search.evaluate import Failed, Shared, plan_result
 from lynx.search.space import Candidate, Space
 
+MAX_JOBS = 256
+"""The most processes `--jobs` takes: each worker holds its own caches (hundreds of MB on a large space), so a
+count far beyond the machine's CPUs is a typo, refused before any process starts."""
 AUTO_JOBS_MAX = 8
 """`--jobs` left to lynx: one process per CPU this one may use (the search's and the workers), at most this many."""
 

@@ -62,7 +62,8 @@ class SearchResult:
     jobs: int = 1
     """Processes that searched: this one and `jobs - 1` workers planning lynx's candidates ahead of the tree."""
     ahead: tuple[int, int] = (0, 0)
-    """Candidates handed to the workers, and of those the ones the tree then planned (the rest it pruned)."""
+    """Candidates handed to the workers, and of those the ones whose answer the tree used (the rest it pruned, or
+    planned itself while they were still queued)."""
 
     @property
     def ranked(self) -> tuple[Outcome, ...]:
@@ -220,6 +221,7 @@ class _Run:
         self.shared = Shared(space, base)
         self.jobs, self.t0 = jobs, time.perf_counter()
         self.ahead: Ahead | None = None
+        self.handed_nodes: set[Node] = set()
         self.frontier = Frontier(self.shared)
         self.inc, self.sweep = _Incumbents(top), VppSweep()
         self.top, self.exhaustive, self.progress = top, exhaustive, progress
@@ -257,9 +259,17 @@ class _Run:
                 self._invalid(bad, why)
             self.frontier.invalid.clear()
             if self.ahead is None and self.jobs > 1 and time.perf_counter() - self.t0 > AHEAD_AFTER_S:
-                self.ahead = Ahead(self.shared.space, self.shared.base, self.jobs - 1)
+                self._start_workers()
             if self.ahead is not None and self.ahead.wants():
                 self._hand_out()
+
+    def _start_workers(self) -> None:
+        """Start the workers; where the system refuses processes (a limit, memory) the search goes on in this one
+        process, as `--jobs 1` (the same answer), and says so (`SearchResult.jobs`)."""
+        try:
+            self.ahead = Ahead(self.shared.space, self.shared.base, self.jobs - 1)
+        except OSError:
+            self.jobs = 1
 
     def _hand_out(self) -> None:
         """Hand the workers the lynx candidates of the heap's top nodes that the tree will plan when it pops them
@@ -270,8 +280,9 @@ class _Run:
         for bound, _, node in self.frontier.heap[:self.LOOK]:
             if node.kind != Kind.LYNX or node.layout is None or not (node.layout.vpp == 1 or node.plain):
                 continue
-            if not self.exhaustive and self.inc.prunes_node(node, bound):
+            if node in self.handed_nodes or (not self.exhaustive and self.inc.prunes_node(node, bound)):
                 continue
+            self.handed_nodes.add(node)  # its candidates are looked at once (the heap's top stays put for a while)
             for c in sorted(self.frontier.candidates(node), key=lambda c: order(c.method)):
                 if c.method not in LYNX_SEARCHED or self.ahead.handed_out(c):
                     continue
