@@ -10,7 +10,8 @@ GBS 8192, `--recompute-modules mla_up_proj mlp`, layout "Et|(tt|)*30mL"; publish
 price: that layout is used for the comparison only, priced in BF16).
 
 Calibration: the first Qwen3 row was the check the flex (DeepEP) pricing was written against (`cost.moe`: a token
-crosses to each remote node once, DeepSeek-V3 report sec. 3.2.2); no constant was fitted to it. The second row
+crosses to each remote node once, DeepSeek-V3 report sec. 3.2.2; with the preset's group-limited router,
+DeepSeek-V3's 4 of 8 groups, the nodes its groups cover: decision 0253); no constant was fitted to it. The second row
 is held out. Both are planned with the published recompute flags (the measured run's), the published split
 (94 layers + embedding + loss over 32 virtual stages: `--account-for-embedding/loss-in-pipeline-split`),
 distributed optimizer, megatron-bf16 recipe.

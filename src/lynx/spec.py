@@ -44,6 +44,8 @@ DispatcherType = Literal["allgather", "alltoall", "flex"]
 """Megatron-Core's --moe-token-dispatcher-type."""
 LoadBalancing = Literal["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"]
 """Megatron-Core's --moe-router-load-balancing-type (one type; lists of several are not modelled)."""
+ScoreFunction = Literal["softmax", "sigmoid"]
+"""Megatron-Core's --moe-router-score-function."""
 CpCommType = Literal["p2p", "a2a", "all_gather", "a2a+p2p"]
 """Megatron-Core's --cp-comm-type: how context-parallel attention exchanges K/V (TransformerEngine's
 AttnFuncWithCPAndKVP2P, AttnFuncWithCPAndQKVOA2A, AttnFuncWithCPAndKVAllGather; a2a+p2p: hierarchical, a2a
@@ -141,6 +143,25 @@ class ModelSpec:
     """--moe-token-dispatcher-type: allgather (Megatron's default), alltoall or flex (DeepEP; priced as alltoall)."""
     moe_router_load_balancing_type: LoadBalancing = "aux_loss"
     """--moe-router-load-balancing-type; no effect on time or memory (exported so the command line trains it)."""
+    # the router's choice and weights (Megatron-Core's moe_router_* fields): which experts a token goes to and by
+    # what weight, not how many copies are sent, so they change neither time nor memory beyond a few bytes per token
+    # and expert (the router's scores are priced in fp32 either way); `lynx train` runs them and the export writes them
+    moe_router_score_function: ScoreFunction = "softmax"
+    """--moe-router-score-function: softmax (Megatron's default; Mixtral, Qwen3) or sigmoid (DeepSeek-V3)."""
+    moe_router_pre_softmax: bool = False
+    """--moe-router-pre-softmax: the softmax over all experts before the top-k (else over the top-k logits)."""
+    moe_router_topk_scaling_factor: float | None = field(default=None, metadata=rng(gt=0))
+    """--moe-router-topk-scaling-factor: the routing weights multiplied by it (DeepSeek-V3: 2.5); None: 1."""
+    moe_router_enable_expert_bias: bool = False
+    """--moe-router-enable-expert-bias: a per-expert bias added to the scores for the top-k choice only, moved by
+    --moe-router-bias-update-rate towards balance after every step (DeepSeek-V3's auxiliary-loss-free balancing)."""
+    moe_router_bias_update_rate: float = field(default=1e-3, metadata=rng(gt=0, le=1.0))
+    """--moe-router-bias-update-rate (Megatron's default 1e-3)."""
+    moe_router_num_groups: int = field(default=0, metadata=rng(ge=0, le=1 << 16))
+    """--moe-router-num-groups: the experts in this many equal groups for group-limited routing; 0: none."""
+    moe_router_group_topk: int = field(default=0, metadata=rng(ge=0, le=1 << 16))
+    """--moe-router-group-topk: a token's experts come from this many groups, those of the highest sums of their
+    top (topk / group_topk) scores (DeepSeek-V3: 4 of 8); 0: no group limit."""
     moe_expert_capacity_factor: float | None = field(default=None, metadata=rng(gt=0))
     """--moe-expert-capacity-factor: tokens per expert capped at this x the balanced share; None is dropless."""
     moe_pad_expert_input_to_capacity: bool = False
@@ -227,6 +248,37 @@ def _check_moe(m: ModelSpec) -> None:
             raise SpecError(f"{where}: moe_layer_pattern has no MoE layer; valid: at least one 1, or num_moe_experts 0")
     if m.moe_pad_expert_input_to_capacity and m.moe_expert_capacity_factor is None:
         raise SpecError(f"{where}: moe_pad_expert_input_to_capacity needs moe_expert_capacity_factor (Megatron's rule)")
+    _check_router(m, where)
+
+
+def _check_router(m: ModelSpec, where: str) -> None:
+    """The router fields' rules, Megatron-Core 0.16.1's TransformerConfig.__post_init__ ones, plus one it leaves
+    to a wrong answer: the chosen groups must hold at least topk experts."""
+    if m.moe_router_score_function not in get_args(ScoreFunction):
+        raise SpecError(f"{where}: moe_router_score_function {m.moe_router_score_function!r}; choose one of "
+                        f"{', '.join(get_args(ScoreFunction))}")
+    if m.moe_router_enable_expert_bias and m.moe_router_score_function != "sigmoid":
+        raise SpecError(f"{where}: moe_router_enable_expert_bias needs moe_router_score_function sigmoid "
+                        "(Megatron's rule)")
+    if (m.moe_router_topk == 1 and m.moe_router_score_function == "softmax" and not m.moe_router_pre_softmax
+            and m.moe_router_load_balancing_type != "sinkhorn"):
+        raise SpecError(f"{where}: moe_router_topk 1 with the softmax after the top-k gives zero gradients; set "
+                        "moe_router_pre_softmax (Megatron's rule)")
+    if m.moe_router_group_topk:
+        g = m.moe_router_num_groups
+        if not g:
+            raise SpecError(f"{where}: moe_router_group_topk needs moe_router_num_groups (Megatron's rule)")
+        if m.num_moe_experts % g:
+            raise SpecError(f"{where}: moe_router_num_groups {g} must divide num_moe_experts {m.num_moe_experts}")
+        if m.moe_router_group_topk > g:
+            raise SpecError(f"{where}: moe_router_group_topk {m.moe_router_group_topk} exceeds moe_router_num_groups "
+                            f"{g}")
+        if m.moe_router_group_topk * (m.num_moe_experts // g) < m.moe_router_topk:
+            raise SpecError(f"{where}: moe_router_group_topk {m.moe_router_group_topk} groups of "
+                            f"{m.num_moe_experts // g} experts hold fewer than moe_router_topk {m.moe_router_topk}")
+        if m.moe_router_topk < m.moe_router_group_topk:
+            raise SpecError(f"{where}: moe_router_group_topk {m.moe_router_group_topk} exceeds moe_router_topk "
+                            f"{m.moe_router_topk}: groups are ranked by their top (topk / group_topk) scores")
 
 
 @dataclass(frozen=True, slots=True)
@@ -672,7 +724,10 @@ def fusion_changes(m: ModelSpec) -> dict[str, Any]:
 
 _LATE_FIELDS = ("kv_channels", "qk_layernorm", "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size",
                 "moe_shared_expert_intermediate_size", "moe_layer_freq", "moe_layer_pattern", "moe_grouped_gemm",
-                "moe_token_dispatcher_type", "moe_router_load_balancing_type", "moe_expert_capacity_factor",
+                "moe_token_dispatcher_type", "moe_router_load_balancing_type", "moe_router_score_function",
+                "moe_router_pre_softmax", "moe_router_topk_scaling_factor", "moe_router_enable_expert_bias",
+                "moe_router_bias_update_rate", "moe_router_num_groups", "moe_router_group_topk",
+                "moe_expert_capacity_factor",
                 "moe_pad_expert_input_to_capacity", "moe_imbalance", "multi_latent_attention", "q_lora_rank",
                 "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "mtp_num_layers")
 """ModelSpec fields added with mixture-of-experts (decision 0220): written only where not at their defaults."""

@@ -22,6 +22,9 @@ from lynx.runtime.pipeline import PipelineLayout, PipelineRunner, make_groups
 from lynx.runtime.pipeline.order import layout_schedule
 from lynx.spec import ModelSpec, ParallelSpec, load_hardware
 
+ROUTER_FIELDS = ("moe_router_score_function", "moe_router_pre_softmax", "moe_router_topk_scaling_factor",
+                 "moe_router_enable_expert_bias", "moe_router_bias_update_rate", "moe_router_num_groups",
+                 "moe_router_group_topk")
 REPLICATED = ("q_norm", "k_norm", "q_down", "kv_down", "q_latent_norm", "kv_latent_norm")
 """Attention weights replicated over TP whose gradient each TP rank computes in part (q/k norms; MLA's down
 projections and latent norms with SP): summed over TP, every rank holds the TP 1 gradient."""
@@ -45,6 +48,8 @@ class MoECase:
     """Megatron's --qk-layernorm (Qwen3)."""
     mla: bool = False
     """Multi-latent attention (DeepSeek-V3's, at toy ranks: q latent 32, kv latent 16, heads 16 + 8 rotary, v 16)."""
+    deepseek_router: bool = False
+    """DeepSeek-V3's router (deepseek-v3-tiny's: sigmoid, expert bias, scaling 2.5, 2 of 4 groups)."""
     """Megatron's --moe-layer-freq as a list (1: MoE, 0: dense; DeepSeek's dense first layers); empty: all MoE."""
 
     @property
@@ -65,6 +70,9 @@ class MoECase:
         if self.mla:
             m = replace(m, multi_latent_attention=True, q_lora_rank=32, kv_lora_rank=16, qk_head_dim=16,
                         qk_pos_emb_head_dim=8, v_head_dim=16)
+        if self.deepseek_router:
+            ds = load_model("deepseek-v3-tiny")
+            m = replace(m, **{f: getattr(ds, f) for f in ROUTER_FIELDS})
         return m if self.shared else replace(m, moe_shared_expert_intermediate_size=0)
 
     def problem(self, budget: float | None = None) -> PlanProblem:
@@ -113,9 +121,10 @@ def expected_windows(pols: tuple[RecomputePolicy, ...], hosted: int, m: int) -> 
     return out
 
 
-def compare_moe(case: MoECase, group: Any) -> dict[str, Any]:
-    """One iteration of `case` on this rank with Lynx's policies and without recomputation: what differed, and
-    the restorations per window against the plan's."""
+def _setup(case: MoECase) -> tuple[int, tuple[int, ...], tuple[RecomputePolicy, ...], PlanProblem, MoEConfig,
+                                    list[tuple[torch.Tensor, torch.Tensor]]]:
+    """This rank, the case's partition, policies and problem, the runtime's config, and this DP rank's
+    micro-batches (DP rank r's are r x m .. r x m + m - 1 of the global batch)."""
     import torch.distributed as dist
 
     from lynx.runtime.layers.family import runtime_for
@@ -123,10 +132,19 @@ def compare_moe(case: MoECase, group: Any) -> dict[str, Any]:
     rank = dist.get_rank()
     part, pols, prob = case.policies()
     cfg = runtime_for(prob.model).config(prob.model, prob.parallel, torch.float32, False)
+    assert isinstance(cfg, MoEConfig)
     dp_rank = (rank // case.tp) % case.dp
     m = case.num_microbatches
     batches = [synthetic_batch(prob.model.vocab_size, case.micro_batch, case.seq_length, dp_rank * m + j, 0,
                                torch.device("cpu")) for j in range(m)]
+    return rank, part, pols, prob, cfg, batches
+
+
+def compare_moe(case: MoECase, group: Any) -> dict[str, Any]:
+    """One iteration of `case` on this rank with Lynx's policies and without recomputation: what differed, and
+    the restorations per window against the plan's."""
+    rank, part, pols, prob, cfg, batches = _setup(case)
+    m = case.num_microbatches
     got, want = _runner(case, cfg, part, pols, rank), _runner(case, cfg, part, (None,) * len(part), rank)
     got.step(batches)
     want.step(batches)
@@ -142,8 +160,23 @@ def compare_moe(case: MoECase, group: Any) -> dict[str, Any]:
                      for s in stages},
         "expert_grads": sorted(n for n in g if "experts_w" in n),
         "replicated_grads": {n: g[n].reshape(-1).tolist() for n in sorted(g) if n.endswith(REPLICATED)},
+        "expert_bias": expert_biases(got), "expert_bias_equal": expert_biases(got) == expert_biases(want),
         **(_memory(case, got, pols, prob, cfg) if case.pp == 1 and not prob.heterogeneous else {}),
     }
+
+
+def expert_biases(runner: PipelineRunner) -> dict[str, list[float]]:
+    """Every MoE layer's expert bias after the step, by the buffer's name."""
+    return {n: b.tolist() for m in runner.modules.values() for n, b in m.named_buffers() if n.endswith("expert_bias")}
+
+
+def step_biases(case: MoECase, group: Any) -> dict[str, Any]:
+    """The expert biases after one step of `case` with Lynx's policies, the global batch being micro-batches
+    0 .. DP x m - 1 (`_setup`): a run at DP 1 with DP x m micro-batches sees the same tokens."""
+    rank, part, pols, _, cfg, batches = _setup(case)
+    runner = _runner(case, cfg, part, pols, rank)
+    runner.step(batches)
+    return {"rank": rank, "expert_bias": expert_biases(runner)}
 
 
 def _memory(case: MoECase, got: PipelineRunner, pols: tuple[RecomputePolicy, ...], prob: PlanProblem,

@@ -23,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lynx.runtime.launch import run_ranks  # noqa: E402
-from tests.harness.moe_check import MoECase, compare_moe  # noqa: E402
+from tests.harness.moe_check import MoECase, compare_moe, step_biases  # noqa: E402
 
 A2A = ("dispatch_a2a", "combine_a2a")
 
@@ -117,6 +117,23 @@ def test_ep2_deepseek_moe_layer_bitwise(tmp_path: Path) -> None:
     for r in out:
         assert any(n.endswith("q_down") for n in r["replicated_grads"]), sorted(r["replicated_grads"])
         assert 0.97 * r["predicted_at_imbalance"] <= r["peak"] <= 1.03 * r["predicted_at_imbalance"], r
+
+
+def test_ep2_deepseek_router_bitwise_and_the_expert_bias_counts_the_global_batch(tmp_path: Path) -> None:
+    """DeepSeek-V3's router (sigmoid, expert bias, scaling, 2 of 4 groups) at EP 2 x DP 2: bitwise under Lynx's
+    recomputation (a restored router chooses as the forward did), and after the step every rank holds the expert
+    bias of a one-rank run over the same global batch (DP x m micro-batches): the copies per expert counted over
+    the stage's DP ranks before the sign rule, moved off zero."""
+    case = MoECase(tp=1, pp=1, dp=2, ep=2, deepseek_router=True)
+    (tmp_path / "ep2").mkdir()
+    (tmp_path / "one").mkdir()
+    out = _run(case, tmp_path / "ep2")
+    one = run_ranks(functools.partial(step_biases, replace(case, dp=1, ep=1, num_microbatches=8)), 1,
+                    tmp_path / "one", threads=1)[0]["expert_bias"]
+    assert one and all(any(x != 0.0 for x in b) for b in one.values()), one
+    for r in out:
+        assert r["expert_bias_equal"], r["rank"]
+        assert r["expert_bias"] == one, (r["rank"], r["expert_bias"], one)
 
 
 @pytest.mark.slow

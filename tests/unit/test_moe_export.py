@@ -12,6 +12,7 @@ from lynx.export.megatron_args import parse_megatron_args
 from lynx.export.megatron_model import model_flags
 from lynx.export.megatron_moe import parse_layer_freq
 from lynx.models import load_model
+from lynx.spec import ModelSpec
 
 
 def test_moe_layer_freq_forms() -> None:
@@ -51,26 +52,69 @@ def test_bad_moe_flags_are_one_line_errors() -> None:
         parse_megatron_args(base + " --num-experts many")
 
 
-def test_deepseek_router_flags_are_read_and_said() -> None:
-    """DeepSeek-V3's router as Megatron-Core runs it (sigmoid scores, expert bias, top-k scaling, node-limited
-    groups, the auxiliary-loss coefficient): the same model and price as without them; the routing switches said
-    to change nothing lynx prices, the group limit named as not priced with the direction of the error (DeepEP
-    sends a token to fewer nodes), no flag left unknown."""
+def _deepseek_cmd(extra: str = "") -> str:
     m = load_model("deepseek-v3")
-    flags = [" ".join(shlex.quote(x) for x in f) for f in model_flags(m, 4096)]
-    cmd = " ".join(flags) + " --micro-batch-size 1 --global-batch-size 64 --expert-model-parallel-size 8 " \
-        "--tensor-model-parallel-size 2 --sequence-parallel --bf16"
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelSpec)}
+    plain = dataclasses.replace(m, **{f: defaults[f] for f in ROUTER_FIELDS})
+    flags = [" ".join(shlex.quote(x) for x in f) for f in model_flags(plain, 4096)]
+    return " ".join(flags) + " --micro-batch-size 1 --global-batch-size 64 --expert-model-parallel-size 8 " \
+        "--tensor-model-parallel-size 2 --sequence-parallel --bf16" + extra
+
+
+ROUTER_FIELDS = ("moe_router_score_function", "moe_router_pre_softmax", "moe_router_topk_scaling_factor",
+                 "moe_router_enable_expert_bias", "moe_router_bias_update_rate", "moe_router_num_groups",
+                 "moe_router_group_topk")
+
+
+def test_deepseek_router_flags_are_read_into_the_model() -> None:
+    """DeepSeek-V3's router as Megatron-Core's recipe runs it (sigmoid scores, expert bias, top-k scaling,
+    node-limited groups): read into the model's router fields, so the preset's and the command line's models are
+    the same and `lynx train` routes as Megatron does; the auxiliary-loss coefficient and the fusions are said to
+    change nothing lynx prices; no flag left unknown or unpriced."""
     router = " --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-topk-scaling-factor " \
         "2.5 --moe-router-num-groups 8 --moe-router-group-topk 4 --moe-aux-loss-coeff 1e-4 " \
         "--moe-router-bias-update-rate 1e-3 --moe-permute-fusion --moe-router-fusion"
-    plain, routed = parse_megatron_args(cmd), parse_megatron_args(cmd + router)
-    assert routed.model == plain.model and routed.parallel(8) == plain.parallel(8)
+    plain, routed = parse_megatron_args(_deepseek_cmd()), parse_megatron_args(_deepseek_cmd(router))
+    want = load_model("deepseek-v3")
+    assert {f: getattr(routed.model, f) for f in ROUTER_FIELDS} == {f: getattr(want, f) for f in ROUTER_FIELDS}
+    assert plain.model.moe_router_score_function == "softmax" and not plain.model.moe_router_group_topk
     new = [w for w in routed.warnings if w not in plain.warnings]
-    assert not any(w.startswith("unknown to lynx") for w in new), new
+    assert not any(w.startswith(("unknown to lynx", "NOT priced")) for w in new), new
     said = next(w for w in new if w.startswith("read, the experts' routing only"))
-    for f in ("--moe-router-score-function", "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor",
-              "--moe-aux-loss-coeff", "--moe-router-bias-update-rate", "--moe-permute-fusion", "--moe-router-fusion"):
+    for f in ("--moe-aux-loss-coeff", "--moe-permute-fusion", "--moe-router-fusion"):
         assert f in said
-    unpriced = next(w for w in new if w.startswith("NOT priced"))
-    assert "--moe-router-num-groups" in unpriced and "upper bound" in unpriced and "--moe-router-group-topk" in unpriced
-    assert "sigmoid" not in " ".join(new) or "softmax or sigmoid" in said  # the value is not taken for a flag
+
+
+def test_the_deprecated_device_limit_is_one_group_per_ep_rank() -> None:
+    """--moe-router-topk-limited-devices N (Megatron's older spelling): N groups of the EP ranks' experts, as
+    Megatron-Core's TransformerConfig turns it into --moe-router-group-topk N --moe-router-num-groups EP; given
+    with the new flags, the one-line error Megatron gives."""
+    got = parse_megatron_args(_deepseek_cmd(" --moe-router-topk-limited-devices 4"))
+    assert (got.model.moe_router_num_groups, got.model.moe_router_group_topk) == (8, 4)
+    with pytest.raises(SpecError, match="--moe-router-topk-limited-devices"):
+        parse_megatron_args(_deepseek_cmd(" --moe-router-topk-limited-devices 4 --moe-router-num-groups 8 "
+                                          "--moe-router-group-topk 4"))
+
+
+@pytest.mark.parametrize(("extra", "field"), [
+    (" --moe-router-enable-expert-bias", "needs moe_router_score_function sigmoid"),
+    (" --moe-router-group-topk 4", "needs moe_router_num_groups"),
+    (" --moe-router-num-groups 7 --moe-router-group-topk 4", "must divide num_moe_experts"),
+    (" --moe-router-num-groups 8 --moe-router-group-topk 9", "exceeds moe_router_num_groups"),
+    (" --moe-router-score-function tanh", "moe_router_score_function"),
+    (" --moe-router-topk-scaling-factor 0", "moe_router_topk_scaling_factor"),
+])
+def test_bad_router_flags_are_one_line_errors(extra: str, field: str) -> None:
+    with pytest.raises(SpecError, match=field) as e:
+        parse_megatron_args(_deepseek_cmd(extra))
+    assert "\n" not in str(e.value)
+
+
+def test_top1_softmax_needs_the_softmax_first() -> None:
+    """Megatron-Core refuses top-1 routing with the softmax after the top-k (its gradient is zero)."""
+    base = "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 512 --micro-batch-size 1 " \
+        "--global-batch-size 8 --swiglu --normalization RMSNorm --disable-bias-linear --position-embedding-type " \
+        "rope --num-experts 4 --moe-router-topk 1"
+    with pytest.raises(SpecError, match="moe_router_pre_softmax"):
+        parse_megatron_args(base)
+    assert parse_megatron_args(base + " --moe-router-pre-softmax").model.moe_router_pre_softmax

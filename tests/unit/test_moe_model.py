@@ -4,6 +4,7 @@ the layer pattern, expert parallelism's rules, the MoE op list and the all-to-al
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -154,6 +155,32 @@ def test_flex_dispatcher_crosses_each_remote_node_once() -> None:
     a2a = build_layer_graph(dataclasses.replace(m, moe_token_dispatcher_type="alltoall"), hw, par)
     ratio = remote_node_copies(8, 4) / (8 * 0.75)  # remote bytes: deduplicated over every remote copy
     assert flex == pytest.approx(a2a.op("dispatch_a2a").fwd_time * ratio, rel=0.01)
+
+
+def test_node_limited_routing_bounds_the_nodes_a_flex_token_crosses_to() -> None:
+    """DeepSeek-V3's node-limited routing (8 groups, 4 chosen) at EP 64 over 8 nodes: a token's copies reach the
+    nodes of its 4 groups, so it crosses to 4 x 7/8 remote nodes, not the 8 x (1 - (7/8)^8) x 7/8 of routing over
+    all of them; groups smaller than a node and larger than one follow; groups that do not line up with the
+    nodes, or a limit that does not bind, keep the unlimited figure. The alltoall dispatcher sends every copy
+    either way, so only flex's price moves."""
+    from lynx.cost.moe import remote_node_copies
+
+    free = remote_node_copies(8, 8)
+    assert remote_node_copies(8, 8, 8, 4) == pytest.approx(4 * 7 / 8)
+    assert remote_node_copies(8, 8, 16, 4) == pytest.approx(8 * (1 - math.comb(14, 4) / math.comb(16, 4)) * 7 / 8)
+    assert remote_node_copies(8, 16, 8, 4) == pytest.approx(4 * 2 * (1 - 0.5 ** 2) * 15 / 16)
+    assert remote_node_copies(8, 8, 6, 3) == remote_node_copies(8, 8, 8, 8) == free
+    hw = load_hardware(H100)
+    ds = load_model("deepseek-v3")
+    par = ParallelSpec(tp=1, dp=64, ep=64, etp=1, global_batch_size=64, seq_length=4096)
+    times = {}
+    for disp in ("flex", "alltoall"):
+        for groups in ((8, 4), (0, 0)):
+            m = dataclasses.replace(ds, moe_token_dispatcher_type=disp, moe_router_num_groups=groups[0],
+                                    moe_router_group_topk=groups[1])
+            times[disp, groups] = build_layer_graph(m, hw, par).op("dispatch_a2a").fwd_time
+    assert times["alltoall", (8, 4)] == times["alltoall", (0, 0)]
+    assert times["flex", (8, 4)] < times["flex", (0, 0)]
 
 
 def test_megatron_moe_recompute_modules() -> None:

@@ -16,6 +16,8 @@ dispatches in the same layer), so each gets `nics_per_node / devices_per_node` o
 
 from __future__ import annotations
 
+import math
+
 from lynx.cost.collectives import gather_time
 from lynx.families.base import OpSpec
 from lynx.graph import Op
@@ -24,11 +26,11 @@ from lynx.spec import Hardware, ParallelSpec
 EXPERT_COLLECTIVES = frozenset({"ep_a2a", "etp_gather", "tpep_gather"})
 
 
-def alltoall_time(nbytes: float, n: int, stride: int, hw: Hardware, scale: float = 1.0, dedup_topk: int = 0
-                  ) -> float:
+def alltoall_time(nbytes: float, n: int, stride: int, hw: Hardware, scale: float = 1.0, dedup_topk: int = 0,
+                  groups: tuple[int, int] = (0, 0)) -> float:
     """All-to-all of a rank's `nbytes` (its own share included) over `n` ranks `stride` apart. `dedup_topk` > 0:
-    `nbytes` is that many copies per token, and a token crosses to each remote node once (`remote_node_copies`),
-    the copies for the node's other GPUs forwarded over NVLink."""
+    `nbytes` is that many copies per token, and a token crosses to each remote node once (`remote_node_copies`,
+    with the router's group limit `groups`), the copies for the node's other GPUs forwarded over NVLink."""
     if n <= 1:
         return 0.0
     d = hw.devices_per_node
@@ -45,7 +47,7 @@ def alltoall_time(nbytes: float, n: int, stride: int, hw: Hardware, scale: float
     nic_bw = nic.bandwidth_Bps * hw.nics_per_node / d
     remote = (n - k) / n * nbytes
     if dedup_topk > 0:
-        remote = nbytes / dedup_topk * remote_node_copies(dedup_topk, n // k)
+        remote = nbytes / dedup_topk * remote_node_copies(dedup_topk, n // k, *groups)
         if k > 1:  # every copy for another GPU reaches it over NVLink (forwarded or local)
             link = hw.link_for_ranks(local)
             t_intra = link.latency_s + (n - 1) / n * nbytes / (link.bandwidth_Bps * min(1.0, link.gather_eff * scale))
@@ -53,13 +55,29 @@ def alltoall_time(nbytes: float, n: int, stride: int, hw: Hardware, scale: float
     return max(t_intra, t_inter)
 
 
-def remote_node_copies(topk: int, nodes: int) -> float:
+def remote_node_copies(topk: int, nodes: int, num_groups: int = 0, group_topk: int = 0) -> float:
     """Expected remote nodes a token's top-k experts fall on, experts spread evenly over `nodes` nodes and chosen
     uniformly (balanced routing): nodes x (1 - (1 - 1/nodes)^k) distinct nodes, of which a share (nodes - 1) /
-    nodes remote."""
+    nodes remote.
+
+    Group-limited routing (Megatron's --moe-router-num-groups G / --moe-router-group-topk g, DeepSeek-V3's
+    node-limited routing: 8 groups, 4 chosen) keeps a token's experts inside g of G equal groups of consecutive
+    experts, which is what the EP ranks hold, so the groups line up with the nodes when one count divides the
+    other. Groups ranked by their top (k / g) scores each get some of the token's experts (k / g on average; each
+    counted as hit): G a multiple of the nodes, the g groups of a token are g of G chosen uniformly, and the nodes
+    hit are the nodes they cover, nodes x (1 - C(G - G/nodes, g) / C(G, g)) (g exactly when G = nodes); fewer
+    groups than nodes, each chosen group spans nodes / G nodes and its k / g experts fall uniformly on them. Groups
+    that do not line up with the nodes: the unlimited figure (an upper bound)."""
     if nodes <= 1:
         return 0.0
     hit = nodes * (1.0 - (1.0 - 1.0 / nodes) ** topk)
+    if group_topk and num_groups and group_topk < num_groups:
+        if num_groups % nodes == 0:
+            per = num_groups // nodes
+            hit = min(hit, nodes * (1.0 - math.comb(num_groups - per, group_topk) / math.comb(num_groups, group_topk)))
+        elif nodes % num_groups == 0:
+            span = nodes // num_groups
+            hit = min(hit, group_topk * span * (1.0 - (1.0 - 1.0 / span) ** (topk / group_topk)))
     return hit * (nodes - 1) / nodes
 
 
@@ -68,7 +86,7 @@ def price_expert_comm(o: OpSpec, hw: Hardware, par: ParallelSpec, scale: float =
     ETP (alltoall dispatcher) or TP x EP (allgather dispatcher). Backward runs the mirror collective on the
     gradients, the same bytes; no GEMM's weight gradient hides it (Megatron-Core runs none beside it)."""
     if o.collective == "ep_a2a":
-        t = alltoall_time(o.comm_bytes, par.ep, par.expert_tp, hw, scale, o.node_dedup_topk)
+        t = alltoall_time(o.comm_bytes, par.ep, par.expert_tp, hw, scale, o.node_dedup_topk, o.node_groups)
     else:
         n = par.expert_tp if o.collective == "etp_gather" else par.expert_tp * par.ep
         t = gather_time(o.comm_bytes, n, hw.link_for_group(n, 1), scale)

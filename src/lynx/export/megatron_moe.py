@@ -17,12 +17,13 @@ Flag = tuple[str, ...]
 
 INT_FLAGS = ("--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
              "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
-             "--mtp-num-layers", "--kv-channels", "--expert-model-parallel-size", "--expert-tensor-parallel-size")
-FLOAT_FLAGS = ("--moe-expert-capacity-factor",)
+             "--mtp-num-layers", "--kv-channels", "--expert-model-parallel-size", "--expert-tensor-parallel-size",
+             "--moe-router-num-groups", "--moe-router-group-topk", "--moe-router-topk-limited-devices")
+FLOAT_FLAGS = ("--moe-expert-capacity-factor", "--moe-router-topk-scaling-factor", "--moe-router-bias-update-rate")
 STR_FLAGS = ("--moe-token-dispatcher-type", "--moe-router-load-balancing-type", "--moe-layer-freq",
-             "--moe-router-dtype")
+             "--moe-router-dtype", "--moe-router-score-function")
 BOOL_FLAGS = ("--moe-grouped-gemm", "--moe-pad-expert-input-to-capacity", "--multi-latent-attention",
-              "--qk-layernorm")
+              "--qk-layernorm", "--moe-router-pre-softmax", "--moe-router-enable-expert-bias")
 
 _FIELD_OF = {"--num-experts": "num_moe_experts", "--moe-router-topk": "moe_router_topk",
              "--moe-ffn-hidden-size": "moe_ffn_hidden_size",
@@ -33,6 +34,12 @@ _FIELD_OF = {"--num-experts": "num_moe_experts", "--moe-router-topk": "moe_route
              "--moe-expert-capacity-factor": "moe_expert_capacity_factor",
              "--moe-token-dispatcher-type": "moe_token_dispatcher_type",
              "--moe-router-load-balancing-type": "moe_router_load_balancing_type",
+             "--moe-router-score-function": "moe_router_score_function",
+             "--moe-router-pre-softmax": "moe_router_pre_softmax",
+             "--moe-router-topk-scaling-factor": "moe_router_topk_scaling_factor",
+             "--moe-router-enable-expert-bias": "moe_router_enable_expert_bias",
+             "--moe-router-bias-update-rate": "moe_router_bias_update_rate",
+             "--moe-router-num-groups": "moe_router_num_groups", "--moe-router-group-topk": "moe_router_group_topk",
              "--moe-grouped-gemm": "moe_grouped_gemm",
              "--moe-pad-expert-input-to-capacity": "moe_pad_expert_input_to_capacity",
              "--multi-latent-attention": "multi_latent_attention", "--qk-layernorm": "qk_layernorm"}
@@ -85,9 +92,17 @@ def moe_fields(k: Mapping[str, Any], num_layers: int) -> dict[str, Any]:
     if "--moe-layer-freq" in k:
         freq, pattern = parse_layer_freq(str(k["--moe-layer-freq"]), num_layers)
         out["moe_layer_freq"], out["moe_layer_pattern"] = freq, pattern
-    for f in ("moe_token_dispatcher_type", "moe_router_load_balancing_type"):
+    for f in ("moe_token_dispatcher_type", "moe_router_load_balancing_type", "moe_router_score_function"):
         if f in out:
             out[f] = str(out[f])
+    limited = k.get("--moe-router-topk-limited-devices")
+    if limited is not None:  # Megatron's deprecated spelling of device-limited routing: one group per EP rank
+        if "moe_router_group_topk" in out:
+            raise SpecError("--from-megatron: --moe-router-topk-limited-devices is replaced by "
+                            "--moe-router-group-topk and --moe-router-num-groups; give one or the other "
+                            "(Megatron's rule)")
+        out["moe_router_group_topk"] = int(limited)
+        out["moe_router_num_groups"] = int(k.get("--expert-model-parallel-size", 1))
     return out
 
 
@@ -125,6 +140,7 @@ def moe_flags(m: ModelSpec) -> list[Flag]:
             ("--moe-ffn-hidden-size", str(m.expert_ffn)),
             ("--moe-token-dispatcher-type", m.moe_token_dispatcher_type),
             ("--moe-router-load-balancing-type", m.moe_router_load_balancing_type)]
+    out += router_flags(m)
     if m.moe_shared_expert_intermediate_size:
         out.append(("--moe-shared-expert-intermediate-size", str(m.moe_shared_expert_intermediate_size)))
     if m.moe_layer_pattern:
@@ -139,6 +155,26 @@ def moe_flags(m: ModelSpec) -> list[Flag]:
         out.append(("--moe-pad-expert-input-to-capacity",))
     if m.mtp_num_layers:
         out.append(("--mtp-num-layers", str(m.mtp_num_layers)))
+    return out
+
+
+def router_flags(m: ModelSpec) -> list[Flag]:
+    """The router's switches where they differ from Megatron-Core's defaults (softmax after the top-k, no scaling,
+    no expert bias, no group limit), so the exported command line routes tokens as the model does."""
+    out: list[Flag] = []
+    if m.moe_router_score_function != "softmax":
+        out.append(("--moe-router-score-function", m.moe_router_score_function))
+    if m.moe_router_pre_softmax:
+        out.append(("--moe-router-pre-softmax",))
+    if m.moe_router_topk_scaling_factor is not None:
+        out.append(("--moe-router-topk-scaling-factor", f"{m.moe_router_topk_scaling_factor:g}"))
+    if m.moe_router_enable_expert_bias:
+        out.append(("--moe-router-enable-expert-bias",))
+        if m.moe_router_bias_update_rate != 1e-3:
+            out.append(("--moe-router-bias-update-rate", f"{m.moe_router_bias_update_rate:g}"))
+    if m.moe_router_group_topk:
+        out += [("--moe-router-num-groups", str(m.moe_router_num_groups)),
+                ("--moe-router-group-topk", str(m.moe_router_group_topk))]
     return out
 
 

@@ -34,13 +34,6 @@ the op that receives it, never the sender's compute; --calculate-per-token-loss:
 micro-batch)."""
 
 NO_EFFECT_MOE: dict[str, str] = {
-    "--moe-router-score-function": "softmax or sigmoid over the [tokens, experts] logits in fp32, the bytes lynx "
-                                   "prices for the router's scores either way",
-    "--moe-router-pre-softmax": "the softmax before or after the top-k, on the same [tokens, experts] scores",
-    "--moe-router-topk-scaling-factor": "a product on the [tokens, top-k] routing weights",
-    "--moe-router-enable-expert-bias": "one float per expert added to the scores for the top-k choice, updated "
-                                       "after the optimizer step (DeepSeek-V3's auxiliary-loss-free balancing)",
-    "--moe-router-bias-update-rate": "with --moe-router-enable-expert-bias (above)",
     "--moe-aux-loss-coeff": "a scalar loss term on the router's scores (0 turns it off)",
     "--moe-z-loss-coeff": "as --moe-aux-loss-coeff",
     "--moe-router-force-load-balancing": "routing made balanced, which is what lynx prices anyway",
@@ -67,14 +60,6 @@ UNPRICED: dict[str, str] = {
                                    "(2), reserved again in the next: the same peak, allocation time lynx does not "
                                    "charge (a lower bound on the time)",
     "--external-cuda-graph": "as --cuda-graph-impl",
-    "--moe-router-num-groups": "group-limited routing: a token's experts come from at most --moe-router-group-topk "
-                               "of these groups (DeepSeek-V3's node-limited routing when the groups are the EP "
-                               "group's nodes); with --moe-token-dispatcher-type flex DeepEP then sends a token to "
-                               "fewer nodes than lynx prices for balanced routing over all of them (an upper bound "
-                               "on the time); alltoall and allgather send the same copies either way",
-    "--moe-router-group-topk": "with --moe-router-num-groups (above)",
-    "--moe-router-topk-limited-devices": "Megatron's older name for group-limited routing (as "
-                                         "--moe-router-num-groups)",
     "--moe-input-jitter-eps": "the router's input multiplied by uniform noise, an elementwise pass over the hidden "
                               "states lynx does not charge (a lower bound on the time)",
     "--moe-router-padding-for-fp8": "each expert's tokens padded to a multiple of 16 for the FP8 GEMMs, at most 15 "

@@ -91,6 +91,9 @@ class OpSpec:
     node_dedup_topk: int = 0
     """Expert all-to-alls of the flex dispatcher (DeepEP): each token crosses to a remote node once however many
     of its top-k experts live there (this k; 0: every copy travels, `cost.moe`)."""
+    node_groups: tuple[int, int] = (0, 0)
+    """With `node_dedup_topk`: the router's (moe_router_num_groups, moe_router_group_topk) when a token's experts are
+    limited to that many groups ((0, 0): no limit), which bounds the nodes it crosses to (`cost.moe`)."""
     fp8: bool = False
     """GEMMs: forward, input and weight gradient on FP8 tensor cores (`lynx.cost.fp8`)."""
     gather_bytes: float | None = None

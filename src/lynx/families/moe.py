@@ -137,7 +137,9 @@ def _dedup(b: LayerBuilder, m: ModelSpec) -> None:
     the node (DeepSeek-V3 report, arXiv 2412.19437, sec. 3.2.2; DeepEP's internode kernels); the combine reduces
     per node before crossing back. Marks the last all-to-all added."""
     if m.moe_token_dispatcher_type == "flex":
-        b.ops[-1] = dataclasses.replace(b.ops[-1], node_dedup_topk=m.moe_router_topk)
+        b.ops[-1] = dataclasses.replace(b.ops[-1], node_dedup_topk=m.moe_router_topk,
+                                        node_groups=(m.moe_router_num_groups, m.moe_router_group_topk)
+                                        if m.moe_router_group_topk else (0, 0))
 
 
 def router_params(m: ModelSpec) -> float:

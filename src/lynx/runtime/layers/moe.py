@@ -5,9 +5,12 @@ restores and hosts restorations in its collectives, the token all-to-alls includ
 - ``shared_fc1`` / ``shared_act`` / ``shared_fc2`` (+ ``shared_allreduce`` or, with SP, ``shared_allgather`` /
   ``shared_reducescatter``): the shared expert, a SwiGLU MLP on the TP group (Megatron's SharedExpertMLP); a model
   without one (Qwen3-MoE, Mixtral: ``MoEConfig.shared`` False) has none of these ops.
-- ``router``: the replicated [h, E] linear; ``router_topk``: top-k logits, softmax over them (Megatron's default,
-  moe_router_pre_softmax off); its output [tok, 2k] holds the k probabilities and the k expert ids (exact as
-  floats), so what later ops read is one tensor the engine can drop and restore.
+- ``router``: the replicated [h, E] linear; ``router_topk``: the k experts and their weights by the model's router
+  rules (`moe_dispatch.Router`: Megatron's softmax after the top-k by default; before it; DeepSeek-V3's sigmoid with
+  the expert bias, group-limited choice and scaling); its output [tok, 2k] holds the k probabilities and the k
+  expert ids (exact as floats), so what later ops read is one tensor the engine can drop and restore. The expert
+  bias (a buffer) moves after each step by the sign of each expert's copies against the mean, counted over the
+  stage's TP x DP ranks (`PipelineRunner`, as Megatron's finalize_model_grads does).
 - ``permute``: the tok x k token copies sorted by expert; ``dispatch_a2a``: the per-expert counts exchanged, the
   copies sent to the rank of their expert over the EP group, regrouped by local expert; ``experts_fc1`` /
   ``experts_act`` / ``experts_fc2``: the rank's E / EP experts (SwiGLU), one GEMM per expert; ``combine_a2a``:
@@ -52,6 +55,14 @@ class MoEConfig(LlamaConfig):
     """Per global layer, "moe" or "dense" (`lynx.stack.layer_kinds`); empty: every layer MoE."""
     dense_ffn: int = 0
     """The dense layers' FFN width (the model's ffn_hidden_size)."""
+    router: md.Router | None = None
+    """The router's rules (`moe_dispatch.Router`); None: Megatron's defaults at `topk`."""
+    expert_bias_rate: float = 0.0
+    """> 0: DeepSeek-V3's expert bias (moe_router_enable_expert_bias), moved by this rate after every step."""
+
+    @property
+    def routing(self) -> md.Router:
+        return self.router or md.Router(self.topk)
 
     def is_dense(self, layer_index: int) -> bool:
         return bool(self.kinds) and self.kinds[layer_index] == "dense"
@@ -97,6 +108,10 @@ class MoELayer(LlamaLayer):
         self.counts: dict[int, torch.Tensor] = {}
         """Per micro-batch: copies per expert of this rank's tokens (set by `permute`)."""
         super().__init__(cfg, group, layer_index, device, seed)
+        # a buffer in fp32 whatever the model's dtype, as Megatron keeps it (None: no expert bias)
+        self.expert_bias: torch.Tensor | None
+        self.register_buffer("expert_bias", torch.zeros(cfg.num_experts, dtype=torch.float32, device=device)
+                             if cfg.expert_bias_rate else None)
 
     @staticmethod
     def layer_names(cfg: LlamaConfig) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]], dict[str, str]]:
@@ -134,9 +149,15 @@ class MoELayer(LlamaLayer):
         return cfg
 
     def _router_topk(self, logits: torch.Tensor) -> torch.Tensor:
-        # 16-bit logits in fp32 (Megatron's --moe-router-dtype fp32; the ids stay exact as floats below 2^24 experts)
-        vals, ids = _wide(logits).topk(self.moe.topk, -1)
-        return torch.cat([torch.softmax(vals, -1), ids.to(vals.dtype)], -1)
+        # 16-bit logits in fp32 (Megatron's --moe-router-dtype fp32; the ids stay exact as floats below 2^24 experts).
+        # The expert bias changes only after the step, so a restoration routes exactly as the forward did.
+        probs, ids = self.moe.routing(_wide(logits), self.expert_bias)
+        return torch.cat([probs, ids.to(probs.dtype)], -1)
+
+    def step_tokens(self) -> torch.Tensor:
+        """This rank's token copies per expert over the step's micro-batches (fp32, [E]): what the expert bias
+        update balances."""
+        return torch.stack(list(self.counts.values())).sum(0).float()
 
     def _permute(self, x: torch.Tensor, rt: torch.Tensor, mb: int) -> torch.Tensor:
         k, e = self.moe.topk, self.moe.num_experts
@@ -251,6 +272,10 @@ def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: 
     if problems:
         raise ValueError("lynx train builds the mcore family's MoE layer only, which needs " + "; ".join(problems))
     shared = model.moe_shared_expert_intermediate_size > 0
+    router = md.Router(model.moe_router_topk, model.moe_router_score_function, model.moe_router_pre_softmax,
+                       model.moe_router_topk_scaling_factor,
+                       (model.moe_router_num_groups, model.moe_router_group_topk) if model.moe_router_group_topk
+                       else (0, 0))
     return MoEConfig(hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
                      ffn_hidden_size=model.moe_shared_expert_intermediate_size if shared else model.ffn_hidden_size,
                      shared=shared, kinds=() if all(k == "moe" for k in kinds) else tuple(kinds),
@@ -260,7 +285,8 @@ def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: 
                      micro_batch_size=par.micro_batch_size, num_query_groups=model.num_query_groups,
                      tp=par.tp, sequence_parallel=par.sequence_parallel, dtype=dtype, num_layers=model.num_layers,
                      num_experts=model.num_moe_experts, topk=model.moe_router_topk, expert_ffn=model.expert_ffn,
-                     ep=par.ep)
+                     ep=par.ep, router=router,
+                     expert_bias_rate=model.moe_router_bias_update_rate if model.moe_router_enable_expert_bias else 0.0)
 
 
 def _kind_names(cfg: MoEConfig, kind: str) -> tuple[str, ...]:

@@ -21,6 +21,62 @@ from lynx.runtime.layers import tp
 from lynx.runtime.layers.tp import Group, Window
 
 
+@dataclass(frozen=True)
+class Router:
+    """How the router turns its [tok, E] fp32 logits into k experts and their weights: Megatron-Core's top-k router
+    (moe_router_* of TransformerConfig; the same rules as `topk_routing_with_score_function`, written here)."""
+
+    topk: int
+    score_function: str = "softmax"
+    """softmax: over the top-k logits, or (pre_softmax) over every expert before the top-k; sigmoid: each
+    expert's score alone, the k chosen ones normalized to sum to 1 (k > 1)."""
+    pre_softmax: bool = False
+    scaling: float | None = None
+    """The weights multiplied by it (DeepSeek-V3: 2.5)."""
+    groups: tuple[int, int] = (0, 0)
+    """(G, g): the experts in G equal groups, a token's experts chosen from the g groups with the highest sums of
+    their top (k / g) scores; (0, 0): no group limit."""
+
+    def choose(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(values, ids) of the top k of `scores` [tok, E], within the chosen groups when there is a limit."""
+        n_groups, g = self.groups
+        if not g:
+            return scores.topk(self.topk, -1)
+        t, e = scores.shape
+        ranked = scores.view(t, n_groups, e // n_groups).topk(self.topk // g, -1)[0].sum(-1)
+        keep = torch.zeros_like(ranked).scatter(1, ranked.topk(g, -1, sorted=False)[1], 1.0).bool()
+        keep = keep.unsqueeze(-1).expand(t, n_groups, e // n_groups).reshape(t, e)
+        return scores.masked_fill(~keep, float("-inf")).topk(self.topk, -1)
+
+    def __call__(self, logits: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(probs [tok, k], expert ids [tok, k]) from fp32 logits; `bias` (sigmoid only) moves the choice, not the
+        weights (DeepSeek-V3's auxiliary-loss-free balancing)."""
+        if self.score_function == "softmax":
+            if self.pre_softmax:
+                probs, ids = self.choose(torch.softmax(logits, -1))
+            else:
+                top, ids = self.choose(logits)
+                probs = torch.softmax(top, -1)
+        else:
+            scores = torch.sigmoid(logits)
+            if bias is None:
+                probs, ids = self.choose(scores)
+            else:
+                ids = self.choose(scores + bias)[1]
+                probs = scores.gather(1, ids)
+            if self.topk > 1:
+                probs = probs / (probs.sum(-1, keepdim=True) + 1e-20)
+        if self.scaling:
+            probs = probs * self.scaling
+        return probs, ids
+
+
+def updated_expert_bias(bias: torch.Tensor, tokens: torch.Tensor, rate: float) -> torch.Tensor:
+    """After a step: each expert's bias moved by `rate` towards balance, up where the expert got fewer token copies
+    than the mean over experts of the step's global batch (`tokens`, [..., E]), down where it got more."""
+    return bias + torch.sign(tokens.sum(-1, keepdim=True) / tokens.shape[-1] - tokens) * rate
+
+
 def route(router_out: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(probs [tok, k], expert ids [tok, k]) from the router_topk op's output [tok, 2k] = [probs | ids]."""
     return router_out[:, :k], router_out[:, k:].detach().long()

@@ -29,6 +29,8 @@ import torch.distributed as dist
 from lynx.decisions import RecomputePolicy
 from lynx.errors import LynxError
 from lynx.runtime.fsdp import FsdpRun, LiveParams, shard_stage
+from lynx.runtime.layers.moe import MoELayer
+from lynx.runtime.layers.moe_dispatch import updated_expert_bias
 from lynx.runtime.layers.tp import partial_over_tp
 from lynx.runtime.pipeline import _torch_pipelining as tpp
 from lynx.runtime.pipeline.order import check_executable, rank_order
@@ -342,7 +344,25 @@ class PipelineRunner:
             for dst, src in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
                 dst.copy_(src)
         self._reduce_expert_grads(experts)
+        self._update_expert_bias()
         self.event("collective", "gradient all-reduce (tied embedding, SP, DP)", t0, time.perf_counter())
+
+    def _update_expert_bias(self) -> None:
+        """DeepSeek-V3's expert bias (`moe_router_enable_expert_bias`), as Megatron-Core's finalize_model_grads moves
+        it after the gradients' reduction: each MoE layer's copies per expert over the step, summed over the
+        stage's TP and DP ranks (every token of the global batch; without SP the TP ranks count the same tokens, a
+        common factor the update's sign ignores), then `moe_dispatch.updated_expert_bias`. Every rank of the stage
+        computes the same bias."""
+        layers = [(layer, layer.expert_bias) for m in self.modules.values() for layer in m.layers.values()
+                  if isinstance(layer, MoELayer) and layer.expert_bias is not None]
+        if not layers:
+            return
+        tokens = torch.stack([layer.step_tokens() for layer, _ in layers])
+        for group in (self.groups.tp, self.groups.dp):
+            if group is not None:
+                dist.all_reduce(tokens, group=group)
+        for (layer, bias), row in zip(layers, tokens, strict=True):
+            bias.copy_(updated_expert_bias(bias, row, layer.moe.expert_bias_rate))
 
     def _reduce_expert_grads(self, experts: list[torch.nn.Parameter]) -> None:
         """An expert's gradient on its rank already sums the tokens of every EP rank, each a share of its own DP
