@@ -48,6 +48,8 @@ class MoECase:
     """Megatron's --qk-layernorm (Qwen3)."""
     mla: bool = False
     """Multi-latent attention (DeepSeek-V3's, at toy ranks: q latent 32, kv latent 16, heads 16 + 8 rotary, v 16)."""
+    etp: int = 1
+    """Expert tensor parallelism: 1, or TP (Megatron's default)."""
     deepseek_router: bool = False
     """DeepSeek-V3's router (deepseek-v3-tiny's: sigmoid, expert bias, scaling 2.5, 2 of 4 groups)."""
     """Megatron's --moe-layer-freq as a list (1: MoE, 0: dense; DeepSeek's dense first layers); empty: all MoE."""
@@ -57,7 +59,7 @@ class MoECase:
         return self.tp * self.pp * self.dp
 
     def parallel(self) -> ParallelSpec:
-        return ParallelSpec(tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, etp=1, sequence_parallel=self.tp > 1,
+        return ParallelSpec(tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, etp=self.etp, sequence_parallel=self.tp > 1,
                             micro_batch_size=self.micro_batch, seq_length=self.seq_length,
                             global_batch_size=self.micro_batch * self.dp * self.num_microbatches)
 
@@ -97,7 +99,7 @@ class MoECase:
 def _runner(case: MoECase, cfg: MoEConfig, part: tuple[int, ...], pols: tuple[RecomputePolicy | None, ...],
             rank: int) -> PipelineRunner:
     layout = PipelineLayout(tp=case.tp, pp=case.pp, dp=case.dp, vpp=1, layers_per_stage=part, policies=pols,
-                            num_microbatches=case.num_microbatches, ep=case.ep)
+                            num_microbatches=case.num_microbatches, ep=case.ep, etp=case.etp, experts=True)
     return PipelineRunner(layout, layout_schedule(case.pp, 1, case.num_microbatches), cfg,
                           case.model().vocab_size, rank, make_groups(layout, rank), torch.device("cpu"))
 
@@ -159,6 +161,7 @@ def compare_moe(case: MoECase, group: Any) -> dict[str, Any]:
         "expected": {str(s): expected_windows((pols[s],), len([k for k in got.hosts if k[0] == s]), m)
                      for s in stages},
         "expert_grads": sorted(n for n in g if "experts_w" in n),
+        "expert_grad_values": {n: g[n].tolist() for n in sorted(g) if "experts_w" in n},
         "replicated_grads": {n: g[n].reshape(-1).tolist() for n in sorted(g) if n.endswith(REPLICATED)},
         "expert_bias": expert_biases(got), "expert_bias_equal": expert_biases(got) == expert_biases(want),
         **(_memory(case, got, pols, prob, cfg) if case.pp == 1 and not prob.heterogeneous else {}),

@@ -155,6 +155,40 @@ def test_ep2_dense_first_layer_then_moe_bitwise(tmp_path: Path) -> None:
     assert _a2a_hosted(out) > 0
 
 
+def test_ep1_dp2_expert_gradients_are_averaged_over_dp(tmp_path: Path) -> None:
+    """EP 1 at DP 2: both ranks hold every expert, so the expert gradients are reduced over expert-DP (here DP) like
+    the dense ones, and both ranks hold the same (an EP 1 run reduced none: each rank kept half its own batch's)."""
+    out = _run(MoECase(tp=1, pp=1, dp=2, ep=1), tmp_path)
+    a, b = (r["expert_grad_values"] for r in out)
+    assert a and a == b
+
+
+def test_etp2_ep2_tp2_bitwise_and_the_expert_gradients_are_etp1s_shards(tmp_path: Path) -> None:
+    """Megatron's default expert TP (ETP = TP = 2) at EP 2 x DP 2 with SP: after the EP all-to-all the copies are
+    gathered over the ETP group (padded equal blocks), each ETP rank runs its columns of every local expert's FC1
+    and its rows of FC2, and the partial outputs are reduce-scattered back. Bitwise under the plan, every window
+    hosting what the plan puts there; the loss and each rank's expert gradient shard equal to the ETP 1 run's (up
+    to the summation order)."""
+    (tmp_path / "etp2").mkdir()
+    (tmp_path / "etp1").mkdir()
+    case = MoECase(tp=2, pp=1, dp=2, ep=2, etp=2)
+    out = _run(case, tmp_path / "etp2")
+    ref = _run(replace(case, etp=1), tmp_path / "etp1")
+    for r in out:
+        i = r["rank"]
+        ep, etp_rank = (i // 2) % 2, i % 2
+        same = next(x for x in ref if x["rank"] == i)  # the same DP replica's data and loss
+        assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(r["losses"], same["losses"], strict=True))
+        twin = next(x for x in ref if x["rank"] % 2 == ep)  # an ETP 1 rank holding the same experts
+        for name, got in r["expert_grad_values"].items():
+            full = torch.tensor(twin["expert_grad_values"][name])
+            f = full.shape[-1] // 2 if "w1" in name else full.shape[1]
+            part = f // 2
+            cols = list(range(etp_rank * part, (etp_rank + 1) * part))
+            want = full[..., cols + [f + c for c in cols]] if "w1" in name else full[:, cols]
+            assert torch.allclose(torch.tensor(got), want, rtol=1e-4, atol=1e-6), (name, i)
+
+
 @pytest.mark.slow
 def test_ep2_tp2_sequence_parallel_bitwise(tmp_path: Path) -> None:
     """Attention TP 2 with SP, experts EP 2 (ETP 1) folded into TP x DP = 4: EP groups {0, 1}, {2, 3}."""
@@ -270,9 +304,29 @@ def test_lynx_train_qwen3_layer_at_tp2_trains_as_one_process(tmp_path: Path) -> 
     assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(tp2, one, strict=True)), (tp2, one)
 
 
+@pytest.mark.slow
+def test_lynx_train_at_megatrons_default_expert_tp_trains_as_one_process(tmp_path: Path) -> None:
+    """`lynx plan --tp 2 --dp 2 --ep 2 --sp` (no --etp: ETP = TP = 2, Megatron's default) through `lynx train`: 3
+    iterations with their optimizer steps give the single-process run's losses within 1e-5 relative."""
+    model = _model_file(tmp_path)
+    losses = []
+    for name, extra in (("one", ["--tp", "1", "--dp", "1", "--ep", "1"]),
+                        ("etp2", ["--tp", "2", "--dp", "2", "--ep", "2", "--sp"])):
+        plan, out = tmp_path / f"{name}.json", tmp_path / f"{name}.out.json"
+        r = _lynx(["plan", "--model", str(model), "--hardware", "a100-40g-nvlink", "--pp", "1", *extra,
+                   "--micro-batch", "2", "--global-batch", "8", "--seq-len", "32", "--out", str(plan)])
+        assert r.returncode == 0, r.stderr
+        r = _lynx(["train", "--plan", str(plan), "--iters", "3", "--warmup", "0", "--threads", "1", "--quiet",
+                   "--out", str(out)])
+        assert r.returncode == 0, r.stderr[-2000:]
+        losses.append([it["loss"] for it in json.loads(out.read_text())["iterations"]])
+    one, etp2 = losses
+    assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(etp2, one, strict=True)), (etp2, one)
+
+
 @pytest.mark.parametrize(("model", "layout", "what"), [
     ({"moe_token_dispatcher_type": "allgather"}, {}, "moe_token_dispatcher_type alltoall"),
-    ({}, {"tp": 2, "etp": 2}, "expert tensor parallelism 1"),
+    ({}, {"tp": 1, "dp": 4, "etp": 2}, "expert tensor parallelism 1 or the TP size"),
 ])
 def test_lynx_train_refuses_a_plan_it_cannot_run_in_one_line(tmp_path: Path, model: dict, layout: dict,
                                                              what: str) -> None:

@@ -73,7 +73,8 @@ def load_run(plan_path: str, dtype: torch.dtype, core_attn: bool) -> RunPlan:
     try:
         layout = PipelineLayout(tp=par.tp, pp=par.pp, dp=par.dp, vpp=vpp, layers_per_stage=virtual,
                                 policies=policies_per_virtual_stage(tuple(result.policies), virtual, par.pp, vpp),
-                                num_microbatches=par.num_microbatches, ep=par.ep)
+                                num_microbatches=par.num_microbatches, ep=par.ep,
+                                etp=par.expert_tp if model.is_moe else 1, experts=model.is_moe)
     except LayoutError as e:
         raise PlanFormatError(f"{plan_path}: {e}") from None
     ctxs = problem.stage_contexts(result.partition)

@@ -22,7 +22,10 @@ of the mcore family (`stack_layer` picks by the layer's index, `MoEConfig.kinds`
 RMSNorm over every query and key head before RoPE, in both kinds (`LlamaLayer`).
 
 Expert parallelism folds into the stage's TP x DP ranks as Megatron-Core does (ETP innermost, then EP, then
-expert-DP); the experts run without TP (ETP 1). No auxiliary load-balancing loss (it changes neither time nor
+expert-DP); with ETP > 1 (= TP, the TP group) each rank holds its columns of the experts' FC1 and rows of FC2,
+and the received copies are all-gathered over the group before the experts and reduce-scattered after them
+(`moe_dispatch.etp_gather` / `etp_reduce_scatter`, the planner's dispatch_allgather / combine_reducescatter). No
+auxiliary load-balancing loss (it changes neither time nor
 memory, `lynx.spec`), no capacity factor (dropless)."""
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ class MoEConfig(LlamaConfig):
     topk: int = 2
     expert_ffn: int = 64
     ep: int = 1
+    etp: int = 1
+    """Expert tensor parallelism: 1, or the TP size (Megatron's default), when the experts' FFN width is split over
+    the TP group (`ETP` ranks are the TP ranks: ETP innermost in Megatron's expert order)."""
     shared: bool = True
     """A shared expert beside the routed ones (DeepSeek, Qwen2-MoE); False: routed experts only (Qwen3, Mixtral)."""
     kinds: tuple[str, ...] = ()
@@ -81,10 +87,10 @@ class MoEConfig(LlamaConfig):
                        moe_token_dispatcher_type="alltoall", moe_grouped_gemm=True)
 
     def parallel(self) -> ParallelSpec:
-        dp = max(self.ep // self.tp, 1)  # any DP the EP folds into: the op list does not depend on it
+        dp = max(self.ep * self.etp // self.tp, 1)  # any DP the EP folds into: the op list does not depend on it
         return ParallelSpec(tp=self.tp, sequence_parallel=self.sequence_parallel, seq_length=self.seq_length,
                             micro_batch_size=self.micro_batch_size, global_batch_size=self.micro_batch_size * dp,
-                            dp=dp, ep=self.ep, etp=1)
+                            dp=dp, ep=self.ep, etp=self.etp)
 
 
 def _names(cfg: MoEConfig, kind: str = "moe") -> tuple[tuple[str, ...], dict[str, tuple[str, ...]], dict[str, str]]:
@@ -105,6 +111,9 @@ class MoELayer(LlamaLayer):
         self.ep_group = ep_group
         self.splits: dict[int, md.Splits] = {}
         """Per micro-batch: the dispatch sizes (set by `dispatch_a2a`, read by the ops after it)."""
+        self.gathered: dict[int, md.Splits] = {}
+        """ETP > 1, per micro-batch: every ETP rank's received copies, in the all-gather's order (`dispatch_allgather`);
+        the experts compute them all."""
         self.counts: dict[int, torch.Tensor] = {}
         """Per micro-batch: copies per expert of this rank's tokens (set by `permute`)."""
         super().__init__(cfg, group, layer_index, device, seed)
@@ -133,8 +142,13 @@ class MoELayer(LlamaLayer):
         w2 = torch.empty(e, f, h).normal_(0, out_std, generator=gen)
         local = e // cfg.ep
         first = tp.rank_in(self.ep_group) * local
-        self.experts_w1 = torch.nn.Parameter(w1[first:first + local].contiguous().to(**kw))
-        self.experts_w2 = torch.nn.Parameter(w2[first:first + local].contiguous().to(**kw))
+        w1, w2 = w1[first:first + local], w2[first:first + local]
+        if cfg.etp > 1:  # this ETP rank's columns of the gate and of the up projection, its rows of FC2
+            r, part = tp.rank_in(self.group), f // cfg.etp
+            cols = torch.cat([torch.arange(r * part, (r + 1) * part), f + torch.arange(r * part, (r + 1) * part)])
+            w1, w2 = w1[:, :, cols], w2[:, r * part:(r + 1) * part]
+        self.experts_w1 = torch.nn.Parameter(w1.contiguous().to(**kw))
+        self.experts_w2 = torch.nn.Parameter(w2.contiguous().to(**kw))
         for p in (self.experts_w1, self.experts_w2):
             p.expert_parallel = True  # type: ignore[attr-defined]  # reduced over expert-DP, not DP
         if cfg.sequence_parallel:  # the router reads this rank's tokens only: its gradient is partial per TP rank
@@ -168,11 +182,25 @@ class MoELayer(LlamaLayer):
     def _dispatch(self, x: torch.Tensor, mb: int) -> torch.Tensor:
         s = self.splits[mb] = md.exchange_counts(self.counts[mb], self.ep_group)
         return md.dispatch(x, s, self.ep_group, self.window(Direction.FWD, "dispatch_a2a", mb),
-                           self.window(Direction.BWD, "dispatch_a2a", mb))
+                           self.window(Direction.BWD, "dispatch_a2a", mb), regroup=self.moe.etp == 1)
 
     def _combine(self, y: torch.Tensor, mb: int) -> torch.Tensor:
         return md.combine(y, self.splits[mb], self.ep_group, self.window(Direction.FWD, "combine_a2a", mb),
-                          self.window(Direction.BWD, "combine_a2a", mb))
+                          self.window(Direction.BWD, "combine_a2a", mb), regroup=self.moe.etp == 1)
+
+    def _etp_gather(self, x: torch.Tensor, mb: int) -> torch.Tensor:
+        g = self.gathered[mb] = md.gather_splits(self.splits[mb], self.group)
+        return md.etp_gather(x, g, self.group, self.window(Direction.FWD, "dispatch_allgather", mb),
+                             self.window(Direction.BWD, "dispatch_allgather", mb))
+
+    def _etp_scatter(self, y: torch.Tensor, mb: int) -> torch.Tensor:
+        return md.etp_reduce_scatter(y, self.gathered[mb], self.group,
+                                     self.window(Direction.FWD, "combine_reducescatter", mb),
+                                     self.window(Direction.BWD, "combine_reducescatter", mb))
+
+    def _expert_counts(self, mb: int) -> list[int]:
+        """Copies each local expert computes: every ETP rank's with ETP > 1."""
+        return (self.gathered if self.moe.etp > 1 else self.splits)[mb].per_expert
 
     def _unpermute(self, y: torch.Tensor, rt: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         return md.unpermute(y, rt, self.moe.topk).view(shape)
@@ -193,9 +221,11 @@ class MoELayer(LlamaLayer):
             "router_topk": lambda e, m: self._router_topk(e[x0]),
             "permute": lambda e, m: self._permute(e[x0], e["router_topk"], m),
             "dispatch_a2a": lambda e, m: self._dispatch(e[x0], m),
-            "experts_fc1": lambda e, m: md.expert_gemm(e[x0], self.experts_w1, self.splits[m].per_expert),
+            "dispatch_allgather": lambda e, m: self._etp_gather(e[x0], m),
+            "experts_fc1": lambda e, m: md.expert_gemm(e[x0], self.experts_w1, self._expert_counts(m)),
             "experts_act": lambda e, m: tp.apply_fn(_SwiGLU, e[x0]),
-            "experts_fc2": lambda e, m: md.expert_gemm(e[x0], self.experts_w2, self.splits[m].per_expert),
+            "experts_fc2": lambda e, m: md.expert_gemm(e[x0], self.experts_w2, self._expert_counts(m)),
+            "combine_reducescatter": lambda e, m: self._etp_scatter(e[x0], m),
             "combine_a2a": lambda e, m: self._combine(e[x0], m),
             "unpermute": lambda e, m: self._unpermute(e[x0], e["router_topk"], self._token_shape()),
         }
@@ -263,8 +293,9 @@ def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: 
         problems.append("multi-latent attention with a query latent (q_lora_rank > 0) and no qk_layernorm")
     if model.dropout and (model.hidden_dropout or model.attention_dropout):
         problems.append("no dropout")
-    if par.expert_tp != 1:
-        problems.append(f"expert tensor parallelism 1 (--expert-tensor-parallel-size 1; the plan has {par.expert_tp})")
+    if par.expert_tp not in (1, par.tp):
+        problems.append(f"expert tensor parallelism 1 or the TP size (--expert-tensor-parallel-size 1 or {par.tp}; the "
+                        f"plan has {par.expert_tp})")
     if par.cp > 1:
         problems.append("no context parallelism")
     if model.num_moe_experts % par.ep:
@@ -285,7 +316,7 @@ def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: 
                      micro_batch_size=par.micro_batch_size, num_query_groups=model.num_query_groups,
                      tp=par.tp, sequence_parallel=par.sequence_parallel, dtype=dtype, num_layers=model.num_layers,
                      num_experts=model.num_moe_experts, topk=model.moe_router_topk, expert_ffn=model.expert_ffn,
-                     ep=par.ep, router=router,
+                     ep=par.ep, etp=par.expert_tp, router=router,
                      expert_bias_rate=model.moe_router_bias_update_rate if model.moe_router_enable_expert_bias else 0.0)
 
 

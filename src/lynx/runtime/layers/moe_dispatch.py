@@ -164,18 +164,75 @@ class AllToAllFn(torch.autograd.Function):
         return _all_to_all(g, in_rows, out_rows, ctx.group, ctx.bwd_window), None, None, None, None, None
 
 
-def dispatch(x: torch.Tensor, splits: Splits, group: Group, fwd: Window, bwd: Window) -> torch.Tensor:
-    """This rank's copies sorted by expert -> the copies its local experts compute, grouped by local expert."""
+def dispatch(x: torch.Tensor, splits: Splits, group: Group, fwd: Window, bwd: Window, regroup: bool = True
+             ) -> torch.Tensor:
+    """This rank's copies sorted by expert -> the copies its local experts compute, grouped by local expert
+    (`regroup` False: as received, source-major, for the ETP all-gather to group)."""
     raw = tp.apply_fn(AllToAllFn, x, splits.recv_per_src, list(splits.send), group, fwd, bwd)
-    return raw[torch.tensor(splits.grouped_order(), dtype=torch.long, device=x.device)]
+    return raw[_order(splits, x.device)] if regroup else raw
 
 
-def combine(y: torch.Tensor, splits: Splits, group: Group, fwd: Window, bwd: Window) -> torch.Tensor:
-    """The local experts' outputs (grouped by local expert) -> this rank's copies, sorted by expert."""
-    order = torch.tensor(splits.grouped_order(), dtype=torch.long, device=y.device)
-    inv = torch.empty_like(order)  # source-major again: the inverse of the grouping
-    inv[order] = torch.arange(order.numel(), device=y.device)
-    return tp.apply_fn(AllToAllFn, y[inv], list(splits.send), splits.recv_per_src, group, fwd, bwd)
+def combine(y: torch.Tensor, splits: Splits, group: Group, fwd: Window, bwd: Window, regroup: bool = True
+            ) -> torch.Tensor:
+    """The local experts' outputs (grouped by local expert; `regroup` False: already source-major) -> this rank's
+    copies, sorted by expert."""
+    src = y[_inverse(_order(splits, y.device))] if regroup else y
+    return tp.apply_fn(AllToAllFn, src, list(splits.send), splits.recv_per_src, group, fwd, bwd)
+
+
+def _order(splits: Splits, device: torch.device) -> torch.Tensor:
+    return torch.tensor(splits.grouped_order(), dtype=torch.long, device=device)
+
+
+def _inverse(order: torch.Tensor) -> torch.Tensor:
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(order.numel(), device=order.device)
+    return inv
+
+
+# -- expert tensor parallelism (ETP > 1: Megatron's alltoall dispatcher gathers over the expert-TP group) -----------
+def gather_splits(splits: Splits, group: Group) -> Splits:
+    """Every ETP rank's received counts in group order, as one Splits whose sources are (ETP rank, EP source) pairs:
+    the rows an all-gather of each rank's source-major copies holds, and their grouping by local expert."""
+    mine = torch.tensor(splits.recv, dtype=torch.long)
+    parts = [torch.empty_like(mine) for _ in range(tp.world(group))]
+    dist.all_gather(parts, mine, group=group)
+    return Splits(splits.send, tuple(tuple(int(c) for c in row) for p in parts for row in p))
+
+
+def _rows(g: Splits, n: int) -> list[int]:
+    """Rows each of the n ETP ranks contributes to a gathered Splits `g`."""
+    per = len(g.recv) // n
+    return [sum(sum(r) for r in g.recv[i * per:(i + 1) * per]) for i in range(n)]
+
+
+def _padded_positions(g: Splits, n: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    """(where each gathered copy, grouped by local expert, sits in the padded all-gather [n x most rows], most
+    rows): the all-gather moves equal blocks, so each rank's copies are padded to the largest count."""
+    rows = _rows(g, n)
+    most = max(rows)
+    valid = torch.cat([torch.arange(rows[i], device=device) + i * most for i in range(n)])
+    return valid[_order(g, device)], most
+
+
+def etp_gather(x: torch.Tensor, g: Splits, group: Group, fwd: Window, bwd: Window) -> torch.Tensor:
+    """This rank's received copies (source-major) -> every ETP rank's, grouped by local expert: one all-gather of
+    padded equal blocks (backward: the reduce-scatter of the partial gradients each ETP rank's columns give)."""
+    n = tp.world(group)
+    pos, most = _padded_positions(g, n, x.device)
+    padded = torch.cat([x, x.new_zeros((most - x.shape[0], *x.shape[1:]))])
+    return tp.gather_from_sp(padded, group, fwd, bwd)[pos]
+
+
+def etp_reduce_scatter(y: torch.Tensor, g: Splits, group: Group, fwd: Window, bwd: Window) -> torch.Tensor:
+    """The experts' partial outputs for every ETP rank's copies (grouped by local expert) -> this rank's own copies
+    (source-major), summed over the ETP ranks' FC2 rows: one reduce-scatter of padded equal blocks (backward: the
+    all-gather)."""
+    n = tp.world(group)
+    pos, most = _padded_positions(g, n, y.device)
+    padded = y.new_zeros((n * most, *y.shape[1:])).index_copy(0, pos, y)
+    own = _rows(g, n)[tp.rank_in(group)]
+    return tp.reduce_scatter_to_sp(padded, group, fwd, bwd)[:own]
 
 
 def unpermute(y: torch.Tensor, router_out: torch.Tensor, k: int) -> torch.Tensor:

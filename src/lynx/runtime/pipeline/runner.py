@@ -54,12 +54,21 @@ class PipelineLayout:
     """Per virtual stage; None runs the stage without the engine (the reference)."""
     num_microbatches: int
     ep: int = 1
-    """Expert parallelism, folded into each stage's TP x DP ranks as Megatron-Core does with expert TP 1: rank i of
-    a stage (i = dp_rank * TP + tp_rank) is EP rank i % EP of expert-DP rank i // EP."""
+    """Expert parallelism, folded into each stage's TP x DP ranks in Megatron-Core's expert order (ETP innermost,
+    then EP, then expert-DP): rank i of a stage (i = dp_rank * TP + tp_rank) is ETP rank i % ETP, EP rank
+    (i // ETP) % EP and expert-DP rank i // (ETP x EP)."""
+    etp: int = 1
+    """Expert tensor parallelism: 1, or TP (the ETP group is then the TP group)."""
+    experts: bool = False
+    """The model has experts: their gradients are reduced over the expert-DP group (EP 1 included)."""
 
     def __post_init__(self) -> None:
-        if (self.tp * self.dp) % self.ep:
-            raise LayoutError(f"EP {self.ep} must divide TP {self.tp} x DP {self.dp} (experts fold into them)")
+        if (self.tp * self.dp) % (self.ep * self.etp):
+            raise LayoutError(f"EP {self.ep} x ETP {self.etp} must divide TP {self.tp} x DP {self.dp} (experts fold "
+                              "into them)")
+        if self.etp not in (1, self.tp):
+            raise LayoutError(f"ETP {self.etp}: the runtime splits experts over the TP group (ETP {self.tp}) or not "
+                              "at all (ETP 1)")
         n = self.pp * self.vpp
         if len(self.layers_per_stage) != n or len(self.policies) != n:
             raise LayoutError(f"PP={self.pp} x VPP={self.vpp} needs {n} stages, the plan has "
@@ -142,16 +151,18 @@ def make_groups(layout: PipelineLayout, rank: int, timeout_s: float | None = Non
             g = new_group(members)
             if rank in members:
                 mine["dp"] = g
-    stage = L.tp * L.dp
-    edp = stage // L.ep
+    stage, x = L.tp * L.dp, L.etp
+    edp = stage // (L.ep * x)
     for p in range(L.pp) if L.ep > 1 else ():
         for e in range(edp):
-            members = [p * stage + e * L.ep + j for j in range(L.ep)]
-            g = new_group(members)
-            if rank in members:
-                mine["ep"] = g
-        for j in range(L.ep) if edp > 1 else ():
-            members = [p * stage + e * L.ep + j for e in range(edp)]
+            for r in range(x):
+                members = [p * stage + (e * L.ep + j) * x + r for j in range(L.ep)]
+                g = new_group(members)
+                if rank in members:
+                    mine["ep"] = g
+    for p in range(L.pp) if edp > 1 and L.experts else ():
+        for j in range(L.ep * x):  # the ranks holding the same experts (and the same ETP shard of them)
+            members = [p * stage + e * L.ep * x + j for e in range(edp)]
             g = new_group(members)
             if rank in members:
                 mine["edp"] = g
