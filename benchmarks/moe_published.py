@@ -17,8 +17,8 @@ is held out. Both are planned with the published recompute flags (the measured r
 distributed optimizer, megatron-bf16 recipe.
 
 What lynx does not model here (stated beside the figures): DeepEP's own kernel efficiency (priced as NCCL
-all-to-all bandwidth after the per-node deduplication), CUDA graphs, MTP compute (its parameters are counted on
-the last stage), FP8.
+all-to-all bandwidth after the per-node deduplication), CUDA graphs, FP8. DeepSeek-V3's MTP layer is priced on the
+last stage (docs/costmodel.md), kept whole.
 
 Run: PYTHONPATH=src python benchmarks/moe_published.py --results benchmarks/results/moe_published.json
      --raw benchmarks/results/raw/moe_published.json [--markdown]
@@ -198,7 +198,7 @@ def main() -> None:
     fid = fidelity(out)
     vs = versus(out)
     out.print(f"not modelled: DeepEP kernel efficiency (priced as all-to-all bandwidth after per-node deduplication), "
-              f"CUDA graphs, MTP compute, FP8; {time.time() - t0:.0f} s on a shared, loaded machine")
+              f"CUDA graphs, FP8; {time.time() - t0:.0f} s on a shared, loaded machine")
     figs = figures(fid, vs)
     held = [f for f in figs if f.holds is not None]
     fits = [r for r in fid if r["holds"]]

@@ -40,7 +40,8 @@ class ActivationTerms:
     embedding: float
     """The embedding masks of every in-flight micro-batch."""
     logits: float
-    """The last stage's logits and their fp32 copy for the loss."""
+    """The last stage's logits and their fp32 copy for the loss (with DeepSeek-V3's multi-token prediction, its
+    layers' activations and logits too: `memory.mtp_bytes`)."""
     offloaded_per_microbatch: float = 0.0
     """The part of `per_microbatch` offloaded to host memory (docs/offload.md): on the device for one micro-batch
     only, so `held` counts it once."""

@@ -10,6 +10,7 @@ from lynx.cost.memory import (
     extra_retained_bytes,
     extra_transient_bytes,
     grad_workspace_bytes,
+    mtp_bytes,
     static_bytes,
 )
 from lynx.cost.static_memory import OPTIMIZER_FP32, OptimizerPrecision, PrecisionName, Recipe, recipe_for
@@ -186,7 +187,8 @@ class PlanProblem:
             static_bytes=static,
             step_bytes=step,
             extra_retained_bytes=extra_retained_bytes(self.model, par, stage),
-            extra_transient_bytes=extra_transient_bytes(self.model, par, stage),
+            extra_transient_bytes=extra_transient_bytes(self.model, par, stage)
+            + mtp_bytes(self.model, par, stage, self.graph),
             grad_workspace_bytes=grad_workspace_bytes(stage_graphs(self.kind_graphs, kinds) if kinds
                                                       else self.graph),
             subtract_wgrad=self.options.subtract_wgrad,

@@ -196,3 +196,37 @@ def test_megatron_moe_recompute_modules() -> None:
     rerun = {n for n, _ in moe.recompute}
     assert {"dispatch_a2a", "experts_fc1", "experts_act", "combine_a2a"} <= rerun
     assert "core_attn" in moe.keep and "rmsnorm2" in moe.keep  # outside the block, and its input, stay
+
+
+def test_multi_token_prediction_is_priced_on_the_last_stage() -> None:
+    """DeepSeek-V3's MTP layer (--mtp-num-layers 1) runs after the last stage's decoder layers: its time (the
+    shifted tokens' embedding, two norms, the 2h -> h projection, one transformer layer of the primary kind, its own
+    LM head and loss) is added to the last stage's head, and its activations for one micro-batch (the layer kept
+    whole, the projection's input and output, a second set of logits) to the last stage's transient bytes; the
+    first stages and a model without MTP are priced as before."""
+    from lynx.api import make_problem
+    from lynx.cost.edges import stage_edge_times
+    from lynx.cost.layer import edge_times
+    from lynx.cost.memory import extra_transient_bytes, layer_memories, mtp_bytes
+    from lynx.decisions import LayerPolicy
+    from lynx.problem import PlanOptions
+
+    hw = load_hardware(H100)
+    ds = load_model("deepseek-v3")
+    par = ParallelSpec(tp=2, pp=8, dp=64, ep=64, etp=1, sequence_parallel=True, micro_batch_size=1,
+                       global_batch_size=8192, seq_length=4096)
+    prob = make_problem(ds, hw, par, PlanOptions(vpp=4, precision="megatron-bf16", nodes=128))
+    g = prob.graph
+    plain, with_mtp = edge_times(ds, hw, par), stage_edge_times(ds, hw, par, g)
+    assert with_mtp.head_fwd - plain.head_fwd > g.fwd_time() + plain.head_fwd
+    assert with_mtp.head_bwd - plain.head_bwd > g.bwd_time() + plain.head_bwd
+    assert with_mtp.embedding_fwd == plain.embedding_fwd
+    no_mtp = dataclasses.replace(ds, mtp_num_layers=0)
+    assert stage_edge_times(no_mtp, hw, par, g) == edge_times(no_mtp, hw, par)
+    keep = layer_memories(g, (LayerPolicy(g.needed()),))[0].retained
+    assert mtp_bytes(ds, par, 7, g) > keep + extra_transient_bytes(ds, par, 7)
+    assert mtp_bytes(ds, par, 6, g) == mtp_bytes(no_mtp, par, 7, g) == 0.0
+    last = prob.stage_context(7, 8, chunk_layers=(2, 2, 2, 2), kinds=("moe",) * 8)
+    first = prob.stage_context(0, 8, chunk_layers=(2, 2, 2, 2), kinds=("dense",) * 3 + ("moe",) * 5)
+    assert last.extra_transient_bytes == extra_transient_bytes(ds, par, 7) + mtp_bytes(ds, par, 7, g)
+    assert first.extra_transient_bytes == 0.0

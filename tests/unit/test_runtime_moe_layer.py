@@ -75,13 +75,16 @@ def test_a_layer_refuses_an_ep_that_does_not_match_its_group() -> None:
 def test_a_pipeline_layout_refuses_an_ep_that_does_not_fold_into_tp_x_dp() -> None:
     from lynx.runtime.pipeline import LayoutError, PipelineLayout
 
-    def layout(ep: int) -> PipelineLayout:
+    def layout(ep: int, etp: int = 1) -> PipelineLayout:
         return PipelineLayout(tp=2, pp=1, dp=1, vpp=1, layers_per_stage=(2,), policies=(None,), num_microbatches=1,
-                              ep=ep)
+                              ep=ep, etp=etp)
 
     assert layout(2).ep == 2
-    with pytest.raises(LayoutError, match="EP 4 must divide TP 2 x DP 1"):
+    with pytest.raises(LayoutError, match="EP 4 x ETP 1 must divide TP 2 x DP 1"):
         layout(4)
+    with pytest.raises(LayoutError, match="EP 2 x ETP 2 must divide TP 2 x DP 1"):
+        layout(2, 2)
+    assert layout(1, 2).etp == 2
 
 
 def test_unpermute_saves_no_copy_of_its_input_beyond_the_input_itself() -> None:

@@ -4,7 +4,9 @@ profile) on its device's measured rates."""
 
 from __future__ import annotations
 
-from lynx.cost.layer import EdgeTimes, edge_times
+from dataclasses import replace
+
+from lynx.cost.layer import EdgeTimes, edge_times, mtp_times
 from lynx.graph import LayerGraph
 from lynx.spec import Hardware, ModelSpec, ParallelSpec
 
@@ -20,5 +22,12 @@ def device_hardware(hardware: Hardware, graph: LayerGraph) -> Hardware:
 
 def stage_edge_times(model: ModelSpec, hardware: Hardware, par: ParallelSpec, graph: LayerGraph) -> EdgeTimes:
     """Embedding (first stage) and LM head + loss (last stage) per micro-batch, on `device_hardware`: what the
-    simulator charges and what the partitioners balance."""
-    return edge_times(model, device_hardware(hardware, graph), par)
+    simulator charges and what the partitioners balance. The last stage's head includes DeepSeek-V3's
+    multi-token-prediction layers (`mtp_times`; their transformer layer priced as `graph`, the model's primary
+    kind, which is its last layer's in every preset)."""
+    hw = device_hardware(hardware, graph)
+    et = edge_times(model, hw, par)
+    if not model.mtp_num_layers:
+        return et
+    fwd, bwd = mtp_times(model, hw, par, graph.fwd_time(), graph.bwd_time(), et)
+    return replace(et, head_fwd=et.head_fwd + fwd, head_bwd=et.head_bwd + bwd)

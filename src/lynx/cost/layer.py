@@ -229,6 +229,26 @@ def edge_times(model: ModelSpec, hw: Hardware, par: ParallelSpec, cost: CostPara
                      BWD_MATMUL_FACTOR * head_gemm + loss_bwd)
 
 
+def mtp_times(model: ModelSpec, hw: Hardware, par: ParallelSpec, layer_fwd: float, layer_bwd: float,
+              edges: EdgeTimes, cost: CostParams | None = None) -> tuple[float, float]:
+    """(forward, backward) per micro-batch of DeepSeek-V3's multi-token-prediction layers on the last stage
+    (Megatron-Core's MultiTokenPredictionBlock, built with the post-process stage): per MTP layer the embedding
+    of the shifted tokens, the RMSNorms of it and of the hidden states (memory-bound passes), their [tok, 2h]
+    concatenation through the projection to h (a GEMM split over TP), one transformer layer (`layer_fwd` /
+    `layer_bwd`: the last layer's kind, kept whole), and its own LM head and loss (`edges`' head)."""
+    if not model.mtp_num_layers:
+        return 0.0, 0.0
+    b = _Pricer(hw, par, cost or CostParams.for_hardware(hw))
+    tok = par.seq_length * par.micro_batch_size // par.cp
+    tok_ln = tok / par.tp if par.sequence_parallel else tok
+    h = model.hidden_size
+    norms = 2 * b._compute_time(4 * tok_ln * h, 2 * ACT_BYTES * tok_ln * h)
+    proj = b._gemm_time(tok, 2 * h, h / par.tp)
+    fwd = edges.embedding_fwd + norms + proj + layer_fwd + edges.head_fwd
+    bwd = edges.embedding_bwd + BWD_MEMORY_FACTOR * norms + BWD_MATMUL_FACTOR * proj + layer_bwd + edges.head_bwd
+    return model.mtp_num_layers * fwd, model.mtp_num_layers * bwd
+
+
 # Megatron-Core's vocab-parallel cross entropy, unfused (the default; megatron/core/tensor_parallel/
 # cross_entropy.py, VocabParallelCrossEntropy, r0.8.0): HBM bytes per logit of the rank's [s b, V/t] slice.
 LOSS_FWD_BYTES = 38.0

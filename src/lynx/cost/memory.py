@@ -84,6 +84,21 @@ def extra_transient_bytes(model: ModelSpec, par: ParallelSpec, stage: int) -> fl
     return 6.0 * (par.seq_length // par.cp) * par.micro_batch_size * model.vocab_size / par.tp
 
 
+def mtp_bytes(model: ModelSpec, par: ParallelSpec, stage: int, graph: LayerGraph) -> float:
+    """DeepSeek-V3's multi-token-prediction layers on the last stage, held from their forward to their backward
+    for one micro-batch (they run after the stage's last layer, and its backward follows at once): per MTP layer a
+    transformer layer of the model's primary kind keeping every activation (`graph`), the [tok, 2h] concatenation
+    its projection reads and the h-wide projection output, and its own logits (the `extra_transient_bytes`
+    6 s b V / t again: the MTP loss is computed beside the main one, both saved for backward)."""
+    if stage != par.pp - 1 or not model.mtp_num_layers:
+        return 0.0
+    keep = layer_memories(graph, (LayerPolicy(graph.needed()),))[0].retained
+    tok = (par.seq_length // par.cp) * par.micro_batch_size
+    tok_ln = tok / par.tp if par.sequence_parallel else tok
+    proj = 2.0 * (2 * tok_ln + tok_ln) * model.hidden_size
+    return model.mtp_num_layers * (keep + proj + extra_transient_bytes(model, par, stage))
+
+
 def grad_workspace_bytes(graph: Graphs) -> float:
     """Gradient buffers alive during one op's backward: the incoming and outgoing gradients of the largest
     activation (an upper bound on what the autograd engine holds at once inside a layer; of any kind's layer)."""
