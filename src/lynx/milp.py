@@ -27,6 +27,8 @@ MilpStatus = Literal["optimal", "time_limit", "infeasible", "no_solution", "erro
 """time_limit: a feasible incumbent exists; no_solution: the limit hit before any."""
 Backend = Literal["auto", "highs", "gurobi"]
 """auto is HiGHS; gurobi only where gurobipy is importable."""
+HighsOptions = tuple[tuple[str, bool | int | float], ...]
+"""HiGHS options by name (`Highs.setOptionValue`), set after lynx's own (time limit, gap, one thread)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +111,11 @@ class Milp:
         return len(self.rows)
 
     def solve(self, time_limit_s: float = 30.0, mip_gap: float = 1e-6, backend: Backend = "auto",
-              progress: Callable[[str], None] | None = None, start: Expr | None = None) -> MilpSolution:
+              progress: Callable[[str], None] | None = None, start: Expr | None = None,
+              highs_options: HighsOptions = ()) -> MilpSolution:
         """Solve with HiGHS ("auto", "highs") or Gurobi ("gurobi", only when gurobipy is importable).
         `start`: values of some variables of a known feasible solution (HiGHS completes the rest; a start
-        that turns out infeasible is ignored)."""
+        that turns out infeasible is ignored). `highs_options`: more HiGHS options (Gurobi ignores them)."""
         if self.contradiction:
             n = self.num_variables
             return MilpSolution("infeasible", math.inf, (0.0,) * n, 0.0, 0.0, n, self.num_constraints, "none")
@@ -120,7 +123,7 @@ class Milp:
             if not _gurobi_available():
                 raise ValueError("backend 'gurobi' asked for, but gurobipy is not installed")
             return _solve_gurobi(self, time_limit_s, mip_gap)
-        return _solve_highs(self, time_limit_s, mip_gap, progress, start)
+        return _solve_highs(self, time_limit_s, mip_gap, progress, start, highs_options)
 
 
 def _gurobi_available() -> bool:
@@ -128,7 +131,8 @@ def _gurobi_available() -> bool:
 
 
 def _solve_highs(m: Milp, time_limit_s: float, mip_gap: float,
-                 progress: Callable[[str], None] | None, start: Expr | None = None) -> MilpSolution:
+                 progress: Callable[[str], None] | None, start: Expr | None = None,
+                 highs_options: HighsOptions = ()) -> MilpSolution:
     import highspy
 
     t0 = time.perf_counter()
@@ -136,6 +140,9 @@ def _solve_highs(m: Milp, time_limit_s: float, mip_gap: float,
     h.setOptionValue("time_limit", float(time_limit_s))
     h.setOptionValue("mip_rel_gap", float(mip_gap))
     h.setOptionValue("threads", 1)
+    for name, value in highs_options:
+        if h.setOptionValue(name, value) != highspy.HighsStatus.kOk:
+            raise ValueError(f"HiGHS refused the option {name}={value!r}")
     h.passModel(_highs_lp(m))
     n = m.num_variables
     if start:

@@ -21,7 +21,7 @@ from lynx.methods.common import (
 from lynx.partition.base import Partition
 from lynx.partition.lynx import PartitionSearch, search_partitions
 from lynx.partition.stack import stack_partition
-from lynx.policy.heu import OFFLOAD_MIP_GAP, HeuCache, HeuOptions, infeasible
+from lynx.policy.heu import OFFLOAD_HIGHS_OPTIONS, OFFLOAD_MIP_GAP, HeuCache, HeuOptions, infeasible
 from lynx.policy.heu_mixed import mixed_policy
 from lynx.policy.offload import offload_link
 from lynx.problem import PlanProblem, PlanResult
@@ -32,7 +32,8 @@ def heu_options(problem: PlanProblem, method: str) -> HeuOptions:
     link = offload_link(problem.hardware) if method == "lynx-offload" else None
     return HeuOptions(cooldown_overlap=problem.options.cooldown_overlap,
                       time_limit_s=min(problem.options.time_limit_s, 10.0), method=method, offload=link,
-                      mip_gap=1e-6 if link is None else OFFLOAD_MIP_GAP)
+                      mip_gap=1e-6 if link is None else OFFLOAD_MIP_GAP,
+                      highs_options=() if link is None else OFFLOAD_HIGHS_OPTIONS)
 
 
 def stage_time(graph: Graphs, ctx: StageContext, pol: RecomputePolicy) -> float:

@@ -43,7 +43,7 @@ from lynx.decisions import (
 )
 from lynx.errors import InfeasibleError
 from lynx.graph import LAYER_INPUT, Graphs, LayerGraph, first_graph, kind_runs, per_layer, stage_graphs
-from lynx.milp import Backend, Milp, MilpSolution
+from lynx.milp import Backend, HighsOptions, Milp, MilpSolution
 from lynx.policy.heu_objective import cooldown_weight as cooldown_weight
 from lynx.policy.heu_objective import critical_recompute as critical_recompute
 from lynx.policy.heu_objective import recompute_time as recompute_time
@@ -68,6 +68,12 @@ OFFLOAD_MIP_GAP = 1e-3
 search solves hundreds: decision 0145); at 1e-3 the same models close in tens of milliseconds, their optimum at
 most 1e-3 of the stage's critical time away (about a microsecond per micro-batch), which can cost the tie-break,
 never a window."""
+OFFLOAD_HIGHS_OPTIONS: HighsOptions = (("mip_heuristic_run_rins", False), ("mip_heuristic_run_rens", False))
+"""HiGHS options of the offloading models: without the RINS and RENS sub-MIP heuristics (decision 0252). Most of
+these models close at the root or within a hundred nodes, where the sub-MIPs were much of their time; one of the
+70B / 64 search took 6-8 s and 44,830 nodes to prove an incumbent it had at 0.1 s. Re-solved offline, the search's
+304 offloading models took 24-29 s with HiGHS's defaults and 16-18 s without the two (the slowest 0.8-1.0 s), 33 of
+them stopping at another solution within the gap (8.9e-4 at most); the searches' picks are unchanged."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +89,8 @@ class HeuOptions:
     time_limit_s: float = 10.0
     mip_gap: float = 1e-6
     """HiGHS's relative gap: 1e-6 proves the tie-break too. The offloading models use `OFFLOAD_MIP_GAP`."""
+    highs_options: HighsOptions = ()
+    """More HiGHS options (`Milp.solve`): the offloading models use `OFFLOAD_HIGHS_OPTIONS`."""
     backend: Backend = "auto"
     skip_when_all_fit: bool = True
     """Answer without an ILP when keeping every activation fits (objective 0 is then optimal)."""
@@ -489,7 +497,8 @@ def _all_memory_rows(graph: LayerGraph, groups: list[Group], ctx: StageContext, 
 def min_budget_bytes(graph: Graphs, ctx: StageContext, opts: HeuOptions = HeuOptions()) -> float:
     """The smallest budget for which some HEU policy fits this stage: the same ILP, minimizing the peak."""
     m, _, z = build_model(graph, ctx, opts, min_memory=True)
-    sol = m.solve(opts.time_limit_s, opts.mip_gap, backend=opts.backend)
+    sol = m.solve(opts.time_limit_s, opts.mip_gap, backend=opts.backend,
+                  highs_options=opts.highs_options)
     if not sol.has_solution:
         return math.inf
     return ctx.budget_bytes - ctx.activation_budget_bytes + sol.value(z)
@@ -532,7 +541,8 @@ def solve_stage(ctx: StageContext, graph: Graphs, opts: HeuOptions, counts: tupl
                                    stats=SolveStats("closed-form", "optimal", message="keeping every "
                                                     "activation fits the budget: nothing to recompute"))
     m, lvs, _ = build_model(graph, ctx, opts, counts)
-    sol = m.solve(opts.time_limit_s, opts.mip_gap, backend=opts.backend)
+    sol = m.solve(opts.time_limit_s, opts.mip_gap, backend=opts.backend,
+                  highs_options=opts.highs_options)
     if not sol.has_solution:
         if explain:
             raise infeasible(graph, [ctx], opts)
