@@ -71,9 +71,10 @@ never a window."""
 OFFLOAD_HIGHS_OPTIONS: HighsOptions = (("mip_heuristic_run_rins", False), ("mip_heuristic_run_rens", False))
 """HiGHS options of the offloading models: without the RINS and RENS sub-MIP heuristics (decision 0252). Most of
 these models close at the root or within a hundred nodes, where the sub-MIPs were much of their time; one of the
-70B / 64 search took 6-8 s and 44,830 nodes to prove an incumbent it had at 0.1 s. Re-solved offline, the search's
-304 offloading models took 24-29 s with HiGHS's defaults and 16-18 s without the two (the slowest 0.8-1.0 s), 33 of
-them stopping at another solution within the gap (8.9e-4 at most); the searches' picks are unchanged."""
+70B / 64 search took seconds and 44,830 nodes to prove an incumbent it had at 0.1 s. Re-solved side by side
+(`benchmarks/offload_milp.py`), the search's 304 offloading models take 0.65x the HiGHS time without the two, the
+slowest 1.0 s instead of 8.2 s, 33 of them stopping at another solution within the gap (8.9e-4 at most); the
+searches' picks are unchanged."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
