@@ -121,8 +121,8 @@ def main() -> None:
         _results.Figure("worst relative objective change (same status everywhere)", float(f"{max(rel):.2e}"), "",
                         f"<= {OFFLOAD_MIP_GAP:g}", holds[2], None),
     ]
-    run.write(a.results, "offload_milp", "timing", "Lynx-HEU's offloading MILPs: HiGHS's defaults against RINS and "
-              "RENS off, the same models side by side", figures)
+    run.write(a.results, "offload_milp", "measurement", "Lynx-HEU's offloading MILPs: HiGHS's defaults against RINS "
+              "and RENS off, the same models side by side", figures)
     if not all(holds):
         sys.exit(1)
 

@@ -72,8 +72,8 @@ OFFLOAD_HIGHS_OPTIONS: HighsOptions = (("mip_heuristic_run_rins", False), ("mip_
 """HiGHS options of the offloading models: without the RINS and RENS sub-MIP heuristics (decision 0252). Most of
 these models close at the root or within a hundred nodes, where the sub-MIPs were much of their time; one of the
 70B / 64 search took seconds and 44,830 nodes to prove an incumbent it had at 0.1 s. Re-solved side by side
-(`benchmarks/offload_milp.py`), the search's 304 offloading models take 0.65x the HiGHS time without the two, the
-slowest 1.0 s instead of 8.2 s, 33 of them stopping at another solution within the gap (8.9e-4 at most); the
+(`benchmarks/offload_milp.py`), the search's 304 offloading models take 0.70x the HiGHS time without the two, the
+slowest 1.05 s instead of 6.23 s, 33 of them stopping at another solution within the gap (8.9e-4 at most); the
 searches' picks are unchanged."""
 
 
