@@ -1,5 +1,5 @@
 """HiGHS time of Lynx-HEU's offloading models, with HiGHS's defaults and with `OFFLOAD_HIGHS_OPTIONS` (RINS and RENS
-off, decision 0252), on the same models side by side.
+off, at most `OFFLOAD_MAX_NODES` nodes; decision 0252), on the same models side by side.
 
     python benchmarks/offload_milp.py --results benchmarks/results/offload_milp.json
 
@@ -28,7 +28,7 @@ from rich.table import Table
 
 import lynx.milp as milp
 from lynx.cli import main as main_cli
-from lynx.policy.heu import OFFLOAD_HIGHS_OPTIONS, OFFLOAD_MIP_GAP
+from lynx.policy.heu import OFFLOAD_HIGHS_OPTIONS, OFFLOAD_MAX_NODES, OFFLOAD_MIP_GAP
 
 SHARE_TARGET = 0.8
 SLOWEST_TARGET_S = 2.0
@@ -87,8 +87,13 @@ def main() -> None:
             answers[name].append((status, obj))
     pairs = list(zip(answers["defaults"], answers["rins_rens_off"], strict=True))
     infeasible = sum(a_[0] == "infeasible" for a_, _ in pairs)
-    same_status = all(a_[0] == b[0] and a_[0] in ("optimal", "infeasible") for a_, b in pairs)
-    rel = [abs(b[1] - a_[1]) / max(abs(a_[1]), 1e-12) for a_, b in pairs if a_[0] == b[0] == "optimal"]
+    capped = sum(b[0] == "time_limit" for _, b in pairs)  # stopped by OFFLOAD_MAX_NODES with an incumbent
+
+    def solved(status: str) -> bool:
+        return status in ("optimal", "time_limit")
+
+    same_status = all(a_[0] == "optimal" and solved(b[0]) or a_[0] == b[0] == "infeasible" for a_, b in pairs)
+    rel = [abs(b[1] - a_[1]) / max(abs(a_[1]), 1e-12) for a_, b in pairs if solved(a_[0]) and solved(b[0])]
     rel = rel or [0.0]
     changed = sum(r > 1e-9 for r in rel)
     base, new = sum(times["defaults"]), sum(times["rins_rens_off"])
@@ -98,11 +103,12 @@ def main() -> None:
     for c in ("setting", "sum of HiGHS time", "slowest", "objectives changed", "worst relative change"):
         t.add_column(c, justify="left" if c == "setting" else "right")
     t.add_row("HiGHS's defaults", f"{base:.2f} s", f"{max(times['defaults']):.2f} s", "-", "-")
-    t.add_row("RINS and RENS off (OFFLOAD_HIGHS_OPTIONS)", f"{new:.2f} s", f"{slowest:.2f} s", str(changed),
+    t.add_row("RINS and RENS off, node cap (OFFLOAD_HIGHS_OPTIONS)", f"{new:.2f} s", f"{slowest:.2f} s", str(changed),
               f"{max(rel):.1e}")
     out.print(t)
-    out.print(f"{infeasible} of the models are infeasible (stage problems over their budget, as the search asks); "
-              f"every model {'has' if same_status else 'does NOT have'} the same status under both settings")
+    out.print(f"{infeasible} of the models are infeasible (stage problems over their budget, as the search asks) "
+              f"under both settings, every other one solved under both: {'yes' if same_status else 'NO'}; "
+              f"{capped} stopped at the node cap ({OFFLOAD_MAX_NODES:,} nodes) with their incumbent")
     holds = (share <= SHARE_TARGET, slowest <= SLOWEST_TARGET_S, max(rel) <= OFFLOAD_MIP_GAP and same_status)
     out.print(f"RINS and RENS off / defaults: {share:.3f} (target <= {SHARE_TARGET}: "
               f"{'holds' if holds[0] else 'does NOT hold'}); slowest {slowest:.2f} s (target <= {SLOWEST_TARGET_S} s: "
@@ -117,6 +123,7 @@ def main() -> None:
                         holds[1], None),
         _results.Figure("HiGHS's defaults: slowest solve", round(max(times["defaults"]), 2), "s", "-", None, None),
         _results.Figure("infeasible models (both settings)", infeasible, "models", "-", None, None),
+        _results.Figure("models stopped at the node cap", capped, "models", "-", None, None),
         _results.Figure("objectives that differ", changed, "models", "-", None, None),
         _results.Figure("worst relative objective change (same status everywhere)", float(f"{max(rel):.2e}"), "",
                         f"<= {OFFLOAD_MIP_GAP:g}", holds[2], None),

@@ -24,7 +24,8 @@ from typing import Any, Literal
 INF = math.inf
 Expr = Mapping[int, float]
 MilpStatus = Literal["optimal", "time_limit", "infeasible", "no_solution", "error"]
-"""time_limit: a feasible incumbent exists; no_solution: the limit hit before any."""
+"""time_limit: a limit stopped the solve (its time, or a work limit such as HiGHS's mip_max_nodes) with a feasible
+incumbent; no_solution: a limit stopped it before any."""
 Backend = Literal["auto", "highs", "gurobi"]
 """auto is HiGHS; gurobi only where gurobipy is importable."""
 HighsOptions = tuple[tuple[str, bool | int | float], ...]
@@ -168,7 +169,7 @@ def _solve_highs(m: Milp, time_limit_s: float, mip_gap: float,
         status = "optimal"
     elif ms == highspy.HighsModelStatus.kInfeasible:
         status = "infeasible"
-    elif "time limit" in status_text:
+    elif "limit" in status_text:  # the time limit, or a work limit (node cap: HiGHS's "solution limit reached")
         status = "time_limit" if has_primal else "no_solution"
     else:
         status = "time_limit" if has_primal else "error"

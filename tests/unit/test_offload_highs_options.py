@@ -14,7 +14,7 @@ from lynx.methods.common import base_partition
 from lynx.methods.heu import heu_options
 from lynx.milp import Milp
 from lynx.models import load_model
-from lynx.policy.heu import OFFLOAD_HIGHS_OPTIONS, OFFLOAD_MIP_GAP, solve_stage
+from lynx.policy.heu import OFFLOAD_HIGHS_OPTIONS, OFFLOAD_MAX_NODES, OFFLOAD_MIP_GAP, solve_stage
 from lynx.problem import PlanOptions
 from lynx.search.evaluate import Shared
 from lynx.search.space import Layout, Space
@@ -38,7 +38,8 @@ def _knapsack() -> Milp:
 
 def test_the_offloading_method_alone_runs_without_rins_and_rens() -> None:
     problem = _problem()
-    assert dict(OFFLOAD_HIGHS_OPTIONS) == {"mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False}
+    assert dict(OFFLOAD_HIGHS_OPTIONS) == {"mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False,
+                                           "mip_max_nodes": OFFLOAD_MAX_NODES}
     assert heu_options(problem, "lynx-offload").highs_options == OFFLOAD_HIGHS_OPTIONS
     assert heu_options(problem, "lynx").highs_options == ()
 
@@ -72,3 +73,17 @@ def test_offloading_stages_without_the_sub_mips_stay_within_the_gap() -> None:
         assert any(lp.offload for lp in fast.layers)
         f, d = fast.stats.objective, default.stats.objective
         assert abs(f - d) <= OFFLOAD_MIP_GAP * max(f, d), (ctx.stage, f, d)
+
+
+def test_a_node_cap_returns_the_incumbent_as_a_limited_solve() -> None:
+    """A model stopped by its node cap (HiGHS: "solution limit reached") keeps its incumbent as a solution with its
+    gap, as one stopped by the time limit does: the same answer on every machine."""
+    m = Milp()
+    xs = [m.binary(f"x{i}", cost=-float(7 * i % 11 + 1)) for i in range(40)]
+    m.le({x: float(3 * i % 13 + 2) for i, x in enumerate(xs)}, 37.0)
+    m.le({x: float(5 * i % 7 + 1) for i, x in enumerate(xs)}, 23.0)
+    full = m.solve(mip_gap=0.0)
+    capped = m.solve(mip_gap=0.0, highs_options=(("mip_max_nodes", 1), ("presolve", "off")))
+    assert full.status == "optimal"
+    assert capped.status == "time_limit" and capped.has_solution and capped.mip_gap > 0
+    assert capped.objective >= full.objective - 1e-9

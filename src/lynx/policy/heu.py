@@ -68,12 +68,19 @@ OFFLOAD_MIP_GAP = 1e-3
 search solves hundreds: decision 0145); at 1e-3 the same models close in tens of milliseconds, their optimum at
 most 1e-3 of the stage's critical time away (about a microsecond per micro-batch), which can cost the tie-break,
 never a window."""
-OFFLOAD_HIGHS_OPTIONS: HighsOptions = (("mip_heuristic_run_rins", False), ("mip_heuristic_run_rens", False))
-"""HiGHS options of the offloading models: without the RINS and RENS sub-MIP heuristics (decision 0252). Most of
+OFFLOAD_MAX_NODES = 10_000
+"""The branch-and-bound nodes an offloading model may explore before HiGHS returns its incumbent (decision 0252):
+a work limit, so the answer is the same on every machine, where the 10 s time limit it stands in front of made one
+of the Qwen3-235B / 256 H100 search's models answer by the machine's speed. Capped models keep the incumbent HiGHS
+had (within the gap of the optimum on the models measured; the slowest capped one takes about 2 s)."""
+OFFLOAD_HIGHS_OPTIONS: HighsOptions = (("mip_heuristic_run_rins", False), ("mip_heuristic_run_rens", False),
+                                       ("mip_max_nodes", OFFLOAD_MAX_NODES))
+"""HiGHS options of the offloading models: without the RINS and RENS sub-MIP heuristics, at most `OFFLOAD_MAX_NODES`
+nodes (decision 0252). Most of
 these models close at the root or within a hundred nodes, where the sub-MIPs were much of their time; one of the
 70B / 64 search took seconds and 44,830 nodes to prove an incumbent it had at 0.1 s. Re-solved side by side
-(`benchmarks/offload_milp.py`), the search's 304 offloading models take 0.70x the HiGHS time without the two, the
-slowest 1.05 s instead of 6.23 s, 33 of them stopping at another solution within the gap (8.9e-4 at most); the
+(`benchmarks/offload_milp.py`), the search's 304 offloading models take 0.67x the HiGHS time without the two, the
+slowest 1.13 s instead of 8.09 s, 33 of them stopping at another solution within the gap (8.9e-4 at most); the
 searches' picks are unchanged."""
 
 
