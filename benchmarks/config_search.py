@@ -6,6 +6,8 @@
     python benchmarks/config_search.py --case llama3.1-405b-16384 # <= 60 s
     python benchmarks/config_search.py --case gpt-175b-single     # one `lynx plan`, 8 x 8 H100: <= 0.5 s
     python benchmarks/config_search.py --case gpt3-175b-96        # lynx's pick vs Megatron's published run
+    python benchmarks/config_search.py --case qwen3-235b-256 --no-one-process \
+        --results benchmarks/results/config_search_moe.json       # an MoE search (EP, ETP): 60 s for reference
 
 The three search cases run `python -m lynx plan --gpus N ... --json` as a fresh process, with its default processes
 (`--jobs`: one per CPU, the search's and its workers), then again with `--jobs 1` beside it for the ratio (imports, the
@@ -65,6 +67,9 @@ CASES = {
     "llama3-70b-64": Case("llama3-70b", 64, 128, 8192, 0, 15.0),
     "llama3.1-405b-1024": Case("llama3.1-405b", 1024, 2048, 8192, 0, 20.0),
     "llama3.1-405b-16384": Case("llama3.1-405b", 16384, 2048, 8192, 0, 60.0),
+    # a mixture-of-experts search (EP and ETP too) as a new user types it; no issue sets its target: 60 s, the
+    # largest of issue 30's, for reference (`--case qwen3-235b-256 --results benchmarks/results/config_search_moe.json`)
+    "qwen3-235b-256": Case("qwen3-235b-a22b", 256, 512, 4096, 0, 60.0),
     "gpt3-175b-96": Case(str(HERE / "models" / "gpt3-175b-megatron.yaml"), 96, 1152, 4096, 0, 600.0,
                          published=Pins(tp=4, pp=8, vpp=1, mb=1, sp=True, dist_opt=True), published_mfu=0.47,
                          pins=Pins(mb=1, vpp=1)),
@@ -266,8 +271,10 @@ def main() -> int:
     for name in names:
         ok &= _run(name, args.hardware, args.precision, args.exhaustive, not args.no_offload, args.case_timeout,
                    not args.no_one_process)
-    run.write(args.results, "config_search", "measurement", "The configuration search, `lynx plan --gpus N`: speed "
-              "and picks", FIGURES)
+    # the record is named after its file: config_search.json (the cases of "all"), config_search_moe.json, ...
+    name = args.results.stem if args.results is not None else "config_search"
+    run.write(args.results, name, "measurement", "The configuration search, `lynx plan --gpus N`: speed and picks"
+              + ("" if args.case == "all" else f" ({args.case})"), FIGURES)
     return 0 if ok else 1
 
 
