@@ -322,6 +322,8 @@ def test_lynx_train_at_megatrons_default_expert_tp_trains_as_one_process(tmp_pat
 @pytest.mark.parametrize(("model", "layout", "what"), [
     ({"moe_token_dispatcher_type": "allgather"}, {}, "moe_token_dispatcher_type alltoall"),
     ({}, {"tp": 1, "dp": 4, "etp": 2}, "expert tensor parallelism 1 or the TP size"),
+    ({"moe_router_load_balancing_type": "sinkhorn"}, {},
+     "moe_router_load_balancing_type other than sinkhorn"),
 ])
 def test_lynx_train_refuses_a_plan_it_cannot_run_in_one_line(tmp_path: Path, model: dict, layout: dict,
                                                              what: str) -> None:

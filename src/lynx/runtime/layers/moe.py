@@ -286,6 +286,8 @@ def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: 
         problems.append("moe_token_dispatcher_type alltoall")
     if model.moe_expert_capacity_factor is not None:
         problems.append("dropless routing (no moe_expert_capacity_factor)")
+    if model.moe_router_load_balancing_type == "sinkhorn":  # a routing of its own, not a loss the runtime leaves out
+        problems.append("top-k routing (moe_router_load_balancing_type other than sinkhorn)")
     if (model.activation, model.normalization, model.position_embedding, model.attention, model.bias) != (
             "swiglu", "rmsnorm", "rope", "flash", "none"):
         problems.append("swiglu, rmsnorm, rope, flash attention, no biases")

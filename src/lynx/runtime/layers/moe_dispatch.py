@@ -11,6 +11,7 @@ local expert, and the reverse order sends the outputs back."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,9 +207,11 @@ def _rows(g: Splits, n: int) -> list[int]:
     return [sum(sum(r) for r in g.recv[i * per:(i + 1) * per]) for i in range(n)]
 
 
+@functools.lru_cache(maxsize=64)
 def _padded_positions(g: Splits, n: int, device: torch.device) -> tuple[torch.Tensor, int]:
     """(where each gathered copy, grouped by local expert, sits in the padded all-gather [n x most rows], most
-    rows): the all-gather moves equal blocks, so each rank's copies are padded to the largest count."""
+    rows): the all-gather moves equal blocks, so each rank's copies are padded to the largest count. Cached: the
+    gather and the reduce-scatter of a micro-batch (and a restoration of either) read the same positions."""
     rows = _rows(g, n)
     most = max(rows)
     valid = torch.cat([torch.arange(rows[i], device=device) + i * most for i in range(n)])
