@@ -186,6 +186,45 @@ def figures(fid: list[dict[str, Any]], vs: list[dict[str, Any]]) -> list[_result
     return out
 
 
+def deepseek_terms(out: Out) -> list[_results.Figure]:
+    """What DeepSeek-V3's own features add on its published layout (the comparison row's problem), priced by the
+    planner as every row is: the MTP layer on the last stage (decision 0254: time per micro-batch, held bytes) and
+    the remote nodes a token crosses to under node-limited routing with DeepEP, against routing over every node
+    (decision 0253). Reported without targets: nothing measured to compare them with."""
+    from lynx.cost.edges import stage_edge_times
+    from lynx.cost.layer import edge_times
+    from lynx.cost.memory import mtp_bytes
+    from lynx.cost.moe import remote_node_copies
+
+    r = next(x for x in ROWS if x.model == "deepseek-v3")
+    prob = problem_of(r)
+    m, par, hw = prob.model, prob.parallel, prob.hardware
+    plain, with_mtp = edge_times(m, hw, par), stage_edge_times(m, hw, par, prob.graph)
+    fwd, bwd = with_mtp.head_fwd - plain.head_fwd, with_mtp.head_bwd - plain.head_bwd
+    gib = mtp_bytes(m, par, par.pp - 1, prob.graph) / 2**30
+    nodes = r.ep * max(r.etp, 1) // hw.devices_per_node
+    free, limited = remote_node_copies(m.moe_router_topk, nodes), remote_node_copies(
+        m.moe_router_topk, nodes, m.moe_router_num_groups, m.moe_router_group_topk)
+    t = Table(title=f"DeepSeek-V3's own terms on {r.label.split(',')[0]} (priced, no measurement)")
+    for c in ("term", "value"):
+        t.add_column(c, justify="left" if c == "term" else "right")
+    t.add_row("MTP layer on the last stage: forward / backward per micro-batch",
+              f"{fwd * 1e3:.1f} / {bwd * 1e3:.1f} ms")
+    t.add_row("main LM head + loss: forward / backward per micro-batch",
+              f"{plain.head_fwd * 1e3:.1f} / {plain.head_bwd * 1e3:.1f} ms")
+    t.add_row("MTP layer: held for one micro-batch", f"{gib:.2f} GiB")
+    t.add_row(f"remote nodes a token crosses to with DeepEP, EP {r.ep} over {nodes} nodes: "
+              f"{m.moe_router_group_topk} of {m.moe_router_num_groups} groups / every node",
+              f"{limited:.2f} / {free:.2f}")
+    out.print(t)
+    label = r.label.split(",")[0]
+    return [_results.Figure(f"{label}: MTP forward per micro-batch, last stage", round(fwd * 1e3, 1), "ms"),
+            _results.Figure(f"{label}: MTP backward per micro-batch, last stage", round(bwd * 1e3, 1), "ms"),
+            _results.Figure(f"{label}: MTP held bytes, one micro-batch", round(gib, 2), "GiB"),
+            _results.Figure(f"{label}: remote nodes per token, node-limited routing", round(limited, 2), "nodes"),
+            _results.Figure(f"{label}: remote nodes per token, routing over every node", round(free, 2), "nodes")]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--markdown", action="store_true")
@@ -199,7 +238,7 @@ def main() -> None:
     vs = versus(out)
     out.print(f"not modelled: DeepEP kernel efficiency (priced as all-to-all bandwidth after per-node deduplication), "
               f"CUDA graphs, FP8; {time.time() - t0:.0f} s on a shared, loaded machine")
-    figs = figures(fid, vs)
+    figs = figures(fid, vs) + deepseek_terms(out)
     held = [f for f in figs if f.holds is not None]
     fits = [r for r in fid if r["holds"]]
     summary = (f"fidelity: {len(fits)} of {len(fid)} published H100 MoE steps within ±{TARGET:.0%} "
