@@ -71,9 +71,29 @@ class Record:
         return {"schema": SCHEMA, **d}
 
 
+def writable_path(text: str) -> Path:
+    """An argparse type: a file path whose folder exists and can be written, checked before the benchmark runs
+    (not after minutes of work)."""
+    path = Path(text)
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; give a file path such as {path / 'x.json'}")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"{text}: not writable")
+    if not path.exists():  # a folder that refuses new files whatever its mode says (/proc): try, leave nothing
+        try:
+            path.open("x").close()
+            path.unlink()
+        except OSError as e:
+            raise argparse.ArgumentTypeError(f"{text}: cannot be written ({e.strerror})") from None
+    return path
+
+
 def add_option(ap: argparse.ArgumentParser, name: str) -> None:
     """`--results PATH`: where to write the results file (`benchmarks/results/<name>.json` is the committed one)."""
-    ap.add_argument("--results", type=Path, default=None, metavar="PATH",
+    ap.add_argument("--results", type=writable_path, default=None, metavar="PATH",
                     help=f"write the figures and their targets as JSON (the committed file is "
                          f"benchmarks/results/{name}.json)")
 
