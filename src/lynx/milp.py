@@ -28,7 +28,7 @@ MilpStatus = Literal["optimal", "time_limit", "infeasible", "no_solution", "erro
 incumbent; no_solution: a limit stopped it before any."""
 Backend = Literal["auto", "highs", "gurobi"]
 """auto is HiGHS; gurobi only where gurobipy is importable."""
-HighsOptions = tuple[tuple[str, bool | int | float], ...]
+HighsOptions = tuple[tuple[str, bool | int | float | str], ...]
 """HiGHS options by name (`Highs.setOptionValue`), set after lynx's own (time limit, gap, one thread)."""
 
 

@@ -328,3 +328,48 @@ def test_a_refined_finalist_is_not_pruned_by_its_screens_bound() -> None:
     assert pruned.best.candidate.layout.vpp > 1  # the refined interleaved plan
     assert pruned.best.bound_s > pruned.best.iteration_s  # its screen's bound is above its refined time
     assert _key(pruned.best)[1:] == _key(full.best)[1:]
+
+
+@pytest.mark.parametrize(("model", "hw", "gpus", "gb", "seq", "budget"), [
+    pytest.param("gpt-tiny", "a100-40g-nvlink", 4, 32, 512, 0.05, id="gpt-tiny-tight"),
+    pytest.param("llama-tiny", "h100-80g-nvlink", 4, 8, 16384, 0.6, id="llama-tiny-16k", marks=pytest.mark.slow),
+])
+def test_screen_bound_holds_for_every_interleaved_lynx_screen(model: str, hw: str, gpus: int, gb: int, seq: int,
+                                                              budget: float) -> None:
+    """The bound a lynx interleaved candidate gets from its stage models' LP floors (`Frontier.screen_bound`, the
+    least on-demand recomputation HEU can choose on its dp split) never exceeds the screen it bounds, with and
+    without offloading; it is above the plain bound somewhere (keeping everything does not fit there), and
+    offloading's floor is never above lynx's (its models relax lynx's)."""
+    from dataclasses import replace
+
+    from lynx.methods.common import base_partition
+    from lynx.search.bounds import plain_s
+    from lynx.search.evaluate import LYNX_SEARCHED, Shared, plan_candidate
+    from lynx.search.space import Core
+    from lynx.search.tree import Frontier, Kind, Node
+
+    space = Space(load_model(model), load_hardware(hw), gpus, gb, seq, Pins(), offload=True)
+    opts = PlanOptions(budget_bytes=budget * GiB)
+    shared = Shared(space, opts)
+    frontier = Frontier(shared)
+    above_plain = 0
+    checked: set[str] = set()
+    screens: dict[tuple[object, str], float] = {}
+    for c in candidates(space)[0]:
+        if c.stock or c.method not in LYNX_SEARCHED or c.layout.vpp == 1:
+            continue
+        o = plan_candidate(shared, c, math.nan)  # the screen: HEU on the dp split, no refinement
+        if not o.fits:
+            continue
+        node = Node(Kind.LYNX, Core(replace(c.layout, vpp=1), (c.layout.vpp,)), c.layout, tight=True, plain=True)
+        bound = frontier.screen_bound(node, c.method)
+        assert bound <= o.iteration_s, (c, bound, o.iteration_s)
+        problem = shared.problem(c.layout, None)
+        above_plain += bound > plain_s(problem, base_partition(problem))
+        screens[(c.layout, c.method)] = bound
+        checked.add(c.method)
+    assert checked == set(LYNX_SEARCHED)
+    assert above_plain, "no screen bound above the plain one: the check would not mean anything"
+    for (lay, method), bound in screens.items():
+        if method == "lynx" and (lay, "lynx-offload") in screens:
+            assert screens[(lay, "lynx-offload")] <= bound * (1 + 1e-6), lay

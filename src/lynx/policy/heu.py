@@ -512,6 +512,47 @@ def min_budget_bytes(graph: Graphs, ctx: StageContext, opts: HeuOptions = HeuOpt
     return ctx.budget_bytes - ctx.activation_budget_bytes + sol.value(z)
 
 
+FLOOR_MARGIN = 1e-3
+"""`demand_floor` multiplies the relaxation's optimum by 1 - this: HiGHS solves it within its tolerances on rows in
+bytes (up to ~1e11) beside coefficients in microseconds."""
+
+
+def demand_floor(ctx: StageContext, graph: Graphs, opts: HeuOptions) -> float:
+    """A lower bound, in seconds per micro-batch summed over the stage's layers, on the on-demand recomputation of
+    any policy the stage's HEU model admits, beyond what an FSDP window hides: the model's LP relaxation with that
+    work as its only cost. The simulator charges at least that before the layers' backwards
+    (`cost.pricing.layer_recompute`: phase 5, plus what overflows a window), so the search adds it to a screen's
+    time bound (`search.tree.Frontier.screen_bound`). Policies over several runs of layers (`counts`) average into
+    a feasible point of the one-run model (its rows are linear in the policy, or the largest over the runs), so the
+    floor holds for them too. 0.0 where none is known: a stage of several layer kinds, a model refused before any
+    solve (nothing fits: the planner says so), a relaxation HiGHS does not end optimal."""
+    if not isinstance(graph, LayerGraph):
+        return 0.0
+    m, lvs, _ = build_model(graph, ctx, opts)
+    if m.contradiction:
+        return 0.0
+    n = m.num_variables
+    cost = [0.0] * n
+    win = fsdp_window(graph, ctx)
+    if win > 0:  # add_objective's Y >= sum_i R_{5,i} C_i - W per run, each priced once per layer of its run
+        for i, name in enumerate(m.names):
+            if name.startswith("Y"):
+                cost[i] = m.cost[i]
+    else:
+        for lv in lvs:
+            for name, r in lv.R.items():
+                if Phase.ON_DEMAND in r:
+                    cost[r[Phase.ON_DEMAND]] = ctx.num_layers * op_recompute_cost(graph, name) * OBJ_SCALE
+    free = {i for i, name in enumerate(m.names) if name == "E"}  # the exposed copy time, free here: its rows never bind
+    m.cost, m.integer = cost, [False] * n
+    m.rows = [r for r in m.rows if not free.intersection(r[1])]
+    for options in ((), (("presolve", "off"),)):  # presolve's reductions can end a badly scaled LP in error
+        sol = m.solve(opts.time_limit_s, 1e-6, highs_options=options)
+        if sol.status == "optimal":
+            return max(0.0, sol.objective) / OBJ_SCALE * (1.0 - FLOOR_MARGIN)
+    return 0.0
+
+
 def _stats(sol: MilpSolution, msg: str = "") -> SolveStats:
     return SolveStats(solver=sol.backend, status=sol.status, objective=sol.objective / OBJ_SCALE,
                       solve_time_s=sol.solve_time_s, num_variables=sol.num_variables,
@@ -611,6 +652,8 @@ class HeuCache:
     solve_time_s: float = 0.0
     kind_graphs: tuple[tuple[str, LayerGraph], ...] = ()
     """A model of several layer kinds: the graph of each (a stage's `kinds` pick its layers' graphs)."""
+    floors: dict[CacheKey, float] = field(default_factory=dict)
+    """`demand_floor` per stage problem (the search's screen bounds)."""
 
     def graphs(self, ctx: StageContext) -> Graphs:
         return stage_graphs(self.kind_graphs, ctx.kinds) if ctx.kinds else self.graph
@@ -637,4 +680,11 @@ class HeuCache:
         self.solve_time_s += time.perf_counter() - t0
         self.entries[k] = res
         return res
+
+    def floor(self, ctx: StageContext) -> float:
+        """`demand_floor` of the stage problem, once per key."""
+        k = self.key(ctx)
+        if k not in self.floors:
+            self.floors[k] = demand_floor(ctx, self.graphs(ctx), self.opts)
+        return self.floors[k]
 

@@ -73,9 +73,10 @@ def megatron_offload_policy(ctx: StageContext, graph: LayerGraph, modules: tuple
                             fraction: float = 1.0, delta_bytes: float = 0.0) -> RecomputePolicy:
     """Every layer keeps everything (no recomputation) and offloads what Megatron's modules pick on this stage
     (module docstring: margin, PP delta, fraction)."""
-    groups = [(li, m, module_offload_ops(graph, m)) for li in range(ctx.num_layers) for m in modules]
+    per_module = {m: module_offload_ops(graph, m) for m in modules}
+    groups = [(li, m, per_module[m]) for li in range(ctx.num_layers) for m in modules]
     groups = [g for g in groups if g[2]]
-    last = {m: max(li for li, mm, _ in groups if mm == m) for _, m, _ in groups}
+    last = {m: li for li, m, _ in groups}  # each module's last layer (groups run in layer order)
     on = [g for g in groups if g[0] != last[g[1]]]  # the offload margin
     keep_dev = ctx.stage * delta_bytes
     while on and keep_dev > 0:  # the PP delta, from the front

@@ -222,7 +222,7 @@ class _Run:
         self.jobs, self.t0 = jobs, time.perf_counter()
         self.ahead: Ahead | None = None
         self.handed_nodes: set[Node] = set()
-        self.frontier = Frontier(self.shared)
+        self.frontier = Frontier(self.shared, floors=not exhaustive)
         self.inc, self.sweep = _Incumbents(top), VppSweep()
         self.top, self.exhaustive, self.progress = top, exhaustive, progress
         self.outcomes: list[Outcome] = []
@@ -245,8 +245,8 @@ class _Run:
             bound, node = self.frontier.pop()
             if not self.exhaustive and self.inc.prunes_node(node, bound):
                 self._prune(node, bound)
-            elif self.frontier.tighten(node, bound):  # also when exhaustive: the bounds test covers it
-                continue
+            elif self.frontier.tighten(node, bound, self.inc.split_bound_prunes):  # also when exhaustive (no floors
+                continue  # there): the bounds test covers it
             elif node.kind == Kind.CORE:
                 why = self.frontier.static_reason(node.core)
                 if why:
@@ -273,9 +273,10 @@ class _Run:
 
     def _hand_out(self) -> None:
         """Hand the workers the lynx candidates of the heap's top nodes that the tree will plan when it pops them
-        unless the incumbents have moved by then: nodes past their last tightening (1F1B, or interleaved with
-        the plain bound), not pruned now, whose candidates pass the memory bounds (the same cached answers the
-        tree reads) and the VPP sweep so far."""
+        unless the incumbents have moved by then: nodes past their last tightening but the screen bounds (1F1B, or
+        interleaved with the plain bound), not pruned now, whose candidates pass the memory bounds (the same cached
+        answers the tree reads), the VPP sweep so far and the screen bound (solved here for a plain node, before the
+        tree pops it to tighten it by that bound: the workers get their lead)."""
         assert self.ahead is not None
         for bound, _, node in self.frontier.heap[:self.LOOK]:
             if node.kind != Kind.LYNX or node.layout is None or not (node.layout.vpp == 1 or node.plain):
@@ -288,6 +289,9 @@ class _Run:
                     continue
                 if self.frontier.memory_reason(node, c) or (not self.exhaustive and self.sweep.skips(c)):
                     continue
+                if node.plain and self.inc.split_bound_prunes(self.frontier.screen_bound(node, c.method,
+                                                                                        self.inc.split_bound_prunes)):
+                    continue  # the tree prunes it when it decides it (the incumbents only get faster)
                 self.ahead.submit(c)
 
     def _prune(self, node: Node, bound: float) -> None:
@@ -334,6 +338,9 @@ class _Run:
             self.outcomes.append(o)
             self.tick(1, f"{c.layout.label()} {c.method}")
 
+    def _prunes(self, node: Node, c: Candidate, bound: float) -> bool:
+        return self.inc.split_bound_prunes(bound) if node.tight else self.inc.prunes(c, bound)
+
     def _decide(self, node: Node, c: Candidate, bound: float, fits: dict[str, Outcome], failed: set[str]) -> Outcome:
         why = self.frontier.memory_reason(node, c) or cannot_fit(c.method, failed)
         if why:
@@ -346,9 +353,14 @@ class _Run:
         skip = "" if self.exhaustive else self.sweep.skips(c)
         if skip:
             return Outcome(c, "skipped (VPP sweep)", bound, skip)
-        if not self.exhaustive and (self.inc.split_bound_prunes(bound) if node.tight else self.inc.prunes(c, bound)):
+        if not self.exhaustive and self._prunes(node, c, bound):
             return Outcome(c, "pruned (time bound)", bound,
                            f"time bound {bound:.3f} s exceeds the {self.top} best found")
+        if node.floored and c.method in LYNX_SEARCHED:  # HEU's least on-demand work (LPs)
+            bound = max(bound, self.frontier.screen_bound(node, c.method, self.inc.split_bound_prunes))
+            if self._prunes(node, c, bound):
+                return Outcome(c, "pruned (time bound)", bound, f"time bound {bound:.3f} s (its stage models' "
+                               f"least on-demand recomputation) exceeds the {self.top} best found")
         if node.kind == Kind.STOCK and not self.exhaustive:  # its policy's bound before it is simulated
             o = plan_candidate(self.shared, c, bound, prune_above=self.inc.threshold(c),
                                policy_bound=lambda p, r: self.frontier.policy_bound(node, p, r), planned=self._taken(c))

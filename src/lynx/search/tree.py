@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from enum import IntEnum
 
 from lynx.cost.pricing import layer_recompute
+from lynx.decisions import StageContext
 from lynx.errors import LynxError
 from lynx.methods.common import base_partition
 from lynx.methods.rules import fixed_layer_policy
@@ -57,6 +58,8 @@ class Node:
     """A lynx interleaved node whose bound is on the dp split its screen plans (`Frontier.tighten`)."""
     plain: bool = False
     """A tight node whose bound is also the simulated time of that split recomputing nothing (`Frontier.tighten`)."""
+    floored: bool = False
+    """A plain node whose bound is also its candidates' smallest `Frontier.screen_bound` (`Frontier.tighten`)."""
 
 
 def count(space: Space, node: Node) -> int:
@@ -76,11 +79,26 @@ def count(space: Space, node: Node) -> int:
     return total
 
 
+@dataclass(frozen=True, slots=True)
+class _Screen:
+    """`Frontier.screen_bound` so far: the bound, the stages' floors solved (stage 0 first), their contexts."""
+
+    bound: float
+    extra: tuple[float, ...]
+    ctxs: tuple[StageContext, ...]
+
+    @property
+    def done(self) -> bool:
+        return len(self.extra) == len(self.ctxs)
+
+
 class Frontier:
     """The heap of open nodes, (bound, insertion order, node); `pop` gives the smallest bound first."""
 
-    def __init__(self, shared: Shared) -> None:
+    def __init__(self, shared: Shared, floors: bool = True) -> None:
         self.shared = shared
+        self.floors = floors
+        """Tighten plain nodes by their screen bounds (their LPs; an exhaustive search prunes nothing by them)."""
         self.heap: list[tuple[float, int, Node]] = []
         self.seq = itertools.count()
         self.invalid: list[tuple[Node, str]] = []
@@ -90,6 +108,7 @@ class Frontier:
         self.steps: dict[tuple[Layout, int, int, tuple[LayerKind, ...] | None], float] = {}
         self.static: dict[tuple[object, ...], str] = {}
         self.methods: dict[tuple[Node, str], float] = {}
+        self.screens: dict[tuple[Layout, str], _Screen] = {}
 
     def push(self, node: Node) -> None:
         try:
@@ -106,13 +125,24 @@ class Frontier:
     def __len__(self) -> int:
         return len(self.heap)
 
-    def tighten(self, node: Node, bound: float) -> bool:
+    def tighten(self, node: Node, bound: float, prunes: Callable[[float], bool] | None = None) -> bool:
         """A lynx interleaved node popped on its any-split bound is pushed back with the bound of the dp split
         its screen plans (`methods.heu._interleaved_search` without refinement), and popped on that, pushed back
         once more with the simulated time of the split keeping every activation (`plain_s`) unless the memory bounds
-        refuse all its candidates; True when it was."""
-        if node.kind != Kind.LYNX or node.plain or node.layout is None or node.layout.vpp == 1:
+        refuse all its candidates, and popped on that, a last time with its candidates' smallest `screen_bound` (with
+        `floors`); True when it was."""
+        if node.kind != Kind.LYNX or node.floored or node.layout is None or node.layout.vpp == 1:
             return False
+        if node.plain:
+            if not self.floors:
+                return False
+            methods = {c.method for c in self.candidates(node) if not self.memory_reason(node, c)}
+            if "lynx-offload" in methods:  # its models relax lynx's (no offloading is one of its choices)
+                methods.discard("lynx")
+            floor = min((self.screen_bound(node, m, prunes) if m in LYNX_SEARCHED else 0.0 for m in methods),
+                        default=0.0)
+            heapq.heappush(self.heap, (max(bound, floor), next(self.seq), replace(node, floored=True)))
+            return True
         problem = self.shared.problem(node.layout, None)
         part = base_partition(problem)
         if node.tight:
@@ -215,6 +245,41 @@ class Frontier:
             else:
                 self.methods[key] = 0.0
         return self.methods[key]
+
+    def screen_bound(self, node: Node, method: str, prunes: Callable[[float], bool] | None = None) -> float:
+        """A lynx interleaved candidate's bound on its screen (HEU on the dp split, as `tighten`'s): the split's
+        `partition_time_bound_s` with each rank's on-demand recomputation per micro-batch at least its stage
+        model's LP floor (`policy.heu.demand_floor`), the least any policy HEU can choose there charges. Within a
+        few percent of the screen where memory binds (keeping everything does not fit), where the plain bound is
+        tens of percent below; 0 where no floor is known (several layer kinds). The floors are solved stage by stage
+        (stage 0, the most in flight, first); once the bound with the stages solved so far (the others at 0) is one
+        `prunes` accepts, the rest wait: the incumbents only get faster, so it prunes for good."""
+        assert node.layout is not None
+        key = (node.layout, method)
+        got = self.screens.get(key)
+        if got is not None and (got.done or (prunes is not None and prunes(got.bound))):
+            return got.bound
+        sh = self.shared
+        problem = sh.problem(node.layout, None)
+        if problem.heterogeneous:
+            self.screens[key] = _Screen(0.0, (), ())
+            return 0.0
+        part = base_partition(problem)
+        chunks = part.chunks or part.layers_per_stage
+        ctxs = got.ctxs if got is not None else tuple(problem.stage_contexts(part))
+        cache = sh.heu_cache(problem, node.layout, method)
+        extra = list(got.extra) if got is not None else []
+        bound = got.bound if got is not None else 0.0
+        while len(extra) < len(ctxs):
+            extra.append(cache.floor(ctxs[len(extra)]))
+            if extra[-1] > 0:
+                bound = partition_time_bound_s(problem, chunks, self._pieces(node.layout, problem),
+                                               self._step(node.layout, problem),
+                                               (*extra, *(0.0,) * (len(ctxs) - len(extra))))
+            if prunes is not None and prunes(bound):
+                break
+        self.screens[key] = _Screen(bound, tuple(extra), ctxs)
+        return bound
 
     def policy_bound(self, node: Node, problem: PlanProblem, result: PlanResult) -> float:
         """A stock node's split bound with the on-demand recomputation its method's policies place on each rank
