@@ -81,15 +81,17 @@ def count(space: Space, node: Node) -> int:
 
 @dataclass(frozen=True, slots=True)
 class _Screen:
-    """`Frontier.screen_bound` so far: the bound, the stages' floors solved (stage 0 first), their contexts."""
+    """`Frontier.screen_bound` so far: the bound, the stages' cheap and full floors solved (stage 0 first), their
+    contexts."""
 
     bound: float
-    extra: tuple[float, ...]
+    cheap: tuple[float, ...]
+    full: tuple[float, ...]
     ctxs: tuple[StageContext, ...]
 
     @property
     def done(self) -> bool:
-        return len(self.extra) == len(self.ctxs)
+        return len(self.full) == len(self.ctxs)
 
 
 class Frontier:
@@ -252,8 +254,9 @@ class Frontier:
         model's LP floor (`policy.heu.demand_floor`), the least any policy HEU can choose there charges. Within a
         few percent of the screen where memory binds (keeping everything does not fit), where the plain bound is
         tens of percent below; 0 where no floor is known (several layer kinds). The floors are solved stage by stage
-        (stage 0, the most in flight, first); once the bound with the stages solved so far (the others at 0) is one
-        `prunes` accepts, the rest wait: the incumbents only get faster, so it prunes for good."""
+        (stage 0, the most in flight, first), each first on its cheap relaxation (`HeuCache.floor`), then in full;
+        once the bound with what is solved so far (the rest at 0) is one `prunes` accepts, the rest wait: the
+        incumbents only get faster, so it prunes for good (decision 0255)."""
         assert node.layout is not None
         key = (node.layout, method)
         got = self.screens.get(key)
@@ -262,23 +265,26 @@ class Frontier:
         sh = self.shared
         problem = sh.problem(node.layout, None)
         if problem.heterogeneous:
-            self.screens[key] = _Screen(0.0, (), ())
+            self.screens[key] = _Screen(0.0, (), (), ())
             return 0.0
         part = base_partition(problem)
         chunks = part.chunks or part.layers_per_stage
         ctxs = got.ctxs if got is not None else tuple(problem.stage_contexts(part))
         cache = sh.heu_cache(problem, node.layout, method)
-        extra = list(got.extra) if got is not None else []
+        levels = [list(got.cheap), list(got.full)] if got is not None else [[], []]
         bound = got.bound if got is not None else 0.0
-        while len(extra) < len(ctxs):
-            extra.append(cache.floor(ctxs[len(extra)]))
-            if extra[-1] > 0:
-                bound = partition_time_bound_s(problem, chunks, self._pieces(node.layout, problem),
-                                               self._step(node.layout, problem),
-                                               (*extra, *(0.0,) * (len(ctxs) - len(extra))))
-            if prunes is not None and prunes(bound):
-                break
-        self.screens[key] = _Screen(bound, tuple(extra), ctxs)
+        n = len(ctxs)
+        for level, solved in enumerate(levels):
+            while len(solved) < n:
+                solved.append(cache.floor(ctxs[len(solved)], cheap=level == 0))
+                if solved[-1] > 0:
+                    extra = tuple(max((lv[r] for lv in levels if r < len(lv)), default=0.0) for r in range(n))
+                    bound = max(bound, partition_time_bound_s(problem, chunks, self._pieces(node.layout, problem),
+                                                              self._step(node.layout, problem), extra))
+                if prunes is not None and prunes(bound):
+                    self.screens[key] = _Screen(bound, tuple(levels[0]), tuple(levels[1]), ctxs)
+                    return bound
+        self.screens[key] = _Screen(bound, tuple(levels[0]), tuple(levels[1]), ctxs)
         return bound
 
     def policy_bound(self, node: Node, problem: PlanProblem, result: PlanResult) -> float:
