@@ -205,6 +205,11 @@ def _refine_finalists(shared: Shared, outcomes: list[Outcome], n: int, ahead: Ah
     return [better.get(id(o), o) for o in outcomes]
 
 
+HANDED_STOCK = ("block",)
+"""Stock methods whose candidates the workers plan ahead too: block chooses its N by replaying the stage's memory
+for each (about 5-13 ms a candidate on the 70B search); the others' policies take a millisecond or two, about what
+handing one out costs."""
+
 AHEAD_AFTER_S = 1.0
 """Seconds of searching before the workers start: a search that ends sooner (a pinned layout, a small job) does
 not pay for starting them (about half a second of imports each)."""
@@ -279,6 +284,9 @@ class _Run:
         tree pops it to tighten it by that bound: the workers get their lead)."""
         assert self.ahead is not None
         for bound, _, node in self.frontier.heap[:self.LOOK]:
+            if node.kind == Kind.STOCK:
+                self._hand_out_stock(node, bound)
+                continue
             if node.kind != Kind.LYNX or node.layout is None or not (node.layout.vpp == 1 or node.plain):
                 continue
             if node in self.handed_nodes or (not self.exhaustive and self.inc.prunes_node(node, bound)):
@@ -293,6 +301,23 @@ class _Run:
                                                                                         self.inc.split_bound_prunes)):
                     continue  # the tree prunes it when it decides it (the incumbents only get faster)
                 self.ahead.submit(c)
+
+    def _hand_out_stock(self, node: Node, bound: float) -> None:
+        """A stock node's candidates of the methods whose policies take longest to choose (`HANDED_STOCK`: block
+        tries each N against the memory replay), unless the memory bounds, the node's split or their method's bound
+        already refuse them; the tree still decides each one in order (dominance, the policy's bound)."""
+        assert self.ahead is not None
+        if node in self.handed_nodes or (not self.exhaustive and self.inc.prunes_node(node, bound)):
+            return
+        self.handed_nodes.add(node)
+        if self.frontier.split_reason(node):
+            return
+        for c in self.frontier.candidates(node):
+            if c.method not in HANDED_STOCK or self.ahead.handed_out(c) or self.frontier.memory_reason(node, c):
+                continue
+            if not self.exhaustive and self.inc.prunes(c, max(bound, self.frontier.method_bound(node, c))):
+                continue
+            self.ahead.submit(c)
 
     def _prune(self, node: Node, bound: float) -> None:
         n = count(self.shared.space, node)
