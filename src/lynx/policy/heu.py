@@ -519,10 +519,11 @@ bytes (up to ~1e11) beside coefficients in microseconds."""
 
 def demand_floor(ctx: StageContext, graph: Graphs, opts: HeuOptions) -> float:
     """A lower bound, in seconds per micro-batch summed over the stage's layers, on the on-demand recomputation of
-    any policy the stage's HEU model admits, beyond what an FSDP window hides: the model's LP relaxation with that
-    work as its only cost. The simulator charges at least that before the layers' backwards
-    (`cost.pricing.layer_recompute`: phase 5, plus what overflows a window), so the search adds it to a screen's
-    time bound (`search.tree.Frontier.screen_bound`). Policies over several runs of layers (`counts`) average into
+    any policy the stage's HEU model admits, beyond what an FSDP window hides, plus its offload copies' exposed
+    time: the model's LP relaxation with that work as its only cost. The simulator charges at least
+    that before the layers' backwards (`cost.pricing.layer_recompute`: phase 5, plus what overflows a window;
+    `policy.offload.stage_exposed_copy`: the model's own exposure rows), so the search adds it to a screen's time
+    bound (`search.tree.Frontier.screen_bound`). Policies over several runs of layers (`counts`) average into
     a feasible point of the one-run model (its rows are linear in the policy, or the largest over the runs), so the
     floor holds for them too. 0.0 where none is known: a stage of several layer kinds, a model refused before any
     solve (nothing fits: the planner says so), a relaxation HiGHS does not end optimal."""
@@ -543,9 +544,10 @@ def demand_floor(ctx: StageContext, graph: Graphs, opts: HeuOptions) -> float:
             for name, r in lv.R.items():
                 if Phase.ON_DEMAND in r:
                     cost[r[Phase.ON_DEMAND]] = ctx.num_layers * op_recompute_cost(graph, name) * OBJ_SCALE
-    free = {i for i, name in enumerate(m.names) if name == "E"}  # the exposed copy time, free here: its rows never bind
+    for i, name in enumerate(m.names):
+        if name == "E":  # offloading's exposed copy time per micro-batch, charged before the backwards as it is
+            cost[i] = m.cost[i]  # (`policy.offload.stage_exposed_copy`: the model's rows; not in an FSDP window)
     m.cost, m.integer = cost, [False] * n
-    m.rows = [r for r in m.rows if not free.intersection(r[1])]
     for options in ((), (("presolve", "off"),)):  # presolve's reductions can end a badly scaled LP in error
         sol = m.solve(opts.time_limit_s, 1e-6, highs_options=options)
         if sol.status == "optimal":
