@@ -387,11 +387,14 @@ def extract(graph: LayerGraph, sol: MilpSolution, lv: LayerVars) -> LayerPolicy:
 
 
 def build_model(graph: Graphs, ctx: StageContext, opts: HeuOptions, counts: tuple[int, ...] = (),
-                min_memory: bool = False) -> tuple[Milp, list[LayerVars], int]:
+                min_memory: bool = False, floor: bool = False) -> tuple[Milp, list[LayerVars], int]:
     """The HEU model for runs of identical layers (`counts`, bottom first; default: one run of all the
     stage's layers, the paper's HEU). With `min_memory`, the objective is the activation budget it needs
-    (returned handle z) instead of recomputation time. `graph` per layer (a stage of several layer kinds):
-    one run, with its own policy, per kind change (`kind_runs`); the runs share the stage's memory rows."""
+    (returned handle z) instead of recomputation time; with `floor`, only what the simulator charges on the
+    critical path whatever the schedule (`demand_floor`): the on-demand work beyond an FSDP window and the exposed
+    copy time, without the top chunks' phase-3/4 work, the cool-down weight and the tie-break. `graph` per layer
+    (a stage of several layer kinds): one run, with its own policy, per kind change (`kind_runs`); the runs share
+    the stage's memory rows."""
     if not isinstance(graph, LayerGraph):
         return _build_runs(graph, ctx, opts, min_memory)
     counts = counts or (ctx.num_layers,)
@@ -420,12 +423,13 @@ def build_model(graph: Graphs, ctx: StageContext, opts: HeuOptions, counts: tupl
             m.le({**row, z: -1.0}, -off)
         else:
             m.le(row, ctx.activation_budget_bytes - off)
+    tie = 0.0 if floor else opts.tie_break
     if not min_memory:
-        add_objective(m, graph, groups, cooldown_weight(ctx, opts.cooldown_overlap), opts.tie_break,
-                      ctx.num_chunks, fsdp_window(graph, ctx))
+        add_objective(m, graph, groups, 0.0 if floor else cooldown_weight(ctx, opts.cooldown_overlap), tie,
+                      0 if floor else ctx.num_chunks, fsdp_window(graph, ctx))
     if link is not None:
         # the smallest budget: the host memory still binds, the copy time does not matter
-        add_offload_stage(m, graph, groups, ctx, link, opts.tie_break, price=not min_memory)
+        add_offload_stage(m, graph, groups, ctx, link, tie, price=not min_memory)
     return m, lvs, z
 
 
@@ -529,25 +533,10 @@ def demand_floor(ctx: StageContext, graph: Graphs, opts: HeuOptions) -> float:
     solve (nothing fits: the planner says so), a relaxation HiGHS does not end optimal."""
     if not isinstance(graph, LayerGraph):
         return 0.0
-    m, lvs, _ = build_model(graph, ctx, opts)
+    m, _, _ = build_model(graph, ctx, opts, floor=True)
     if m.contradiction:
         return 0.0
-    n = m.num_variables
-    cost = [0.0] * n
-    win = fsdp_window(graph, ctx)
-    if win > 0:  # add_objective's Y >= sum_i R_{5,i} C_i - W per run, each priced once per layer of its run
-        for i, name in enumerate(m.names):
-            if name.startswith("Y"):
-                cost[i] = m.cost[i]
-    else:
-        for lv in lvs:
-            for name, r in lv.R.items():
-                if Phase.ON_DEMAND in r:
-                    cost[r[Phase.ON_DEMAND]] = ctx.num_layers * op_recompute_cost(graph, name) * OBJ_SCALE
-    for i, name in enumerate(m.names):
-        if name == "E":  # offloading's exposed copy time per micro-batch, charged before the backwards as it is
-            cost[i] = m.cost[i]  # (`policy.offload.stage_exposed_copy`: the model's rows; not in an FSDP window)
-    m.cost, m.integer = cost, [False] * n
+    m.integer = [False] * m.num_variables
     for options in ((), (("presolve", "off"),)):  # presolve's reductions can end a badly scaled LP in error
         sol = m.solve(opts.time_limit_s, 1e-6, highs_options=options)
         if sol.status == "optimal":
