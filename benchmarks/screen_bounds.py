@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import math
 import statistics
 import sys
@@ -40,8 +41,9 @@ COMMAND = ["plan", "--model", "llama3-70b", "--hardware", "h100-80g-nvlink", "--
            "--seq-len", "8192", "--json", "--jobs", "1"]
 
 
-def capture() -> tuple[tree.Frontier, list[tuple[tree.Node, str]], list[tuple[str, bool]]]:
-    """The search's frontier, the (node, method) pairs it bounded, and (status, presolve off) of every LP solved."""
+def capture() -> tuple[tree.Frontier, list[tuple[tree.Node, str]], list[tuple[str, bool]], dict[str, Any]]:
+    """The search's frontier, the (node, method) pairs it bounded, (status, presolve off) of every LP solved, and
+    the search's JSON."""
     frontiers: list[tree.Frontier] = []
     asked: dict[tuple[object, str], tuple[tree.Node, str]] = {}
     lps: list[tuple[str, bool]] = []
@@ -64,14 +66,15 @@ def capture() -> tuple[tree.Frontier, list[tuple[tree.Node, str]], list[tuple[st
     tree.Frontier.__init__ = init_kept  # type: ignore[method-assign]
     tree.Frontier.screen_bound = bound_kept  # type: ignore[method-assign]
     milp.Milp.solve = solve_kept  # type: ignore[method-assign]
+    text = io.StringIO()
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+        with contextlib.redirect_stdout(text), contextlib.suppress(SystemExit):
             main_cli(COMMAND)
     finally:
         tree.Frontier.__init__ = init  # type: ignore[method-assign]
         tree.Frontier.screen_bound = bound  # type: ignore[method-assign]
         milp.Milp.solve = solve  # type: ignore[method-assign]
-    return frontiers[-1], list(asked.values()), lps
+    return frontiers[-1], list(asked.values()), lps, json.loads(text.getvalue())
 
 
 def main() -> None:
@@ -81,7 +84,9 @@ def main() -> None:
     a = ap.parse_args()
     run = _results.Run()
     out = Out(a.markdown)
-    frontier, asked, lps = capture()
+    frontier, asked, lps, found = capture()
+    screens = [c for c in found["candidates"] if c["vpp"] > 1 and c["method"] in ("lynx", "lynx-offload")]
+    planned = sum(c["status"] in ("planned", "does not fit") for c in screens)
     first = [s for s, retry in lps if not retry]
     retried = [s for s, retry in lps if retry]
     rows = []  # (method, bound, plain, screen)
@@ -118,6 +123,7 @@ def main() -> None:
                 f"{statistics.median(cheap_vs_full):.3f}", f"{max(cheap_vs_full):.3f}")
     out.print(tab)
     first_bad, retry_bad = sum(s != "optimal" for s in first), sum(s != "optimal" for s in retried)
+    out.print(f"the search planned {planned} interleaved lynx screens (of {found['planned']} candidates)")
     out.print(f"{above_plain} of {len(rows)} screen bounds above the plain bound; floor LPs in the search: "
               f"{len(first)} solved, {first_bad} not optimal with presolve, {retry_bad} of those not optimal "
               "without it either (their floor is 0)")
@@ -125,7 +131,9 @@ def main() -> None:
               + t.at_most("every screen bound at most its screen (bound / screen, max)", round(max(below), 4), 1.0))
     figures = [
         *_results.figures_of(t),
-        _results.Figure("interleaved screens bounded and planned", len(rows), "screens"),
+        _results.Figure("interleaved lynx screens the search planned", planned, "screens"),
+        _results.Figure("candidates the search planned", found["planned"], "candidates"),
+        _results.Figure("interleaved screens bounded, then planned here", len(rows), "screens"),
         _results.Figure("screen bounds above the plain bound", above_plain, "screens"),
         _results.Figure("screen bound / screen, median", round(statistics.median(below), 4), "x"),
         _results.Figure("screen bound / screen, min", round(min(below), 4), "x"),
