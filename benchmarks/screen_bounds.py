@@ -101,8 +101,8 @@ def main() -> None:
             continue
         problem = frontier.shared.problem(node.layout, None)
         part = base_partition(problem)
-        plain = plain_s(problem, part)  # the node's bound before the floors; the tree takes the larger of the two
-        rows.append((method, max(plain, frontier.screen_bound(node, method)), plain, o.iteration_s))
+        plain_b = plain_s(problem, part)  # the node's bound before the floors; the tree takes the larger of the two
+        rows.append((method, max(plain_b, frontier.screen_bound(node, method)), plain_b, o.iteration_s))
         cache = frontier.shared.heu_cache(problem, node.layout, method)
         for ctx in problem.stage_contexts(part):
             full = cache.floor(ctx)

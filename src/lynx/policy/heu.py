@@ -674,8 +674,8 @@ class HeuCache:
 
     def floor(self, ctx: StageContext, cheap: bool = False) -> float:
         """`demand_floor` of the stage problem, once per key; `cheap`: of its relaxation at the one live vector that
-        holds the most layer micro-batches (an interleaved stage's model has rows at each of its ~20 vectors: a
-        third of the time, within 4% of the full floor on the median stage measured)."""
+        holds the most layer micro-batches (an interleaved stage's model has rows at each of its ~20 vectors; 0.897
+        of the full floor at the median stage, benchmarks/results/screen_bounds.json)."""
         if cheap and ctx.live_vectors:
             v = max(ctx.live_vectors, key=lambda vec: sum(f * n for f, n in zip(vec, ctx.chunk_layers, strict=True)))
             ctx = replace(ctx, live_vectors=(v,))

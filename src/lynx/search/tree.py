@@ -81,9 +81,9 @@ def count(space: Space, node: Node) -> int:
 
 FULL_FLOOR_REACH = 0.1
 """The full floors (`HeuCache.floor`) are solved only where the bound on the cheap ones, this much higher, would
-prune: on the stages measured the full floor was within 4% of the cheap one at the median (39% at worst), and
+prune: the cheap floor is 0.897 of the full one at the median stage (benchmarks/results/screen_bounds.json), and
 where the search's lynx screens all sit near the top of the table (the Qwen3-235B search: every layout's
-offloading screen close to the pick) no floor prunes and the LPs were a sixth of the search's time."""
+offloading screen close to the pick) no floor prunes and the full LPs are time spent for nothing."""
 
 
 @dataclass(frozen=True, slots=True)
