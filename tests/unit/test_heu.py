@@ -169,3 +169,20 @@ def test_cli_solve(tmp_path: Path) -> None:
 def test_stage_context_roundtrip_fields() -> None:
     ctx = StageContext(0, 4, 8, 4, 16, 40 * GiB, 6 * GiB)
     assert ctx.has_fwd_windows and not dataclasses.replace(ctx, stage=3).has_fwd_windows
+
+
+def test_floor_is_below_heu_and_cached_per_fsdp_charge() -> None:
+    """`demand_floor` (the search's screen bounds) is at most HEU's optimum where memory binds, and positive there;
+    an FSDP window long enough to hide the on-demand work takes it to 0, so the cache keys the two apart (a stage
+    problem that differs only in FSDP's charges is another problem, for HEU's objective and for the floor)."""
+    from lynx.decisions import FsdpCharge
+
+    p = problem()
+    cache = HeuCache(p.graph)
+    ctx = p.stage_context(1, 8)
+    tight = dataclasses.replace(ctx, budget_bytes=ctx.budget_bytes - 0.5 * ctx.activation_budget_bytes)
+    floor = cache.floor(tight)
+    assert 0 < floor <= heu_policy(tight, p.graph).stats.objective
+    hidden = dataclasses.replace(tight, fsdp=FsdpCharge(gather_bwd_s=10.0))
+    assert cache.key(hidden) != cache.key(tight)
+    assert cache.floor(hidden) == 0.0 and cache.floor(tight) == floor

@@ -34,6 +34,7 @@ from lynx.cost.pricing import fsdp_window, op_recompute_cost
 from lynx.decisions import (
     BWD_PHASES,
     FWD_PHASES,
+    FsdpCharge,
     LayerPolicy,
     Phase,
     RecomputePolicy,
@@ -623,15 +624,15 @@ def _quiet_solve(ctx: StageContext, graph: Graphs, opts: HeuOptions) -> Recomput
 
 
 CacheKey = tuple[tuple[str, ...], int, int, int, bool, bool, int, float, tuple[int, ...], int,
-                 tuple[tuple[int, ...], ...]]
+                 tuple[tuple[int, ...], ...], FsdpCharge | None]
 
 
 @dataclass
 class HeuCache:
     """HEU results per distinct stage problem within one planning call (the partitioner asks many times).
     Key: (layers, in flight, activation budget in bytes, forward windows, wgrad overlap, cool-down
-    micro-batches, cool-down weight, layers per chunk, in flight per chunk, and with offloading the live
-    vectors), all from the schedule's facts; the value is a policy or the InfeasibleError."""
+    micro-batches, cool-down weight, layers per chunk, in flight per chunk, with offloading the live
+    vectors, and FSDP's charges), all from the schedule's facts; the value is a policy or the InfeasibleError."""
 
     graph: LayerGraph
     opts: HeuOptions = field(default_factory=HeuOptions)
@@ -654,7 +655,8 @@ class HeuCache:
                 ctx.subtract_wgrad, ctx.cooldown_count, cooldown_weight(ctx, self.opts.cooldown_overlap),
                 ctx.chunk_layers, ctx.layer_microbatches(),
                 # per-chunk offloading reads each live vector (memory and host rows)
-                ctx.live_vectors or (ctx.chunk_in_flight,) if self.opts.offload is not None else ())
+                ctx.live_vectors or (ctx.chunk_in_flight,) if self.opts.offload is not None else (),
+                ctx.fsdp)  # FSDP's window hosts on-demand work (the objective's Y rows, the floors)
 
     def get(self, ctx: StageContext) -> RecomputePolicy | InfeasibleError:
         k = self.key(ctx)
