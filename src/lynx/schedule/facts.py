@@ -30,15 +30,23 @@ class ChunkFacts:
     chunk: int
     num_microbatches: int
     in_flight: int
-    between: tuple[tuple[ChunkMb, ...], ...]
-    """Per micro-batch j: the forwards (chunk, micro-batch) that run on the rank between F(j) and B(j)."""
+    forwards: tuple[ChunkMb, ...]
+    """The rank's forwards (chunk, micro-batch) in its list's order (shared by its chunks)."""
+    spans: tuple[tuple[int, int], ...]
+    """Per micro-batch j: the slice of `forwards` that runs between F(j) and B(j) (kept as indices: the
+    forwards themselves are quadratic in the micro-batches)."""
     hosts: tuple[tuple[int, ChunkMb], ...]
     """(j, forward) pairs: the forward whose windows host B(j)'s phase-1/2 recomputation."""
 
     @property
+    def between(self) -> tuple[tuple[ChunkMb, ...], ...]:
+        """Per micro-batch j: the forwards (chunk, micro-batch) that run on the rank between F(j) and B(j)."""
+        return tuple(self.forwards[lo:hi] for lo, hi in self.spans)
+
+    @property
     def has_fwd_windows(self) -> bool:
         """Some forward runs between F(j) and B(j) (not on the last stage, nor with one micro-batch)."""
-        return any(self.between)
+        return any(hi > lo for lo, hi in self.spans)
 
     @property
     def cooldown(self) -> frozenset[int]:
@@ -86,10 +94,13 @@ def _live_vectors(acts: tuple[Action, ...], v: int) -> tuple[tuple[int, ...], ..
     if v == 1:
         return (max(seen, default=(0,)),)
 
-    def dominated(x: tuple[int, ...]) -> bool:
-        return any(y != x and all(b >= c for b, c in zip(y, x, strict=True)) for y in seen)
-
-    return tuple(sorted(x for x in seen if not dominated(x)))
+    # a vector that dominates another is lexicographically greater: in descending order, each one is maximal
+    # unless a maximal vector already kept dominates it (domination is transitive)
+    kept: list[tuple[int, ...]] = []
+    for x in sorted(seen, reverse=True):
+        if not any(all(b >= c for b, c in zip(y, x, strict=True)) for y in kept):
+            kept.append(x)
+    return tuple(sorted(kept))
 
 
 def _rank_facts(acts: tuple[Action, ...], rank: int, v: int, m: int) -> tuple[ChunkFacts, ...]:
@@ -98,7 +109,7 @@ def _rank_facts(acts: tuple[Action, ...], rank: int, v: int, m: int) -> tuple[Ch
     opened: dict[ChunkMb, int] = {}
     fwd_pos: list[int] = []
     fwd_key: list[ChunkMb] = []
-    between: list[list[tuple[ChunkMb, ...]]] = [[() for _ in range(m)] for _ in range(v)]
+    spans: list[list[tuple[int, int]]] = [[(0, 0)] * m for _ in range(v)]
     hosts: list[list[tuple[int, ChunkMb]]] = [[] for _ in range(v)]
     for i, a in enumerate(acts):
         key = (a.chunk, a.microbatch)
@@ -112,13 +123,14 @@ def _rank_facts(acts: tuple[Action, ...], rank: int, v: int, m: int) -> tuple[Ch
         if a.kind in (B, I):
             start = opened.get(key, i)
             lo = bisect.bisect_right(fwd_pos, start)  # forwards strictly after F(j), all before this action
-            between[a.chunk][a.microbatch] = tuple(fwd_key[lo:])
+            spans[a.chunk][a.microbatch] = (lo, len(fwd_key))
             prev = acts[i - 1] if i > 0 else None
             if prev is not None and prev.kind is F and (prev.chunk, prev.microbatch) != key:
                 hosts[a.chunk].append((a.microbatch, (prev.chunk, prev.microbatch)))
         if a.kind in (B, W):
             live[a.chunk].discard(a.microbatch)
-    return tuple(ChunkFacts(rank, c, m, peak[c], tuple(between[c]), tuple(hosts[c])) for c in range(v))
+    forwards = tuple(fwd_key)
+    return tuple(ChunkFacts(rank, c, m, peak[c], forwards, tuple(spans[c]), tuple(hosts[c])) for c in range(v))
 
 
 def derive_facts(sched: Schedule) -> ScheduleFacts:
