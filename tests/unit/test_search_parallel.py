@@ -118,3 +118,30 @@ def test_workers_the_system_refuses_leave_one_process(monkeypatch: pytest.Monkey
     res = search(space, opts, top=3, jobs=3)
     assert res.jobs == 1 and res.ahead == (0, 0)
     assert _rows(res) == _rows(search(space, opts, top=3))
+
+
+def test_a_waiting_search_plans_a_queued_candidate_itself() -> None:
+    """While the tree waits for a started candidate it takes back the first one still queued and plans it with its
+    own caches (`Ahead._steal`): the answer `take` then returns is the one planned directly, with the simulation
+    `plan_candidate` would run (`presimulate`), and the worker is told to skip it."""
+    from lynx.search.evaluate import Shared, plan_candidate, plan_result, presimulate
+    from lynx.search.space import layout_candidates
+
+    space = Space(load_model("gpt-tiny"), load_hardware("a100-40g-nvlink"), 4, 32, 512, Pins(), offload=True)
+    opts = PlanOptions(budget_bytes=0.05 * GiB)
+    shared = Shared(space, opts)
+    ahead = parallel.Ahead(space, opts, 0, shared)  # no worker process: the queue is set by hand
+    cand = next(c for core in run.cores(space)[0] for v in core.vpps for c in layout_candidates(space, core.at(v))[0]
+                if c.method == "lynx" and not isinstance(plan_result(shared, c), tuple))
+    ahead.pending[(cand, False)] = (0, 0)
+    ahead.states[0] = parallel.QUEUED
+    assert ahead._steal() and not ahead._steal()  # one queued candidate, taken once
+    assert ahead.states[0] == parallel.TAKEN_BACK and ahead.stolen == 1
+    got = ahead.take(cand)
+    assert got is not None and ahead.take(cand) is None  # returned once
+    assert got.sim is not None and got.sim == presimulate(shared, cand, got.result)
+    ahead_o = plan_candidate(shared, cand, 0.0, planned=got.result, simulated=got.sim)
+    own_o = plan_candidate(Shared(space, opts), cand, 0.0)
+    assert (ahead_o.status, ahead_o.iteration_s, ahead_o.stage_peak_gib) == \
+        (own_o.status, own_o.iteration_s, own_o.stage_peak_gib)
+    ahead.close()

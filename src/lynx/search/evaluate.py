@@ -21,6 +21,7 @@ from lynx.problem import PlanOptions, PlanProblem, PlanResult
 from lynx.search.options import candidate_options
 from lynx.search.space import Candidate, Layout, Space
 from lynx.search.splits import Split
+from lynx.simulate import SimResult, simulate
 from lynx.spec import GiB, ParallelSpec
 from lynx.stack import primary_kind
 
@@ -170,20 +171,36 @@ def plan_result(shared: Shared, cand: Candidate, refine: bool = False) -> PlanRe
         return "does not fit", f"planner: {e}"
 
 
+def presimulate(shared: Shared, cand: Candidate, result: PlanResult | Failed) -> SimResult | None:
+    """What `plan_candidate` would simulate of the candidate's `plan_result`, computed ahead (a worker's, beside
+    its plan: a pure function of the same problem): None where it would simulate nothing (no plan, held
+    activations over budget) or the simulator refuses the policy (`plan_candidate` then says why)."""
+    if isinstance(result, tuple):
+        return None
+    problem = shared.problem(cand.layout, cand.split if cand.stock else None)
+    if _held_over_budget(problem, result):
+        return None
+    try:
+        return simulate(problem, result.partition, result.policies, record=False)
+    except LynxError:
+        return None
+
+
 def plan_candidate(shared: Shared, cand: Candidate, bound_s: float, refine: bool = False,
                    prune_above: float = math.inf, policy_bound: PolicyBound | None = None,
-                   planned: PlanResult | Failed | None = None) -> Outcome:
+                   planned: PlanResult | Failed | None = None, simulated: SimResult | None = None) -> Outcome:
     """Plan and simulate one candidate (stock candidates on Megatron-Core's even split); `refine`: lynx's
     simulator-judged partition refinement too (the search gives it to its finalists only). `policy_bound`: once
     the method has chosen its policies, their bound; above `prune_above` (what the search's incumbents need) the
     candidate is pruned unsimulated. `planned`: `plan_result` of the candidate with this `refine`, computed
-    ahead (by a worker process); None: computed here."""
+    ahead (by a worker process); None: computed here. `simulated`: `presimulate` of that result, computed ahead
+    with it (it is not over budget then); None: simulated here when needed."""
     problem = shared.problem(cand.layout, cand.split if cand.stock else None)
     result = plan_result(shared, cand, refine) if planned is None else planned
     if isinstance(result, tuple):
         return Outcome(cand, result[0], bound_s, result[1])
     part = result.partition
-    over = _held_over_budget(problem, result)
+    over = "" if simulated is not None else _held_over_budget(problem, result)
     if over:
         return Outcome(cand, "does not fit", bound_s, over, partition=part.layers_per_stage)
     if policy_bound is not None and math.isfinite(prune_above):
@@ -193,7 +210,8 @@ def plan_candidate(shared: Shared, cand: Candidate, bound_s: float, refine: bool
             return Outcome(cand, "pruned (time bound)", bound_s, f"time bound {bound_s:.3f} s with its policy{note} "
                            "exceeds what the search's best need", partition=part.layers_per_stage)
     try:
-        plan = Plan.evaluate(problem, result, record=False)
+        plan = Plan(problem, result, simulated) if simulated is not None else Plan.evaluate(problem, result,
+                                                                                              record=False)
     except LynxError as e:  # a method's policy the simulator refuses (a planner bug, reported as such)
         return Outcome(cand, "invalid", bound_s, f"the simulator refuses the policy: {str(e).splitlines()[0]}",
                        partition=part.layers_per_stage)

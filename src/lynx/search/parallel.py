@@ -8,7 +8,9 @@ is a pure function of the space, the options and the candidate (`evaluate.plan_r
 main process, exactly as it was, and `Ahead` hands the lynx candidates of the nodes near the top of its heap to
 workers before the tree reaches them. When the tree decides to plan one, it takes the worker's result if a worker
 has started it, and plans it itself if none was handed out or it is still queued (taken back); a candidate the tree
-prunes after all was planned for nothing, which costs a core that would otherwise have idled. The pick, the table
+prunes after all was planned for nothing, which costs a core that would otherwise have idled. A worker also runs the
+simulation the tree would run next on its plan (`evaluate.presimulate`), and while the tree waits for a started
+candidate it takes back the first one still queued and plans it itself (`Ahead._steal`) rather than idle. The pick, the table
 and every count but the stage problems are the sequential search's (tests/unit/test_search_parallel.py compares
 them).
 
@@ -27,8 +29,9 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from lynx.problem import PlanOptions, PlanResult
-from lynx.search.evaluate import Failed, Shared, plan_result
+from lynx.search.evaluate import Failed, Shared, plan_result, presimulate
 from lynx.search.space import Candidate, Space
+from lynx.simulate import SimResult
 
 MAX_JOBS = 256
 """The most processes `--jobs` takes: each worker holds its own caches (hundreds of MB on a large space), so a
@@ -54,6 +57,8 @@ class Worked:
     """None: the search had taken the candidate back before this worker started it (`Ahead.take`)."""
     solves: int
     hits: int
+    sim: SimResult | None = None
+    """`evaluate.presimulate` of the result: the simulation the search would run next, run here too."""
 
 
 QUEUED, RUNNING, DONE, TAKEN_BACK = 0, 1, 2, 3
@@ -65,6 +70,8 @@ TAKE_BACK = True
 """False: `Ahead.take` waits for a queued candidate too (tests check every handed-out result is used that way)."""
 WAIT_S = 300.0
 """The longest the search waits for a started candidate; then it plans it itself and hands out nothing more."""
+DEPTH = 2
+"""Candidates handed to a worker and not yet answered, at most (the one it plans and those queued behind it)."""
 SLOTS = 1 << 16
 """Candidates one search can hand out (its states array); beyond, the search plans them itself."""
 
@@ -96,16 +103,23 @@ def _serve(conn: Connection, space: Space, base: PlanOptions, states: Any) -> No
         solves, hits = _counts(shared)
         result = plan_result(shared, cand, refine)
         after = _counts(shared)
+        sim = presimulate(shared, cand, result)
         states[slot] = DONE
-        conn.send((slot, Worked(result, after[0] - solves, after[1] - hits)))
+        conn.send((slot, Worked(result, after[0] - solves, after[1] - hits, sim)))
 
 
 class Ahead:
     """`workers` processes planning candidates the search hands out ahead of need, each on its own pipe (a worker
     killed by the system closes its pipe only: what it held is planned by the search, the others go on)."""
 
-    def __init__(self, space: Space, base: PlanOptions, workers: int) -> None:
+    def __init__(self, space: Space, base: PlanOptions, workers: int, shared: Shared | None = None) -> None:
+        """`shared`: the search's own caches, with which it plans a queued candidate itself while it waits for a
+        started one (`take`); None: it only waits."""
         ctx = multiprocessing.get_context("spawn")
+        self.shared = shared
+        self.local: dict[tuple[Candidate, bool], Worked] = {}
+        """Queued candidates the search planned itself while waiting (`_steal`), until it takes them."""
+        self.stolen = 0
         self.states = ctx.Array("b", SLOTS, lock=False)
         self.procs: list[BaseProcess] = []
         self.conns: list[Connection] = []
@@ -143,7 +157,7 @@ class Ahead:
     def wants(self) -> bool:
         """Room for more work: fewer than two candidates per live worker not yet answered."""
         self._read(0)
-        return not self.stalled and sum(self.load[w] for w in self.alive) < 2 * len(self.alive)
+        return not self.stalled and sum(self.load[w] for w in self.alive) < DEPTH * len(self.alive)
 
     def handed_out(self, cand: Candidate, refine: bool = False) -> bool:
         return (cand, refine) in self.seen
@@ -164,12 +178,15 @@ class Ahead:
         self.load[w] += 1
         self.handed += 1
 
-    def take(self, cand: Candidate, refine: bool = False) -> PlanResult | Failed | None:
-        """The worker's `plan_result` of a candidate handed out, waiting for it if a worker has started it; None if
-        it was not handed out, still queued (then it is taken back: the caller plans it), or its worker is gone."""
+    def take(self, cand: Candidate, refine: bool = False) -> Worked | None:
+        """The worker's answer for a candidate handed out (its `plan_result` and `presimulate`), waiting for it if
+        a worker has started it; None if it was not handed out, still queued (then it is taken back: the caller
+        plans it), or its worker is gone."""
         got = self.pending.pop((cand, refine), None)
         if got is None:
-            return None
+            mine = self.local.pop((cand, refine), None)
+            self.used += mine is not None
+            return mine
         slot, w = got
         if TAKE_BACK and self.states[slot] == QUEUED:
             self.states[slot] = TAKEN_BACK
@@ -180,14 +197,30 @@ class Ahead:
             if left <= 0:
                 self.stalled = True
                 return None
-            self._read(min(left, 1.0))
+            self._read(0 if self._steal() else min(left, 1.0))
         worked = self.answers.pop(slot, None)
         if worked is None:
             return None
         self.solves += worked.solves
         self.hits += worked.hits
         self.used += 1
-        return worked.result
+        return worked
+
+    def _steal(self) -> bool:
+        """While the search waits for a started candidate: take back the first one still queued (handed out first:
+        the tree needs it soonest) and plan it here, as a worker would, for `take` to return when the tree gets to
+        it. False when there is none (or no caches to plan with)."""
+        if self.shared is None or not TAKE_BACK:
+            return False
+        for key, (slot, _) in self.pending.items():
+            if self.states[slot] == QUEUED:
+                self.states[slot] = TAKEN_BACK  # its worker answers None for it
+                del self.pending[key]
+                result = plan_result(self.shared, key[0], key[1])
+                self.local[key] = Worked(result, 0, 0, presimulate(self.shared, key[0], result))
+                self.stolen += 1
+                return True
+        return False
 
     def close(self) -> None:
         """Stop every worker now, answered or not (nothing they hold is needed once the search returns)."""

@@ -27,14 +27,16 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TypedDict
 
 from lynx.problem import PlanOptions, PlanResult
 from lynx.search.dominance import cannot_fit, dominated, order
 from lynx.search.evaluate import LYNX_SEARCHED, Failed, Outcome, Shared, plan_candidate
-from lynx.search.parallel import Ahead
+from lynx.search.parallel import Ahead, Worked
 from lynx.search.recipes import Applied, applicable
 from lynx.search.space import Candidate, Core, Rejected, Space, cores, layout_candidates
 from lynx.search.tree import Frontier, Kind, Node, count
+from lynx.simulate import SimResult
 
 Progress = Callable[[int, int, str], None]
 """(done, total, what): called as candidates are decided."""
@@ -200,9 +202,19 @@ def _refine_finalists(shared: Shared, outcomes: list[Outcome], n: int, ahead: Ah
         for o in lynx:
             ahead.submit(o.candidate, refine=True)
     better = {id(o): plan_candidate(shared, o.candidate, o.bound_s, refine=True,
-                                    planned=None if ahead is None else ahead.take(o.candidate, refine=True))
+                                    **_worked(None if ahead is None else ahead.take(o.candidate, refine=True)))
               for o in lynx}
     return [better.get(id(o), o) for o in outcomes]
+
+
+class _Ahead(TypedDict):
+    planned: PlanResult | Failed | None
+    simulated: SimResult | None
+
+
+def _worked(w: Worked | None) -> _Ahead:
+    """A worker's answer as `plan_candidate`'s keywords (None: nothing computed ahead)."""
+    return {"planned": None, "simulated": None} if w is None else {"planned": w.result, "simulated": w.sim}
 
 
 HANDED_STOCK = ("block",)
@@ -272,7 +284,7 @@ class _Run:
         """Start the workers; where the system refuses processes (a limit, memory) the search goes on in this one
         process, as `--jobs 1` (the same answer), and says so (`SearchResult.jobs`)."""
         try:
-            self.ahead = Ahead(self.shared.space, self.shared.base, self.jobs - 1)
+            self.ahead = Ahead(self.shared.space, self.shared.base, self.jobs - 1, self.shared)
         except OSError:
             self.jobs = 1
 
@@ -343,9 +355,10 @@ class _Run:
         self.outcomes += [Outcome(c, "invalid", math.nan, why) for c in cands]
         self.tick(len(cands), "invalid")
 
-    def _taken(self, c: Candidate) -> PlanResult | Failed | None:
-        """A worker's `plan_result` of the candidate where one was handed out (None: plan it here)."""
-        return None if self.ahead is None else self.ahead.take(c)
+    def _taken(self, c: Candidate) -> _Ahead:
+        """A worker's `plan_result` and `presimulate` of the candidate where one was handed out (None: plan it
+        here), as `plan_candidate`'s keywords."""
+        return _worked(None if self.ahead is None else self.ahead.take(c))
 
     def _plan(self, node: Node, bound: float) -> None:
         why = self.frontier.split_reason(node) if node.kind == Kind.STOCK else ""
@@ -388,9 +401,9 @@ class _Run:
                                f"least on-demand recomputation) exceeds the {self.top} best found")
         if node.kind == Kind.STOCK and not self.exhaustive:  # its policy's bound before it is simulated
             o = plan_candidate(self.shared, c, bound, prune_above=self.inc.threshold(c),
-                               policy_bound=lambda p, r: self.frontier.policy_bound(node, p, r), planned=self._taken(c))
+                               policy_bound=lambda p, r: self.frontier.policy_bound(node, p, r), **self._taken(c))
         else:
-            o = plan_candidate(self.shared, c, bound, planned=self._taken(c))
+            o = plan_candidate(self.shared, c, bound, **self._taken(c))
         self.inc.add(o)
         self.sweep.add(o)
         return o
@@ -413,7 +426,7 @@ def search(space: Space, base: PlanOptions | None = None, top: int = 5, exhausti
                 if a.candidate is not None:
                     r.ahead.submit(a.candidate)
         recipes = tuple((a, None if a.candidate is None else plan_candidate(r.shared, a.candidate, math.nan,
-                                                                               planned=r._taken(a.candidate)))
+                                                                               **r._taken(a.candidate)))
                         for a in applied)
     finally:
         if r.ahead is not None:
