@@ -32,7 +32,7 @@ from typing import TypedDict
 from lynx.problem import PlanOptions, PlanResult
 from lynx.search.dominance import cannot_fit, dominated, order
 from lynx.search.evaluate import LYNX_SEARCHED, Failed, Outcome, Shared, plan_candidate
-from lynx.search.parallel import Ahead, Worked
+from lynx.search.parallel import Ahead, Worked, fewer_collections
 from lynx.search.recipes import Applied, applicable
 from lynx.search.space import Candidate, Core, Rejected, Space, cores, layout_candidates
 from lynx.search.tree import Frontier, Kind, Node, count
@@ -409,14 +409,8 @@ class _Run:
         return o
 
 
-def search(space: Space, base: PlanOptions | None = None, top: int = 5, exhaustive: bool = False,
-           progress: Progress | None = None, jobs: int = 1) -> SearchResult:
-    """Plan the space's candidates, pruning by bounds unless `exhaustive`; price the published recipes. `jobs` > 1:
-    this process and `jobs - 1` workers, which plan lynx's candidates ahead of the tree, the finalists' refinements
-    and the recipes (`parallel`: the same answer). They are spawned, so a script that asks for them must guard its entry
-    point with ``if __name__ == "__main__":``, as Python's multiprocessing requires."""
-    t0 = time.perf_counter()
-    r = _Run(space, base or PlanOptions(), top, exhaustive, progress, jobs)
+def _finish(r: _Run, space: Space, top: int) -> tuple[list[Outcome], tuple[tuple[Applied, Outcome | None], ...]]:
+    """Run the tree, refine its finalists, price the published recipes; the workers are stopped however it ends."""
     try:
         r.run()
         final = _refine_finalists(r.shared, r.outcomes, 2 * top, r.ahead)
@@ -431,6 +425,19 @@ def search(space: Space, base: PlanOptions | None = None, top: int = 5, exhausti
     finally:
         if r.ahead is not None:
             r.ahead.close()
+    return final, recipes
+
+
+def search(space: Space, base: PlanOptions | None = None, top: int = 5, exhaustive: bool = False,
+           progress: Progress | None = None, jobs: int = 1) -> SearchResult:
+    """Plan the space's candidates, pruning by bounds unless `exhaustive`; price the published recipes. `jobs` > 1:
+    this process and `jobs - 1` workers, which plan lynx's candidates ahead of the tree, the finalists' refinements
+    and the recipes (`parallel`: the same answer). They are spawned, so a script that asks for them must guard its entry
+    point with ``if __name__ == "__main__":``, as Python's multiprocessing requires."""
+    t0 = time.perf_counter()
+    r = _Run(space, base or PlanOptions(), top, exhaustive, progress, jobs)
+    with fewer_collections():
+        final, recipes = _finish(r, space, top)
     ahead = r.ahead
     final.sort(key=lambda o: (not o.fits, o.iteration_s if o.fits else math.inf, o.candidate.layout,
                               o.candidate.method, o.candidate.split.key()))
