@@ -230,8 +230,9 @@ class Ahead:
 
     def _steal(self) -> bool:
         """While the search waits for a started candidate: take back the first one still queued (handed out first:
-        the tree needs it soonest) and plan it here, as a worker would, for `take` to return when the tree gets to
-        it. False when there is none (or no caches to plan with)."""
+        the tree needs it soonest, likely right after the one it waits for, which it then has as soon as both are
+        planned rather than one after the other) and plan it here, as a worker would, for `take` to return when the
+        tree gets to it. False when there is none (or no caches to plan with)."""
         if self.shared is None or not TAKE_BACK:
             return False
         for key, (slot, _) in self.pending.items():
