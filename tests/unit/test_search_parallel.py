@@ -145,3 +145,39 @@ def test_a_waiting_search_plans_a_queued_candidate_itself() -> None:
     assert (ahead_o.status, ahead_o.iteration_s, ahead_o.stage_peak_gib) == \
         (own_o.status, own_o.iteration_s, own_o.stage_peak_gib)
     ahead.close()
+
+
+def test_a_worker_bounds_a_screen_before_planning_it() -> None:
+    """A lynx interleaved candidate handed out with a `Screen` (`parallel.work`): the worker solves its LP floors
+    first and answers them, the values the search's own caches solve; at a threshold the bound exceeds it does not
+    plan the candidate (pruned), at an open one it plans it as the search would."""
+    from dataclasses import replace
+
+    from lynx.search.evaluate import Shared, plan_candidate
+    from lynx.search.space import Core, layout_candidates
+    from lynx.search.tree import Frontier, Kind, Node
+
+    space = Space(load_model("gpt-tiny"), load_hardware("a100-40g-nvlink"), 4, 32, 512, Pins(), offload=True)
+    opts = PlanOptions(budget_bytes=0.05 * GiB)
+    shared = Shared(space, opts)
+    cand = next(c for core in run.cores(space)[0] for v in core.vpps if v > 1
+                for c in layout_candidates(space, core.at(v))[0]
+                if c.method == "lynx" and plan_candidate(shared, c, math.nan).fits)
+    node = Node(Kind.LYNX, Core(replace(cand.layout, vpp=1), (cand.layout.vpp,)), cand.layout, tight=True,
+                plain=True)
+    own = Frontier(shared).screen_bound(node, cand.method)  # the search's own floors
+    assert own > 0
+    cache = shared.heu_cache(shared.problem(cand.layout), cand.layout, cand.method)
+
+    w_shared = Shared(space, opts)
+    pruned = parallel.work(w_shared, Frontier(w_shared), cand, False, parallel.Screen(node, 0.0))
+    assert pruned.pruned and pruned.result is None and pruned.floors
+    assert all(cache.floors[k] == v for k, v in pruned.floors.items())
+
+    w_shared = Shared(space, opts)
+    planned = parallel.work(w_shared, Frontier(w_shared), cand, False, parallel.Screen(node, math.inf))
+    assert not planned.pruned and planned.floors and planned.sim is not None
+    assert set(planned.floors) <= set(cache.floors)
+    mine = plan_candidate(shared, cand, math.nan)
+    theirs = plan_candidate(shared, cand, math.nan, planned=planned.result, simulated=planned.sim)
+    assert (theirs.status, theirs.iteration_s) == (mine.status, mine.iteration_s)

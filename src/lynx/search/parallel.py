@@ -10,7 +10,9 @@ workers before the tree reaches them. When the tree decides to plan one, it take
 has started it, and plans it itself if none was handed out or it is still queued (taken back); a candidate the tree
 prunes after all was planned for nothing, which costs a core that would otherwise have idled. A worker also runs the
 simulation the tree would run next on its plan (`evaluate.presimulate`), and while the tree waits for a started
-candidate it takes back the first one still queued and plans it itself (`Ahead._steal`) rather than idle. The
+candidate it takes back the first one still queued and plans it itself (`Ahead._steal`) rather than idle. An
+interleaved lynx candidate whose screen bound the tree has not solved yet is handed out with it (`Screen`): the
+worker solves the LP floors first, the tree reads them from its caches when it bounds the candidate. The
 pick, the table and every count but the stage problems are the sequential search's
 (tests/unit/test_search_parallel.py compares them).
 
@@ -25,15 +27,17 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from lynx.policy.heu import CacheKey
 from lynx.problem import PlanOptions, PlanResult
 from lynx.search.evaluate import Failed, Shared, plan_result, presimulate
 from lynx.search.space import Candidate, Space
+from lynx.search.tree import Frontier, Node
 from lynx.simulate import SimResult
 
 MAX_JOBS = 256
@@ -80,6 +84,25 @@ class Worked:
     hits: int
     sim: SimResult | None = None
     """`evaluate.presimulate` of the result: the simulation the search would run next, run here too."""
+    floors: dict[CacheKey, float] = field(default_factory=dict)
+    """The Lynx-HEU LP floors (`HeuCache.floors` entries) the task's screen bound solved (`Screen`)."""
+    pruned: bool = False
+    """The screen bound pruned the candidate at the threshold it was handed out with: not planned."""
+
+
+@dataclass(frozen=True, slots=True)
+class Screen:
+    """A lynx interleaved candidate handed out before the search has its screen bound (`tree.Frontier.screen_bound`,
+    the Lynx-HEU LP floors of its dp split): the worker solves it first, answers the floors it solved (the search
+    reads them from its own caches when it bounds the candidate: the same bound, the LPs not solved twice) and plans
+    the candidate only if the bound is at most `above`, the threshold the search's incumbents set when it was handed
+    out. They only get faster, so a bound above it prunes the candidate when the search decides it too."""
+
+    node: Node
+    above: float
+
+    def prunes(self, bound: float) -> bool:
+        return bound > self.above
 
 
 QUEUED, RUNNING, DONE, TAKEN_BACK = 0, 1, 2, 3
@@ -96,8 +119,8 @@ DEPTH = 2
 SLOTS = 1 << 16
 """Candidates one search can hand out (its states array); beyond, the search plans them itself."""
 
-Task = tuple[int, Candidate, bool]
-"""(slot, candidate, refine): what the search sends a worker down its pipe."""
+Task = tuple[int, Candidate, bool, Screen | None]
+"""(slot, candidate, refine, screen): what the search sends a worker down its pipe."""
 
 
 def _counts(shared: Shared) -> tuple[int, int]:
@@ -110,6 +133,7 @@ def _serve(conn: Connection, space: Space, base: PlanOptions, states: Any) -> No
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     gc.set_threshold(max(gc.get_threshold()[0], GC_YOUNG), *gc.get_threshold()[1:])  # as the search's (a process)
     shared = Shared(space, base)
+    frontier = Frontier(shared)
     while True:
         try:
             task: Task | None = conn.recv()
@@ -117,17 +141,31 @@ def _serve(conn: Connection, space: Space, base: PlanOptions, states: Any) -> No
             return
         if task is None:
             return
-        slot, cand, refine = task
+        slot, cand, refine, screen = task
         if states[slot] == TAKEN_BACK:  # no lock (see `QUEUED`)
             conn.send((slot, Worked(None, 0, 0)))
             continue
         states[slot] = RUNNING
-        solves, hits = _counts(shared)
-        result = plan_result(shared, cand, refine)
-        after = _counts(shared)
-        sim = presimulate(shared, cand, result)
+        worked = work(shared, frontier, cand, refine, screen)
         states[slot] = DONE
-        conn.send((slot, Worked(result, after[0] - solves, after[1] - hits, sim)))
+        conn.send((slot, worked))
+
+
+def work(shared: Shared, frontier: Frontier, cand: Candidate, refine: bool, screen: Screen | None) -> Worked:
+    """One task of a worker, on its own caches: the screen bound first where one is asked (`Screen`), then the
+    candidate's plan and its simulation."""
+    solves, hits = _counts(shared)
+    floors: dict[CacheKey, float] = {}
+    if screen is not None:
+        cache = shared.heu_cache(shared.problem(cand.layout), cand.layout, cand.method)
+        before = set(cache.floors)
+        bound = frontier.screen_bound(screen.node, cand.method, screen.prunes)
+        floors = {k: v for k, v in cache.floors.items() if k not in before}
+        if screen.prunes(bound):
+            return Worked(None, 0, 0, None, floors, pruned=True)
+    result = plan_result(shared, cand, refine)
+    after = _counts(shared)
+    return Worked(result, after[0] - solves, after[1] - hits, presimulate(shared, cand, result), floors)
 
 
 class Ahead:
@@ -142,6 +180,8 @@ class Ahead:
         self.local: dict[tuple[Candidate, bool], Worked] = {}
         """Queued candidates the search planned itself while waiting (`_steal`), until it takes them."""
         self.stolen = 0
+        self.on_floors: Callable[[Candidate, dict[CacheKey, float]], None] | None = None
+        """Where a worker's LP floors go as they arrive (the search's HEU caches)."""
         self.states = ctx.Array("b", SLOTS, lock=False)
         self.procs: list[BaseProcess] = []
         self.conns: list[Connection] = []
@@ -158,6 +198,10 @@ class Ahead:
         self.pending: dict[tuple[Candidate, bool], tuple[int, int]] = {}
         """Handed out, not yet taken: (slot, worker)."""
         self.answers: dict[int, Worked] = {}
+        self.slots: dict[int, Candidate] = {}
+        """Each slot handed out: its candidate."""
+        self.screened: set[int] = set()
+        """Slots handed out with a `Screen` (not taken back by `_steal`: the search bounds them first)."""
         self.seen: set[tuple[Candidate, bool]] = set()
         self.solves = self.hits = self.handed = self.used = 0
         self.stalled = False
@@ -173,6 +217,10 @@ class Ahead:
                 self.alive.discard(w)
                 continue
             self.load[w] -= 1
+            if worked.floors and self.on_floors is not None:
+                cand = self.slots.get(slot)
+                if cand is not None:
+                    self.on_floors(cand, worked.floors)
             if worked.result is not None:
                 self.answers[slot] = worked
 
@@ -184,18 +232,21 @@ class Ahead:
     def handed_out(self, cand: Candidate, refine: bool = False) -> bool:
         return (cand, refine) in self.seen
 
-    def submit(self, cand: Candidate, refine: bool = False) -> None:
+    def submit(self, cand: Candidate, refine: bool = False, screen: Screen | None = None) -> None:
         key = (cand, refine)
         if key in self.seen or self.handed >= SLOTS or self.stalled or not self.alive:
             return
         w = min(self.alive, key=lambda i: self.load[i])
         slot = self.handed
         try:
-            self.conns[w].send((slot, cand, refine))
+            self.conns[w].send((slot, cand, refine, screen))
         except OSError:  # its worker is gone
             self.alive.discard(w)
             return
         self.seen.add(key)
+        self.slots[slot] = cand
+        if screen is not None:
+            self.screened.add(slot)
         self.pending[key] = (slot, w)
         self.load[w] += 1
         self.handed += 1
@@ -236,7 +287,7 @@ class Ahead:
         if self.shared is None or not TAKE_BACK:
             return False
         for key, (slot, _) in self.pending.items():
-            if self.states[slot] == QUEUED:
+            if self.states[slot] == QUEUED and slot not in self.screened:  # a screen's floors come first
                 self.states[slot] = TAKEN_BACK  # its worker answers None for it
                 del self.pending[key]
                 result = plan_result(self.shared, key[0], key[1])

@@ -29,10 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TypedDict
 
+from lynx.policy.heu import CacheKey
 from lynx.problem import PlanOptions, PlanResult
 from lynx.search.dominance import cannot_fit, dominated, order
 from lynx.search.evaluate import LYNX_SEARCHED, Failed, Outcome, Shared, plan_candidate
-from lynx.search.parallel import Ahead, Worked, fewer_collections
+from lynx.search.parallel import Ahead, Screen, Worked, fewer_collections
 from lynx.search.recipes import Applied, applicable
 from lynx.search.space import Candidate, Core, Rejected, Space, cores, layout_candidates
 from lynx.search.tree import Frontier, Kind, Node, count
@@ -148,7 +149,12 @@ class _Incumbents:
     def split_bound_prunes(self, bound: float) -> bool:
         """A bound that holds for lynx's screen on its dp split only (`tree.Node.tight`): refinement may move the
         finalists' partitions below it, so it prunes only a candidate that cannot be a finalist either."""
-        return bound > self.kth and bound > self.finalist
+        return bound > self.split_threshold
+
+    @property
+    def split_threshold(self) -> float:
+        """The bound above which `split_bound_prunes` prunes."""
+        return max(self.kth, self.finalist)
 
     def prunes(self, cand: Candidate, bound: float) -> bool:
         return bound > self.threshold(cand)
@@ -287,6 +293,15 @@ class _Run:
             self.ahead = Ahead(self.shared.space, self.shared.base, self.jobs - 1, self.shared)
         except OSError:
             self.jobs = 1
+        else:
+            self.ahead.on_floors = self._floors_in
+
+    def _floors_in(self, cand: Candidate, floors: dict[CacheKey, float]) -> None:
+        """A worker's LP floors for the candidate's stage problems, into the search's HEU cache of its method (the
+        values it would solve itself: `screen_bound` reads them)."""
+        cache = self.shared.heu_cache(self.shared.problem(cand.layout), cand.layout, cand.method)
+        for k, v in floors.items():
+            cache.floors.setdefault(k, v)
 
     def _hand_out(self) -> None:
         """Hand the workers the lynx candidates of the heap's top nodes that the tree will plan when it pops them
@@ -308,6 +323,9 @@ class _Run:
                 if c.method not in LYNX_SEARCHED or self.ahead.handed_out(c):
                     continue
                 if self.frontier.memory_reason(node, c) or (not self.exhaustive and self.sweep.skips(c)):
+                    continue
+                if node.plain and (node.layout, c.method) not in self.frontier.screens:
+                    self.ahead.submit(c, screen=Screen(node, self.inc.split_threshold))  # the worker bounds it
                     continue
                 if node.plain and self.inc.split_bound_prunes(self.frontier.screen_bound(node, c.method,
                                                                                         self.inc.split_bound_prunes)):
