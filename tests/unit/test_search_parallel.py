@@ -181,3 +181,16 @@ def test_a_worker_bounds_a_screen_before_planning_it() -> None:
     mine = plan_candidate(shared, cand, math.nan)
     theirs = plan_candidate(shared, cand, math.nan, planned=planned.result, simulated=planned.sim)
     assert (theirs.status, theirs.iteration_s) == (mine.status, mine.iteration_s)
+
+
+@pytest.mark.usefixtures("workers_at_once")
+def test_an_exhaustive_search_with_workers_is_the_one_process_one() -> None:
+    """`exhaustive=True` with workers: nothing is pruned, so no candidate goes out with a screen bound for the
+    workers to prune first (a pruned answer is planned by the search itself); every outcome is the one-process
+    exhaustive search's."""
+    space = Space(load_model("gpt-tiny"), load_hardware("a100-40g-nvlink"), 4, 32, 512, Pins(), offload=True)
+    opts = PlanOptions(budget_bytes=0.05 * GiB)
+    one = search(space, opts, top=3, exhaustive=True)
+    two = search(space, opts, top=3, exhaustive=True, jobs=3)
+    assert _rows(two) == _rows(one) and two.jobs == 3
+    assert not multiprocessing.active_children()

@@ -221,7 +221,7 @@ class Ahead:
                 cand = self.slots.get(slot)
                 if cand is not None:
                     self.on_floors(cand, worked.floors)
-            if worked.result is not None:
+            if worked.result is not None or worked.pruned:  # None otherwise: taken back, nothing to read
                 self.answers[slot] = worked
 
     def wants(self) -> bool:
@@ -272,7 +272,7 @@ class Ahead:
                 return None
             self._read(0 if self._steal() else min(left, 1.0))
         worked = self.answers.pop(slot, None)
-        if worked is None:
+        if worked is None or worked.pruned:  # a screen the worker pruned and the search plans: it plans it itself
             return None
         self.solves += worked.solves
         self.hits += worked.hits

@@ -324,7 +324,7 @@ class _Run:
                     continue
                 if self.frontier.memory_reason(node, c) or (not self.exhaustive and self.sweep.skips(c)):
                     continue
-                if node.plain and (node.layout, c.method) not in self.frontier.screens:
+                if node.plain and self.frontier.floors and (node.layout, c.method) not in self.frontier.screens:
                     self.ahead.submit(c, screen=Screen(node, self.inc.split_threshold))  # the worker bounds it
                     continue
                 if node.plain and self.inc.split_bound_prunes(self.frontier.screen_bound(node, c.method,
