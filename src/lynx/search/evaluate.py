@@ -179,7 +179,7 @@ def presimulate(shared: Shared, cand: Candidate, result: PlanResult | Failed) ->
     the 405B / 1,024 H100 search): their simulation is left to the search."""
     if isinstance(result, tuple) or cand.stock:
         return None
-    problem = shared.problem(cand.layout, cand.split if cand.stock else None)
+    problem = shared.problem(cand.layout, None)
     if _held_over_budget(problem, result):
         return None
     try:

@@ -50,15 +50,21 @@ AUTO_JOBS_MAX = 8
 GC_YOUNG = 50_000
 """Allocations between the collector's young-generation passes during a search (CPython's default: 700). A search
 keeps millions of long-lived cached objects (stage contexts, schedules, HEU answers); the default's frequent young
-passes lead to full passes that re-scan all of them, six times fewer at this threshold on the 70B/64 search
-(`gc.callbacks` by generation). Nothing the search builds relies on the collector to be freed early."""
+passes lead to full passes that re-scan all of them, far fewer at this threshold (decision 0256). Nothing the
+search builds relies on the collector to be freed early."""
+
+
+def _raise_young_threshold() -> tuple[int, ...]:
+    """Raise the collector's young threshold to `GC_YOUNG` (never lower it); the thresholds before."""
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], GC_YOUNG), *old[1:])
+    return old
 
 
 @contextlib.contextmanager
 def fewer_collections() -> Iterator[None]:
     """The garbage collector's young threshold raised to `GC_YOUNG` inside, restored after."""
-    old = gc.get_threshold()
-    gc.set_threshold(max(old[0], GC_YOUNG), *old[1:])
+    old = _raise_young_threshold()
     try:
         yield
     finally:
@@ -131,7 +137,7 @@ def _serve(conn: Connection, space: Space, base: PlanOptions, states: Any) -> No
     """A worker: plan each task from its pipe in order, answer (slot, `Worked`), until the pipe closes or says
     None. The parent stops the search on Ctrl-C and kills its workers; they ignore it themselves."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    gc.set_threshold(max(gc.get_threshold()[0], GC_YOUNG), *gc.get_threshold()[1:])  # as the search's (a process)
+    _raise_young_threshold()  # as the search's, for the worker's life
     shared = Shared(space, base)
     frontier = Frontier(shared)
     while True:
