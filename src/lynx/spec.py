@@ -181,6 +181,9 @@ class ModelSpec:
     mtp_num_layers: int = field(default=0, metadata=rng(ge=0, le=16))
     """--mtp-num-layers: DeepSeek-V3's multi-token-prediction layers after the decoder (parameters and memory of
     the last stage; `lynx.stack`)."""
+    mtp_loss_scaling_factor: float = field(default=0.1, metadata=rng(ge=0, le=1e6))
+    """--mtp-loss-scaling-factor: the weight of the MTP layers' mean loss in the training loss (Megatron-Core's
+    default 0.1). No effect on time or memory; `lynx train` trains with it and the export writes it."""
     fp8: Fp8 | None = None
     """FP8 linear layers (--fp8-format, --fp8-recipe, --fp8-param-gather; `lynx.fp8`); None: 16-bit GEMMs. Like the
     fusion fields it says how Megatron-Core runs the layer, so every graph built from the model carries it."""
@@ -727,7 +730,8 @@ _LATE_FIELDS = ("kv_channels", "qk_layernorm", "num_moe_experts", "moe_router_to
                 "moe_router_bias_update_rate", "moe_router_num_groups", "moe_router_group_topk",
                 "moe_expert_capacity_factor",
                 "moe_pad_expert_input_to_capacity", "moe_imbalance", "multi_latent_attention", "q_lora_rank",
-                "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "mtp_num_layers")
+                "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "mtp_num_layers",
+                "mtp_loss_scaling_factor")
 """ModelSpec fields added with mixture-of-experts (decision 0220): written only where not at their defaults."""
 
 

@@ -52,6 +52,8 @@ class MoECase:
     """Expert tensor parallelism: 1, or TP (Megatron's default)."""
     deepseek_router: bool = False
     """DeepSeek-V3's router (deepseek-v3-tiny's: sigmoid, expert bias, scaling 2.5, 2 of 4 groups)."""
+    mtp: int = 0
+    """DeepSeek-V3's multi-token-prediction layers on the last stage (--mtp-num-layers)."""
     """Megatron's --moe-layer-freq as a list (1: MoE, 0: dense; DeepSeek's dense first layers); empty: all MoE."""
 
     @property
@@ -75,6 +77,8 @@ class MoECase:
         if self.deepseek_router:
             ds = load_model("deepseek-v3-tiny")
             m = replace(m, **{f: getattr(ds, f) for f in ROUTER_FIELDS})
+        if self.mtp:
+            m = replace(m, mtp_num_layers=self.mtp)
         return m if self.shared else replace(m, moe_shared_expert_intermediate_size=0)
 
     def problem(self, budget: float | None = None) -> PlanProblem:
@@ -201,3 +205,58 @@ def _memory(case: MoECase, got: PipelineRunner, pols: tuple[RecomputePolicy, ...
 
     return {"peak": eng.stats.peak_bytes, "predicted": predicted(prob), "imbalance": imbalance,
             "predicted_at_imbalance": predicted(skewed)}
+
+
+def against_one_process(case: MoECase, group: Any) -> dict[str, Any]:
+    """`case` (TP 1, EP 1, DP 1: pipeline stages only) under Lynx's policies against the single-process model on the
+    same micro-batches (`RuntimeFamily.model`, each micro-batch's loss / m backpropagated): the main losses and every
+    gradient this rank holds, by name (a tied or MTP-shared parameter on both ends holds the sum of both uses)."""
+    from lynx.runtime.layers.family import runtime_for
+
+    assert case.tp == case.dp == case.ep == 1
+    rank, part, pols, prob, cfg, batches = _setup(case)
+    runner = _runner(case, cfg, part, pols, rank)
+    runner.step(batches)
+    got = runner.named_grads()
+    model = runtime_for(prob.model).model(cfg, prob.model.num_layers, prob.model.vocab_size, None)
+    losses = []
+    for tokens, labels in batches:
+        loss = model(tokens, labels)
+        (loss / len(batches)).backward()
+        mtp = getattr(model, "mtp", None)
+        losses.append(float(loss.detach()) - (float(mtp.weight) * sum(mtp.losses[-1]) if mtp is not None else 0.0))
+    want = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    worst = max(float((got[n] - want[n]).abs().max() / want[n].abs().max().clamp_min(1e-30)) for n in got)
+    mtp_losses = next((m.mtp.losses for m in runner.modules.values() if m.mtp is not None), [])
+    return {"rank": rank, "names": sorted(got), "missing": sorted(n for n in got if n not in want),
+            "worst_relative": worst, "losses": runner.losses, "one_process_losses": losses,
+            "mtp_losses": mtp_losses, "has_last": runner.has_last}
+
+
+def mtp_grads_against_tp1(case: MoECase, group: Any) -> dict[str, Any]:
+    """`case` at TP > 1 with SP (PP 1, DP 1, EP 1) under Lynx's policies against the single-process model at TP 1 on
+    the same micro-batches: the MTP block's gradients on this rank (its norms replicated, eh_proj this rank's rows
+    of the TP 1 weight) and the main losses."""
+    from lynx.runtime.layers.family import runtime_for
+
+    assert case.tp > 1 and case.pp == case.dp == case.ep == 1 and case.mtp
+    rank, part, pols, prob, cfg, batches = _setup(case)
+    runner = _runner(case, cfg, part, pols, rank)
+    runner.step(batches)
+    got = {n: g for n, g in runner.named_grads().items() if n.startswith("mtp.") and "layer." not in n}
+    one_par = replace(prob.parallel, tp=1, sequence_parallel=False, ep=1, etp=1)
+    one_cfg = runtime_for(prob.model).config(prob.model, one_par, torch.float32, False)
+    model = runtime_for(prob.model).model(one_cfg, prob.model.num_layers, prob.model.vocab_size, None)
+    losses = []
+    for tokens, labels in batches:
+        loss = model(tokens, labels)
+        (loss / len(batches)).backward()
+        losses.append(float(loss.detach()) - float(model.mtp.weight) * sum(model.mtp.losses[-1]))
+    want = {}
+    for n, p in model.named_parameters():
+        if n in got:
+            assert p.grad is not None
+            rows = p.grad.shape[0] // case.tp
+            want[n] = p.grad[rank * rows:(rank + 1) * rows] if n.endswith("eh_proj.weight") else p.grad
+    worst = {n: float((got[n] - want[n]).abs().max() / want[n].abs().max()) for n in got}
+    return {"rank": rank, "worst": worst, "losses": runner.losses, "one_process_losses": losses}

@@ -41,6 +41,16 @@ def test_export_flags_read_back_as_the_same_model(name: str) -> None:
     assert (par.ep, par.expert_tp, par.edp) == (8, 2, 1)  # TP 2 x DP 8 = ETP 2 x EP 8
 
 
+def test_the_mtp_loss_weight_is_read_and_exported() -> None:
+    """--mtp-loss-scaling-factor (Megatron's default 0.1, written only when it differs) survives the round trip."""
+    m = dataclasses.replace(load_model("deepseek-v3"), mtp_loss_scaling_factor=0.3)
+    flags = [" ".join(shlex.quote(x) for x in f) for f in model_flags(m, 4096)]
+    assert "--mtp-loss-scaling-factor 0.3" in flags
+    assert not any("--mtp-loss-scaling-factor" in f for f in model_flags(load_model("deepseek-v3"), 4096))
+    got = parse_megatron_args(" ".join(flags) + " --micro-batch-size 1 --global-batch-size 64 --bf16")
+    assert got.model.mtp_loss_scaling_factor == 0.3
+
+
 def test_bad_moe_flags_are_one_line_errors() -> None:
     base = "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 512 --micro-batch-size 1 " \
         "--global-batch-size 8 --swiglu --normalization RMSNorm --disable-bias-linear --position-embedding-type rope"
@@ -103,6 +113,8 @@ def test_the_deprecated_device_limit_is_one_group_per_ep_rank() -> None:
     (" --moe-router-num-groups 8 --moe-router-group-topk 9", "exceeds moe_router_num_groups"),
     (" --moe-router-score-function tanh", "moe_router_score_function"),
     (" --moe-router-topk-scaling-factor 0", "moe_router_topk_scaling_factor"),
+    (" --mtp-num-layers 1 --mtp-loss-scaling-factor -1", "mtp_loss_scaling_factor"),
+    (" --mtp-num-layers 1 --mtp-loss-scaling-factor nan", "mtp_loss_scaling_factor"),
 ])
 def test_bad_router_flags_are_one_line_errors(extra: str, field: str) -> None:
     with pytest.raises(SpecError, match=field) as e:

@@ -19,7 +19,8 @@ INT_FLAGS = ("--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--m
              "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
              "--mtp-num-layers", "--kv-channels", "--expert-model-parallel-size", "--expert-tensor-parallel-size",
              "--moe-router-num-groups", "--moe-router-group-topk", "--moe-router-topk-limited-devices")
-FLOAT_FLAGS = ("--moe-expert-capacity-factor", "--moe-router-topk-scaling-factor", "--moe-router-bias-update-rate")
+FLOAT_FLAGS = ("--moe-expert-capacity-factor", "--moe-router-topk-scaling-factor", "--moe-router-bias-update-rate",
+               "--mtp-loss-scaling-factor")
 STR_FLAGS = ("--moe-token-dispatcher-type", "--moe-router-load-balancing-type", "--moe-layer-freq",
              "--moe-router-dtype", "--moe-router-score-function")
 BOOL_FLAGS = ("--moe-grouped-gemm", "--moe-pad-expert-input-to-capacity", "--multi-latent-attention",
@@ -30,7 +31,8 @@ _FIELD_OF = {"--num-experts": "num_moe_experts", "--moe-router-topk": "moe_route
              "--moe-shared-expert-intermediate-size": "moe_shared_expert_intermediate_size",
              "--q-lora-rank": "q_lora_rank", "--kv-lora-rank": "kv_lora_rank", "--qk-head-dim": "qk_head_dim",
              "--qk-pos-emb-head-dim": "qk_pos_emb_head_dim", "--v-head-dim": "v_head_dim",
-             "--mtp-num-layers": "mtp_num_layers", "--kv-channels": "kv_channels",
+             "--mtp-num-layers": "mtp_num_layers", "--mtp-loss-scaling-factor": "mtp_loss_scaling_factor",
+             "--kv-channels": "kv_channels",
              "--moe-expert-capacity-factor": "moe_expert_capacity_factor",
              "--moe-token-dispatcher-type": "moe_token_dispatcher_type",
              "--moe-router-load-balancing-type": "moe_router_load_balancing_type",
@@ -155,6 +157,8 @@ def moe_flags(m: ModelSpec) -> list[Flag]:
         out.append(("--moe-pad-expert-input-to-capacity",))
     if m.mtp_num_layers:
         out.append(("--mtp-num-layers", str(m.mtp_num_layers)))
+        if m.mtp_loss_scaling_factor != 0.1:
+            out.append(("--mtp-loss-scaling-factor", f"{m.mtp_loss_scaling_factor:g}"))
     return out
 
 

@@ -3,7 +3,8 @@
 Each rank records per iteration its time and per stage what the engine held and restored (`IterRecord`);
 rank 0 gathers every rank's `RankRecord` and `build` writes the JSON report:
 
-- ``iterations``: per iteration the time (max over ranks, and per rank), the mean loss, and rank 0's
+- ``iterations``: per iteration the time (max over ranks, and per rank), the mean loss (with multi-token
+  prediction, the main loss; ``mtp_losses`` each MTP depth's), and rank 0's
   recomputation (``restored_on_demand``, ``restored_in_window``, ``recompute_ondemand_s``,
   ``recompute_window_s``, ``act_peak_bytes``; per rank ``act_peak_bytes_per_rank``);
 - ``stages``: per virtual stage the activation bytes held (peak, after forward) against the prediction
@@ -53,6 +54,8 @@ class IterRecord:
     """Mean over this rank's micro-batches (None off the last stage)."""
     stages: dict[int, StageRecord]
     cuda_max_allocated_bytes: int | None
+    mtp_losses: tuple[float, ...] = ()
+    """With multi-token prediction on this rank's last stage: each depth's loss, the mean over the micro-batches."""
 
 
 @dataclass(frozen=True)
@@ -86,16 +89,20 @@ def iter_record(it: int, warmup: bool, dt: float, runner: PipelineRunner, cuda: 
                                 st.ondemand_s, dict(st.by_window), st.offloaded_bytes, st.host_peak_bytes,
                                 dict(st.by_collective))
     loss = sum(runner.losses) / len(runner.losses) if runner.losses else None
-    return IterRecord(it, warmup, dt, loss, stages, cuda)
+    per_mb = next((list(m.mtp.losses) for m in runner.modules.values() if m.mtp is not None), [])
+    mtp = tuple(sum(row[d] for row in per_mb) / len(per_mb) for d in range(len(per_mb[0]))) if per_mb else ()
+    return IterRecord(it, warmup, dt, loss, stages, cuda, mtp)
 
 
 def _iteration(i: int, ranks: list[RankRecord]) -> dict[str, Any]:
     per = [r.records[i] for r in ranks]
     losses = [p.loss for p in per if p.loss is not None]
+    mtps = [p.mtp_losses for p in per if p.mtp_losses]
     mine = per[0].stages.values()  # rank 0's stages
     on_demand = sum(st.restored.get("on_demand", 0) for st in mine)
     return {"iter": i, "warmup": per[0].warmup, "time_s": max(p.time_s for p in per),
             "time_s_per_rank": [p.time_s for p in per], "loss": sum(losses) / len(losses),
+            **({"mtp_losses": [sum(d) / len(d) for d in zip(*mtps, strict=True)]} if mtps else {}),
             "act_peak_bytes": sum(st.act_peak_bytes for st in mine),
             "act_peak_bytes_per_rank": [sum(st.act_peak_bytes for st in p.stages.values()) for p in per],
             "restored_on_demand": on_demand,
@@ -200,6 +207,9 @@ def finish(report: dict[str, Any] | None, args: TrainConfig) -> None:
         write_text(args.out, json.dumps(report, indent=2), "--out", TrainError)
     if not args.quiet:
         print("losses " + " ".join(f"{it['loss']:.4f}" for it in report["iterations"]), flush=True)
+        if any("mtp_losses" in it for it in report["iterations"]):  # Megatron's "mtp_1 loss", ...
+            print("mtp losses " + " ".join("/".join(f"{v:.4f}" for v in it.get("mtp_losses", ()))
+                                           for it in report["iterations"]), flush=True)
         for s, st in report["stages"].items():
             print(f"stage {s}: act peak {st['measured_act_peak_bytes'] / 2**20:8.2f} MiB (predicted "
                   f"{st['predicted_act_peak_bytes'] / 2**20:8.2f}), after forward "

@@ -8,13 +8,16 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from lynx.runtime.layers.base import RuntimeLayer
 from lynx.runtime.layers.ends import ModelEnds
 from lynx.spec import ModelSpec, ParallelSpec
+
+if TYPE_CHECKING:
+    from lynx.runtime.layers.mtp import MultiTokenPrediction
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,9 @@ class RuntimeFamily:
     """The embedding and the final norm + LM head (`lynx.runtime.layers.ends`)."""
     experts: bool = False
     """Its layers take the expert-parallel group (`layer(..., ep_group=)`, `model(..., ep_group=)`)."""
+    mtp: Callable[..., MultiTokenPrediction | None] | None = None
+    """(cfg, group, device=, seed=, ep_group=) -> the last stage's multi-token-prediction block
+    (`lynx.runtime.layers.mtp`), None when the model has none; None: the family has no MTP."""
     kind_op_names: Callable[[Any, str], tuple[str, ...]] | None = None
     """(cfg, layer kind) -> the op names of that kind's runtime layer, for a stack of several kinds (`lynx.stack`);
     None: one kind (`op_names`)."""

@@ -36,10 +36,11 @@ from typing import Any, ClassVar
 import torch
 
 from lynx.runtime.layers import moe_dispatch as md
-from lynx.runtime.layers import tp
+from lynx.runtime.layers import mtp, tp
 from lynx.runtime.layers.base import Direction, OpFn
+from lynx.runtime.layers.ends import lm_loss
 from lynx.runtime.layers.family import RuntimeFamily
-from lynx.runtime.layers.llama import LLAMA_ENDS, LlamaConfig, LlamaLayer, LlamaModel, _SwiGLU, _wide
+from lynx.runtime.layers.llama import LLAMA_ENDS, LlamaConfig, LlamaLayer, LlamaModel, _RMSNorm, _SwiGLU, _wide
 from lynx.runtime.layers.tp import Group
 from lynx.spec import ModelSpec, ParallelSpec
 
@@ -65,6 +66,10 @@ class MoEConfig(LlamaConfig):
     """The router's rules (`moe_dispatch.Router`); None: Megatron's defaults at `topk`."""
     expert_bias_rate: float = 0.0
     """> 0: DeepSeek-V3's expert bias (moe_router_enable_expert_bias), moved by this rate after every step."""
+    mtp_layers: int = 0
+    """DeepSeek-V3's multi-token-prediction layers on the last stage (--mtp-num-layers; `lynx.runtime.layers.mtp`)."""
+    mtp_scale: float = 0.1
+    """--mtp-loss-scaling-factor."""
 
     @property
     def routing(self) -> md.Router:
@@ -260,7 +265,8 @@ def stack_layer(cfg: MoEConfig, group: Group = None, layer_index: int = 0, devic
 
 
 class MoEModel(LlamaModel):
-    """Embedding, a stack of `MoELayer`s, final RMSNorm, untied LM head, loss (`LlamaModel`'s forward)."""
+    """Embedding, a stack of `MoELayer`s, final RMSNorm, untied LM head, loss (`LlamaModel`'s forward); with
+    `cfg.mtp_layers` the MTP block after the head, its weighted loss added to the main one."""
 
     def __init__(self, cfg: MoEConfig, num_layers: int, vocab_size: int, group: Group = None,
                  device: Any = None, seed: int = 1234, ep_group: Group = None) -> None:
@@ -271,6 +277,21 @@ class MoEModel(LlamaModel):
         self.layers = torch.nn.ModuleList(
             stack_layer(cfg, group, layer_index=i, device=device, seed=seed, ep_group=ep_group)
             for i in range(num_layers))
+        self.mtp = build_mtp(cfg, group, device, seed, ep_group)
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor, microbatch: int = 0,
+                engine: Any = None) -> torch.Tensor:
+        if self.mtp is None:
+            return super().forward(tokens, labels, microbatch, engine)
+        x = LLAMA_ENDS.embed(self, tokens, microbatch, self.group)
+        if engine is not None:
+            x = engine.forward(x, microbatch)
+        else:
+            for layer in self.layers:
+                x = layer(x, microbatch)
+        assert isinstance(self.mtp, mtp.MultiTokenPrediction)
+        logits, extra = self.mtp.head(self, LLAMA_ENDS, x, tokens, labels, self.group, microbatch)
+        return lm_loss(logits, labels, self.group) + extra
 
 
 def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: bool) -> MoEConfig:
@@ -280,8 +301,6 @@ def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: 
     kinds = layer_kinds(model)
     if not model.is_moe or any(k not in ("moe", "dense") for k in kinds):
         problems.append("an MoE model (num_moe_experts > 0)")
-    if model.mtp_num_layers:
-        problems.append("no multi-token prediction layers (mtp_num_layers 0)")
     if model.moe_token_dispatcher_type != "alltoall":
         problems.append("moe_token_dispatcher_type alltoall")
     if model.moe_expert_capacity_factor is not None:
@@ -319,7 +338,22 @@ def _config(model: ModelSpec, par: ParallelSpec, dtype: torch.dtype, core_attn: 
                      tp=par.tp, sequence_parallel=par.sequence_parallel, dtype=dtype, num_layers=model.num_layers,
                      num_experts=model.num_moe_experts, topk=model.moe_router_topk, expert_ffn=model.expert_ffn,
                      ep=par.ep, etp=par.expert_tp, router=router,
-                     expert_bias_rate=model.moe_router_bias_update_rate if model.moe_router_enable_expert_bias else 0.0)
+                     expert_bias_rate=model.moe_router_bias_update_rate if model.moe_router_enable_expert_bias else 0.0,
+                     mtp_layers=model.mtp_num_layers, mtp_scale=model.mtp_loss_scaling_factor)
+
+
+def build_mtp(cfg: MoEConfig, group: Group = None, device: Any = None, seed: int = 1234,
+              ep_group: Group = None) -> mtp.MultiTokenPrediction | None:
+    """The last stage's MTP block: each depth's layer of the kind of the model's last layer (Megatron-Core builds
+    DeepSeek-V3's MTP layer from the decoder's layer spec)."""
+    dense = cfg.is_dense(cfg.num_layers - 1)
+
+    def layer(index: int) -> LlamaLayer:
+        if dense:
+            return DenseLayer(cfg.dense_config(), group, layer_index=index, device=device, seed=seed)
+        return MoELayer(cfg, group, layer_index=index, device=device, seed=seed, ep_group=ep_group)
+
+    return mtp.build(cfg, layer, group, device, seed, _RMSNorm)
 
 
 def _kind_names(cfg: MoEConfig, kind: str) -> tuple[str, ...]:
@@ -327,4 +361,4 @@ def _kind_names(cfg: MoEConfig, kind: str) -> tuple[str, ...]:
 
 
 RUNTIME = RuntimeFamily(config=_config, layer=stack_layer, model=MoEModel, op_names=lambda cfg: _names(cfg)[0],
-                        ends=LLAMA_ENDS, experts=True, kind_op_names=_kind_names)
+                        ends=LLAMA_ENDS, experts=True, kind_op_names=_kind_names, mtp=build_mtp)

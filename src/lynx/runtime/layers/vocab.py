@@ -103,11 +103,19 @@ class _VocabParallelCE(torch.autograd.Function):
         return grad.to(ctx.in_dtype), None, None
 
 
-def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, group: Group = None) -> torch.Tensor:
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, group: Group = None,
+                  mask: torch.Tensor | None = None) -> torch.Tensor:
     """Mean next-token cross-entropy of logits [s, b, V / t] (this rank's vocabulary shard) against labels
-    [b, s]; every rank of the TP group returns the same loss."""
+    [b, s]; every rank of the TP group returns the same loss. `mask` [b, s] (0 or 1): the mean over the tokens
+    it keeps (Megatron's loss mask)."""
     flat, target = logits.flatten(0, 1), labels.transpose(0, 1).flatten()
     if tp.world(group) == 1:
-        return torch.nn.functional.cross_entropy(flat.float(), target)
-    per_token = tp.apply_fn(_VocabParallelCE, flat, target, group)
-    return per_token.mean()
+        if mask is None:
+            return torch.nn.functional.cross_entropy(flat.float(), target)
+        per_token = torch.nn.functional.cross_entropy(flat.float(), target, reduction="none")
+    else:
+        per_token = tp.apply_fn(_VocabParallelCE, flat, target, group)
+        if mask is None:
+            return per_token.mean()
+    keep = mask.transpose(0, 1).flatten().to(per_token.dtype)
+    return (per_token * keep).sum() / keep.sum()

@@ -214,6 +214,10 @@ class PipelineRunner:
                 mod.engine.tracer = lambda n, a, b: self.event("recompute", n, a, b, None)
                 mod.engine.copy_tracer = lambda n, a, b: self.event("copy", n, a, b, None)
         self.loss_fn = make_loss_fn(L.num_microbatches, self.losses, groups.tp)
+        self.batches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        """The step's micro-batches (the last stage's multi-token prediction reads its tokens and labels)."""
+        for mod in self.modules.values():
+            mod.mtp_grad_scale = 1.0 / L.num_microbatches
         self.stages: list[Any] = []
         """This rank's PipelineStages (on the CPU when host-staged; none under FSDP, `_fsdp_step`)."""
         self.schedule: Any = None
@@ -246,6 +250,8 @@ class PipelineRunner:
 
     def before_forward(self, stage: int, mb: int) -> None:
         self.current_stage = stage
+        if self.modules[stage].mtp is not None:
+            self.modules[stage].batch = self.batches[mb]
         hosted = self.hosts.get((stage, mb))
         if hosted is None:
             self.modules[stage].set_microbatch(mb)
@@ -283,8 +289,11 @@ class PipelineRunner:
         """Forward and backward of `batches` (one (tokens, labels) per micro-batch; only the first stage
         reads tokens and the last labels), then the gradient reductions. No optimizer step."""
         self.losses.clear()
+        self.batches = batches
         for mod in self.modules.values():
             mod.train()
+            if mod.mtp is not None:
+                mod.mtp.losses.clear()
         if self.schedule is None:
             self._fsdp_step(batches)
         else:
@@ -343,7 +352,7 @@ class PipelineRunner:
                     dist.all_reduce(p.grad, group=g.tp)
         if g.embedding is not None:
             for m in self.modules.values():  # a tied embedding / head: both ends' parts summed
-                for name in m.ends.tied if m.spec.is_first or m.spec.is_last else ():
+                for name in m.tied if m.spec.is_first or m.spec.is_last else ():
                     grad = getattr(m, name).grad
                     if grad is not None:
                         dist.all_reduce(grad, group=g.embedding)
@@ -364,8 +373,8 @@ class PipelineRunner:
         stage's TP and DP ranks (every token of the global batch; without SP the TP ranks count the same tokens, a
         common factor the update's sign ignores), then `moe_dispatch.updated_expert_bias`. Every rank of the stage
         computes the same bias."""
-        layers = [(layer, layer.expert_bias) for m in self.modules.values() for layer in m.layers.values()
-                  if isinstance(layer, MoELayer) and layer.expert_bias is not None]
+        layers = [(layer, layer.expert_bias) for m in self.modules.values() for layer in m.modules()
+                  if isinstance(layer, MoELayer) and layer.expert_bias is not None]  # the MTP layers' included
         if not layers:
             return
         tokens = torch.stack([layer.step_tokens() for layer, _ in layers])

@@ -21,6 +21,7 @@ import torch
 from lynx.decisions import RecomputePolicy
 from lynx.runtime.engine import RecomputeEngine
 from lynx.runtime.fsdp import window_after_pre_backward
+from lynx.runtime.layers import mtp
 from lynx.runtime.layers.ends import lm_loss
 from lynx.runtime.layers.family import runtime_of
 from lynx.runtime.layers.tp import Group
@@ -54,13 +55,25 @@ class StageModule(torch.nn.Module):
         self.spec, self.cfg, self.group, self.seed = spec, cfg, group, seed
         family = runtime_of(cfg)
         self.ends = family.ends
-        self.ends.build(self, cfg, vocab_size, seed, spec.is_first, spec.is_last, device)
+        # the last stage's multi-token prediction (`lynx.runtime.layers.mtp`) embeds tokens: it holds the embedding
+        # too, and the two copies' gradients are summed as a tied embedding's (`tied`)
+        has_mtp = family.mtp is not None and bool(getattr(cfg, "mtp_layers", 0))
+        self.ends.build(self, cfg, vocab_size, seed, spec.is_first or (spec.is_last and has_mtp), spec.is_last,
+                        device)
+        self.tied: tuple[str, ...] = self.ends.tied + (self.ends.first_params if has_mtp else ())
+        """Parameters this stage shares with the other end of the pipeline: their gradients are summed."""
+        self.batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        """With MTP on the last stage: the next forward's (tokens, labels), set by the schedule's forward hook."""
+        self.mtp_grad_scale = 1.0
+        """The weight of the main loss's backward (1 / micro-batches): the MTP loss's is the same."""
         # keyed by the global layer index: parameter names equal the model's ("layers.3.qkv.weight")
         extra = {"ep_group": ep_group} if family.experts else {}
         stack = [family.layer(cfg, group, layer_index=i, device=device, seed=seed, **extra)
                  for i in range(spec.first_layer, spec.first_layer + spec.num_layers)]
         self.layers = torch.nn.ModuleDict({str(layer.layer_index): cast(torch.nn.Module, layer) for layer in stack})
         self.engine = RecomputeEngine(stack, spec.policy) if spec.policy is not None and stack else None
+        self.mtp: mtp.MultiTokenPrediction | None = family.mtp(cfg, group, device=device, seed=seed, **extra) \
+            if has_mtp and spec.is_last and family.mtp is not None else None
         self.microbatch = 0
         self.autocast: torch.dtype | None = None
         """Mixed precision: the forward runs under autocast to this dtype, parameters stay as built (fp32
@@ -98,6 +111,14 @@ class StageModule(torch.nn.Module):
             for layer in self.layers.values():
                 x = layer(x, mb)
         if self.spec.is_last:
+            if self.mtp is not None:
+                if self.batch is None:
+                    raise RuntimeError("the last stage's multi-token prediction needs the micro-batch's tokens and "
+                                       "labels (set_batch) before its forward")
+                tokens, labels = self.batch
+                logits, extra = self.mtp.head(self, self.ends, x, tokens, labels, self.group, mb)
+                out: torch.Tensor = mtp.AttachLoss.apply(logits, extra, self.mtp_grad_scale)  # type: ignore[no-untyped-call]
+                return out
             return self.ends.head(self, x, self.group)
         return x
 
