@@ -244,7 +244,15 @@ def _partition_search(problem: PlanProblem, cache: HeuCache, edge: list[float]) 
             return math.inf if isinstance(r, InfeasibleError) else \
                 stage_time(problem.graphs_for(ctx), ctx, r) + edge[stage]
 
-        return stack_partition(problem.model.num_layers, par.pp, cost3)
+        prefix = [0.0]
+        for kind in problem.range_kinds(0, problem.model.num_layers):
+            prefix.append(prefix[-1] + problem.kind_graph(kind).step_time(problem.options.subtract_wgrad))
+
+        def lower3(stage: int, first: int, n: int) -> float:
+            # cost3 is the layers' step times plus the HEU objective (>= 0) plus the edge (as `lower` below)
+            return (prefix[first + n] - prefix[first] + edge[stage]) * (1 - 1e-9)
+
+        return stack_partition(problem.model.num_layers, par.pp, cost3, lower=lower3)
 
     def cost(stage: int, n: int) -> float:
         ctx = problem.stage_context(stage, n)

@@ -25,8 +25,12 @@ StackCost = Callable[[int, int, int], float]
 """(stage, first layer, layers) -> seconds per micro-batch (inf: no policy fits)."""
 
 
-def stack_partition(num_layers: int, num_stages: int, cost: StackCost, max_layers: int | None = None
-                    ) -> PartitionSearch:
+def stack_partition(num_layers: int, num_stages: int, cost: StackCost, max_layers: int | None = None,
+                    lower: StackCost | None = None) -> PartitionSearch:
+    """`lower(stage, first, n)`: a lower bound on `cost` (the layers' plain step times and the stage's edge: what a
+    stage costs before its recomputation). With it, each (stage, first layer) tries its layer counts in the order of
+    that bound and stops at the first whose bound cannot beat the best found; the oracle is not asked for the rest.
+    The answer is the same as without it (ties too: the smaller layer count, as the plain scan keeps)."""
     L, p = num_layers, num_stages
     cap = max_layers or 2 * math.ceil(L / p) + 1
     memo: dict[tuple[int, int, int], float] = {}
@@ -46,13 +50,24 @@ def stack_partition(num_layers: int, num_stages: int, cost: StackCost, max_layer
         rest = p - s - 1
         for i in range(s, L - rest):  # stage s starts at i: every stage before it holds a layer at least
             cur, arg = inf, 0
+            tries = []
             for n in range(1, min(cap, L - rest - i) + 1):
                 tail = best[s + 1].get(i + n, inf)
                 if tail[0] == math.inf:
                     continue
+                lo = lower(s, i, n) if lower is not None else -math.inf
+                tries.append(((max(lo, tail[0]), lo + tail[1]), n, tail))
+            if lower is not None:
+                tries.sort()
+            for bound, n, tail in tries:
+                if lower is not None:
+                    if bound > cur:
+                        break  # sorted: no later count's bound beats it either (nor its cost, at least its bound)
+                    if bound == cur and n > arg:
+                        continue
                 here = c(s, i, n)
                 cand = (max(here, tail[0]), here + tail[1])
-                if cand < cur:
+                if cand < cur or (cand == cur and n < arg):
                     cur, arg = cand, n
             best[s][i] = cur
             choice[s][i] = arg
