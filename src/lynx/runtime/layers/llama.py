@@ -379,14 +379,18 @@ class LlamaModel(torch.nn.Module):
             LlamaLayer(cfg, group, layer_index=i, device=device, seed=seed) for i in range(num_layers)
         )
 
-    def forward(self, tokens: torch.Tensor, labels: torch.Tensor, microbatch: int = 0,
-                engine: Any = None) -> torch.Tensor:
+    def decode(self, tokens: torch.Tensor, microbatch: int = 0, engine: Any = None) -> torch.Tensor:
+        """The embedding and the layer stack (through `engine` when given): the last layer's output."""
         x = LLAMA_ENDS.embed(self, tokens, microbatch, self.group)
         if engine is not None:
-            x = engine.forward(x, microbatch)
-        else:
-            for layer in self.layers:
-                x = layer(x, microbatch)
+            return engine.forward(x, microbatch)  # type: ignore[no-any-return]
+        for layer in self.layers:
+            x = layer(x, microbatch)
+        return x
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor, microbatch: int = 0,
+                engine: Any = None) -> torch.Tensor:
+        x = self.decode(tokens, microbatch, engine)
         return lm_loss(LLAMA_ENDS.head(self, x, self.group), labels, self.group)
 
     def allreduce_sp_grads(self) -> None:

@@ -283,13 +283,7 @@ class MoEModel(LlamaModel):
                 engine: Any = None) -> torch.Tensor:
         if self.mtp is None:
             return super().forward(tokens, labels, microbatch, engine)
-        x = LLAMA_ENDS.embed(self, tokens, microbatch, self.group)
-        if engine is not None:
-            x = engine.forward(x, microbatch)
-        else:
-            for layer in self.layers:
-                x = layer(x, microbatch)
-        assert isinstance(self.mtp, mtp.MultiTokenPrediction)
+        x = self.decode(tokens, microbatch, engine)
         logits, extra = self.mtp.head(self, LLAMA_ENDS, x, tokens, labels, self.group, microbatch)
         return lm_loss(logits, labels, self.group) + extra
 
