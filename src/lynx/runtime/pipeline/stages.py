@@ -114,7 +114,7 @@ class StageModule(torch.nn.Module):
             if self.mtp is not None:
                 if self.batch is None:
                     raise RuntimeError("the last stage's multi-token prediction needs the micro-batch's tokens and "
-                                       "labels (set_batch) before its forward")
+                                       "labels (`StageModule.batch`, set by the runner) before its forward")
                 tokens, labels = self.batch
                 logits, extra = self.mtp.head(self, self.ends, x, tokens, labels, self.group, mb)
                 out: torch.Tensor = mtp.AttachLoss.apply(logits, extra, self.mtp_grad_scale)  # type: ignore[no-untyped-call]
