@@ -387,3 +387,36 @@ def test_screen_bound_holds_for_every_interleaved_lynx_screen(model: str, hw: st
     for (lay, method), bound in screens.items():
         if method == "lynx" and (lay, "lynx-offload") in screens:
             assert screens[(lay, "lynx-offload")] <= bound * (1 + 1e-6), lay
+
+
+def test_a_stack_of_layer_kinds_bounds_each_layer_by_its_own_kind() -> None:
+    """On a stack of kinds (2 dense layers under 6 MoE ones) the time bounds count every layer's own plain step,
+    not the cheapest kind's for all of them: the any-split bound is at least the micro-batches' work spread evenly
+    over the ranks, and both it and the planned split's bound stay below the planned iteration time, 1F1B and
+    interleaved (the DeepSeek-V3 search's bounds were 2-3x below its candidates' times with the cheapest kind's
+    step)."""
+    from lynx.search.bounds import partition_time_bound_s, pieces, time_bound_from
+    from lynx.search.evaluate import Shared, plan_candidate
+
+    space = Space(_model("deepseek-v3-tiny:8"), load_hardware("a100-40g-nvlink"), 4, 16, 64,
+                  Pins(tp=1, mb=1, dist_opt=True, fsdp=False, methods=("lynx", "full")))
+    opts = PlanOptions(budget_bytes=0.006 * GiB)
+    shared = Shared(space, opts)
+    seen: set[tuple[int, int, str]] = set()
+    for c in candidates(space)[0]:
+        o = plan_candidate(shared, c, math.nan)
+        if not o.fits or o.plan is None:
+            continue
+        lay = c.layout
+        problem = shared.problem(lay, None)
+        p = pieces(problem)
+        steps = [problem.kind_graph(k).step_time(problem.options.subtract_wgrad)
+                 for k in problem.range_kinds(0, p.layers)]
+        assert len(set(steps)) == 2 and p.total == pytest.approx(sum(steps), rel=1e-12)
+        bound = time_bound_from(p, lay.vpp)
+        assert p.nmb * sum(steps) / lay.pp * (1 - 1e-9) <= bound <= o.iteration_s, (c, bound, o.iteration_s)
+        part = o.plan.result.partition
+        assert partition_time_bound_s(problem, part.chunks or part.layers_per_stage, p) <= o.iteration_s, c
+        seen.add((lay.pp, lay.vpp, c.method))
+    assert {(2, 1), (2, 2)} <= {(pp, vpp) for pp, vpp, _ in seen} and {m for *_, m in seen} == {"lynx", "full"}
+

@@ -14,7 +14,8 @@
   backwards of those virtual stages, p2p apart again): rank r's first action is micro-batch 0's forward on its
   chunk 0 (virtual stage r) and its last the last micro-batch's backward there, in 1F1B and in Megatron's
   interleaved 1F1B alike. With each layer costing at least its plain forward + backward `u`
-  (`LayerGraph.step_time`, what the simulator charges before any recomputation or transfer) and the embedding
+  (`LayerGraph.step_time`, what the simulator charges before any recomputation or transfer; a model of several
+  layer kinds: each layer its kind's, `Pieces.above`) and the embedding
   (first virtual stage) and LM head + loss (last) as the simulator charges them, the iteration takes at least
   max_r (embedding if r > 0 + u x layers of virtual stages 0..r-1 + 2 r p2p + micro-batches x (u x layers on r +
   its edges)), and at least one micro-batch's forward and backward through every virtual stage. On a known
@@ -182,6 +183,20 @@ class Pieces:
     fsdp_win: float = 0.0
     """Under FSDP, the idle part of a layer's backward step that hosts its on-demand recomputation
     (`pricing.fsdp_window`, already in `u`); 0 otherwise."""
+    above: tuple[float, ...] = ()
+    """A model of several layer kinds: prefix sums over the layers in model order of each layer's step beyond `u`
+    (`u` is the cheapest kind's; DeepSeek-V3's MoE layers cost twice its dense ones), `layers + 1` entries; empty
+    when every layer costs `u`."""
+
+    def work(self, first: int, count: int) -> float:
+        """The plain steps of layers first .. first + count - 1."""
+        extra = self.above[first + count] - self.above[first] if self.above else 0.0
+        return self.u * count + extra
+
+    @property
+    def total(self) -> float:
+        """Every layer's plain step: what one micro-batch's passes cost on all ranks together, whatever the split."""
+        return self.work(0, self.layers)
 
 
 def pieces(problem: PlanProblem, fsdp: bool = True) -> Pieces:
@@ -190,12 +205,22 @@ def pieces(problem: PlanProblem, fsdp: bool = True) -> Pieces:
     if problem.options.include_edges:  # what the simulator adds to the first and last virtual stage
         et = stage_edge_times(problem.model, problem.hardware, problem.parallel, problem.graph)
         emb, head = et.embedding_fwd + et.embedding_bwd, et.head_fwd + et.head_bwd
-    # several layer kinds: the cheapest kind's layer time (a lower bound for any layer)
-    graphs = dict(problem.kind_graphs).values() if problem.heterogeneous else (problem.graph,)
-    u = min(g.step_time(problem.options.subtract_wgrad) for g in graphs)
+    # several layer kinds: `u` is the cheapest kind's layer time (a lower bound for any layer), and each layer's
+    # own step is kept as its excess over it (the terms that count every layer, or a known split's, read those)
+    sw, layers = problem.options.subtract_wgrad, problem.model.num_layers
+    above: tuple[float, ...] = ()
+    if problem.heterogeneous:
+        steps: dict[str, float] = {k: g.step_time(sw) for k, g in problem.kind_graphs}
+        u = min(steps.values())
+        sums = [0.0]
+        for k in problem.range_kinds(0, layers):
+            sums.append(sums[-1] + steps[k] - u)
+        above = tuple(sums)
+    else:
+        u = problem.graph.step_time(sw)
     exposed, win = fsdp_layer_s(problem) if fsdp else (0.0, 0.0)
     return Pieces(u + exposed + win, emb, head, p2p_seconds(problem),
-                  problem.parallel.pp, problem.parallel.num_microbatches, problem.model.num_layers, win)
+                  problem.parallel.pp, problem.parallel.num_microbatches, layers, win, above)
 
 
 def fsdp_layer_s(problem: PlanProblem) -> tuple[float, float]:
@@ -216,7 +241,7 @@ def fsdp_layer_s(problem: PlanProblem) -> tuple[float, float]:
 
 def _chain(p: Pieces, virtual_stages: int) -> float:
     """One micro-batch's forward and backward through every virtual stage, a p2p transfer between each."""
-    return p.emb + p.head + p.u * p.layers + 2 * (virtual_stages - 1) * p.p2p
+    return p.emb + p.head + p.total + 2 * (virtual_stages - 1) * p.p2p
 
 
 def _fixed(p: Pieces, r: int) -> float:
@@ -256,8 +281,10 @@ def partition_time_bound_s(problem: PlanProblem, chunks: tuple[int, ...], p: Pie
     p = pieces(problem) if p is None else p
     after = step or (lambda r, n, k: step_s(problem, r, n, k))
     ex = extra or (0.0,) * p.pp
-    own = [p.u * p.nmb * sum(chunks[r::p.pp]) + p.nmb * ex[r] for r in range(p.pp)]
-    ranks = [_fixed(p, r) + p.u * sum(chunks[:r]) + own[r] for r in range(p.pp)]
+    starts = [sum(chunks[:k]) for k in range(len(chunks))]
+    own = [p.nmb * (sum(p.work(starts[k], chunks[k]) for k in range(r, len(chunks), p.pp)) + ex[r])
+           for r in range(p.pp)]
+    ranks = [_fixed(p, r) + p.work(0, starts[r]) + own[r] for r in range(p.pp)]
     edges = [p.nmb * ((p.emb if r == 0 else 0.0) + (p.head if r == p.pp - 1 else 0.0)) for r in range(p.pp)]
     steps = [own[r] + edges[r] + after(r, sum(chunks[r::p.pp]), _rank_kinds(problem, chunks, r))
              for r in range(p.pp)]
@@ -288,24 +315,27 @@ def policy_extra_s(problem: PlanProblem, result: PlanResult, p: Pieces) -> tuple
 
 
 def _pipeline_any(p: Pieces) -> float:
-    """A lower bound on min over splits of max_k (fixed_k + u x layers before k + micro-batches x u x layers on k),
-    in closed form: the average of the stages' terms weighted w_k = (1 - 1/micro-batches)^(PP - 1 - k) is
-    (micro-batches x u x layers + sum_k w_k fixed_k) / sum_k w_k whatever the split (the layers' coefficients sum
-    to micro-batches x u for every layer), and a maximum is at least any weighted average."""
+    """A lower bound on min over splits of max_k (fixed_k + the steps of the layers before k + micro-batches x the
+    steps of the layers on k), in closed form: the average of the stages' terms weighted w_k = (1 -
+    1/micro-batches)^(PP - 1 - k) is (micro-batches x every layer's step + sum_k w_k fixed_k) / sum_k w_k whatever
+    the split (layer l's coefficients sum to micro-batches x its step u_l on whichever stage it lies: the layers'
+    kinds may differ), and a maximum is at least any weighted average."""
     r = 1.0 - 1.0 / p.nmb
     w = [r ** (p.pp - 1 - k) for k in range(p.pp)]
-    return (p.nmb * p.u * p.layers + sum(wk * _fixed(p, k) for k, wk in enumerate(w))) / sum(w)
+    return (p.nmb * p.total + sum(wk * _fixed(p, k) for k, wk in enumerate(w))) / sum(w)
 
 
 def time_bound_from(p: Pieces, vpp: int) -> float:
     """A lower bound on the iteration time of any plan of a layout (any method, any partition) with `vpp` chunks
     per rank: with interleaving, min over per-rank layer counts N_r >= VPP of max_r (fixed_r + r u + micro-batches
     x u x N_r) (a layer per earlier virtual stage) by its continuous relaxation (the average rank, and the rank with
-    the most fixed time holding VPP layers); in 1F1B, `_pipeline_any` and a layer on every stage."""
+    the most fixed time holding VPP layers); in 1F1B, `_pipeline_any` and a layer on every stage. Where the layers'
+    kinds differ, `u` is the cheapest kind's step and the average rank and the chain count each layer's own
+    (`Pieces.total`)."""
     a = p.nmb * p.u
     if vpp > 1:
         c = [_fixed(p, r) + r * p.u for r in range(p.pp)]
-        return SAFETY * max((a * p.layers + sum(c)) / p.pp, max(c) + a * vpp, _chain(p, p.pp * vpp))
+        return SAFETY * max((p.nmb * p.total + sum(c)) / p.pp, max(c) + a * vpp, _chain(p, p.pp * vpp))
     ends = max(_fixed(p, k) + p.u * k + a for k in range(p.pp))
     return SAFETY * max(_pipeline_any(p), ends, _chain(p, p.pp))
 
