@@ -50,6 +50,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("single-jobs", [*SINGLE, "--jobs", "2"], "--jobs is read by the configuration search only"),
     ("search-jobs-zero", [*SEARCH, "--jobs", "0"], "--jobs must be > 0 and <= 256, got 0"),
     ("search-jobs-huge", [*SEARCH, "--jobs", "100000"], "--jobs must be > 0 and <= 256, got 100000"),
+    ("single-search-time-limit", [*SINGLE, "--search-time-limit", "60"], "--search-time-limit is read by the "
+     "configuration search only"),
+    ("search-time-limit-negative", [*SEARCH, "--search-time-limit", "-1"], "--search-time-limit must be >= 0"),
+    ("search-time-limit-nan", [*SEARCH, "--search-time-limit", "nan"], "--search-time-limit"),
     ("single-idle", [*SINGLE, "--allow-idle-gpus"], "--allow-idle-gpus"),
     ("optimizer-dtype", [*SINGLE, "--exp-avg-dtype", "fp64"], "--exp-avg-dtype 'fp64'; valid: fp32, bf16"),
     ("optimizer-dtype-paper", [*SINGLE, "--grad-reduce-in-bf16"], "Megatron's bf16 recipe only"),

@@ -420,3 +420,46 @@ def test_a_stack_of_layer_kinds_bounds_each_layer_by_its_own_kind() -> None:
         seen.add((lay.pp, lay.vpp, c.method))
     assert {(2, 1), (2, 2)} <= {(pp, vpp) for pp, vpp, _ in seen} and {m for *_, m in seen} == {"lynx", "full"}
 
+
+def test_a_search_stopped_by_its_time_limit_says_how_far_its_pick_can_be(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--search-time-limit`: the tree stops deciding candidates, and the smallest bound of what it left is a lower
+    bound on every candidate it did not decide, so the exhaustive optimum is either among its outcomes or no faster
+    than that bound. The clock is the search's own, made to tick once per reading so that the stop falls mid-way."""
+    import lynx.search.run as run_module
+    from lynx.search.report import explain, result_dict
+
+    space = _space("gpt-tiny", "a100-40g-nvlink", 4, 32, 512, Pins())
+    opts = PlanOptions(budget_bytes=0.05 * GiB)
+    full = search(space, opts, top=3, exhaustive=True)
+
+    class Clock:
+        ticks = 0.0
+
+        @classmethod
+        def perf_counter(cls) -> float:
+            cls.ticks += 1.0
+            return cls.ticks
+
+    monkeypatch.setattr(run_module, "time", Clock)
+    done = search(space, opts, top=3, time_limit_s=1e9)
+    assert not done.stopped and done.unplanned == 0 and math.isnan(done.open_bound_s)
+    readings = Clock.ticks  # the clock readings of a search the limit does not stop
+    stops = []
+    for limit in (0.5, readings / 4, readings / 2, readings * 3 / 4):
+        Clock.ticks = 0.0
+        res = search(space, opts, top=3, time_limit_s=limit)
+        assert res.considered == full.considered
+        if not res.stopped:
+            continue
+        stops.append(res)
+        decided = {o.candidate for o in res.outcomes}
+        left = [o for o in full.outcomes if o.fits and o.candidate not in decided]
+        assert left and all(o.iteration_s >= res.open_bound_s for o in left)
+        assert full.best is not None and (full.best.iteration_s >= res.open_bound_s
+                                          or (res.best is not None and res.best.iteration_s <= full.best.iteration_s))
+        text = " ".join(explain(res))
+        assert "stopped at its time limit" in text and f"{res.unplanned:,} candidates not planned" in text
+        d = result_dict(res)
+        assert d["stopped_at_time_limit"] and d["not_planned"] == res.unplanned > 0
+        assert (d["fastest_in_lynx_pricing_s"] is None) == (res.best is None)
+    assert len(stops) >= 3 and stops[0].best is None and any(r.best is not None for r in stops)

@@ -45,7 +45,8 @@ FLAG_NAMES = {"as_json": "--json", "offload": "--offload/--no-offload", "sp": "-
               "global_batch": "--global-batch", "micro_batch": "--micro-batch", "seq_len": "--seq-len",
               "plan_file": "--plan", "busbw": "--busbw", "gantt": "--gantt", "png": "--png"}
 
-SEARCH_ONLY = ("top", "search_png", "allow_cross_node_tp", "offload", "target", "no_production_overlaps", "jobs")
+SEARCH_ONLY = ("top", "search_png", "allow_cross_node_tp", "offload", "target", "no_production_overlaps", "jobs",
+               "search_time_limit")
 """Read by the configuration search only."""
 SINGLE_ONLY = ("compare", "gantt", "memory_png", "profile", "db", "layers_per_stage", "hierarchical_cp", "busbw",
                "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",

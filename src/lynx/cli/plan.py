@@ -22,6 +22,7 @@ from lynx.cli.common import (
     ModelOpt,
     NodesOpt,
     SeqOpt,
+    check_floats,
     check_ints,
     check_outputs,
     console,
@@ -42,6 +43,11 @@ from lynx.errors import SpecError
 from lynx.paths import atomic_path
 from lynx.spec import GiB
 from lynx.validate import POSITIVE
+
+DEFAULT_SEARCH_TIME_LIMIT_S = 600.0
+"""`--search-time-limit`'s default: ten minutes, then the search ranks what it planned and says the smallest bound of
+what it left. Every dense search of benchmarks/config_search.py, and the Qwen3-235B one, ends well before it; a
+DeepSeek-V3 search on 1,024 GPUs (7.4M candidates, bounds without its stages' recomputation) does not."""
 
 EXIT_NONE_FITS = 3
 """`lynx plan --compare`: no method gives a plan that fits the budget (documented in README)."""
@@ -206,6 +212,10 @@ def plan_cmd(
         "--jobs", "-j", help="With --gpus: processes searching, this one and J - 1 workers that plan lynx's "
         "candidates ahead of it (the same answer; 1: no workers) [default: one per CPU this process may use, at most "
         "8].")] = None,
+    search_time_limit: Annotated[float, typer.Option(
+        "--search-time-limit", help="With --gpus: seconds the search decides candidates for; then it stops, ranks "
+        "what it planned and says the smallest time bound of what it left (0: no limit; every dense search of "
+        "benchmarks/config_search.py ends well before it).")] = DEFAULT_SEARCH_TIME_LIMIT_S,
     search_png: Annotated[Path | None, typer.Option(
         "--search-png", help="With --gpus: plot every candidate's time against its peak memory (PNG).")] = None,
     target: Annotated[str | None, typer.Option(
@@ -343,6 +353,7 @@ def plan_cmd(
 
     check_ints(**{"--gpus": (gpus, POSITIVE), "--top": (top, POSITIVE), "--jobs": (jobs, Range(gt=0, le=MAX_JOBS)),
                   "--vpp": (vpp, POSITIVE), "--nodes": (nodes, POSITIVE)})
+    check_floats(**{"--search-time-limit": (search_time_limit, Range(ge=0))})
     if f.fusions_given() and profile:
         raise SpecError(f"{f.fusions_given()[0]} with --profile: a profile measured the kernels it ran; the fusion "
                         "flags change the analytic model only")

@@ -92,6 +92,7 @@ class PlanFlags:
     no_store_param_remainders: bool
     no_production_overlaps: bool
     jobs: int | None
+    search_time_limit: float
 
     def optimizer_precision(self) -> OptimizerPrecision:
         """The gradient-buffer and optimizer dtypes (`cli.optimizer`); Megatron's fp32 unless given."""

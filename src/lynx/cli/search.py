@@ -69,6 +69,8 @@ class SearchArgs:
     etp: int | None = None
     jobs: int | None = None
     """--jobs (None: `parallel.auto_jobs`)."""
+    time_limit_s: float | None = None
+    """--search-time-limit (None: no limit, 0 on the command line)."""
 
 
 def cluster_gpus(hw: Hardware, gpus: int | None, nodes: int | None) -> int | None:
@@ -152,7 +154,8 @@ def search_cmd(f: PlanFlags) -> None:
     run_search(SearchArgs(f.model, f.hardware, total, f.global_batch, f.seq_len, tp, pp, f.vpp, sp, f.micro_batch,
                           dist_opt, f.method, f.allow_cross_node_tp, f.top, f.as_json, f.out, f.search_png, cp,
                           req.parallel.cp_comm_type if "cp_comm_type" in f.typed else None, f.offload, target,
-                          not f.no_production_overlaps, _fsdp_pin(f), f.ep, f.etp, f.jobs), req)
+                          not f.no_production_overlaps, _fsdp_pin(f), f.ep, f.etp, f.jobs,
+                          f.search_time_limit or None), req)
 
 
 def _fsdp_pin(f: PlanFlags) -> DpSharding | None:
@@ -206,7 +209,8 @@ def run_search(a: SearchArgs, base: Request) -> None:
     from lynx.search.parallel import auto_jobs
 
     jobs = a.jobs or auto_jobs()
-    res = _with_progress(lambda cb: search(space, base.options, top=a.top, progress=cb, jobs=jobs))
+    res = _with_progress(lambda cb: search(space, base.options, top=a.top, progress=cb, jobs=jobs,
+                                           time_limit_s=a.time_limit_s))
     res = rank_for_target(res, a.target, a.top)
     if a.as_json:
         print_json(result_dict(res) | {"target": a.target.value})

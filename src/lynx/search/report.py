@@ -103,6 +103,22 @@ def _workers(res: SearchResult) -> str:
             f"search, which used {used} of their answers (--jobs 1 gives the same answer in one process).")
 
 
+def _stopped(res: SearchResult) -> list[str]:
+    """Where the time limit stopped the tree: what it left, and how far the pick can be from the best of that."""
+    if not res.stopped:
+        return []
+    line = (f"The search stopped at its time limit ({res.time_limit_s:g} s, --search-time-limit; 0 for none) with "
+            f"{res.unplanned:,} candidates not planned; by their time bounds none runs faster than "
+            f"{res.open_bound_s:.4g} s in lynx's pricing")
+    best = res.best_lynx_s
+    if math.isnan(best):
+        return [line + ", and none of those planned fits."]
+    if best <= res.open_bound_s:
+        return [line + f", so the fastest found ({best:.4g} s) is the fastest there is."]
+    return [line + f": the fastest found ({best:.4g} s) is at most {best / res.open_bound_s - 1:.1%} slower than "
+            "the best one could be (a longer limit narrows that)."]
+
+
 def explain(res: SearchResult) -> list[str]:
     """A few sentences in the user's terms: what was searched, what won and by how much over the fastest stock
     Megatron-Core configuration and over the published recipe, and what the winner's own choices buy."""
@@ -112,7 +128,7 @@ def explain(res: SearchResult) -> list[str]:
            f"{res.over_memory_bound} by memory bounds (neither loses the optimum), "
            f"{res.count('dominated')} dominated by a cheaper method that fits, {res.count('skipped (VPP sweep)')} by "
            "the VPP sweep (a rule: deeper interleaving of the layout had got slower)." + _workers(res),
-           *assumptions(res)]
+           *_stopped(res), *assumptions(res)]
     if best is None:
         return [*out, "No configuration fits the memory budget; more GPUs or a shorter sequence are needed."]
     lay = best.candidate.layout
@@ -213,6 +229,9 @@ def result_dict(res: SearchResult) -> dict[str, Any]:
         "seconds": res.seconds,
         "stage_problems_solved": res.stage_problems, "stage_problem_cache_hits": res.stage_hits,
         "jobs": res.jobs, "planned_ahead": {"handed_out": res.ahead[0], "used": res.ahead[1]},
+        "time_limit_s": res.time_limit_s, "stopped_at_time_limit": res.stopped, "not_planned": res.unplanned,
+        "open_bound_s": None if math.isnan(res.open_bound_s) else res.open_bound_s,
+        "fastest_in_lynx_pricing_s": None if math.isnan(res.best_lynx_s) else res.best_lynx_s,
         "winner": outcome_dict(best, res) if best else None,
         "stock_megatron": outcome_dict(stock, res) if stock else None,
         "recipes": [{"name": a.recipe.name, "source": a.recipe.source, "reason": a.reason,

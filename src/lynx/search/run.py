@@ -67,6 +67,16 @@ class SearchResult:
     ahead: tuple[int, int] = (0, 0)
     """Candidates handed to the workers, and of those the ones whose answer the tree used (the rest it pruned, or
     planned itself while they were still queued)."""
+    time_limit_s: float | None = None
+    """The search's time limit (`lynx plan --search-time-limit`; None: none)."""
+    unplanned: int = 0
+    """Candidates left when the time limit stopped the tree (not in `outcomes`; 0 when it ran to the end)."""
+    open_bound_s: float = math.nan
+    """When the time limit stopped the tree: the smallest time bound of what it left, a lower bound on lynx's
+    price of every `unplanned` candidate (nan when it ran to the end)."""
+    best_lynx_s: float = math.nan
+    """The fastest fitting candidate's iteration time in lynx's pricing (before `targets.rank_for_target`
+    re-prices the finalists): what `open_bound_s` is compared with."""
 
     @property
     def ranked(self) -> tuple[Outcome, ...]:
@@ -91,7 +101,12 @@ class SearchResult:
 
     @property
     def considered(self) -> int:
-        return len(self.outcomes) + self.skipped + self.refused_count
+        return len(self.outcomes) + self.skipped + self.refused_count + self.unplanned
+
+    @property
+    def stopped(self) -> bool:
+        """The time limit stopped the tree before every candidate was decided."""
+        return self.unplanned > 0
 
     @property
     def over_memory_bound(self) -> int:
@@ -240,9 +255,11 @@ class _Run:
     """Heap entries `_hand_out` looks at: the heap's top five levels, where the next nodes to pop are."""
 
     def __init__(self, space: Space, base: PlanOptions, top: int, exhaustive: bool,
-                 progress: Progress | None, jobs: int = 1) -> None:
+                 progress: Progress | None, jobs: int = 1, time_limit_s: float | None = None) -> None:
         self.shared = Shared(space, base)
         self.jobs, self.t0 = jobs, time.perf_counter()
+        self.time_limit_s = time_limit_s
+        self.unplanned, self.open_bound_s = 0, math.nan
         self.ahead: Ahead | None = None
         self.handed_nodes: set[Node] = set()
         self.frontier = Frontier(self.shared, floors=not exhaustive)
@@ -265,6 +282,9 @@ class _Run:
         for n in nodes:
             self.frontier.push(n)
         while self.frontier:
+            if self.time_limit_s is not None and time.perf_counter() - self.t0 > self.time_limit_s:
+                self._stop()
+                break
             bound, node = self.frontier.pop()
             if not self.exhaustive and self.inc.prunes_node(node, bound):
                 self._prune(node, bound)
@@ -285,6 +305,22 @@ class _Run:
                 self._start_workers()
             if self.ahead is not None and self.ahead.wants():
                 self._hand_out()
+
+    def _stop(self) -> None:
+        """The time limit: the open nodes the incumbents prune are counted as pruned, the rest as unplanned, with the
+        smallest of their bounds (each a lower bound on lynx's price of its candidates: what the pick is within)."""
+        left = [(b, n) for b, _, n in self.frontier.heap]
+        self.frontier.heap.clear()
+        live = []
+        for b, n in left:
+            if self.inc.prunes_node(n, b):
+                self._prune(n, b)
+            else:
+                live.append((b, n))
+        self.open_bound_s = min((b for b, _ in live), default=math.nan)
+        self.unplanned = sum(count(self.shared.space, n) for _, n in live)
+        if self.unplanned:
+            self.tick(self.unplanned, "not planned (search time limit)")
 
     def _start_workers(self) -> None:
         """Start the workers; where the system refuses processes (a limit, memory) the search goes on in this one
@@ -447,13 +483,16 @@ def _finish(r: _Run, space: Space, top: int) -> tuple[list[Outcome], tuple[tuple
 
 
 def search(space: Space, base: PlanOptions | None = None, top: int = 5, exhaustive: bool = False,
-           progress: Progress | None = None, jobs: int = 1) -> SearchResult:
+           progress: Progress | None = None, jobs: int = 1, time_limit_s: float | None = None) -> SearchResult:
     """Plan the space's candidates, pruning by bounds unless `exhaustive`; price the published recipes. `jobs` > 1:
     this process and `jobs - 1` workers, which plan lynx's candidates ahead of the tree, the finalists' refinements
     and the recipes (`parallel`: the same answer). They are spawned, so a script that asks for them must guard its entry
-    point with ``if __name__ == "__main__":``, as Python's multiprocessing requires."""
+    point with ``if __name__ == "__main__":``, as Python's multiprocessing requires. `time_limit_s`: the tree stops
+    deciding candidates after this long (the finalists' refinement and the recipes still run) and the result says
+    what it left and the smallest bound among it (`SearchResult.open_bound_s`), as a MILP solver stopped at its
+    time limit reports its gap; an exhaustive search has none."""
     t0 = time.perf_counter()
-    r = _Run(space, base or PlanOptions(), top, exhaustive, progress, jobs)
+    r = _Run(space, base or PlanOptions(), top, exhaustive, progress, jobs, None if exhaustive else time_limit_s)
     with fewer_collections():
         final, recipes = _finish(r, space, top)
     ahead = r.ahead
@@ -464,4 +503,5 @@ def search(space: Space, base: PlanOptions | None = None, top: int = 5, exhausti
     return SearchResult(space, tuple(final), tuple(r.rejected), time.perf_counter() - t0,
                         solves + sum(h.solves for h in heu), hits + sum(h.hits for h in heu), recipes, r.skipped,
                         tuple(r.refused), r.refused_count, jobs if ahead is not None else 1,
-                        (ahead.handed, ahead.used) if ahead is not None else (0, 0))
+                        (ahead.handed, ahead.used) if ahead is not None else (0, 0), r.time_limit_s, r.unplanned,
+                        r.open_bound_s, next((o.iteration_s for o in final if o.fits), math.nan))
