@@ -186,3 +186,41 @@ def test_floor_is_below_heu_and_cached_per_fsdp_charge() -> None:
     hidden = dataclasses.replace(tight, fsdp=FsdpCharge(gather_bwd_s=10.0))
     assert cache.key(hidden) != cache.key(tight)
     assert cache.floor(hidden) == 0.0 and cache.floor(tight) == floor
+
+
+def test_a_floor_lp_of_bytes_beside_seconds_is_solved_on_its_first_try(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The floor LPs mix bytes (up to ~1e11) with seconds and indicators (~1e-4) in their rows. Solved as built,
+    HiGHS ended some in an error, at a limit, or after seconds, and the floor came back 0 (decision 0259).
+    `demand_floor` solves them row-scaled (`Milp.row_scaled`): this
+    stage's relaxation (405B, TP 4 CP 2 PP 8 VPP 8, lynx-offload, stage 2) ends optimal on the first try, with the
+    optimum the unscaled model reaches without presolve."""
+    import lynx.milp as milp
+    from lynx.policy.heu import build_model, demand_floor
+    from lynx.search import Pins, Space
+    from lynx.search.evaluate import Shared
+    from lynx.search.space import Layout
+
+    space = Space(load_model("llama3.1-405b"), load_hardware("h100-80g-nvlink"), 1024, 1024, 8192, Pins(),
+                  offload=True)
+    shared = Shared(space, PlanOptions())
+    lay = Layout(tp=4, pp=8, vpp=8, dp=16, sp=True, mb=2, dist_opt=True, cp=2)
+    p = shared.problem(lay, None)
+    cache = shared.heu_cache(p, lay, "lynx-offload")
+    ctx = p.stage_contexts(base_partition(p))[2]
+    statuses: list[str] = []
+    solve = milp.Milp.solve
+
+    def kept(self: milp.Milp, *a: object, **kw: object) -> milp.MilpSolution:
+        sol = solve(self, *a, **kw)  # type: ignore[arg-type]
+        statuses.append(sol.status)
+        return sol
+
+    monkeypatch.setattr(milp.Milp, "solve", kept)
+    floor = demand_floor(ctx, cache.graphs(ctx), cache.opts)
+    assert statuses == ["optimal"] and floor > 0
+    m, _, _ = build_model(cache.graphs(ctx), ctx, cache.opts, floor=True)
+    m.integer = [False] * m.num_variables
+    plain = solve(m, 10.0, 1e-6, highs_options=(("presolve", "off"),))
+    scaled = solve(m.row_scaled(), 10.0, 1e-6)
+    assert plain.status == scaled.status == "optimal"
+    assert scaled.objective == pytest.approx(plain.objective, rel=1e-6)

@@ -538,6 +538,7 @@ def demand_floor(ctx: StageContext, graph: Graphs, opts: HeuOptions) -> float:
     if m.contradiction:
         return 0.0
     m.integer = [False] * m.num_variables
+    m = m.row_scaled()  # bytes beside seconds: unscaled, HiGHS ends some of these LPs in error or at its limit
     for options in ((), (("presolve", "off"),)):  # presolve's reductions can end a badly scaled LP in error
         sol = m.solve(opts.time_limit_s, 1e-6, highs_options=options)
         if sol.status == "optimal":
