@@ -30,15 +30,17 @@ the cost model moves them with it; tests/unit/test_search.py checks them against
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lynx.cost.edges import device_hardware, stage_edge_times
 from lynx.cost.fsdp_time import fsdp_step_time
 from lynx.cost.memory import layer_memories, stage_floor_bytes, stage_peak_bytes, static_bytes
-from lynx.cost.pricing import recompute_time
+from lynx.cost.pricing import layer_recompute, recompute_time
 from lynx.cost.static_memory import grad_buffer_time, optimizer_step_time
 from lynx.decisions import Phase
+from lynx.graph import LayerGraph
 from lynx.methods.common import plain_time, stage_policy
+from lynx.methods.rules import fixed_layer_policy
 from lynx.partition.base import Partition
 from lynx.policy.rules import full_policy
 from lynx.problem import PlanProblem, PlanResult
@@ -221,6 +223,39 @@ def pieces(problem: PlanProblem, fsdp: bool = True) -> Pieces:
     exposed, win = fsdp_layer_s(problem) if fsdp else (0.0, 0.0)
     return Pieces(u + exposed + win, emb, head, p2p_seconds(problem),
                   problem.parallel.pp, problem.parallel.num_microbatches, layers, win, above)
+
+
+def method_pieces(problem: PlanProblem, method: str, p: Pieces) -> Pieces | None:
+    """`p` with every layer's step lengthened by the on-demand recomputation the stock method's fixed layer policy
+    places in it (`rules.fixed_layer_policy`: none, full, selective, the dense module lists) beyond what an FSDP
+    window hides: the simulator charges it before the layer's backward (`cost.pricing.layer_recompute`; Megatron's
+    recompute is on demand, no window hosts it). A model of several kinds: each layer its kind's policy, as the
+    stock methods apply them (`methods.common.stage_policy`). None where the method has no fixed policy (block,
+    uniform, the MoE module lists) or recomputes nothing on demand."""
+    def demand(g: LayerGraph) -> float | None:
+        lp = fixed_layer_policy(method, g)
+        return None if lp is None else layer_recompute(g, lp, (0.0, 0.0), top=True).on_demand
+
+    if not problem.heterogeneous:
+        d = demand(problem.graph)
+        extra = 0.0 if d is None else max(0.0, d - p.fsdp_win)
+        return replace(p, u=p.u + extra) if extra > 0 else None
+    sw = problem.options.subtract_wgrad
+    steps: dict[str, float] = {}
+    recomputes = False
+    for k, g in problem.kind_graphs:
+        d = demand(g)
+        if d is None:
+            return None
+        steps[k] = g.step_time(sw) + d
+        recomputes = recomputes or d > 0
+    if not recomputes:
+        return None
+    u = min(steps.values())
+    sums = [0.0]
+    for k in problem.range_kinds(0, p.layers):
+        sums.append(sums[-1] + steps[k] - u)
+    return replace(p, u=u, above=tuple(sums))
 
 
 def fsdp_layer_s(problem: PlanProblem) -> tuple[float, float]:

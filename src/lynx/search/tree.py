@@ -15,17 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import IntEnum
 
-from lynx.cost.pricing import layer_recompute
 from lynx.decisions import StageContext
 from lynx.errors import LynxError
 from lynx.methods.common import base_partition
-from lynx.methods.rules import fixed_layer_policy
 from lynx.problem import PlanProblem, PlanResult
 from lynx.search.bounds import (
     CHUNKED_METHODS,
     Pieces,
     frugal_reason,
     memory_bound_reason,
+    method_pieces,
     partition_memory_reason,
     partition_time_bound_s,
     pieces,
@@ -239,20 +238,14 @@ class Frontier:
         places in each layer (`rules.fixed_layer_policy`: none, full, selective, the module lists). The simulator
         charges that recomputation before each backward (`cost.pricing.layer_recompute`: Megatron's recompute is
         on demand, no window hosts it) beyond what an FSDP window hides (`Pieces.fsdp_win`, already in the layer's
-        step); models of several layer kinds keep their node's bound."""
+        step); in a model of several layer kinds each layer its kind's (`bounds.method_pieces`)."""
         assert node.layout is not None
         key = (node, cand.method)
         if key not in self.methods:
             problem = self._layout_problem(node)
-            lp = None if problem.heterogeneous else fixed_layer_policy(cand.method, problem.graph)
-            demand = 0.0 if lp is None else layer_recompute(problem.graph, lp, (0.0, 0.0), top=True).on_demand
-            p = self._pieces(node.layout, problem)
-            extra = max(0.0, demand - p.fsdp_win)
-            if extra > 0:
-                self.methods[key] = partition_time_bound_s(problem, self.chunks(node), replace(p, u=p.u + extra),
-                                                           self._step(node.layout, problem))
-            else:
-                self.methods[key] = 0.0
+            longer = method_pieces(problem, cand.method, self._pieces(node.layout, problem))
+            self.methods[key] = 0.0 if longer is None else partition_time_bound_s(
+                problem, self.chunks(node), longer, self._step(node.layout, problem))
         return self.methods[key]
 
     def screen_bound(self, node: Node, method: str, prunes: Callable[[float], bool] | None = None) -> float:
