@@ -253,8 +253,8 @@ def method_pieces(problem: PlanProblem, method: str, p: Pieces) -> Pieces | None
         return None
     u = min(steps.values())
     sums = [0.0]
-    for k in problem.range_kinds(0, p.layers):
-        sums.append(sums[-1] + steps[k] - u)
+    for kind in problem.range_kinds(0, p.layers):
+        sums.append(sums[-1] + steps[kind] - u)
     return replace(p, u=u, above=tuple(sums))
 
 
