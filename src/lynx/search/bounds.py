@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from itertools import accumulate
 
 from lynx.cost.edges import device_hardware, stage_edge_times
 from lynx.cost.fsdp_time import fsdp_step_time
@@ -214,10 +215,7 @@ def pieces(problem: PlanProblem, fsdp: bool = True) -> Pieces:
     if problem.heterogeneous:
         steps: dict[str, float] = {k: g.step_time(sw) for k, g in problem.kind_graphs}
         u = min(steps.values())
-        sums = [0.0]
-        for k in problem.range_kinds(0, layers):
-            sums.append(sums[-1] + steps[k] - u)
-        above = tuple(sums)
+        above = _excess_sums(problem, steps, u)
     else:
         u = problem.graph.step_time(sw)
     exposed, win = fsdp_layer_s(problem) if fsdp else (0.0, 0.0)
@@ -252,10 +250,12 @@ def method_pieces(problem: PlanProblem, method: str, p: Pieces) -> Pieces | None
     if not recomputes:
         return None
     u = min(steps.values())
-    sums = [0.0]
-    for kind in problem.range_kinds(0, p.layers):
-        sums.append(sums[-1] + steps[kind] - u)
-    return replace(p, u=u, above=tuple(sums))
+    return replace(p, u=u, above=_excess_sums(problem, steps, u))
+
+
+def _excess_sums(problem: PlanProblem, steps: dict[str, float], u: float) -> tuple[float, ...]:
+    """`Pieces.above`: prefix sums over the model's layers of their kind's step (`steps`) beyond `u`."""
+    return tuple(accumulate((steps[k] - u for k in problem.range_kinds(0, problem.model.num_layers)), initial=0.0))
 
 
 def fsdp_layer_s(problem: PlanProblem) -> tuple[float, float]:
@@ -316,7 +316,7 @@ def partition_time_bound_s(problem: PlanProblem, chunks: tuple[int, ...], p: Pie
     p = pieces(problem) if p is None else p
     after = step or (lambda r, n, k: step_s(problem, r, n, k))
     ex = extra or (0.0,) * p.pp
-    starts = [sum(chunks[:k]) for k in range(len(chunks))]
+    starts = list(accumulate(chunks, initial=0))
     own = [p.nmb * (sum(p.work(starts[k], chunks[k]) for k in range(r, len(chunks), p.pp)) + ex[r])
            for r in range(p.pp)]
     ranks = [_fixed(p, r) + p.work(0, starts[r]) + own[r] for r in range(p.pp)]
