@@ -166,3 +166,18 @@ def test_from_megatron_reads_a_file_as_its_command_line(tmp_path: Path, capsys: 
     by_path = run_main(["plan", "--from-megatron", str(args), "--json"], capsys)
     assert quoted[0] == by_path[0] == 0, (quoted[2], by_path[2])
     assert json.loads(by_path[1]) == json.loads(quoted[1])
+
+
+def test_a_search_stopped_before_anything_fits_does_not_claim_nothing_fits(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--search-time-limit` so short the search plans nothing: exit 3 and no plan, as when nothing fits, but the
+    words say the time limit stopped it (what it left may fit), on stderr for a script reading --json, and the JSON
+    says so too; not "no configuration fits the memory budget"."""
+    out = tmp_path / "plan.json"
+    code, stdout, err = run_main([*SEARCH, "--search-time-limit", "1e-9", "--json", "--out", str(out)], capsys)
+    assert code == 3 and not out.exists()
+    assert "stopped at --search-time-limit" in err and "none of the candidates planned before" in err
+    assert "no configuration fits" not in err.lower()
+    d = json.loads(stdout)
+    assert d["stopped_at_time_limit"] and d["not_planned"] > 0 and d["winner"] is None
+    assert not any("No configuration fits" in line for line in d["explanation"])

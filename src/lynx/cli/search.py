@@ -226,8 +226,13 @@ def run_search(a: SearchArgs, base: Request) -> None:
             scatter_png(res, tmp)
         err_console.print(f"wrote {a.png}")
     best = res.best
+    if res.stopped:  # on stderr too: a script reading --json or --out learns the pick is not proven the fastest
+        err_console.print(f"lynx: the search stopped at --search-time-limit {a.time_limit_s:g} s with "
+                          f"{res.unplanned:,} candidates not planned (see the explanation)", soft_wrap=True)
     if best is None:
-        err_console.print("lynx: no configuration fits the memory budget; no plan written", soft_wrap=True)
+        what = ("none of the candidates planned before --search-time-limit fits" if res.stopped
+                else "no configuration fits the memory budget")
+        err_console.print(f"lynx: {what}; no plan written", soft_wrap=True)
         raise typer.Exit(3)
     if a.out is not None and best.plan is not None:
         from lynx.plan import Plan

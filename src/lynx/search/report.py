@@ -130,6 +130,9 @@ def explain(res: SearchResult) -> list[str]:
            "the VPP sweep (a rule: deeper interleaving of the layout had got slower)." + _workers(res),
            *_stopped(res), *assumptions(res)]
     if best is None:
+        if res.stopped:  # what it left may fit: nothing is known about the memory of candidates never planned
+            return [*out, "None of the candidates planned before the time limit fits; a longer --search-time-limit "
+                    "plans the rest."]
         return [*out, "No configuration fits the memory budget; more GPUs or a shorter sequence are needed."]
     lay = best.candidate.layout
     out.append(f"The fastest that fits is {lay.label()} with {method_text(best)}: {best.iteration_s:.4g} s per "
