@@ -188,7 +188,7 @@ class Pieces:
     (`pricing.fsdp_window`, already in `u`); 0 otherwise."""
     above: tuple[float, ...] = ()
     """A model of several layer kinds: prefix sums over the layers in model order of each layer's step beyond `u`
-    (`u` is the cheapest kind's; DeepSeek-V3's MoE layers cost twice its dense ones), `layers + 1` entries; empty
+    (`u` is the cheapest kind's; DeepSeek-V3's MoE layers cost more than its dense ones), `layers + 1` entries; empty
     when every layer costs `u`."""
 
     def work(self, first: int, count: int) -> float:
