@@ -7,12 +7,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lynx.api import make_problem
-from lynx.cost.lifetime import backward_trace
+from lynx.cost.lifetime import _independent, _independent_trace, _replayed_trace, backward_trace
 from lynx.cost.memory import layer_memory, linear_peak_bytes, predicted_activation_bytes, stage_peak_bytes
 from lynx.decisions import LayerPolicy, Phase, RecomputePolicy, StageContext, check_policy
 from lynx.graph import LayerGraph
 from lynx.partition.base import Partition
-from lynx.policy.rules import full_policy, uniform_policy
+from lynx.policy.rules import (
+    checkpointed_layer,
+    full_layer,
+    full_policy,
+    keep_all,
+    selective_layer,
+    uniform_policy,
+)
 from lynx.problem import PlanOptions, PlanProblem
 from lynx.simulate import simulate
 from lynx.spec import ModelSpec, ParallelSpec, load_hardware
@@ -90,6 +97,52 @@ def test_solvers_linear_form_bounds_the_rule(case: tuple[PlanProblem, Partition,
         if all(lp.input_checkpoint for lp in pol.layers):
             assert stage_peak_bytes(prob.graph, pol.layers, ctx) <= linear_peak_bytes(prob.graph, pol.layers, ctx) \
                 * (1 + 1e-9)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_independent_layers_are_traced_from_one_replay_each_with_the_same_floats(data: st.DataObject) -> None:
+    """Where no layer's backward touches another's bytes (`lifetime._independent`), the trace built from one
+    replay per distinct (graph, policy) equals the whole pass's replay float for float, per layer: Megatron's
+    rules (block mixes full and kept layers; the module lists re-run kept ops) and random on-demand policies,
+    shared objects or not, with the runtime's extra bytes, in both samplings."""
+    g = _graph()
+    fwd_windows = data.draw(st.booleans())
+    mixed = data.draw(st.booleans())
+    rules = [keep_all(g), full_layer(g), selective_layer(g), checkpointed_layer(g, ("ln1", "ln2")),
+             checkpointed_layer(g, ("attn_scores", "softmax", "attn_dropout", "attn_context"))]
+    late = (Phase.BWD_MLP, Phase.BWD_ATTN) + ((Phase.FWD_ATTN, Phase.FWD_MLP) if fwd_windows else ())
+    drawn = [random_layer(data.draw, g, False) for _ in range(2)]
+    pool = rules + [LayerPolicy(lp.keep, tuple((n, Phase.ON_DEMAND if p in late else p) for n, p in lp.recompute))
+                    for lp in drawn]
+    n = data.draw(st.integers(1, 7))
+    picks = [data.draw(st.sampled_from(pool)) for _ in range(n)]
+    layers = tuple(LayerPolicy(lp.keep, lp.recompute, lp.input_checkpoint, lp.rerun) if mixed else lp
+                   for lp in picks)  # copies: equal policies that are distinct objects
+    extra = data.draw(st.sampled_from([None, {g.names[0]: 4096.0, g.names[-2]: 512.0}]))
+    transient = data.draw(st.booleans())
+    assert _independent(layers, fwd_windows)
+    fast = _independent_trace(g, layers, extra or {}, transient)
+    assert fast == _replayed_trace(g, layers, fwd_windows, extra or {}, transient)
+
+
+def test_a_layer_restored_in_the_backward_above_is_replayed_with_its_neighbour() -> None:
+    """Phase 3/4 restores run in the backward of the layer above, phase 1/2 restores are held from a later
+    forward, and a layer that does not checkpoint its input restores the one below: none is traced alone."""
+    g = _graph()
+    op = next(o.name for o in g.ops if not o.is_comm and o.name != g.output_op)
+    for ph in (Phase.BWD_MLP, Phase.BWD_ATTN):
+        assert not _independent((keep_all(g), on_demand_at(g, op, ph)), fwd_windows=False)
+    assert not _independent((keep_all(g), on_demand_at(g, op, Phase.FWD_ATTN)), fwd_windows=True)
+    assert _independent((keep_all(g), on_demand_at(g, op, Phase.FWD_ATTN)), fwd_windows=False)
+    full = full_layer(g)
+    assert not _independent((full, LayerPolicy(full.keep, full.recompute, input_checkpoint=False)), False)
+    assert _independent((LayerPolicy(full.keep, full.recompute, input_checkpoint=False), full), False)
+
+
+def on_demand_at(g: LayerGraph, op: str, phase: Phase) -> LayerPolicy:
+    """Every op kept but `op`, recomputed in `phase`."""
+    return LayerPolicy(keep=frozenset(n for n in g.names if n != op), recompute=((op, phase),))
 
 
 def _graph() -> LayerGraph:

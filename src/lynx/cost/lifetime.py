@@ -34,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from lynx.decisions import FWD_PHASES, LayerPolicy, Phase
+from lynx.decisions import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase
 from lynx.graph import LAYER_INPUT, Graphs, LayerGraph, graphs_key, per_layer, same_graphs
 
 _BWD_BLOCK = {Phase.BWD_MLP: "mlp", Phase.BWD_ATTN: "attn"}
@@ -256,9 +256,58 @@ def backward_trace(graph: Graphs, layers: Sequence[LayerPolicy], fwd_windows: bo
     return trace
 
 
+_CROSS_PHASES = frozenset(BWD_PHASES)
+"""Restored inside the backward of the layer above: a layer holding one is not replayed on its own."""
+
+
+def _independent(layers: Sequence[LayerPolicy], fwd_windows: bool) -> bool:
+    """Whether no layer's backward touches another's bytes: every layer above the first checkpoints its input (no
+    restore reaches the layer below, no layer output is a chunk top), nothing is restored in the backward of the
+    layer above (phases 3/4), and nothing is held from a later forward (phases 1/2 with forward windows; without,
+    they are restored on demand in the layer's own backward)."""
+    cross = _CROSS_PHASES | (frozenset(FWD_PHASES) if fwd_windows else frozenset())
+    return all((i == 0 or lp.input_checkpoint) and not any(p in cross for _, p in lp.recompute)
+               for i, lp in enumerate(layers))
+
+
+def _independent_trace(graph: Graphs, layers: Sequence[LayerPolicy], extra: Mapping[str, float],
+                       transient: bool) -> BackwardTrace:
+    """`_backward_trace` of independent layers (`_independent`) from one replay per distinct (graph, policy): the
+    same floats. In the full replay, while layer l's backward runs, only l holds restored bytes, so every sample is
+    (l's restored total) - r, r the retained bytes of the layers above released so far (accumulated top down as the
+    replay does); the largest is fl(V - r), V the largest restored total (at least 0, the pass's start) of l's own
+    one-layer replay, which runs the very same operations (fl(v - r) grows with v). The forward holdings are 0.
+    tests/unit/test_lifetime.py compares both on every method's policies."""
+    gs = per_layer(graph, len(layers))
+    tops: dict[tuple[int, int], tuple[float, float]] = {}
+    peaks, restored = [0.0] * len(layers), [0.0] * len(layers)
+    released = 0.0
+    for li in range(len(layers) - 1, -1, -1):
+        key = (id(gs[li]), id(layers[li]))  # both alive for the call: ids unique
+        got = tops.get(key)
+        if got is None:
+            one = _Replay(gs[li], (layers[li],), extra, transient)
+            one.peak = one.total()
+            one.backward(0)
+            got = tops[key] = (one.peak, one.released)
+        top, kept = got
+        peaks[li] = (top - released) - 0.0
+        restored[li] = peaks[li] + released
+        released += kept
+    return BackwardTrace((0.0,) * len(layers), tuple(peaks), tuple(restored), 0.0)
+
+
 def _backward_trace(graph: Graphs, layers: Sequence[LayerPolicy], fwd_windows: bool,
                     extra: Mapping[str, float] | None, transient: bool) -> BackwardTrace:
-    rep = _Replay(graph, layers, extra or {}, transient)
+    if _independent(layers, fwd_windows):
+        return _independent_trace(graph, layers, extra or {}, transient)
+    return _replayed_trace(graph, layers, fwd_windows, extra or {}, transient)
+
+
+def _replayed_trace(graph: Graphs, layers: Sequence[LayerPolicy], fwd_windows: bool, extra: Mapping[str, float],
+                    transient: bool) -> BackwardTrace:
+    """The replay of the whole pass, layer after layer."""
+    rep = _Replay(graph, layers, extra, transient)
     held = []
     for li in range(len(layers)):
         if fwd_windows:
