@@ -11,6 +11,7 @@ import pytest
 
 from lynx.models import load_model
 from lynx.problem import PlanOptions
+from lynx.request import Target
 from lynx.search import Pins, Space, parallel, run, search
 from lynx.spec import GiB, load_hardware
 
@@ -50,6 +51,32 @@ def test_workers_give_the_same_search(take_back: bool, monkeypatch: pytest.Monke
     if not take_back:
         assert used >= lynx_planned // 2, (two.ahead, lynx_planned)
     assert any(o.plan is not None and o.candidate.layout.vpp > 1 for o in two.outcomes)
+    assert not multiprocessing.active_children()
+
+
+@pytest.mark.usefixtures("workers_at_once")
+def test_finalists_priced_for_the_target_over_the_workers_rank_as_in_one_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--target megatron`: the finalists' prices as Megatron-Core runs their plans are spread over the search's
+    processes (`Ahead.price`) before the workers stop; the ranked outcomes are the one-process search's, priced in
+    turn, figure for figure."""
+    handed: list[int] = []
+    price = parallel.Ahead.price
+
+    def spy(self: parallel.Ahead, outcomes, target):  # noqa: ANN001, ANN202
+        got = price(self, outcomes, target)
+        handed.append(self.prices)
+        return got
+
+    monkeypatch.setattr(parallel.Ahead, "price", spy)
+    space = Space(load_model("gpt-tiny"), load_hardware("a100-40g-nvlink"), 4, 32, 512, Pins(), offload=True)
+    opts = PlanOptions(budget_bytes=0.05 * GiB)
+    one = search(space, opts, top=3, target=Target.MEGATRON)
+    two = search(space, opts, top=3, jobs=2, target=Target.MEGATRON)
+    assert _rows(two) == _rows(one)
+    assert [(o.priced_for, o.runs_on) for o in two.outcomes] == [(o.priced_for, o.runs_on) for o in one.outcomes]
+    assert sum(o.priced_for == "megatron" for o in one.outcomes) >= 6  # 2 x top at least
+    assert handed and handed[0] >= 3, handed  # every other one of the first batch went to the worker
     assert not multiprocessing.active_children()
 
 

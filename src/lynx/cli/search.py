@@ -181,7 +181,6 @@ def run_search(a: SearchArgs, base: Request) -> None:
     from lynx.search.plot import scatter_png
     from lynx.search.report import explain, result_dict, search_table
     from lynx.search.space import OFFLOAD_METHODS, cores
-    from lynx.search.targets import rank_for_target
 
     check_target(base.model, a.target, a.cp)
     hw = base.hardware
@@ -210,8 +209,7 @@ def run_search(a: SearchArgs, base: Request) -> None:
 
     jobs = a.jobs or auto_jobs()
     res = _with_progress(lambda cb: search(space, base.options, top=a.top, progress=cb, jobs=jobs,
-                                           time_limit_s=a.time_limit_s))
-    res = rank_for_target(res, a.target, a.top)
+                                           time_limit_s=a.time_limit_s, target=a.target))
     if a.as_json:
         print_json(result_dict(res) | {"target": a.target.value})
     else:

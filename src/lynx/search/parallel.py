@@ -12,7 +12,9 @@ prunes after all was planned for nothing, which costs a core that would otherwis
 simulation the tree would run next on its plan (`evaluate.presimulate`), and while the tree waits for a started
 candidate it takes back the first one still queued and plans it itself (`Ahead._steal`) rather than idle. An
 interleaved lynx candidate whose screen bound the tree has not solved yet is handed out with it (`Screen`): the
-worker solves the LP floors first, the tree reads them from its caches when it bounds the candidate. The
+worker solves the LP floors first, the tree reads them from its caches when it bounds the candidate. Once the tree
+is done, the finalists' prices on the search's target (`targets.rank_for_target`: Megatron-Core's or torchtitan's
+price of each plan, tens of simulations each) are spread over the processes too (`Ahead.price`). The
 pick, the table and every count but the stage problems are the sequential search's
 (tests/unit/test_search_parallel.py compares them).
 
@@ -27,18 +29,22 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lynx.policy.heu import CacheKey
-from lynx.problem import PlanOptions, PlanResult
-from lynx.search.evaluate import Failed, Shared, plan_result, presimulate
+from lynx.problem import PlanOptions, PlanProblem, PlanResult
+from lynx.request import Target
+from lynx.search.evaluate import Failed, Outcome, Shared, plan_result, presimulate
 from lynx.search.space import Candidate, Space
 from lynx.search.tree import Frontier, Node
 from lynx.simulate import SimResult
+
+if TYPE_CHECKING:
+    from lynx.search.targets import Priced
 
 MAX_JOBS = 256
 """The most processes `--jobs` takes: each worker holds its own caches (hundreds of MB on a large space), so a
@@ -94,6 +100,8 @@ class Worked:
     """The Lynx-HEU LP floors (`HeuCache.floors` entries) the task's screen bound solved (`Screen`)."""
     pruned: bool = False
     """The screen bound pruned the candidate at the threshold it was handed out with: not planned."""
+    priced: Priced | None = None
+    """A `Price` task's answer (no candidate planned)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +119,16 @@ class Screen:
         return bound > self.above
 
 
+@dataclass(frozen=True, slots=True)
+class Price:
+    """A finalist's plan to price on the search's target (`targets.price_plan`), once the tree is done."""
+
+    problem: PlanProblem
+    result: PlanResult
+    target: Target
+    stock: bool
+
+
 QUEUED, RUNNING, DONE, TAKEN_BACK = 0, 1, 2, 3
 """A handed-out candidate's state in `Ahead.states`: a queued one the search needs now is taken back and planned in
 the search's process rather than waited for behind others. One byte each, read and written without a lock (a
@@ -125,8 +143,8 @@ DEPTH = 2
 SLOTS = 1 << 16
 """Candidates one search can hand out (its states array); beyond, the search plans them itself."""
 
-Task = tuple[int, Candidate, bool, Screen | None]
-"""(slot, candidate, refine, screen): what the search sends a worker down its pipe."""
+Task = tuple[int, Candidate | None, bool, Screen | Price | None]
+"""(slot, candidate, refine, screen): what the search sends a worker down its pipe (a `Price`: no candidate)."""
 
 
 def _counts(shared: Shared) -> tuple[int, int]:
@@ -152,7 +170,13 @@ def _serve(conn: Connection, space: Space, base: PlanOptions, states: Any) -> No
             conn.send((slot, Worked(None, 0, 0)))
             continue
         states[slot] = RUNNING
-        worked = work(shared, frontier, cand, refine, screen)
+        if isinstance(screen, Price):
+            from lynx.search.targets import price_plan
+
+            worked = Worked(None, 0, 0, priced=price_plan(screen.problem, screen.result, screen.target, screen.stock))
+        else:
+            assert cand is not None
+            worked = work(shared, frontier, cand, refine, screen)
         states[slot] = DONE
         conn.send((slot, worked))
 
@@ -209,7 +233,7 @@ class Ahead:
         self.screened: set[int] = set()
         """Slots handed out with a `Screen` (not taken back by `_steal`: the search bounds them first)."""
         self.seen: set[tuple[Candidate, bool]] = set()
-        self.solves = self.hits = self.handed = self.used = 0
+        self.solves = self.hits = self.handed = self.used = self.prices = 0
         self.stalled = False
 
     def _read(self, timeout: float) -> None:
@@ -227,7 +251,7 @@ class Ahead:
                 cand = self.slots.get(slot)
                 if cand is not None:
                     self.on_floors(cand, worked.floors)
-            if worked.result is not None or worked.pruned:  # None otherwise: taken back, nothing to read
+            if worked.result is not None or worked.pruned or worked.priced is not None:  # else taken back
                 self.answers[slot] = worked
 
     def wants(self) -> bool:
@@ -238,23 +262,66 @@ class Ahead:
     def handed_out(self, cand: Candidate, refine: bool = False) -> bool:
         return (cand, refine) in self.seen
 
-    def submit(self, cand: Candidate, refine: bool = False, screen: Screen | None = None) -> None:
-        key = (cand, refine)
-        if key in self.seen or self.handed >= SLOTS or self.stalled or not self.alive:
-            return
+    def _send(self, task: Task) -> int | None:
+        """Send the task to the least loaded worker: that worker (None: none took it)."""
+        if task[0] >= SLOTS or self.stalled or not self.alive:
+            return None
         w = min(self.alive, key=lambda i: self.load[i])
-        slot = self.handed
         try:
-            self.conns[w].send((slot, cand, refine, screen))
+            self.conns[w].send(task)
         except OSError:  # its worker is gone
             self.alive.discard(w)
+            return None
+        self.load[w] += 1
+        return w
+
+    def price(self, outcomes: Sequence[Outcome], target: Target) -> list[Priced]:
+        """A `targets.Pricer` over this process and the workers: every other outcome is handed out (one worker
+        each in turn), the rest priced here meanwhile, then the workers' answers collected (an answer that does not
+        come, its worker gone or `WAIT_S` past, is priced here)."""
+        from lynx.search.targets import price_plan
+
+        def here(o: Outcome) -> Priced:
+            assert o.plan is not None
+            return price_plan(o.plan.problem, o.plan.result, target, o.candidate.stock)
+
+        for key, (slot, _) in list(self.pending.items()):  # the tree is done: what it left queued is not needed
+            if self.states[slot] == QUEUED:
+                self.states[slot] = TAKEN_BACK
+                del self.pending[key]
+        out: list[Priced | None] = [None] * len(outcomes)
+        away: dict[int, tuple[int, int]] = {}
+        for i, o in enumerate(outcomes):
+            assert o.plan is not None
+            slot = self.handed + self.prices
+            if i % (len(self.alive) + 1) and (w := self._send((slot, None, False, Price(
+                    o.plan.problem, o.plan.result, target, o.candidate.stock)))) is not None:
+                self.prices += 1
+                away[i] = (slot, w)
+        for i, o in enumerate(outcomes):
+            if i not in away:
+                out[i] = here(o)
+        deadline = time.monotonic() + WAIT_S
+        for i, (slot, w) in away.items():
+            while slot not in self.answers and w in self.alive and time.monotonic() < deadline:
+                self._read(min(max(deadline - time.monotonic(), 0.0), 1.0))
+            got = self.answers.pop(slot, None)
+            out[i] = got.priced if got is not None and got.priced is not None else here(outcomes[i])
+        return [p for p in out if p is not None]
+
+    def submit(self, cand: Candidate, refine: bool = False, screen: Screen | None = None) -> None:
+        key = (cand, refine)
+        if key in self.seen:
+            return
+        slot = self.handed + self.prices
+        w = self._send((slot, cand, refine, screen))
+        if w is None:
             return
         self.seen.add(key)
         self.slots[slot] = cand
         if screen is not None:
             self.screened.add(slot)
         self.pending[key] = (slot, w)
-        self.load[w] += 1
         self.handed += 1
 
     def take(self, cand: Candidate, refine: bool = False) -> Worked | None:

@@ -31,6 +31,7 @@ from typing import TypedDict
 
 from lynx.policy.heu import CacheKey
 from lynx.problem import PlanOptions, PlanResult
+from lynx.request import Target
 from lynx.search.dominance import cannot_fit, dominated, order
 from lynx.search.evaluate import LYNX_SEARCHED, Failed, Outcome, Shared, plan_candidate
 from lynx.search.parallel import Ahead, Screen, Worked, fewer_collections
@@ -464,37 +465,51 @@ class _Run:
 
 
 def _finish(r: _Run, space: Space, top: int) -> tuple[list[Outcome], tuple[tuple[Applied, Outcome | None], ...]]:
-    """Run the tree, refine its finalists, price the published recipes; the workers are stopped however it ends."""
-    try:
-        r.run()
-        final = _refine_finalists(r.shared, r.outcomes, 2 * top, r.ahead)
-        applied = applicable(space)
-        if r.ahead is not None:
-            for a in applied:
-                if a.candidate is not None:
-                    r.ahead.submit(a.candidate)
-        recipes = tuple((a, None if a.candidate is None else plan_candidate(r.shared, a.candidate, math.nan,
-                                                                               **r._taken(a.candidate)))
-                        for a in applied)
-    finally:
-        if r.ahead is not None:
-            r.ahead.close()
+    """Run the tree, refine its finalists, price the published recipes (the caller stops the workers)."""
+    r.run()
+    final = _refine_finalists(r.shared, r.outcomes, 2 * top, r.ahead)
+    applied = applicable(space)
+    if r.ahead is not None:
+        for a in applied:
+            if a.candidate is not None:
+                r.ahead.submit(a.candidate)
+    recipes = tuple((a, None if a.candidate is None else plan_candidate(r.shared, a.candidate, math.nan,
+                                                                           **r._taken(a.candidate)))
+                    for a in applied)
     return final, recipes
 
 
 def search(space: Space, base: PlanOptions | None = None, top: int = 5, exhaustive: bool = False,
-           progress: Progress | None = None, jobs: int = 1, time_limit_s: float | None = None) -> SearchResult:
+           progress: Progress | None = None, jobs: int = 1, time_limit_s: float | None = None,
+           target: Target | None = None) -> SearchResult:
     """Plan the space's candidates, pruning by bounds unless `exhaustive`; price the published recipes. `jobs` > 1:
     this process and `jobs - 1` workers, which plan lynx's candidates ahead of the tree, the finalists' refinements
     and the recipes (`parallel`: the same answer). They are spawned, so a script that asks for them must guard its entry
     point with ``if __name__ == "__main__":``, as Python's multiprocessing requires. `time_limit_s`: the tree stops
     deciding candidates after this long (the finalists' refinement and the recipes still run) and the result says
     what it left and the smallest bound among it (`SearchResult.open_bound_s`), as a MILP solver stopped at its
-    time limit reports its gap; an exhaustive search has none."""
+    time limit reports its gap; an exhaustive search has none. `target`: the result ranked for it
+    (`targets.rank_for_target`, its finalists priced over the same processes; `seconds` is the search's own)."""
     t0 = time.perf_counter()
     r = _Run(space, base or PlanOptions(), top, exhaustive, progress, jobs, None if exhaustive else time_limit_s)
-    with fewer_collections():
-        final, recipes = _finish(r, space, top)
+    try:
+        with fewer_collections():
+            final, recipes = _finish(r, space, top)
+            res = _result(r, space, final, recipes, jobs, t0)
+            if target is not None:
+                from lynx.search.targets import price_in_turn, rank_for_target
+
+                if progress is not None and target is not Target.LYNX:
+                    progress(r.done, r.total, f"pricing the finalists for {target.value}")
+                res = rank_for_target(res, target, top, price_in_turn if r.ahead is None else r.ahead.price)
+    finally:
+        if r.ahead is not None:
+            r.ahead.close()
+    return res
+
+
+def _result(r: _Run, space: Space, final: list[Outcome], recipes: tuple[tuple[Applied, Outcome | None], ...],
+            jobs: int, t0: float) -> SearchResult:
     ahead = r.ahead
     final.sort(key=lambda o: (not o.fits, o.iteration_s if o.fits else math.inf, o.candidate.layout,
                               o.candidate.method, o.candidate.split.key()))

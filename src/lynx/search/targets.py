@@ -18,25 +18,52 @@ recomputation), docs/decisions/0120-request-and-target.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from lynx.errors import LynxError, SpecError
+from lynx.problem import PlanProblem, PlanResult
 from lynx.request import Target
 from lynx.search.evaluate import Outcome
 from lynx.search.run import SearchResult
 from lynx.spec import GiB
 
+if TYPE_CHECKING:
+    from lynx.export.targets import TargetPrice
 
-def _repriced(o: Outcome, target: Target) -> Outcome:
+
+Priced = tuple["TargetPrice | None", str]
+"""A plan's price on a target (None: the target cannot run it) and, where it cannot, why."""
+Pricer = Callable[[Sequence[Outcome], Target], list[Priced]]
+"""Prices several planned outcomes on a target, in order (`price_plan` of each; `parallel.Ahead.price` spreads them
+over the search's processes)."""
+
+
+def price_plan(problem: PlanProblem, result: PlanResult, target: Target, stock: bool) -> Priced:
+    """`lynx.export.targets.target_price` of a plan, with the reason where the target cannot run it."""
     from lynx.export.targets import target_price
 
-    assert o.plan is not None
     try:
-        tp = target_price(o.plan.problem, o.plan.result, target, o.candidate.stock)
+        tp = target_price(problem, result, target, stock)
     except LynxError as e:
-        tp, why = None, str(e).splitlines()[0]
-    else:
-        why = f"{target.value} cannot run it (no block for the {o.plan.problem.model.family!r} family or layout)"
+        return None, str(e).splitlines()[0]
+    return tp, "" if tp is not None else \
+        f"{target.value} cannot run it (no block for the {problem.model.family!r} family or layout)"
+
+
+def price_in_turn(outcomes: Sequence[Outcome], target: Target) -> list[Priced]:
+    """The `Pricer` of one process: each outcome's `price_plan` in turn."""
+    out = []
+    for o in outcomes:
+        assert o.plan is not None
+        out.append(price_plan(o.plan.problem, o.plan.result, target, o.candidate.stock))
+    return out
+
+
+def _repriced(o: Outcome, target: Target, priced: Priced) -> Outcome:
+    assert o.plan is not None
+    tp, why = priced
     if tp is None:
         return replace(o, status="invalid", reason=f"not priced for {target.value}: {why}", priced_for=target.value)
     f = tp.figures
@@ -51,20 +78,34 @@ def _repriced(o: Outcome, target: Target) -> Outcome:
                    mfu=o.mfu * scale, stage_peak_gib=peaks, priced_for=target.value, runs_on=tp.runs_on)
 
 
-def rank_for_target(res: SearchResult, target: Target, top: int) -> SearchResult:
+def rank_for_target(res: SearchResult, target: Target, top: int, pricer: Pricer = price_in_turn) -> SearchResult:
     """The search's outcomes with its finalists priced and ranked for `target` (lynx: only labelled): in lynx's
     order, at least the `2 x top` fastest and until `top` fit on the target (at most `8 x top`), and the fastest
-    stock candidate; the rest keep lynx's price and say so."""
+    stock candidate; the rest keep lynx's price and say so. `pricer` prices the ones this order needs, the first
+    `2 x top` and the stock candidate that follows them at once (where more are needed, two at a time); an
+    outcome priced and not needed is not used: the same answer in any number of processes."""
     ranked = res.ranked
+    prices: dict[int, Priced] = {}
+
+    def price(o: Outcome, ahead: Sequence[Outcome]) -> Outcome:
+        """`o` on the target, the outcomes `ahead` (needed soon) priced beside it where they are not yet."""
+        if id(o) not in prices:
+            batch = [o, *(x for x in ahead if x is not o and id(x) not in prices)]
+            for x, p in zip(batch, pricer(batch, target), strict=True):
+                prices[id(x)] = p
+        return _repriced(o, target, prices[id(o)])
+
     if target is Target.LYNX:
         new = {id(o): replace(o, runs_on="Megatron-Core" if o.candidate.stock else "lynx runtime")
                for o in ranked[:2 * top]}
     else:
         new, fitting = {}, 0
-        for o in ranked:
+        stock_after = next((o for o in ranked[2 * top:] if o.candidate.stock), None)
+        opening = [*ranked[:2 * top], *([stock_after] if stock_after is not None else [])]
+        for i, o in enumerate(ranked):
             if (fitting >= top and len(new) >= 2 * top) or len(new) >= 8 * top:
                 break
-            new[id(o)] = _repriced(o, target)
+            new[id(o)] = price(o, opening if i == 0 else ranked[i + 1:i + 2])
             fitting += new[id(o)].fits
         if new and not fitting:  # nothing the target runs: say why rather than rank lynx's prices
             first = next(iter(new.values()))
@@ -73,7 +114,7 @@ def rank_for_target(res: SearchResult, target: Target, top: int) -> SearchResult
                             "use another --target")
         stock = next((o for o in ranked if o.candidate.stock and id(o) not in new), None)
         if stock is not None and not any(o.candidate.stock and o.fits for o in new.values()):
-            new[id(stock)] = _repriced(stock, target)
+            new[id(stock)] = price(stock, ())
     rest_note = f"lynx's price (not priced for {target.value})"
     outs = [new.get(id(o), o if target is Target.LYNX or not o.fits else replace(o, runs_on=rest_note))
             for o in res.outcomes]
