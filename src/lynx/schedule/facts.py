@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from operator import ge
 
 from lynx.schedule.actions import Action, ActionKind, Schedule
 
@@ -85,12 +86,18 @@ class ScheduleFacts:
 def _live_vectors(acts: tuple[Action, ...], v: int) -> tuple[tuple[int, ...], ...]:
     count = [0] * v
     seen: set[tuple[int, ...]] = set()
+    rising = False  # a forward ran since the last release: its vector is not yet recorded
     for a in acts:
         if a.kind is F:
             count[a.chunk] += 1
-            seen.add(tuple(count))
+            rising = True
         elif a.kind in (B, W):
+            if rising:  # only the vector before a release can be maximal: each forward's dominates the one before
+                seen.add(tuple(count))
+                rising = False
             count[a.chunk] -= 1
+    if rising:
+        seen.add(tuple(count))
     if v == 1:
         return (max(seen, default=(0,)),)
 
@@ -98,7 +105,7 @@ def _live_vectors(acts: tuple[Action, ...], v: int) -> tuple[tuple[int, ...], ..
     # unless a maximal vector already kept dominates it (domination is transitive)
     kept: list[tuple[int, ...]] = []
     for x in sorted(seen, reverse=True):
-        if not any(all(b >= c for b, c in zip(y, x, strict=True)) for y in kept):
+        if not any(all(map(ge, y, x)) for y in kept):  # y >= x in every chunk (the vectors have v entries each)
             kept.append(x)
     return tuple(sorted(kept))
 
