@@ -80,17 +80,30 @@ def _interleave(per_rank: list[int], vpp: int, emb: int, loss: int, flag: str) -
     return Partition.interleaved(tuple(chunks), pp, method="megatron")
 
 
+_CHUNK_CONTEXTS: dict[int, tuple[StageContext, tuple[StageContext, ...]]] = {}
+CHUNK_CONTEXT_ENTRIES = 4096
+"""Interleaved stage contexts whose chunks `chunk_contexts` keeps (a search asks a stage's chunks for every policy
+it prices there: hundreds of thousands of copies otherwise)."""
+
+
 def chunk_contexts(ctx: StageContext) -> tuple[StageContext, ...]:
     """One stand-alone context per model chunk of an interleaved stage (Megatron applies its recompute
-    options to each chunk's block of layers); the stage itself when it has one chunk."""
+    options to each chunk's block of layers); the stage itself when it has one chunk. Kept per context object
+    (the entry holds it, so its id is not reused while kept; contexts and their chunks are frozen)."""
     if not ctx.chunk_layers:
         return (ctx,)
+    hit = _CHUNK_CONTEXTS.get(id(ctx))
+    if hit is not None and hit[0] is ctx:
+        return hit[1]
     out, lo = [], 0
     for n, f in zip(ctx.chunk_layers, ctx.chunk_in_flight, strict=True):
         out.append(dataclasses.replace(ctx, num_layers=n, chunk_layers=(), chunk_in_flight=(), live_vectors=(),
                                        in_flight=f, kinds=ctx.kinds[lo:lo + n]))
         lo += n
-    return tuple(out)
+    if len(_CHUNK_CONTEXTS) >= CHUNK_CONTEXT_ENTRIES:
+        _CHUNK_CONTEXTS.clear()
+    _CHUNK_CONTEXTS[id(ctx)] = (ctx, tuple(out))
+    return _CHUNK_CONTEXTS[id(ctx)][1]
 
 
 def stage_policy(fn: StagePolicyFn, ctx: StageContext, graph: Graphs) -> RecomputePolicy:
