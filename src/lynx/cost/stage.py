@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lynx.cost.layer import EdgeTimes
-from lynx.cost.pricing import bwd_windows, fsdp_window, fwd_windows, layer_recompute
+from lynx.cost.pricing import LayerRecompute, bwd_windows, fsdp_window, fwd_windows, layer_recompute
 from lynx.decisions import FsdpCharge, LayerPolicy, RecomputePolicy, StageContext
 from lynx.graph import Graphs, LayerGraph, per_layer
 
@@ -89,12 +89,16 @@ def chunk_costs(graph: Graphs, layers: tuple[LayerPolicy, ...], lc: LayerCost | 
     if fsdp is not None and n:
         c.fwd_plain += fsdp.start_s
         c.bwd_base += fsdp.end_s
+    seen: dict[tuple[int, int, tuple[float, float], bool, float], LayerRecompute] = {}
     for i, lp in enumerate(layers):
         fwd_exposed = max(0.0, fsdp.gather_fwd_s - lcs[i].fwd) if fsdp is not None else 0.0
         c.fwd_plain += lcs[i].fwd + fwd_exposed
         c.bwd_base += lcs[i].bwd + wins[i]
-        r = layer_recompute(gs[i], lp, lcs[i + 1].win_b if i + 1 < n else lcs[i].win_b, top=i == n - 1,
-                            fsdp_win=wins[i])
+        win_b = lcs[i + 1].win_b if i + 1 < n else lcs[i].win_b
+        key = (id(gs[i]), id(lp), win_b, i == n - 1, wins[i])  # a chunk repeats a few (graph, policy) objects
+        r = seen.get(key)
+        if r is None:
+            r = seen[key] = layer_recompute(gs[i], lp, win_b, top=i == n - 1, fsdp_win=wins[i])
         c.fwd_loads.append(r.fwd_loads)
         for load in r.fwd_loads:
             c.fwd_phase_load += load
