@@ -370,8 +370,12 @@ def check_policy(graph: Graphs, policy: RecomputePolicy, ctx: StageContext) -> N
             f"stage {ctx.stage}: policy has {len(policy.layers)} layers, stage has {ctx.num_layers}"
         )
     gs = per_layer(graph, len(policy.layers))
+    seen: dict[tuple[int, int], list[str]] = {}  # a stage repeats a few (graph, layer policy) objects
     for i, lp in enumerate(policy.layers):
-        errs = validate_layer_policy(gs[i], lp, ctx.has_fwd_windows)
+        key = (id(gs[i]), id(lp))
+        if key not in seen:
+            seen[key] = validate_layer_policy(gs[i], lp, ctx.has_fwd_windows)
+        errs = list(seen[key])
         if not lp.input_checkpoint:
             below = policy.layers[i - 1] if i > 0 else None
             if below is None or below.keep or any(p != Phase.ON_DEMAND for _, p in below.recompute):

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lynx.api import make_problem
-from lynx.cost.lifetime import _independent, _independent_trace, _replayed_trace, backward_trace
+from lynx.cost.lifetime import _independent, _independent_trace, _replayed_trace, _window_op, backward_trace
 from lynx.cost.memory import layer_memory, linear_peak_bytes, predicted_activation_bytes, stage_peak_bytes
 from lynx.decisions import LayerPolicy, Phase, RecomputePolicy, StageContext, check_policy
 from lynx.graph import LayerGraph
@@ -243,7 +243,6 @@ def test_an_moe_block_hosts_its_backward_window_in_the_combine() -> None:
     """The runtime's engine restores layer l - 1's phase-3 ops inside layer l's combine all-to-all backward (the
     MoE block's first backward collective, at any TP); the replay holds them from there, beside layer l's
     restorations, as the engine does (docs/decisions/0225). A dense block keeps FC1's window (gate_up)."""
-    from lynx.cost.lifetime import _Replay
     from lynx.models import load_model
 
     hw = load_hardware("a100-40g-nvlink")
@@ -251,10 +250,10 @@ def test_an_moe_block_hosts_its_backward_window_in_the_combine() -> None:
         par = ParallelSpec(tp=tp, dp=2, ep=2, sequence_parallel=tp > 1, micro_batch_size=2, global_batch_size=8,
                            seq_length=32)
         g = make_problem(load_model("moe-tiny"), hw, par, PlanOptions()).graph
-        assert _Replay._window_op(g, "mlp") == "combine_a2a", tp
+        assert _window_op(g, "mlp") == "combine_a2a", tp
     par = ParallelSpec(tp=2, dp=1, micro_batch_size=1, global_batch_size=1, seq_length=32)
     dense = make_problem(load_model("llama-tiny"), hw, par, PlanOptions()).graph
-    assert _Replay._window_op(dense, "mlp") == "gate_up"  # LLaMA's FC1
+    assert _window_op(dense, "mlp") == "gate_up"  # LLaMA's FC1
     # phase 3 in the combine's window: layer 0's expert ops are held during layer 1's backward
     g = make_problem(load_model("moe-tiny"), hw, ParallelSpec(dp=2, ep=2, micro_batch_size=2, global_batch_size=8,
                                                               seq_length=32), PlanOptions()).graph

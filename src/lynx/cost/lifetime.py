@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lynx.decisions import BWD_PHASES, FWD_PHASES, LayerPolicy, Phase
-from lynx.graph import LAYER_INPUT, Graphs, LayerGraph, graphs_key, per_layer, same_graphs
+from lynx.graph import LAYER_INPUT, Graphs, LayerGraph, graphs_key, per_graph, per_layer, same_graphs
 
 _BWD_BLOCK = {Phase.BWD_MLP: "mlp", Phase.BWD_ATTN: "attn"}
 
@@ -150,7 +150,7 @@ class _Replay:
 
     def backward(self, li: int) -> None:
         st, g = self.layers[li], self.gs[li]
-        trigger = {blk: self._window_op(g, blk) for blk in ("attn", "mlp")}
+        trigger = {blk: _window_op(g, blk) for blk in ("attn", "mlp")}
         for o in reversed(g.ops):
             if o.name in st.pol.rerun:  # a Megatron checkpoint re-runs it: a fresh output and side state
                 for d in o.inputs:
@@ -179,19 +179,20 @@ class _Replay:
         self.active.discard(li)
         self.released += self.retained(li)
 
-    @staticmethod
-    def _window_op(g: LayerGraph, blk: str) -> str:
-        """The op whose backward opens the block's backward window: an MoE block's combine (all-to-all, the
-        first collective of its backward, which the runtime's engine hosts the window in, whatever the TP:
-        `runtime/layers/moe_dispatch.py`, docs/decisions/0224 and 0225), else the column-parallel GEMM whose
-        weight gradient overlaps the block's backward collective (QKV, FC1)."""
-        moe = [c.name for c in g.comm_ops() if c.block == blk and c.module == "moe"]  # the token dispatcher's
-        if moe:
-            return moe[-1]
-        for c in g.comm_ops():
-            if c.block == blk and c.overlaps_wgrad_of:
-                return c.overlaps_wgrad_of
-        return ""
+
+@per_graph
+def _window_op(g: LayerGraph, blk: str) -> str:
+    """The op whose backward opens the block's backward window: an MoE block's combine (all-to-all, the
+    first collective of its backward, which the runtime's engine hosts the window in, whatever the TP:
+    `runtime/layers/moe_dispatch.py`, docs/decisions/0224 and 0225), else the column-parallel GEMM whose
+    weight gradient overlaps the block's backward collective (QKV, FC1)."""
+    moe = [c.name for c in g.comm_ops() if c.block == blk and c.module == "moe"]  # the token dispatcher's
+    if moe:
+        return moe[-1]
+    for c in g.comm_ops():
+        if c.block == blk and c.overlaps_wgrad_of:
+            return c.overlaps_wgrad_of
+    return ""
 
 
 @dataclass(frozen=True, slots=True)
