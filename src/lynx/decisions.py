@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
+from operator import mul
 from typing import Any, Literal, get_args
 
 from lynx.errors import PlanFormatError
@@ -280,7 +281,9 @@ class StageContext:
     def peak_weighted(self, per_chunk: tuple[float, ...]) -> float:
         """The largest sum over chunks of (micro-batches in flight x `per_chunk` bytes) the schedule reaches."""
         vectors = self.live_vectors or (self.chunk_in_flight,)
-        return max(sum(f * x for f, x in zip(vec, per_chunk, strict=True)) for vec in vectors)
+        if len(vectors[0]) != len(per_chunk):
+            raise ValueError(f"stage {self.stage}: {len(per_chunk)} chunk figures for {len(vectors[0])} chunks")
+        return float(max(sum(map(mul, vec, per_chunk)) for vec in vectors))  # the same products, in order
 
     def chunk_slices(self) -> tuple[tuple[int, int], ...]:
         """(first layer, end) of each chunk in the stage's layer list."""
