@@ -13,6 +13,7 @@ from lynx.models import load_model
 from lynx.problem import PlanOptions
 from lynx.request import Target
 from lynx.search import Pins, Space, parallel, run, search
+from lynx.search.targets import rank_for_target
 from lynx.spec import GiB, load_hardware
 
 
@@ -71,8 +72,11 @@ def test_finalists_priced_for_the_target_over_the_workers_rank_as_in_one_process
     monkeypatch.setattr(parallel.Ahead, "price", spy)
     space = Space(load_model("gpt-tiny"), load_hardware("a100-40g-nvlink"), 4, 32, 512, Pins(), offload=True)
     opts = PlanOptions(budget_bytes=0.05 * GiB)
-    one = search(space, opts, top=3, target=Target.MEGATRON)
-    two = search(space, opts, top=3, jobs=2, target=Target.MEGATRON)
+    def rank(res, pricer):  # noqa: ANN001, ANN202
+        return rank_for_target(res, Target.MEGATRON, 3, pricer)
+
+    one = search(space, opts, top=3, rank=rank)
+    two = search(space, opts, top=3, jobs=2, rank=rank)
     assert _rows(two) == _rows(one)
     assert [(o.priced_for, o.runs_on) for o in two.outcomes] == [(o.priced_for, o.runs_on) for o in one.outcomes]
     assert sum(o.priced_for == "megatron" for o in one.outcomes) >= 6  # 2 x top at least

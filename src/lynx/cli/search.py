@@ -179,8 +179,10 @@ def run_search(a: SearchArgs, base: Request) -> None:
     from lynx.export.targets import check_target
     from lynx.search import Pins, Space, search
     from lynx.search.plot import scatter_png
+    from lynx.search.prices import Pricer
     from lynx.search.report import explain, result_dict, search_table
     from lynx.search.space import OFFLOAD_METHODS, cores
+    from lynx.search.targets import rank_for_target
 
     check_target(base.model, a.target, a.cp)
     hw = base.hardware
@@ -208,8 +210,11 @@ def run_search(a: SearchArgs, base: Request) -> None:
     from lynx.search.parallel import auto_jobs
 
     jobs = a.jobs or auto_jobs()
+    def rank(res: SearchResult, pricer: Pricer) -> SearchResult:
+        return rank_for_target(res, a.target, a.top, pricer)
+
     res = _with_progress(lambda cb: search(space, base.options, top=a.top, progress=cb, jobs=jobs,
-                                           time_limit_s=a.time_limit_s, target=a.target))
+                                           time_limit_s=a.time_limit_s, rank=rank))
     if a.as_json:
         print_json(result_dict(res) | {"target": a.target.value})
     else:

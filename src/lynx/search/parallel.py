@@ -33,18 +33,16 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lynx.policy.heu import CacheKey
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
 from lynx.request import Target
 from lynx.search.evaluate import Failed, Outcome, Shared, plan_result, presimulate
+from lynx.search.prices import Priced, price_plan
 from lynx.search.space import Candidate, Space
 from lynx.search.tree import Frontier, Node
 from lynx.simulate import SimResult
-
-if TYPE_CHECKING:
-    from lynx.search.targets import Priced
 
 MAX_JOBS = 256
 """The most processes `--jobs` takes: each worker holds its own caches (hundreds of MB on a large space), so a
@@ -171,8 +169,6 @@ def _serve(conn: Connection, space: Space, base: PlanOptions, states: Any) -> No
             continue
         states[slot] = RUNNING
         if isinstance(screen, Price):
-            from lynx.search.targets import price_plan
-
             worked = Worked(None, 0, 0, priced=price_plan(screen.problem, screen.result, screen.target, screen.stock))
         else:
             assert cand is not None
@@ -279,8 +275,6 @@ class Ahead:
         """A `targets.Pricer` over this process and the workers: every other outcome is handed out (one worker
         each in turn), the rest priced here meanwhile, then the workers' answers collected (an answer that does not
         come, its worker gone or `WAIT_S` past, is priced here)."""
-        from lynx.search.targets import price_plan
-
         def here(o: Outcome) -> Priced:
             assert o.plan is not None
             return price_plan(o.plan.problem, o.plan.result, target, o.candidate.stock)

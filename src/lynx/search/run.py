@@ -31,10 +31,10 @@ from typing import TypedDict
 
 from lynx.policy.heu import CacheKey
 from lynx.problem import PlanOptions, PlanResult
-from lynx.request import Target
 from lynx.search.dominance import cannot_fit, dominated, order
 from lynx.search.evaluate import LYNX_SEARCHED, Failed, Outcome, Shared, plan_candidate
 from lynx.search.parallel import Ahead, Screen, Worked, fewer_collections
+from lynx.search.prices import Pricer, price_in_turn
 from lynx.search.recipes import Applied, applicable
 from lynx.search.space import Candidate, Core, Rejected, Space, cores, layout_candidates
 from lynx.search.tree import Frontier, Kind, Node, count
@@ -42,6 +42,8 @@ from lynx.simulate import SimResult
 
 Progress = Callable[[int, int, str], None]
 """(done, total, what): called as candidates are decided."""
+Rank = Callable[["SearchResult", Pricer], "SearchResult"]
+"""The result re-ranked with a pricer (`search`'s `rank`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -481,27 +483,26 @@ def _finish(r: _Run, space: Space, top: int) -> tuple[list[Outcome], tuple[tuple
 
 def search(space: Space, base: PlanOptions | None = None, top: int = 5, exhaustive: bool = False,
            progress: Progress | None = None, jobs: int = 1, time_limit_s: float | None = None,
-           target: Target | None = None) -> SearchResult:
+           rank: Rank | None = None) -> SearchResult:
     """Plan the space's candidates, pruning by bounds unless `exhaustive`; price the published recipes. `jobs` > 1:
     this process and `jobs - 1` workers, which plan lynx's candidates ahead of the tree, the finalists' refinements
     and the recipes (`parallel`: the same answer). They are spawned, so a script that asks for them must guard its entry
     point with ``if __name__ == "__main__":``, as Python's multiprocessing requires. `time_limit_s`: the tree stops
     deciding candidates after this long (the finalists' refinement and the recipes still run) and the result says
     what it left and the smallest bound among it (`SearchResult.open_bound_s`), as a MILP solver stopped at its
-    time limit reports its gap; an exhaustive search has none. `target`: the result ranked for it
-    (`targets.rank_for_target`, its finalists priced over the same processes; `seconds` is the search's own)."""
+    time limit reports its gap; an exhaustive search has none. `rank`: what the result becomes before the workers
+    stop, given a `prices.Pricer` over the search's processes (`targets.rank_for_target` for the CLI's --target;
+    `seconds` is the search's own)."""
     t0 = time.perf_counter()
     r = _Run(space, base or PlanOptions(), top, exhaustive, progress, jobs, None if exhaustive else time_limit_s)
     try:
         with fewer_collections():
             final, recipes = _finish(r, space, top)
             res = _result(r, space, final, recipes, jobs, t0)
-            if target is not None:
-                from lynx.search.targets import price_in_turn, rank_for_target
-
-                if progress is not None and target is not Target.LYNX:
-                    progress(r.done, r.total, f"pricing the finalists for {target.value}")
-                res = rank_for_target(res, target, top, price_in_turn if r.ahead is None else r.ahead.price)
+            if rank is not None:
+                if progress is not None:
+                    progress(r.done, r.total, "ranking the finalists")
+                res = rank(res, price_in_turn if r.ahead is None else r.ahead.price)
     finally:
         if r.ahead is not None:
             r.ahead.close()
