@@ -16,7 +16,9 @@ Megatron's splits, every method, production overlaps) and time it from outside; 
 pruned, planned (and of those simulated), the process's wall and CPU time, the targets and whether they hold (exit
 1 when one does not). On a shared machine the wall time counts the other tenants too: the CPU time is the figure to
 compare. `--exhaustive` (in process) also plans every candidate the memory bound keeps and checks it picks the same
-configuration.
+configuration. `--against REF` runs each search case once more with `--jobs 1` from this tree and from the git ref's
+`src` at the same time, one per core, and records the ratio of their CPU times: on a VM whose speed drifts by tens of
+percent within an hour, the change's own figure.
 
 The published case is Megatron-LM's strong-scaling GPT-3 run on H100 (README, "Strong Scaling
 Results": GPT-3 175B with a 131,072-token vocabulary, sequence 4096, batch 1152 sequences, 96 GPUs at 47%
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,7 +142,7 @@ def _pins(p: Pins) -> dict[str, object]:
 
 
 def _fresh(name: str, case: Case, hardware: str, precision: str, offload: bool, timeout_s: float,
-           one_process: bool = True) -> bool:
+           one_process: bool = True, against: tuple[str, Path] | None = None) -> bool:
     """`lynx plan --gpus N --json` in a fresh process, timed from outside (stopped after `timeout_s`), with its
     default workers; `one_process`: then again with `--jobs 1` beside it (the same pick; the ratio of the two)."""
     cmd = [sys.executable, "-m", "lynx", "plan", "--model", case.model, "--hardware", hardware, "--gpus",
@@ -148,7 +151,69 @@ def _fresh(name: str, case: Case, hardware: str, precision: str, offload: bool, 
     ok = _fresh_once(name, case, cmd, timeout_s, target=True)
     if one_process:
         _fresh_once(name, case, [*cmd, "--jobs", "1"], timeout_s, target=False)
+    if against is not None:
+        _side_by_side(name, [*cmd, "--jobs", "1"], against, timeout_s)
     return ok
+
+
+CPU_WRAP = ("import atexit, resource, sys\n"
+            "atexit.register(lambda: print('cpu-seconds', sum(resource.getrusage(resource.RUSAGE_SELF)[:2]), "
+            "file=sys.stderr))\n"
+            "sys.argv = ['lynx', *sys.argv[1:]]\n"
+            "from lynx.cli import main\n"
+            "main()\n")
+"""`python -m lynx` that prints its own CPU time on stderr as it exits (one process: `--jobs 1`)."""
+
+
+def _side_by_side(name: str, cmd: list[str], against: tuple[str, Path], timeout_s: float) -> None:
+    """The same `--jobs 1` search from this tree's source and from `against` (a git ref's `src`), started together,
+    one per core: both see the same machine, so the ratio of their CPU times is the change's, where either's
+    figure alone moves with the machine's other tenants (a reference figure, no target)."""
+    import json
+    import subprocess
+
+    ref, src = against
+    here = Path(__file__).resolve().parent.parent / "src"
+    args = cmd[cmd.index("plan"):]
+    print(f"{name}: side by side with {ref} (--jobs 1 each, started together); load average "
+          f"{os.getloadavg()[0]:.2f}")
+    procs = [subprocess.Popen([sys.executable, "-c", CPU_WRAP, *args], env={**os.environ, "PYTHONPATH": str(path)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for path in (here, src)]
+    cpu, picks = [], []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            print(f"  stopped after {timeout_s:.0f} s (--case-timeout): no ratio")
+            return
+        line = [x for x in err.splitlines() if x.startswith("cpu-seconds ")]
+        if p.returncode not in (0, 3) or not line or "{" not in out:
+            print(f"  failed ({p.returncode}): {err.strip().splitlines()[-1:]}")
+            return
+        cpu.append(float(line[-1].split()[1]))
+        w = json.loads(out[out.index("{"):]).get("winner") or {}
+        picks.append(tuple(w.get(k) for k in ("tp", "cp", "pp", "vpp", "dp", "method", "iteration_s")))
+    same = "the same pick" if picks[0] == picks[1] else f"DIFFERENT picks {picks[0]} / {picks[1]}"
+    print(f"  CPU: this tree {cpu[0]:.1f} s, {ref} {cpu[1]:.1f} s: ratio {cpu[0] / cpu[1]:.3f} ({same})")
+    FIGURES.append(_results.Figure(f"{name}: CPU of this tree's --jobs 1 search over {ref}'s, run side by side "
+                                   f"({cpu[0]:.1f} s / {cpu[1]:.1f} s; {same})", round(cpu[0] / cpu[1], 3), "x"))
+
+
+def _checkout_src(ref: str, into: Path) -> Path:
+    """`git archive REF src` unpacked into `into`: the ref's package source."""
+    import io
+    import subprocess
+    import tarfile
+
+    root = Path(__file__).resolve().parent.parent
+    data = subprocess.run(["git", "-C", str(root), "archive", ref, "src"], capture_output=True, check=False)
+    if data.returncode != 0:
+        raise SystemExit(f"config_search.py: --against {ref}: {data.stderr.decode().strip() or 'git archive failed'}")
+    with tarfile.open(fileobj=io.BytesIO(data.stdout)) as t:
+        t.extractall(into, filter="data")
+    return into / "src"
 
 
 def _fresh_once(name: str, case: Case, cmd: list[str], timeout_s: float, target: bool) -> bool:
@@ -208,13 +273,13 @@ def _fresh_once(name: str, case: Case, cmd: list[str], timeout_s: float, target:
 
 
 def _run(name: str, hardware: str, precision: str, exhaustive: bool, offload: bool = True,
-         timeout_s: float = 900.0, one_process: bool = True) -> bool:
+         timeout_s: float = 900.0, one_process: bool = True, against: tuple[str, Path] | None = None) -> bool:
     if name == "gpt-175b-single":
         print(f"{name}: load average {os.getloadavg()[0]:.2f} (2-core VM, shared)")
         return _single()
     case = CASES[name]
     if case.published is None and not exhaustive:
-        return _fresh(name, case, hardware, precision, offload, timeout_s, one_process)
+        return _fresh(name, case, hardware, precision, offload, timeout_s, one_process, against)
     hw = load_hardware(hardware)
     # as `lynx plan --gpus`: the offloading methods too when the hardware has a host link (--no-offload: not)
     space = Space(load_model(case.model), hw, case.gpus, case.global_batch, case.seq_len, case.pins,
@@ -276,6 +341,9 @@ def main() -> int:
                     help="skip the reference run of each fresh-process case with --jobs 1")
     ap.add_argument("--case-timeout", type=float, default=900.0, metavar="S",
                     help="stop a fresh-process search case after S seconds and record it as not holding (default 900)")
+    ap.add_argument("--against", metavar="REF",
+                    help="also run each fresh-process case with --jobs 1 from this tree and from the git ref REF's "
+                         "source side by side, and record the ratio of their CPU times")
     _results.add_option(ap, "config_search")
     args = ap.parse_args()
     if not args.case_timeout > 0:
@@ -284,9 +352,11 @@ def main() -> int:
     names = (["llama3-70b-64", "llama3.1-405b-1024", "llama3.1-405b-16384", "gpt-175b-single"]
              if args.case == "all" else [args.case])
     ok = True
-    for name in names:
-        ok &= _run(name, args.hardware, args.precision, args.exhaustive, not args.no_offload, args.case_timeout,
-                   not args.no_one_process)
+    with tempfile.TemporaryDirectory(prefix="lynx-against-") as tmp:
+        against = None if args.against is None else (args.against, _checkout_src(args.against, Path(tmp)))
+        for name in names:
+            ok &= _run(name, args.hardware, args.precision, args.exhaustive, not args.no_offload, args.case_timeout,
+                       not args.no_one_process, against)
     # the record is named after its file: config_search.json (the cases of "all"), config_search_moe.json, ...
     name = args.results.stem if args.results is not None else "config_search"
     run.write(args.results, name, "measurement", "The configuration search, `lynx plan --gpus N`: speed and picks"
