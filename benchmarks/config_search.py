@@ -17,8 +17,8 @@ pruned, planned (and of those simulated), the process's wall and CPU time, the t
 1 when one does not). On a shared machine the wall time counts the other tenants too: the CPU time is the figure to
 compare. `--exhaustive` (in process) also plans every candidate the memory bound keeps and checks it picks the same
 configuration. `--against REF` runs each search case once more with `--jobs 1` from this tree and from the git ref's
-`src` at the same time, one per core, and records the ratio of their CPU times: on a VM whose speed drifts by tens of
-percent within an hour, the change's own figure.
+`src` at the same time, one per core, and records the ratio of their CPU times: on a VM whose speed drifts, the
+change's own figure. A fixed pure-Python loop is timed before and after the cases: the machine's speed beside them.
 
 The published case is Megatron-LM's strong-scaling GPT-3 run on H100 (README, "Strong Scaling
 Results": GPT-3 175B with a 131,072-token vocabulary, sequence 4096, batch 1152 sequences, 96 GPUs at 47%
@@ -201,6 +201,22 @@ def _side_by_side(name: str, cmd: list[str], against: tuple[str, Path], timeout_
                                    f"({cpu[0]:.1f} s / {cpu[1]:.1f} s; {same})", round(cpu[0] / cpu[1], 3), "x"))
 
 
+REFERENCE_LOOP = 20_000_000
+"""Iterations of the pure-Python loop timed before and after the cases (`_reference_loop`)."""
+
+
+def _reference_loop() -> float:
+    """Seconds one core takes for a fixed pure-Python loop (an integer sum over `REFERENCE_LOOP` values): the
+    machine's speed when the cases ran, beside their times (a shared VM's speed drifts as its neighbours come and
+    go: compare times taken at the same loop time, or side by side with `--against`)."""
+    t0 = time.perf_counter()
+    total = 0
+    for i in range(REFERENCE_LOOP):
+        total += i
+    assert total == REFERENCE_LOOP * (REFERENCE_LOOP - 1) // 2
+    return time.perf_counter() - t0
+
+
 def _checkout_src(ref: str, into: Path) -> Path:
     """`git archive REF src` unpacked into `into`: the ref's package source."""
     import io
@@ -352,11 +368,18 @@ def main() -> int:
     names = (["llama3-70b-64", "llama3.1-405b-1024", "llama3.1-405b-16384", "gpt-175b-single"]
              if args.case == "all" else [args.case])
     ok = True
+    before = _reference_loop()
+    print(f"machine speed: a {REFERENCE_LOOP:,}-step pure-Python loop took {before:.2f} s")
     with tempfile.TemporaryDirectory(prefix="lynx-against-") as tmp:
         against = None if args.against is None else (args.against, _checkout_src(args.against, Path(tmp)))
         for name in names:
             ok &= _run(name, args.hardware, args.precision, args.exhaustive, not args.no_offload, args.case_timeout,
                        not args.no_one_process, against)
+    after = _reference_loop()
+    print(f"machine speed after: {after:.2f} s for the same loop")
+    FIGURES.append(_results.Figure(f"machine speed: a {REFERENCE_LOOP:,}-step pure-Python loop, before the cases "
+                                   f"(after them: {after:.2f} s); the search's times scale with it", round(before, 2),
+                                   "s"))
     # the record is named after its file: config_search.json (the cases of "all"), config_search_moe.json, ...
     name = args.results.stem if args.results is not None else "config_search"
     run.write(args.results, name, "measurement", "The configuration search, `lynx plan --gpus N`: speed and picks"
