@@ -4,9 +4,9 @@ layout without recomputation, bit for bit (same kernels on the same inputs; the 
 re-run on every EP rank in the same order), and the restorations each collective window hosted are what the plan
 puts in that block's windows, the token all-to-alls' windows included.
 
-EP 2 at world 2 (DP 2, experts split) stays in the default run; EP 2 x TP 2 (SP, world 4) and PP 2 x EP 2
-(world 4) are slow. `lynx train` itself is checked on an EP 2 plan against the single-process run (EP 1) and
-on the refusals."""
+EP 2 at world 2 (DP 2, experts split) stays in the default run; EP 2 x TP 2 (SP, world 4), its expert TP 2 twin
+and PP 2 x EP 2 (world 4) are slow. `lynx train` itself is checked on an EP 2 plan against the single-process run
+(EP 1) and on the refusals."""
 
 from __future__ import annotations
 
@@ -163,6 +163,7 @@ def test_ep1_dp2_expert_gradients_are_averaged_over_dp(tmp_path: Path) -> None:
     assert a and a == b
 
 
+@pytest.mark.slow
 def test_etp2_ep2_tp2_bitwise_and_the_expert_gradients_are_etp1s_shards(tmp_path: Path) -> None:
     """Megatron's default expert TP (ETP = TP = 2) at EP 2 x DP 2 with SP: after the EP all-to-all the copies are
     gathered over the ETP group (padded equal blocks), each ETP rank runs its columns of every local expert's FC1
