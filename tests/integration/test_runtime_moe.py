@@ -119,6 +119,7 @@ def test_ep2_deepseek_moe_layer_bitwise(tmp_path: Path) -> None:
         assert 0.97 * r["predicted_at_imbalance"] <= r["peak"] <= 1.03 * r["predicted_at_imbalance"], r
 
 
+@pytest.mark.slow  # the router itself: tests/unit/test_moe_router.py; DeepSeek-V3's layer at EP 2: the default run
 def test_ep2_deepseek_router_bitwise_and_the_expert_bias_counts_the_global_batch(tmp_path: Path) -> None:
     """DeepSeek-V3's router (sigmoid, expert bias, scaling, 2 of 4 groups) at EP 2 x DP 2: bitwise under Lynx's
     recomputation (a restored router chooses as the forward did), and after the step every rank holds the expert
