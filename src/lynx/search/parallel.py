@@ -39,7 +39,7 @@ from lynx.policy.heu import CacheKey
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
 from lynx.request import Target
 from lynx.search.evaluate import Failed, Outcome, Shared, plan_result, presimulate
-from lynx.search.prices import Priced, price_plan
+from lynx.search.prices import Priced, price_outcome, price_plan
 from lynx.search.space import Candidate, Space
 from lynx.search.tree import Frontier, Node
 from lynx.simulate import SimResult
@@ -275,10 +275,6 @@ class Ahead:
         """A `targets.Pricer` over this process and the workers: every other outcome is handed out (one worker
         each in turn), the rest priced here meanwhile, then the workers' answers collected (an answer that does not
         come, its worker gone or `WAIT_S` past, is priced here)."""
-        def here(o: Outcome) -> Priced:
-            assert o.plan is not None
-            return price_plan(o.plan.problem, o.plan.result, target, o.candidate.stock)
-
         for key, (slot, _) in list(self.pending.items()):  # the tree is done: what it left queued is not needed
             if self.states[slot] == QUEUED:
                 self.states[slot] = TAKEN_BACK
@@ -294,14 +290,16 @@ class Ahead:
                 away[i] = (slot, w)
         for i, o in enumerate(outcomes):
             if i not in away:
-                out[i] = here(o)
+                out[i] = price_outcome(o, target)
         deadline = time.monotonic() + WAIT_S
         for i, (slot, w) in away.items():
             while slot not in self.answers and w in self.alive and time.monotonic() < deadline:
                 self._read(min(max(deadline - time.monotonic(), 0.0), 1.0))
             got = self.answers.pop(slot, None)
-            out[i] = got.priced if got is not None and got.priced is not None else here(outcomes[i])
-        return [p for p in out if p is not None]
+            out[i] = got.priced if got is not None and got.priced is not None else price_outcome(outcomes[i], target)
+        done = [p for p in out if p is not None]
+        assert len(done) == len(outcomes)  # every one priced, here or by a worker
+        return done
 
     def submit(self, cand: Candidate, refine: bool = False, screen: Screen | None = None) -> None:
         key = (cand, refine)

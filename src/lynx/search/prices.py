@@ -34,10 +34,12 @@ def price_plan(problem: PlanProblem, result: PlanResult, target: Target, stock: 
         f"{target.value} cannot run it (no block for the {problem.model.family!r} family or layout)"
 
 
+def price_outcome(o: Outcome, target: Target) -> Priced:
+    """`price_plan` of a planned outcome's plan."""
+    assert o.plan is not None
+    return price_plan(o.plan.problem, o.plan.result, target, o.candidate.stock)
+
+
 def price_in_turn(outcomes: Sequence[Outcome], target: Target) -> list[Priced]:
-    """The `Pricer` of one process: each outcome's `price_plan` in turn."""
-    out = []
-    for o in outcomes:
-        assert o.plan is not None
-        out.append(price_plan(o.plan.problem, o.plan.result, target, o.candidate.stock))
-    return out
+    """The `Pricer` of one process: each outcome's `price_outcome` in turn."""
+    return [price_outcome(o, target) for o in outcomes]
