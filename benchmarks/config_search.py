@@ -217,6 +217,14 @@ def _reference_loop() -> float:
     return time.perf_counter() - t0
 
 
+def _is_commit(ref: str) -> bool:
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.run(["git", "-C", str(root), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+                          capture_output=True, check=False).returncode == 0
+
+
 def _checkout_src(ref: str, into: Path) -> Path:
     """`git archive REF src` unpacked into `into`: the ref's package source."""
     import io
@@ -364,6 +372,8 @@ def main() -> int:
     args = ap.parse_args()
     if not args.case_timeout > 0:
         ap.error(f"--case-timeout {args.case_timeout:g}: must be positive")
+    if args.against is not None and not _is_commit(args.against):
+        ap.error(f"--against {args.against}: not a commit of this repository (give a commit, tag or branch)")
     run = _results.Run()
     names = (["llama3-70b-64", "llama3.1-405b-1024", "llama3.1-405b-16384", "gpt-175b-single"]
              if args.case == "all" else [args.case])

@@ -83,7 +83,7 @@ def _interleave(per_rank: list[int], vpp: int, emb: int, loss: int, flag: str) -
 _CHUNK_CONTEXTS: dict[int, tuple[StageContext, tuple[StageContext, ...]]] = {}
 CHUNK_CONTEXT_ENTRIES = 4096
 """Interleaved stage contexts whose chunks `chunk_contexts` keeps (a search asks a stage's chunks for every policy
-it prices there: hundreds of thousands of copies otherwise)."""
+it prices there: a copy of each chunk's context per policy otherwise)."""
 
 
 def chunk_contexts(ctx: StageContext) -> tuple[StageContext, ...]:
