@@ -16,10 +16,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 INF = math.inf
 Expr = Mapping[int, float]
@@ -28,6 +28,7 @@ MilpStatus = Literal["optimal", "time_limit", "infeasible", "no_solution", "erro
 incumbent; no_solution: a limit stopped it before any."""
 Backend = Literal["auto", "highs", "gurobi"]
 """auto is HiGHS; gurobi only where gurobipy is importable."""
+T = TypeVar("T")
 HighsOptions = tuple[tuple[str, bool | int | float | str], ...]
 """HiGHS options by name (`Highs.setOptionValue`), set after lynx's own (time limit, gap, one thread)."""
 
@@ -227,13 +228,19 @@ def _highs_lp(m: Milp) -> Any:
     return lp
 
 
+_FD1 = threading.Lock()
+"""Held while descriptor 1 points at /dev/null (`_new_highs`): two threads redirecting it at once could each
+restore the other's /dev/null and leave stdout there for good (`solve_concurrently`)."""
+
+
 def _new_highs() -> Any:
     """A silent `Highs`. highspy 1.16 prints a two-line banner on the process's stdout (file descriptor 1,
     from C++) when the first `Highs` is built, before any option can be set; stdout is lynx's (its JSON, its
-    tables), so the construction runs with descriptor 1 pointed at /dev/null. 1.15 printed nothing there."""
+    tables), so the construction runs with descriptor 1 pointed at /dev/null, one thread at a time. 1.15 printed
+    nothing there."""
     import highspy
 
-    with _fd1_to_devnull():
+    with _FD1, _fd1_to_devnull():
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     return h
@@ -274,10 +281,10 @@ class _Worker:
     1,773 small HEU solves a thread per solve took 51.2 s where solving on the calling thread took 43.5 s; a
     kept thread takes 46.6-48.4 s (`benchmarks/config_search.py --case llama3-70b-64`, quiet machine)."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "lynx-highs") -> None:
         self._jobs: queue.SimpleQueue[tuple[Callable[[], object], threading.Event]] = queue.SimpleQueue()
         self.busy = False
-        threading.Thread(target=self._loop, name="lynx-highs", daemon=True).start()
+        threading.Thread(target=self._loop, name=name, daemon=True).start()
 
     def _loop(self) -> None:
         while True:
@@ -296,6 +303,73 @@ class _Worker:
 
 
 _worker: _Worker | None = None
+
+
+_threads = 1
+"""Threads `solve_concurrently` uses, the calling one included (`concurrent_solves`)."""
+_helpers: list[_Worker] = []
+
+
+@contextlib.contextmanager
+def concurrent_solves(threads: int) -> Iterator[None]:
+    """Within the block, `solve_concurrently` runs its tasks on up to `threads` threads (the calling one and
+    helper daemon threads kept between calls). HiGHS releases the GIL while it solves, so one thread's solve runs
+    beside another's model building or solve: on a stage's independent problems the wall time falls towards the
+    longest of them. Each task's answer is what it gives alone (HiGHS on one thread each, deterministic), so the
+    results never depend on the count."""
+    global _threads
+    if threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
+    before, _threads = _threads, threads
+    try:
+        yield
+    finally:
+        _threads = before
+
+
+def solve_threads() -> int:
+    """The thread count `concurrent_solves` set (1 outside it)."""
+    return _threads
+
+
+def solve_concurrently(tasks: Sequence[Callable[[], T]]) -> list[T]:
+    """Each task's result, in order. With more than one thread (`concurrent_solves`) and more than one task, the
+    calling thread and `threads - 1` helper threads take the tasks in order as each finishes its last; otherwise
+    they run one after the other here. A task's exception is raised here once every started task has ended (the
+    first in task order); a Ctrl-C while waiting is raised at once, the helpers' solves left to end on their own
+    (daemon threads, never holding the process open)."""
+    if _threads <= 1 or len(tasks) <= 1 or threading.current_thread().name == "lynx-solve":  # not nested
+        return [t() for t in tasks]
+    out: list[tuple[bool, object]] = [(False, None)] * len(tasks)
+    order = iter(range(len(tasks)))
+    lock = threading.Lock()
+
+    def drain() -> None:
+        while True:
+            with lock:
+                i = next(order, None)
+            if i is None:
+                return
+            try:
+                out[i] = (True, tasks[i]())
+            except BaseException as e:  # noqa: BLE001 - handed to the calling thread, raised there
+                out[i] = (False, e)
+
+    n = min(_threads, len(tasks)) - 1
+    while len(_helpers) < n:
+        _helpers.append(_Worker("lynx-solve"))
+    done = [h.submit(drain) for h in _helpers[:n]]
+    drain()
+    for d in done:
+        while not d.wait(0.05):
+            pass
+    results: list[T] = []
+    for ok, value in out:
+        if not ok:
+            assert isinstance(value, BaseException)
+            raise value
+        results.append(value)  # type: ignore[arg-type]
+    return results
 
 
 def _run_interruptibly(h: Any, interrupted: Callable[[], bool], grace_s: float = 1.0) -> None:

@@ -210,8 +210,8 @@ def plan_cmd(
     top: Annotated[int, typer.Option("--top", help="With --gpus: configurations in the table.")] = 5,
     jobs: Annotated[int | None, typer.Option(
         "--jobs", "-j", help="With --gpus: processes searching, this one and J - 1 workers that plan lynx's "
-        "candidates ahead of it (the same answer; 1: no workers) [default: one per CPU this process may use, at most "
-        "8].")] = None,
+        "candidates ahead of it, each solving a plan's independent stage problems on J threads (the same answer; "
+        "1: no workers, one thread) [default: one per CPU this process may use, at most 8].")] = None,
     search_time_limit: Annotated[float, typer.Option(
         "--search-time-limit", help="With --gpus: seconds the search decides candidates for; then it stops, ranks "
         "what it planned and says the smallest time bound of what it left (0: no limit; every dense search of "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 
 from lynx.decisions import RecomputePolicy, StageContext
 from lynx.errors import InfeasibleError, SpecError
@@ -48,7 +49,7 @@ def policies_for(problem: PlanProblem, part: Partition, cache: HeuCache,
                  explain: bool = True) -> tuple[RecomputePolicy, ...]:
     """HEU on every stage of `part`; one InfeasibleError naming every stage's smallest budget if any fails."""
     ctxs = problem.stage_contexts(part)
-    res = [cache.get(c) for c in ctxs]
+    res = cache.get_all(ctxs)
     if any(isinstance(r, InfeasibleError) for r in res):
         if not explain:
             raise InfeasibleError("no policy fits")
@@ -256,8 +257,14 @@ def _partition_search(problem: PlanProblem, cache: HeuCache, edge: list[float]) 
 
     def cost(stage: int, n: int) -> float:
         ctx = problem.stage_context(stage, n)
-        r = cache.get(ctx)
+        return priced(ctx, cache.get(ctx), stage)
+
+    def priced(ctx: StageContext, r: RecomputePolicy | InfeasibleError, stage: int) -> float:
         return math.inf if isinstance(r, InfeasibleError) else stage_time(problem.graph, ctx, r) + edge[stage]
+
+    def many(keys: Sequence[tuple[int, int]]) -> list[float]:
+        ctxs = [problem.stage_context(stage, n) for stage, n in keys]
+        return [priced(c, r, stage) for c, r, (stage, _) in zip(ctxs, cache.get_all(ctxs), keys, strict=True)]
 
     u = problem.graph.step_time(problem.options.subtract_wgrad)
 
@@ -266,7 +273,7 @@ def _partition_search(problem: PlanProblem, cache: HeuCache, edge: list[float]) 
         # the margin covers a solver's rounding of it around 0)
         return (n * u + edge[stage]) * (1 - 1e-9)
 
-    return search_partitions(problem.model.num_layers, par.pp, cost, lower=lower)
+    return search_partitions(problem.model.num_layers, par.pp, cost, lower=lower, many=many)
 
 
 def lynx(problem: PlanProblem) -> PlanResult:

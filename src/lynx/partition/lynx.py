@@ -17,20 +17,24 @@ when no policy fits), which the caller builds from HEU (cached per distinct stag
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from lynx.partition.base import Partition, even_partition
 
 StageCost = Callable[[int, int], float]
+StageCosts = Callable[[Sequence[tuple[int, int]]], list[float]]
+"""The oracle over several (stage, layers) at once: their costs in order (which it may evaluate side by side)."""
 
 
 @dataclass
 class CostTable:
-    """Memoizes the oracle per (stage, layers) and counts distinct evaluations."""
+    """Memoizes the oracle per (stage, layers) and counts distinct evaluations. `many`: the oracle over several
+    keys at once, which `prefetch` hands the keys not yet known (the values are `fn`'s)."""
 
     fn: StageCost
     values: dict[tuple[int, int], float] = field(default_factory=dict)
+    many: StageCosts | None = None
 
     def __call__(self, stage: int, n: int) -> float:
         k = (stage, n)
@@ -38,10 +42,19 @@ class CostTable:
             self.values[k] = self.fn(stage, n)
         return self.values[k]
 
+    def prefetch(self, keys: Sequence[tuple[int, int]]) -> None:
+        """Evaluate the keys not yet known, through `many` where there is one and more than one is new (the
+        searches call it only with keys they evaluate next anyway: the count stays theirs)."""
+        new = list(dict.fromkeys(k for k in keys if k not in self.values))
+        if self.many is not None and len(new) > 1:
+            self.values.update(zip(new, self.many(new), strict=True))
+
 
 def greedy_partition(start: tuple[int, ...], cost: StageCost, max_iters: int = 10_000) -> tuple[int, ...]:
     """The paper's greedy loop (sec. 5, steps 1-5)."""
     cur = list(start)
+    if isinstance(cost, CostTable):
+        cost.prefetch(list(enumerate(cur)))
     times = [cost(s, n) for s, n in enumerate(cur)]
     for _ in range(max_iters):
         slow = max(range(len(cur)), key=lambda s: times[s])
@@ -52,6 +65,8 @@ def greedy_partition(start: tuple[int, ...], cost: StageCost, max_iters: int = 1
         new[slow] -= 1
         new[fast] += 1
         new_times = list(times)
+        if isinstance(cost, CostTable):
+            cost.prefetch([(slow, new[slow]), (fast, new[fast])])
         new_times[slow], new_times[fast] = cost(slow, new[slow]), cost(fast, new[fast])
         valid = all(t < float("inf") for t in new_times)
         if not (valid and max(new_times) < max(times)):
@@ -121,11 +136,13 @@ class PartitionSearch:
 
 
 def search_partitions(num_layers: int, num_stages: int, cost: StageCost,
-                      start: tuple[int, ...] | None = None, lower: StageCost | None = None) -> PartitionSearch:
+                      start: tuple[int, ...] | None = None, lower: StageCost | None = None,
+                      many: StageCosts | None = None) -> PartitionSearch:
     """Run the paper's greedy loop from an even split (or `start`), then the exact search from the
     greedy's result (a warm start; the result does not depend on it). `lower`: a lower bound of `cost`
-    that spares the exact search evaluations (`exact_partition`)."""
-    table = CostTable(cost)
+    that spares the exact search evaluations (`exact_partition`). `many`: `cost` over several keys at once
+    (`CostTable.many`), for the evaluations the greedy loop makes together."""
+    table = CostTable(cost, many=many)
     init = start or even_partition(num_layers, num_stages).layers_per_stage
     g = greedy_partition(init, table)
     g_cost = minmax_cost(g, table)

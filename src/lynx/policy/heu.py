@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from lynx.cost.memory import layer_memories, stage_floor_bytes, stage_peak_bytes
 from lynx.cost.pricing import fsdp_window, op_recompute_cost
@@ -44,7 +45,7 @@ from lynx.decisions import (
 )
 from lynx.errors import InfeasibleError
 from lynx.graph import LAYER_INPUT, Graphs, LayerGraph, first_graph, kind_runs, per_layer, stage_graphs
-from lynx.milp import Backend, HighsOptions, Milp, MilpSolution
+from lynx.milp import Backend, HighsOptions, Milp, MilpSolution, solve_concurrently
 from lynx.policy.heu_objective import cooldown_weight as cooldown_weight
 from lynx.policy.heu_objective import critical_recompute as critical_recompute
 from lynx.policy.heu_objective import recompute_time as recompute_time
@@ -665,15 +666,39 @@ class HeuCache:
             self.hits += 1
             return self.entries[k]
         self.solves += 1
+        res, took = self._solve(ctx)
+        self.solve_time_s += took
+        self.entries[k] = res
+        return res
+
+    def get_all(self, ctxs: Sequence[StageContext]) -> list[RecomputePolicy | InfeasibleError]:
+        """`get` of each context, the distinct problems not yet solved solved side by side
+        (`milp.solve_concurrently`: with `milp.concurrent_solves` on several threads). The answers, solves and
+        hits are `get`'s one after the other: the first context of each new key is a solve, the rest hits."""
+        keys = [self.key(c) for c in ctxs]
+        todo: dict[CacheKey, StageContext] = {}
+        for k, c in zip(keys, ctxs, strict=True):
+            if k not in self.entries and k not in todo:
+                todo[k] = c
+        if len(todo) <= 1:
+            return [self.get(c) for c in ctxs]
+        for k, (res, took) in zip(todo, solve_concurrently([partial(self._solve, c) for c in todo.values()]),
+                                  strict=True):
+            self.entries[k] = res
+            self.solve_time_s += took
+        self.solves += len(todo)
+        self.hits += len(ctxs) - len(todo)
+        return [self.entries[k] for k in keys]
+
+    def _solve(self, ctx: StageContext) -> tuple[RecomputePolicy | InfeasibleError, float]:
+        """The stage problem's policy, or why none fits, and the seconds it took."""
         t0 = time.perf_counter()
         res: RecomputePolicy | InfeasibleError
         try:
             res = (self.solver or _quiet_solve)(ctx, self.graphs(ctx), self.opts)
         except InfeasibleError as e:
             res = e
-        self.solve_time_s += time.perf_counter() - t0
-        self.entries[k] = res
-        return res
+        return res, time.perf_counter() - t0
 
     def floor(self, ctx: StageContext, cheap: bool = False) -> float:
         """`demand_floor` of the stage problem, once per key; `cheap`: of its relaxation at the one live vector that

@@ -20,7 +20,7 @@ layer input on the device (Megatron would offload it too; listed in the method's
 from __future__ import annotations
 
 from lynx.decisions import LayerPolicy, RecomputePolicy, StageContext
-from lynx.graph import LAYER_INPUT, LayerGraph
+from lynx.graph import LAYER_INPUT, LayerGraph, per_graph
 from lynx.policy.rules import keep_all
 
 OFFLOAD_MODULES: tuple[str, ...] = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1",
@@ -32,6 +32,7 @@ STOCK_MODULES: tuple[str, ...] = OFFLOAD_MODULES
 ops, so the MoE modules select nothing there)."""
 
 
+@per_graph
 def module_offload_ops(graph: LayerGraph, module: str) -> tuple[str, ...]:
     """The lynx ops whose outputs Megatron's `module` offloads (its input tensors), forward order; () for
     attn_norm (the layer input, always stored by lynx) or a module the graph lacks."""
@@ -73,19 +74,26 @@ def megatron_offload_policy(ctx: StageContext, graph: LayerGraph, modules: tuple
                             fraction: float = 1.0, delta_bytes: float = 0.0) -> RecomputePolicy:
     """Every layer keeps everything (no recomputation) and offloads what Megatron's modules pick on this stage
     (module docstring: margin, PP delta, fraction)."""
+    return _offload_policy(graph, ctx.num_layers, modules, fraction, ctx.stage * delta_bytes)
+
+
+@per_graph
+def _offload_policy(graph: LayerGraph, num_layers: int, modules: tuple[str, ...], fraction: float,
+                    keep_dev: float) -> RecomputePolicy:
+    """`megatron_offload_policy` of a stage of `num_layers` layers keeping `keep_dev` bytes on the device (all it
+    reads of the stage; a search asks it of every stage of thousands of candidates)."""
     per_module = {m: module_offload_ops(graph, m) for m in modules}
-    groups = [(li, m, per_module[m]) for li in range(ctx.num_layers) for m in modules]
+    groups = [(li, m, per_module[m]) for li in range(num_layers) for m in modules]
     groups = [g for g in groups if g[2]]
     last = {m: li for li, m, _ in groups}  # each module's last layer (groups run in layer order)
     on = [g for g in groups if g[0] != last[g[1]]]  # the offload margin
-    keep_dev = ctx.stage * delta_bytes
     while on and keep_dev > 0:  # the PP delta, from the front
         keep_dev -= sum(graph.keep_bytes(n) for n in on[0][2])
         on.pop(0)
     drop = int(len(on) * (1.0 - fraction))  # the fraction, from the back
     on = on[:len(on) - drop]
     base = keep_all(graph)
-    per_layer: list[set[str]] = [set() for _ in range(ctx.num_layers)]
+    per_layer: list[set[str]] = [set() for _ in range(num_layers)]
     for li, _, ops in on:
         per_layer[li] |= set(ops)
     layers = tuple(LayerPolicy(base.keep, base.recompute, offload=frozenset(s) & base.keep) for s in per_layer)

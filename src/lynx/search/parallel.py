@@ -35,6 +35,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from lynx.milp import concurrent_solves
 from lynx.policy.heu import CacheKey
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
 from lynx.request import Target
@@ -149,12 +150,17 @@ def _counts(shared: Shared) -> tuple[int, int]:
     return sum(h.solves for h in shared.heu.values()), sum(h.hits for h in shared.heu.values())
 
 
-def _serve(conn: Connection, space: Space, base: PlanOptions, states: Any) -> None:
+def _serve(conn: Connection, space: Space, base: PlanOptions, states: Any, threads: int = 1) -> None:
     """A worker: plan each task from its pipe in order, answer (slot, `Worked`), until the pipe closes or says
-    None. The parent stops the search on Ctrl-C and kills its workers; they ignore it themselves."""
+    None, its independent stage problems solved on `threads` threads (`milp.concurrent_solves`). The parent stops
+    the search on Ctrl-C and kills its workers; they ignore it themselves."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _raise_young_threshold()  # as the search's, for the worker's life
-    shared = Shared(space, base)
+    with concurrent_solves(threads):
+        _answer(conn, Shared(space, base), states)
+
+
+def _answer(conn: Connection, shared: Shared, states: Any) -> None:
     frontier = Frontier(shared)
     while True:
         try:
@@ -198,9 +204,10 @@ class Ahead:
     """`workers` processes planning candidates the search hands out ahead of need, each on its own pipe (a worker
     killed by the system closes its pipe only: what it held is planned by the search, the others go on)."""
 
-    def __init__(self, space: Space, base: PlanOptions, workers: int, shared: Shared | None = None) -> None:
+    def __init__(self, space: Space, base: PlanOptions, workers: int, shared: Shared | None = None,
+                 threads: int = 1) -> None:
         """`shared`: the search's own caches, with which it plans a queued candidate itself while it waits for a
-        started one (`take`); None: it only waits."""
+        started one (`take`); None: it only waits. `threads`: each worker's solve threads (`_serve`)."""
         ctx = multiprocessing.get_context("spawn")
         self.shared = shared
         self.local: dict[tuple[Candidate, bool], Worked] = {}
@@ -213,7 +220,7 @@ class Ahead:
         self.conns: list[Connection] = []
         for _ in range(workers):
             mine, theirs = ctx.Pipe()
-            p = ctx.Process(target=_serve, args=(theirs, space, base, self.states), daemon=True)
+            p = ctx.Process(target=_serve, args=(theirs, space, base, self.states, threads), daemon=True)
             p.start()
             theirs.close()
             self.procs.append(p)

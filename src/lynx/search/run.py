@@ -15,7 +15,8 @@ planned where a method that recomputes a subset of what it recomputes already fi
 or copying to the host, only ever adds time). `exhaustive=True` plans everything (the tests compare both).
 
 With `jobs` > 1, lynx's candidates of the nodes near the top of the heap are planned ahead on `jobs - 1` workers
-(`parallel.Ahead`); the tree itself and what it decides are unchanged.
+(`parallel.Ahead`), and every process solves a plan's independent stage problems on `jobs` threads
+(`milp.concurrent_solves`: HiGHS releases the GIL); the tree itself and what it decides are unchanged.
 
 The published recipes that apply to the job (`recipes.applicable`) are planned always, beside the search; they do
 not feed the incumbents (the table and the stock row are the search's own)."""
@@ -29,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TypedDict
 
+from lynx.milp import concurrent_solves
 from lynx.policy.heu import CacheKey
 from lynx.problem import PlanOptions, PlanResult
 from lynx.search.dominance import cannot_fit, dominated, order
@@ -329,7 +331,7 @@ class _Run:
         """Start the workers; where the system refuses processes (a limit, memory) the search goes on in this one
         process, as `--jobs 1` (the same answer), and says so (`SearchResult.jobs`)."""
         try:
-            self.ahead = Ahead(self.shared.space, self.shared.base, self.jobs - 1, self.shared)
+            self.ahead = Ahead(self.shared.space, self.shared.base, self.jobs - 1, self.shared, self.jobs)
         except OSError:
             self.jobs = 1
         else:
@@ -496,7 +498,7 @@ def search(space: Space, base: PlanOptions | None = None, top: int = 5, exhausti
     t0 = time.perf_counter()
     r = _Run(space, base or PlanOptions(), top, exhaustive, progress, jobs, None if exhaustive else time_limit_s)
     try:
-        with fewer_collections():
+        with fewer_collections(), concurrent_solves(jobs):
             final, recipes = _finish(r, space, top)
             res = _result(r, space, final, recipes, jobs, t0)
             if rank is not None:
