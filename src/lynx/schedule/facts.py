@@ -38,24 +38,25 @@ class ChunkFacts:
     forwards themselves are quadratic in the micro-batches)."""
     hosts: tuple[tuple[int, ChunkMb], ...]
     """(j, forward) pairs: the forward whose windows host B(j)'s phase-1/2 recomputation."""
+    has_fwd_windows: bool
+    """Some forward runs between F(j) and B(j) (not on the last stage, nor with one micro-batch)."""
+    cooldown: frozenset[int]
+    """Backward micro-batches with forward windows in general but no host of their own (derived once: every
+    stage context of a search reads it)."""
+
+    @staticmethod
+    def of_spans(rank: int, chunk: int, num_microbatches: int, in_flight: int, forwards: tuple[ChunkMb, ...],
+                 spans: tuple[tuple[int, int], ...], hosts: tuple[tuple[int, ChunkMb], ...]) -> ChunkFacts:
+        """The facts, with whether forward windows exist and the cool-down backwards derived from the spans."""
+        windows = any(hi > lo for lo, hi in spans)
+        hosted = {j for j, _ in hosts}
+        cooldown = frozenset(j for j in range(num_microbatches) if j not in hosted) if windows else frozenset()
+        return ChunkFacts(rank, chunk, num_microbatches, in_flight, forwards, spans, hosts, windows, cooldown)
 
     @property
     def between(self) -> tuple[tuple[ChunkMb, ...], ...]:
         """Per micro-batch j: the forwards (chunk, micro-batch) that run on the rank between F(j) and B(j)."""
         return tuple(self.forwards[lo:hi] for lo, hi in self.spans)
-
-    @property
-    def has_fwd_windows(self) -> bool:
-        """Some forward runs between F(j) and B(j) (not on the last stage, nor with one micro-batch)."""
-        return any(hi > lo for lo, hi in self.spans)
-
-    @property
-    def cooldown(self) -> frozenset[int]:
-        """Backward micro-batches with forward windows in general but no host of their own."""
-        if not self.has_fwd_windows:
-            return frozenset()
-        hosted = {j for j, _ in self.hosts}
-        return frozenset(j for j in range(self.num_microbatches) if j not in hosted)
 
     @property
     def cooldown_count(self) -> int:
@@ -137,7 +138,7 @@ def _rank_facts(acts: tuple[Action, ...], rank: int, v: int, m: int) -> tuple[Ch
         if a.kind in (B, W):
             live[a.chunk].discard(a.microbatch)
     forwards = tuple(fwd_key)
-    return tuple(ChunkFacts(rank, c, m, peak[c], forwards, tuple(spans[c]), tuple(hosts[c])) for c in range(v))
+    return tuple(ChunkFacts.of_spans(rank, c, m, peak[c], forwards, tuple(spans[c]), tuple(hosts[c])) for c in range(v))
 
 
 def derive_facts(sched: Schedule) -> ScheduleFacts:

@@ -266,7 +266,9 @@ class _Run:
         self.time_limit_s = time_limit_s
         self.unplanned, self.open_bound_s = 0, math.nan
         self.ahead: Ahead | None = None
-        self.handed_nodes: set[Node] = set()
+        self.handed: set[int] = set()
+        """Heap entries (their insertion numbers: a node's each push is its own) `_hand_out` has looked at. Not
+        the nodes: hashing a node hashes its layouts, and `_hand_out` asks of the heap's top after every step."""
         self.frontier = Frontier(self.shared, floors=not exhaustive)
         self.inc, self.sweep = _Incumbents(top), VppSweep()
         self.top, self.exhaustive, self.progress = top, exhaustive, progress
@@ -351,15 +353,15 @@ class _Run:
         answers the tree reads), the VPP sweep so far and the screen bound (solved here for a plain node, before the
         tree pops it to tighten it by that bound: the workers get their lead)."""
         assert self.ahead is not None
-        for bound, _, node in self.frontier.heap[:self.LOOK]:
+        for bound, seq, node in self.frontier.heap[:self.LOOK]:
             if node.kind == Kind.STOCK:
-                self._hand_out_stock(node, bound)
+                self._hand_out_stock(node, bound, seq)
                 continue
             if node.kind != Kind.LYNX or node.layout is None or not (node.layout.vpp == 1 or node.plain):
                 continue
-            if node in self.handed_nodes or (not self.exhaustive and self.inc.prunes_node(node, bound)):
+            if seq in self.handed or (not self.exhaustive and self.inc.prunes_node(node, bound)):
                 continue
-            self.handed_nodes.add(node)  # its candidates are looked at once (the heap's top stays put for a while)
+            self.handed.add(seq)  # its candidates are looked at once (the heap's top stays put for a while)
             for c in sorted(self.frontier.candidates(node), key=lambda c: order(c.method)):
                 if c.method not in LYNX_SEARCHED or self.ahead.handed_out(c):
                     continue
@@ -373,14 +375,14 @@ class _Run:
                     continue  # the tree prunes it when it decides it (the incumbents only get faster)
                 self.ahead.submit(c)
 
-    def _hand_out_stock(self, node: Node, bound: float) -> None:
+    def _hand_out_stock(self, node: Node, bound: float, seq: int) -> None:
         """A stock node's candidates of the methods whose policies take longest to choose (`HANDED_STOCK`: block
         tries each N against the memory replay), unless the memory bounds, the node's split or their method's bound
         already refuse them; the tree still decides each one in order (dominance, the policy's bound)."""
         assert self.ahead is not None
-        if node in self.handed_nodes or (not self.exhaustive and self.inc.prunes_node(node, bound)):
+        if seq in self.handed or (not self.exhaustive and self.inc.prunes_node(node, bound)):
             return
-        self.handed_nodes.add(node)
+        self.handed.add(seq)
         if self.frontier.split_reason(node):
             return
         for c in self.frontier.candidates(node):

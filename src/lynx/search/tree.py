@@ -113,7 +113,7 @@ class Frontier:
         self.memory: dict[tuple[Kind, Layout | None, Split | None, bool], str] = {}
         self.pieces: dict[tuple[object, ...], Pieces] = {}
         self.layout_pieces: dict[Layout, Pieces] = {}
-        self.steps: dict[tuple[Layout, int, int, tuple[LayerKind, ...] | None], float] = {}
+        self.steps: dict[Layout, dict[tuple[int, int, tuple[LayerKind, ...] | None], float]] = {}
         self.static: dict[tuple[object, ...], str] = {}
         self.methods: dict[tuple[Node, str], float] = {}
         self.screens: dict[tuple[Layout, str], _Screen] = {}
@@ -197,12 +197,16 @@ class Frontier:
     def _step(self, lay: Layout, problem: PlanProblem) -> Callable[[int, int, tuple[LayerKind, ...] | None], float]:
         """`bounds.step_s` of the layout's ranks (of any VPP: a rank's step depends on its layers), each priced once."""
         flat = replace(lay, vpp=1)
+        steps = self.steps.get(flat)
+        if steps is None:
+            steps = self.steps[flat] = {}
 
         def after(rank: int, layers: int, kinds: tuple[LayerKind, ...] | None) -> float:
-            key = (flat, rank, layers, kinds)
-            if key not in self.steps:
-                self.steps[key] = step_s(problem, rank, layers, kinds)
-            return self.steps[key]
+            key = (rank, layers, kinds)  # the layout's own table: no layout hashed per rank
+            got = steps.get(key)
+            if got is None:
+                got = steps[key] = step_s(problem, rank, layers, kinds)
+            return got
 
         return after
 
