@@ -13,7 +13,7 @@ from lynx.partition.base import Partition
 from lynx.partition.dp import dp_partition
 from lynx.policy.rules import none_policy
 from lynx.problem import PlanProblem, PlanResult
-from lynx.simulate import simulate
+from lynx.simulate import simulate, simulate_time
 
 MethodFn = Callable[[PlanProblem], PlanResult]
 StagePolicyFn = Callable[[StageContext, LayerGraph], RecomputePolicy]
@@ -158,7 +158,7 @@ def plain_time(problem: PlanProblem, part: Partition) -> float:
     in a window that would otherwise idle). The search's bound for a lynx interleaved node (`search.bounds.plain_s`)
     and the partition refinement's test before it solves a move's stage problems (`methods.heu._refine`)."""
     pols = per_stage(problem, "none", none_policy, part).policies
-    return simulate(problem, part, pols, record=False).iteration_time_s
+    return simulate_time(problem, part, pols)
 
 
 def edge_times_per_stage(problem: PlanProblem) -> list[float]:

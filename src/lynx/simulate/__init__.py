@@ -28,7 +28,7 @@ from lynx.simulate.metrics import DpOverlap, tail_time, throughput
 from lynx.simulate.results import Segment, SegmentKind, SimResult, StageResult
 from lynx.spec import Hardware
 
-__all__ = ["Segment", "SegmentKind", "SimResult", "StageResult", "simulate"]
+__all__ = ["Segment", "SegmentKind", "SimResult", "StageResult", "simulate", "simulate_time"]
 
 
 def _facts(problem: PlanProblem, partition: Partition, schedule: Schedule | None) -> ScheduleFacts:
@@ -85,10 +85,7 @@ def simulate(
         raise ValueError(f"plan has {partition.num_stages} stages and {len(policies)} policies for PP {p}")
     facts = _facts(problem, partition, schedule)
     ctxs = problem.stage_contexts(partition, facts)
-    if problem.heterogeneous and any(lp.offload for pol in policies for lp in pol.layers):
-        raise ValueError("offloading is not priced for models of several layer kinds yet")
-    for pol, ctx in zip(policies, ctxs, strict=True):
-        checked(problem.graphs_for(ctx), pol, ctx)
+    _check(problem, policies, ctxs)
     costs = _costs(problem, policies, ctxs)
     ranks = [RankState(costs[r], ctxs[r], policies[r],
                        StageMemory(problem.graphs_for(ctxs[r]), policies[r], ctxs[r], record),
@@ -98,10 +95,37 @@ def simulate(
     return _result(problem, ctxs, loop)
 
 
-def _result(problem: PlanProblem, ctxs: tuple[StageContext, ...], loop: Loop) -> SimResult:
-    par, ranks = problem.parallel, loop.ranks
+def _check(problem: PlanProblem, policies: tuple[RecomputePolicy, ...], ctxs: tuple[StageContext, ...]) -> None:
+    """Every policy valid on its stage (`engine.checked`), and no offloading in a model of several layer kinds."""
+    if problem.heterogeneous and any(lp.offload for pol in policies for lp in pol.layers):
+        raise ValueError("offloading is not priced for models of several layer kinds yet")
+    for pol, ctx in zip(policies, ctxs, strict=True):
+        checked(problem.graphs_for(ctx), pol, ctx)
+
+
+def simulate_time(problem: PlanProblem, partition: Partition, policies: tuple[RecomputePolicy, ...]) -> float:
+    """`simulate(...).iteration_time_s` without the memory replay (`RankState.memory` None): the same loop and the
+    same floating-point operations on the times, which no memory figure feeds, so the same float. For a caller that
+    reads only the time (`methods.common.plain_time`, the search's plain bounds: no stage's memory is asked
+    there); validates every policy as `simulate` does."""
+    par = problem.parallel
+    if partition.num_stages != par.pp or len(policies) != par.pp:
+        raise ValueError(f"plan has {partition.num_stages} stages and {len(policies)} policies for PP {par.pp}")
+    facts = problem.facts
+    ctxs = problem.stage_contexts(partition, facts)
+    _check(problem, policies, ctxs)
+    costs = _costs(problem, policies, ctxs)
+    ranks = [RankState(costs[r], ctxs[r], policies[r], None, *hosts(facts, r), ctxs[r].has_fwd_windows)
+             for r in range(par.pp)]
+    loop = Loop(facts, ranks, _p2p(problem), False)
+    loop.run()
+    return max(st.ready for st in ranks) + _tail(problem, ctxs, ranks)
+
+
+def _tail(problem: PlanProblem, ctxs: tuple[StageContext, ...], ranks: list[RankState]) -> float:
+    """What follows the pipeline's last backward (`metrics.tail_time`: DP synchronisation, the optimizer step)."""
+    par = problem.parallel
     ready = [st.ready for st in ranks]
-    pipeline_time = max(ready)
     tail = 0.0
     if problem.options.include_dp_allreduce:
         sync = 0.0
@@ -116,17 +140,31 @@ def _result(problem: PlanProblem, ctxs: tuple[StageContext, ...], loop: Loop) ->
                             o.check_for_nan_in_grad, o.ddp_average_in_collective)
         tail = tail_time(problem.model, _device_hardware(problem), par, ctxs, ready, problem.static_recipe,
                          o.distributed_optimizer, sync, overlap, problem.dp_sharding)
-    iteration = pipeline_time + tail
+    return tail
+
+
+def _kept(memories: list[StageMemory | None]) -> list[StageMemory]:
+    """The stages' memory replays (`simulate` always keeps them; `simulate_time` returns before any result)."""
+    out = [m for m in memories if m is not None]
+    assert len(out) == len(memories)
+    return out
+
+
+def _result(problem: PlanProblem, ctxs: tuple[StageContext, ...], loop: Loop) -> SimResult:
+    par, ranks = problem.parallel, loop.ranks
+    memories = [st.memory for st in ranks]
+    pipeline_time = max(st.ready for st in ranks)
+    iteration = pipeline_time + _tail(problem, ctxs, ranks)
     samples, tflops, mfu = throughput(problem.model, problem.hardware, par, iteration)
     stages = tuple(
         StageResult(
             stage=s, num_layers=ctxs[s].num_layers, fwd_time_s=sum(c.fwd_plain for c in st.costs),
             bwd_time_s=sum(c.bwd_base for c in st.costs), busy_time_s=st.busy,
-            peak_memory_bytes=st.memory.peak, budget_bytes=ctxs[s].budget_bytes,
+            peak_memory_bytes=mem.peak, budget_bytes=ctxs[s].budget_bytes,
             static_bytes=ctxs[s].static_bytes, recompute_critical_s=st.crit, recompute_overlapped_s=st.hidden,
             recompute_total_s=st.crit + st.hidden,
         )
-        for s, st in enumerate(ranks)
+        for s, (st, mem) in enumerate(zip(ranks, _kept(memories), strict=True))
     )
     offloads = any(lp.offload for st in ranks for lp in st.policy.layers)
     if offloads:
@@ -145,5 +183,5 @@ def _result(problem: PlanProblem, ctxs: tuple[StageContext, ...], loop: Loop) ->
         iteration_time_s=iteration, pipeline_time_s=pipeline_time, samples_per_s=samples,
         tokens_per_s=samples * par.seq_length, model_tflops_per_gpu=tflops, mfu=mfu, bubble_fraction=bubble,
         stages=stages, segments=segments,
-        memory_curves=tuple(tuple(st.memory.curve) for st in ranks) if loop.record else (),
+        memory_curves=tuple(tuple(m.curve) for m in _kept(memories)) if loop.record else (),
     )

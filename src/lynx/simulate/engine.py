@@ -24,7 +24,8 @@ class RankState:
     costs: list[ChunkCosts]
     ctx: StageContext
     policy: RecomputePolicy
-    memory: StageMemory
+    memory: StageMemory | None
+    """None: times only (`simulate.simulate_time`); the loop then keeps no memory."""
     host_of: dict[Key, Key]
     """Backward (chunk, j) -> the forward (chunk, micro-batch) hosting its phase-1/2 work."""
     hosted_by: dict[Key, Key]
@@ -140,7 +141,7 @@ class Loop:
         guest = st.hosted_by.get((chunk, j))
         extra = hidden = 0.0
         if guest is not None:
-            extra, hidden = st.costs[guest[0]].carried(len(st.memory.chunks[chunk]))
+            extra, hidden = st.costs[guest[0]].carried(chunk_layer_count(st.ctx, chunk))
         end = start + (c.fwd_plain + extra if guest is not None else c.fwd_plain)
         self.f_end[(vs, j)] = end
         if guest is not None:
@@ -152,7 +153,8 @@ class Loop:
             self._seg(r, SegmentKind.F, j, start, end, chunk)
             if guest is not None and hidden > 0:
                 self._seg(r, SegmentKind.OVERLAP, guest[1], start, start + hidden, guest[0])
-        st.memory.forward(start, end, chunk, guest[0] if guest is not None else None)
+        if st.memory is not None:
+            st.memory.forward(start, end, chunk, guest[0] if guest is not None else None)
         return start, end
 
     def _backward(self, r: int, st: RankState, chunk: int, j: int, vs: int) -> tuple[float, float] | None:
@@ -184,7 +186,8 @@ class Loop:
             if demand > 0:
                 self._seg(r, SegmentKind.RECOMPUTE, j, start, start + demand, chunk)
             self._seg(r, SegmentKind.B, j, start + demand, end, chunk)
-        st.memory.backward(start, end, chunk, carried, prefetched)
+        if st.memory is not None:
+            st.memory.backward(start, end, chunk, carried, prefetched)
         return start, end
 
     def step(self, r: int) -> bool:
@@ -227,8 +230,9 @@ class Loop:
         busy = [st.busy for st in ranks]
         crit = [st.crit for st in ranks]
         hidden = [st.hidden for st in ranks]
-        cur = [st.memory.cur for st in ranks]
-        peak = [st.memory.peak for st in ranks]
+        mem = all(st.memory is not None for st in ranks)  # else times only: no memory kept
+        cur = [st.memory.cur if st.memory is not None else 0.0 for st in ranks]
+        peak = [st.memory.peak if st.memory is not None else 0.0 for st in ranks]
         fwd_price: list[dict[int, tuple[float, bool, float, float, float, float]]] = [{} for _ in range(pp)]
         bwd_price: list[list[tuple[float, float, float, float]]] = []
         cooldown = [st.policy.cooldown_overlap for st in ranks]
@@ -244,7 +248,7 @@ class Loop:
                 key = chunk * 1024 + aux
                 fp = fwd_price[r].get(key)
                 if fp is None:
-                    fp = self._fwd_price(r, chunk, aux)
+                    fp = self._fwd_price(r, chunk, aux, mem)
                     fwd_price[r][key] = fp
                 plain, guest, extra, hid, delta, top = fp
                 if guest:
@@ -271,36 +275,52 @@ class Loop:
                 end = start + base + extra
                 crit[r] += demand
                 hidden[r] += bhid
-                mkey = (chunk, bool(aux), prefetched)
-                mp = bwd_mem[r].get(mkey)
-                if mp is None:
-                    _, delta, top = ranks[r].memory.model.pattern(("B", chunk, bool(aux), prefetched))
-                    mp = (delta, top)
-                    bwd_mem[r][mkey] = mp
-                delta, top = mp
-            base_mem = cur[r]
-            top += base_mem
-            if top > peak[r]:
-                peak[r] = top
-            cur[r] = base_mem + delta
+                if mem:
+                    mkey = (chunk, bool(aux), prefetched)
+                    mp = bwd_mem[r].get(mkey)
+                    if mp is None:
+                        memory = ranks[r].memory
+                        assert memory is not None
+                        _, delta, top = memory.model.pattern(("B", chunk, bool(aux), prefetched))
+                        mp = (delta, top)
+                        bwd_mem[r][mkey] = mp
+                    delta, top = mp
+            if mem:
+                base_mem = cur[r]
+                top += base_mem
+                if top > peak[r]:
+                    peak[r] = top
+                cur[r] = base_mem + delta
             ends[selfi] = end
             busy[r] += end - start
             ready[r] = end
         for r, st in enumerate(ranks):
             st.ready, st.busy, st.crit, st.hidden = ready[r], busy[r], crit[r], hidden[r]
-            st.memory.cur, st.memory.peak = cur[r], peak[r]
+            if st.memory is not None:
+                st.memory.cur, st.memory.peak = cur[r], peak[r]
             st.pos = len(self.steps[r])
 
-    def _fwd_price(self, r: int, chunk: int, guest: int) -> tuple[float, bool, float, float, float, float]:
+    def _fwd_price(self, r: int, chunk: int, guest: int, mem: bool = True
+                   ) -> tuple[float, bool, float, float, float, float]:
         """(plain forward, hosts a guest, its overflow, its hidden part, memory change, memory top) of a
-        forward of `chunk` on rank r hosting chunk `guest`'s phase-1/2 work (-1: none)."""
+        forward of `chunk` on rank r hosting chunk `guest`'s phase-1/2 work (-1: none); without `mem` the
+        memory change and top are 0 (times only)."""
         st = self.ranks[r]
         c = st.costs[chunk]
         extra = hidden = 0.0
         if guest >= 0:
-            extra, hidden = st.costs[guest].carried(len(st.memory.chunks[chunk]))
-        _, delta, top = st.memory.model.pattern(("F", chunk, guest if guest >= 0 else None))
+            extra, hidden = st.costs[guest].carried(chunk_layer_count(st.ctx, chunk))
+        delta = top = 0.0
+        if mem:
+            assert st.memory is not None
+            _, delta, top = st.memory.model.pattern(("F", chunk, guest if guest >= 0 else None))
         return c.fwd_plain, guest >= 0, extra, hidden, delta, top
+
+
+def chunk_layer_count(ctx: StageContext, chunk: int) -> int:
+    """Layers of model chunk `chunk` on the stage (the stage's layers with one chunk; the memory replay's chunks
+    are these slices, `StageContext.chunk_slices`)."""
+    return ctx.chunk_layers[chunk] if ctx.chunk_layers else ctx.num_layers
 
 
 CompiledStep = tuple[int, bool, int, int, int, int, bool]
