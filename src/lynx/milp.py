@@ -308,6 +308,8 @@ _worker: _Worker | None = None
 _threads = 1
 """Threads `solve_concurrently` uses, the calling one included (`concurrent_solves`)."""
 _helpers: list[_Worker] = []
+_draining = threading.local()
+"""`active` on a thread while it runs `solve_concurrently`'s tasks: a call from inside a task runs in turn."""
 
 
 @contextlib.contextmanager
@@ -338,22 +340,26 @@ def solve_concurrently(tasks: Sequence[Callable[[], T]]) -> list[T]:
     they run one after the other here. A task's exception is raised here once every started task has ended (the
     first in task order); a Ctrl-C while waiting is raised at once, the helpers' solves left to end on their own
     (daemon threads, never holding the process open)."""
-    if _threads <= 1 or len(tasks) <= 1 or threading.current_thread().name == "lynx-solve":  # not nested
+    if _threads <= 1 or len(tasks) <= 1 or getattr(_draining, "active", False):  # not nested
         return [t() for t in tasks]
     out: list[tuple[bool, object]] = [(False, None)] * len(tasks)
     order = iter(range(len(tasks)))
     lock = threading.Lock()
 
     def drain() -> None:
-        while True:
-            with lock:
-                i = next(order, None)
-            if i is None:
-                return
-            try:
-                out[i] = (True, tasks[i]())
-            except BaseException as e:  # noqa: BLE001 - handed to the calling thread, raised there
-                out[i] = (False, e)
+        _draining.active = True
+        try:
+            while True:
+                with lock:
+                    i = next(order, None)
+                if i is None:
+                    return
+                try:
+                    out[i] = (True, tasks[i]())
+                except BaseException as e:  # noqa: BLE001 - handed to the calling thread, raised there
+                    out[i] = (False, e)
+        finally:
+            _draining.active = False
 
     n = min(_threads, len(tasks)) - 1
     while len(_helpers) < n:

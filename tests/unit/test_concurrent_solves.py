@@ -75,10 +75,22 @@ def test_the_first_failing_task_in_order_is_raised_after_every_task_ends() -> No
     assert sorted(ended) == [0, 1, 2, 3, 4]
 
 
-def test_a_nested_call_on_a_helper_runs_in_turn_there() -> None:
+def test_a_nested_call_runs_in_turn_on_the_thread_that_makes_it() -> None:
+    def inner() -> tuple[list[int], set[str]]:
+        here = threading.current_thread().name
+        names: set[str] = set()
+
+        def task(i: int) -> int:
+            names.add(threading.current_thread().name)
+            return i
+
+        got = solve_concurrently([lambda: task(1), lambda: task(2)])
+        assert names == {here}  # neither handed to another thread
+        return got, names
+
     with concurrent_solves(2):
-        inner = solve_concurrently([lambda: solve_concurrently([lambda: 1, lambda: 2]), lambda: [3]])
-    assert inner == [[1, 2], [3]]
+        out = solve_concurrently([inner, inner, inner])
+    assert [got for got, _ in out] == [[1, 2]] * 3
 
 
 def test_a_thread_count_below_one_is_refused() -> None:
