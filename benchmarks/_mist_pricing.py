@@ -69,11 +69,12 @@ def megatron_model(case: Case) -> ModelSpec:
     """The model as Mist's Megatron-LM baseline builds it: core_r0.4.0's legacy `megatron.model` (38879f8,
     benchmark/megatron/README.md), whose Llama path runs SwiGLU as eager ``F.silu(x[0]) * x[1]`` and rotary
     embeddings as eager rotate-half (megatron/model/transformer.py, fused_bias_gelu only covers GeLU with a
-    bias); GeLU without bias is one eager kernel either way. Its eager fp32 RMSNorm (megatron/model/rms_norm.py)
-    has no lynx switch and is priced as the fused norm (docs/mist.md)."""
+    bias); GeLU without bias is one eager kernel either way. Its RMSNorm (megatron/model/rms_norm.py) is the eager
+    fp32 form ``_norm(x.float()).type_as(x) * weight``: `norm_fusion` False. GPT's LayerNorm is Apex's fused
+    kernel. (Mist's own runtime runs flash-attn's fused norms, `mist/modules/rms_norm.py`: the default.)"""
     m = model_of(case)
     if m.activation == "swiglu":
-        m = replace(m, bias_activation_fusion=False, apply_rope_fusion=False)
+        m = replace(m, bias_activation_fusion=False, apply_rope_fusion=False, norm_fusion=False)
     return m
 
 

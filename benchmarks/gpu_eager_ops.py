@@ -3,7 +3,8 @@ lynx's eager prices (`lynx.families.fusion`), and the same functions compiled in
 what Megatron-Core's `jit_fuser` is on current torch) against lynx's fused prices.
 
 Shapes: the H100 session's (2026-11-23) Llama-3-8B layer (h 4096, 32 heads, 8 query groups, FFN 14336, s 4096,
-micro-batch 1, TP 1) for SwiGLU and RoPE; its GPT-1.3B layer (h 2048, 16 heads, s 2048, micro-batch 4) for the
+micro-batch 1, TP 1) for SwiGLU, RoPE and RMSNorm (the eager fp32 composite of
+`norm_fusion: false`); its GPT-1.3B layer (h 2048, 16 heads, s 2048, micro-batch 4) for the
 causal masked softmax and bias + dropout + residual. bf16, CUDA events, median of `--repeats` after warm-ups.
 Prints one table: measured ms forward / backward beside lynx's price on the H100 preset, and measured /
 predicted. Target (stated, not fitted): eager within a factor 2 of lynx's eager price.
@@ -42,6 +43,10 @@ def _ops(torch: Any) -> dict[str, tuple[Callable[..., Any], Callable[[], tuple[A
         x1, x2 = torch.chunk(t, 2, dim=-1)
         return t * cos + torch.cat((-x2, x1), dim=-1) * sin
 
+    def rmsnorm(x: Any, w: Any) -> Any:  # torch's F.rms_norm composite (the CPU build; CUDA before torch 2.8)
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5) * w).type_as(x)
+
     def softmax(x: Any, mask: Any) -> Any:  # FusedScaleMaskSoftmax.forward_torch_softmax (mask in place)
         x = x.masked_fill(mask, -10000.0)
         return torch.nn.Softmax(dim=-1)(x)
@@ -55,6 +60,8 @@ def _ops(torch: Any) -> dict[str, tuple[Callable[..., Any], Callable[[], tuple[A
         "rope": (rope, lambda: (torch.randn(s8, 1, 40, d, device=dev, dtype=bf, requires_grad=True),
                                 torch.randn(s8, 1, 1, d, device=dev, dtype=bf),
                                 torch.randn(s8, 1, 1, d, device=dev, dtype=bf))),
+        "rmsnorm1": (rmsnorm, lambda: (torch.randn(s8, 4096, device=dev, dtype=bf, requires_grad=True),
+                                       torch.ones(4096, device=dev, dtype=bf, requires_grad=True))),
         "softmax": (softmax, lambda: (torch.randn(b1 * a1, s1, s1, device=dev, dtype=bf, requires_grad=True),
                                       torch.ones(s1, s1, device=dev, dtype=torch.bool).triu(1))),
         "attn_residual": (bda, lambda: (torch.randn(s1 * b1, h1, device=dev, dtype=bf, requires_grad=True),
@@ -88,13 +95,14 @@ def lynx_prices() -> dict[str, tuple[float, float, float, float]]:
     from lynx.spec import ModelSpec, ParallelSpec, load_hardware
 
     eager = dict(bias_activation_fusion=False, masked_softmax_fusion=False, bias_dropout_fusion=False,
-                 apply_rope_fusion=False)
+                 apply_rope_fusion=False, norm_fusion=False)
     hw = load_hardware("h100-80g-nvlink")
     llama = (load_model("llama3-8b"), ParallelSpec(seq_length=4096, micro_batch_size=1))
     gpt = (ModelSpec("gpt-1.3b", 24, 2048, 16, attention="standard"),
            ParallelSpec(seq_length=2048, micro_batch_size=4, global_batch_size=4))
     out = {}
-    for op, (model, par) in {"swiglu": llama, "rope": llama, "softmax": gpt, "attn_residual": gpt}.items():
+    for op, (model, par) in {"swiglu": llama, "rope": llama, "rmsnorm1": llama, "softmax": gpt,
+                                    "attn_residual": gpt}.items():
         a = build_layer_graph(model, hw, par).op(op)
         b = build_layer_graph(replace(model, **eager), hw, par).op(op)
         out[op] = (a.fwd_time * 1e3, a.bwd_time * 1e3, b.fwd_time * 1e3, b.bwd_time * 1e3)

@@ -117,6 +117,12 @@ class ModelSpec:
     main gradient by a separate pass, every micro-batch."""
     cross_entropy_loss_fusion: bool = False
     """--cross-entropy-loss-fusion (off by default in Megatron): the vocab-parallel loss in fewer passes."""
+    norm_fusion: bool = True
+    """Not a Megatron flag (TransformerEngine's norm is always one kernel): False prices RMSNorm as the eager fp32
+    composite that older code runs (Megatron-LM's legacy ``megatron/model/rms_norm.py``, torchtitan's own
+    ``RMSNorm`` through 2024, torch's ``F.rms_norm`` on CPU): eight kernels forward and seventeen backward, and it
+    keeps an fp32 copy of its input. True: one kernel each way (TE, Apex, torch >= 2.8's ``_fused_rms_norm`` on
+    CUDA). Families llama and torchtitan-llama3 (docs/costmodel.md "Fused versus eager memory-bound ops")."""
     # --- attention head size and QK norm (Megatron-Core --kv-channels, --qk-layernorm)
     kv_channels: int = field(default=0, metadata=rng(ge=0, le=1 << 16))
     """Head dimension (--kv-channels); 0 means hidden_size / num_attention_heads (Qwen3: 128 at hidden 4096 and
@@ -713,7 +719,7 @@ def hardware_presets() -> list[str]:
 FUSION_DEFAULTS: dict[str, Any] = {
     "transformer_impl": "transformer_engine", "bias_activation_fusion": True, "masked_softmax_fusion": True,
     "bias_dropout_fusion": True, "apply_rope_fusion": True, "gradient_accumulation_fusion": True,
-    "cross_entropy_loss_fusion": False,
+    "cross_entropy_loss_fusion": False, "norm_fusion": True,
 }
 """Megatron-Core's defaults for the fusion fields (ModelSpec's): a model at these is written without them."""
 

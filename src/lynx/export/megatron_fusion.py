@@ -57,6 +57,10 @@ def fusion_args(m: ModelSpec) -> list[tuple[str, ...]]:
     def field(name: str) -> Any:  # a model-like object without the fields is at Megatron's defaults
         return getattr(m, name, FUSION_DEFAULTS[name])
 
+    if not field("norm_fusion"):
+        raise SpecError(f"model {m.name!r}: norm_fusion false prices an eager fp32 RMSNorm, which Megatron-Core does "
+                        "not run (TransformerEngine's and Apex's norms are one kernel); plan with norm_fusion true "
+                        "to export")
     out: list[tuple[str, ...]] = []
     if field("transformer_impl") != "transformer_engine":
         out.append(("--transformer-impl", str(field("transformer_impl"))))

@@ -182,7 +182,7 @@ def price_on_torchtitan(src: ExportSource, layers: list[dict[str, Any]], engine:
                    optimizer_precision=OPTIMIZER_FP32,
                    dp_sharding=DpSharding(DpMode.TORCH_FSDP2, instances=replicate))
     try:
-        tp = make_problem(replace(p.model, family=TITAN), p.hardware, p.parallel, opts)
+        tp = make_problem(replace(p.model, family=TITAN, norm_fusion=True), p.hardware, p.parallel, opts)
     except SpecError as e:  # e.g. context parallelism, which the torchtitan family does not model
         return (replace(mine, label="lynx plan", setting=f"{src.result.method} as planned; torchtitan not "
                         f"priced: {e}"),)
@@ -260,6 +260,9 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
         raise SpecError("torchtitan export: the plan prices Megatron-Core's FP8 (TransformerEngine); torchtitan's "
                         "Float8 training (torchao) is not modelled. Export it with `lynx export megatron`, or plan "
                         "without --fp8-format")
+    if not src.problem.model.norm_fusion:
+        raise SpecError("torchtitan export: the plan prices an eager fp32 RMSNorm (norm_fusion false); torchtitan "
+                        "0.3.0 on CUDA runs torch's fused RMSNorm: plan with norm_fusion true to export")
     graph, lay, par = src.problem.graph, src.layout, src.problem.parallel
     layers = [layer_entry(graph, lp) for pol in src.policies for lp in pol.layers]
     replicate, shard = dp_degrees(src)

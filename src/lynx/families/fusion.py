@@ -17,6 +17,7 @@ holds).
 | residual, dropout, no bias | 3 / 2 | 5 / 2, 2 / 1 | nothing |
 | residual, bias, no dropout | 3 / 1 | 5 / 1, 2 / 1 | nothing |
 | rope (tok (a+g)/t d) | 2 / 2 | 10 / 10, 10 / 10 | nothing (cos, sin are buffers) |
+| RMSNorm (tok h), norm_fusion False | 2 / 4 | 20 / 54, 8 / 17 (measured) | fp32 input and normalized input |
 
 The fused column is what lynx prices without change (its backward is `BWD_MEMORY_FACTOR` x the forward, within
 a pass of the kernels' own counts); nothing here moves a default plan.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lynx.errors import SpecError
 from lynx.families.base import ACT_BYTES, LayerBuilder, Passes
 
 if TYPE_CHECKING:
@@ -73,6 +75,17 @@ the sum (3): 10 per element over five kernels each. Backward mirrors it (the two
 halves reassembled, the two gradients summed): 10. The products save cos and sin, buffers of s x d: nothing per
 layer. Fused (TE's fused_apply_rotary_pos_emb): 2 / 2."""
 
+RMSNORM_EAGER = Passes(fwd=20, bwd=54, fwd_kernels=8, bwd_kernels=17, saved=4)
+"""RMSNorm as the eager fp32 composite (`ModelSpec.norm_fusion` False), measured: torch's ``F.rms_norm`` on a
+16-bit input with a 16-bit weight, as the CPU build runs it, under a dispatch mode counting every aten op's tensor
+bytes read and written (tests/unit/test_eager_traffic.py). Forward: the fp32 copy (3), ``pow`` (4), ``mean``
+(2), ``* rsqrt`` (4), ``* weight`` in fp32 (4), the cast back (3), plus the eps add and rsqrt over one value per
+token: 20 over eight kernels. Backward: 54 over seventeen (the two products' gradients, the weight's reduction,
+the mean and pow chain, the two fp32 input gradients summed, the casts). It keeps the fp32 input and the fp32
+normalized input (8 bytes per element: 4 units) and fp32 1/rms per token, and not its 16-bit input. Megatron-LM's
+legacy ``rms_norm.py`` and torchtitan's 2024 ``RMSNorm`` cast back before the weight product (in 16 bits): a unit
+less each way; lynx prices them as this composite. Fused (one kernel each way, saves its 16-bit input): 2 / 4."""
+
 MAIN_GRAD_PASS_BYTES = 10.0
 """Without gradient_accumulation_fusion (megatron/core/tensor_parallel/layers.py,
 LinearWithGradAccumulationAndAsyncCommunication.backward: ``grad_output.t().matmul(total_input)`` instead of
@@ -82,6 +95,13 @@ DDP hook adds it into the fp32 main gradient (distributed_data_parallel.py ``par
 (compute-bound: no extra time)."""
 
 
+def check_norm_fusion(m: ModelSpec) -> None:
+    """`norm_fusion` False describes an eager RMSNorm; torch's and TransformerEngine's LayerNorm run one kernel."""
+    if not m.norm_fusion and m.normalization != "rmsnorm":
+        raise SpecError(f"model {m.name!r}: norm_fusion false prices an eager RMSNorm; normalization "
+                        f"{m.normalization!r} runs as one kernel (set norm_fusion true)")
+
+
 def apply(b: LayerBuilder, m: ModelSpec) -> None:
     """Re-describe the ops of `b` that `m`'s disabled fusions run eager (nothing when every fusion is on)."""
     names = {o.name: o for o in b.ops}
@@ -89,6 +109,11 @@ def apply(b: LayerBuilder, m: ModelSpec) -> None:
     def elems(name: str) -> float:
         return names[name].out_bytes / ACT_BYTES
 
+    if not m.norm_fusion and m.normalization == "rmsnorm":
+        for r in ("rmsnorm1", "rmsnorm2"):
+            if r in names:
+                b.eager(r, RMSNORM_EAGER, elems(r))
+                b.unsave(r)  # it keeps its fp32 copy (counted as side state above), not its 16-bit input
     if not m.bias_activation_fusion:
         if "swiglu" in names:
             b.eager("swiglu", SWIGLU_EAGER, elems("swiglu"))
@@ -107,5 +132,5 @@ def apply(b: LayerBuilder, m: ModelSpec) -> None:
                     b.eager(r, RESIDUAL_EAGER[key], elems(r))
 
 
-__all__ = ["GELU_BIAS_EAGER", "MAIN_GRAD_PASS_BYTES", "RESIDUAL_EAGER", "ROPE_EAGER", "SOFTMAX_EAGER",
-           "SWIGLU_EAGER", "apply"]
+__all__ = ["GELU_BIAS_EAGER", "MAIN_GRAD_PASS_BYTES", "RESIDUAL_EAGER", "RMSNORM_EAGER", "ROPE_EAGER",
+           "SOFTMAX_EAGER", "SWIGLU_EAGER", "apply", "check_norm_fusion"]

@@ -3,14 +3,17 @@
 The shapes, parameters and tensor-parallel split are LLaMA's (`lynx.families.llama`); what differs is what
 the kernels keep for backward. torchtitan 0.3.0's ``Llama3TransformerBlock`` (torchtitan/models/llama3/model.py,
 its attention and feed-forward in torchtitan/models/common/) runs unfused PyTorch ops, and
-``tests/unit/test_titan_family.py`` measures them with ``saved_tensors_hooks`` on CPU, counting each storage
-once. Per token of one block (h hidden, a/g query/KV heads of d, f the FFN width, all on one TP rank):
+``tests/unit/test_export_torchtitan_bytes.py`` measures them with ``saved_tensors_hooks`` on CPU, counting each storage
+once (the CPU build runs ``nn.RMSNorm`` as the eager composite, so that test plans ``norm_fusion: false``). Per
+token of one block (h hidden, a/g query/KV heads of d, f the FFN width, all on one TP rank):
 
 ==============  ===================================================  ==========================================
 op              what backward keeps (torchtitan eager)                Megatron-Core + TE (`families.llama`)
 ==============  ===================================================  ==========================================
-rmsnorm1/2      ``nn.RMSNorm`` upcasts: the fp32 input (4h), the      the 16-bit input (2h)
-                fp32 normalized input (4h), fp32 1/rms (4) and the
+rmsnorm1/2      on CUDA torch's fused kernel (torch >= 2.8): the      the 16-bit input (2h)
+                16-bit input (2h). ``norm_fusion: false`` (the CPU
+                build, older torch): the fp32 input (4h), the fp32
+                normalized input (4h), fp32 1/rms (4) and the
                 16-bit output the next GEMM saves (2h)
 qkv             output not kept: ``FusedQKVLinear`` copies q, k, v    the whole QKV output (V is a view of it)
                 out of it with ``.contiguous()``
@@ -22,12 +25,15 @@ silu            ``silu(w1 x)`` (2f), read by the product              - (fused i
 swiglu          the product (2f), read by ``w2``                      the fused SwiGLU output (2f)
 ==============  ===================================================  ==========================================
 
-The layer input is not kept by an eager block without checkpointing (the norm keeps its fp32 copy instead);
-lynx keeps it anyway, as the checkpoint every policy keeps (`lynx.graph`), so the priced ``none`` layer is one
-16-bit [tokens, h] above the measurement. torchtitan's sequence parallelism (DTensor ``SequenceParallel``
+The layer input is not kept by an eager block without checkpointing (the eager norm keeps its fp32 copy
+instead); lynx keeps it anyway, as the checkpoint every policy keeps (`lynx.graph`), so the priced ``none`` layer
+is one 16-bit [tokens, h] above the measurement. torchtitan's sequence parallelism (DTensor ``SequenceParallel``
 norms, ``PrepareModuleInput`` gathering before ``wqkv`` / ``w1`` / ``w3``) keeps the gathered GEMM input, not
-the shard (Megatron regathers it in backward). Times are priced as for LLaMA's ops; only the memory is
-measured. The compiled block (``torch.compile``, fused norm and SwiGLU) is not modelled here.
+the shard (Megatron regathers it in backward).
+
+Times are the eager kernels' own (decision 0262): each memory-bound op's bytes read and written and its kernel
+count, measured against the block's aten ops on CPU (tests/unit/test_eager_traffic.py; the constants below).
+The compiled block (``torch.compile``, fused norm and SwiGLU) is not modelled here.
 
 Static memory is torchtitan's FSDP2 as torchtitan runs it (`lynx.cost.titan_fsdp`): sharded fp32 parameters,
 gradients and AdamW state, the bf16 parameters it all-gathers (kept through the step with a pipeline), not
@@ -40,8 +46,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from lynx.errors import SpecError
-from lynx.families import llama
-from lynx.families.base import ACT_BYTES, LAYER_INPUT, Family, LayerBuilder, LayerSpec
+from lynx.families import fusion, llama
+from lynx.families.base import ACT_BYTES, LAYER_INPUT, Family, LayerBuilder, LayerSpec, Passes
 from lynx.graph import Block
 
 if TYPE_CHECKING:
@@ -52,12 +58,43 @@ FP32_BYTES = 4.0
 """``nn.RMSNorm`` on 16-bit input computes in fp32 and keeps fp32 tensors (measured, see the docstring)."""
 
 
-def _norm(b: LayerBuilder, name: str, block: Block, tok: float, h: float, src: str) -> None:
-    """Eager RMSNorm: 16-bit output plus its fp32 side state (upcast input, normalized input, 1/rms)."""
-    b.elementwise(name, block, tok * h, (src,), (name,), flops_per_elem=4,
-                  module="layernorm")
+ROPE = Passes(fwd=12, bwd=12, fwd_kernels=8, bwd_kernels=8)
+"""Per element of Q and K: ``FusedQKVLinear``'s clones of q and k (2), then torchtitan's complex RoPE for each
+(the fp32 copy 3, the complex product 4, the cast back 3); backward the same three kernels per tensor, the
+frequency table's clone, and its share of the gradient's ``cat`` back into the fused layout (2). Measured with
+the other constants here (tests/unit/test_eager_traffic.py)."""
+V_COPY = Passes(fwd=2, bwd=2, fwd_kernels=1, bwd_kernels=1)
+"""V's clone out of the fused QKV output; backward its share of the ``cat`` (the kernel counted here)."""
+SILU = Passes(fwd=2, bwd=3, fwd_kernels=1, bwd_kernels=1)
+SWIGLU_PRODUCT = Passes(fwd=3, bwd=6, fwd_kernels=1, bwd_kernels=2)
+"""``silu(w1 x) * w3 x`` in FeedForward: the product's two gradients, each reading two tensors."""
+RESIDUAL = Passes(fwd=3, bwd=3, fwd_kernels=1, bwd_kernels=1)
+"""``x + out``; backward the gradient summed where the residual stream forks (the block input feeds the norm and
+the residual, and so does h)."""
+FFN_INPUT_GRAD_SUM = 3.0
+"""w1 and w3 read the same input: backward sums their two input gradients (one kernel, elements of the GEMM
+input), counted with rmsnorm2's backward."""
+
+
+def _norm(b: LayerBuilder, name: str, block: Block, tok: float, h: float, src: str, fused: bool) -> None:
+    """RMSNorm: torch's ``_fused_rms_norm`` on CUDA (one kernel each way, keeps its 16-bit input), or the eager
+    fp32 composite (`fusion.RMSNORM_EAGER`: the CPU build, torch before 2.8, torchtitan's own 2024 RMSNorm), which
+    keeps the fp32 input and normalized input and fp32 1/rms (measured, see the docstring)."""
+    if fused:
+        b.elementwise(name, block, tok * h, (src,), (src,), flops_per_elem=4, module="layernorm")
+        return
+    b.elementwise(name, block, tok * h, (src,), (name,), flops_per_elem=4, module="layernorm")
+    b.eager(name, fusion.RMSNORM_EAGER, tok * h)  # side state 2 x fp32 per element
     last = b.ops[-1]
-    b.ops[-1] = replace(last, mask_bytes=2 * FP32_BYTES * tok * h + FP32_BYTES * tok)
+    b.ops[-1] = replace(last, mask_bytes=last.mask_bytes + FP32_BYTES * tok)
+
+
+def _more_backward(b: LayerBuilder, name: str, nbytes: float, kernels: int) -> None:
+    i = next(j for j, o in enumerate(b.ops) if o.name == name)
+    o = b.ops[i]
+    base = o.bwd_mem_bytes if o.bwd_mem_bytes is not None else o.bwd_factor * o.mem_bytes
+    b.ops[i] = replace(o, bwd_mem_bytes=base + nbytes,
+                       bwd_kernels=(o.bwd_kernels if o.bwd_mem_bytes is not None else 1) + kernels)
 
 
 def check_model(m: ModelSpec) -> None:
@@ -82,7 +119,8 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     d = model.head_dim
     a_l, g_l = a / t, g / t
 
-    _norm(b, "rmsnorm1", "attn", tok_ln, h, LAYER_INPUT)
+    fused = model.norm_fusion
+    _norm(b, "rmsnorm1", "attn", tok_ln, h, LAYER_INPUT, fused)
     qkv_in = "rmsnorm1"
     if sp:
         b.comm("attn_allgather", "attn", "gather", ACT_BYTES * tok * h, ("rmsnorm1",), ACT_BYTES * tok * h, "qkv")
@@ -90,7 +128,9 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     b.gemm("qkv", "attn", tok, h, (a_l + 2 * g_l) * d, (qkv_in,), (qkv_in,))
     # q, k, v split out of the fused output and made contiguous; only V's copy is read by backward.
     b.elementwise("v_copy", "attn", tok * g_l * d, ("qkv",), ())
+    b.eager("v_copy", V_COPY, tok * g_l * d)
     b.elementwise("rope", "attn", tok * (a_l + g_l) * d, ("qkv",), (), flops_per_elem=3)
+    b.eager("rope", ROPE, tok * (a_l + g_l) * d)
     b.flash_attention("core_attn", "attn", mb * a_l, mb * g_l, s, d, ("rope", "v_copy"),
                       ("rope", "v_copy", "core_attn"))
     b.gemm("attn_proj", "attn", tok, a_l * d, h, ("core_attn",), ("core_attn",))
@@ -100,8 +140,10 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     else:
         b.comm(red, "attn", "allreduce", ACT_BYTES * tok * h, ("attn_proj",), ACT_BYTES * tok * h, "qkv")
     b.elementwise("attn_residual", "attn", tok_ln * h, (red, LAYER_INPUT), (), reads=2)
+    b.eager("attn_residual", RESIDUAL, tok_ln * h)
 
-    _norm(b, "rmsnorm2", "mlp", tok_ln, h, "attn_residual")
+    _norm(b, "rmsnorm2", "mlp", tok_ln, h, "attn_residual", fused)
+    _more_backward(b, "rmsnorm2", ACT_BYTES * FFN_INPUT_GRAD_SUM * tok * h, 1)
     up_in = "rmsnorm2"
     if sp:
         b.comm("mlp_allgather", "mlp", "gather", ACT_BYTES * tok * h, ("rmsnorm2",), ACT_BYTES * tok * h, "gate",
@@ -110,7 +152,9 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     b.gemm("gate", "mlp", tok, h, f / t, (up_in,), (up_in,), module="mlp")
     b.gemm("up", "mlp", tok, h, f / t, (up_in,), (up_in,), module="mlp")
     b.elementwise("silu", "mlp", tok * f / t, ("gate",), ("gate",), flops_per_elem=3, module="mlp")
+    b.eager("silu", SILU, tok * f / t)
     b.elementwise("swiglu", "mlp", tok * f / t, ("silu", "up"), ("silu", "up"), reads=2, module="mlp")
+    b.eager("swiglu", SWIGLU_PRODUCT, tok * f / t)
     b.gemm("down", "mlp", tok, f / t, h, ("swiglu",), ("swiglu",), module="mlp")
     red = "mlp_reducescatter" if sp else "mlp_allreduce"
     if sp:
@@ -118,6 +162,7 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     else:
         b.comm(red, "mlp", "allreduce", ACT_BYTES * tok * h, ("down",), ACT_BYTES * tok * h, "gate")
     b.elementwise("mlp_residual", "mlp", tok_ln * h, (red, "attn_residual"), (), reads=2)
+    b.eager("mlp_residual", RESIDUAL, tok_ln * h)
     return b.spec(ACT_BYTES * tok_ln * h)
 
 

@@ -93,6 +93,8 @@ class ProfileConfig:
                   "num_query_groups": self.num_query_groups, "ffn_hidden_size": self.ffn_hidden_size,
                   "dropout": self.dropout_p > 0, "hidden_dropout": self.dropout_p,
                   "attention_dropout": self.dropout_p}
+        if self.family == "torchtitan-llama3" and self.device == "cpu":
+            fields["norm_fusion"] = False  # torchtitan's nn.RMSNorm: torch's fused kernel on CUDA, eager on CPU
         try:
             return ModelSpec(**fields)
         except SpecError as e:

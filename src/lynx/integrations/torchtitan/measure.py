@@ -77,3 +77,46 @@ def saved_bytes_by_op(block: nn.Module, *inputs: Any) -> dict[str, int]:
     for nbytes, op in saved.values():
         out[op] = out.get(op, 0) + nbytes
     return out
+
+
+GEMM_OPS = frozenset({"mm", "addmm", "bmm", "matmul", "linear"})
+"""Compute-bound aten ops `eager_traffic` leaves out (lynx prices GEMMs by FLOPs and shape, not traffic)."""
+
+
+class _Traffic(dispatch_mode_base()):  # type: ignore[misc]
+    """Bytes read plus written by every memory-bound aten op (tensor arguments and results at their logical
+    size), and the count of such ops (kernels). Views (every result aliasing an input, not in place) move nothing;
+    GEMMs and attention kernels are left out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nbytes = 0
+        self.kernels = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name in GEMM_OPS or "attention" in name:
+            return out
+        ins = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
+        for a in args:
+            if isinstance(a, (list, tuple)):
+                ins += [t for t in a if isinstance(t, torch.Tensor)]
+        outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, torch.Tensor)]
+        held = {t.untyped_storage().data_ptr() for t in ins}
+        if outs and not name.endswith("_") and all(o.untyped_storage().data_ptr() in held for o in outs):
+            return out  # a view
+        self.nbytes += sum(t.numel() * t.element_size() for t in (*ins, *outs))
+        self.kernels += 1
+        return out
+
+
+def eager_traffic(fn: Callable[[], torch.Tensor], grad: torch.Tensor) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((forward bytes, kernels), (backward bytes, kernels)) of the memory-bound aten ops `fn()` runs and then its
+    backward from `grad` runs: what lynx's eager prices count (`lynx.families.fusion`, `families.titan`)."""
+    fwd, bwd = _Traffic(), _Traffic()
+    with fwd:
+        y = fn()
+    with bwd:
+        y.backward(grad)
+    return (fwd.nbytes, fwd.kernels), (bwd.nbytes, bwd.kernels)
