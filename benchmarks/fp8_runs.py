@@ -64,7 +64,8 @@ def _l70(gpus: int, step: float) -> Run:
     # llama3.1/README_70b.md "Llama 3.1 70b 24.09 FP8 (TP=4, PP=4, CP=2, VP=5, MBS=1, GA=64)", GBS = 2 x GPUs;
     # llama3.1_70b.yaml: SP, ub_tp_comm_overlap true, no recompute, distributed_fused_adam with grad_sync_dtype bf16
     # (the BF16 twin is benchmarks/cp_long_context.py's published table)
-    return Run("Llama 3.1 70B, NeMo 24.09", "llama3-70b", 4, 4, 2, 5, 1, 8192, gpus, 2 * gpus, step)
+    # llama3.1_70b.yaml l. 101: cross_entropy_loss_fusion true
+    return Run("Llama 3.1 70B, NeMo 24.09", "llama3-70b", 4, 4, 2, 5, 1, 8192, gpus, 2 * gpus, step, ce_fusion=True)
 
 
 C = "dgxc-benchmarking 143b90dd"
@@ -79,9 +80,10 @@ CALIBRATION: tuple[Fp8Run, ...] = tuple(Fp8Run(r, "calibration", C) for r in (
     *(_g175(g, s) for g, s in ((128, 5.92), (256, 5.96), (512, 6.44), (1024, 6.72), (2048, 6.24))),
 ))
 
-NEMO2 = dict(precision="paper", bytes_per_param=None)
+NEMO2 = dict(precision="paper", bytes_per_param=None, ce_fusion=True)
 """NeMo 2.0's Megatron-Core distributed optimizer with `grad_reduce_in_fp32 = False`: 2-byte parameters and
-gradients, 12 bytes of fp32 state sharded (lynx --precision paper)."""
+gradients, 12 bytes of fp32 state sharded (lynx --precision paper); NeMo 2.0's GPTConfig turns
+`cross_entropy_loss_fusion` on by default."""
 H = "dgxc-benchmarking v25.04.01 (85380ff)"
 HELD_OUT: tuple[Fp8Run, ...] = tuple(Fp8Run(r, "held-out", H) for r in (
     *(replace(_l8(g, s), recipe="Llama 3.1 8B, NeMo 25.02", **NEMO2)  # type: ignore[arg-type]

@@ -69,6 +69,8 @@ ASSUMPTIONS = (
     "Nemotron-4 340B's optimizer as its YAML sets it (`grad_sync_dtype: bf16`, `dtype: bf16`, so NeMo stores "
     "no main weights): 2-byte gradients reduced in bf16 and 4 bytes of Adam state (lynx --precision paper "
     "--bytes-per-param 8).",
+    "The loss as each YAML sets `cross_entropy_loss_fusion` (Llama 3.1 and Nemotron-4: true, lynx's fused loss; "
+    "GPT-3 175B: unset, priced as Megatron-Core's default, off).",
     "GPT-3's vocabulary is GPT-2's 50,257 padded to a multiple of 128 x TP (Megatron's "
     "`make_vocab_size_divisible_by` 128 times TP 4): 50,688; the Llama and Nemotron vocabularies are the "
     "presets' (128,256 and 256,000, both already multiples of 128 x TP).",
@@ -98,6 +100,9 @@ class Run:
     tp_comm_overlap: bool = True
     layers: int | None = None
     """The recipe's layer count when it differs from the model's (the 405B proxy configurations)."""
+    ce_fusion: bool = False
+    """`cross_entropy_loss_fusion` as the recipe's YAML sets it (the Llama 3.1 and Nemotron-4 YAMLs: true; the
+    GPT-3 175B YAML leaves it unset: Megatron-Core's default, off). lynx's field of the same name."""
     query_groups: int | None = None
     vocab: int | None = None
     dropout: bool = False
@@ -112,8 +117,9 @@ def _l8(gpus: int, step: float) -> Run:
     # llama3.1/README_8b.md "Llama 3.1 8b 24.09 BF16 (TP=1, PP=1, CP=2, MBS=1, GA=32)"; llama3.1_8b.yaml:
     # sequence_parallel false, ub_tp_comm_overlap false, no recompute, seq 8192; GBS = 128 x GPUs / 8;
     # optim: distributed_fused_adam, grad_sync_dtype bf16, contiguous grad and param buffers (l. 140-157).
+    # llama3.1_8b.yaml l. 86: cross_entropy_loss_fusion true.
     return Run("Llama 3.1 8B, NeMo 24.09", "llama3-8b", 1, 1, 2, 1, 1, 8192, gpus, 16 * gpus, step,
-               sp=False, tp_comm_overlap=False)
+               sp=False, tp_comm_overlap=False, ce_fusion=True)
 
 
 def _l405(gpus: int, layers: int, pp: int, vpp: int, gbs: int, step: float) -> Run:
@@ -121,15 +127,18 @@ def _l405(gpus: int, layers: int, pp: int, vpp: int, gbs: int, step: float) -> R
     # "Layers", "GBS", "PP", "VP" per scale (proxy configurations below 576 GPUs); llama3.1_405b.yaml: SP,
     # ub_tp_comm_overlap true, no recompute, num_query_groups 16 (as the recipe runs, not the released model's 8);
     # optim: distributed_fused_adam, grad_sync_dtype bf16, contiguous grad and param buffers (l. 147-164).
+    # llama3.1_405b.yaml l. 107: cross_entropy_loss_fusion true.
     return Run("Llama 3.1 405B, NeMo 24.09", "llama3.1-405b", 8, pp, 2, vpp, 1, 8192, gpus, gbs, step,
-               layers=layers, query_groups=16)
+               layers=layers, query_groups=16, ce_fusion=True)
 
 
 def _n15(gpus: int, step: float) -> Run:
     # nemotron/README_15b.md "Nemotron4 15b 24.11 BF16 (TP=4, PP=1, MBS=4, GA=4)"; configure.sh: GBS = 4 x GPUs,
     # SP, ub_tp_comm_overlap True; nemotron4-15b-synth.yaml: no recompute, seq 4096; optim:
     # distributed_fused_adam, grad_sync_dtype bf16, contiguous grad and param buffers (l. 176-193).
-    return Run("Nemotron-4 15B, NeMo 24.11", "nemotron4-15b", 4, 1, 1, 1, 4, 4096, gpus, 4 * gpus, step)
+    # nemotron4-15b-synth.yaml l. 122: cross_entropy_loss_fusion true.
+    return Run("Nemotron-4 15B, NeMo 24.11", "nemotron4-15b", 4, 1, 1, 1, 4, 4096, gpus, 4 * gpus, step,
+               ce_fusion=True)
 
 
 def _n340(gpus: int, step: float) -> Run:
@@ -138,8 +147,9 @@ def _n340(gpus: int, step: float) -> Run:
     # selective.
     # Its optim block sets `grad_sync_dtype: bf16` and `dtype: bf16`: bf16 gradients reduced in bf16 and bf16
     # Adam state, so the parameters are the main weights: lynx's 2-byte-gradient recipe with 2 + 2 + 4 bytes.
+    # nemotron4-340b-synth.yaml l. 216: cross_entropy_loss_fusion true.
     return Run("Nemotron-4 340B, NeMo 24.11", "nemotron4-340b", 8, 8, 1, 12, 1, 4096, gpus, gpus // 4, step,
-               method="selective", precision="paper", bytes_per_param=8.0)
+               method="selective", precision="paper", bytes_per_param=8.0, ce_fusion=True)
 
 
 def _g175(gpus: int, step: float) -> Run:
@@ -163,7 +173,7 @@ RUNS: tuple[Run, ...] = (
 
 def model_of(r: Run) -> ModelSpec:
     m = load_model(r.model)
-    kw: dict[str, object] = {"attention": "flash", "dropout": r.dropout,
+    kw: dict[str, object] = {"attention": "flash", "dropout": r.dropout, "cross_entropy_loss_fusion": r.ce_fusion,
                              "max_position_embeddings": max(m.max_position_embeddings, r.seq)}
     if r.layers is not None:
         kw["num_layers"] = r.layers
