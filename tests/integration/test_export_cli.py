@@ -53,7 +53,8 @@ def test_megatron_export_round_trips_through_from_megatron(plan_file: Path, tmp_
     args = (out / "megatron_args.txt").read_text()
     # the plans here are priced with the paper's 16 B/param recipe; the exported --bf16 reads back as Megatron's
     # bf16 recipe (18 B) unless lynx's own --precision says otherwise
-    r = lynx_cli("plan", "--from-megatron", args, "--precision", "paper", "--json")
+    # (the arguments file holds no world size, which torchrun gives Megatron: the plan's DP is said with --dp)
+    r = lynx_cli("plan", "--from-megatron", args, "--precision", "paper", "--dp", "1", "--json")
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert got["warnings"] == []

@@ -203,3 +203,49 @@ def test_megatrons_own_pipeline_balancing_flags_are_read() -> None:
     assert cmd.layout.layers == (7, 8, 8, 7)
     with pytest.raises(SpecError, match="split evenly"):
         parse_megatron_args(base + " --account-for-embedding-in-pipeline-split")
+
+
+# -- the launcher's world: torchrun's --nnodes x --nproc-per-node sets Megatron's DP ---------------------------------
+
+def _world(line: str, dp: int | None = None, nodes: int | None = None) -> tuple[int, int | None, list[str]]:
+    from lynx.cli.export import megatron_world
+    from lynx.spec import load_hardware
+
+    return megatron_world(parse_megatron_args(line), dp, nodes, load_hardware("h100-80g-nvlink"))
+
+
+@pytest.mark.parametrize("launch", ["torchrun --nproc-per-node 8 --nnodes 2 pretrain_gpt.py",
+                                    "python -m torch.distributed.run --nproc_per_node=8 --nnodes=2 --node_rank 0 "
+                                    "--master_addr h0 --master_port 6000 /opt/Megatron-LM/pretrain_gpt.py",
+                                    "torchrun --nnodes 2 --nproc-per-node gpu pretrain_gpt.py"])
+def test_torchruns_world_gives_megatrons_dp(launch: str) -> None:
+    cmd = parse_megatron_args(f"{launch} {BASE}")
+    assert not any("--nnodes" in w or "--nproc" in w for w in cmd.warnings)  # read, not "unknown"
+    assert _world(f"{launch} {BASE}") == (1, 2, [])  # 16 devices / (TP 4 x PP 4)
+    assert _world(f"{launch} {BASE}", dp=1) == (1, 2, []) == _world(f"{launch} {BASE}", nodes=2)
+
+
+def test_a_world_that_disagrees_with_torchrun_is_an_error_naming_both() -> None:
+    line = f"torchrun --nproc-per-node 8 --nnodes 8 pretrain_gpt.py {BASE}"
+    assert _world(line)[:2] == (4, 8)
+    with pytest.raises(SpecError, match=r"^--nodes 4 conflicts with --from-megatron's torchrun --nnodes 8"):
+        _world(line, nodes=4)
+    with pytest.raises(SpecError, match=r"^--dp 2 conflicts with --from-megatron's torchrun world \(8 x 8 = 64 "
+                                        r"devices: DP 4\)"):
+        _world(line, dp=2)
+    with pytest.raises(SpecError, match="torchrun --nproc-per-node 4 on h100-80g-nvlink .8 devices a node."):
+        _world(line.replace("--nproc-per-node 8", "--nproc-per-node 4"))
+    with pytest.raises(SpecError, match=r"1 x 8 = 8 devices are not a multiple of TP x CP 4 x PP 4"):
+        _world(line.replace("--nnodes 8", "--nnodes 1"))
+
+
+def test_an_elastic_or_missing_world_is_said() -> None:
+    elastic = f"torchrun --nproc-per-node 8 --nnodes 1:8 pretrain_gpt.py {BASE}"
+    with pytest.raises(SpecError, match=r"torchrun --nnodes 1:8 is elastic; give lynx --nodes or --dp"):
+        _world(elastic)
+    assert _world(elastic, nodes=4) == (2, 4, [])
+    dp, nodes, warn = _world(BASE)  # no launcher, no --dp or --nodes: DP 1, and the warning says why
+    assert (dp, nodes) == (1, None) and warn[0].startswith("DP 1: Megatron takes DP from the launcher's world")
+    assert _world(BASE, dp=3) == (3, None, [])
+    with pytest.raises(SpecError, match="expected integers"):
+        _world(f"torchrun --nnodes two --nproc-per-node 8 pretrain_gpt.py {BASE}")

@@ -228,12 +228,46 @@ def plan_from_megatron_flags(f: PlanFlags) -> None:
     check_megatron_pins(cmd, f)
     given = LynxFlags(f.precision, bool(f.distributed_optimizer), f.overlap_grad_reduce, f.overlap_param_gather,
                       f.tp_comm_overlap)
-    plan_from_megatron(cmd, f.hardware, 1 if f.dp is None else f.dp, f.nodes, f.budget_gb, f.bytes_per_param,
-                       f.as_json, f.out, given)
+    plan_from_megatron(cmd, f.hardware, f.dp, f.nodes, f.budget_gb, f.bytes_per_param, f.as_json, f.out, given)
 
 
-def plan_from_megatron(cmd: MegatronCommand, hardware: str, dp: int, nodes: int | None, budget_gb: float | None,
-                       bytes_per_param: float | None, as_json: bool, out: Path | None,
+def megatron_world(cmd: MegatronCommand, dp: int | None, nodes: int | None, hw: Hardware
+                   ) -> tuple[int, int | None, list[str]]:
+    """(DP, nodes, warnings) of an imported command line: torchrun's --nnodes x --nproc-per-node when the line
+    starts with it (Megatron's DP = world / (TP x CP x PP)), lynx's --dp / --nodes otherwise; a --dp or --nodes
+    that disagrees with torchrun's is an error naming both, and no world anywhere prices DP 1, said."""
+    mp = cmd.tp * cmd.cp * cmd.pp
+    run = cmd.launcher
+    if run is not None and run.nodes is None:
+        if dp is None and nodes is None:
+            raise SpecError(f"--from-megatron: torchrun --nnodes {run.elastic} is elastic; give lynx --nodes or --dp "
+                            "for the world lynx should price")
+        run = None  # the world is lynx's --dp / --nodes
+    if run is None:
+        warn = [] if dp is not None or nodes is not None else [
+            "DP 1: Megatron takes DP from the launcher's world size (torchrun --nnodes x --nproc-per-node), which "
+            "the command line does not hold; give --dp or --nodes, or the torchrun line"]
+        return derived_dp(1 if dp is None else dp, nodes, hw.devices_per_node, cmd.tp * cmd.cp, cmd.pp), nodes, warn
+    per = run.procs_per_node or hw.devices_per_node
+    if per != hw.devices_per_node:
+        raise SpecError(f"--from-megatron: torchrun --nproc-per-node {per} on {hw.name} ({hw.devices_per_node} "
+                        "devices a node): lynx prices whole nodes; give --dp and --nodes")
+    assert run.nodes is not None
+    if nodes is not None and nodes != run.nodes:
+        raise SpecError(f"--nodes {nodes} conflicts with --from-megatron's torchrun --nnodes {run.nodes}; give the "
+                        "size in one place")
+    world = run.nodes * per
+    if world % mp:
+        raise SpecError(f"--from-megatron: torchrun's {run.nodes} x {per} = {world} devices are not a multiple of "
+                        f"TP x CP {cmd.tp * cmd.cp} x PP {cmd.pp} (Megatron derives DP = world size / (TP x CP x PP))")
+    if dp is not None and dp != world // mp:
+        raise SpecError(f"--dp {dp} conflicts with --from-megatron's torchrun world ({run.nodes} x {per} = {world} "
+                        f"devices: DP {world // mp}); give the size in one place")
+    return world // mp, run.nodes, []
+
+
+def plan_from_megatron(cmd: MegatronCommand, hardware: str, dp: int | None, nodes: int | None,
+                       budget_gb: float | None, bytes_per_param: float | None, as_json: bool, out: Path | None,
                        lynx: LynxFlags | None = None) -> None:
     """Simulate the user's Megatron configuration and lynx's plan for the same model, cluster and batch.
     `lynx`: lynx's own options, which win over the command line's."""
@@ -245,10 +279,13 @@ def plan_from_megatron(cmd: MegatronCommand, hardware: str, dp: int, nodes: int 
     if budget_gb is not None and budget_gb <= 0:
         raise SpecError(f"--budget-gb must be positive, got {budget_gb}")
     hw = load_hardware(hardware)
-    dp = derived_dp(dp, nodes, hw.devices_per_node, cmd.tp * cmd.cp, cmd.pp)
+    dp, nodes, world_warnings = megatron_world(cmd, dp, nodes, hw)
+    cmd = replace(cmd, warnings=(*cmd.warnings, *world_warnings))
     opts = megatron_options(cmd.run, lynx or LynxFlags(), bytes_per_param, nodes, budget_gb)
     problem = imported_problem(cmd.model, cmd.parallel(dp), cmd.layout, hardware, opts)
     for w in budget_warnings(budget_gb, hw):  # after the checks: a NaN has been refused
+        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+    for w in cmd.warnings:  # before the pricing, whose error (a plan that does not fit) they may explain
         err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
     from lynx.export.megatron_offload import command_offload
 
@@ -256,8 +293,6 @@ def plan_from_megatron(cmd: MegatronCommand, hardware: str, dp: int, nodes: int 
                           command_offload(cmd.offload, len(cmd.layout.layers), cmd.layout.pp))
     free = replace(problem, options=replace(problem.options, layers_per_stage=None))
     lynx_row = plan_method(free, "lynx")
-    for w in cmd.warnings:
-        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
     if out is not None and mine.plan is not None:
         mine.plan.save(out)
         err_console.print(f"wrote {out}")

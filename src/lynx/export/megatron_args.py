@@ -91,6 +91,49 @@ class MegatronRun:
 
 
 @dataclass(frozen=True, slots=True)
+class Launcher:
+    """The world a torchrun launch line gives Megatron (which derives DP = world / (TP x CP x PP) from it)."""
+
+    nodes: int | None
+    """--nnodes (--standalone: 1); None when elastic (``--nnodes MIN:MAX``, `elastic` holds it)."""
+    procs_per_node: int | None
+    """--nproc-per-node; None for torchrun's gpu / auto (every device of the node)."""
+    elastic: str = ""
+
+
+_LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+
+
+def _launcher(tokens: list[str]) -> tuple[Launcher | None, list[str]]:
+    """torchrun's world from the tokens before the script (the first token ending in .py), and the tokens after
+    it; (None, tokens) when the line does not start with torchrun (or ``python -m torch.distributed.run``)."""
+    script = next((i for i, t in enumerate(tokens) if t.endswith(".py") and not t.startswith("-")), None)
+    if script is None or not any(t.rsplit("/", 1)[-1] in _LAUNCHERS for t in tokens[:script]):
+        return None, tokens
+    head: dict[str, str] = {}
+    for i, t in enumerate(tokens[:script]):
+        if not t.startswith("--"):
+            continue
+        name, eq, val = t.partition("=")
+        name = name.replace("_", "-")
+        nxt = tokens[i + 1] if i + 1 < script else ""
+        head[name] = val if eq else ("" if nxt.startswith("-") else nxt)
+    nodes_text = head.get("--nnodes") or "1"
+    procs_text = head.get("--nproc-per-node") or "1"
+    try:
+        bounds = [int(n) for n in nodes_text.split(":")]
+        procs = None if procs_text in ("gpu", "auto") else int(procs_text)
+    except ValueError:
+        raise SpecError(f"--from-megatron: torchrun --nnodes {nodes_text!r} --nproc-per-node {procs_text!r}: "
+                        "expected integers (--nnodes may be MIN:MAX, --nproc-per-node gpu or auto)") from None
+    if min(bounds) < 1 or len(bounds) > 2 or (procs is not None and procs < 1):
+        raise SpecError(f"--from-megatron: torchrun --nnodes {nodes_text} --nproc-per-node {procs_text}: must be "
+                        "positive (--nnodes N or MIN:MAX)")
+    nodes = bounds[0] if len(bounds) == 1 else None
+    return Launcher(nodes, procs, "" if nodes else nodes_text), tokens[script + 1:]
+
+
+@dataclass(frozen=True, slots=True)
 class MegatronCommand:
     """What lynx reads from a Megatron command line."""
 
@@ -118,6 +161,8 @@ class MegatronCommand:
     """--expert-model-parallel-size."""
     etp: int = 0
     """--expert-tensor-parallel-size (0: TP)."""
+    launcher: Launcher | None = None
+    """torchrun's world (`--nnodes`, `--nproc-per-node`) when the command line starts with it; None otherwise."""
 
     def parallel(self, dp: int) -> ParallelSpec:
         return ParallelSpec(tp=self.tp, pp=self.pp, dp=dp, sequence_parallel=self.sequence_parallel,
@@ -257,7 +302,8 @@ def _recompute(k: dict[str, Value]) -> MegatronRecompute:
 
 
 def parse_megatron_args(args: str | Sequence[str]) -> MegatronCommand:
-    k, ignored = _scan(_tokens(args))
+    launcher, tokens = _launcher(_tokens(args))
+    k, ignored = _scan(tokens)
     missing = [f for f in _REQUIRED if f not in k]
     if missing:
         raise SpecError(f"--from-megatron: missing {', '.join(missing)} (lynx needs the model and batch sizes)")
@@ -289,7 +335,7 @@ def parse_megatron_args(args: str | Sequence[str]) -> MegatronCommand:
         sequence_parallel=bool(k.get("--sequence-parallel", False)), micro_batch_size=_int(k, "--micro-batch-size"),
         global_batch_size=_int(k, "--global-batch-size"), seq_length=seq, layout=_layout(k, pp, layers),
         recompute=_recompute(k), warnings=tuple(warn), run=_run(k), cp=cp, cp_comm_type=kind, cp_a2a_size=a2a,
-        offload=_offload(k), ep=ep, etp=etp,
+        offload=_offload(k), ep=ep, etp=etp, launcher=launcher,
     )
 
 
