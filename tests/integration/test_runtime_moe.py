@@ -64,6 +64,7 @@ def test_ep2_bitwise_and_the_all_to_alls_host_the_mlp_windows(tmp_path: Path) ->
         assert r["peak"] >= 0.97 * r["predicted"], r
 
 
+@pytest.mark.slow  # routed experts only: test_ep2_qwen3_layer_bitwise runs it in the default run (with q/k norms)
 def test_ep2_without_a_shared_expert_bitwise(tmp_path: Path) -> None:
     """Routed experts only (Qwen3-MoE's and Mixtral's MoE layer, moe_shared_expert_intermediate_size 0): no shared
     expert's parameters or ops; the same bitwise check and windows."""
