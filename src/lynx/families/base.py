@@ -190,12 +190,6 @@ class LayerBuilder:
             kernels=passes.fwd_kernels, bwd_kernels=passes.bwd_kernels,
             mask_bytes=o.mask_bytes + ACT_BYTES * passes.saved * elems)
 
-    def unsave(self, name: str) -> None:
-        """The op `name` (already added) keeps none of its inputs for backward (an eager form keeps side state
-        instead, counted in its `mask_bytes`)."""
-        i = next(j for j, o in enumerate(self.ops) if o.name == name)
-        self.ops[i] = dataclasses.replace(self.ops[i], saved=())
-
     def elementwise(self, name: str, block: Block, elems: float, inputs: tuple[str, ...],
                     saved: tuple[str, ...], reads: float = 1.0, mask: bool = False, flops_per_elem: float = 1.0,
                     out_elems: float | None = None, module: str = "") -> None:

@@ -25,6 +25,7 @@ a pass of the kernels' own counts); nothing here moves a default plan.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from lynx.errors import SpecError
@@ -86,6 +87,8 @@ normalized input (8 bytes per element: 4 units) and fp32 1/rms per token, and no
 legacy ``rms_norm.py`` and torchtitan's 2024 ``RMSNorm`` cast back before the weight product (in 16 bits): a unit
 less each way; lynx prices them as this composite. Fused (one kernel each way, saves its 16-bit input): 2 / 4."""
 
+FP32_BYTES = 4.0
+
 MAIN_GRAD_PASS_BYTES = 10.0
 """Without gradient_accumulation_fusion (megatron/core/tensor_parallel/layers.py,
 LinearWithGradAccumulationAndAsyncCommunication.backward: ``grad_output.t().matmul(total_input)`` instead of
@@ -102,6 +105,17 @@ def check_norm_fusion(m: ModelSpec) -> None:
                         f"{m.normalization!r} runs as one kernel (set norm_fusion true)")
 
 
+def eager_rmsnorm(b: LayerBuilder, name: str, tokens: float, hidden: float) -> None:
+    """Re-describe the norm `name` (already added) as the eager fp32 composite: `RMSNORM_EAGER`'s traffic and
+    kernels; it keeps its fp32 input and normalized input and fp32 1/rms per token (side state) and a tensor of
+    its output's size (the weight product's operand: its own output, counted once with the GEMM that reads it),
+    not its 16-bit input. What torchtitan's block keeps on CPU, measured (tests/unit/test_titan_profile_reads.py,
+    tests/unit/test_export_torchtitan_bytes.py)."""
+    b.eager(name, RMSNORM_EAGER, tokens * hidden)
+    i = next(j for j, o in enumerate(b.ops) if o.name == name)
+    b.ops[i] = dataclasses.replace(b.ops[i], saved=(name,), mask_bytes=b.ops[i].mask_bytes + FP32_BYTES * tokens)
+
+
 def apply(b: LayerBuilder, m: ModelSpec) -> None:
     """Re-describe the ops of `b` that `m`'s disabled fusions run eager (nothing when every fusion is on)."""
     names = {o.name: o for o in b.ops}
@@ -112,8 +126,7 @@ def apply(b: LayerBuilder, m: ModelSpec) -> None:
     if not m.norm_fusion and m.normalization == "rmsnorm":
         for r in ("rmsnorm1", "rmsnorm2"):
             if r in names:
-                b.eager(r, RMSNORM_EAGER, elems(r))
-                b.unsave(r)  # it keeps its fp32 copy (counted as side state above), not its 16-bit input
+                eager_rmsnorm(b, r, elems(r) / m.hidden_size, m.hidden_size)
     if not m.bias_activation_fusion:
         if "swiglu" in names:
             b.eager("swiglu", SWIGLU_EAGER, elems("swiglu"))
@@ -133,4 +146,4 @@ def apply(b: LayerBuilder, m: ModelSpec) -> None:
 
 
 __all__ = ["GELU_BIAS_EAGER", "MAIN_GRAD_PASS_BYTES", "RESIDUAL_EAGER", "RMSNORM_EAGER", "ROPE_EAGER",
-           "SOFTMAX_EAGER", "SWIGLU_EAGER", "apply", "check_norm_fusion"]
+           "SOFTMAX_EAGER", "SWIGLU_EAGER", "apply", "check_norm_fusion", "eager_rmsnorm"]

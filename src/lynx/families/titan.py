@@ -54,9 +54,6 @@ if TYPE_CHECKING:
     from lynx.spec import ModelSpec, ParallelSpec
 
 NAME = "torchtitan-llama3"
-FP32_BYTES = 4.0
-"""``nn.RMSNorm`` on 16-bit input computes in fp32 and keeps fp32 tensors (measured, see the docstring)."""
-
 
 ROPE = Passes(fwd=12, bwd=12, fwd_kernels=8, bwd_kernels=8)
 """Per element of Q and K: ``FusedQKVLinear``'s clones of q and k (2), then torchtitan's complex RoPE for each
@@ -80,13 +77,9 @@ def _norm(b: LayerBuilder, name: str, block: Block, tok: float, h: float, src: s
     """RMSNorm: torch's ``_fused_rms_norm`` on CUDA (one kernel each way, keeps its 16-bit input), or the eager
     fp32 composite (`fusion.RMSNORM_EAGER`: the CPU build, torch before 2.8, torchtitan's own 2024 RMSNorm), which
     keeps the fp32 input and normalized input and fp32 1/rms (measured, see the docstring)."""
-    if fused:
-        b.elementwise(name, block, tok * h, (src,), (src,), flops_per_elem=4, module="layernorm")
-        return
-    b.elementwise(name, block, tok * h, (src,), (name,), flops_per_elem=4, module="layernorm")
-    b.eager(name, fusion.RMSNORM_EAGER, tok * h)  # side state 2 x fp32 per element
-    last = b.ops[-1]
-    b.ops[-1] = replace(last, mask_bytes=last.mask_bytes + FP32_BYTES * tok)
+    b.elementwise(name, block, tok * h, (src,), (src,), flops_per_elem=4, module="layernorm")
+    if not fused:
+        fusion.eager_rmsnorm(b, name, tok, h)
 
 
 def _more_backward(b: LayerBuilder, name: str, nbytes: float, kernels: int) -> None:
