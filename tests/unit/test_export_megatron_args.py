@@ -247,5 +247,9 @@ def test_an_elastic_or_missing_world_is_said() -> None:
     dp, nodes, warn = _world(BASE)  # no launcher, no --dp or --nodes: DP 1, and the warning says why
     assert (dp, nodes) == (1, None) and warn[0].startswith("DP 1: Megatron takes DP from the launcher's world")
     assert _world(BASE, dp=3) == (3, None, [])
-    with pytest.raises(SpecError, match="expected integers"):
-        _world(f"torchrun --nnodes two --nproc-per-node 8 pretrain_gpt.py {BASE}")
+    for bad, said in (("--nnodes two", "expected integers"), ("--nnodes nan", "expected integers"),
+                      ("--nnodes inf", "expected integers"), ("--nnodes -1", "must be positive"),
+                      ("--nnodes 0", "must be positive"), ("--nproc-per-node=-8", "must be positive"),
+                      ("--nnodes --standalone", "torchrun --nnodes has no value")):
+        with pytest.raises(SpecError, match=said):
+            _world(f"torchrun {bad} pretrain_gpt.py {BASE}")

@@ -238,12 +238,10 @@ def megatron_world(cmd: MegatronCommand, dp: int | None, nodes: int | None, hw: 
     that disagrees with torchrun's is an error naming both, and no world anywhere prices DP 1, said."""
     mp = cmd.tp * cmd.cp * cmd.pp
     run = cmd.launcher
-    if run is not None and run.nodes is None:
-        if dp is None and nodes is None:
-            raise SpecError(f"--from-megatron: torchrun --nnodes {run.elastic} is elastic; give lynx --nodes or --dp "
-                            "for the world lynx should price")
-        run = None  # the world is lynx's --dp / --nodes
-    if run is None:
+    if run is not None and run.nodes is None and dp is None and nodes is None:
+        raise SpecError(f"--from-megatron: torchrun --nnodes {run.elastic} is elastic; give lynx --nodes or --dp for "
+                        "the world lynx should price")
+    if run is None or run.nodes is None:  # no launch line, or an elastic one: the world is lynx's --dp / --nodes
         warn = [] if dp is not None or nodes is not None else [
             "DP 1: Megatron takes DP from the launcher's world size (torchrun --nnodes x --nproc-per-node), which "
             "the command line does not hold; give --dp or --nodes, or the torchrun line"]
@@ -252,7 +250,6 @@ def megatron_world(cmd: MegatronCommand, dp: int | None, nodes: int | None, hw: 
     if per != hw.devices_per_node:
         raise SpecError(f"--from-megatron: torchrun --nproc-per-node {per} on {hw.name} ({hw.devices_per_node} "
                         "devices a node): lynx prices whole nodes; give --dp and --nodes")
-    assert run.nodes is not None
     if nodes is not None and nodes != run.nodes:
         raise SpecError(f"--nodes {nodes} conflicts with --from-megatron's torchrun --nnodes {run.nodes}; give the "
                         "size in one place")

@@ -117,9 +117,12 @@ def _launcher(tokens: list[str]) -> tuple[Launcher | None, list[str]]:
         name, eq, val = t.partition("=")
         name = name.replace("_", "-")
         nxt = tokens[i + 1] if i + 1 < script else ""
-        head[name] = val if eq else ("" if nxt.startswith("-") else nxt)
-    nodes_text = head.get("--nnodes") or "1"
-    procs_text = head.get("--nproc-per-node") or "1"
+        head[name] = val if eq else ("" if nxt.startswith("--") else nxt)
+    for flag in ("--nnodes", "--nproc-per-node"):
+        if head.get(flag) == "":
+            raise SpecError(f"--from-megatron: torchrun {flag} has no value")
+    nodes_text = head.get("--nnodes", "1")
+    procs_text = head.get("--nproc-per-node", "1")
     try:
         bounds = [int(n) for n in nodes_text.split(":")]
         procs = None if procs_text in ("gpu", "auto") else int(procs_text)
