@@ -126,3 +126,44 @@ def test_a_plan_with_an_eager_norm_is_not_exported_to_torchtitan(tmp_path: objec
     assert r.stderr.strip().splitlines() == [
         "lynx: error: torchtitan export: the plan prices an eager fp32 RMSNorm (norm_fusion false); torchtitan 0.3.0 "
         "on CUDA runs torch's fused RMSNorm: plan with norm_fusion true to export"]
+
+
+def test_lynx_train_and_the_torchtitan_engine_refuse_a_plan_with_an_eager_norm(tmp_path: object,
+                                                                               capsys: pytest.CaptureFixture[str]
+                                                                               ) -> None:
+    """Both run the fused norm's saved tensors: a plan priced with the eager norm's fp32 copies is refused with one
+    line (lynx train: exit 2 before any rank starts), never run against the wrong bytes."""
+    import yaml
+
+    from lynx.spec import read_spec_file
+    from tests.harness.cli import run_main
+
+    for preset, family in (("llama-tiny", "llama"), ("torchtitan-llama3-debug", "torchtitan-llama3")):
+        model = dict(read_spec_file("models", preset)[1])
+        model.update(name=f"{family}-eager-norm", norm_fusion=False)
+        mfile, plan = f"{tmp_path}/{family}.yaml", f"{tmp_path}/{family}.json"
+        with open(mfile, "w") as fh:
+            yaml.safe_dump(model, fh)
+        code, _, err = run_main(["plan", "--model", mfile, "--hardware", "a100-40g-nvlink", "--tp", "1", "--pp", "1",
+                                 "--micro-batch", "2", "--global-batch", "4", "--seq-len", "64", "--out", plan], capsys)
+        assert code == 0, err
+        if family == "llama":
+            code, _, err = run_main(["train", "--plan", plan, "--iters", "1"], capsys)
+            assert code == 2 and "norm_fusion=False" in err and len(err.strip().splitlines()) == 1, err
+        else:
+            pytest.importorskip("torchtitan")
+            from lynx.integrations.torchtitan.apply import load_plan
+
+            with pytest.raises(ValueError, match="prices an eager fp32 RMSNorm .norm_fusion false.; torchtitan"):
+                load_plan(plan)
+
+
+@pytest.mark.parametrize("target", ["megatron", "lynx", "torchtitan"])
+def test_the_search_refuses_an_eager_norm_for_every_target(target: str) -> None:
+    """No target runs the eager norm, so a search ranking for one would price what it cannot run."""
+    from lynx.export.targets import Target, check_target
+
+    m = dataclasses.replace(load_model("llama3-8b"), norm_fusion=False)
+    with pytest.raises(SpecError, match=rf"^--target {target}: model 'llama3-8b' prices an eager fp32 RMSNorm"):
+        check_target(m, Target(target))
+    check_target(load_model("llama3-8b"), Target(target))  # the fused norm: searched

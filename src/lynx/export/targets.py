@@ -31,6 +31,10 @@ def check_target(model: ModelSpec, target: Target, cp: int | None = None) -> Non
     """A target that cannot run the model at all, refused before the search (one line naming it)."""
     from lynx.export.torchtitan import TITAN
 
+    if not model.norm_fusion:
+        raise SpecError(f"--target {target.value}: model {model.name!r} prices an eager fp32 RMSNorm (norm_fusion "
+                        "false), which no target runs (Megatron-Core, torchtitan 0.3.0 on CUDA and lynx train run a "
+                        "fused norm); price that older code on its own layout (lynx plan without --gpus)")
     if target is Target.TORCHTITAN and model.family not in ("llama", TITAN):
         raise SpecError(f"--target torchtitan: lynx prices torchtitan's Llama block only (families llama, {TITAN}); "
                         f"{model.name} is {model.family!r}: use --target megatron or lynx")

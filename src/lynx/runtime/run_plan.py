@@ -38,9 +38,10 @@ class RunPlan:
     """The plan's data parallelism is torch FSDP2 (`lynx.runtime.fsdp`); None: DDP."""
 
 
-_FUSIONS_THAT_CHANGE_SAVED_BYTES = ("transformer_impl", "bias_activation_fusion")
+_FUSIONS_THAT_CHANGE_SAVED_BYTES = ("transformer_impl", "bias_activation_fusion", "norm_fusion")
 """The fusion fields (lynx.families.fusion) whose eager form saves other tensors for backward: local's unfused
-core attention, eager SwiGLU's silu(gate). The others change only time, which lynx train measures."""
+core attention, eager SwiGLU's silu(gate), the eager RMSNorm's fp32 copies. The others change only time, which
+lynx train measures."""
 
 
 def load_run(plan_path: str, dtype: torch.dtype, core_attn: bool) -> RunPlan:

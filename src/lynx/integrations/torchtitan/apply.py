@@ -63,6 +63,9 @@ def load_plan(plan: str | Path) -> tuple[dict[int, LayerPolicy], PlanAssumes]:
     if src.family != NAME:
         raise ValueError(f"lynx.integrations.torchtitan: {plan} is priced for family {src.family!r}; the "
                          f"integration runs torchtitan's block, plan it with `family: {NAME}`")
+    if not src.problem.model.norm_fusion:  # as `lynx export torchtitan` refuses it
+        raise ValueError(f"lynx.integrations.torchtitan: {plan} prices an eager fp32 RMSNorm (norm_fusion false); "
+                         "torchtitan 0.3.0 on CUDA runs torch's fused RMSNorm: plan with norm_fusion true")
     flat = [lp for pol in src.policies for lp in pol.layers]
     return dict(enumerate(flat)), assumes_of(src.problem, *dp_degrees(src))
 
