@@ -123,6 +123,11 @@ class ModelSpec:
     ``RMSNorm`` through 2024, torch's ``F.rms_norm`` on CPU): eight kernels forward and seventeen backward, and it
     keeps an fp32 copy of its input. True: one kernel each way (TE, Apex, torch >= 2.8's ``_fused_rms_norm`` on
     CUDA). Families llama and torchtitan-llama3 (docs/costmodel.md "Fused versus eager memory-bound ops")."""
+    kv_repeat: bool = False
+    """Not a Megatron flag: True prices torchtitan's 2024 attention (the Llama code through early 2025): separate
+    ``wq`` / ``wk`` / ``wv`` GEMMs, and ``repeat_kv`` copying K and V to every query head before attention, which
+    then keeps the repeated K and V for backward. False: the attention each family describes (one fused QKV GEMM,
+    K and V at their own heads). Family torchtitan-llama3 only (decision 0263); no target runs it today."""
     # --- attention head size and QK norm (Megatron-Core --kv-channels, --qk-layernorm)
     kv_channels: int = field(default=0, metadata=rng(ge=0, le=1 << 16))
     """Head dimension (--kv-channels); 0 means hidden_size / num_attention_heads (Qwen3: 128 at hidden 4096 and
@@ -737,8 +742,9 @@ _LATE_FIELDS = ("kv_channels", "qk_layernorm", "num_moe_experts", "moe_router_to
                 "moe_expert_capacity_factor",
                 "moe_pad_expert_input_to_capacity", "moe_imbalance", "multi_latent_attention", "q_lora_rank",
                 "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "mtp_num_layers",
-                "mtp_loss_scaling_factor")
-"""ModelSpec fields added with mixture-of-experts (decision 0220): written only where not at their defaults."""
+                "mtp_loss_scaling_factor", "kv_repeat")
+"""ModelSpec fields added with mixture-of-experts (decision 0220) and after (kv_repeat, decision 0263): written
+only where not at their defaults."""
 
 
 def model_to_dict(m: ModelSpec) -> dict[str, Any]:

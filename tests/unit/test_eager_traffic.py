@@ -167,3 +167,136 @@ def test_the_search_refuses_an_eager_norm_for_every_target(target: str) -> None:
     with pytest.raises(SpecError, match=rf"^--target {target}: model 'llama3-8b' prices an eager fp32 RMSNorm"):
         check_target(m, Target(target))
     check_target(load_model("llama3-8b"), Target(target))  # the fused norm: searched
+
+
+def _attention_2024_block(dim: int, heads: int, kv: int, ffn: int, seq: int) -> torch.nn.Module:
+    """A Llama block with torchtitan's 2024 attention (torchtitan 04133643 and 9dec370, models/llama/model.py),
+    written here in plain torch: ``wq``, ``wk``, ``wv`` apart, complex fp32 RoPE on Q and K, K and V repeated
+    to every query head by an unsqueeze-expand and a reshape, SDPA over the repeated heads. Norms are
+    ``nn.RMSNorm`` (the eager composite on CPU, priced by ``norm_fusion: false``); the FFN is SwiGLU as now."""
+    import torch.nn.functional as F  # noqa: N812
+    from torch import nn
+
+    hd = dim // heads
+
+    def rotate(u: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+        b, t = u.shape[:2]
+        z = torch.view_as_complex(u.float().reshape(b, t, -1, hd // 2, 2))
+        return torch.view_as_real(z * freqs.view(1, t, 1, hd // 2)).flatten(3).type_as(u)
+
+    def repeat(u: torch.Tensor) -> torch.Tensor:
+        if heads == kv:
+            return u
+        b, t = u.shape[:2]
+        return u.unsqueeze(3).expand(b, t, kv, heads // kv, hd).reshape(b, t, heads, hd)
+
+    class Attention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wq = nn.Linear(dim, heads * hd, bias=False)
+            self.wk = nn.Linear(dim, kv * hd, bias=False)
+            self.wv = nn.Linear(dim, kv * hd, bias=False)
+            self.wo = nn.Linear(heads * hd, dim, bias=False)
+
+        def forward(self, x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+            b, t, _ = x.shape
+            q = rotate(self.wq(x).view(b, t, heads, hd), freqs)
+            k = repeat(rotate(self.wk(x).view(b, t, kv, hd), freqs))
+            v = repeat(self.wv(x).view(b, t, kv, hd))
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               is_causal=True)
+            return self.wo(o.transpose(1, 2).contiguous().view(b, t, -1))
+
+    class FeedForward(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w1 = nn.Linear(dim, ffn, bias=False)
+            self.w2 = nn.Linear(ffn, dim, bias=False)
+            self.w3 = nn.Linear(dim, ffn, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attention_norm, self.ffn_norm = nn.RMSNorm(dim), nn.RMSNorm(dim)
+            self.attention, self.feed_forward = Attention(), FeedForward()
+            inv = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
+            angles = torch.outer(torch.arange(seq).float(), inv)
+            self.register_buffer("freqs", torch.polar(torch.ones_like(angles), angles))  # complex64, as then
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = x + self.attention(self.attention_norm(x), self.freqs)
+            return h + self.feed_forward(self.ffn_norm(h))
+
+    block = Block()
+    for prm in block.parameters():  # bf16 compute, as FSDP2's mixed precision runs the block
+        prm.data = prm.data.to(torch.bfloat16)
+    return block
+
+
+@pytest.mark.parametrize(("n_kv", "mb", "seq"), [(16, 1, 128), (4, 2, 64), (2, 1, 128)])
+def test_kv_repeat_prices_the_traffic_and_saved_bytes_of_torchtitans_2024_attention(n_kv: int, mb: int,
+                                                                                      seq: int) -> None:
+    """The 2024 block forward and backward on CPU: its memory-bound kernels' bytes within 1% of the family's price
+    with ``kv_repeat`` (the RoPE table's reads and the per-token ops are not priced) and exactly its kernel count;
+    what it keeps for backward, by op, exactly: attention keeps the repeated K and V (or ``wv``'s output itself,
+    with as many K/V heads as query heads)."""
+    from lynx.cost.layer import build_layer_graph
+    from lynx.integrations.torchtitan.measure import eager_traffic, saved_bytes_by_op
+    from lynx.spec import load_hardware
+
+    block = _attention_2024_block(256, 16, n_kv, 768, seq)
+    x = torch.randn(mb, seq, 256, dtype=torch.bfloat16, requires_grad=True)
+    (fb, fk), (bb, bk) = eager_traffic(lambda: block(x), torch.randn_like(x))
+    model = dataclasses.replace(_titan(n_kv, norm_fusion=False), kv_repeat=True)  # type: ignore[type-var]
+    par = ParallelSpec(micro_batch_size=mb, global_batch_size=mb, seq_length=seq)
+    (pf, pfk), (pb, pbk) = _priced(titan.layer(model, par))
+    assert (fk, bk) == (pfk, pbk)
+    assert fb == pytest.approx(pf, rel=0.01) and fb >= pf
+    assert bb == pytest.approx(pb, rel=0.01) and bb >= pb
+
+    measured = saved_bytes_by_op(block, x)
+    g = build_layer_graph(model, load_hardware("h100-80g-nvlink"), par)
+    priced = {n: g.keep_bytes(n) for n in g.needed()}
+    # the block's own ops are tagged by the aten op that made each kept storage: RoPE's casts back (Q, and K
+    # when nothing is repeated), repeat_kv's copies (reshape's clone), wv's GEMM output, the attention's output
+    grouped = {"attention:_to_copy": ("rope", "k_rope"), "attention:clone": ("k_repeat", "v_repeat"),
+               "attention.wv:mm": ("wv",), "attention:_scaled_dot_product_flash_attention_for_cpu": ("core_attn",)}
+    for tag, ops in grouped.items():
+        priced[tag] = sum(priced.pop(o, 0.0) for o in ops)
+    assert measured == pytest.approx({k: v for k, v in priced.items() if v}, abs=0.5)
+    assert g.retained_bytes(g.needed()) == sum(measured.values()) + g.input_bytes
+
+
+@pytest.mark.parametrize("family", ["llama", "mcore", "gpt"])
+def test_kv_repeat_is_refused_by_the_families_that_do_not_run_it(family: str) -> None:
+    from lynx.models import check_model
+
+    base = load_model("gpt-1.3b" if family == "gpt" else "llama3-8b")
+    check_model(dataclasses.replace(base, family=family))
+    with pytest.raises(SpecError, match=rf"^model '{base.name}': kv_repeat true prices torchtitan's 2024 attention "
+                                        rf".*; family {family} does not run it \(valid: kv_repeat false, or family "
+                                        r"torchtitan-llama3\)$"):
+        check_model(dataclasses.replace(base, family=family, kv_repeat=True))
+    if family == "llama":  # the torchtitan family runs it
+        check_model(dataclasses.replace(base, family="torchtitan-llama3", kv_repeat=True))
+
+
+def test_kv_repeat_moves_the_8b_layer_as_its_copies_do() -> None:
+    """Llama-3-8B at sequence 8192: the 2024 attention keeps Q, the repeated K and V (2 a d each per token) where
+    0.3.0's keeps rotated Q and K and the V copy (2 (a + 2 g) d), and runs three GEMMs for the fused one."""
+    par = ParallelSpec(micro_batch_size=1, global_batch_size=1, seq_length=8192)
+    m = dataclasses.replace(load_model("llama3-8b"), family="torchtitan-llama3")
+    now = {o.name: o for o in titan.layer(m, par).ops}
+    old = {o.name: o for o in titan.layer(dataclasses.replace(m, kv_repeat=True), par).ops}
+    tok, a, g, d = 8192, 32, 8, 128
+    assert [old[n].gemm_mnk for n in ("wq", "wk", "wv")] == [(tok, 4096, a * d), (tok, 4096, g * d),
+                                                               (tok, 4096, g * d)]
+    assert now["qkv"].gemm_mnk == (tok, 4096, (a + 2 * g) * d) and "qkv" not in old and "v_copy" not in old
+    assert old["core_attn"].saved == ("rope", "k_repeat", "v_repeat", "core_attn")
+    assert old["k_repeat"].out_bytes == old["v_repeat"].out_bytes == 2 * tok * a * d
+    assert old["k_repeat"].mem_bytes == 2 * 2 * tok * a * d and old["k_repeat"].kernels == 1
+    assert old["core_attn"].mem_bytes - now["core_attn"].mem_bytes == 2 * 2 * tok * (a - g) * d
+    assert old["rmsnorm2"] == now["rmsnorm2"] and old["swiglu"] == now["swiglu"]  # the FFN as before

@@ -105,6 +105,14 @@ def check_norm_fusion(m: ModelSpec) -> None:
                         f"{m.normalization!r} runs as one kernel (set norm_fusion true)")
 
 
+def check_kv_repeat(m: ModelSpec) -> None:
+    """`kv_repeat` describes torchtitan's 2024 attention; only the torchtitan family prices it (decision 0263)."""
+    if m.kv_repeat:
+        raise SpecError(f"model {m.name!r}: kv_repeat true prices torchtitan's 2024 attention (separate wq/wk/wv, "
+                        f"K and V copied to every query head); family {m.family} does not run it (valid: kv_repeat "
+                        "false, or family torchtitan-llama3)")
+
+
 def eager_rmsnorm(b: LayerBuilder, name: str, tokens: float, hidden: float) -> None:
     """Re-describe the norm `name` (already added) as the eager fp32 composite: `RMSNORM_EAGER`'s traffic and
     kernels; it keeps its fp32 input and normalized input and fp32 1/rms per token (side state) and a tensor of
@@ -146,4 +154,4 @@ def apply(b: LayerBuilder, m: ModelSpec) -> None:
 
 
 __all__ = ["GELU_BIAS_EAGER", "MAIN_GRAD_PASS_BYTES", "RESIDUAL_EAGER", "RMSNORM_EAGER", "ROPE_EAGER",
-           "SOFTMAX_EAGER", "SWIGLU_EAGER", "apply", "check_norm_fusion", "eager_rmsnorm"]
+           "SOFTMAX_EAGER", "SWIGLU_EAGER", "apply", "check_kv_repeat", "check_norm_fusion", "eager_rmsnorm"]

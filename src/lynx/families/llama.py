@@ -39,6 +39,12 @@ MLP_OPS = ("mlp_allgather", "gate_up", "swiglu", "down")
 
 
 def check_model(m: ModelSpec) -> None:
+    check_fields(m)
+    fusion.check_kv_repeat(m)
+
+
+def check_fields(m: ModelSpec) -> None:
+    """LLaMA's activation, norm, position embedding and biases (shared with the torchtitan family)."""
     want = {"activation": "swiglu", "normalization": "rmsnorm", "position_embedding": "rope", "bias": "none"}
     for k, v in want.items():
         if getattr(m, k) != v:

@@ -31,6 +31,12 @@ is one 16-bit [tokens, h] above the measurement. torchtitan's sequence paralleli
 norms, ``PrepareModuleInput`` gathering before ``wqkv`` / ``w1`` / ``w3``) keeps the gathered GEMM input, not
 the shard (Megatron regathers it in backward).
 
+``kv_repeat`` (decision 0263) describes torchtitan's attention as it ran through early 2025 (the 2024 runs of
+benchmarks/fsdp_published.py): ``wq``, ``wk``, ``wv`` as three GEMMs whose outputs are viewed as heads (no copies),
+the same complex RoPE on Q (op ``rope``) and on K (``k_rope``), and ``repeat_kv`` copying K and V to every query
+head (ops ``k_repeat``, ``v_repeat``; none when the heads are equal). Attention then runs over a heads of K and V
+and keeps the copies: per token 2 a d each for K and V where 0.3.0 keeps 2 g d, and not the rotated K.
+
 Times are the eager kernels' own (decision 0262): each memory-bound op's bytes read and written and its kernel
 count, measured against the block's aten ops on CPU (tests/unit/test_eager_traffic.py; the constants below).
 The compiled block (``torch.compile``, fused norm and SwiGLU) is not modelled here.
@@ -72,6 +78,24 @@ FFN_INPUT_GRAD_SUM = 3.0
 """w1 and w3 read the same input: backward sums their two input gradients (one kernel, elements of the GEMM
 input), counted with rmsnorm2's backward."""
 
+# torchtitan's 2024 attention (`ModelSpec.kv_repeat`, decision 0263), measured as the constants above.
+ROPE_2024 = Passes(fwd=10, bwd=10, fwd_kernels=3, bwd_kernels=4)
+"""Per element of Q (op ``rope``) or K (``k_rope``), the 2024 attention's complex RoPE on the ``wq`` / ``wk``
+outputs with no copy before it: the fp32 copy (3), the complex product (4), the cast back (3); backward the same
+three and the frequency table's conjugate made real (a clone over s x d/2 values, a kernel and no bytes to
+speak of)."""
+QKV_INPUT_GRAD_SUM = 6.0
+"""wq, wk and wv read the same input: backward sums their three input gradients (two adds, elements of the GEMM
+input), counted with rmsnorm1's backward."""
+
+
+def kv_repeat_passes(n_rep: float) -> Passes:
+    """``repeat_kv`` for K or V, per element of its output (n_rep copies of each K/V head): forward an
+    unsqueeze-expand view and ``reshape``'s copy, which reads the expanded view (counted at its size, as every
+    measured constant counts a broadcast operand: the GPU's cache serves the repeats) and writes the copy; backward
+    the gradient summed over the repeats (reads it, writes 1/n_rep of it). One kernel each way."""
+    return Passes(fwd=2, bwd=1 + 1 / n_rep, fwd_kernels=1, bwd_kernels=1)
+
 
 def _norm(b: LayerBuilder, name: str, block: Block, tok: float, h: float, src: str, fused: bool) -> None:
     """RMSNorm: torch's ``_fused_rms_norm`` on CUDA (one kernel each way, keeps its 16-bit input), or the eager
@@ -90,8 +114,33 @@ def _more_backward(b: LayerBuilder, name: str, nbytes: float, kernels: int) -> N
                        bwd_kernels=(o.bwd_kernels if o.bwd_mem_bytes is not None else 1) + kernels)
 
 
+def _attention_2024(b: LayerBuilder, x: str, tok: float, mb: float, s: float, h: float, a_l: float, g_l: float,
+                    d: float) -> None:
+    """torchtitan's attention through early 2025 (`ModelSpec.kv_repeat`): ``wq``, ``wk``, ``wv`` apart (their
+    outputs viewed as heads, no copies), RoPE on Q and on K, ``repeat_kv`` copying K and V to every query head
+    (none when the heads are equal), and attention over a heads of K and V, which it keeps for backward (the
+    repeated copies, or ``wv``'s output itself when nothing is repeated)."""
+    n_rep = a_l / g_l
+    b.gemm("wq", "attn", tok, h, a_l * d, (x,), (x,))
+    b.gemm("wk", "attn", tok, h, g_l * d, (x,), (x,))
+    b.gemm("wv", "attn", tok, h, g_l * d, (x,), (x,))
+    _more_backward(b, "rmsnorm1", ACT_BYTES * QKV_INPUT_GRAD_SUM * tok * h, 2)
+    b.elementwise("rope", "attn", tok * a_l * d, ("wq",), (), flops_per_elem=3)
+    b.eager("rope", ROPE_2024, tok * a_l * d)
+    b.elementwise("k_rope", "attn", tok * g_l * d, ("wk",), (), flops_per_elem=3)
+    b.eager("k_rope", ROPE_2024, tok * g_l * d)
+    k, v = "k_rope", "wv"
+    if n_rep > 1:
+        for name, src in (("k_repeat", k), ("v_repeat", v)):
+            b.elementwise(name, "attn", tok * a_l * d, (src,), ())
+            b.eager(name, kv_repeat_passes(n_rep), tok * a_l * d)
+        k, v = "k_repeat", "v_repeat"
+    b.flash_attention("core_attn", "attn", mb * a_l, mb * a_l if n_rep > 1 else mb * g_l, s, d, ("rope", k, v),
+                      ("rope", k, v, "core_attn"))
+
+
 def check_model(m: ModelSpec) -> None:
-    llama.check_model(m)
+    llama.check_fields(m)
     if m.attention != "flash":
         raise SpecError(f"model {m.name!r}: family {NAME} runs torchtitan's fused attention; attention must be "
                         f"flash, got {m.attention!r}")
@@ -116,22 +165,27 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     _norm(b, "rmsnorm1", "attn", tok_ln, h, LAYER_INPUT, fused)
     qkv_in = "rmsnorm1"
     if sp:
-        b.comm("attn_allgather", "attn", "gather", ACT_BYTES * tok * h, ("rmsnorm1",), ACT_BYTES * tok * h, "qkv")
+        b.comm("attn_allgather", "attn", "gather", ACT_BYTES * tok * h, ("rmsnorm1",), ACT_BYTES * tok * h,
+               "wq" if model.kv_repeat else "qkv")
         qkv_in = "attn_allgather"
-    b.gemm("qkv", "attn", tok, h, (a_l + 2 * g_l) * d, (qkv_in,), (qkv_in,))
-    # q, k, v split out of the fused output and made contiguous; only V's copy is read by backward.
-    b.elementwise("v_copy", "attn", tok * g_l * d, ("qkv",), ())
-    b.eager("v_copy", V_COPY, tok * g_l * d)
-    b.elementwise("rope", "attn", tok * (a_l + g_l) * d, ("qkv",), (), flops_per_elem=3)
-    b.eager("rope", ROPE, tok * (a_l + g_l) * d)
-    b.flash_attention("core_attn", "attn", mb * a_l, mb * g_l, s, d, ("rope", "v_copy"),
-                      ("rope", "v_copy", "core_attn"))
+    if model.kv_repeat:
+        _attention_2024(b, qkv_in, tok, mb, s, h, a_l, g_l, d)
+    else:
+        b.gemm("qkv", "attn", tok, h, (a_l + 2 * g_l) * d, (qkv_in,), (qkv_in,))
+        # q, k, v split out of the fused output and made contiguous; only V's copy is read by backward.
+        b.elementwise("v_copy", "attn", tok * g_l * d, ("qkv",), ())
+        b.eager("v_copy", V_COPY, tok * g_l * d)
+        b.elementwise("rope", "attn", tok * (a_l + g_l) * d, ("qkv",), (), flops_per_elem=3)
+        b.eager("rope", ROPE, tok * (a_l + g_l) * d)
+        b.flash_attention("core_attn", "attn", mb * a_l, mb * g_l, s, d, ("rope", "v_copy"),
+                          ("rope", "v_copy", "core_attn"))
     b.gemm("attn_proj", "attn", tok, a_l * d, h, ("core_attn",), ("core_attn",))
     red = "attn_reducescatter" if sp else "attn_allreduce"
     if sp:
         b.comm(red, "attn", "gather", ACT_BYTES * tok * h, ("attn_proj",), ACT_BYTES * tok_ln * h, "")
     else:
-        b.comm(red, "attn", "allreduce", ACT_BYTES * tok * h, ("attn_proj",), ACT_BYTES * tok * h, "qkv")
+        b.comm(red, "attn", "allreduce", ACT_BYTES * tok * h, ("attn_proj",), ACT_BYTES * tok * h,
+               "wq" if model.kv_repeat else "qkv")
     b.elementwise("attn_residual", "attn", tok_ln * h, (red, LAYER_INPUT), (), reads=2)
     b.eager("attn_residual", RESIDUAL, tok_ln * h)
 
