@@ -300,3 +300,72 @@ def test_kv_repeat_moves_the_8b_layer_as_its_copies_do() -> None:
     assert old["k_repeat"].mem_bytes == 2 * 2 * tok * a * d and old["k_repeat"].kernels == 1
     assert old["core_attn"].mem_bytes - now["core_attn"].mem_bytes == 2 * 2 * tok * (a - g) * d
     assert old["rmsnorm2"] == now["rmsnorm2"] and old["swiglu"] == now["swiglu"]  # the FFN as before
+
+
+def test_a_plan_with_the_2024_attention_is_refused_where_it_would_run(tmp_path: object,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing runs torchtitan's 2024 attention today: lynx export torchtitan and megatron, lynx's engine in
+    torchtitan and lynx train each refuse a plan priced with it, in one line (the CLI with exit 2). The plan file
+    writes the field only when it is set."""
+    import yaml
+
+    from lynx.spec import read_spec_file
+    from tests.harness.cli import run_main
+
+    model = dict(read_spec_file("models", "torchtitan-llama3-debug")[1])
+    model.update(name="titan-2024", num_query_groups=4, kv_repeat=True)
+    mfile, plan = f"{tmp_path}/m.yaml", f"{tmp_path}/p.json"
+    with open(mfile, "w") as fh:
+        yaml.safe_dump(model, fh)
+    flags = ["--hardware", "a100-40g-nvlink", "--tp", "1", "--pp", "1", "--micro-batch", "2", "--global-batch", "4",
+             "--seq-len", "64"]
+    code, _, err = run_main(["plan", "--model", mfile, *flags, "--out", plan], capsys)
+    assert code == 0, err
+    with open(plan) as fh:
+        assert '"kv_repeat": true' in fh.read()
+    code, _, err = run_main(["plan", "--model", "torchtitan-llama3-debug", *flags, "--out", f"{tmp_path}/d.json"],
+                            capsys)
+    assert code == 0, err
+    with open(f"{tmp_path}/d.json") as fh:
+        assert "kv_repeat" not in fh.read()
+
+    for argv, line in (
+            (["export", "torchtitan", plan, "-o", f"{tmp_path}/tt"],
+             "lynx: error: torchtitan export: the plan prices torchtitan's 2024 attention (kv_repeat true); "
+             "torchtitan 0.3.0 runs a fused QKV and attention over the K/V heads: plan with kv_repeat false to export"),
+            (["export", "megatron", plan, "-o", f"{tmp_path}/mg"],
+             "lynx: error: model 'titan-2024': kv_repeat true prices torchtitan's 2024 attention (separate wq/wk/wv, "
+             "K and V copied to every query head), which Megatron-Core does not run; plan with kv_repeat false to "
+             "export"),
+            (["train", "--plan", plan, "--iters", "1"],
+             "lynx: error: family 'torchtitan-llama3' has no runtime layer: lynx train builds gpt, llama, mcore "
+             "layers; plan and export this model (lynx plan, lynx export torchtitan), or train a gpt model")):
+        code, _, err = run_main(argv, capsys)
+        assert (code, err.strip().splitlines()) == (2, [line]), argv
+    # a llama plan edited to carry the field: its model is refused as it loads, before any rank starts
+    llama_plan = f"{tmp_path}/l.json"
+    code, _, err = run_main(["plan", "--model", "llama-tiny", *flags, "--out", llama_plan], capsys)
+    assert code == 0, err
+    with open(llama_plan) as fh:
+        text = fh.read()
+    assert '"family": "llama"' in text
+    with open(llama_plan, "w") as fh:
+        fh.write(text.replace('"family": "llama"', '"family": "llama", "kv_repeat": true'))
+    code, _, err = run_main(["train", "--plan", llama_plan, "--iters", "1"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "kv_repeat true" in err, err
+
+    pytest.importorskip("torchtitan")
+    from lynx.integrations.torchtitan.apply import load_plan
+
+    with pytest.raises(ValueError, match=r"prices torchtitan's 2024 attention \(kv_repeat true\); torchtitan 0.3.0"):
+        load_plan(plan)
+
+
+@pytest.mark.parametrize("target", ["megatron", "lynx", "torchtitan"])
+def test_the_search_refuses_the_2024_attention_for_every_target(target: str) -> None:
+    from lynx.export.targets import Target, check_target
+
+    m = dataclasses.replace(load_model("llama3-8b"), family="torchtitan-llama3", kv_repeat=True)
+    with pytest.raises(SpecError, match=rf"^--target {target}: model 'llama3-8b' prices torchtitan's 2024 attention"):
+        check_target(m, Target(target))
+    check_target(dataclasses.replace(m, kv_repeat=False), Target(target))

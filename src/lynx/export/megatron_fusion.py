@@ -61,6 +61,10 @@ def fusion_args(m: ModelSpec) -> list[tuple[str, ...]]:
         raise SpecError(f"model {m.name!r}: norm_fusion false prices an eager fp32 RMSNorm, which Megatron-Core does "
                         "not run (TransformerEngine's and Apex's norms are one kernel); plan with norm_fusion true "
                         "to export")
+    if getattr(m, "kv_repeat", False):
+        raise SpecError(f"model {m.name!r}: kv_repeat true prices torchtitan's 2024 attention (separate wq/wk/wv, K "
+                        "and V copied to every query head), which Megatron-Core does not run; plan with kv_repeat "
+                        "false to export")
     out: list[tuple[str, ...]] = []
     if field("transformer_impl") != "transformer_engine":
         out.append(("--transformer-impl", str(field("transformer_impl"))))

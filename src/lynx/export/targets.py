@@ -35,6 +35,10 @@ def check_target(model: ModelSpec, target: Target, cp: int | None = None) -> Non
         raise SpecError(f"--target {target.value}: model {model.name!r} prices an eager fp32 RMSNorm (norm_fusion "
                         "false), which no target runs (Megatron-Core, torchtitan 0.3.0 on CUDA and lynx train run a "
                         "fused norm); price that older code on its own layout (lynx plan without --gpus)")
+    if model.kv_repeat:
+        raise SpecError(f"--target {target.value}: model {model.name!r} prices torchtitan's 2024 attention (kv_repeat "
+                        "true), which no target runs (torchtitan 0.3.0 runs a fused QKV, Megatron-Core and lynx train "
+                        "the llama block); price that older code on its own layout (lynx plan without --gpus)")
     if target is Target.TORCHTITAN and model.family not in ("llama", TITAN):
         raise SpecError(f"--target torchtitan: lynx prices torchtitan's Llama block only (families llama, {TITAN}); "
                         f"{model.name} is {model.family!r}: use --target megatron or lynx")

@@ -182,7 +182,8 @@ def price_on_torchtitan(src: ExportSource, layers: list[dict[str, Any]], engine:
                    optimizer_precision=OPTIMIZER_FP32,
                    dp_sharding=DpSharding(DpMode.TORCH_FSDP2, instances=replicate))
     try:
-        tp = make_problem(replace(p.model, family=TITAN, norm_fusion=True), p.hardware, p.parallel, opts)
+        tp = make_problem(replace(p.model, family=TITAN, norm_fusion=True, kv_repeat=False), p.hardware, p.parallel,
+                          opts)
     except SpecError as e:  # e.g. context parallelism, which the torchtitan family does not model
         return (replace(mine, label="lynx plan", setting=f"{src.result.method} as planned; torchtitan not "
                         f"priced: {e}"),)
@@ -263,6 +264,9 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
     if not src.problem.model.norm_fusion:
         raise SpecError("torchtitan export: the plan prices an eager fp32 RMSNorm (norm_fusion false); torchtitan "
                         "0.3.0 on CUDA runs torch's fused RMSNorm: plan with norm_fusion true to export")
+    if src.problem.model.kv_repeat:
+        raise SpecError("torchtitan export: the plan prices torchtitan's 2024 attention (kv_repeat true); torchtitan "
+                        "0.3.0 runs a fused QKV and attention over the K/V heads: plan with kv_repeat false to export")
     graph, lay, par = src.problem.graph, src.layout, src.problem.parallel
     layers = [layer_entry(graph, lp) for pol in src.policies for lp in pol.layers]
     replicate, shard = dp_degrees(src)
