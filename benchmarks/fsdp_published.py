@@ -17,20 +17,24 @@ How lynx is told each run: the family torchtitan-llama3 (torchtitan's eager bloc
 Llama 3 default), DP = every GPU, FSDP2 (`--use-torch-fsdp2`: shard over all of them, reshard after forward),
 local batch = micro-batch, one micro-batch (global = local x DP); torchtitan's per-op selective checkpointing
 (``selective_ac_option = "op"``: every other matmul output and the attention output saved, everything else
-recomputed; torchtitan/distributed/activation_checkpoint.py) as an on-demand policy keeping qkv, core_attn,
-gate and down (the block's matmuls in order qkv, attn_proj, gate, up, down: the 1st, 3rd and 5th saved);
-full checkpointing as full recomputation. The H100 rows use the preset h100-80g-nvlink with the hosts' stated
-memory (96 GB) and bandwidth (2.4 TB/s); its peak and kernel efficiencies are the 700 W SXM5's (the 500 W
-card's peak is unknown: the doc says between SXM and NVL), so lynx should predict these rows high.
+recomputed; torchtitan/parallelisms/parallelize_llama.py at both commits, a fresh count per block) as an
+on-demand policy keeping the attention and the 1st, 3rd, ... of the block's weight GEMMs in forward order
+(`sac_keep`): wq, wv, gate and down of the 2024 block's wq, wk, wv, wo, w1, w3, w2 (0.3.0's fused block: qkv,
+gate, down); full checkpointing as full recomputation. The H100 rows use the preset h100-80g-nvlink with the
+hosts' stated memory (96 GB) and bandwidth (2.4 TB/s); its peak and kernel efficiencies are the 700 W SXM5's (the
+500 W card's peak is unknown: the doc says between SXM and NVL), so lynx should predict these rows high.
 
 The norm each run ran (`Run.norm_fusion`) is read from the train config at the run's commit: ``norm_type =
 "rmsnorm"`` (torchtitan's own eager fp32 RMSNorm in torchtitan/models/norms.py: 9dec370's llama3_8b.toml for the
 H100 rows, 04133643's llama3_70b.toml) or ``"fused_rmsnorm"`` (its Triton kernel: 04133643's llama3_8b.toml). The
-family's other ops are torchtitan 0.3.0's (fused QKV with copies, complex RoPE, SDPA with grouped K/V); the 2024
-code ran separate wq/wk/wv and copied K and V to every query head (``repeat_kv``), which lynx does not price.
+attention (`Run.kv_repeat`) is read from torchtitan/models/llama/model.py at the commit: both commits run
+separate wq/wk/wv, the same complex fp32 RoPE as 0.3.0 on their outputs, and ``repeat_kv`` copying K and V to
+every query head (4x for Llama 3 8B, 8x for 70B) before SDPA, which keeps the copies (decision 0263). The
+family's other ops are torchtitan 0.3.0's, as the 2024 code ran them.
 History: until 2026-12-07 the family priced torchtitan's memory-bound ops as Megatron's fused kernels and every
 row read 19-38% high; looking at why led to the eager kernels' traffic (measured on CPU against torch's own aten
-ops, tests/unit/test_eager_traffic.py) and to each run's norm. No constant was fitted to these rows.
+ops, tests/unit/test_eager_traffic.py), to each run's norm, and then to each run's attention. No constant was
+fitted to these rows.
 
 Run: PYTHONPATH=src python benchmarks/fsdp_published.py [--markdown] [--results PATH]
 """
@@ -48,6 +52,7 @@ from rich.table import Table
 from lynx.api import make_problem
 from lynx.cost.fsdp import FSDP2
 from lynx.decisions import RecomputePolicy
+from lynx.graph import LayerGraph
 from lynx.partition.base import Partition
 from lynx.policy.rules import full_layer, on_demand
 from lynx.problem import PlanOptions, PlanResult
@@ -56,8 +61,6 @@ from lynx.spec import Hardware, ParallelSpec, load_hardware
 
 TARGET = 0.15
 SEQ = 8192
-SAC_KEEP = frozenset({"qkv", "core_attn", "gate", "down"})
-"""torchtitan's per-op SAC on its fused-QKV block: matmuls 1, 3, 5 (qkv, gate, down) and the attention kept."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,17 +77,21 @@ class Run:
     norm_fusion: bool
     """The train config's ``norm_type`` at the commit: "rmsnorm" is torchtitan's own eager fp32 RMSNorm
     (torchtitan/models/norms.py, `ModelSpec.norm_fusion` False), "fused_rmsnorm" its Triton kernel (True)."""
+    kv_repeat: bool
+    """The attention at the commit: separate wq/wk/wv and ``repeat_kv`` (`ModelSpec.kv_repeat` True), or 0.3.0's
+    fused QKV with attention over the K/V heads (False)."""
 
 
-RUNS = (  # norm: train_configs/llama3_8b.toml at 9dec370 and llama3_{8b,70b}.toml at 04133643
+RUNS = (  # norm: train_configs/llama3_8b.toml at 9dec370 and llama3_{8b,70b}.toml at 04133643; attention:
+    # torchtitan/models/llama/model.py at both (Attention.forward calls repeat_kv on K and V)
     Run("Llama 3.1 8B, FSDP 8, H100", "torchtitan-llama3-8b", "h100-96g-teton", 8, 2, "op", 5762,
-        "performance.md@eaea6f6a Table 1", norm_fusion=False),
+        "performance.md@eaea6f6a Table 1", norm_fusion=False, kv_repeat=True),
     Run("Llama 3.1 8B, FSDP 128, H100", "torchtitan-llama3-8b", "h100-96g-teton", 128, 2, "op", 5605,
-        "performance.md@eaea6f6a Table 3", norm_fusion=False),
+        "performance.md@eaea6f6a Table 3", norm_fusion=False, kv_repeat=True),
     Run("Llama 3 8B, FSDP 64, A100", "torchtitan-llama3-8b", "a100-80g-dgx", 64, 1, "op", 2973,
-        "performance.md@04133643 Llama 3 table", norm_fusion=True),
+        "performance.md@04133643 Llama 3 table", norm_fusion=True, kv_repeat=True),
     Run("Llama 3 70B, FSDP 64, A100", "torchtitan-llama3-70b", "a100-80g-dgx", 64, 1, "full", 331,
-        "performance.md@04133643 Llama 3 table", norm_fusion=False),
+        "performance.md@04133643 Llama 3 table", norm_fusion=False, kv_repeat=True),
 )
 
 
@@ -97,6 +104,13 @@ def hardware(name: str) -> Hardware:
     return dataclasses.replace(hw, name=name, device=dev, max_nodes=64)
 
 
+def sac_keep(g: LayerGraph) -> frozenset[str]:
+    """torchtitan's per-op SAC: the output of every other ``aten.mm`` kept (the 1st, 3rd, ... in the block's forward
+    order: its weight GEMMs) and the attention's."""
+    mms = [o.name for o in g.ops if o.wgrad_time > 0]
+    return frozenset(mms[::2]) | {"core_attn"}
+
+
 def predict(r: Run, with_dp: bool = True) -> tuple[float, float, float]:
     """(tokens/s/GPU, iteration s, peak GiB) lynx predicts for the run (`with_dp` False: without FSDP's
     collectives and the optimizer step, to show what they add)."""
@@ -106,11 +120,11 @@ def predict(r: Run, with_dp: bool = True) -> tuple[float, float, float]:
     par = ParallelSpec(tp=1, pp=1, dp=r.gpus, micro_batch_size=r.local_batch, global_batch_size=r.local_batch * r.gpus,
                        seq_length=SEQ)
     nodes = -(-r.gpus // hw.devices_per_node)
-    model = dataclasses.replace(load_model(r.model), norm_fusion=r.norm_fusion)
+    model = dataclasses.replace(load_model(r.model), norm_fusion=r.norm_fusion, kv_repeat=r.kv_repeat)
     prob = make_problem(model, hw, par, PlanOptions(precision="megatron-bf16", dp_sharding=FSDP2,
                                                                   nodes=nodes, include_dp_allreduce=with_dp))
     g = prob.graph
-    lp = on_demand(g, SAC_KEEP) if r.ac == "op" else full_layer(g)
+    lp = on_demand(g, sac_keep(g)) if r.ac == "op" else full_layer(g)
     layers = prob.model.num_layers
     pol = RecomputePolicy(f"torchtitan-{r.ac}", (lp,) * layers)
     res = PlanResult(pol.method, Partition((layers,), method="even"), (pol,))
@@ -127,9 +141,9 @@ def main() -> None:
     run = _results.Run()
     out = Out(a.markdown)
     t = Table(title="Held out: torchtitan's published FSDP2 throughput vs lynx (eager bf16, no Float8/compile)")
-    for c in ("run", "AC", "norm", "local batch", "published tok/s/GPU", "lynx tok/s/GPU", "lynx step s",
+    for c in ("run", "AC", "norm", "attention", "local batch", "published tok/s/GPU", "lynx tok/s/GPU", "lynx step s",
               "FSDP + step s", "peak GiB", "error", "target", "holds", "source"):
-        t.add_column(c, justify="left" if c in ("run", "source", "AC", "norm") else "right")
+        t.add_column(c, justify="left" if c in ("run", "source", "AC", "norm", "attention") else "right")
     figures: list[_results.Figure] = []
     held = 0
     for r in RUNS:
@@ -138,7 +152,8 @@ def main() -> None:
         err = tps / r.published_tps - 1
         ok = abs(err) <= TARGET
         held += ok
-        t.add_row(r.name, r.ac, "fused" if r.norm_fusion else "eager", str(r.local_batch), f"{r.published_tps:,.0f}",
+        t.add_row(r.name, r.ac, "fused" if r.norm_fusion else "eager", "repeat_kv" if r.kv_repeat else "0.3.0",
+                  str(r.local_batch), f"{r.published_tps:,.0f}",
                   f"{tps:,.0f}", f"{it:.3f}", f"{it - bare:.3f}", f"{peak:.1f}", f"{100 * err:+.1f}%",
                   f"±{100 * TARGET:.0f}%", "yes" if ok else "NO", r.source)
         figures.append(_results.Figure(f"{r.name} tokens/s/GPU", round(tps), "tok/s/GPU", f"published ± {TARGET:.0%}",
