@@ -54,7 +54,7 @@ from lynx.cost.fsdp import FSDP2
 from lynx.decisions import RecomputePolicy
 from lynx.graph import LayerGraph
 from lynx.partition.base import Partition
-from lynx.policy.rules import full_layer, on_demand
+from lynx.policy.rules import full_layer, saved_outputs
 from lynx.problem import PlanOptions, PlanResult
 from lynx.simulate import simulate
 from lynx.spec import Hardware, ParallelSpec, load_hardware
@@ -124,7 +124,7 @@ def predict(r: Run, with_dp: bool = True) -> tuple[float, float, float]:
     prob = make_problem(model, hw, par, PlanOptions(precision="megatron-bf16", dp_sharding=FSDP2,
                                                                   nodes=nodes, include_dp_allreduce=with_dp))
     g = prob.graph
-    lp = on_demand(g, sac_keep(g)) if r.ac == "op" else full_layer(g)
+    lp = saved_outputs(g, sac_keep(g)) if r.ac == "op" else full_layer(g)
     layers = prob.model.num_layers
     pol = RecomputePolicy(f"torchtitan-{r.ac}", (lp,) * layers)
     res = PlanResult(pol.method, Partition((layers,), method="even"), (pol,))

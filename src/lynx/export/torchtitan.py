@@ -141,8 +141,9 @@ def base_config_name(src: ExportSource) -> str | None:
 def titan_policies(graph: LayerGraph, family: str, layers: list[dict[str, Any]]) -> list[LayerPolicy]:
     """What the exported AC module leaves torchtitan's block (priced on `graph`, family torchtitan-llama3):
     `none` keeps everything, `full` keeps the input, `selective` keeps the outputs of the ops its policy
-    marks MUST_SAVE (a LLaMA plan's names read through `LLAMA_TO_TITAN`) and recomputes the rest on demand."""
-    from lynx.policy.rules import full_layer, keep_all, on_demand
+    marks MUST_SAVE (a LLaMA plan's names read through `LLAMA_TO_TITAN`), whether or not a backward reads them
+    (`rules.saved_outputs`: the recomputation starts from them), and recomputes the rest on demand."""
+    from lynx.policy.rules import full_layer, keep_all, saved_outputs
 
     out = []
     for e in layers:
@@ -153,7 +154,7 @@ def titan_policies(graph: LayerGraph, family: str, layers: list[dict[str, Any]])
         else:
             names = {n for k in e["keep"] for n in (LLAMA_TO_TITAN.get(k, ()) if family == "llama" else (k,))}
             named = {n for ns in ORDER[TITAN].values() for n in ns}
-            out.append(on_demand(graph, frozenset(names & named)))
+            out.append(saved_outputs(graph, frozenset(names & named)))
     return out
 
 

@@ -35,6 +35,19 @@ def on_demand(graph: LayerGraph, keep: frozenset[str]) -> LayerPolicy:
 
 
 @per_graph
+def saved_outputs(graph: LayerGraph, save: frozenset[str]) -> LayerPolicy:
+    """torch's selective activation checkpointing (`torch.utils.checkpoint` with a policy marking `save` MUST_SAVE,
+    as torchtitan's per-op SAC and lynx's torchtitan export configure it): the outputs of `save` are stored at the
+    forward whether or not a backward reads them, and the recomputation returns them instead of running their ops;
+    everything else a backward reads is recomputed on demand from them. Unlike `on_demand`, a saved output no
+    backward reads is kept (its bytes held): it is where the recomputation of what follows it starts (a QKV GEMM's
+    output feeding RoPE: the GEMM is not re-run)."""
+    keep = frozenset(save) & frozenset(graph.names)
+    rec = recompute_closure(graph, frozenset(graph.names) - keep, keep)
+    return LayerPolicy(keep=keep, recompute=tuple((n, Phase.ON_DEMAND) for n in rec))
+
+
+@per_graph
 def full_layer(graph: LayerGraph) -> LayerPolicy:
     """Megatron full: keep only the layer input, rerun the whole layer forward (collectives included)."""
     return on_demand(graph, frozenset())
