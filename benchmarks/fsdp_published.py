@@ -17,12 +17,15 @@ How lynx is told each run: the family torchtitan-llama3 (torchtitan's eager bloc
 Llama 3 default), DP = every GPU, FSDP2 (`--use-torch-fsdp2`: shard over all of them, reshard after forward),
 local batch = micro-batch, one micro-batch (global = local x DP); torchtitan's per-op selective checkpointing
 (``selective_ac_option = "op"``: every other matmul output and the attention output saved, everything else
-recomputed; torchtitan/parallelisms/parallelize_llama.py at both commits, a fresh count per block) as an
-on-demand policy keeping the attention and the 1st, 3rd, ... of the block's weight GEMMs in forward order
+recomputed; torchtitan/parallelisms/parallelize_llama.py at both commits, a fresh count per block) as torch
+runs it (`rules.saved_outputs`: the saved outputs held whether or not a backward reads them, the recomputation
+starting from them), saving the attention and the 1st, 3rd, ... of the block's weight GEMMs in forward order
 (`sac_keep`): wq, wv, gate and down of the 2024 block's wq, wk, wv, wo, w1, w3, w2 (0.3.0's fused block: qkv,
-gate, down); full checkpointing as full recomputation. The H100 rows use the preset h100-80g-nvlink with the
-hosts' stated memory (96 GB) and bandwidth (2.4 TB/s); its peak and kernel efficiencies are the 700 W SXM5's (the
-500 W card's peak is unknown: the doc says between SXM and NVL), so lynx should predict these rows high.
+gate, down); full checkpointing as full recomputation. Until decision 0264 the saved wq and wv outputs (which no
+backward reads) were dropped and their GEMMs re-run in the recomputation, which torch does not do. The H100
+rows use the preset h100-80g-nvlink with the hosts' stated memory (96 GB) and bandwidth (2.4 TB/s); its peak and
+kernel efficiencies are the 700 W SXM5's (the 500 W card's peak is unknown: the doc says between SXM and NVL), so
+lynx should predict these rows high.
 
 The norm each run ran (`Run.norm_fusion`) is read from the train config at the run's commit: ``norm_type =
 "rmsnorm"`` (torchtitan's own eager fp32 RMSNorm in torchtitan/models/norms.py: 9dec370's llama3_8b.toml for the
