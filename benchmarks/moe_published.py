@@ -5,9 +5,10 @@ all-to-alls versus --recompute-modules moe_act / moe / shared_experts / ..., and
 Source of the layouts and measurements: NVIDIA's Megatron-MoE-ModelZoo (github.com/yanring/Megatron-MoE-ModelZoo,
 the Megatron-Core MoE team's recipes for the Megatron-Core MoE report, arXiv 2603.07685), `best_practice/Qwen3/
 readme.md` at commit c1ad0b5c ("Performance Results", 256 H100, NVLink 4, InfiniBand 8 x 50 GB/s, BF16, seq 4096,
-DeepEP dispatcher) and `best_practice/DeepSeekV3/run.sh` at the same commit (1024 H100: TP 2, PP 8, VPP 4, EP 64,
-GBS 8192, `--recompute-modules mla_up_proj mlp`, layout "Et|(tt|)*30mL"; published in FP8, which lynx does not
-price: that layout is used for the comparison only, priced in BF16).
+DeepEP dispatcher; its "Code" column: the EP32 row ran the development branch moe_dev f3e6c5, the EP8 row main
+1e057005, which lynx does not tell apart) and `best_practice/DeepSeekV3/run.sh` at the same commit (1024 H100:
+TP 2, PP 8, VPP 4, EP 64, GBS 8192, `--recompute-modules mla_up_proj mlp`, layout "Et|(tt|)*30mL"; published in
+FP8, which lynx does not price: that layout is used for the comparison only, priced in BF16).
 
 Calibration: the first Qwen3 row was the check the flex (DeepEP) pricing was written against (`cost.moe`: a token
 crosses to each remote node once, DeepSeek-V3 report sec. 3.2.2; with the preset's group-limited router,
