@@ -205,6 +205,51 @@ def test_megatrons_own_pipeline_balancing_flags_are_read() -> None:
         parse_megatron_args(base + " --account-for-embedding-in-pipeline-split")
 
 
+def test_the_balancing_flags_with_virtual_stages_are_megatrons_layouts() -> None:
+    """With interleaving the accounted total splits evenly over the ranks and each rank's share over its chunks;
+    the first rank's first virtual stage and the last rank's last one build a layer fewer
+    (megatron/core/transformer/transformer_block.py, get_num_layers_to_build). NVIDIA's Llama-3.1-405B recipe
+    (126 layers, PP 8, VPP 8, both flags) and the Megatron-MoE Qwen3-235B split (94 layers, PP 8, VPP 4) read as
+    their published layouts; --num-layers-per-virtual-pipeline-stage counts the accounted layers, as Megatron-LM's
+    arguments.py does."""
+    both = " --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split"
+    base = BASE.replace("--num-layers 32 ", "").replace("--pipeline-model-parallel-size 4",
+                                                        "--pipeline-model-parallel-size 8")
+    for vpp_flag in ("--num-virtual-stages-per-pipeline-rank 8", "--virtual-pipeline-model-parallel-size 8",
+                     "--num-layers-per-virtual-pipeline-stage 2"):
+        cmd = parse_megatron_args(f"{base} --num-layers 126 {vpp_flag}{both}")
+        assert (cmd.layout.pp, cmd.layout.vpp, cmd.layout.layers) == (8, 8, (1, *[2] * 62, 1))
+    qwen = parse_megatron_args(f"{base} --num-layers 94 --num-virtual-stages-per-pipeline-rank 4{both}").layout
+    assert qwen.layers == (2, *[3] * 30, 2)
+    loss_only = parse_megatron_args(f"{base} --num-layers 63 --num-virtual-stages-per-pipeline-rank 2 "
+                                    "--account-for-loss-in-pipeline-split").layout
+    assert loss_only.layers == (*[4] * 15, 3)
+    with pytest.raises(SpecError, match=r"^--account-for-embedding/loss-in-pipeline-split: 126 layers \+ 2 "
+                                        r"\(embedding / loss\) must split evenly over PP 8 and 3 virtual stages"):
+        parse_megatron_args(f"{base} --num-layers 126 --num-virtual-stages-per-pipeline-rank 3{both}")
+    with pytest.raises(SpecError, match=r"^--num-layers-per-virtual-pipeline-stage 5: 126 layers \+ 2 .* not a "
+                                        r"multiple of 8 x 5"):
+        parse_megatron_args(f"{base} --num-layers 126 --num-layers-per-virtual-pipeline-stage 5{both}")
+
+
+def test_uneven_ends_with_virtual_stages_are_read_as_megatron_builds_them() -> None:
+    """--decoder-first/last-pipeline-num-layers with --num-virtual-stages-per-pipeline-rank: every stage's layers
+    over its chunks; Megatron-LM refuses them with --num-layers-per-virtual-pipeline-stage, and either family of
+    knobs with the other."""
+    base = BASE.replace("--num-layers 32 ", "--num-layers 28 ")
+    cmd = parse_megatron_args(f"{base} --decoder-first-pipeline-num-layers 6 --decoder-last-pipeline-num-layers 6 "
+                              "--num-virtual-stages-per-pipeline-rank 2")
+    assert (cmd.layout.vpp, cmd.layout.layers) == (2, (3, 4, 4, 3, 3, 4, 4, 3))
+    with pytest.raises(SpecError, match="^--num-layers-per-virtual-pipeline-stage with --decoder-first/last"):
+        parse_megatron_args(f"{base} --decoder-first-pipeline-num-layers 6 --decoder-last-pipeline-num-layers 6 "
+                            "--num-layers-per-virtual-pipeline-stage 2")
+    with pytest.raises(SpecError, match="every stage's layers must divide evenly over its chunks"):
+        parse_megatron_args(f"{base} --decoder-first-pipeline-num-layers 7 --decoder-last-pipeline-num-layers 7 "
+                            "--num-virtual-stages-per-pipeline-rank 2")
+    with pytest.raises(SpecError, match="Megatron-Core takes one or the other"):
+        parse_megatron_args(f"{base} --decoder-first-pipeline-num-layers 6 --account-for-loss-in-pipeline-split")
+
+
 # -- the launcher's world: torchrun's --nnodes x --nproc-per-node sets Megatron's DP ---------------------------------
 
 def _world(line: str, dp: int | None = None, nodes: int | None = None) -> tuple[int, int | None, list[str]]:

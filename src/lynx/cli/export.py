@@ -298,6 +298,19 @@ def plan_from_megatron(cmd: MegatronCommand, hardware: str, dp: int | None, node
         return
     off = "" if cmd.offload is None else (
         f"; offload {' '.join(cmd.offload['offload_modules'])} fraction {cmd.offload['activation_offload_fraction']:g}")
-    mine_row = replace(mine, label="your megatron", setting=f"{mine.setting}{off}; layers {cmd.layout.layers}")
+    mine_row = replace(mine, label="your megatron", setting=f"{mine.setting}{off}; layers {_runs(cmd.layout.layers)}")
     fp8 = f"; {cmd.model.fp8.describe()}" if cmd.model.fp8 is not None else ""
     console.print(figures_table([lynx_row, mine_row], f"Megatron command line on {hardware}, DP {dp}{fp8}"))
+
+
+def _runs(layers: tuple[int, ...]) -> str:
+    """Layers per virtual stage with repeats folded: (1, 2, 2, 2, 1) reads '1, 2 x 3, 1'."""
+    out: list[str] = []
+    i = 0
+    while i < len(layers):
+        j = i
+        while j < len(layers) and layers[j] == layers[i]:
+            j += 1
+        out.append(f"{layers[i]}" if j - i == 1 else f"{layers[i]} x {j - i}")
+        i = j
+    return ", ".join(out)

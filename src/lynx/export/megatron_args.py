@@ -252,39 +252,59 @@ def _layout(k: dict[str, Value], pp: int, num_layers: int) -> ChunkLayout:
             raise SpecError(f"--from-megatron: {flag} {v} conflicts with --pipeline-model-parallel-layout's "
                             f"{lay.vpp} stages per rank")
         return lay
-    first, last = k.get("--decoder-first-pipeline-num-layers"), k.get("--decoder-last-pipeline-num-layers")
+    first = cast(int | None, k.get("--decoder-first-pipeline-num-layers"))
+    last = cast(int | None, k.get("--decoder-last-pipeline-num-layers"))
+    emb = bool(k.get("--account-for-embedding-in-pipeline-split"))
+    loss = bool(k.get("--account-for-loss-in-pipeline-split"))
     vpp = 1
     if given:
         vpp = next(iter(given.values()))
     elif "--num-layers-per-virtual-pipeline-stage" in k:
         per = _int(k, "--num-layers-per-virtual-pipeline-stage")
-        vpp = num_layers // (pp * per) if per > 0 and num_layers % (pp * per) == 0 else 0
+        if first is not None or last is not None:
+            raise SpecError("--num-layers-per-virtual-pipeline-stage with --decoder-first/last-pipeline-num-layers: "
+                            "Megatron-LM takes --num-virtual-stages-per-pipeline-rank with uneven stages")
+        # Megatron-LM counts the accounted embedding / loss among the layers it divides (training/arguments.py)
+        total = num_layers + emb + loss
+        vpp = total // (pp * per) if per > 0 and total % (pp * per) == 0 else 0
         if vpp < 1:
-            raise SpecError(f"--num-layers-per-virtual-pipeline-stage {per}: {num_layers} layers are not "
-                            f"a multiple of {pp} x {per}")
-    if first is not None or last is not None:
-        if vpp != 1:
-            raise SpecError("--decoder-first/last-pipeline-num-layers with virtual stages: give the layout")
-        return first_last_layout(pp, num_layers, cast(int | None, first), cast(int | None, last))
-    emb = bool(k.get("--account-for-embedding-in-pipeline-split"))
-    loss = bool(k.get("--account-for-loss-in-pipeline-split"))
-    if emb or loss:
-        return accounted_layout(pp, vpp, num_layers, emb, loss)
+            raise SpecError(f"--num-layers-per-virtual-pipeline-stage {per}: {_counted(num_layers, emb, loss)} are "
+                            f"not a multiple of {pp} x {per}")
+    if first is not None or last is not None or emb or loss:
+        return split_layout(pp, vpp, num_layers, first, last, emb, loss)
     return even_layout(pp, vpp, num_layers, "--num-layers")
 
 
-def accounted_layout(pp: int, vpp: int, num_layers: int, emb: bool, loss: bool) -> ChunkLayout:
-    """--account-for-embedding/loss-in-pipeline-split: Megatron-Core counts the embedding (and the loss) as one
-    more layer and splits evenly, so the first (last) stage runs one decoder layer fewer
-    (megatron/core/transformer/transformer_block.py, get_num_layers_to_build; its total must divide evenly)."""
-    total = num_layers + emb + loss
-    if vpp != 1 or total % pp:
-        raise SpecError(f"--account-for-embedding/loss-in-pipeline-split: {num_layers} layers + {int(emb) + int(loss)} "
-                        f"must split evenly over PP {pp} without virtual stages (Megatron-Core's rule)")
-    each = total // pp
-    if pp == 1:
-        return ChunkLayout(1, 1, (num_layers,))
-    return ChunkLayout(pp, 1, (each - emb, *([each] * (pp - 2)), each - loss))
+def _counted(num_layers: int, emb: bool, loss: bool) -> str:
+    return f"{num_layers} layers" + (f" + {int(emb) + int(loss)} (embedding / loss)" if emb or loss else "")
+
+
+def split_layout(pp: int, vpp: int, num_layers: int, first: int | None, last: int | None, emb: bool,
+                 loss: bool) -> ChunkLayout:
+    """Megatron-Core's uneven splits (megatron/core/transformer/transformer_block.py, get_num_layers_to_build):
+    ``--decoder-first/last-pipeline-num-layers`` (the given ends, the rest evenly over the middle stages), or
+    ``--account-for-embedding/loss-in-pipeline-split`` (the embedding and the loss counted as one more layer each,
+    the total split evenly over the ranks, so the first rank's first virtual stage and the last rank's last one
+    build a layer fewer); with virtual stages each rank's layers divide evenly over its chunks. The search prices
+    stock candidates on the same rules (`search.splits`)."""
+    from lynx.search.splits import Split, chunks
+
+    if vpp == 1 and not (emb or loss):
+        return first_last_layout(pp, num_layers, first, last)
+    got = chunks(Split(first=first, last=last, embedding=emb, loss=loss), num_layers, pp, vpp)
+    if got is not None:
+        return ChunkLayout(pp, vpp, got)
+    chunked = f" and {vpp} virtual stages per rank" if vpp > 1 else ""
+    if (first is not None or last is not None) and (emb or loss):
+        raise SpecError("--decoder-first/last-pipeline-num-layers with --account-for-embedding/loss-in-pipeline-"
+                        "split: Megatron-Core takes one or the other")
+    if first is not None or last is not None:
+        raise SpecError(f"--decoder-first/last-pipeline-num-layers {first}/{last}: with {num_layers} layers over PP "
+                        f"{pp}{chunked}, every stage's layers must divide evenly over its chunks, the middle stages "
+                        "equally, no virtual stage empty (Megatron-Core's rule)")
+    raise SpecError(f"--account-for-embedding/loss-in-pipeline-split: {_counted(num_layers, emb, loss)} must split "
+                    f"evenly over PP {pp}{chunked}, leaving the first and last virtual stage a layer "
+                    "(Megatron-Core's rule)")
 
 
 def _recompute(k: dict[str, Value]) -> MegatronRecompute:
