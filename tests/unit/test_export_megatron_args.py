@@ -63,7 +63,7 @@ def test_flags_not_priced_are_named_under_what_they_change() -> None:
     """Every flag read and not priced is in one of three warnings: no effect, changes time or memory (with what
     lynx prices instead), unknown. --virtual-pipeline-model-parallel-size is read as the chunks per rank."""
     cmd = parse_megatron_args(BASE + " --virtual-pipeline-model-parallel-size 2 --defer-embedding-wgrad-compute "
-                              "--manual-gc --train-iters 10 --frobnicate 3")
+                              "--manual-gc --apply-layernorm-1p --train-iters 10 --frobnicate 3")
     assert cmd.layout == ChunkLayout(4, 2, (4,) * 8)
     heads = ("NOT priced", "unknown to lynx", "read, no effect")
     found = [[w for w in cmd.warnings if w.startswith(h)] for h in heads]
@@ -71,7 +71,7 @@ def test_flags_not_priced_are_named_under_what_they_change() -> None:
     unpriced, unknown, quiet = (f[0] for f in found)
     assert unpriced.startswith("NOT priced") and "--defer-embedding-wgrad-compute (the last stage's" in unpriced
     assert unknown.startswith("unknown to lynx") and unknown.endswith("--frobnicate")
-    assert quiet == "read, no effect on time or memory: --manual-gc --train-iters"
+    assert quiet == "read, no effect on time or memory: --manual-gc --apply-layernorm-1p --train-iters"
     with pytest.raises(SpecError, match="conflicts with --pipeline-model-parallel-layout's 1 stages"):
         parse_megatron_args(BASE + " --virtual-pipeline-model-parallel-size 2 "
                             "--pipeline-model-parallel-layout Et*8|t*8|t*8|t*8L")

@@ -25,13 +25,14 @@ NO_EFFECT: frozenset[str] = frozenset({
     "--apply-rope-fusion", "--bias-swiglu-fusion", "--bias-gelu-fusion", "--masked-softmax-fusion",
     "--bias-dropout-fusion", "--manual-gc", "--manual-gc-interval", "--manual-gc-eval",
     "--no-create-attention-mask-in-dataloader", "--no-mmap-bin-files", "--tp-comm-bootstrap-backend",
-    "--overlap-p2p-communication",
+    "--overlap-p2p-communication", "--apply-layernorm-1p",
 })
 """Megatron's defaults given explicitly (the fusions are on unless `--no-...`) and switches with no time or
 memory effect per iteration beyond what lynx prices anyway (--manual-gc: lynx prices no garbage-collection pause,
 which is what it removes; --overlap-p2p-communication: lynx's simulator already lets a pipeline transfer delay only
 the op that receives it, never the sender's compute; --calculate-per-token-loss: one reduction of a scalar per
-micro-batch)."""
+micro-batch; --apply-layernorm-1p: the norm's weight stored as its offset from 1, TransformerEngine's
+zero-centered gamma, the same kernel and bytes)."""
 
 NO_EFFECT_MOE: dict[str, str] = {
     "--moe-aux-loss-coeff": "a scalar loss term on the router's scores (0 turns it off)",
