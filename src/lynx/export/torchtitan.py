@@ -23,6 +23,7 @@ from lynx.export.pricing import Figures
 from lynx.export.schedule_csv import schedule_rows, to_csv
 from lynx.export.source import ExportSource
 from lynx.graph import LayerGraph
+from lynx.spec import ModelSpec
 
 TITAN = "torchtitan-llama3"
 """The family of torchtitan's Llama 3 block priced for its own eager kernels (`lynx.families.titan`)."""
@@ -136,6 +137,19 @@ def base_config_name(src: ExportSource) -> str | None:
     m = src.problem.model
     return TITAN_FLAVORS.get((m.hidden_size, m.num_layers, m.ffn_hidden_size, m.num_attention_heads,
                               m.num_query_groups))
+
+
+def older_code(model: ModelSpec) -> str:
+    """Why torchtitan 0.3.0 does not run what the model prices ('' when it might): a model field that describes
+    older code (the eager RMSNorm, the 2024 attention), said as '<prices what>; <what runs instead>: plan with
+    <the field at its default>'. `build_torchtitan` and lynx's engine in torchtitan refuse such a plan."""
+    if not model.norm_fusion:
+        return ("prices an eager fp32 RMSNorm (norm_fusion false); torchtitan 0.3.0 on CUDA runs torch's fused "
+                "RMSNorm: plan with norm_fusion true")
+    if model.kv_repeat:
+        return ("prices torchtitan's 2024 attention (kv_repeat true); torchtitan 0.3.0 runs a fused QKV and attention "
+                "over the K/V heads: plan with kv_repeat false")
+    return ""
 
 
 def titan_policies(graph: LayerGraph, family: str, layers: list[dict[str, Any]]) -> list[LayerPolicy]:
@@ -262,12 +276,9 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
         raise SpecError("torchtitan export: the plan prices Megatron-Core's FP8 (TransformerEngine); torchtitan's "
                         "Float8 training (torchao) is not modelled. Export it with `lynx export megatron`, or plan "
                         "without --fp8-format")
-    if not src.problem.model.norm_fusion:
-        raise SpecError("torchtitan export: the plan prices an eager fp32 RMSNorm (norm_fusion false); torchtitan "
-                        "0.3.0 on CUDA runs torch's fused RMSNorm: plan with norm_fusion true to export")
-    if src.problem.model.kv_repeat:
-        raise SpecError("torchtitan export: the plan prices torchtitan's 2024 attention (kv_repeat true); torchtitan "
-                        "0.3.0 runs a fused QKV and attention over the K/V heads: plan with kv_repeat false to export")
+    older = older_code(src.problem.model)
+    if older:
+        raise SpecError(f"torchtitan export: the plan {older} to export")
     graph, lay, par = src.problem.graph, src.layout, src.problem.parallel
     layers = [layer_entry(graph, lp) for pol in src.policies for lp in pol.layers]
     replicate, shard = dp_degrees(src)

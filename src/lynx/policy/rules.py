@@ -28,10 +28,9 @@ def recompute_closure(graph: LayerGraph, drop: frozenset[str], keep: frozenset[s
 
 @per_graph
 def on_demand(graph: LayerGraph, keep: frozenset[str]) -> LayerPolicy:
-    """Keep `keep` (restricted to what backward reads), recompute the rest on demand."""
-    keep = frozenset(keep) & graph.needed()
-    rec = recompute_closure(graph, frozenset(graph.names) - keep, keep)
-    return LayerPolicy(keep=keep, recompute=tuple((n, Phase.ON_DEMAND) for n in rec))
+    """Keep `keep` (restricted to what backward reads), recompute the rest on demand: `saved_outputs` of the kept
+    names some backward reads (Megatron's keep sets)."""
+    return saved_outputs(graph, frozenset(keep) & graph.needed())
 
 
 @per_graph

@@ -40,7 +40,7 @@ def load_plan(plan: str | Path) -> tuple[dict[int, LayerPolicy], PlanAssumes]:
 
     from lynx.decisions import Phase
     from lynx.export.source import load_source
-    from lynx.export.torchtitan import dp_degrees
+    from lynx.export.torchtitan import dp_degrees, older_code
     from lynx.families.titan import NAME
 
     try:
@@ -63,13 +63,9 @@ def load_plan(plan: str | Path) -> tuple[dict[int, LayerPolicy], PlanAssumes]:
     if src.family != NAME:
         raise ValueError(f"lynx.integrations.torchtitan: {plan} is priced for family {src.family!r}; the "
                          f"integration runs torchtitan's block, plan it with `family: {NAME}`")
-    if not src.problem.model.norm_fusion:  # as `lynx export torchtitan` refuses it
-        raise ValueError(f"lynx.integrations.torchtitan: {plan} prices an eager fp32 RMSNorm (norm_fusion false); "
-                         "torchtitan 0.3.0 on CUDA runs torch's fused RMSNorm: plan with norm_fusion true")
-    if src.problem.model.kv_repeat:  # as `lynx export torchtitan` refuses it
-        raise ValueError(f"lynx.integrations.torchtitan: {plan} prices torchtitan's 2024 attention (kv_repeat true); "
-                         "torchtitan 0.3.0 runs a fused QKV and attention over the K/V heads: plan with kv_repeat "
-                         "false")
+    older = older_code(src.problem.model)
+    if older:  # as `lynx export torchtitan` refuses it
+        raise ValueError(f"lynx.integrations.torchtitan: {plan} {older}")
     flat = [lp for pol in src.policies for lp in pol.layers]
     return dict(enumerate(flat)), assumes_of(src.problem, *dp_degrees(src))
 
