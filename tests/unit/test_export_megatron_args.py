@@ -3,6 +3,8 @@ stock-Megatron price; unsupported flags are refused with one line, unknown ones 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from lynx.api import plan as plan_with
@@ -248,6 +250,29 @@ def test_uneven_ends_with_virtual_stages_are_read_as_megatron_builds_them() -> N
                             "--num-virtual-stages-per-pipeline-rank 2")
     with pytest.raises(SpecError, match="Megatron-Core takes one or the other"):
         parse_megatron_args(f"{base} --decoder-first-pipeline-num-layers 6 --account-for-loss-in-pipeline-split")
+
+
+@pytest.mark.parametrize(("extra", "error"), [
+    ("--pipeline-model-parallel-layout Et*7|t*8|t*8|t*8L --account-for-embedding-in-pipeline-split",
+     "--pipeline-model-parallel-layout with --account-for-embedding-in-pipeline-split: Megatron-Core takes the "
+     "layout alone"),
+    ("--pipeline-model-parallel-layout Et*8|t*8|t*8|t*8L --decoder-first-pipeline-num-layers 8",
+     "--pipeline-model-parallel-layout with --decoder-first-pipeline-num-layers: Megatron-Core takes the layout "
+     "alone"),
+    ("--num-virtual-stages-per-pipeline-rank 2 --num-layers-per-virtual-pipeline-stage 4",
+     "--num-virtual-stages-per-pipeline-rank and --num-layers-per-virtual-pipeline-stage: Megatron-LM takes one of "
+     "them"),
+    ("--virtual-pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 4",
+     "--virtual-pipeline-model-parallel-size and --num-layers-per-virtual-pipeline-stage: give the model chunks "
+     "per rank in one place"),
+    ("--num-layers-per-virtual-pipeline-stage -2", "--num-layers-per-virtual-pipeline-stage -2: must be positive"),
+])
+def test_layout_flags_megatron_refuses_together_are_refused_not_dropped(extra: str, error: str) -> None:
+    """Megatron-LM refuses these combinations (training/arguments.py, TransformerConfig); lynx read one and dropped
+    the other, pricing a split the run would not start with."""
+    with pytest.raises(SpecError, match="^" + re.escape(error if error.startswith("--num-layers") else
+                                                         f"--from-megatron: {error}") + "$"):
+        parse_megatron_args(f"{BASE} {extra}")
 
 
 # -- the launcher's world: torchrun's --nnodes x --nproc-per-node sets Megatron's DP ---------------------------------

@@ -245,7 +245,17 @@ def _layout(k: dict[str, Value], pp: int, num_layers: int) -> ChunkLayout:
     if any(v < 1 for v in given.values()) or len(set(given.values())) > 1:
         raise SpecError("--from-megatron: " + " and ".join(f"{f} {v}" for f, v in given.items())
                         + ": one positive number of model chunks per rank")
+    layout_flags = [f for f in ("--pipeline-model-parallel-layout", "--num-virtual-stages-per-pipeline-rank",
+                                "--num-layers-per-virtual-pipeline-stage") if f in k]
+    if len(layout_flags) > 1:  # megatron/training/arguments.py asserts at most one
+        raise SpecError(f"--from-megatron: {' and '.join(layout_flags)}: Megatron-LM takes one of them")
     if "--pipeline-model-parallel-layout" in k:
+        splits = [f for f in ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+                              "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+                  if k.get(f) not in (None, False)]
+        if splits:  # TransformerConfig raises: the layout string already places every layer
+            raise SpecError(f"--from-megatron: --pipeline-model-parallel-layout with {' and '.join(splits)}: "
+                            "Megatron-Core takes the layout alone")
         lay = parse_megatron_layout(str(k["--pipeline-model-parallel-layout"]), pp, num_layers)
         if given and lay.vpp != next(iter(given.values())):
             flag, v = next(iter(given.items()))
@@ -257,16 +267,21 @@ def _layout(k: dict[str, Value], pp: int, num_layers: int) -> ChunkLayout:
     emb = bool(k.get("--account-for-embedding-in-pipeline-split"))
     loss = bool(k.get("--account-for-loss-in-pipeline-split"))
     vpp = 1
+    if given and "--num-layers-per-virtual-pipeline-stage" in k:
+        raise SpecError(f"--from-megatron: {next(iter(given))} and --num-layers-per-virtual-pipeline-stage: give the "
+                        "model chunks per rank in one place")
     if given:
         vpp = next(iter(given.values()))
     elif "--num-layers-per-virtual-pipeline-stage" in k:
         per = _int(k, "--num-layers-per-virtual-pipeline-stage")
+        if per < 1:
+            raise SpecError(f"--num-layers-per-virtual-pipeline-stage {per}: must be positive")
         if first is not None or last is not None:
             raise SpecError("--num-layers-per-virtual-pipeline-stage with --decoder-first/last-pipeline-num-layers: "
                             "Megatron-LM takes --num-virtual-stages-per-pipeline-rank with uneven stages")
         # Megatron-LM counts the accounted embedding / loss among the layers it divides (training/arguments.py)
         total = num_layers + emb + loss
-        vpp = total // (pp * per) if per > 0 and total % (pp * per) == 0 else 0
+        vpp = total // (pp * per) if total % (pp * per) == 0 else 0
         if vpp < 1:
             raise SpecError(f"--num-layers-per-virtual-pipeline-stage {per}: {_counted(num_layers, emb, loss)} are "
                             f"not a multiple of {pp} x {per}")
