@@ -361,6 +361,26 @@ def test_a_plan_with_the_2024_attention_is_refused_where_it_would_run(tmp_path: 
         load_plan(plan)
 
 
+def test_the_2024_attention_is_not_planned_from_a_profile(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    """A profile's graph is planned in place of the analytic one, and the profiler builds 0.3.0's block: a model
+    with kv_repeat true and --profile is refused in one line before the profile is read, not planned as 0.3.0."""
+    import yaml
+
+    from lynx.spec import read_spec_file
+    from tests.harness.cli import run_main
+
+    model = dict(read_spec_file("models", "torchtitan-llama3-debug")[1])
+    model.update(name="titan-2024", num_query_groups=4, kv_repeat=True)
+    mfile = f"{tmp_path}/m.yaml"
+    with open(mfile, "w") as fh:
+        yaml.safe_dump(model, fh)
+    code, _, err = run_main(["plan", "--model", mfile, "--hardware", "h100-80g-nvlink", "--global-batch", "8",
+                             "--seq-len", "64", "--profile", "no-such-profile"], capsys)
+    assert (code, err.strip().splitlines()) == (2, [
+        "lynx: error: model 'titan-2024': kv_repeat true with --profile: the profiler measures torchtitan 0.3.0's "
+        "block (a fused QKV), not the 2024 attention; plan kv_repeat without --profile"])
+
+
 @pytest.mark.parametrize("target", ["megatron", "lynx", "torchtitan"])
 def test_the_search_refuses_the_2024_attention_for_every_target(target: str) -> None:
     from lynx.export.targets import Target, check_target

@@ -396,6 +396,10 @@ def _plan_layout(f: PlanFlags) -> None:
     if f.profile:
         from dataclasses import replace
 
+        if req.model.kv_repeat:  # the profile's graph would be planned in its place, the field read but not honoured
+            raise SpecError(f"model {req.model.name!r}: kv_repeat true with --profile: the profiler measures "
+                            "torchtitan 0.3.0's block (a fused QKV), not the 2024 attention; plan kv_repeat without "
+                            "--profile")
         req = replace(req, graph=_load_profile_graph(f.profile, f.db))
     problem = req.problem()
     for w in budget_warnings(f.budget_gb, problem.hardware):  # after the checks: a NaN has been refused
