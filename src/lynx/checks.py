@@ -32,23 +32,40 @@ def check_inputs(model: ModelSpec, hardware: Hardware, parallel: ParallelSpec, o
         raise SpecError(f"{model.name}: FSDP (--use-torch-fsdp2 / --use-megatron-fsdp) with expert layers is not "
                         "priced yet (experts shard over expert-DP, which lynx's FSDP model does not split); use the "
                         "distributed optimizer (--distributed-optimizer)")
-    check_optimizer_precision(opts, model)
+    check_optimizer_precision(opts, model, hardware)
     if opts.tp_comm_overlap and model.transformer_impl == "local" and parallel.tp > 1:
         raise SpecError("--tp-comm-overlap needs --transformer-impl transformer_engine (the userbuffers overlap is "
                         "TransformerEngine's; Megatron-Core's local modules have none)")
 
 
-def check_optimizer_precision(opts: PlanOptions, model: ModelSpec) -> None:
-    """The gradient-buffer and optimizer dtypes are Megatron's bf16 recipe's (arguments.py reads them under --bf16)."""
+def check_optimizer_precision(opts: PlanOptions, model: ModelSpec, hardware: Hardware | None = None) -> None:
+    """The gradient-buffer and optimizer dtypes are Megatron's bf16 recipe's (arguments.py reads them under --bf16);
+    the optimizer CPU offload as Megatron-Core accepts it and lynx prices it (`cost.optimizer_offload`)."""
     o = opts.optimizer_precision
     if o.is_default:
         return
     flags = "--grad-reduce-in-bf16 / --main-grads-dtype / --use-precision-aware-optimizer"
+    if o.cpu_offload is not None:
+        flags = "--optimizer-cpu-offload"
     if opts.precision != "megatron-bf16":
         raise SpecError(f"{flags}: Megatron's bf16 recipe only (--precision megatron-bf16, --bf16), got --precision "
                         f"{opts.precision}")
     if model.family == "torchtitan-llama3":
         raise SpecError(f"{flags}: Megatron-Core's optimizer options; torchtitan's FSDP keeps fp32 state")
+    if o.cpu_offload is None:
+        return
+    if not o.use_precision_aware_optimizer:  # megatron/training/arguments.py asserts it
+        raise SpecError("--optimizer-cpu-offload needs --use-precision-aware-optimizer (Megatron: \"the hybrid device "
+                        "optimizer reuses the code path of this flag\")")
+    if opts.dp_sharding.fsdp or opts.dp_sharding.instances > 1:
+        raise SpecError("--optimizer-cpu-offload with FSDP or --num-distributed-optimizer-instances is not priced; "
+                        "use it with --distributed-optimizer or plain DDP")
+    if opts.bytes_per_param is not None:
+        raise SpecError("--optimizer-cpu-offload with --bytes-per-param: the override fixes the state's bytes on the "
+                        "GPU; give one of them")
+    if hardware is not None and hardware.host() is None:
+        raise SpecError(f"--optimizer-cpu-offload: hardware {hardware.name!r} has no host link (give host_link in "
+                        "its hardware file)")
 
 
 def check_overlaps(opts: PlanOptions, par: ParallelSpec) -> None:

@@ -37,12 +37,15 @@ from lynx.cli.common import (
 from lynx.cli.fp8 import Fp8FormatOpt, Fp8ParamGatherOpt, Fp8RecipeOpt, fp8_option, with_fp8
 from lynx.cli.optimizer import (
     OPTIMIZER_FLAGS,
+    CpuOffloadOpt,
     ExpAvgDtypeOpt,
     ExpAvgSqDtypeOpt,
     GradReduceBf16Opt,
     MainGradsDtypeOpt,
     MainParamsDtypeOpt,
     NoRemaindersOpt,
+    OffloadFractionOpt,
+    OverlapCpuOptimizerOpt,
     PrecisionAwareOpt,
     optimizer_option,
 )
@@ -104,6 +107,9 @@ def memory_cmd(
     exp_avg_dtype: ExpAvgDtypeOpt = "fp32",
     exp_avg_sq_dtype: ExpAvgSqDtypeOpt = "fp32",
     no_store_param_remainders: NoRemaindersOpt = False,
+    optimizer_cpu_offload: CpuOffloadOpt = False,
+    optimizer_offload_fraction: OffloadFractionOpt = 1.0,
+    overlap_cpu_optimizer_d2h_h2d: OverlapCpuOptimizerOpt = False,
 ) -> None:
     """Per-stage memory: parameters, gradients, optimizer state, activations x in-flight micro-batches,
     forward-window holdings, transient working set, embedding/logits, and the headroom to the budget."""

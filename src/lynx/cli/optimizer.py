@@ -11,10 +11,12 @@ import typer
 from lynx.cost.static_memory import OptimizerPrecision
 
 OPTIMIZER_FLAGS = ("grad_reduce_in_bf16", "use_precision_aware_optimizer", "main_grads_dtype", "main_params_dtype",
-                   "exp_avg_dtype", "exp_avg_sq_dtype", "no_store_param_remainders")
+                   "exp_avg_dtype", "exp_avg_sq_dtype", "no_store_param_remainders", "optimizer_cpu_offload",
+                   "optimizer_offload_fraction", "overlap_cpu_optimizer_d2h_h2d")
 """The group's parameter names (what a plan file fixes: `lynx memory --plan` refuses them beside it)."""
 
-OPTIMIZER_PANEL = "Gradient and optimizer dtypes (Megatron-Core, under --precision megatron-bf16; docs/export.md)"
+OPTIMIZER_PANEL = ("Gradient and optimizer dtypes, optimizer CPU offload (Megatron-Core, under --precision "
+                   "megatron-bf16; docs/export.md)")
 
 GradReduceBf16Opt = Annotated[bool, typer.Option(
     "--grad-reduce-in-bf16", help="Accumulate and reduce gradients in bf16 (2 B a parameter, half the DP bytes).",
@@ -35,6 +37,15 @@ ExpAvgSqDtypeOpt = Annotated[str, typer.Option(
 NoRemaindersOpt = Annotated[bool, typer.Option(
     "--no-store-param-remainders", help="Keep whole fp32 main parameters with the precision-aware optimizer.",
     rich_help_panel=OPTIMIZER_PANEL)]
+CpuOffloadOpt = Annotated[bool, typer.Option(
+    "--optimizer-cpu-offload", help="Step part of the optimizer on the host: its fp32 state there, the gradients "
+    "and parameters copied each step (needs --use-precision-aware-optimizer).", rich_help_panel=OPTIMIZER_PANEL)]
+OffloadFractionOpt = Annotated[float, typer.Option(
+    "--optimizer-offload-fraction", help="Share of the optimizer's elements stepped on the host (Megatron's "
+    "default 1.0).", rich_help_panel=OPTIMIZER_PANEL)]
+OverlapCpuOptimizerOpt = Annotated[bool, typer.Option(
+    "--overlap-cpu-optimizer-d2h-h2d", help="Pipeline the gradient copies, the host step and the parameter copies "
+    "per parameter.", rich_help_panel=OPTIMIZER_PANEL)]
 
 
 def optimizer_option(params: Mapping[str, Any]) -> OptimizerPrecision:
@@ -47,8 +58,12 @@ def optimizer_option(params: Mapping[str, Any]) -> OptimizerPrecision:
                          "--use-precision-aware-optimizer": p["use_precision_aware_optimizer"],
                          "--main-grads-dtype": p["main_grads_dtype"], "--main-params-dtype": p["main_params_dtype"],
                          "--exp-avg-dtype": p["exp_avg_dtype"], "--exp-avg-sq-dtype": p["exp_avg_sq_dtype"],
-                         "--no-store-param-remainders": p["no_store_param_remainders"]}, where="")
+                         "--no-store-param-remainders": p["no_store_param_remainders"],
+                         "--optimizer-cpu-offload": p["optimizer_cpu_offload"],
+                         "--optimizer-offload-fraction": p["optimizer_offload_fraction"],
+                         "--overlap-cpu-optimizer-d2h-h2d": p["overlap_cpu_optimizer_d2h_h2d"]}, where="")
 
 
-__all__ = ["OPTIMIZER_FLAGS", "OPTIMIZER_PANEL", "ExpAvgDtypeOpt", "ExpAvgSqDtypeOpt", "GradReduceBf16Opt",
-           "MainGradsDtypeOpt", "MainParamsDtypeOpt", "NoRemaindersOpt", "PrecisionAwareOpt", "optimizer_option"]
+__all__ = ["OPTIMIZER_FLAGS", "OPTIMIZER_PANEL", "CpuOffloadOpt", "ExpAvgDtypeOpt", "ExpAvgSqDtypeOpt",
+           "GradReduceBf16Opt", "MainGradsDtypeOpt", "MainParamsDtypeOpt", "NoRemaindersOpt", "OffloadFractionOpt",
+           "OverlapCpuOptimizerOpt", "PrecisionAwareOpt", "optimizer_option"]

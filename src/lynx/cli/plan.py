@@ -31,12 +31,15 @@ from lynx.cli.common import (
 )
 from lynx.cli.fp8 import Fp8FormatOpt, Fp8ParamGatherOpt, Fp8RecipeOpt
 from lynx.cli.optimizer import (
+    CpuOffloadOpt,
     ExpAvgDtypeOpt,
     ExpAvgSqDtypeOpt,
     GradReduceBf16Opt,
     MainGradsDtypeOpt,
     MainParamsDtypeOpt,
     NoRemaindersOpt,
+    OffloadFractionOpt,
+    OverlapCpuOptimizerOpt,
     PrecisionAwareOpt,
 )
 from lynx.errors import SpecError
@@ -332,6 +335,9 @@ def plan_cmd(
     exp_avg_dtype: ExpAvgDtypeOpt = "fp32",
     exp_avg_sq_dtype: ExpAvgSqDtypeOpt = "fp32",
     no_store_param_remainders: NoRemaindersOpt = False,
+    optimizer_cpu_offload: CpuOffloadOpt = False,
+    optimizer_offload_fraction: OffloadFractionOpt = 1.0,
+    overlap_cpu_optimizer_d2h_h2d: OverlapCpuOptimizerOpt = False,
     no_production_overlaps: Annotated[bool, typer.Option(
         "--no-production-overlaps", help="With --gpus: do not assume Megatron's production overlaps (grad reduce, "
         "param gather with the distributed optimizer, TP comm overlap with SP) on every candidate; the overlap flags "

@@ -90,6 +90,9 @@ class PlanFlags:
     exp_avg_dtype: str
     exp_avg_sq_dtype: str
     no_store_param_remainders: bool
+    optimizer_cpu_offload: bool
+    optimizer_offload_fraction: float
+    overlap_cpu_optimizer_d2h_h2d: bool
     no_production_overlaps: bool
     jobs: int | None
     search_time_limit: float

@@ -24,9 +24,10 @@ from typing import Literal
 from lynx.cost.collectives import allreduce_time, gather_time
 from lynx.cost.experts import moe_layer_params
 from lynx.cost.fp8_memory import fp8_static_delta, gathered_param_bytes
+from lynx.cost.optimizer_offload import GPU_STATE_BYTES, CpuOffload, host_step_s
 from lynx.errors import SpecError
 from lynx.families import get_family
-from lynx.spec import DeviceSpec, LinkSpec, ModelSpec, ParallelSpec
+from lynx.spec import DeviceSpec, HostLink, LinkSpec, ModelSpec, ParallelSpec
 from lynx.stack import LayerKind, primary_kind
 
 PrecisionName = Literal["paper", "megatron-bf16", "megatron-fp16", "fp32"]
@@ -60,11 +61,15 @@ class Recipe:
     """fp32 main weights; 0 when the parameters are fp32 already."""
     optimizer_bytes: float
     """Adam's momentum and variance in fp32: 8."""
+    cpu_offload: CpuOffload | None = None
+    """Megatron-Core's optimizer CPU offload: that fraction of the main weights and moments (and of their step) on
+    the host (`lynx.cost.optimizer_offload`); None: all on the GPU."""
 
     @property
     def state_bytes(self) -> float:
-        """What the distributed optimizer shards over DP."""
-        return self.main_grad_bytes + self.master_bytes + self.optimizer_bytes
+        """What the distributed optimizer shards over DP, on the GPU (less what the CPU offload holds on the host)."""
+        kept = 1.0 - self.cpu_offload.fraction if self.cpu_offload is not None else 1.0
+        return self.main_grad_bytes + kept * (self.master_bytes + self.optimizer_bytes)
 
     @property
     def step_only_bytes(self) -> float:
@@ -103,7 +108,9 @@ class OptimizerPrecision:
     and megatron/core/optimizer/optimizer_config.py, core_r0.16): ``--grad-reduce-in-bf16``,
     ``--use-precision-aware-optimizer`` (TransformerEngine's FusedAdam) with ``--main-grads-dtype``,
     ``--main-params-dtype``, ``--exp-avg-dtype``, ``--exp-avg-sq-dtype`` and ``store_param_remainders``
-    (on by default; off with ``--no-store-param-remainders``). The default is Megatron's: fp32 throughout."""
+    (on by default; off with ``--no-store-param-remainders``); and where the state lives: ``--optimizer-cpu-offload``
+    with ``--optimizer-offload-fraction`` and ``--overlap-cpu-optimizer-d2h-h2d`` (`cpu_offload`,
+    `lynx.cost.optimizer_offload`). The default is Megatron's: fp32 throughout, on the GPU."""
 
     grad_reduce_in_bf16: bool = False
     use_precision_aware_optimizer: bool = False
@@ -112,6 +119,7 @@ class OptimizerPrecision:
     exp_avg_dtype: DtypeName = "fp32"
     exp_avg_sq_dtype: DtypeName = "fp32"
     store_param_remainders: bool = True
+    cpu_offload: CpuOffload | None = None
 
     @property
     def is_default(self) -> bool:
@@ -130,6 +138,9 @@ class OptimizerPrecision:
             return r
         grad = min(r.grad_bytes, 2.0) if self.bf16_grad_buffer() else r.grad_bytes
         master, moments = r.master_bytes, r.optimizer_bytes
+        if self.cpu_offload is not None:  # HybridDeviceOptimizer's fp32 copies and moments, on either side
+            return Recipe(f"{r.name}+cpu-offload", r.param_bytes, grad, r.main_grad_bytes, GPU_STATE_BYTES - 8.0, 8.0,
+                          self.cpu_offload)
         if self.use_precision_aware_optimizer and master:
             moments = DTYPE_BYTES[self.exp_avg_dtype] + DTYPE_BYTES[self.exp_avg_sq_dtype]
             if self.main_params_dtype == "fp16" or (self.store_param_remainders and r.param_bytes == 2.0):
@@ -138,7 +149,10 @@ class OptimizerPrecision:
 
     def describe(self) -> str:
         parts = ["bf16 gradient buffer"] if self.bf16_grad_buffer() else []
-        if self.use_precision_aware_optimizer:
+        if self.cpu_offload is not None:
+            c = self.cpu_offload
+            parts.append(f"optimizer CPU offload {c.fraction:g}{' (copies overlapped)' if c.overlap else ''}")
+        elif self.use_precision_aware_optimizer:
             parts.append(f"precision-aware optimizer (moments {self.exp_avg_dtype}/{self.exp_avg_sq_dtype}, main "
                          f"params {self.main_params_dtype}{', remainders' if self.store_param_remainders else ''})")
         return ", ".join(parts)
@@ -308,10 +322,17 @@ def grad_buffer_time(model: ModelSpec, par: ParallelSpec, stage: int, num_layers
 
 def optimizer_step_time(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: int, recipe: Recipe,
                         device: DeviceSpec, distributed_optimizer: bool = False,
-                        kinds: tuple[LayerKind, ...] | None = None) -> float:
+                        kinds: tuple[LayerKind, ...] | None = None, host: HostLink | None = None,
+                        devices_per_node: int = 1) -> float:
     """The optimizer step of one stage on one device: memory-bound over the parameters it updates (all local
-    ones, or with the distributed optimizer its 1/DP shard), at the device's streaming bandwidth."""
+    ones, or with the distributed optimizer its 1/DP shard), at the device's streaming bandwidth; with the
+    recipe's CPU offload, that part stepped on the host over `host` (`optimizer_offload.host_step_s`)."""
     sp = stage_params(model, par, stage, num_layers, kinds)
     n = (sp.total - sp.experts) / (par.dp_cp if distributed_optimizer else 1) \
         + sp.experts / (par.edp if distributed_optimizer else 1)
-    return n * optimizer_step_bytes(recipe) / (device.memory_bandwidth_Bps * device.memory_efficiency)
+    gpu = n * optimizer_step_bytes(recipe) / (device.memory_bandwidth_Bps * device.memory_efficiency)
+    if recipe.cpu_offload is None:
+        return gpu
+    if host is None:
+        raise SpecError("--optimizer-cpu-offload needs the hardware's host link (host_link in the hardware file)")
+    return host_step_s(recipe.cpu_offload, n, recipe.param_bytes, gpu, host, devices_per_node)

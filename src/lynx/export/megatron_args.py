@@ -31,6 +31,7 @@ from lynx.export.megatron_fsdp import sharding_of
 from lynx.export.megatron_fusion import BOOL_FLAGS, fusion_fields
 from lynx.export.megatron_model import model_from_flags
 from lynx.export.megatron_optimizer import BOOL_FLAGS as OPT_BOOL
+from lynx.export.megatron_optimizer import FLOAT_FLAGS as OPT_FLOAT
 from lynx.export.megatron_optimizer import STR_FLAGS as OPT_STR
 from lynx.export.megatron_optimizer import optimizer_of
 from lynx.export.megatron_recompute import MegatronRecompute, RecomputeMethod
@@ -46,7 +47,7 @@ _INT = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-h
         "--virtual-pipeline-model-parallel-size", "--num-query-groups",
         "--context-parallel-size", *FP8_INT, *FSDP_INT, *moe.INT_FLAGS)
 _FLOAT = ("--attention-dropout", "--hidden-dropout", "--rotary-base", "--activation-offload-fraction",
-          "--delta-offload-bytes-across-pp-ranks", *moe.FLOAT_FLAGS)
+          "--delta-offload-bytes-across-pp-ranks", *OPT_FLOAT, *moe.FLOAT_FLAGS)
 _STR = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--normalization",
         "--position-embedding-type", "--attention-backend", "--transformer-impl", "--cp-comm-type",
         "--cross-entropy-fusion-impl", *FP8_STR, *FSDP_STR, *OPT_STR, *moe.STR_FLAGS)

@@ -25,14 +25,15 @@ NO_EFFECT: frozenset[str] = frozenset({
     "--apply-rope-fusion", "--bias-swiglu-fusion", "--bias-gelu-fusion", "--masked-softmax-fusion",
     "--bias-dropout-fusion", "--manual-gc", "--manual-gc-interval", "--manual-gc-eval",
     "--no-create-attention-mask-in-dataloader", "--no-mmap-bin-files", "--tp-comm-bootstrap-backend",
-    "--overlap-p2p-communication", "--apply-layernorm-1p",
+    "--overlap-p2p-communication", "--apply-layernorm-1p", "--use-torch-optimizer-for-cpu-offload",
 })
 """Megatron's defaults given explicitly (the fusions are on unless `--no-...`) and switches with no time or
 memory effect per iteration beyond what lynx prices anyway (--manual-gc: lynx prices no garbage-collection pause,
 which is what it removes; --overlap-p2p-communication: lynx's simulator already lets a pipeline transfer delay only
 the op that receives it, never the sender's compute; --calculate-per-token-loss: one reduction of a scalar per
 micro-batch; --apply-layernorm-1p: the norm's weight stored as its offset from 1, TransformerEngine's
-zero-centered gamma, the same kernel and bytes)."""
+zero-centered gamma, the same kernel and bytes; --use-torch-optimizer-for-cpu-offload: with Adam, Megatron-Core's
+optimizer/__init__.py sets both of HybridDeviceOptimizer's Adams after reading it, so it changes nothing)."""
 
 NO_EFFECT_MOE: dict[str, str] = {
     "--moe-aux-loss-coeff": "a scalar loss term on the router's scores (0 turns it off)",
@@ -61,6 +62,9 @@ UNPRICED: dict[str, str] = {
                                    "(2), reserved again in the next: the same peak, allocation time lynx does not "
                                    "charge (a lower bound on the time)",
     "--external-cuda-graph": "as --cuda-graph-impl",
+    "--no-pin-cpu-grads": "the optimizer CPU offload's host gradient buffers pageable: lynx prices the pinned copy, "
+                          "a lower bound on the time",
+    "--no-pin-cpu-params": "as --no-pin-cpu-grads, for the host parameter copies",
     "--moe-input-jitter-eps": "the router's input multiplied by uniform noise, an elementwise pass over the hidden "
                               "states lynx does not charge (a lower bound on the time)",
     "--moe-router-padding-for-fp8": "each expert's tokens padded to a multiple of 16 for the FP8 GEMMs, at most 15 "

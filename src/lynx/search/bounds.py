@@ -299,7 +299,7 @@ def step_s(problem: PlanProblem, rank: int, layers: int, kinds: tuple[LayerKind,
     if sharding is not None:  # FSDP (or a partial distributed optimizer): its step on the shard, as the tail charges
         return fsdp_step_time(problem.model, hw, problem.parallel, rank, layers, recipe, sharding)
     return (optimizer_step_time(problem.model, problem.parallel, rank, layers, recipe, device, o.distributed_optimizer,
-                                kinds)
+                                kinds, hw.host(), hw.devices_per_node)
             + grad_buffer_time(problem.model, problem.parallel, rank, layers, recipe, device, o.check_for_nan_in_grad,
                                o.ddp_average_in_collective, kinds))
 

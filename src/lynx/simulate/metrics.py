@@ -70,7 +70,7 @@ def tail_time(model: ModelSpec, hw: Hardware, par: ParallelSpec, ctxs: tuple[Sta
         else:
             ar = dp_sync_time(model, par, s, ctx.num_layers, recipe, dp_link, distributed_optimizer, kinds(ctx))
         opt = optimizer_step_time(model, par, s, ctx.num_layers, recipe, hw.device, distributed_optimizer,
-                                  kinds(ctx)) \
+                                  kinds(ctx), hw.host(), hw.devices_per_node) \
             + grad_buffer_time(model, par, s, ctx.num_layers, recipe, hw.device, ov.check_for_nan,
                                ov.average_in_collective, kinds(ctx))
         synced.append(ready[s] - pipeline_time + ar)
