@@ -362,10 +362,10 @@ class HostLink:
     host_usable_fraction: float = field(default=0.5, metadata=rng(gt=0, le=1))
     """Share of the host memory that pinned offload buffers may take (the OS, the data loader, checkpoint
     staging and NCCL keep the rest; an assumption, override per file)."""
-    cpu_adam_elements_per_s: float = field(default=1.0e9, metadata=rng(gt=0))
+    cpu_adam_elements_per_s: float = field(default=1.3e9, metadata=rng(gt=0))
     """Elements one rank's host Adam step updates per second (Megatron-Core's optimizer CPU offload,
     `lynx.cost.optimizer_offload`): torch's fused AdamW on one thread, as torchrun starts each rank of a node with
-    OMP_NUM_THREADS=1; 1.0e9 is benchmarks/cpu_adam.py's figure on this project's CI machine (an AMD EPYC core),
+    OMP_NUM_THREADS=1; 1.3e9 is benchmarks/cpu_adam.py's figure on this project's CI machine (an AMD EPYC core),
     not a datasheet's: put your host's in the hardware file."""
 
     def per_gpu(self, devices_per_node: int) -> tuple[float, float, float]:
