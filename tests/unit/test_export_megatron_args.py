@@ -323,3 +323,35 @@ def test_an_elastic_or_missing_world_is_said() -> None:
                       ("--nnodes --standalone", "torchrun --nnodes has no value")):
         with pytest.raises(SpecError, match=said):
             _world(f"torchrun {bad} pretrain_gpt.py {BASE}")
+
+
+def test_nvidias_own_example_command_lines_leave_no_flag_unknown() -> None:
+    """The flags of Megatron-LM's examples (d98e8a64: examples/llama/train_llama3_8b_h100_fp8.sh, FP8 variant, and
+    examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh / sbatch_mfsdp_deepseek_v3.sh's Megatron-FSDP and
+    logging flags, on a small shape): each is read, priced or named with what it changes; none is unknown."""
+    shape = ("--num-layers 4 --hidden-size 256 --ffn-hidden-size 512 --num-attention-heads 8 --group-query-attention "
+             "--num-query-groups 2 --kv-channels 32 --seq-length 512 --max-position-embeddings 512 "
+             "--position-embedding-type rope --rotary-base 1000000 --rotary-percent 1.0 --swiglu "
+             "--normalization RMSNorm --norm-epsilon 1e-6 --untie-embeddings-and-output-weights --disable-bias-linear "
+             "--micro-batch-size 1 --global-batch-size 8 --vocab-size 1024 --bf16 ")
+    llama = ("--use-mcore-models --init-method-std 0.0134 --attention-backend fused --apply-layernorm-1p "
+             "--train-samples 100 --lr-decay-samples 90 --lr-warmup-samples 5 --lr 0.00015 --min-lr 0.00001 "
+             "--decoupled-lr 5.0e-4 --decoupled-min-lr 4.5e-5 --lr-decay-style cosine --clip-grad 1.0 "
+             "--weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --grad-reduce-in-bf16 --cross-entropy-loss-fusion "
+             "--calculate-per-token-loss --manual-gc --exit-duration-in-mins 235 --fp8-format hybrid "
+             "--fp8-amax-history-len 1024 --fp8-amax-compute-algo max --fp8-param-gather "
+             "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --log-interval 1 "
+             "--eval-iters 32 --eval-interval 100 --save-interval 1000 --log-throughput --profile "
+             "--profile-step-start 4 --profile-step-end 6 --ckpt-format torch_dist --distributed-timeout-minutes 60")
+    fsdp = ("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --use-distributed-optimizer "
+            "--no-gradient-accumulation-fusion --init-model-with-meta-device --ckpt-format fsdp_dtensor "
+            "--use-nccl-ub --fsdp-double-buffer --fsdp-manual-registration --megatron-fsdp-grad-comm-dtype bf16 "
+            "--megatron-fsdp-main-grads-dtype bf16 --logging-level 20 --record-memory-history --profile-ranks 0 "
+            "--no-check-for-nan-in-loss-and-grad --manual-gc-interval 10 --auto-detect-ckpt-format "
+            "--dist-ckpt-strictness log_all --log-num-zeros-in-grad --log-params-norm --enable-experimental")
+    for extra in (llama, fsdp):
+        cmd = parse_megatron_args(shape + extra)
+        assert not any(w.startswith("unknown to lynx") for w in cmd.warnings), cmd.warnings
+    cmd = parse_megatron_args(shape + fsdp)
+    unpriced = next(w for w in cmd.warnings if w.startswith("NOT priced"))
+    assert "--fsdp-double-buffer" in unpriced and "--record-memory-history" in unpriced

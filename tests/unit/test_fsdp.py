@@ -228,3 +228,33 @@ def test_torchtitan_family_pays_fsdp2s_collectives_as_its_export_configures_them
     sharded = Request(m, hw, PAR, PlanOptions(precision="megatron-bf16", distributed_optimizer=True)).problem()
     ch = sharded.stage_context(0, 32).fsdp
     assert ch is not None and ch.gather_fwd_s > 0 and ch.reduce_s < rep.reduce_s
+
+
+def test_megatron_fsdp_dtype_flags_set_its_buffers_and_its_reduction() -> None:
+    """Megatron-FSDP's --megatron-fsdp-{main-params,main-grads,grad-comm}-dtype (later Megatron-LM): the gradient
+    buffer, the main weights and the reduce-scatter's bytes, read and written back like the strategy."""
+    from lynx.cost.fsdp_time import reduce_bytes
+
+    m = load_model("llama3-8b")
+    n = stage_params(m, PAR, 0, 32).total
+    zero2 = DpSharding(DpMode.MEGATRON_FSDP, Sharding.OPTIM_GRADS)
+    base = sharded_static(m, PAR, 0, 32, BF16, zero2)
+    grads = replace(zero2, main_grads_dtype="bf16")
+    assert sharded_static(m, PAR, 0, 32, BF16, grads).grads == pytest.approx(base.grads / 2)
+    auto = replace(zero2, main_params_dtype="auto")  # the compute weights are the main weights: no fp32 copy
+    assert base.optimizer - sharded_static(m, PAR, 0, 32, BF16, auto).optimizer == pytest.approx(4 * n / 8)
+    assert reduce_bytes(BF16, zero2) == 4.0 and reduce_bytes(BF16, grads) == 2.0
+    assert reduce_bytes(BF16, replace(zero2, grad_comm_dtype="bf16")) == 2.0
+    assert reduce_bytes(BF16, replace(grads, grad_comm_dtype="fp32")) == 4.0
+    assert reduce_bytes(BF16, replace(FSDP2, main_grads_dtype="bf16")) == 4.0  # torch FSDP2: never these flags
+    text = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 512 --micro-batch-size 1 "
+            "--global-batch-size 8 --vocab-size 1024 ")
+    ds = replace(zero2, main_grads_dtype="bf16", grad_comm_dtype="auto", main_params_dtype="fp32")
+    written = " ".join(t for f in sharding_flags(ds) for t in f)
+    assert "--megatron-fsdp-main-grads-dtype bf16" in written
+    cmd = parse_megatron_args(text + written)
+    assert cmd.run.dp_sharding == ds and not any("megatron-fsdp" in w for w in cmd.warnings)
+    for bad, says in (("--megatron-fsdp-main-grads-dtype bf16", "needs --use-megatron-fsdp"),
+                      ("--use-megatron-fsdp --megatron-fsdp-grad-comm-dtype fp8", "valid: fp32, bf16, fp16, auto")):
+        with pytest.raises(SpecError, match=says):
+            parse_megatron_args(text + bad)

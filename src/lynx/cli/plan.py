@@ -250,6 +250,15 @@ def plan_cmd(
     num_distributed_optimizer_instances: Annotated[int | None, typer.Option(
         "--num-distributed-optimizer-instances", help="HSDP: replicas of the sharded state (torchtitan's "
         "data_parallel_replicate_degree); each shards over DP x CP / this.")] = None,
+    megatron_fsdp_main_params_dtype: Annotated[str | None, typer.Option(
+        "--megatron-fsdp-main-params-dtype", help="Megatron-FSDP's main weights: fp32, bf16, fp16, auto (the "
+        "compute weights) [default: the recipe's fp32].")] = None,
+    megatron_fsdp_main_grads_dtype: Annotated[str | None, typer.Option(
+        "--megatron-fsdp-main-grads-dtype", help="Megatron-FSDP's main gradients: fp32, bf16, fp16, auto (the "
+        "compute weights') [default: the recipe's gradient buffer].")] = None,
+    megatron_fsdp_grad_comm_dtype: Annotated[str | None, typer.Option(
+        "--megatron-fsdp-grad-comm-dtype", help="Megatron-FSDP's gradient reduce-scatter dtype [default: the main "
+        "gradients'].")] = None,
     busbw: BusbwOpt = None,
     recompute_num_layers: Annotated[
         int | None, typer.Option(help="Megatron --recompute-num-layers for uniform/block (default: auto).")

@@ -50,6 +50,9 @@ class PlanFlags:
     distributed_optimizer: bool | None
     use_megatron_fsdp: bool
     data_parallel_sharding_strategy: str | None
+    megatron_fsdp_main_params_dtype: str | None
+    megatron_fsdp_main_grads_dtype: str | None
+    megatron_fsdp_grad_comm_dtype: str | None
     use_torch_fsdp2: bool
     num_distributed_optimizer_instances: int | None
     busbw: float | None
@@ -111,7 +114,10 @@ class PlanFlags:
         return sharding_of({"--use-megatron-fsdp": self.use_megatron_fsdp,
                             "--data-parallel-sharding-strategy": self.data_parallel_sharding_strategy,
                             "--use-torch-fsdp2": self.use_torch_fsdp2,
-                            "--num-distributed-optimizer-instances": 1 if n is None else n},
+                            "--num-distributed-optimizer-instances": 1 if n is None else n,
+                            "--megatron-fsdp-main-params-dtype": self.megatron_fsdp_main_params_dtype,
+                            "--megatron-fsdp-main-grads-dtype": self.megatron_fsdp_main_grads_dtype,
+                            "--megatron-fsdp-grad-comm-dtype": self.megatron_fsdp_grad_comm_dtype},
                            where="")
 
     def fusion_flags(self) -> dict[str, Any]:

@@ -13,9 +13,9 @@ static memory, generalizing `lynx.cost.titan_fsdp` (torchtitan's FSDP2) to every
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from lynx.cost.titan_fsdp import FP32_BYTES, SHARDED_STATE_BYTES, Reshard, TitanFsdp, fsdp_static
 from lynx.errors import SpecError
@@ -36,6 +36,12 @@ class DpMode(str, Enum):
     """``--use-megatron-fsdp`` with a `Sharding` strategy."""
     TORCH_FSDP2 = "torch-fsdp2"
     """``--use-torch-fsdp2`` (Megatron) or torchtitan: torch's ``fully_shard`` (parameters, gradients, state)."""
+
+
+FsdpDtype = Literal["fp32", "bf16", "fp16", "auto"]
+"""Megatron-FSDP's ``--megatron-fsdp-{main-params,main-grads,grad-comm}-dtype`` choices (megatron/training/
+arguments.py after megatron-core 0.16.1, e.g. d98e8a64)."""
+FSDP_DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 
 
 class Sharding(str, Enum):
@@ -76,6 +82,16 @@ class DpSharding:
     """Layers all-gathered ahead of the one computing (FSDP2's and Megatron-FSDP's default: one). It sets the
     gathered layers in flight (memory); the time model overlaps each collective with one layer's compute, which
     deeper prefetching does not shorten where the link is the bottleneck (`lynx.cost.fsdp_time`)."""
+    main_params_dtype: FsdpDtype | None = None
+    """Megatron-FSDP's ``--megatron-fsdp-main-params-dtype`` (its MixedPrecisionPolicy, after megatron-core
+    0.16.1): the main weights' buffer; ``auto`` makes the compute weights the main weights (no separate copy).
+    None: not given, the recipe's fp32 main weights (0.16.1's ``preserve_fp32_weights``)."""
+    main_grads_dtype: FsdpDtype | None = None
+    """``--megatron-fsdp-main-grads-dtype``: the main gradients' buffer; ``auto`` is the compute weights' dtype.
+    None: not given, the recipe's gradient buffer (0.16.1: fp32 for bf16 runs unless --grad-reduce-in-bf16)."""
+    grad_comm_dtype: FsdpDtype | None = None
+    """``--megatron-fsdp-grad-comm-dtype``: the gradient reduce-scatter's dtype; ``auto`` (or not given) is the
+    main gradients'."""
 
     @property
     def fsdp(self) -> bool:
@@ -95,6 +111,24 @@ class DpSharding:
         if self.mode is DpMode.MEGATRON_FSDP:
             return self.reshard is not Reshard.NEVER
         return self.reshard.after_forward(pp)
+
+    def recipe(self, r: Recipe) -> Recipe:
+        """The recipe's buffers as Megatron-FSDP's dtype flags set them (`r` unchanged without them)."""
+        if self.mode is not DpMode.MEGATRON_FSDP or (self.main_params_dtype is None and self.main_grads_dtype is None):
+            return r
+        grad, master = r.grad_bytes, r.master_bytes
+        if self.main_grads_dtype is not None:
+            grad = r.param_bytes if self.main_grads_dtype == "auto" else FSDP_DTYPE_BYTES[self.main_grads_dtype]
+        if self.main_params_dtype is not None:
+            master = 0.0 if self.main_params_dtype == "auto" else FSDP_DTYPE_BYTES[self.main_params_dtype]
+        return replace(r, name=f"{r.name}+megatron-fsdp-dtypes", grad_bytes=grad, master_bytes=master)
+
+    def comm_bytes(self, r: Recipe) -> float:
+        """Bytes per gradient element Megatron-FSDP reduce-scatters: ``--megatron-fsdp-grad-comm-dtype``, else the
+        main gradients' (`recipe`)."""
+        if self.mode is DpMode.MEGATRON_FSDP and self.grad_comm_dtype not in (None, "auto"):
+            return FSDP_DTYPE_BYTES[self.grad_comm_dtype]
+        return self.recipe(r).grad_bytes
 
     def label(self) -> str:
         if not self.fsdp:
@@ -185,6 +219,7 @@ def sharded_static(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: 
 
     g = ds.shard(par)
     s = ds.effective_strategy
+    recipe = ds.recipe(recipe)
     if ds.mode is DpMode.TORCH_FSDP2:
         state = SHARDED_STATE_BYTES if bytes_per_param is None else bytes_per_param
         st = fsdp_static(model, par, stage, num_layers, titan_of(ds, par, recipe.param_bytes, state))
@@ -203,5 +238,5 @@ def sharded_static(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: 
     return ShardedStatic(n * recipe.param_bytes, grads, state, in_flight)
 
 
-__all__ = ["DDP", "FSDP2", "DpMode", "DpSharding", "ShardedStatic", "Sharding", "check_sharding", "running_sharding",
-           "sharded_static", "titan_of", "titan_sharding"]
+__all__ = ["DDP", "FSDP2", "FSDP_DTYPE_BYTES", "DpMode", "DpSharding", "FsdpDtype", "ShardedStatic", "Sharding",
+           "check_sharding", "running_sharding", "sharded_static", "titan_of", "titan_sharding"]

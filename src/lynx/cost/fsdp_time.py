@@ -61,8 +61,9 @@ def groups(hw: Hardware, par: ParallelSpec, ds: DpSharding) -> Groups:
 
 def reduce_bytes(recipe: Recipe, ds: DpSharding) -> float:
     """Bytes per gradient element in the reduction: FSDP2's ``reduce_dtype`` fp32 (torchtitan's
-    ``mixed_precision_reduce``), Megatron's gradient buffer dtype otherwise."""
-    return FP32_BYTES if ds.mode is DpMode.TORCH_FSDP2 else recipe.grad_bytes
+    ``mixed_precision_reduce``), Megatron's gradient buffer dtype otherwise (Megatron-FSDP's
+    ``--megatron-fsdp-grad-comm-dtype`` / ``--megatron-fsdp-main-grads-dtype`` where given: `DpSharding.comm_bytes`)."""
+    return FP32_BYTES if ds.mode is DpMode.TORCH_FSDP2 else ds.comm_bytes(recipe)
 
 
 def strategy(ds: DpSharding) -> Sharding:
@@ -141,8 +142,8 @@ def fsdp_step_time(model: ModelSpec, hw: Hardware, par: ParallelSpec, stage: int
     g = ds.shard(par)
     dev = hw.device
     bw = dev.memory_bandwidth_Bps * dev.memory_efficiency
-    step = n / (g if s.optim else 1) * optimizer_step_bytes(recipe)
-    zero = n / (g if s.grads else 1) * reduce_bytes(recipe, ds)
+    step = n / (g if s.optim else 1) * optimizer_step_bytes(ds.recipe(recipe))
+    zero = n / (g if s.grads else 1) * (FP32_BYTES if ds.mode is DpMode.TORCH_FSDP2 else ds.recipe(recipe).grad_bytes)
     return (step + zero) / bw
 
 

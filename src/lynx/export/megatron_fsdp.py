@@ -1,17 +1,24 @@
 """Megatron-LM's data-parallel sharding flags, read (`--from-megatron`) and written (`lynx export megatron`):
 ``--use-megatron-fsdp`` (and its older name ``--use-custom-fsdp``), ``--data-parallel-sharding-strategy``,
 ``--use-torch-fsdp2`` and ``--num-distributed-optimizer-instances`` (megatron/training/arguments.py;
-`lynx.cost.fsdp.DpSharding`)."""
+`lynx.cost.fsdp.DpSharding`), and Megatron-FSDP's buffer dtypes of later Megatron-LM (d98e8a64):
+``--megatron-fsdp-main-params-dtype``, ``--megatron-fsdp-main-grads-dtype``, ``--megatron-fsdp-grad-comm-dtype``."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, get_args
 
-from lynx.cost.fsdp import DDP, DpMode, DpSharding, Sharding
+from lynx.cost.fsdp import DDP, DpMode, DpSharding, FsdpDtype, Sharding
 from lynx.errors import SpecError
 
 BOOL_FLAGS = ("--use-megatron-fsdp", "--use-custom-fsdp", "--use-torch-fsdp2")
-STR_FLAGS = ("--data-parallel-sharding-strategy", "--outer-dp-sharding-strategy")
+DTYPE_FLAGS = {"--megatron-fsdp-main-params-dtype": "main_params_dtype",
+               "--megatron-fsdp-main-grads-dtype": "main_grads_dtype",
+               "--megatron-fsdp-grad-comm-dtype": "grad_comm_dtype"}
+"""Megatron-FSDP's dtype flags and the `DpSharding` fields they set."""
+STR_FLAGS = ("--data-parallel-sharding-strategy", "--outer-dp-sharding-strategy", *DTYPE_FLAGS)
 INT_FLAGS = ("--num-distributed-optimizer-instances",)
 
 
@@ -22,9 +29,26 @@ def parse_strategy(text: str, flag: str = "--data-parallel-sharding-strategy") -
         raise SpecError(f"{flag} {text!r}; valid: {', '.join(s.value for s in Sharding)}") from None
 
 
+def _dtypes(k: Mapping[str, object], megatron: bool, where: str) -> dict[str, Any]:
+    """Megatron-FSDP's dtype flags given, by `DpSharding` field; each needs --use-megatron-fsdp."""
+    out: dict[str, Any] = {}
+    valid = get_args(FsdpDtype)
+    for flag, name in DTYPE_FLAGS.items():
+        value = k.get(flag)
+        if value is None:
+            continue
+        if str(value) not in valid:
+            raise SpecError(f"{where}{flag} {value!r}; valid: {', '.join(valid)}")
+        if not megatron:
+            raise SpecError(f"{where}{flag} is Megatron-FSDP's: it needs --use-megatron-fsdp")
+        out[name] = str(value)
+    return out
+
+
 def sharding_of(k: Mapping[str, object], where: str = "--from-megatron: ") -> DpSharding:
     """The sharding a command line's flags select (Megatron's default strategy is no_shard)."""
     megatron = bool(k.get("--use-megatron-fsdp") or k.get("--use-custom-fsdp"))
+    dtypes = _dtypes(k, megatron, where)
     torch2 = bool(k.get("--use-torch-fsdp2"))
     if megatron and torch2:
         raise SpecError(f"{where}--use-megatron-fsdp and --use-torch-fsdp2 together: pick one FSDP")
@@ -46,7 +70,7 @@ def sharding_of(k: Mapping[str, object], where: str = "--from-megatron: ") -> Dp
                             "--use-torch-fsdp2 always shards parameters, gradients and optimizer state")
         return DpSharding(DpMode.TORCH_FSDP2, instances=instances)
     if megatron:
-        return DpSharding(DpMode.MEGATRON_FSDP, strategy or Sharding.NO_SHARD, instances)
+        return replace(DpSharding(DpMode.MEGATRON_FSDP, strategy or Sharding.NO_SHARD, instances), **dtypes)
     if strategy is not None and strategy is not Sharding.NO_SHARD:
         raise SpecError(f"{where}--data-parallel-sharding-strategy {strategy.value} needs --use-megatron-fsdp")
     return DDP if instances == 1 else DpSharding(instances=instances)
@@ -61,9 +85,11 @@ def sharding_flags(ds: DpSharding) -> list[tuple[str, ...]]:
         # Megatron-FSDP's documented runs pair it with Megatron's distributed optimizer over its shards
         out += [("--use-megatron-fsdp",), ("--data-parallel-sharding-strategy", ds.strategy.value),
                 ("--use-distributed-optimizer",)]
+        out += [(flag, str(getattr(ds, name))) for flag, name in DTYPE_FLAGS.items()
+                if getattr(ds, name) is not None]
     if ds.instances > 1:
         out.append(("--num-distributed-optimizer-instances", str(ds.instances)))
     return out
 
 
-__all__ = ["BOOL_FLAGS", "INT_FLAGS", "STR_FLAGS", "parse_strategy", "sharding_flags", "sharding_of"]
+__all__ = ["BOOL_FLAGS", "DTYPE_FLAGS", "INT_FLAGS", "STR_FLAGS", "parse_strategy", "sharding_flags", "sharding_of"]

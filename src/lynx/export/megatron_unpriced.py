@@ -16,6 +16,7 @@ NO_EFFECT_PREFIXES: tuple[str, ...] = (
     "--distributed-timeout-minutes", "--profile", "--num-workers", "--dataloader-", "--rerun-", "--loss-scale",
     "--initial-loss-scale", "--min-loss-scale", "--hysteresis", "--attention-softmax-in-fp32",
     "--num-dataset-builder-threads", "--object-storage-", "--async-save", "--use-persistent-ckpt-worker",
+    "--decoupled-lr", "--decoupled-min-lr", "--logging-level", "--auto-detect-ckpt-format", "--memory-snapshot-path",
 )
 """Flags that set what is trained, logged or saved, not the time or memory of a training iteration
 (checkpoint saving and evaluation run between iterations; loss scaling is arithmetic on a scalar)."""
@@ -26,6 +27,8 @@ NO_EFFECT: frozenset[str] = frozenset({
     "--bias-dropout-fusion", "--manual-gc", "--manual-gc-interval", "--manual-gc-eval",
     "--no-create-attention-mask-in-dataloader", "--no-mmap-bin-files", "--tp-comm-bootstrap-backend",
     "--overlap-p2p-communication", "--apply-layernorm-1p", "--use-torch-optimizer-for-cpu-offload",
+    "--norm-epsilon", "--rotary-percent", "--init-model-with-meta-device", "--enable-experimental", "--use-nccl-ub",
+    "--fsdp-manual-registration",
 })
 """Megatron's defaults given explicitly (the fusions are on unless `--no-...`) and switches with no time or
 memory effect per iteration beyond what lynx prices anyway (--manual-gc: lynx prices no garbage-collection pause,
@@ -33,7 +36,12 @@ which is what it removes; --overlap-p2p-communication: lynx's simulator already 
 the op that receives it, never the sender's compute; --calculate-per-token-loss: one reduction of a scalar per
 micro-batch; --apply-layernorm-1p: the norm's weight stored as its offset from 1, TransformerEngine's
 zero-centered gamma, the same kernel and bytes; --use-torch-optimizer-for-cpu-offload: with Adam, Megatron-Core's
-optimizer/__init__.py sets both of HybridDeviceOptimizer's Adams after reading it, so it changes nothing)."""
+optimizer/__init__.py sets both of HybridDeviceOptimizer's Adams after reading it, so it changes nothing;
+--norm-epsilon: a constant inside the norm; --rotary-percent: RoPE rotates that share of each head and passes the rest
+through, and the kernel reads and writes the whole head either way; --init-model-with-meta-device: where parameters
+are first built, before training; --enable-experimental: it gates other flags, which are read for themselves;
+--use-nccl-ub: NCCL user buffers take fewer SMs from the compute the DP/FSDP collectives overlap, and lynx already
+charges those overlaps no contention; --fsdp-manual-registration: how those buffers are registered, at start-up)."""
 
 NO_EFFECT_MOE: dict[str, str] = {
     "--moe-aux-loss-coeff": "a scalar loss term on the router's scores (0 turns it off)",
@@ -62,6 +70,16 @@ UNPRICED: dict[str, str] = {
                                    "(2), reserved again in the next: the same peak, allocation time lynx does not "
                                    "charge (a lower bound on the time)",
     "--external-cuda-graph": "as --cuda-graph-impl",
+    "--fsdp-double-buffer": "Megatron-FSDP's gather and reduce buffers allocated once, two per group, instead of per "
+                            "bucket; lynx counts the gathered layers in flight (its prefetch), not the buffers' "
+                            "sizes",
+    "--make-vocab-size-divisible-by": "Megatron pads the vocabulary to a multiple of this x TP (128 x TP by "
+                                      "default) for every run; lynx prices --vocab-size as given, short by at most "
+                                      "that many rows of the embedding and the LM head",
+    "--record-memory-history": "the allocator records a stack trace per allocation, host time lynx does not charge "
+                               "(a lower bound on the time)",
+    "--moe-flex-dispatcher-backend": "DeepEP's or HybridEP's own kernels; lynx prices the flex dispatcher as the "
+                                     "all-to-all's bytes after the per-node deduplication, at NCCL's rate",
     "--no-pin-cpu-grads": "the optimizer CPU offload's host gradient buffers pageable: lynx prices the pinned copy, "
                           "a lower bound on the time",
     "--no-pin-cpu-params": "as --no-pin-cpu-grads, for the host parameter copies",
