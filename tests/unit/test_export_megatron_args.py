@@ -355,3 +355,19 @@ def test_nvidias_own_example_command_lines_leave_no_flag_unknown() -> None:
     cmd = parse_megatron_args(shape + fsdp)
     unpriced = next(w for w in cmd.warnings if w.startswith("NOT priced"))
     assert "--fsdp-double-buffer" in unpriced and "--record-memory-history" in unpriced
+
+
+def test_gpt_oss_layer_flags_are_refused_and_the_rest_named() -> None:
+    """Megatron-LM's GPT-OSS example (examples/gptoss/02_train.sh at d98e8a64): its attention (sliding windows,
+    learnable softmax) and its quick-GeGLU MLP would be priced as another model's, so each is refused in one line;
+    its other flags are read or named."""
+    shape = ("--num-layers 4 --hidden-size 256 --ffn-hidden-size 512 --num-attention-heads 8 --seq-length 512 "
+             "--max-position-embeddings 512 --micro-batch-size 1 --global-batch-size 8 --vocab-size 1024 --bf16 ")
+    for flag in ("--window-size 127,0", "--window-attn-skip-freq 2", "--quick-geglu", "--softmax-type learnable",
+                 "--enable-gpt-oss"):
+        with pytest.raises(SpecError, match=f"^--from-megatron: {flag.split()[0]} .* is not modelled by lynx$"):
+            parse_megatron_args(shape + flag)
+    rest = ("--rope-type rope --export-force-local-attention --glu-linear-offset 1.0 --activation-func-clamp-value 7.0 "
+            "--tiktoken-pattern v2 --accumulate-allreduce-grads-in-fp32 --disable-bf16-reduced-precision-matmul")
+    cmd = parse_megatron_args(shape + rest)
+    assert not any(w.startswith("unknown to lynx") for w in cmd.warnings), cmd.warnings

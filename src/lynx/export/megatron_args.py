@@ -63,6 +63,12 @@ _BOOL = ("--sequence-parallel", "--bf16", "--fp16", "--recompute-activations", "
 _REFUSED = {
     "--distribute-saved-activations": "activations distributed over the TP group",
     "--cpu-offloading": "activation offloading to the host",
+    # GPT-OSS's layer (examples/gptoss): priced as a plain layer, these would be a different model's time
+    "--window-size": "sliding-window attention",
+    "--window-attn-skip-freq": "sliding-window attention on some layers",
+    "--quick-geglu": "the quick-GeGLU gated MLP",
+    "--softmax-type": "attention with a learnable or off-by-one softmax",
+    "--enable-gpt-oss": "GPT-OSS's layer",
     **FP8_REFUSED,
 }
 _REFUSED_ABOVE_ONE: tuple[str, ...] = ()

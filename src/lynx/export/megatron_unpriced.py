@@ -28,7 +28,8 @@ NO_EFFECT: frozenset[str] = frozenset({
     "--no-create-attention-mask-in-dataloader", "--no-mmap-bin-files", "--tp-comm-bootstrap-backend",
     "--overlap-p2p-communication", "--apply-layernorm-1p", "--use-torch-optimizer-for-cpu-offload",
     "--norm-epsilon", "--rotary-percent", "--init-model-with-meta-device", "--enable-experimental", "--use-nccl-ub",
-    "--fsdp-manual-registration",
+    "--fsdp-manual-registration", "--rope-type", "--export-force-local-attention", "--glu-linear-offset",
+    "--activation-func-clamp-value", "--tiktoken-pattern", "--accumulate-allreduce-grads-in-fp32",
 })
 """Megatron's defaults given explicitly (the fusions are on unless `--no-...`) and switches with no time or
 memory effect per iteration beyond what lynx prices anyway (--manual-gc: lynx prices no garbage-collection pause,
@@ -41,7 +42,10 @@ optimizer/__init__.py sets both of HybridDeviceOptimizer's Adams after reading i
 through, and the kernel reads and writes the whole head either way; --init-model-with-meta-device: where parameters
 are first built, before training; --enable-experimental: it gates other flags, which are read for themselves;
 --use-nccl-ub: NCCL user buffers take fewer SMs from the compute the DP/FSDP collectives overlap, and lynx already
-charges those overlaps no contention; --fsdp-manual-registration: how those buffers are registered, at start-up)."""
+charges those overlaps no contention; --fsdp-manual-registration: how those buffers are registered, at start-up;
+--rope-type: which rotary table (rope or yarn), the same kernel; --export-force-local-attention: model export only;
+--glu-linear-offset, --activation-func-clamp-value: constants inside the activation's kernel; --tiktoken-pattern: the
+tokenizer; --accumulate-allreduce-grads-in-fp32: Megatron's default for bf16, which lynx's megatron-bf16 prices)."""
 
 NO_EFFECT_MOE: dict[str, str] = {
     "--moe-aux-loss-coeff": "a scalar loss term on the router's scores (0 turns it off)",
@@ -76,6 +80,8 @@ UNPRICED: dict[str, str] = {
     "--make-vocab-size-divisible-by": "Megatron pads the vocabulary to a multiple of this x TP (128 x TP by "
                                       "default) for every run; lynx prices --vocab-size as given, short by at most "
                                       "that many rows of the embedding and the LM head",
+    "--disable-bf16-reduced-precision-matmul": "cuBLAS's bf16 GEMMs without reduced-precision reductions; lynx's "
+                                               "GEMM efficiencies are the default's (a lower bound on the time)",
     "--record-memory-history": "the allocator records a stack trace per allocation, host time lynx does not charge "
                                "(a lower bound on the time)",
     "--moe-flex-dispatcher-backend": "DeepEP's or HybridEP's own kernels; lynx prices the flex dispatcher as the "
