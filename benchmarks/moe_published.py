@@ -15,7 +15,10 @@ crosses to each remote node once, DeepSeek-V3 report sec. 3.2.2; with the preset
 DeepSeek-V3's 4 of 8 groups, the nodes its groups cover: decision 0253); no constant was fitted to it. The second row
 is held out. Both are planned with the published recompute flags (the measured run's), the published split
 (94 layers + embedding + loss over 32 virtual stages: `--account-for-embedding/loss-in-pipeline-split`),
-distributed optimizer, megatron-bf16 recipe.
+distributed optimizer, megatron-bf16 recipe. The same table's A2A row (main 1e057005: TP 2, PP 32, VPP 3, EP 8,
+24.2 s) cannot be stated: its 94 layers with the embedding and the loss accounted make 96 units over 96 virtual
+stages, so the first holds the embedding alone and the last the loss alone, and every lynx partition puts at least one
+transformer layer in each virtual stage (`checks.check_vpp`).
 
 What lynx does not model here (stated beside the figures): DeepEP's own kernel efficiency (priced as NCCL
 all-to-all bandwidth after the per-node deduplication), CUDA graphs, FP8. DeepSeek-V3's MTP layer is priced on the
