@@ -102,6 +102,18 @@ def test_export_writes_the_flags_and_from_megatron_reads_them_back() -> None:
     assert not any("--optimizer-cpu-offload" in w for w in cmd.warnings)  # read, not named as unpriced
 
 
+def test_the_torchtitan_export_says_the_offload_is_not_carried() -> None:
+    from lynx.export.torchtitan import build_torchtitan
+
+    prob = problem_for(model="llama3-8b", hardware="h100-80g-nvlink", tp=2, pp=1, mb=1, gb=16, seq=2048, sp=True,
+                       precision="megatron-bf16", distributed_optimizer=True, optimizer_precision=offload(0.5, True))
+    prob = replace(prob, parallel=replace(prob.parallel, dp=4))
+    exp = build_torchtitan(source_from(prob, plan_with(prob, "full").result))
+    said = [n for n in exp.notes if n.startswith("not carried")]
+    assert said == ["not carried: Megatron's optimizer CPU offload of 50% (copies overlapped); torchtitan's FSDP2 "
+                    "keeps fp32 state and steps it on the GPU (the torchtitan row prices that)"]
+
+
 def test_lynx_plan_takes_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 

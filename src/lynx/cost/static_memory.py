@@ -151,7 +151,7 @@ class OptimizerPrecision:
         parts = ["bf16 gradient buffer"] if self.bf16_grad_buffer() else []
         if self.cpu_offload is not None:
             c = self.cpu_offload
-            parts.append(f"optimizer CPU offload {c.fraction:g}{' (copies overlapped)' if c.overlap else ''}")
+            parts.append(f"optimizer CPU offload of {c.fraction:.0%}{' (copies overlapped)' if c.overlap else ''}")
         elif self.use_precision_aware_optimizer:
             parts.append(f"precision-aware optimizer (moments {self.exp_avg_dtype}/{self.exp_avg_sq_dtype}, main "
                          f"params {self.main_params_dtype}{', remainders' if self.store_param_remainders else ''})")

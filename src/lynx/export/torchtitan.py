@@ -323,6 +323,10 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
     elif src.family == "llama":
         notes.append(f"priced for Megatron's fused kernels; torchtitan's eager block keeps more (the torchtitan "
                      f"row); plan with `family: {TITAN}` to plan for it")
+    opt = src.problem.options.optimizer_precision
+    if not opt.is_default:
+        notes.append(f"not carried: Megatron's {opt.describe()}; torchtitan's FSDP2 keeps fp32 state and steps it on "
+                     "the GPU (the torchtitan row prices that)")
     if shard == 1 and par.dp > 1:
         notes.append(f"the plan prices replicated optimizer state: data_parallel_replicate_degree {par.dp}, "
                      "shard 1 (torchtitan's FSDP then shards nothing)")
