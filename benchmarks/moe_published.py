@@ -4,21 +4,19 @@ all-to-alls versus --recompute-modules moe_act / moe / shared_experts / ..., and
 
 Source of the layouts and measurements: NVIDIA's Megatron-MoE-ModelZoo (github.com/yanring/Megatron-MoE-ModelZoo,
 the Megatron-Core MoE team's recipes for the Megatron-Core MoE report, arXiv 2603.07685), `best_practice/Qwen3/
-readme.md` at commit c1ad0b5c ("Performance Results", 256 H100, NVLink 4, InfiniBand 8 x 50 GB/s, BF16, seq 4096,
-DeepEP dispatcher; its "Code" column: the EP32 row ran the development branch moe_dev f3e6c5, the EP8 row main
-1e057005, which lynx does not tell apart) and `best_practice/DeepSeekV3/run.sh` at the same commit (1024 H100:
-TP 2, PP 8, VPP 4, EP 64, GBS 8192, `--recompute-modules mla_up_proj mlp`, layout "Et|(tt|)*30mL"; published in
-FP8, which lynx does not price: that layout is used for the comparison only, priced in BF16).
+readme.md` at commit c1ad0b5c ("Performance Results", 256 H100, NVLink 4, InfiniBand 8 x 50 GB/s, BF16, seq 4096;
+its "Code" column: the EP32 row ran the development branch moe_dev f3e6c5, the two EP8 rows main 1e057005, which lynx
+does not tell apart; the DeepEP rows run Megatron's flex dispatcher, the A2A row its alltoall) and
+`best_practice/DeepSeekV3/run.sh` at the same commit (1024 H100: TP 2, PP 8, VPP 4, EP 64, GBS 8192,
+`--recompute-modules mla_up_proj mlp`, layout "Et|(tt|)*30mL"; published in FP8, which lynx does not price: that
+layout is used for the comparison only, priced in BF16).
 
 Calibration: the first Qwen3 row was the check the flex (DeepEP) pricing was written against (`cost.moe`: a token
 crosses to each remote node once, DeepSeek-V3 report sec. 3.2.2; with the preset's group-limited router,
 DeepSeek-V3's 4 of 8 groups, the nodes its groups cover: decision 0253); no constant was fitted to it. The second row
-is held out. Both are planned with the published recompute flags (the measured run's), the published split
-(94 layers + embedding + loss over 32 virtual stages: `--account-for-embedding/loss-in-pipeline-split`),
-distributed optimizer, megatron-bf16 recipe. The same table's A2A row (main 1e057005: TP 2, PP 32, VPP 3, EP 8,
-24.2 s) cannot be stated: its 94 layers with the embedding and the loss accounted make 96 units over 96 virtual
-stages, so the first holds the embedding alone and the last the loss alone, and every lynx partition puts at least one
-transformer layer in each virtual stage (`checks.check_vpp`).
+and the same table's A2A row (TP 2, PP 32, VPP 3, EP 8) are held out. Each is planned with the published recompute
+flags (the measured run's), the published split (94 layers + embedding + loss over the virtual stages:
+`--account-for-embedding/loss-in-pipeline-split`), distributed optimizer, megatron-bf16 recipe.
 
 What lynx does not model here (stated beside the figures): DeepEP's own kernel efficiency (priced as NCCL
 all-to-all bandwidth after the per-node deduplication), CUDA graphs, FP8. DeepSeek-V3's MTP layer is priced on the
@@ -75,6 +73,8 @@ class Row:
     role: str
     chunks: tuple[int, ...] = ()
     """The published split per virtual stage when lynx cannot state it with Megatron's flags."""
+    dispatcher: str = "flex"
+    """The table's "Dispatcher" column: DeepEP (Megatron's flex dispatcher) or A2A (alltoall)."""
 
 
 QWEN = "qwen3-235b-a22b"
@@ -83,6 +83,9 @@ ROWS = (
         "mc-layernorm+moe_act", 19.7, "calibration check"),
     Row("Qwen3-235B TP4 PP8 VPP4 EP8 ETP1 DP8, no recompute", QWEN, 4, 8, 4, 8, 8, 1, 2048, "none", 29.0,
         "held out"),
+    # the same table's A2A row, also main (1e057005): 94 layers + embedding + loss over 32 x 3 virtual stages
+    Row("Qwen3-235B TP2 PP32 VPP3 EP8 ETP1 DP4, norm+act, A2A", QWEN, 2, 32, 3, 4, 8, 1, 2048,
+        "mc-layernorm+moe_act", 24.2, "held out", dispatcher="alltoall"),
     Row("DeepSeek-V3 TP2 PP8 VPP4 EP64 ETP1 DP64, mla_up_proj+mlp (FP8 published; BF16 here)", "deepseek-v3",
         2, 8, 4, 64, 64, 1, 8192, "mc-mlp+mla_up_proj", None, "comparison only",
         (1,) + (2,) * 29 + (1, 1)),
@@ -95,7 +98,7 @@ BASELINES = {
 
 
 def problem_of(r: Row) -> PlanProblem:
-    m = dataclasses.replace(load_model(r.model), moe_token_dispatcher_type="flex")  # DeepEP
+    m = dataclasses.replace(load_model(r.model), moe_token_dispatcher_type=r.dispatcher)  # flex: DeepEP
     par = ParallelSpec(tp=r.tp, pp=r.pp, dp=r.dp, ep=r.ep, etp=r.etp, sequence_parallel=r.tp > 1,
                        micro_batch_size=1, global_batch_size=r.gbs, seq_length=4096)
     opts = PlanOptions(precision="megatron-bf16", distributed_optimizer=True, vpp=r.vpp,

@@ -25,7 +25,8 @@ def check_inputs(model: ModelSpec, hardware: Hardware, parallel: ParallelSpec, o
             text = ("|".join(",".join(map(str, lps[r::pp])) for r in range(pp)) if opts.vpp > 1 and len(lps) == stages
                     else ",".join(map(str, lps)))  # as the user typed it (the interleaved form by stage)
             raise SpecError(f"--layers-per-stage {text}: needs {what} positive entries summing to {model.num_layers}")
-    check_vpp(opts.vpp, model, parallel)
+    check_vpp(opts.vpp, model, parallel, int(opts.account_for_embedding_in_pipeline_split)
+              + int(opts.account_for_loss_in_pipeline_split))
     check_overlaps(opts, parallel)
     check_sharding(opts.dp_sharding, parallel, opts.distributed_optimizer)
     if opts.dp_sharding.fsdp and model.is_moe:  # sharded static memory knows one layer kind (`cost.fsdp`)
@@ -78,9 +79,11 @@ def check_overlaps(opts: PlanOptions, par: ParallelSpec) -> None:
                         "only supported with distributed optimizer\")")
 
 
-def check_vpp(vpp: int, model: ModelSpec, par: ParallelSpec) -> None:
+def check_vpp(vpp: int, model: ModelSpec, par: ParallelSpec, accounted: int = 0) -> None:
     """Interleaved 1F1B needs Megatron's conditions: pp > 1, a multiple of pp micro-batches, a layer per
-    virtual stage (the schedule package states the micro-batch rule too; this names the options)."""
+    virtual stage (the schedule package states the micro-batch rule too; this names the options). `accounted`:
+    the embedding and the loss counted as layers (``--account-for-embedding/loss-in-pipeline-split``), which may
+    then fill the first and the last virtual stage alone."""
     if vpp < 1:
         raise SpecError(f"--vpp must be at least 1, got {vpp}")
     if vpp == 1:
@@ -90,8 +93,9 @@ def check_vpp(vpp: int, model: ModelSpec, par: ParallelSpec) -> None:
     if par.num_microbatches % par.pp:
         raise SpecError(f"--vpp {vpp}: interleaved 1F1B needs the number of micro-batches ({par.num_microbatches}) "
                         f"to be a multiple of --pp {par.pp} (Megatron-Core's rule)")
-    if model.num_layers < par.pp * vpp:
-        raise SpecError(f"--vpp {vpp}: {model.num_layers} layers cannot fill {par.pp} x {vpp} virtual stages")
+    if model.num_layers + accounted < par.pp * vpp:
+        extra = f" (+ {accounted} for the embedding/loss)" if accounted else ""
+        raise SpecError(f"--vpp {vpp}: {model.num_layers} layers{extra} cannot fill {par.pp} x {vpp} virtual stages")
 
 
 def check_graph_matches(graph: LayerGraph, model: ModelSpec, par: ParallelSpec) -> None:

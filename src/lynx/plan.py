@@ -15,7 +15,7 @@ from typing import Any
 
 from lynx.checks import check_graph_matches, check_inputs, check_result
 from lynx.decisions import RecomputePolicy
-from lynx.errors import LynxError, PlanFormatError
+from lynx.errors import LynxError, PlanFormatError, SpecError
 from lynx.families.gpt import MODULE_OF
 from lynx.graph import LayerGraph
 from lynx.models import model_from_dict
@@ -170,8 +170,11 @@ def plan_from_dict(d: Mapping[str, Any], where: str = "plan") -> tuple[PlanProbl
                               kind_graphs=_kind_graphs(d, model, parallel, where))
         part_d = d["partition"]
         lps = check_field(part_d.get("layers_per_stage"), tuple[int, ...], f"{where}: partition.layers_per_stage")
-        chunks = check_field(part_d.get("chunks", ()), tuple[int, ...], f"{where}: partition.chunks")
-        part = Partition(lps, str(part_d.get("method", "explicit")), chunks)
+        chunks = check_field(part_d.get("chunks", ()), tuple[int, ...], f"{where}: partition.chunks", NON_NEGATIVE)
+        try:  # the first and the last chunk may be 0 (the embedding or the loss alone): `Partition` says which
+            part = Partition(lps, str(part_d.get("method", "explicit")), chunks)
+        except SpecError as e:
+            raise PlanFormatError(f"{where}: {e}") from None
         if part.num_chunks != problem.options.vpp:
             raise PlanFormatError(f"{where}: partition has {part.num_chunks} chunks per stage, options.vpp "
                                   f"{problem.options.vpp}")

@@ -159,7 +159,8 @@ def build_request(
     overlap_grad_reduce: bool = False, overlap_param_gather: bool = False, tp_comm_overlap: bool = False,
     cp: int = 1, cp_comm_type: str = "p2p", hierarchical_cp: str | None = None, vpp: int = 1,
     method: str = "lynx", dp_sharding: DpSharding = DDP, ep: int = 1, etp: int | None = None,
-    optimizer_precision: OptimizerPrecision = OPTIMIZER_FP32,
+    optimizer_precision: OptimizerPrecision = OPTIMIZER_FP32, account_for_embedding: bool = False,
+    account_for_loss: bool = False,
 ) -> Request:
     """The request from command-line values, every one checked (one line naming the option on a bad one)."""
     from lynx.checks import check_inputs
@@ -192,6 +193,8 @@ def build_request(
         overlap_param_gather=overlap_param_gather,
         tp_comm_overlap=tp_comm_overlap,
         vpp=vpp, optimizer_precision=optimizer_precision,
+        account_for_embedding_in_pipeline_split=account_for_embedding,
+        account_for_loss_in_pipeline_split=account_for_loss,
     )
     par = parallel_spec(tp, pp, dp, sp, mb, gb, seq, cp, cp_comm_type,
                         parse_hierarchical_cp(hierarchical_cp, cp, cp_comm_type), ep, etp)

@@ -161,7 +161,9 @@ def _request(f: PlanFlags, tp: int, pp: int, dp: int, sp: bool, mb: int, nodes: 
                         overlap_grad_reduce=f.overlap_grad_reduce, overlap_param_gather=f.overlap_param_gather,
                         tp_comm_overlap=f.tp_comm_overlap, cp=cp, cp_comm_type=f.cp_comm_type,
                         hierarchical_cp=hierarchical_cp, vpp=vpp, method=f.method or "lynx",
-                        dp_sharding=sharding, ep=ep, etp=etp, optimizer_precision=f.optimizer_precision())
+                        dp_sharding=sharding, ep=ep, etp=etp, optimizer_precision=f.optimizer_precision(),
+                        account_for_embedding=f.account_for_embedding_in_pipeline_split,
+                        account_for_loss=f.account_for_loss_in_pipeline_split)
     return _with_fp8(_with_fusions(req, f), f)
 
 

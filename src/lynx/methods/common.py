@@ -75,8 +75,9 @@ def _interleave(per_rank: list[int], vpp: int, emb: int, loss: int, flag: str) -
     chunks = [per_rank[r] // vpp for _ in range(vpp) for r in range(pp)]
     chunks[0] -= emb
     chunks[-1] -= loss
-    if min(chunks) < 1:
-        raise SpecError(f"{REFUSED} here: {flag} leaves a virtual stage without layers ({chunks})")
+    if min(chunks) < 0 or any(sum(chunks[r::pp]) < 1 for r in range(pp)):
+        raise SpecError(f"{REFUSED} here: {flag} leaves a pipeline stage without layers ({chunks})")
+    # a virtual stage may hold the embedding or the loss alone (Megatron builds it with no transformer layer)
     return Partition.interleaved(tuple(chunks), pp, method="megatron")
 
 
@@ -113,7 +114,8 @@ def stage_policy(fn: StagePolicyFn, ctx: StageContext, graph: Graphs) -> Recompu
     gs = per_layer(graph, ctx.num_layers)
     parts, lo = [], 0
     for c in chunk_contexts(ctx):
-        parts.append(_layerwise(fn, c, gs[lo:lo + c.num_layers]))
+        if c.num_layers:  # a chunk of Megatron's split may hold the embedding or the loss alone
+            parts.append(_layerwise(fn, c, gs[lo:lo + c.num_layers]))
         lo += c.num_layers
     if len(parts) == 1:
         return parts[0]

@@ -16,16 +16,17 @@ class Partition:
     layers_per_stage: tuple[int, ...]
     method: str = "dp"
     chunks: tuple[int, ...] = ()
-    """Layers per virtual stage in model order (len = pp * vpp); empty without interleaving."""
+    """Layers per virtual stage in model order (len = pp * vpp); empty without interleaving. The first and the last
+    may be 0: a virtual stage holding the embedding or the loss alone (Megatron's account-for flags can give one)."""
 
     def __post_init__(self) -> None:
         if not self.layers_per_stage or min(self.layers_per_stage) < 1:
             raise SpecError(f"partition {self.layers_per_stage}: every stage needs at least one layer")
         if self.chunks:
             pp = len(self.layers_per_stage)
-            if len(self.chunks) % pp or min(self.chunks) < 1:
-                raise SpecError(f"partition chunks {self.chunks}: need a positive multiple of {pp} entries, "
-                                "each at least one layer")
+            if len(self.chunks) % pp or min(self.chunks) < 0 or 0 in self.chunks[1:-1]:
+                raise SpecError(f"partition chunks {self.chunks}: need a positive multiple of {pp} entries, each "
+                                "at least one layer (the first and the last may hold the embedding or the loss alone)")
             sums = tuple(sum(self.chunks[r::pp]) for r in range(pp))
             if sums != self.layers_per_stage:
                 raise SpecError(f"partition chunks {self.chunks} give {sums} layers per stage, "

@@ -75,7 +75,8 @@ class PipelineLayout:
                               f"{len(self.layers_per_stage)} partitions and {len(self.policies)} policies")
         for s, (k, pol) in enumerate(zip(self.layers_per_stage, self.policies, strict=True)):
             if k < 1:
-                raise LayoutError(f"stage {s} has {k} layers")
+                raise LayoutError(f"virtual stage {s} has {k} layers: lynx train needs a transformer layer in each "
+                                  "(a split that leaves the embedding or the loss alone is for planning and export)")
             if pol is not None and len(pol.layers) != k:
                 raise LayoutError(f"stage {s}: {k} layers but its policy has {len(pol.layers)}")
 
