@@ -45,6 +45,7 @@ from _markdown import Out
 from rich.table import Table
 
 from lynx.api import make_problem, plan
+from lynx.errors import SpecError
 from lynx.methods.common import per_stage
 from lynx.models import load_model
 from lynx.partition.base import Partition
@@ -138,7 +139,7 @@ def fidelity(out: Out) -> list[dict[str, Any]]:
         err = p.sim.iteration_time_s / r.measured_s - 1.0
         ok = abs(err) <= TARGET and not p.sim.oom
         t.add_row(r.label, r.role, r.method, f"{r.measured_s:.1f}", f"{p.sim.iteration_time_s:.2f}", f"{err:+.1%}",
-                  "yes" if ok else "[red]no[/red]")
+                  "yes" if ok else "[red]no[/red]" + (" (over lynx's memory budget)" if p.sim.oom else ""))
         rows.append({"run": r.label, "role": r.role, "method": r.method, "measured_s": r.measured_s,
                      "predicted_s": p.sim.iteration_time_s, "error": err, "holds": ok, "oom": p.sim.oom})
     out.print(t)
@@ -152,7 +153,11 @@ def versus(out: Out) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for r in ROWS:
         problem = problem_of(r)
-        lx = run(problem, r, "lynx")
+        try:
+            lx = run(problem, r, "lynx")
+        except SpecError as e:  # lynx's own partitions put a layer in every virtual stage
+            t.add_row(r.label.split(",")[0], "lynx", f"not compared: {e}", "", "", "", "", "")
+            continue
         base = [(m, run(problem, r, m)) for m in BASELINES[r.model]]
         for name, p in [("lynx", lx), *base]:
             s = p.sim
@@ -173,7 +178,9 @@ def versus(out: Out) -> list[dict[str, Any]]:
 def figures(fid: list[dict[str, Any]], vs: list[dict[str, Any]]) -> list[_results.Figure]:
     """The record's figures: each fidelity row against its measured step (+-15%), and lynx's speed-up over each
     of Megatron's MoE options on each layout (target: lynx at least as fast, 1.0x)."""
-    out = [_results.Figure(f"{r['role']}: {r['run']}: predicted step", round(float(r["predicted_s"]), 3), "s",
+    out = [_results.Figure(f"{r['role']}: {r['run']}: predicted step"
+                           + (" (lynx finds a stage over its memory budget; the run fit)" if r["oom"] else ""),
+                           round(float(r["predicted_s"]), 3), "s",
                            f"measured {r['measured_s']} s ± {TARGET:.0%}", bool(r["holds"]), r["measured_s"])
            for r in fid]
     lynx = {str(r["layout"]): r for r in vs if r["method"] == "lynx"}
