@@ -73,7 +73,7 @@ class Row:
     measured_s: float | None
     role: str
     chunks: tuple[int, ...] = ()
-    """The published split per virtual stage when lynx cannot state it with Megatron's flags."""
+    """The published split per virtual stage where Megatron's balancing flags do not give it (a layout string)."""
     dispatcher: str = "flex"
     """The table's "Dispatcher" column: DeepEP (Megatron's flex dispatcher) or A2A (alltoall)."""
 
@@ -89,7 +89,7 @@ ROWS = (
         "mc-layernorm+moe_act", 24.2, "held out", dispatcher="alltoall"),
     Row("DeepSeek-V3 TP2 PP8 VPP4 EP64 ETP1 DP64, mla_up_proj+mlp (FP8 published; BF16 here)", "deepseek-v3",
         2, 8, 4, 64, 64, 1, 8192, "mc-mlp+mla_up_proj", None, "comparison only",
-        (1,) + (2,) * 29 + (1, 1)),
+        (1,) + (2,) * 30 + (0,)),  # "Et|(tt|)*30mL": the last virtual stage holds the MTP layer and the loss
 )
 BASELINES = {
     QWEN: ("mc-layernorm+moe_act", "mc-moe_act", "mc-layernorm+moe", "mc-moe", "full", "mc-offload"),
