@@ -75,6 +75,23 @@ SLOW_CASES: dict[str, str] = {
         "test_torchtitan_tp.py::test_tp2_every_window_restores_what_the_plan_put_there (the integration, bitwise)",
     "integration/test_runtime_pipeline_train.py::test_pp2_dp2_reports_stages_and_writes_a_trace_beside_the_simulator":
         "test_the_runtime_executes_the_given_action_list (lynx train on a pipeline plan)",
+    **{f"unit/test_search_parallel.py::{t}":
+       "test_search_parallel.py::test_workers_give_the_same_search[wait-for-every-worker] (workers give the "
+       "one-process search's answer)"
+       for t in ("test_an_exhaustive_search_with_workers_is_the_one_process_one",
+                 "test_workers_give_the_same_search[take-back-queued]",
+                 "test_finalists_priced_for_the_target_over_the_workers_rank_as_in_one_process")},
+    "unit/test_refine_plain.py::test_the_refinements_plain_test_changes_no_answer_and_spares_stage_problems":
+        "test_search.py::test_pruned_search_equals_exhaustive[gpt-tiny-tight] (no answer changed) and "
+        "test_refine_plain.py::test_the_offloading_models_stop_within_their_gap_of_the_optimum",
+    "integration/test_runtime_moe.py::test_ep2_dense_first_layer_then_moe_bitwise":
+        "test_runtime_moe.py::test_ep2_deepseek_moe_layer_bitwise (DeepSeek's MoE layer, EP 2, bitwise)",
+    "integration/test_runtime_moe.py::test_ep2_without_a_shared_expert_bitwise":
+        "test_runtime_moe.py::test_ep2_qwen3_layer_bitwise (Qwen3's layer has no shared expert)",
+    "integration/test_runtime_pipeline.py::test_pp2_host_staged_bitwise":
+        "test_runtime_pipeline.py::test_interleaved_pp2_vpp2_cross_chunk_hosts_bitwise (hosted restorations, PP 2)",
+    "integration/test_runtime_pipeline.py::test_wrong_masks_in_restorations_break_equality":
+        "test_runtime_llama.py::test_a_wrong_recompute_breaks_equality (the negative control)",
     "unit/test_search.py::test_a_refined_finalist_is_not_pruned_by_its_screens_bound":
         "test_search.py::test_pruned_search_equals_exhaustive[gpt-tiny-tight] (pruned and exhaustive pick the same "
         "plan; this case, Mist's GPT-1.3B on 2 L4, takes 15 s)",
