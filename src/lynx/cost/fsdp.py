@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Literal
 
+from lynx.cost.static_memory import DTYPE_BYTES
 from lynx.cost.titan_fsdp import FP32_BYTES, SHARDED_STATE_BYTES, Reshard, TitanFsdp, fsdp_static
 from lynx.errors import SpecError
 from lynx.validate import rng
@@ -41,7 +42,6 @@ class DpMode(str, Enum):
 FsdpDtype = Literal["fp32", "bf16", "fp16", "auto"]
 """Megatron-FSDP's ``--megatron-fsdp-{main-params,main-grads,grad-comm}-dtype`` choices (megatron/training/
 arguments.py after megatron-core 0.16.1, e.g. d98e8a64)."""
-FSDP_DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 
 
 class Sharding(str, Enum):
@@ -118,16 +118,16 @@ class DpSharding:
             return r
         grad, master = r.grad_bytes, r.master_bytes
         if self.main_grads_dtype is not None:
-            grad = r.param_bytes if self.main_grads_dtype == "auto" else FSDP_DTYPE_BYTES[self.main_grads_dtype]
+            grad = r.param_bytes if self.main_grads_dtype == "auto" else DTYPE_BYTES[self.main_grads_dtype]
         if self.main_params_dtype is not None:
-            master = 0.0 if self.main_params_dtype == "auto" else FSDP_DTYPE_BYTES[self.main_params_dtype]
+            master = 0.0 if self.main_params_dtype == "auto" else DTYPE_BYTES[self.main_params_dtype]
         return replace(r, name=f"{r.name}+megatron-fsdp-dtypes", grad_bytes=grad, master_bytes=master)
 
     def comm_bytes(self, r: Recipe) -> float:
         """Bytes per gradient element Megatron-FSDP reduce-scatters: ``--megatron-fsdp-grad-comm-dtype``, else the
         main gradients' (`recipe`)."""
         if self.mode is DpMode.MEGATRON_FSDP and self.grad_comm_dtype not in (None, "auto"):
-            return FSDP_DTYPE_BYTES[self.grad_comm_dtype]
+            return DTYPE_BYTES[self.grad_comm_dtype]
         return self.recipe(r).grad_bytes
 
     def label(self) -> str:
@@ -238,5 +238,5 @@ def sharded_static(model: ModelSpec, par: ParallelSpec, stage: int, num_layers: 
     return ShardedStatic(n * recipe.param_bytes, grads, state, in_flight)
 
 
-__all__ = ["DDP", "FSDP2", "FSDP_DTYPE_BYTES", "DpMode", "DpSharding", "FsdpDtype", "ShardedStatic", "Sharding",
+__all__ = ["DDP", "FSDP2", "DpMode", "DpSharding", "FsdpDtype", "ShardedStatic", "Sharding",
            "check_sharding", "running_sharding", "sharded_static", "titan_of", "titan_sharding"]

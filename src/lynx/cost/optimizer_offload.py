@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from lynx.spec import HostLink
 from lynx.validate import rng
 
+FP32_MASTER_BYTES = 4.0
+"""HybridDeviceOptimizer's fp32 copy of each parameter it steps (``param_update_in_fp32=True``)."""
 GPU_STATE_BYTES = 12.0
 """fp32 main parameter and Adam's two fp32 moments, per element the GPU steps (HybridDeviceOptimizer's copies)."""
 HOST_BYTES = 18.0
@@ -75,4 +77,4 @@ def host_bytes(cpu: CpuOffload, elements: float) -> float:
     return cpu.fraction * elements * HOST_BYTES
 
 
-__all__ = ["D2H_BYTES", "GPU_STATE_BYTES", "HOST_BYTES", "CpuOffload", "host_bytes", "host_step_s"]
+__all__ = ["D2H_BYTES", "FP32_MASTER_BYTES", "GPU_STATE_BYTES", "HOST_BYTES", "CpuOffload", "host_bytes", "host_step_s"]

@@ -24,7 +24,7 @@ from typing import Literal
 from lynx.cost.collectives import allreduce_time, gather_time
 from lynx.cost.experts import moe_layer_params
 from lynx.cost.fp8_memory import fp8_static_delta, gathered_param_bytes
-from lynx.cost.optimizer_offload import GPU_STATE_BYTES, CpuOffload, host_step_s
+from lynx.cost.optimizer_offload import FP32_MASTER_BYTES, GPU_STATE_BYTES, CpuOffload, host_step_s
 from lynx.errors import SpecError
 from lynx.families import get_family
 from lynx.spec import DeviceSpec, HostLink, LinkSpec, ModelSpec, ParallelSpec
@@ -139,8 +139,8 @@ class OptimizerPrecision:
         grad = min(r.grad_bytes, 2.0) if self.bf16_grad_buffer() else r.grad_bytes
         master, moments = r.master_bytes, r.optimizer_bytes
         if self.cpu_offload is not None:  # HybridDeviceOptimizer's fp32 copies and moments, on either side
-            return Recipe(f"{r.name}+cpu-offload", r.param_bytes, grad, r.main_grad_bytes, GPU_STATE_BYTES - 8.0, 8.0,
-                          self.cpu_offload)
+            return Recipe(f"{r.name}+cpu-offload", r.param_bytes, grad, r.main_grad_bytes, FP32_MASTER_BYTES,
+                          GPU_STATE_BYTES - FP32_MASTER_BYTES, self.cpu_offload)
         if self.use_precision_aware_optimizer and master:
             moments = DTYPE_BYTES[self.exp_avg_dtype] + DTYPE_BYTES[self.exp_avg_sq_dtype]
             if self.main_params_dtype == "fp16" or (self.store_param_remainders and r.param_bytes == 2.0):
