@@ -68,3 +68,22 @@ def test_an_empty_end_stage_runs_its_edge_and_no_layer() -> None:
     a, b = plan_with(p, "full").sim, plan_with(even, "full").sim
     assert megatron_partition(even).chunks == (1, 1, 1, 1)
     assert sum(st.busy_time_s for st in a.stages) == pytest.approx(sum(st.busy_time_s for st in b.stages), rel=1e-9)
+
+
+def test_from_megatron_prices_the_exported_layout_as_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    """`lynx export megatron`'s command line, read back with `--from-megatron`: the stock row is the plan's price;
+    lynx's own row, which needs a layer in every virtual stage, is not planned and says why."""
+    import json
+
+    from tests.harness.cli import run_main
+
+    p = _problem()
+    pl = plan_with(p, "none")
+    exp = build_megatron(source_from(p, pl.result), simulate=False)
+    text = " ".join(" ".join(f) for f in exp.args)
+    code, out, err = run_main(["plan", "--from-megatron", text, "-H", "h100-80g-nvlink", "--dp", "1", "--json"],
+                              capsys)
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["megatron"]["iteration_time_s"] == pytest.approx(pl.sim.iteration_time_s, rel=1e-9)
+    assert d["lynx"] is None and "cannot fill 6 virtual stages" in d["lynx_not_planned"]

@@ -289,18 +289,26 @@ def plan_from_megatron(cmd: MegatronCommand, hardware: str, dp: int | None, node
     mine = simulate_stock(problem, cmd.layout, cmd.recompute,
                           command_offload(cmd.offload, len(cmd.layout.layers), cmd.layout.pp))
     free = replace(problem, options=replace(problem.options, layers_per_stage=None))
-    lynx_row = plan_method(free, "lynx")
+    try:
+        lynx_row: Figures | None = plan_method(free, "lynx")
+        why = ""
+    except SpecError as e:  # lynx's partitions put a layer in every virtual stage; Megatron's ends may hold none
+        lynx_row, why = None, str(e).splitlines()[0]
     if out is not None and mine.plan is not None:
         mine.plan.save(out)
         err_console.print(f"wrote {out}")
     if as_json:
-        print_json({"megatron": mine.to_dict(), "lynx": lynx_row.to_dict(), "warnings": list(cmd.warnings)})
+        print_json({"megatron": mine.to_dict(), "lynx": None if lynx_row is None else lynx_row.to_dict(),
+                    **({"lynx_not_planned": why} if why else {}), "warnings": list(cmd.warnings)})
         return
     off = "" if cmd.offload is None else (
         f"; offload {' '.join(cmd.offload['offload_modules'])} fraction {cmd.offload['activation_offload_fraction']:g}")
     mine_row = replace(mine, label="your megatron", setting=f"{mine.setting}{off}; layers {_runs(cmd.layout.layers)}")
     fp8 = f"; {cmd.model.fp8.describe()}" if cmd.model.fp8 is not None else ""
-    console.print(figures_table([lynx_row, mine_row], f"Megatron command line on {hardware}, DP {dp}{fp8}"))
+    rows = [mine_row] if lynx_row is None else [lynx_row, mine_row]
+    console.print(figures_table(rows, f"Megatron command line on {hardware}, DP {dp}{fp8}"))
+    if why:
+        err_console.print(f"[yellow]note:[/yellow] lynx's own plan of this layout: {why}", highlight=False)
 
 
 def _runs(layers: tuple[int, ...]) -> str:

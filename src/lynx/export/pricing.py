@@ -170,8 +170,16 @@ class _RankFloor:
 
 
 def _check_simulable(problem: PlanProblem, layout: ChunkLayout) -> None:
-    if layout.pp != problem.parallel.pp or min(layout.layers) < 1:
+    """The layout is a partition of the problem's PP (`Partition`: an empty first or last virtual stage holds the
+    embedding or the loss alone, as Megatron builds it)."""
+    from lynx.partition.base import Partition
+
+    if layout.pp != problem.parallel.pp:
         raise SpecError(f"layout {layout.layers} does not fit PP {problem.parallel.pp}")
+    try:
+        Partition.interleaved(layout.layers, layout.pp)
+    except SpecError:
+        raise SpecError(f"layout {layout.layers} does not fit PP {problem.parallel.pp}") from None
 
 
 def simulate_lynx(problem: PlanProblem, result: PlanResult) -> Figures:
@@ -207,7 +215,14 @@ def imported_problem(model: ModelSpec, parallel: ParallelSpec, layout: ChunkLayo
     from lynx.api import make_problem
     from lynx.spec import load_hardware
 
-    opts = replace(options, layers_per_stage=layout.layers) if layout.vpp == 1 else replace(options, vpp=layout.vpp)
+    if layout.vpp == 1:
+        opts = replace(options, layers_per_stage=layout.layers)
+    else:  # a virtual stage holding the embedding or the loss alone is what Megatron's account-for flags build
+        opts = replace(options, vpp=layout.vpp,
+                       account_for_embedding_in_pipeline_split=options.account_for_embedding_in_pipeline_split
+                       or layout.layers[0] == 0,
+                       account_for_loss_in_pipeline_split=options.account_for_loss_in_pipeline_split
+                       or layout.layers[-1] == 0)
     return make_problem(model, load_hardware(hardware), parallel, opts)
 
 
