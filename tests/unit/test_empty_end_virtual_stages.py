@@ -87,3 +87,15 @@ def test_from_megatron_prices_the_exported_layout_as_the_plan(capsys: pytest.Cap
     d = json.loads(out)
     assert d["megatron"]["iteration_time_s"] == pytest.approx(pl.sim.iteration_time_s, rel=1e-9)
     assert d["lynx"] is None and "cannot fill 6 virtual stages" in d["lynx_not_planned"]
+
+
+def test_the_torchtitan_export_refuses_an_empty_virtual_stage() -> None:
+    from lynx.export.torchtitan import build_torchtitan
+
+    p = problem_for(model="torchtitan-llama3-debug", hardware="h100-80g-nvlink", tp=1, pp=2, mb=1, gb=4, seq=256,
+                    precision="megatron-bf16", vpp=4, account_for_embedding_in_pipeline_split=True,
+                    account_for_loss_in_pipeline_split=True)
+    pl = plan_with(p, "full")
+    assert pl.result.partition.chunks[0] == 0
+    with pytest.raises(SpecError, match="virtual stage holding the embedding or the loss alone"):
+        build_torchtitan(source_from(p, pl.result))

@@ -279,6 +279,10 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
     older = older_code(src.problem.model)
     if older:
         raise SpecError(f"torchtitan export: the plan {older} to export")
+    if 0 in src.result.partition.chunks:  # Megatron's account-for split at one unit per virtual stage
+        raise SpecError("torchtitan export: the plan has a virtual stage holding the embedding or the loss alone, "
+                        "which lynx does not run under torchtitan's pipeline; export it with `lynx export megatron`, "
+                        "or plan with a layer in every virtual stage")
     graph, lay, par = src.problem.graph, src.layout, src.problem.parallel
     layers = [layer_entry(graph, lp) for pol in src.policies for lp in pol.layers]
     replicate, shard = dp_degrees(src)
