@@ -1,8 +1,9 @@
 """FP8 on a lent H100 / H200 (issue 33): the measurements lynx's FP8 model rests on, against what it predicts.
 
 1. FP8 GEMM rates by shape: ``torch._scaled_mm`` (E4M3, per-tensor scales: what TransformerEngine's delayed and
-   current scaling run) and the BF16 matmul on the weight GEMMs of Llama layers at TP 1-8, beside lynx's prediction
-   (`KernelCurves.fp8_of` on the hardware preset). Target: each GEMM within +-15% of lynx's time.
+   current scaling and torchao's tensorwise run; and with one scale per row, what torchao's rowwise runs, priced by
+   lynx on the same curve, decision 0268) and the BF16 matmul on the weight GEMMs of Llama layers at TP 1-8, beside
+   lynx's prediction (`KernelCurves.fp8_of` on the hardware preset). Target: each GEMM within +-15% of lynx's time.
 2. Saved bytes (where TransformerEngine imports): a ``te.Linear`` under ``fp8_autocast`` with autograd's saved-tensor
    hooks; target: the input is kept as 1 byte per element (lynx's rule, `lynx.cost.fp8`), not 2.
 3. The allocator's view (where TransformerEngine imports): a stack of FP8 ``te.Linear`` layers, the memory still
@@ -80,12 +81,21 @@ def gemm_rates(hw_name: str) -> list[dict[str, Any]]:
         t16 = _time(lambda a=a, b=b: a @ b.t())
         t8 = _time(lambda a8=a8, b8=b8, one=one: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one,
                                                                  out_dtype=torch.bfloat16))
+        # torchao's rowwise recipe: one fp32 scale per row of each operand (torch's row-wise scaled kernel)
+        sa, sb = torch.ones(m, 1, device="cuda"), torch.ones(1, n, device="cuda")
+        try:
+            trw: float | None = _time(lambda a8=a8, b8=b8, sa=sa, sb=sb: torch._scaled_mm(
+                a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16))
+        except RuntimeError:  # a torch without row-wise scaling on this device
+            trw = None
         flops = 2.0 * m * k * n
         p16 = flops / (d.peak_flops * curves.gemm(m, k, n))
         p8 = flops / ((d.fp8_peak_flops or d.peak_flops) * fp8c.gemm(m, k, n))
         rows.append({"m": m, "k": k, "n": n, "bf16_tflops": flops / t16 / 1e12, "fp8_tflops": flops / t8 / 1e12,
                      "bf16_s": t16, "fp8_s": t8, "lynx_bf16_s": p16, "lynx_fp8_s": p8,
-                     "fp8_error": p8 / t8 - 1, "holds": abs(p8 / t8 - 1) <= TARGET_GEMM})
+                     "fp8_error": p8 / t8 - 1, "holds": abs(p8 / t8 - 1) <= TARGET_GEMM,
+                     # lynx prices torchao's rowwise GEMM on the same FP8 curve (lynx.cost.float8_torchao)
+                     "fp8_rowwise_s": trw, "fp8_rowwise_error": None if trw is None else p8 / trw - 1})
     return rows
 
 
@@ -147,11 +157,13 @@ def main() -> None:
     rows = gemm_rates(a.hardware)
     print(f"{torch.cuda.get_device_name(0)}; lynx preset {a.hardware}")
     print(f"{'m':>6} {'k':>6} {'n':>6} {'BF16 TF/s':>10} {'FP8 TF/s':>9} {'FP8 s':>10} {'lynx FP8 s':>11} "
-          f"{'error':>7}  target  holds")
+          f"{'error':>7}  target  holds  {'rowwise s':>10} {'rowwise err':>11}")
     for r in rows:
+        rw = "-" if r["fp8_rowwise_s"] is None else f"{r['fp8_rowwise_s']:.2e}"
+        rwe = "-" if r["fp8_rowwise_error"] is None else f"{100 * r['fp8_rowwise_error']:+.1f}%"
         print(f"{r['m']:>6} {r['k']:>6} {r['n']:>6} {r['bf16_tflops']:>10.0f} {r['fp8_tflops']:>9.0f} "
               f"{r['fp8_s']:>10.2e} {r['lynx_fp8_s']:>11.2e} {100 * r['fp8_error']:>+6.1f}%  "
-              f"±{100 * TARGET_GEMM:.0f}%  {'yes' if r['holds'] else 'NO'}")
+              f"±{100 * TARGET_GEMM:.0f}%  {'yes' if r['holds'] else 'NO':>5}  {rw:>10} {rwe:>11}")
     te_res = te_checks()
     if "skipped" in te_res:
         print(f"saved bytes and allocator peak: skipped: {te_res['skipped']}")

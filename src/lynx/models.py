@@ -10,7 +10,7 @@ from typing import Any
 
 from lynx.errors import SpecError
 from lynx.families import get_family
-from lynx.fp8 import Fp8Recipe
+from lynx.fp8 import Fp8Engine, Fp8Recipe
 from lynx.spec import DeviceSpec, Hardware, ModelSpec, ParallelSpec, check_cp, preset_names, read_spec_file, warn_once
 from lynx.stack import layer_kinds
 from lynx.validate import build
@@ -83,9 +83,9 @@ def check_fp8(model: ModelSpec, device: DeviceSpec) -> None:
     if f is None:
         return
     if device.fp8_peak_flops is None:
-        raise SpecError(f"{model.name}: --fp8-format {f.format.value} on {device.name}, which has no FP8 tensor cores "
-                        "(its hardware file gives no fp8_peak_flops); valid: drop --fp8-format, or an FP8 device "
-                        "(H100, H200)")
+        opt = f"--fp8-format {f.format.value}" if f.engine is Fp8Engine.TE else f"--float8-recipe {f.recipe.value}"
+        raise SpecError(f"{model.name}: {opt} on {device.name}, which has no FP8 tensor cores (its hardware file "
+                        f"gives no fp8_peak_flops); valid: drop {opt.split()[0]}, or an FP8 device (H100, H200)")
     if f.recipe is Fp8Recipe.MXFP8:
         raise SpecError(f"{model.name}: --fp8-recipe mxfp8 runs on Blackwell only (MX-scaled tensor cores); lynx "
                         "prices Hopper's FP8 (H100, H200); valid: delayed, tensorwise, blockwise")

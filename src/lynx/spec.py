@@ -17,7 +17,7 @@ from typing import Any, Literal, get_args
 import yaml
 
 from lynx.errors import SpecError
-from lynx.fp8 import Fp8
+from lynx.fp8 import Fp8, Fp8Engine
 from lynx.paths import read_text
 from lynx.topology import LinkSpec as LinkSpec  # the link type lives with the topology; re-exported
 from lynx.topology import Topology
@@ -128,6 +128,10 @@ class ModelSpec:
     ``wq`` / ``wk`` / ``wv`` GEMMs, and ``repeat_kv`` copying K and V to every query head before attention, which
     then keeps the repeated K and V for backward. False: the attention each family describes (one fused QKV GEMM,
     K and V at their own heads). Family torchtitan-llama3 only (decision 0263); no target runs it today."""
+    compiled: bool = False
+    """torchtitan's ``--compile.enable`` (the model component, each block compiled): the block's memory-bound ops
+    priced as inductor fuses them (one kernel per fused chain, the norm fused, SiLU and the product one kernel that
+    keeps the two GEMM outputs) instead of eager kernels. Family torchtitan-llama3 only (decision 0268)."""
     # --- attention head size and QK norm (Megatron-Core --kv-channels, --qk-layernorm)
     kv_channels: int = field(default=0, metadata=rng(ge=0, le=1 << 16))
     """Head dimension (--kv-channels); 0 means hidden_size / num_attention_heads (Qwen3: 128 at hidden 4096 and
@@ -747,7 +751,7 @@ _LATE_FIELDS = ("kv_channels", "qk_layernorm", "num_moe_experts", "moe_router_to
                 "moe_expert_capacity_factor",
                 "moe_pad_expert_input_to_capacity", "moe_imbalance", "multi_latent_attention", "q_lora_rank",
                 "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "mtp_num_layers",
-                "mtp_loss_scaling_factor", "kv_repeat")
+                "mtp_loss_scaling_factor", "kv_repeat", "compiled")
 """ModelSpec fields added with mixture-of-experts (decision 0220) and after (kv_repeat, decision 0263): written
 only where not at their defaults."""
 
@@ -770,6 +774,8 @@ def model_to_dict(m: ModelSpec) -> dict[str, Any]:
         del d["fp8"]
     else:
         d["fp8"] = {"format": m.fp8.format.value, "recipe": m.fp8.recipe.value, "param_gather": m.fp8.param_gather}
+        if m.fp8.engine is not Fp8Engine.TE:  # a TransformerEngine plan is written as before torchao existed
+            d["fp8"]["engine"] = m.fp8.engine.value
     return d
 
 

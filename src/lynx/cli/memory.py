@@ -34,7 +34,17 @@ from lynx.cli.common import (
     err_console,
     print_json,
 )
-from lynx.cli.fp8 import Fp8FormatOpt, Fp8ParamGatherOpt, Fp8RecipeOpt, fp8_option, with_fp8
+from lynx.cli.fp8 import (
+    CompileOpt,
+    Float8AllGatherOpt,
+    Float8RecipeOpt,
+    Fp8FormatOpt,
+    Fp8ParamGatherOpt,
+    Fp8RecipeOpt,
+    fp8_option,
+    precision_note,
+    with_fp8,
+)
 from lynx.cli.optimizer import (
     OPTIMIZER_FLAGS,
     CpuOffloadOpt,
@@ -54,7 +64,8 @@ from lynx.errors import SpecError
 PLAN_FILE_GIVES = ("model", "hardware", "tp", "pp", "dp", "cp", "cp_comm_type", "hierarchical_cp", "ep", "etp",
                    "sp", "micro_batch", "global_batch", "seq_len", "nodes", "method", "layers_per_stage", "budget_gb",
                    "bytes_per_param", "precision", "distributed_optimizer", "busbw", "recompute_num_layers", "vpp",
-                   "fp8_format", "fp8_recipe", "fp8_param_gather", *OPTIMIZER_FLAGS)
+                   "fp8_format", "fp8_recipe", "fp8_param_gather", "float8_recipe", "float8_fsdp_all_gather",
+                   "compile", *OPTIMIZER_FLAGS)
 """What a plan file fixes: given with --plan, these would be ignored, so they are refused."""
 
 
@@ -100,6 +111,9 @@ def memory_cmd(
     fp8_format: Fp8FormatOpt = None,
     fp8_recipe: Fp8RecipeOpt = None,
     fp8_param_gather: Fp8ParamGatherOpt = False,
+    float8_recipe: Float8RecipeOpt = None,
+    float8_fsdp_all_gather: Float8AllGatherOpt = False,
+    compile: CompileOpt = False,
     grad_reduce_in_bf16: GradReduceBf16Opt = False,
     use_precision_aware_optimizer: PrecisionAwareOpt = False,
     main_grads_dtype: MainGradsDtypeOpt = "fp32",
@@ -122,7 +136,7 @@ def memory_cmd(
     from lynx.report.memory import memory_bars, memory_table
 
     check_output(png, "--png", (".png",))
-    fp8 = fp8_option(fp8_format, fp8_recipe, fp8_param_gather)
+    fp8 = fp8_option(fp8_format, fp8_recipe, fp8_param_gather, float8_recipe, float8_fsdp_all_gather)
     if plan_file is not None:
         from lynx.plan import Plan, load_plan
 
@@ -144,7 +158,7 @@ def memory_cmd(
                                 precision=precision, distributed_optimizer=distributed_optimizer,
                                 busbw_gbps=busbw, cp=cp, cp_comm_type=cp_comm_type, hierarchical_cp=hierarchical_cp,
                                 vpp=vpp, ep=ep, etp=etp, optimizer_precision=optimizer_option(params)).problem()
-        problem = with_fp8(problem, fp8)
+        problem = with_fp8(problem, fp8, compile)
         if method == "lynx" and "lynx" not in available_methods():
             method = "full"
         plan = plan_one(problem, method, record=False)
@@ -157,10 +171,10 @@ def memory_cmd(
              f"micro-batch {micro_batch}, {plan.result.method}, partition {plan.result.partition}; "
              f"{recipe.name} {recipe.bytes_per_param(dp * cp, distributed_optimizer):g} B/param"
              f"{' (distributed optimizer)' if distributed_optimizer else ''}"
-             + (f"; {problem.model.fp8.describe()}" if problem.model.fp8 is not None else ""))
+             + precision_note(problem.model))
     if problem.dp_sharding is not None:  # FSDP: the recipe's bytes are sharded as `lynx.cost.fsdp` says
         title = title.split(";")[0] + f"; {recipe.name}, {problem.dp_sharding.label()} over DP x CP" + (
-            f"; {problem.model.fp8.describe()}" if problem.model.fp8 is not None else "")
+            precision_note(problem.model))
     if as_json:
         print_json({"title": title, "method": plan.result.method,
                     "partition": list(plan.result.partition.layers_per_stage),

@@ -29,7 +29,15 @@ from lynx.cli.common import (
     err_console,
     print_json,
 )
-from lynx.cli.fp8 import Fp8FormatOpt, Fp8ParamGatherOpt, Fp8RecipeOpt
+from lynx.cli.fp8 import (
+    CompileOpt,
+    Float8AllGatherOpt,
+    Float8RecipeOpt,
+    Fp8FormatOpt,
+    Fp8ParamGatherOpt,
+    Fp8RecipeOpt,
+    precision_note,
+)
 from lynx.cli.optimizer import (
     CpuOffloadOpt,
     ExpAvgDtypeOpt,
@@ -337,6 +345,9 @@ def plan_cmd(
     fp8_format: Fp8FormatOpt = None,
     fp8_recipe: Fp8RecipeOpt = None,
     fp8_param_gather: Fp8ParamGatherOpt = False,
+    float8_recipe: Float8RecipeOpt = None,
+    float8_fsdp_all_gather: Float8AllGatherOpt = False,
+    compile: CompileOpt = False,
     grad_reduce_in_bf16: GradReduceBf16Opt = False,
     use_precision_aware_optimizer: PrecisionAwareOpt = False,
     main_grads_dtype: MainGradsDtypeOpt = "fp32",
@@ -435,7 +446,7 @@ def _plan_layout(f: PlanFlags) -> None:
              f"{f' VPP {vpp}' if vpp > 1 else ''} DP {par.dp}{' SP' if par.sequence_parallel else ''}, micro-batch "
              f"{par.micro_batch_size}, global batch {par.global_batch_size}, seq {par.seq_length}, "
              f"{par.num_microbatches} micro-batches" + (f"; {' '.join(fusions)}" if fusions else "")
-             + (f"; {problem.model.fp8.describe()}" if problem.model.fp8 is not None else ""))
+             + precision_note(problem.model))
     none_fits = False
     if f.compare:
         plan, none_fits = _compare(problem, method, title, f.as_json, f.gantt is not None or f.memory_png is not None)

@@ -86,6 +86,9 @@ class PlanFlags:
     fp8_format: str | None
     fp8_recipe: str | None
     fp8_param_gather: bool
+    float8_recipe: str | None
+    float8_fsdp_all_gather: bool
+    compile: bool
     grad_reduce_in_bf16: bool
     use_precision_aware_optimizer: bool
     main_grads_dtype: str
@@ -171,15 +174,16 @@ def _with_fp8(req: Request, f: PlanFlags) -> Request:
     """The model's FP8 setting from Megatron's flags (`lynx.fp8`), the request checked again with it."""
     from lynx.cli.fp8 import fp8_option
 
-    fp8 = fp8_option(f.fp8_format, f.fp8_recipe, f.fp8_param_gather)
-    if fp8 is None:
+    fp8 = fp8_option(f.fp8_format, f.fp8_recipe, f.fp8_param_gather, f.float8_recipe, f.float8_fsdp_all_gather)
+    if fp8 is None and not f.compile:
         return req
     if f.profile:
-        raise SpecError("--fp8-format with --profile: a profile measured the 16-bit kernels it ran; FP8 changes the "
+        what = "--compile" if fp8 is None else "--fp8-format" if f.fp8_format else "--float8-recipe"
+        raise SpecError(f"{what} with --profile: a profile measured the kernels it ran; {what} changes the "
                         "analytic model only")
     from lynx.checks import check_inputs
 
-    out = replace(req, model=replace(req.model, fp8=fp8))
+    out = replace(req, model=replace(req.model, fp8=fp8 or req.model.fp8, compiled=f.compile or req.model.compiled))
     check_inputs(out.model, out.hardware, out.parallel, out.options)
     return out
 

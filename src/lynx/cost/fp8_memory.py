@@ -21,6 +21,7 @@ import functools
 
 from lynx.cost.fp8 import FP8_BYTES, linear_weight_elements
 from lynx.families import get_family
+from lynx.fp8 import Fp8Engine
 from lynx.spec import ModelSpec, ParallelSpec
 
 FP8_WEIGHT_COPIES = 2.0
@@ -38,7 +39,7 @@ def fp8_weight_elements(model: ModelSpec, par: ParallelSpec) -> float:
 def fp8_static_delta(model: ModelSpec, par: ParallelSpec, num_layers: int, param_bytes: float) -> float:
     """Bytes FP8 adds to (or, with FP8 parameters, removes from) a stage's parameter memory whose recipe counts
     `param_bytes` per parameter: the FP8 weight workspace, or the FP8 parameters in place of the 16-bit ones."""
-    if model.fp8 is None:
+    if model.fp8 is None or model.fp8.engine is Fp8Engine.TORCHAO:  # torchao caches no FP8 weight
         return 0.0
     n = num_layers * fp8_weight_elements(model, par)
     if model.fp8.param_gather:
@@ -49,7 +50,8 @@ def fp8_static_delta(model: ModelSpec, par: ParallelSpec, num_layers: int, param
 def gathered_param_bytes(model: ModelSpec, par: ParallelSpec, params: float, layer_params: float,
                          param_bytes: float) -> float:
     """Bytes the distributed optimizer all-gathers for `params` parameters of which `layer_params` belong to
-    transformer layers: with --fp8-param-gather the layers' GEMM weights move one byte each, the rest their own."""
+    transformer layers: with --fp8-param-gather (torchao: FSDP's float8 all-gather) the layers' GEMM weights move
+    one byte each, the rest their own."""
     if model.fp8 is None or not model.fp8.param_gather or layer_params <= 0:
         return params * param_bytes
     per_layer = get_family(model.family).layer_params(model, par.tp)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from lynx.cost.collectives import allreduce_time, gather_time
 from lynx.cost.dp_overlap import DpSync
+from lynx.cost.fp8_memory import gathered_param_bytes
 from lynx.cost.fsdp import DpMode, DpSharding, Sharding
 from lynx.cost.static_memory import Recipe, optimizer_step_bytes, stage_params
 from lynx.cost.titan_fsdp import FP32_BYTES
@@ -96,7 +97,7 @@ def fsdp_charge(model: ModelSpec, hw: Hardware, par: ParallelSpec, stage: int, r
     n_layer = fam.layer_params(model, par.tp)
     pb, rb = recipe.param_bytes, reduce_bytes(recipe, ds)
     g_fwd, g_bwd, red = per_microbatch(par, ds)
-    gather = gather_time(n_layer * pb, gr.shard, gr.shard_link)
+    gather = gather_time(gathered_param_bytes(model, par, n_layer, n_layer, pb), gr.shard, gr.shard_link)
     reduce = _reduce(n_layer * rb, gr)
     first = fam.embedding_params(model, par.tp) if stage == 0 else n_layer  # the unit that opens the forward
     return FsdpCharge(gather_fwd_s=gather if g_fwd else 0.0, gather_bwd_s=gather if g_bwd else 0.0,
@@ -128,8 +129,9 @@ def fsdp_tail(model: ModelSpec, hw: Hardware, par: ParallelSpec, stage: int, num
                             allreduce_time(n_layer * rb, par.dp_cp, hw.link_for_group(par.dp_cp, par.tp)))
     param = pbucket = 0.0
     if (s.params and not g_fwd) or (s.optim and not s.params):
-        param = gather_time(n * pb, gr.shard, gr.shard_link)
-        pbucket = gather_time(n_layer * pb, gr.shard, gr.shard_link)
+        layers = stage_params(model, par, stage, num_layers).layers
+        param = gather_time(gathered_param_bytes(model, par, n, layers, pb), gr.shard, gr.shard_link)
+        pbucket = gather_time(gathered_param_bytes(model, par, n_layer, n_layer, pb), gr.shard, gr.shard_link)
     return DpSync(grad, bucket, param, pbucket)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from lynx.cost.collectives import allreduce_time, gather_time, p2p_time
+from lynx.cost.float8_torchao import apply_torchao
 from lynx.cost.fp8 import apply_fp8
 from lynx.cost.kernels import KernelCurves
 from lynx.cost.moe import EXPERT_COLLECTIVES, price_expert_comm
@@ -18,6 +19,7 @@ from lynx.cost.tp_overlap import apply_tp_comm_overlap
 from lynx.families import get_family
 from lynx.families.base import ACT_BYTES, BWD_MATMUL_FACTOR, BWD_MEMORY_FACTOR, MASK_BYTES, OpSpec
 from lynx.families.fusion import MAIN_GRAD_PASS_BYTES
+from lynx.fp8 import Fp8Engine
 from lynx.graph import GraphMeta, LayerGraph, Op
 from lynx.spec import Hardware, LinkSpec, ModelSpec, ParallelSpec
 from lynx.stack import LayerKind
@@ -77,6 +79,8 @@ class _Pricer:
         if o.fp8 and o.gemm_mnk is not None:  # FP8 tensor cores: their own peak and curve (`lynx.cost.fp8`)
             fwd = self._compute_time(o.flops, o.mem_bytes, self.fp8_curves.gemm(*o.gemm_mnk), o.kernels,
                                      self.hw.device.fp8_peak_flops)
+            if not o.fp8_wgrad:  # the weight gradient in 16 bits: input gradient at the FP8 rate, then wgrad's own
+                return fwd, (o.bwd_factor - o.wgrad_factor) * fwd + o.wgrad_factor * self._gemm_time(*o.gemm_mnk)
             return fwd, o.bwd_factor * fwd
         eff = self.curves.gemm(*o.gemm_mnk) if o.gemm_mnk is not None else None
         fwd = self._compute_time(o.flops, o.mem_bytes, eff, o.kernels)
@@ -138,7 +142,9 @@ class _Pricer:
         acc = self.main_grad_time(o)  # part of the weight gradient's work (0 with the fusion on)
         return Op(name=o.name, kind="compute", block=o.block, fwd_time=fwd, bwd_time=bwd + acc,
                   out_bytes=o.out_bytes, mask_bytes=o.mask_bytes, inputs=o.inputs, saved=o.saved,
-                  wgrad_time=o.wgrad_factor * fwd + acc, fwd_flops=o.flops, module=o.module)
+                  wgrad_time=o.wgrad_factor * (fwd if o.fp8_wgrad or not o.fp8 or o.gemm_mnk is None
+                                               else self._gemm_time(*o.gemm_mnk)) + acc,
+                  fwd_flops=o.flops, module=o.module)
 
 
 def price_op(o: OpSpec, hw: Hardware, par: ParallelSpec, cost: CostParams | None = None) -> Op:
@@ -156,7 +162,7 @@ def build_layer_graph(
     spec = fam.kind_layer(model, par, kind) if kind is not None and fam.kind_layer is not None \
         else fam.layer(model, par)
     if model.fp8 is not None:
-        spec = apply_fp8(spec, model.fp8)
+        spec = apply_torchao(spec, model.fp8) if model.fp8.engine is Fp8Engine.TORCHAO else apply_fp8(spec, model.fp8)
     pricer = _Pricer(hw, par, cp)
     meta = GraphMeta(
         source="analytic", model=model.name, hidden_size=model.hidden_size,

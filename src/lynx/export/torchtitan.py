@@ -269,13 +269,21 @@ def engine_table(src: ExportSource) -> tuple[dict[str, Any] | None, str | None]:
 
 def build_torchtitan(src: ExportSource) -> TorchtitanExport:
     from lynx.errors import SpecError
+    from lynx.fp8 import Fp8Engine
 
     if src.family not in ORDER:
         raise SpecError(f"torchtitan export: no aten-op mapping for the {src.family!r} family")
-    if src.problem.model.fp8 is not None:  # torchtitan's Float8 (torchao) keeps other tensors than TE's
-        raise SpecError("torchtitan export: the plan prices Megatron-Core's FP8 (TransformerEngine); torchtitan's "
-                        "Float8 training (torchao) is not modelled. Export it with `lynx export megatron`, or plan "
-                        "without --fp8-format")
+    fp8 = src.problem.model.fp8
+    if fp8 is not None and fp8.engine is Fp8Engine.TE:  # torchtitan's Float8 (torchao) keeps other tensors than TE's
+        raise SpecError("torchtitan export: the plan prices Megatron-Core's FP8 (TransformerEngine); torchtitan runs "
+                        "torchao's Float8Linear. Export it with `lynx export megatron`, or plan for torchtitan with "
+                        "--float8-recipe")
+    if fp8 is not None or src.problem.model.compiled:
+        what = fp8.describe() if fp8 is not None else "torch.compile"
+        raise SpecError(f"torchtitan export: the plan prices {what}, which `lynx plan` prices (decision 0268) but the "
+                        "export does not write yet: lynx's engine refuses Float8Linear and compiled blocks (decision "
+                        "0101) and the AC module with them is untested; plan without --float8-recipe / --compile "
+                        "to export")
     older = older_code(src.problem.model)
     if older:
         raise SpecError(f"torchtitan export: the plan {older} to export")

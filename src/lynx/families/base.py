@@ -96,6 +96,8 @@ class OpSpec:
     limited to that many groups ((0, 0): no limit), which bounds the nodes it crosses to (`cost.moe`)."""
     fp8: bool = False
     """GEMMs: forward, input and weight gradient on FP8 tensor cores (`lynx.cost.fp8`)."""
+    fp8_wgrad: bool = True
+    """With `fp8`: False keeps the weight-gradient GEMM in 16 bits (torchao's rowwise_with_gw_hp)."""
     gather_bytes: float | None = None
     """SP all-gathers of an FP8 input: the bytes of the forward all-gather and of the backward re-gather (FP8);
     `comm_bytes` stays the 16-bit gradient's reduce-scatter. None: both move `comm_bytes`."""

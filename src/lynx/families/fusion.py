@@ -105,6 +105,18 @@ def check_norm_fusion(m: ModelSpec) -> None:
                         f"{m.normalization!r} runs as one kernel (set norm_fusion true)")
 
 
+def check_compiled(m: ModelSpec) -> None:
+    """`compiled` is torchtitan's torch.compile of its blocks; Megatron-Core's kernels are fused already."""
+    if m.compiled:
+        raise SpecError(f"model {m.name!r}: compiled true prices torchtitan's torch.compile of its blocks; family "
+                        f"{m.family} runs Megatron-Core's fused kernels (valid: compiled false, or family "
+                        "torchtitan-llama3)")
+    if m.fp8 is not None and m.fp8.engine.value != "te":
+        raise SpecError(f"model {m.name!r}: {m.fp8.describe()} is torchtitan's float8 converter; family {m.family} "
+                        "runs TransformerEngine's FP8 (valid: --fp8-format / --fp8-recipe, or family "
+                        "torchtitan-llama3)")
+
+
 def check_kv_repeat(m: ModelSpec) -> None:
     """`kv_repeat` describes torchtitan's 2024 attention; only the torchtitan family prices it (decision 0263)."""
     if m.kv_repeat:
@@ -154,4 +166,5 @@ def apply(b: LayerBuilder, m: ModelSpec) -> None:
 
 
 __all__ = ["GELU_BIAS_EAGER", "MAIN_GRAD_PASS_BYTES", "RESIDUAL_EAGER", "RMSNORM_EAGER", "ROPE_EAGER",
-           "SOFTMAX_EAGER", "SWIGLU_EAGER", "apply", "check_kv_repeat", "check_norm_fusion", "eager_rmsnorm"]
+           "SOFTMAX_EAGER", "SWIGLU_EAGER", "apply", "check_compiled", "check_kv_repeat", "check_norm_fusion",
+           "eager_rmsnorm"]

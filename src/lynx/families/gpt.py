@@ -58,6 +58,7 @@ DEFAULTS = {"activation": "gelu", "normalization": "layernorm", "position_embedd
 def check_model(m: ModelSpec) -> None:
     fusion.check_norm_fusion(m)
     fusion.check_kv_repeat(m)
+    fusion.check_compiled(m)
     want = {"activation": "gelu", "normalization": "layernorm", "position_embedding": "learned", "bias": "all"}
     for k, v in want.items():
         if getattr(m, k) != v:

@@ -41,6 +41,7 @@ MLP_OPS = ("mlp_allgather", "gate_up", "swiglu", "down")
 def check_model(m: ModelSpec) -> None:
     check_fields(m)
     fusion.check_kv_repeat(m)
+    fusion.check_compiled(m)
 
 
 def check_fields(m: ModelSpec) -> None:

@@ -51,6 +51,7 @@ def check_model(m: ModelSpec) -> None:
     """Every combination ModelSpec accepts is a Megatron-Core layer, except the ones lynx does not model."""
     fusion.check_norm_fusion(m)
     fusion.check_kv_repeat(m)
+    fusion.check_compiled(m)
     if m.multi_latent_attention and m.q_lora_rank == 0:
         raise SpecError(f"model {m.name!r}: multi_latent_attention with q_lora_rank 0 (a direct Q projection, "
                         "DeepSeek-V2-Lite) is not modelled; valid: q_lora_rank > 0")

@@ -39,7 +39,11 @@ and keeps the copies: per token 2 a d each for K and V where 0.3.0 keeps 2 g d, 
 
 Times are the eager kernels' own (decision 0262): each memory-bound op's bytes read and written and its kernel
 count, measured against the block's aten ops on CPU (tests/unit/test_eager_traffic.py; the constants below).
-The compiled block (``torch.compile``, fused norm and SwiGLU) is not modelled here.
+With ``compiled`` (torchtitan's ``--compile.enable``, decision 0268) each memory-bound op is one fused kernel at
+the traffic a fused kernel moves (its reads and its write once), the norm is fused, SiLU and the product are one
+kernel keeping the two GEMM outputs, and the input-gradient sums go into the norms' backward; what else
+backward keeps is the eager block's (the partitioner may keep less: not modelled). The kernel counts are an
+upper bound (inductor also fuses neighbours, a residual add with the next norm).
 
 Static memory is torchtitan's FSDP2 as torchtitan runs it (`lynx.cost.titan_fsdp`): sharded fp32 parameters,
 gradients and AdamW state, the bf16 parameters it all-gathers (kept through the step with a pipeline), not
@@ -107,6 +111,8 @@ def _norm(b: LayerBuilder, name: str, block: Block, tok: float, h: float, src: s
 
 
 def _more_backward(b: LayerBuilder, name: str, nbytes: float, kernels: int) -> None:
+    if isinstance(b, _Compiled):
+        return
     i = next(j for j, o in enumerate(b.ops) if o.name == name)
     o = b.ops[i]
     base = o.bwd_mem_bytes if o.bwd_mem_bytes is not None else o.bwd_factor * o.mem_bytes
@@ -139,6 +145,15 @@ def _attention_2024(b: LayerBuilder, x: str, tok: float, mb: float, s: float, h:
                       ("rope", k, v, "core_attn"))
 
 
+class _Compiled(LayerBuilder):
+    """The block under torch.compile (`ModelSpec.compiled`): every memory-bound op one fused kernel at its fused
+    traffic (the builder's `elementwise`), the eager re-descriptions and the input-gradient sums (fused into the
+    norm's backward) dropped."""
+
+    def eager(self, name: str, passes: Passes, elems: float) -> None:
+        return None
+
+
 def check_model(m: ModelSpec) -> None:
     llama.check_fields(m)
     if m.attention != "flash":
@@ -152,7 +167,7 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     """The ops of one torchtitan Llama 3 block on one TP rank, eager kernels."""
     if par.cp > 1:
         raise SpecError(f"family {NAME}: context parallelism is not modelled for torchtitan's block (CP {par.cp})")
-    b = LayerBuilder()
+    b = _Compiled() if model.compiled else LayerBuilder()
     s, mb, h, a, g, f, t = (par.seq_length, par.micro_batch_size, model.hidden_size, model.num_attention_heads,
                             model.num_query_groups, model.ffn_hidden_size, par.tp)
     sp = par.sequence_parallel
@@ -161,7 +176,7 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
     d = model.head_dim
     a_l, g_l = a / t, g / t
 
-    fused = model.norm_fusion
+    fused = model.norm_fusion or model.compiled  # inductor fuses the eager norm too
     _norm(b, "rmsnorm1", "attn", tok_ln, h, LAYER_INPUT, fused)
     qkv_in = "rmsnorm1"
     if sp:
@@ -198,10 +213,14 @@ def layer(model: ModelSpec, par: ParallelSpec) -> LayerSpec:
         up_in = "mlp_allgather"
     b.gemm("gate", "mlp", tok, h, f / t, (up_in,), (up_in,), module="mlp")
     b.gemm("up", "mlp", tok, h, f / t, (up_in,), (up_in,), module="mlp")
-    b.elementwise("silu", "mlp", tok * f / t, ("gate",), ("gate",), flops_per_elem=3, module="mlp")
-    b.eager("silu", SILU, tok * f / t)
-    b.elementwise("swiglu", "mlp", tok * f / t, ("silu", "up"), ("silu", "up"), reads=2, module="mlp")
-    b.eager("swiglu", SWIGLU_PRODUCT, tok * f / t)
+    if model.compiled:  # one kernel: silu(w1 x) * w3 x, keeping the two GEMM outputs (SiLU recomputed in it)
+        b.elementwise("swiglu", "mlp", tok * f / t, ("gate", "up"), ("gate", "up"), reads=2, flops_per_elem=4,
+                      module="mlp")
+    else:
+        b.elementwise("silu", "mlp", tok * f / t, ("gate",), ("gate",), flops_per_elem=3, module="mlp")
+        b.eager("silu", SILU, tok * f / t)
+        b.elementwise("swiglu", "mlp", tok * f / t, ("silu", "up"), ("silu", "up"), reads=2, module="mlp")
+        b.eager("swiglu", SWIGLU_PRODUCT, tok * f / t)
     b.gemm("down", "mlp", tok, f / t, h, ("swiglu",), ("swiglu",), module="mlp")
     red = "mlp_reducescatter" if sp else "mlp_allreduce"
     if sp:
