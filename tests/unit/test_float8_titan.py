@@ -6,9 +6,11 @@ an amax pass and a cast), not read off lynx's graph."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -159,14 +161,17 @@ def test_cli_plans_a_float8_compiled_layout_and_refuses_what_does_not_run(tmp_pa
             "--global-batch", "8"]
     plan = f"{tmp_path}/p.json"
     r = _lynx("plan", *base, "--tp", "1", "--pp", "1", "--dp", "8", "--micro-batch", "1", "--distributed-optimizer",
-              "--compile",
+              "--compile", "--method", "mc-mlp",
               "--float8-recipe", "rowwise", "--out", plan)
     assert r.returncode == 0, r.stderr
     assert "torchao Float8 rowwise" in r.stdout
     for args, says in (
-        (["export", "torchtitan", plan, "--out", f"{tmp_path}/t"], "the export does not write yet"),
+        (["export", "torchtitan", plan, "--out", f"{tmp_path}/t"], "keep some ops and recompute others"),
         (["export", "megatron", plan, "--out", f"{tmp_path}/m"], "runs TransformerEngine's FP8"),
-        (["plan", *base, "--gpus", "8", "--float8-recipe", "tensorwise"], "no target runs from a lynx plan yet"),
+        (["plan", *base, "--gpus", "8", "--float8-recipe", "tensorwise"], "use --target torchtitan"),
+        (["plan", *base, "--gpus", "8", "--compile", "--target", "lynx"], "use --target torchtitan"),
+        (["plan", *base, "--gpus", "8", "--float8-recipe", "rowwise", "--target", "torchtitan", "--method", "lynx"],
+         "valid: none, full"),
         (["plan", *base, "--tp", "1", "--pp", "1", "--dp", "8", "--micro-batch", "1", "--float8-recipe", "rowwise",
           "--fp8-format", "hybrid"], "give one"),
     ):
@@ -174,3 +179,18 @@ def test_cli_plans_a_float8_compiled_layout_and_refuses_what_does_not_run(tmp_pa
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and says in lines[0], r.stderr
+
+
+def test_the_torchtitan_search_plans_whole_float8_blocks_and_its_pick_exports(tmp_path: object) -> None:
+    out = f"{tmp_path}/pick.json"
+    r = _lynx("plan", "--model", "torchtitan-llama3-8b", "--hardware", "h100-80g-nvlink", "--gpus", "8",
+              "--global-batch", "16", "--seq-len", "8192", "--float8-recipe", "rowwise", "--compile", "--target",
+              "torchtitan", "--json", "--out", out)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert {c["method"] for c in res["candidates"]} <= {"none", "full"}
+    assert res["winner"]["priced_for"] == "torchtitan"
+    e = _lynx("export", "torchtitan", out, "--out", f"{tmp_path}/tt")
+    assert e.returncode == 0, e.stderr
+    registry = Path(f"{tmp_path}/tt/lynx_torchtitan_registry.py").read_text()
+    assert "FLOAT8: dict[str, Any] | None = {'recipe_name': 'rowwise', 'filter_fqns': ['lm_head']}" in registry

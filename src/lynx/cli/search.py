@@ -15,7 +15,7 @@ from lynx.cli.common import check_ints, console, err_console, print_json
 from lynx.cost.fsdp import FSDP2, DpSharding
 from lynx.errors import SpecError
 from lynx.request import DEFAULT_TARGET, Request, Target, parse_target
-from lynx.spec import CpCommType, Hardware, load_hardware
+from lynx.spec import CpCommType, Hardware, ModelSpec, load_hardware
 from lynx.validate import POSITIVE
 
 if TYPE_CHECKING:
@@ -174,6 +174,12 @@ def _fsdp_pin(f: PlanFlags) -> DpSharding | None:
     return None
 
 
+def float8_whole_blocks(model: ModelSpec) -> tuple[str, ...]:
+    """The methods a search with torchao's Float8 plans (() without it): blocks kept or recomputed whole, the only
+    ones `lynx export torchtitan` writes for Float8Linear (`export.torchtitan.float8_reason`)."""
+    return ("none", "full") if model.fp8 is not None and model.fp8.engine.value == "torchao" else ()
+
+
 def run_search(a: SearchArgs, base: Request) -> None:
     """Search the space `a` pins with every candidate priced from `base` (its model, hardware and options)."""
     from lynx.export.targets import check_target
@@ -198,10 +204,16 @@ def run_search(a: SearchArgs, base: Request) -> None:
     if a.offload is not None and a.method is not None:
         raise SpecError("--offload/--no-offload adds the offloading methods to the search's; with --method the "
                         "search plans that method only (use --method lynx-offload)")
+    methods: tuple[str, ...] | None = None if a.method is None else (a.method,)
+    whole = float8_whole_blocks(base.model)
+    if whole and methods is None:  # torchtitan runs Float8 blocks kept or recomputed whole (`export.torchtitan`)
+        methods = whole
+    elif whole and methods is not None and methods[0] not in whole:
+        raise SpecError(f"--method {methods[0]} with --float8-recipe: torchtitan runs Float8 blocks kept or "
+                        f"recomputed whole; valid: {', '.join(whole)}")
     space = Space(base.model, hw, a.gpus, a.global_batch, a.seq_len,
                   Pins(tp=a.tp, pp=a.pp, vpp=a.vpp, sp=a.sp, mb=a.mb, dist_opt=a.dist_opt, cp=a.cp,
-                       fsdp=True if a.fsdp is not None else None, ep=a.ep, etp=a.etp,
-                       methods=None if a.method is None else (a.method,)),
+                       fsdp=True if a.fsdp is not None else None, ep=a.ep, etp=a.etp, methods=methods),
                   a.allow_cross_node_tp, a.cp_comm_type,
                   has_link if a.offload is None else a.offload, a.production_overlaps, fsdp=a.fsdp or FSDP2)
     layouts, rejected = cores(space)  # every core holds a candidate at least (`space.layout_candidates`)
@@ -220,6 +232,9 @@ def run_search(a: SearchArgs, base: Request) -> None:
     else:
         console.print(search_table(res, a.top))
         console.print(f"Priced for {a.target.value} (--target): {TARGET_TEXT[a.target]}.", soft_wrap=True)
+        if whole:
+            console.print(f"{base.model.fp8.describe() if base.model.fp8 else ''}: methods {' and '.join(whole)} "
+                          "only (torchtitan's AC module keeps or recomputes a Float8 block whole).", soft_wrap=True)
         for line in explain(res):
             console.print(line, soft_wrap=True)
     if a.png is not None and res.considered:

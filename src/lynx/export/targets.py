@@ -39,12 +39,11 @@ def check_target(model: ModelSpec, target: Target, cp: int | None = None) -> Non
         raise SpecError(f"--target {target.value}: model {model.name!r} prices torchtitan's 2024 attention (kv_repeat "
                         "true), which no target runs (torchtitan 0.3.0 runs a fused QKV, Megatron-Core and lynx train "
                         "the llama block); price that older code on its own layout (lynx plan without --gpus)")
-    if model.compiled or (model.fp8 is not None and model.fp8.engine.value == "torchao"):
+    if target is not Target.TORCHTITAN and (model.compiled or (model.fp8 is not None
+                                                               and model.fp8.engine.value == "torchao")):
         what = "torch.compile" if model.fp8 is None or model.fp8.engine.value != "torchao" else model.fp8.describe()
-        raise SpecError(f"--target {target.value}: model {model.name!r} prices {what}, which no target runs from a "
-                        "lynx plan yet (Megatron-Core runs TransformerEngine's FP8; lynx's engine in torchtitan "
-                        "refuses Float8Linear and compiled blocks, decision 0101); price a layout with `lynx plan` "
-                        "without --gpus")
+        raise SpecError(f"--target {target.value}: model {model.name!r} prices {what}, which torchtitan runs (its "
+                        "AC module; lynx's own runtime and Megatron-Core do not); use --target torchtitan")
     if target is Target.TORCHTITAN and model.family not in ("llama", TITAN):
         raise SpecError(f"--target torchtitan: lynx prices torchtitan's Llama block only (families llama, {TITAN}); "
                         f"{model.name} is {model.family!r}: use --target megatron or lynx")

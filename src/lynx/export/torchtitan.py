@@ -102,6 +102,8 @@ class TorchtitanExport:
     """torchtitan's config_registry function for this model's shape (None: the user names theirs)."""
     engine: dict[str, Any] | None = None
     """The layer table `ENGINE_FILE` holds (None: the plan runs through the AC module, all on demand)."""
+    float8: dict[str, Any] | None = None
+    """torchtitan's ``Float8LinearConverter.Config`` fields (`float8_config`; None: 16-bit GEMMs)."""
 
     @property
     def fits(self) -> bool:
@@ -217,7 +219,9 @@ def price_on_torchtitan(src: ExportSource, layers: list[dict[str, Any]], engine:
     result = PlanResult("torchtitan-ac", src.result.partition,
                         tuple(RecomputePolicy("torchtitan-ac", tuple(r)) for r in ranks))
     fig = simulate_lynx(tp, result)
-    setting = f"eager kernels, {shard_text}, AC module on demand"
+    m = src.problem.model
+    kernels = ("compiled blocks" if m.compiled else "eager kernels") + (f", {m.fp8.describe()}" if m.fp8 else "")
+    setting = f"{kernels}, {shard_text}, AC module on demand"
     return (replace(mine, label="lynx plan", setting=f"{src.result.method} as planned"),
             replace(fig, label="torchtitan", setting=setting))
 
@@ -259,12 +263,53 @@ def engine_table(src: ExportSource) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"the plan's family is {src.family!r}, the engine runs family {TITAN}"
     if par.cp > 1:
         return None, "context parallelism, which the integration does not run"
+    model = src.problem.model
+    if model.fp8 is not None or model.compiled:  # decision 0101: the engine calls nn.Linear weights, eagerly
+        what = model.fp8.describe() if model.fp8 is not None else "torch.compile"
+        return None, f"{what}, which lynx's engine refuses (it runs eager nn.Linear blocks)"
     layers = [{"keep": sorted(lp.keep), "recompute": [[n, int(p)] for n, p in lp.recompute],
                "input_checkpoint": lp.input_checkpoint} for pol in src.policies for lp in pol.layers]
     from lynx.export.titan_assumes import assumes_of
 
     assumes = assumes_of(src.problem, *dp_degrees(src)).to_dict()
     return {"family": TITAN, "method": src.result.method, "assumes": assumes, "layers": layers}, None
+
+
+TITAN_FLOAT8_RECIPES = ("rowwise", "rowwise_with_gw_hp")
+"""The recipes torchtitan 0.3.0's ``Float8LinearConverter.Config.recipe_name`` takes."""
+
+
+def float8_reason(src: ExportSource) -> str:
+    """Why torchtitan 0.3.0 cannot run the plan's torchao Float8 as exported ('' when it can, or without Float8):
+    its converter's recipes, no FSDP float8 all-gather, and blocks kept whole or recomputed whole (the AC module's
+    selective policy names aten ``mm`` ops, which Float8Linear replaces with ``_scaled_mm``)."""
+    fp8 = src.problem.model.fp8
+    if fp8 is None:
+        return ""
+    if fp8.recipe.value not in TITAN_FLOAT8_RECIPES:
+        return (f"torchtitan 0.3.0's float8 converter takes recipe_name {' or '.join(TITAN_FLOAT8_RECIPES)}, the "
+                f"plan prices {fp8.recipe.value} (torchtitan's 2024-2025 code ran it); plan with --float8-recipe "
+                "rowwise")
+    if fp8.param_gather:
+        return ("torchtitan 0.3.0 has no FSDP float8 all-gather (its rowwise recipes gather in 16 bits); plan without "
+                "--float8-fsdp-all-gather")
+    sel = sum(1 for pol in src.policies for lp in pol.layers if layer_entry(src.problem.graph, lp)["mode"] ==
+              "selective")
+    if sel:
+        return (f"{sel} block(s) of the plan keep some ops and recompute others, which torchtitan's AC module "
+                "expresses by aten mm ops that Float8Linear replaces (_scaled_mm); with --float8-recipe export a "
+                "plan of whole blocks: --method none or full (or `lynx plan --gpus ... --target torchtitan`)")
+    return ""
+
+
+def float8_config(src: ExportSource) -> dict[str, Any] | None:
+    """torchtitan 0.3.0's ``Float8LinearConverter.Config`` fields for the plan's Float8 (None without): the recipe,
+    and the output layer (0.3.0's ``lm_head``; ``output`` in its 2024-2025 code) left in 16 bits as lynx prices it,
+    as torchtitan's own configs filter it."""
+    fp8 = src.problem.model.fp8
+    if fp8 is None:
+        return None
+    return {"recipe_name": fp8.recipe.value, "filter_fqns": ["lm_head"]}
 
 
 def build_torchtitan(src: ExportSource) -> TorchtitanExport:
@@ -278,12 +323,9 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
         raise SpecError("torchtitan export: the plan prices Megatron-Core's FP8 (TransformerEngine); torchtitan runs "
                         "torchao's Float8Linear. Export it with `lynx export megatron`, or plan for torchtitan with "
                         "--float8-recipe")
-    if fp8 is not None or src.problem.model.compiled:
-        what = fp8.describe() if fp8 is not None else "torch.compile"
-        raise SpecError(f"torchtitan export: the plan prices {what}, which `lynx plan` prices (decision 0268) but the "
-                        "export does not write yet: lynx's engine refuses Float8Linear and compiled blocks (decision "
-                        "0101) and the AC module with them is untested; plan without --float8-recipe / --compile "
-                        "to export")
+    why = float8_reason(src)
+    if why:
+        raise SpecError(f"torchtitan export: {why}")
     older = older_code(src.problem.model)
     if older:
         raise SpecError(f"torchtitan export: the plan {older} to export")
@@ -313,8 +355,9 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
                      **({"disable_cuda_graphs": True} if lay.pp > 1 else {}),
                      "mixed_precision_param": "float32" if src.problem.options.precision == "fp32" else "bfloat16",
                      "mixed_precision_reduce": "float32"},
-        # lynx's engine runs each block eagerly and refuses a compiled one (lynx.integrations.torchtitan.checks)
-        "compile": {"enable": False},
+        # lynx's engine runs each block eagerly and refuses a compiled one (lynx.integrations.torchtitan.checks);
+        # a compiled plan (`ModelSpec.compiled`) runs through the AC module, its blocks compiled as priced
+        "compile": {"enable": True, "components": ["model"]} if src.problem.model.compiled else {"enable": False},
     }
     table = {"family": src.family, "method": src.result.method, "layers": layers}
     rows = schedule_rows(lay.pp, lay.vpp, par.num_microbatches)
@@ -349,7 +392,7 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
     if engine is None:
         notes.append(f"torchtitan runs the plan through the AC module (every recomputation on demand), not lynx's "
                      f"engine: {why_not}")
-    return TorchtitanExport(src, config, table, rows, tuple(notes), figures, base, engine)
+    return TorchtitanExport(src, config, table, rows, tuple(notes), figures, base, engine, float8_config(src))
 
 
 def render_ac(exp: TorchtitanExport) -> str:
@@ -376,7 +419,12 @@ def render_registry(exp: TorchtitanExport) -> str:
     if marker not in text:
         raise RuntimeError("torchtitan registry template lost its lynx:engine marker")
     engine = ENGINE_FILE if exp.engine is not None else None
-    return text.replace(marker, f"ENGINE_LAYERS: str | None = {engine!r}  # written by `lynx export torchtitan`")
+    text = text.replace(marker, f"ENGINE_LAYERS: str | None = {engine!r}  # written by `lynx export torchtitan`")
+    marker = "FLOAT8: dict[str, Any] | None = None  # lynx:float8"
+    if marker not in text:
+        raise RuntimeError("torchtitan registry template lost its lynx:float8 marker")
+    written = f"FLOAT8: dict[str, Any] | None = {exp.float8!r}  # written by `lynx export torchtitan`"
+    return text.replace(marker, written)
 
 
 def write_torchtitan(exp: TorchtitanExport, out_dir: Path) -> list[Path]:
