@@ -231,7 +231,10 @@ def run_search(a: SearchArgs, base: Request) -> None:
         print_json(result_dict(res) | {"target": a.target.value})
     else:
         console.print(search_table(res, a.top))
-        console.print(f"Priced for {a.target.value} (--target): {TARGET_TEXT[a.target]}.", soft_wrap=True)
+        text = TARGET_TEXT[a.target]
+        if base.model.compiled:
+            text = text.replace("its eager kernels", "its blocks compiled (--compile)")
+        console.print(f"Priced for {a.target.value} (--target): {text}.", soft_wrap=True)
         if whole:
             console.print(f"{base.model.fp8.describe() if base.model.fp8 else ''}: methods {' and '.join(whole)} "
                           "only (torchtitan's AC module keeps or recomputes a Float8 block whole).", soft_wrap=True)
