@@ -5,11 +5,17 @@ from __future__ import annotations
 from lynx.errors import SpecError
 from lynx.families.base import Family
 
+_FAMILIES: dict[str, Family] = {}
+
 
 def _families() -> dict[str, Family]:
-    from lynx.families import gpt, llama, mcore, titan
+    """The families by name, imported on first use (they import this package's base) and kept: a search asks for
+    a family hundreds of thousands of times."""
+    if not _FAMILIES:
+        from lynx.families import gpt, llama, mcore, titan
 
-    return {"gpt": gpt.FAMILY, "llama": llama.FAMILY, "mcore": mcore.FAMILY, titan.NAME: titan.FAMILY}
+        _FAMILIES.update({"gpt": gpt.FAMILY, "llama": llama.FAMILY, "mcore": mcore.FAMILY, titan.NAME: titan.FAMILY})
+    return _FAMILIES
 
 
 def family_names() -> tuple[str, ...]:

@@ -11,7 +11,7 @@ from lynx.errors import SpecError
 from lynx.graph import Graphs, LayerGraph, per_layer
 from lynx.partition.base import Partition
 from lynx.partition.dp import dp_partition
-from lynx.policy.rules import none_policy
+from lynx.policy.rules import UniformLayers, none_policy
 from lynx.problem import PlanProblem, PlanResult
 from lynx.simulate import simulate, simulate_time
 
@@ -111,6 +111,8 @@ def stage_policy(fn: StagePolicyFn, ctx: StageContext, graph: Graphs) -> Recompu
     """`fn` on the stage, chunk by chunk when interleaved (the chunks' layers concatenated, chunk 0 first). With
     one graph per layer (several layer kinds), layer i takes its place's policy from `fn` on its kind's graph:
     Megatron's rules depend on a layer's position in the stage (uniform, block), never on its neighbours' kind."""
+    if isinstance(fn, UniformLayers) and isinstance(graph, LayerGraph):  # every layer alike: the chunks' layers
+        return fn(ctx, graph)
     gs = per_layer(graph, ctx.num_layers)
     parts, lo = [], 0
     for c in chunk_contexts(ctx):

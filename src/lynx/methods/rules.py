@@ -8,7 +8,7 @@ from lynx.cost.memory import layer_memories, stage_floor_bytes, stage_peak_bytes
 from lynx.decisions import LayerPolicy, RecomputePolicy, StageContext
 from lynx.graph import LayerGraph
 from lynx.methods.common import MethodFn, StagePolicyFn, megatron_partition, per_stage, stage_policy
-from lynx.policy.megatron_modules import modules_layer, modules_policy
+from lynx.policy.megatron_modules import modules_layer, modules_stage_policy
 from lynx.policy.rules import (
     block_policy,
     full_layer,
@@ -128,7 +128,9 @@ def plan_modules(mods: tuple[str, ...]) -> MethodFn:
     """Megatron-Core --recompute-modules MODS on every stage (recomputed on demand, as Megatron does)."""
     name = "mc-" + "+".join(mods)
 
+    stage_fn = modules_stage_policy(mods)
+
     def fn(problem: PlanProblem) -> PlanResult:
-        return per_stage(problem, name, lambda c, g: modules_policy(c, g, mods), megatron_partition(problem))
+        return per_stage(problem, name, stage_fn, megatron_partition(problem))
 
     return fn

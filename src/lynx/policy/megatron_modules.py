@@ -20,9 +20,11 @@ demand per layer and micro-batch.
 
 from __future__ import annotations
 
+import functools
+
 from lynx.decisions import LayerPolicy, RecomputePolicy, StageContext
 from lynx.graph import LayerGraph, per_graph
-from lynx.policy.rules import checkpointed_drops, checkpointed_reruns, on_demand
+from lynx.policy.rules import UniformLayers, checkpointed_drops, checkpointed_reruns, on_demand
 
 MODULES: tuple[str, ...] = ("core_attn", "mlp", "layernorm", "moe", "moe_act", "shared_experts", "mla_up_proj")
 """Megatron-Core's --recompute-modules names (TransformerConfig.recompute_modules, 0.16.1). The MoE ones
@@ -69,5 +71,9 @@ def modules_layer(graph: LayerGraph, modules: tuple[str, ...]) -> LayerPolicy:
 
 def modules_policy(ctx: StageContext, graph: LayerGraph, modules: tuple[str, ...]) -> RecomputePolicy:
     """Every layer of the stage recomputes `modules` (Megatron applies the list to all layers)."""
-    name = "mc-" + "+".join(modules)
-    return RecomputePolicy(method=name, layers=(modules_layer(graph, modules),) * ctx.num_layers)
+    return modules_stage_policy(modules)(ctx, graph)
+
+
+def modules_stage_policy(modules: tuple[str, ...]) -> UniformLayers:
+    """`modules_policy` for one list, as a stage policy marked uniform (`policy.rules.UniformLayers`)."""
+    return UniformLayers("mc-" + "+".join(modules), functools.partial(modules_layer, modules=modules))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from lynx.decisions import LayerPolicy, Phase, RecomputePolicy, StageContext
 from lynx.graph import LAYER_INPUT, LayerGraph, per_graph
 
@@ -98,20 +101,22 @@ def selective_layer(graph: LayerGraph) -> LayerPolicy:
     return checkpointed_layer(graph, graph.module_ops("core_attn"))
 
 
-def _same(method: str, lp: LayerPolicy, ctx: StageContext) -> RecomputePolicy:
-    return RecomputePolicy(method=method, layers=(lp,) * ctx.num_layers)
+@dataclass(frozen=True, slots=True)
+class UniformLayers:
+    """A stage policy that gives every layer one policy of its graph alone (Megatron's none, full, selective and
+    --recompute-modules lists). Marked so, `methods.common.stage_policy` builds an interleaved stage of one layer
+    kind at once rather than chunk by chunk (the search asks for these on every layout it bounds)."""
+
+    method: str
+    layer: Callable[[LayerGraph], LayerPolicy]
+
+    def __call__(self, ctx: StageContext, graph: LayerGraph) -> RecomputePolicy:
+        return RecomputePolicy(method=self.method, layers=(self.layer(graph),) * ctx.num_layers)
 
 
-def none_policy(ctx: StageContext, graph: LayerGraph) -> RecomputePolicy:
-    return _same("none", keep_all(graph), ctx)
-
-
-def full_policy(ctx: StageContext, graph: LayerGraph) -> RecomputePolicy:
-    return _same("full", full_layer(graph), ctx)
-
-
-def selective_policy(ctx: StageContext, graph: LayerGraph) -> RecomputePolicy:
-    return _same("selective", selective_layer(graph), ctx)
+none_policy = UniformLayers("none", keep_all)
+full_policy = UniformLayers("full", full_layer)
+selective_policy = UniformLayers("selective", selective_layer)
 
 
 def uniform_policy(ctx: StageContext, graph: LayerGraph, num_layers: int = 1) -> RecomputePolicy:
