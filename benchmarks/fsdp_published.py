@@ -58,7 +58,7 @@ from lynx.decisions import RecomputePolicy
 from lynx.graph import LayerGraph
 from lynx.partition.base import Partition
 from lynx.policy.rules import full_layer, saved_outputs
-from lynx.problem import PlanOptions, PlanResult
+from lynx.problem import PlanOptions, PlanProblem, PlanResult
 from lynx.simulate import simulate
 from lynx.spec import Hardware, ParallelSpec, load_hardware
 
@@ -126,13 +126,19 @@ def predict(r: Run, with_dp: bool = True) -> tuple[float, float, float]:
     model = dataclasses.replace(load_model(r.model), norm_fusion=r.norm_fusion, kv_repeat=r.kv_repeat)
     prob = make_problem(model, hw, par, PlanOptions(precision="megatron-bf16", dp_sharding=FSDP2,
                                                                   nodes=nodes, include_dp_allreduce=with_dp))
+    return run_torchtitan(prob, r.ac, r.gpus)
+
+
+def run_torchtitan(prob: PlanProblem, ac: str, gpus: int) -> tuple[float, float, float]:
+    """(tokens/s/GPU, iteration s, peak GiB) of one stage running every block as torchtitan's AC `ac` does
+    ("op": per-op selective, `sac_keep`; "full"), simulated."""
     g = prob.graph
-    lp = saved_outputs(g, sac_keep(g)) if r.ac == "op" else full_layer(g)
+    lp = saved_outputs(g, sac_keep(g)) if ac == "op" else full_layer(g)
     layers = prob.model.num_layers
-    pol = RecomputePolicy(f"torchtitan-{r.ac}", (lp,) * layers)
+    pol = RecomputePolicy(f"torchtitan-{ac}", (lp,) * layers)
     res = PlanResult(pol.method, Partition((layers,), method="even"), (pol,))
     sim = simulate(prob, res.partition, res.policies, record=False)
-    tps = SEQ * par.global_batch_size / sim.iteration_time_s / r.gpus
+    tps = SEQ * prob.parallel.global_batch_size / sim.iteration_time_s / gpus
     return tps, sim.iteration_time_s, max(s.peak_memory_bytes for s in sim.stages) / 2**30
 
 

@@ -41,17 +41,13 @@ from dataclasses import dataclass
 
 import _results
 from _markdown import Out
-from fsdp_published import SEQ, hardware, sac_keep
+from fsdp_published import SEQ, hardware, run_torchtitan
 from rich.table import Table
 
 from lynx.api import make_problem
 from lynx.cost.fsdp import FSDP2
-from lynx.decisions import RecomputePolicy
 from lynx.fp8 import Fp8, Fp8Engine, Fp8Format, Fp8Recipe
-from lynx.partition.base import Partition
-from lynx.policy.rules import full_layer, saved_outputs
-from lynx.problem import PlanOptions, PlanResult
-from lynx.simulate import simulate
+from lynx.problem import PlanOptions
 from lynx.spec import ParallelSpec
 
 TARGET = 0.15
@@ -118,14 +114,7 @@ def predict(r: Run, all_gather: bool = False) -> tuple[float, float, float]:
                                 fp8=fp8)
     nodes = -(-r.gpus // hw.devices_per_node)
     prob = make_problem(model, hw, par, PlanOptions(precision="megatron-bf16", dp_sharding=FSDP2, nodes=nodes))
-    g = prob.graph
-    lp = saved_outputs(g, sac_keep(g)) if r.ac == "op" else full_layer(g)
-    layers = prob.model.num_layers
-    pol = RecomputePolicy(f"torchtitan-{r.ac}", (lp,) * layers)
-    res = PlanResult(pol.method, Partition((layers,), method="even"), (pol,))
-    sim = simulate(prob, res.partition, res.policies, record=False)
-    tps = SEQ * par.global_batch_size / sim.iteration_time_s / r.gpus
-    return tps, sim.iteration_time_s, max(s.peak_memory_bytes for s in sim.stages) / 2**30
+    return run_torchtitan(prob, r.ac, r.gpus)
 
 
 def main() -> None:
