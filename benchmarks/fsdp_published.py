@@ -14,18 +14,18 @@ Source: pytorch/torchtitan docs/performance.md.
   Llama 3 8B with selective op checkpointing 2,973 tokens/s/GPU, Llama 3 70B with full checkpointing 331.
 
 How lynx is told each run: the family torchtitan-llama3 (torchtitan's eager block), sequence 8192 (torchtitan's
-Llama 3 default), DP = every GPU, FSDP2 (`--use-torch-fsdp2`: shard over all of them, reshard after forward),
-local batch = micro-batch, one micro-batch (global = local x DP); torchtitan's per-op selective checkpointing
+Llama 3 default), DP = every GPU, FSDP2 (`--use-torch-fsdp2`: shard over all of them, reshard after forward), local
+batch = micro-batch, one micro-batch (global = local x DP); torchtitan's per-op selective checkpointing
 (``selective_ac_option = "op"``: every other matmul output and the attention output saved, everything else
-recomputed; torchtitan/parallelisms/parallelize_llama.py at both commits, a fresh count per block) as torch
-runs it (`rules.saved_outputs`: the saved outputs held whether or not a backward reads them, the recomputation
-starting from them), saving the attention and the 1st, 3rd, ... of the block's weight GEMMs in forward order
-(`sac_keep`): wq, wv, gate and down of the 2024 block's wq, wk, wv, wo, w1, w3, w2 (0.3.0's fused block: qkv,
-gate, down); full checkpointing as full recomputation. Until decision 0264 the saved wq and wv outputs (which no
-backward reads) were dropped and their GEMMs re-run in the recomputation, which torch does not do. The H100
-rows use the preset h100-80g-nvlink with the hosts' stated memory (96 GB) and bandwidth (2.4 TB/s); its peak and
-kernel efficiencies are the 700 W SXM5's (the 500 W card's peak is unknown: the doc says between SXM and NVL), so
-lynx should predict these rows high.
+recomputed; torchtitan/parallelisms/parallelize_llama.py at both commits, a fresh count per block) as torch runs it
+(`rules.saved_outputs`: the saved outputs held whether or not a backward reads them, the recomputation starting from
+them), saving the attention and the 1st, 3rd, ... of the block's weight GEMMs in forward order
+(`policy.rules.titan_sac_keep`, the method `titan-sac`): wq, wv, gate and down of the 2024 block's wq, wk, wv, wo,
+w1, w3, w2 (0.3.0's fused block: qkv, gate, down); full checkpointing as full recomputation. Until decision 0264 the
+saved wq and wv outputs (which no backward reads) were dropped and their GEMMs re-run in the recomputation, which
+torch does not do. The H100 rows use the preset h100-80g-nvlink with the hosts' stated memory (96 GB) and bandwidth
+(2.4 TB/s); its peak and kernel efficiencies are the 700 W SXM5's (the 500 W card's peak is unknown: the doc says
+between SXM and NVL), so lynx should predict these rows high.
 
 The norm each run ran (`Run.norm_fusion`) is read from the train config at the run's commit: ``norm_type =
 "rmsnorm"`` (torchtitan's own eager fp32 RMSNorm in torchtitan/models/norms.py: 9dec370's llama3_8b.toml for the
@@ -55,9 +55,8 @@ from rich.table import Table
 from lynx.api import make_problem
 from lynx.cost.fsdp import FSDP2
 from lynx.decisions import RecomputePolicy
-from lynx.graph import LayerGraph
 from lynx.partition.base import Partition
-from lynx.policy.rules import full_layer, saved_outputs
+from lynx.policy.rules import full_layer, saved_outputs, titan_sac_keep
 from lynx.problem import PlanOptions, PlanProblem, PlanResult
 from lynx.simulate import simulate
 from lynx.spec import Hardware, ParallelSpec, load_hardware
@@ -107,13 +106,6 @@ def hardware(name: str) -> Hardware:
     return dataclasses.replace(hw, name=name, device=dev, max_nodes=64)
 
 
-def sac_keep(g: LayerGraph) -> frozenset[str]:
-    """torchtitan's per-op SAC: the output of every other ``aten.mm`` kept (the 1st, 3rd, ... in the block's forward
-    order: its weight GEMMs) and the attention's."""
-    mms = [o.name for o in g.ops if o.wgrad_time > 0]
-    return frozenset(mms[::2]) | {"core_attn"}
-
-
 def predict(r: Run, with_dp: bool = True) -> tuple[float, float, float]:
     """(tokens/s/GPU, iteration s, peak GiB) lynx predicts for the run (`with_dp` False: without FSDP's
     collectives and the optimizer step, to show what they add)."""
@@ -131,9 +123,11 @@ def predict(r: Run, with_dp: bool = True) -> tuple[float, float, float]:
 
 def run_torchtitan(prob: PlanProblem, ac: str, gpus: int) -> tuple[float, float, float]:
     """(tokens/s/GPU, iteration s, peak GiB) of one stage running every block as torchtitan's AC `ac` does
-    ("op": per-op selective, `sac_keep`; "full"), simulated."""
+    ("op": per-op selective as its 2024-2025 code ran it, `policy.rules.titan_sac_keep`: Float8's GEMMs not on its
+    save list; "full"), simulated."""
     g = prob.graph
-    lp = saved_outputs(g, sac_keep(g)) if ac == "op" else full_layer(g)
+    gemms = "none" if prob.model.fp8 is not None else "alternate"
+    lp = saved_outputs(g, titan_sac_keep(g, gemms)) if ac == "op" else full_layer(g)
     layers = prob.model.num_layers
     pol = RecomputePolicy(f"torchtitan-{ac}", (lp,) * layers)
     res = PlanResult(pol.method, Partition((layers,), method="even"), (pol,))

@@ -20,6 +20,10 @@ Sources (pytorch/torchtitan, both files read at b5bcd76c):
   With tensor parallelism torchtitan runs float8 tensorwise through its float8 TP plan (the sequence-parallel
   input all-gathered in FP8); rowwise communicates in 16 bits.
 
+Checkpointing: full as full recomputation; per-op selective as torchtitan's code at the commit ran it
+(`policy.rules.titan_sac_keep`, decision 0269): every other ``aten.mm`` kept, the attention and the SP
+reduce-scatters kept, and in a Float8 block every GEMM recomputed (``_scaled_mm`` is not on those commits' save list).
+
 Every run: Grand Teton hosts (8 H100 with NVLink, "96GB HBM2e with 2.4 TB/sec", 400 Gb/s RDMA per GPU, 500 W:
 `fsdp_published.hardware`), sequence 8192, one micro-batch of the local batch, FSDP2 over the data-parallel
 ranks (reshard after forward), torchtitan's 2024-2025 attention (separate wq/wk/wv and ``repeat_kv``,

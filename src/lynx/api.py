@@ -80,15 +80,21 @@ class CompareRow:
     seconds: float = 0.0
 
 
+def compare_methods(problem: PlanProblem) -> list[str]:
+    """The methods `compare` runs by default: those in the comparison, Megatron's MoE modules for a model with
+    experts, and a framework's own baseline (torchtitan's SelectiveAC) for its family's 16-bit models."""
+    return [n for n in available_methods() if get_method(n).in_compare
+            or (problem.model.is_moe and get_method(n).moe_only)
+            or (get_method(n).family == problem.model.family and problem.model.fp8 is None)]
+
+
 def compare(
     problem: PlanProblem,
     methods: Sequence[str] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[CompareRow]:
     """Every method side by side, in one run (the product's first screen)."""
-    names = list(methods) if methods is not None else [
-        n for n in available_methods() if get_method(n).in_compare or (problem.model.is_moe and get_method(n).moe_only)
-    ]
+    names = list(methods) if methods is not None else compare_methods(problem)
     rows: list[CompareRow] = []
     for n in names:
         if progress is not None:

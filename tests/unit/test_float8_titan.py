@@ -194,3 +194,39 @@ def test_the_torchtitan_search_plans_whole_float8_blocks_and_its_pick_exports(tm
     assert e.returncode == 0, e.stderr
     registry = Path(f"{tmp_path}/tt/lynx_torchtitan_registry.py").read_text()
     assert "FLOAT8: dict[str, Any] | None = {'recipe_name': 'rowwise', 'filter_fqns': ['lm_head']}" in registry
+
+
+def test_titan_sac_keeps_what_torchtitans_policy_saves() -> None:
+    """torchtitan's SelectiveAC: every other aten.mm (qkv, gate, down of 0.3.0's block), the attention and the SP
+    reduce-scatters; Float8's _scaled_mm all (0.3.0) or none (its 2024-2025 save list)."""
+    from lynx.policy.rules import titan_sac_keep
+
+    g = build_layer_graph(_titan(compiled=False), H100, _par(tp=2, sp=True))
+    base = {"core_attn", "attn_reducescatter", "mlp_reducescatter"}
+    assert titan_sac_keep(g) == {"qkv", "gate", "down"} | base
+    assert titan_sac_keep(g, "all") == {"qkv", "attn_proj", "gate", "up", "down"} | base
+    assert titan_sac_keep(g, "none") == base
+    assert titan_sac_keep(build_layer_graph(_titan(compiled=False), H100, _par())) == {"qkv", "gate", "down",
+                                                                                       "core_attn"}
+
+
+def test_titan_sac_is_a_method_compared_for_torchtitan_models_and_exported_whole(tmp_path: object) -> None:
+    from lynx.api import compare_methods, make_problem
+    from lynx.api import plan as plan_with
+    from lynx.export.source import source_from
+    from lynx.export.torchtitan import build_torchtitan
+    from lynx.problem import PlanOptions
+
+    par = ParallelSpec(tp=1, pp=1, dp=8, micro_batch_size=2, global_batch_size=16, seq_length=8192)
+    opts = PlanOptions(precision="megatron-bf16", distributed_optimizer=True)
+    titan = make_problem(_titan(compiled=False), H100, par, opts)
+    assert "titan-sac" in compare_methods(titan)
+    llama = make_problem(load_model("llama3-8b"), H100, par, opts)
+    assert "titan-sac" not in compare_methods(llama)
+    with pytest.raises(SpecError, match="torchtitan-llama3"):
+        plan_with(llama, "titan-sac", record=False)
+    res = plan_with(titan, "titan-sac", record=False)
+    exp = build_torchtitan(source_from(titan, res.result))
+    # the AC module keeps qkv's output though no backward reads it: torch's SAC starts the recomputation there
+    assert {tuple(e["keep"]) for e in exp.ac_table["layers"]} == {("qkv", "core_attn", "gate", "down")}
+    assert exp.figures[1].iteration_time_s == pytest.approx(exp.figures[0].iteration_time_s, rel=2e-3)

@@ -72,8 +72,11 @@ def module_fqns(layout: ChunkLayout) -> list[list[str]]:
 
 
 def layer_entry(graph: LayerGraph, lp: LayerPolicy) -> dict[str, Any]:
+    """The AC module's entry for one block: its MUST_SAVE ops are the policy's kept outputs, a kept output no
+    backward reads included (torch's SAC keeps it and starts the recomputation there: `rules.saved_outputs`,
+    torchtitan's own policy; lynx's other policies keep only what backward reads)."""
     needed = graph.needed()
-    keep = sorted(lp.keep & needed, key=graph.index)
+    keep = sorted(lp.keep & frozenset(graph.names), key=graph.index)
     if not lp.input_checkpoint or not keep:
         return {"mode": "full", "keep": [], "recompute": []}
     if needed <= lp.keep:

@@ -20,6 +20,7 @@ from lynx.methods.rules import (
     plan_modules,
     plan_none,
     plan_selective,
+    plan_titan_sac,
     plan_uniform,
 )
 
@@ -34,12 +35,18 @@ class Method:
     moe_only: bool = False
     """A baseline of MoE layers (Megatron's MoE recompute modules): compared only for models with experts (not
     `in_compare`, so dense comparisons and their tests are unchanged; `api.compare` adds them for MoE models)."""
+    family: str = ""
+    """A baseline of one family's framework (torchtitan's default AC): compared only for models of that family
+    (not `in_compare`; `api.compare` adds it for them)."""
 
 
 METHODS: tuple[Method, ...] = (
     Method("none", "keep every activation (no recomputation)", plan_none),
     Method("full", "Megatron full: keep each layer's input, recompute the whole layer on demand", plan_full),
     Method("selective", "Megatron selective: recompute core attention on demand", plan_selective),
+    Method("titan-sac", "torchtitan's default per-op selective AC: every other weight GEMM's output, attention and "
+           "SP reduce-scatters kept, the rest recomputed on demand (torchtitan-llama3 models)", plan_titan_sac,
+           in_compare=False, family="torchtitan-llama3"),
     Method("uniform", "Megatron --recompute-method uniform: chunks of --recompute-num-layers, input kept",
            plan_uniform),
     Method("block", "Megatron --recompute-method block: first --recompute-num-layers layers per stage full",

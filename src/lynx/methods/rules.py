@@ -17,6 +17,8 @@ from lynx.policy.rules import (
     none_policy,
     selective_layer,
     selective_policy,
+    titan_sac_layer,
+    titan_sac_policy,
     uniform_policy,
 )
 from lynx.problem import PlanProblem, PlanResult
@@ -32,6 +34,20 @@ def plan_full(problem: PlanProblem) -> PlanResult:
 
 def plan_selective(problem: PlanProblem) -> PlanResult:
     return per_stage(problem, "selective", selective_policy, megatron_partition(problem))
+
+
+def plan_titan_sac(problem: PlanProblem) -> PlanResult:
+    """torchtitan's default activation checkpointing (per-op SelectiveAC) on every block, on the even split."""
+    from lynx.errors import SpecError
+
+    m = problem.model
+    if m.family != "torchtitan-llama3":
+        raise SpecError(f"--method titan-sac is torchtitan's per-op selective AC, priced on torchtitan's block; "
+                        f"{m.name} is family {m.family!r}: plan a torchtitan-llama3-* model, or use selective / mc-*")
+    if m.fp8 is not None:
+        raise SpecError(f"--method titan-sac with {m.fp8.describe()}: torchtitan's policy counts aten mm ops, which "
+                        "Float8Linear replaces; use none or full")
+    return per_stage(problem, "titan-sac", titan_sac_policy, megatron_partition(problem))
 
 
 def plan_uniform(problem: PlanProblem) -> PlanResult:
@@ -100,6 +116,8 @@ def fixed_layer_policy(method: str, graph: LayerGraph) -> LayerPolicy | None:
         return full_layer(graph)
     if method == "selective":
         return selective_layer(graph)
+    if method == "titan-sac":
+        return titan_sac_layer(graph)
     mods = tuple(method.removeprefix("mc-").split("+"))
     if method.startswith("mc-") and mods in MEGATRON_MODULE_LISTS:
         return modules_layer(graph, mods)

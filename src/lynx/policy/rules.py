@@ -114,9 +114,30 @@ class UniformLayers:
         return RecomputePolicy(method=self.method, layers=(self.layer(graph),) * ctx.num_layers)
 
 
+def titan_sac_keep(graph: LayerGraph, gemms: str = "alternate") -> frozenset[str]:
+    """What torchtitan's per-op selective AC (``SelectiveAC``, its default) marks MUST_SAVE in a block: the
+    attention kernel, the reduce-scatters of sequence parallelism (``reduce_scatter_tensor`` is on its save list at
+    9dec370, 820504e and 0.3.0), and the weight GEMMs as `gemms` says. "alternate": every other ``aten.mm`` in
+    forward order (the 1st, 3rd, ...), torchtitan's rule for 16-bit GEMMs. Float8Linear's GEMMs are
+    ``aten._scaled_mm``, which the rule does not count: "none" where its save list lacks it (9dec370, 820504e: the
+    2024-2025 Float8 runs recompute every GEMM), "all" where it holds it (0.3.0 saves torch's compute-intensive
+    ops, ``_scaled_mm`` among them). Everything else is recomputed."""
+    mms = [o.name for o in graph.ops if o.wgrad_time > 0]
+    saved = {"alternate": mms[::2], "all": mms, "none": []}[gemms]
+    scatters = {o.name for o in graph.ops if o.is_comm and o.name.endswith("_reducescatter")}
+    return frozenset(saved) | frozenset({"core_attn"} & set(graph.names)) | scatters
+
+
+@per_graph
+def titan_sac_layer(graph: LayerGraph) -> LayerPolicy:
+    """torchtitan's per-op selective AC as torch runs it (`saved_outputs` of `titan_sac_keep`)."""
+    return saved_outputs(graph, titan_sac_keep(graph))
+
+
 none_policy = UniformLayers("none", keep_all)
 full_policy = UniformLayers("full", full_layer)
 selective_policy = UniformLayers("selective", selective_layer)
+titan_sac_policy = UniformLayers("titan-sac", titan_sac_layer)
 
 
 def uniform_policy(ctx: StageContext, graph: LayerGraph, num_layers: int = 1) -> RecomputePolicy:
