@@ -289,6 +289,10 @@ SLOW_CASES: dict[str, str] = {
         "test_pruned_search_equals_exhaustive_with_offloading[gpt-tiny-tight]",
     "integration/test_runtime_memory.py::test_tp2_measured_peak_within_5_percent_below_predicted[llama]":
         "test_runtime_memory.py::test_tiny_presets_measured_peak_within_5_percent_below_predicted[llama]",
+    # moved when torchtitan's Float8 and compile tests joined the default run (2026-12-07), to stay under 8 minutes
+    "integration/test_megatron_core.py::test_tp2_gpt_with_dropout_bitwise_and_where_planned":
+        "test_megatron_core.py::test_flash_attention_tp2_llama_bitwise_and_where_planned (Megatron-Core at TP 2, "
+        "bitwise, windows where planned)",
 }
 
 
