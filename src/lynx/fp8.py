@@ -94,10 +94,10 @@ class Fp8:
     def __post_init__(self) -> None:
         valid = TORCHAO_RECIPES if self.engine is Fp8Engine.TORCHAO else TE_RECIPES
         if self.recipe not in valid:
-            raise SpecError(f"fp8: recipe {self.recipe.value!r} is not a {self.engine.value} recipe; valid: "
+            raise SpecError(f"recipe {self.recipe.value!r} is not a {self.engine.value} recipe; valid: "
                             f"{', '.join(r.value for r in valid)}")
         if self.engine is Fp8Engine.TORCHAO and self.param_gather and self.recipe is not Fp8Recipe.TENSORWISE:
-            raise SpecError(f"fp8: FSDP's float8 all-gather (enable_fsdp_float8_all_gather) needs torchao's tensorwise "
+            raise SpecError(f"FSDP's float8 all-gather (enable_fsdp_float8_all_gather) needs torchao's tensorwise "
                             f"recipe, got {self.recipe.value} (torchtitan: \"all distributed communication is done in "
                             "high precision\" with rowwise)")
 
@@ -159,6 +159,9 @@ def float8_from_flags(recipe: str | None, all_gather: bool, where: str = "") -> 
     if r not in TORCHAO_RECIPES:
         raise SpecError(f"{where}--float8-recipe {recipe!r}; valid: {', '.join(x.value for x in TORCHAO_RECIPES)}")
     assert r is not None
+    if all_gather and r is not Fp8Recipe.TENSORWISE:
+        raise SpecError(f"{where}--float8-fsdp-all-gather needs --float8-recipe tensorwise, got {r.value} (torchtitan: "
+                        "rowwise recipes communicate in high precision)")
     try:
         return Fp8(Fp8Format.HYBRID, r, all_gather, Fp8Engine.TORCHAO)
     except SpecError as e:

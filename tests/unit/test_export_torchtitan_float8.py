@@ -100,3 +100,21 @@ def test_with_torchao_the_blocks_linears_become_float8(tmp_path: Path, monkeypat
     gemms = [m for name, m in model.named_modules() if name.split(".")[-1] in ("wqkv", "wo", "w1", "w2", "w3")]
     assert len(gemms) == 5 * 32 and all(type(m).__name__ == "Float8Linear" for m in gemms)
     assert type(model.get_submodule("lm_head")).__name__ != "Float8Linear"
+
+
+@pytest.mark.parametrize(("recipe", "compiled", "says"), [(Fp8Recipe.ROWWISE, False, "torchao Float8 rowwise"),
+                                                          (None, True, "torch.compile")])
+def test_lynxs_engine_refuses_a_plan_priced_for_float8_or_compile(tmp_path: Path, recipe: Fp8Recipe | None,
+                                                                  compiled: bool, says: str) -> None:
+    """A plan priced for Float8 or compiled blocks, applied by lynx's engine to torchtitan's eager 16-bit blocks,
+    would run at another speed than priced: load_plan refuses it in one line."""
+    pytest.importorskip("torch")
+    from lynx.integrations.torchtitan.apply import load_plan
+
+    src = _source("full", recipe=recipe, compiled=compiled)
+    from lynx.plan import Plan
+
+    path = tmp_path / "p.json"
+    Plan.evaluate(src.problem, src.result, record=False).save(path)
+    with pytest.raises(ValueError, match=f"priced with {says}, which lynx's engine does not run"):
+        load_plan(path)

@@ -140,6 +140,7 @@ def test_settings_round_trip_and_a_te_plan_is_written_as_before() -> None:
     (lambda: _ao(RW, all_gather=True), "needs torchao's tensorwise"),
     (lambda: float8_from_flags("blockwise", False), "--float8-recipe 'blockwise'; valid: tensorwise, rowwise"),
     (lambda: float8_from_flags(None, True), "--float8-fsdp-all-gather needs --float8-recipe tensorwise"),
+    (lambda: float8_from_flags("rowwise", True), "--float8-fsdp-all-gather needs --float8-recipe tensorwise, got"),
     (lambda: fp8_from_flags("hybrid", "rowwise", False), "is torchao's (torchtitan)"),
     (lambda: model_from_dict({**model_to_dict(load_model("llama3-8b")), "compiled": True}), "compiled true prices"),
     (lambda: model_from_dict({**model_to_dict(load_model("llama3-8b")),

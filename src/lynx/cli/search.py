@@ -14,6 +14,7 @@ import typer
 from lynx.cli.common import check_ints, console, err_console, print_json
 from lynx.cost.fsdp import FSDP2, DpSharding
 from lynx.errors import SpecError
+from lynx.fp8 import Fp8Engine
 from lynx.request import DEFAULT_TARGET, Request, Target, parse_target
 from lynx.spec import CpCommType, Hardware, ModelSpec, load_hardware
 from lynx.validate import POSITIVE
@@ -177,7 +178,7 @@ def _fsdp_pin(f: PlanFlags) -> DpSharding | None:
 def float8_whole_blocks(model: ModelSpec) -> tuple[str, ...]:
     """The methods a search with torchao's Float8 plans (() without it): blocks kept or recomputed whole, the only
     ones `lynx export torchtitan` writes for Float8Linear (`export.torchtitan.float8_reason`)."""
-    return ("none", "full") if model.fp8 is not None and model.fp8.engine.value == "torchao" else ()
+    return ("none", "full") if model.fp8 is not None and model.fp8.engine is Fp8Engine.TORCHAO else ()
 
 
 def run_search(a: SearchArgs, base: Request) -> None:

@@ -113,7 +113,8 @@ def fsdp_tail(model: ModelSpec, hw: Hardware, par: ParallelSpec, stage: int, num
     pipeline's micro-batches) during the last backward, and parameters gathered once (held unsharded over the
     micro-batches, or replicated parameters after a sharded optimizer step) during the first forward."""
     gr = groups(hw, par, ds)
-    n = stage_params(model, par, stage, num_layers).total
+    sp = stage_params(model, par, stage, num_layers)
+    n = sp.total
     if n <= 0 or par.dp_cp <= 1:
         return DpSync(0.0, 0.0, 0.0, 0.0)
     n_layer = min(n, get_family(model.family).layer_params(model, par.tp))
@@ -129,8 +130,7 @@ def fsdp_tail(model: ModelSpec, hw: Hardware, par: ParallelSpec, stage: int, num
                             allreduce_time(n_layer * rb, par.dp_cp, hw.link_for_group(par.dp_cp, par.tp)))
     param = pbucket = 0.0
     if (s.params and not g_fwd) or (s.optim and not s.params):
-        layers = stage_params(model, par, stage, num_layers).layers
-        param = gather_time(gathered_param_bytes(model, par, n, layers, pb), gr.shard, gr.shard_link)
+        param = gather_time(gathered_param_bytes(model, par, n, sp.layers, pb), gr.shard, gr.shard_link)
         pbucket = gather_time(gathered_param_bytes(model, par, n_layer, n_layer, pb), gr.shard, gr.shard_link)
     return DpSync(grad, bucket, param, pbucket)
 

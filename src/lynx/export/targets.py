@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from lynx.errors import SpecError
 from lynx.export.pricing import Figures, simulate_lynx
+from lynx.fp8 import Fp8Engine
 from lynx.problem import PlanProblem, PlanResult
 from lynx.request import Target
 from lynx.spec import ModelSpec
@@ -39,9 +40,9 @@ def check_target(model: ModelSpec, target: Target, cp: int | None = None) -> Non
         raise SpecError(f"--target {target.value}: model {model.name!r} prices torchtitan's 2024 attention (kv_repeat "
                         "true), which no target runs (torchtitan 0.3.0 runs a fused QKV, Megatron-Core and lynx train "
                         "the llama block); price that older code on its own layout (lynx plan without --gpus)")
-    if target is not Target.TORCHTITAN and (model.compiled or (model.fp8 is not None
-                                                               and model.fp8.engine.value == "torchao")):
-        what = "torch.compile" if model.fp8 is None or model.fp8.engine.value != "torchao" else model.fp8.describe()
+    torchao = model.fp8 is not None and model.fp8.engine is Fp8Engine.TORCHAO
+    if target is not Target.TORCHTITAN and (model.compiled or torchao):
+        what = model.fp8.describe() if torchao and model.fp8 is not None else "torch.compile"
         raise SpecError(f"--target {target.value}: model {model.name!r} prices {what}, which torchtitan runs (its "
                         "AC module; lynx's own runtime and Megatron-Core do not); use --target torchtitan")
     if target is Target.TORCHTITAN and model.family not in ("llama", TITAN):

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from lynx.errors import SpecError
 from lynx.families.base import ACT_BYTES, LayerBuilder, Passes
+from lynx.fp8 import Fp8Engine
 
 if TYPE_CHECKING:
     from lynx.spec import ModelSpec
@@ -111,7 +112,7 @@ def check_compiled(m: ModelSpec) -> None:
         raise SpecError(f"model {m.name!r}: compiled true prices torchtitan's torch.compile of its blocks; family "
                         f"{m.family} runs Megatron-Core's fused kernels (valid: compiled false, or family "
                         "torchtitan-llama3)")
-    if m.fp8 is not None and m.fp8.engine.value != "te":
+    if m.fp8 is not None and m.fp8.engine is Fp8Engine.TORCHAO:
         raise SpecError(f"model {m.name!r}: {m.fp8.describe()} is torchtitan's float8 converter; family {m.family} "
                         "runs TransformerEngine's FP8 (valid: --fp8-format / --fp8-recipe, or family "
                         "torchtitan-llama3)")

@@ -66,6 +66,12 @@ def load_plan(plan: str | Path) -> tuple[dict[int, LayerPolicy], PlanAssumes]:
     older = older_code(src.problem.model)
     if older:  # as `lynx export torchtitan` refuses it
         raise ValueError(f"lynx.integrations.torchtitan: {plan} {older}")
+    m = src.problem.model
+    if m.fp8 is not None or m.compiled:  # priced for kernels the engine's eager nn.Linear blocks do not run
+        what = m.fp8.describe() if m.fp8 is not None else "torch.compile"
+        raise ValueError(f"lynx.integrations.torchtitan: {plan} is priced with {what}, which lynx's engine does not "
+                         "run (it calls eager nn.Linear blocks, decision 0101); run it through the AC module "
+                         "`lynx export torchtitan` writes, or plan without --float8-recipe / --compile")
     flat = [lp for pol in src.policies for lp in pol.layers]
     return dict(enumerate(flat)), assumes_of(src.problem, *dp_degrees(src))
 
