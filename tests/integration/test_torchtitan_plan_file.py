@@ -88,3 +88,35 @@ def test_a_policy_naming_other_ops_is_refused() -> None:
     gpt_like = LayerPolicy(keep=frozenset({"ln1", "qkv"}))
     with pytest.raises(ValueError, match="names ops the block does not have: ln1"):
         apply_lynx_plan(debug_model(LAYERS), dict.fromkeys(range(LAYERS), gpt_like))
+
+
+def test_an_offloading_policy_copies_to_the_host_inside_torchtitans_blocks(one_torch_thread: None) -> None:
+    """The engine inside torchtitan's block offloads what a policy offloads (the layer table's `offload`): the
+    gate and up outputs go to the host and come back before their backward, and the step is bitwise torchtitan's."""
+    pytest.importorskip("torchtitan")
+    import torch
+
+    from lynx.decisions import LayerPolicy
+    from lynx.integrations.torchtitan import apply_lynx_plan
+    from tests.harness.torchtitan_models import debug_model
+
+    def build() -> Any:
+        m = debug_model(LAYERS, seed=0)
+        for p in m.parameters():
+            p.data = p.data.to(torch.bfloat16)
+        return m
+
+    torch.manual_seed(1)
+    tokens = [torch.randint(0, 2048, (BATCH, SEQ + 1)) for _ in range(MICROBATCHES)]
+    ref_loss, ref_grads = _step(build(), tokens)
+    model = build()
+    names = frozenset(apply_lynx_plan(build(), dict.fromkeys(range(LAYERS), LayerPolicy(frozenset()))).layers[0]
+                      .op_names)
+    pol = LayerPolicy(keep=names, offload=frozenset({"gate", "up"}))
+    lynx = apply_lynx_plan(model, dict.fromkeys(range(LAYERS), pol))
+    loss, grads = _step(model, tokens)
+    assert loss == ref_loss
+    assert all(torch.equal(grads[n], ref_grads[n]) for n in ref_grads)
+    st = lynx.stats
+    assert st.offloaded_bytes > 0 and st.reloaded_bytes == st.offloaded_bytes
+    assert st.restored_on_demand == 0

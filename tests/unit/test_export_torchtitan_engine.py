@@ -91,3 +91,33 @@ def test_torchtitans_config_manager_loads_the_engine_registry(tmp_path: Path, mo
     assert table["family"] == "torchtitan-llama3"
     assert {k: table["assumes"][k] for k in ("tp", "pp", "dp_shard", "sequence_parallel")} == \
         {"tp": 4, "pp": 4, "dp_shard": 2, "sequence_parallel": False}
+
+
+def test_what_the_plan_offloads_reaches_the_engine_and_the_ac_module_says_it_keeps_it(tmp_path: Path) -> None:
+    """An offloading plan's host copies are part of its price (the torchtitan row fits because of them): the layer
+    table carries each block's offload set to lynx's engine, which copies them (tests/integration/
+    test_torchtitan_plan_file.py runs one); the AC module, which cannot, says it keeps them."""
+    from lynx.decisions import RecomputePolicy
+    from lynx.integrations.torchtitan import plan_layer_policies
+    from lynx.policy.rules import keep_all
+    from lynx.problem import PlanResult
+
+    exp = _export8(sp=False)
+    problem, full = exp.source.problem, exp.source.result
+    lp = keep_all(problem.graph)
+    lp = dataclasses.replace(lp, offload=frozenset({"gate", "up"}) & lp.keep)
+    assert lp.offload == {"gate", "up"}
+    offloading = PlanResult("lynx-offload", full.partition,
+                            tuple(RecomputePolicy("lynx-offload", (lp,) * len(pol.layers)) for pol in full.policies))
+    exp = build_torchtitan(source_from(problem, offloading))
+    assert exp.engine is not None
+    assert all(e["offload"] == ["gate", "up"] for e in exp.engine["layers"])
+    assert any("64 op outputs copied to the host and back" in n and "keep the offloaded outputs" in n
+               for n in exp.notes)
+    write_torchtitan(exp, tmp_path)
+    assert all(p.offload == {"gate", "up"} for p in plan_layer_policies(tmp_path / ENGINE_FILE).values())
+    # the AC module's price keeps them, and its note says so
+    from lynx.export.torchtitan import _notes
+
+    assert any("the AC module keeps what the plan offloads (gate, up)" in n
+               for n in _notes(exp.source, exp.ac_table["layers"], engine=False))

@@ -233,13 +233,21 @@ def _notes(src: ExportSource, layers: list[dict[str, Any]], engine: bool = False
     notes: list[str] = []
     named = {n for names in ORDER.get(src.family, {}).values() for n in names}
     hidden = sum(1 for pol in src.policies for lp in pol.layers for _, p in lp.recompute if p != Phase.ON_DEMAND)
+    copies = sum(len(lp.offload) for pol in src.policies for lp in pol.layers)
     if engine:  # the AC module's blocks (printed above) are only the fallback: lynx's engine runs the plan
+        moved = f", {copies} op outputs copied to the host and back" if copies else ""
         notes.append(f"lynx's engine runs the plan ({ENGINE_FILE}, lynx.integrations.torchtitan.trainer."
-                     f"LynxEngineAC): every block as planned, {hidden} op recomputations in collectives' windows; "
-                     f"the AC module's blocks run instead only if {REGISTRY_FILE} sets ENGINE_LAYERS to None")
+                     f"LynxEngineAC): every block as planned, {hidden} op recomputations in collectives' "
+                     f"windows{moved}; the AC module's blocks run instead only if {REGISTRY_FILE} sets ENGINE_LAYERS "
+                     "to None" + (" (they keep the offloaded outputs on the GPU)" if copies else ""))
         return notes
     if hidden:
         notes.append(f"{hidden} op recomputations lynx hides in collectives or stalls run on demand")
+    offloaded = sorted({n for pol in src.policies for lp in pol.layers for n in lp.offload},
+                       key=src.problem.graph.index)
+    if offloaded:  # torch's SAC has no host copies: `titan_policies` prices them kept (the torchtitan row)
+        notes.append(f"the AC module keeps what the plan offloads ({', '.join(offloaded)}) on the GPU: torch's "
+                     "selective checkpointing has no host copies (the torchtitan row prices them kept)")
     g = src.problem.graph
     extra = sorted({n for e in layers for n in replayed_ops(g, src.family, e)}
                    - {n for pol in src.policies for lp in pol.layers for n in lp.recomputed()}, key=g.index)
@@ -270,8 +278,10 @@ def engine_table(src: ExportSource) -> tuple[dict[str, Any] | None, str | None]:
     if model.fp8 is not None or model.compiled:  # decision 0101: the engine calls nn.Linear weights, eagerly
         what = model.fp8.describe() if model.fp8 is not None else "torch.compile"
         return None, f"{what}, which lynx's engine refuses (it runs eager nn.Linear blocks)"
+    # `offload`: what the engine copies to the host and back (`runtime.engine.offloader`), as planned and priced
     layers = [{"keep": sorted(lp.keep), "recompute": [[n, int(p)] for n, p in lp.recompute],
-               "input_checkpoint": lp.input_checkpoint} for pol in src.policies for lp in pol.layers]
+               "input_checkpoint": lp.input_checkpoint, "offload": sorted(lp.offload)}
+              for pol in src.policies for lp in pol.layers]
     from lynx.export.titan_assumes import assumes_of
 
     assumes = assumes_of(src.problem, *dp_degrees(src)).to_dict()

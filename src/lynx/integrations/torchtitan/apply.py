@@ -54,7 +54,8 @@ def load_plan(plan: str | Path) -> tuple[dict[int, LayerPolicy], PlanAssumes]:
         try:
             return {i: LayerPolicy(keep=frozenset(e["keep"]),
                                    recompute=tuple((str(n), Phase(int(p))) for n, p in e["recompute"]),
-                                   input_checkpoint=bool(e.get("input_checkpoint", True)))
+                                   input_checkpoint=bool(e.get("input_checkpoint", True)),
+                                   offload=frozenset(e.get("offload", ())))
                     for i, e in enumerate(raw["layers"])}, assumes
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"lynx.integrations.torchtitan: {plan}: a malformed layer table ({e})") from None
