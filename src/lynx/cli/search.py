@@ -188,7 +188,7 @@ def run_search(a: SearchArgs, base: Request) -> None:
     from lynx.search.plot import scatter_png
     from lynx.search.prices import Pricer
     from lynx.search.report import explain, result_dict, search_table
-    from lynx.search.space import OFFLOAD_METHODS, cores
+    from lynx.search.space import OFFLOAD_METHODS, Stock, cores
     from lynx.search.targets import rank_for_target
 
     check_target(base.model, a.target, a.cp)
@@ -216,7 +216,8 @@ def run_search(a: SearchArgs, base: Request) -> None:
                   Pins(tp=a.tp, pp=a.pp, vpp=a.vpp, sp=a.sp, mb=a.mb, dist_opt=a.dist_opt, cp=a.cp,
                        fsdp=True if a.fsdp is not None else None, ep=a.ep, etp=a.etp, methods=methods),
                   a.allow_cross_node_tp, a.cp_comm_type,
-                  has_link if a.offload is None else a.offload, a.production_overlaps, fsdp=a.fsdp or FSDP2)
+                  has_link if a.offload is None else a.offload, a.production_overlaps, fsdp=a.fsdp or FSDP2,
+                  stock=Stock.TORCHTITAN if a.target is Target.TORCHTITAN else Stock.MEGATRON)
     layouts, rejected = cores(space)  # every core holds a candidate at least (`space.layout_candidates`)
     if not layouts:  # nothing to search: say which rule the pins break, before any work
         raise SpecError(f"--gpus {a.gpus}: no layout satisfies the pinned options ({no_layout_reason(a, rejected)})")

@@ -55,7 +55,8 @@ def check_target(model: ModelSpec, target: Target, cp: int | None = None) -> Non
 
 def target_price(problem: PlanProblem, result: PlanResult, target: Target, stock: bool = False) -> TargetPrice | None:
     """The price of the plan on `target` (None: the target cannot run it). `stock`: the plan is a stock
-    Megatron-Core configuration (its flags alone run it under the lynx target)."""
+    configuration of the target's framework (Megatron-Core's flags alone run it under the lynx target; torchtitan's
+    activation checkpointing, not lynx's engine, runs it under the torchtitan target)."""
     from lynx.export.source import source_from
 
     if target is Target.LYNX:
@@ -76,8 +77,11 @@ def target_price(problem: PlanProblem, result: PlanResult, target: Target, stock
     if src.family not in ORDER:
         return None
     layers = [layer_entry(problem.graph, lp) for pol in src.policies for lp in pol.layers]
+    # torchtitan's own AC runs a stock policy as planned (none, full, and titan-sac: its SelectiveAC, which saves
+    # the SP reduce-scatters the AC module's aten-op names cannot); lynx's engine runs lynx's plans as planned
     engine = engine_table(src)[0] is not None
-    figs = price_on_torchtitan(src, layers, engine)
+    figs = price_on_torchtitan(src, layers, stock or engine)
     if len(figs) < 2:
         return None
-    return TargetPrice(figs[1], "torchtitan + lynx engine" if engine else "torchtitan (AC module)")
+    return TargetPrice(figs[1], "torchtitan" if stock else
+                       "torchtitan + lynx engine" if engine else "torchtitan (AC module)")

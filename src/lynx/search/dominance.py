@@ -20,10 +20,12 @@ _SETS: dict[str, frozenset[str]] = {
     "full": frozenset({"core_attn", "mlp", "layernorm", "layer"}),
 }
 """Megatron-Core's stock flags by the modules they recompute (`full` re-runs the whole layer, a superset of
-every module list; `block`, `mc-offload` and lynx's methods are compared with `none` / `lynx` only)."""
+every module list; `block`, `mc-offload`, torchtitan's `titan-sac` and lynx's methods are compared with `none` /
+`lynx` only)."""
 
-_ORDER = ("none", "lynx", "full", "selective", "mc-mlp", "mc-layernorm", "mc-core_attn+mlp", "mc-core_attn+layernorm",
-          "mc-mlp+layernorm", "mc-core_attn+mlp+layernorm", "block", "mc-offload", "lynx-offload")
+_ORDER = ("none", "lynx", "full", "selective", "titan-sac", "mc-mlp", "mc-layernorm", "mc-core_attn+mlp",
+          "mc-core_attn+layernorm", "mc-mlp+layernorm", "mc-core_attn+mlp+layernorm", "block", "mc-offload",
+          "lynx-offload")
 """`none` first (where it fits every other stock method is dominated), then `full` (where it does not fit, no stock
 recomputation does: `cannot_fit`), then the rest cheapest first."""
 
@@ -40,7 +42,7 @@ def dominated(method: str, fits: dict[str, Outcome]) -> str:
         for name, got in _SETS.items():
             if name != method and got < mine and name in fits:
                 return name
-    if method in ("block", "mc-offload") and "none" in fits:
+    if method in ("block", "mc-offload", "titan-sac") and "none" in fits:
         return "none"
     lynx = fits.get("lynx")
     if (method == "lynx-offload" and lynx is not None and lynx.plan is not None and lynx.candidate.layout.vpp > 1
@@ -52,8 +54,9 @@ def dominated(method: str, fits: dict[str, Outcome]) -> str:
 def cannot_fit(method: str, failed: set[str]) -> str:
     """Why `method` cannot fit where `full` did not ('' if it might): full recomputation keeps only each layer's
     input, the least any stock recompute flag keeps (a module list keeps more, `block` keeps N layers' inputs and
-    the rest whole); Megatron's offloading is not compared."""
-    if "full" in failed and (method == "block" or (method in _SETS and method != "full")):
+    the rest whole, torchtitan's per-op policy keeps the input and some outputs); Megatron's offloading is not
+    compared."""
+    if "full" in failed and (method in ("block", "titan-sac") or (method in _SETS and method != "full")):
         return f"full recomputation does not fit this layout and split, and {method} keeps more"
     return ""
 

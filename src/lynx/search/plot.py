@@ -1,6 +1,7 @@
 """`lynx plan --gpus N --search-png`: every simulated candidate's iteration time against its fullest stage's peak
 memory, with the budget, the Pareto front (no candidate both faster and smaller), and labelled points for the
-winner, the fastest stock Megatron-Core configuration and each published recipe."""
+winner, the fastest stock configuration (Megatron-Core's, or torchtitan's for its target) and each published
+recipe."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def scatter_png(res: SearchResult, path: Path) -> None:
     if front:
         ax.step([max(o.stage_peak_gib) for o in front], [o.iteration_s for o in front], where="post",
                 color="tab:purple", lw=1, label="Pareto front (time vs memory)")
-    marks = [(res.best, "*", "tab:orange", "lynx's pick"), (res.best_stock, "s", "tab:green", "stock Megatron-Core")]
+    marks = [(res.best, "*", "tab:orange", "lynx's pick"),
+             (res.best_stock, "s", "tab:green", f"stock {res.space.stock.value}")]
     marks += [(o, "D", "tab:red", f"published {o.candidate.recipe}") for _, o in res.recipes
               if o is not None and o.stage_peak_gib]
     for k, (o, marker, color, who) in enumerate(marks):

@@ -1,11 +1,12 @@
-"""Published vendor layouts, priced beside the search's pick as rows of their own (`lynx plan --gpus N`).
+"""Published vendor layouts, priced beside the search's pick as rows of their own (`lynx plan --gpus N`): NVIDIA's
+for the searches whose stock is Megatron-Core's, torchtitan's own configurations for `--target torchtitan`.
 
 A recipe applies to a job when the model is the recipe's (by lynx preset name) and the sequence length is the
 recipe's; its TP, CP, PP, VPP, micro-batch, SP, split and recomputation are kept, DP follows from the job's GPUs.
 Each row names its source: the file and commit of NVIDIA's Megatron-Bridge recipe (NVIDIA-NeMo/Megatron-Bridge),
 or the dgxc-benchmarking README that benchmarks/published_runs.py already prices (NVIDIA/dgxc-benchmarking at
-143b90dd). Every recipe here sets the distributed optimizer, --overlap-grad-reduce and --overlap-param-gather, and
---tp-comm-overlap where it sets SP (the recipes' `ddp` and `CommOverlapConfig` blocks)."""
+143b90dd). Every NVIDIA recipe here sets the distributed optimizer, --overlap-grad-reduce and
+--overlap-param-gather, and --tp-comm-overlap where it sets SP (the recipes' `ddp` and `CommOverlapConfig` blocks)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ import functools
 from dataclasses import dataclass
 
 from lynx.models import load_model
-from lynx.search.space import Candidate, Layout, Space
+from lynx.search.space import Candidate, Layout, Space, Stock
 from lynx.search.splits import EVEN, Split
 from lynx.spec import ModelSpec
 
 _MB = "NVIDIA-NeMo/Megatron-Bridge"
 _LLAMA3 = f"{_MB} src/megatron/bridge/recipes/llama/llama3.py @6f6f95e0"
 _DGXC = "NVIDIA/dgxc-benchmarking @143b90dd"
+_TITAN = "pytorch/torchtitan 0.3.0 (PyPI), torchtitan/models/llama3/config_registry.py"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,10 @@ class Recipe:
     source: str
     method: str = "none"
     split: Split = EVEN
+    stock: Stock = Stock.MEGATRON
+    """The framework whose recipe it is: a row of the searches whose stock candidates are that framework's."""
+    fsdp: bool = False
+    """Fully sharded data parallelism over every DP rank (torchtitan's FSDP2) instead of the distributed optimizer."""
 
 
 _BOTH = Split(embedding=True, loss=True)
@@ -77,8 +83,18 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("NVIDIA qwen25_72b", ("qwen2.5-72b",), 4096, 8, 4, 1, 1, 2, False,
            f"{_MB} src/megatron/bridge/recipes/qwen/qwen25_72b.py @56f1a05d, pretrain_config (TP 8, PP 4, MBS 2, "
            "seq 4096)"),
+    # torchtitan's own configurations (a `lynx plan --gpus --target torchtitan` row): FSDP2 over every rank (its
+    # data_parallel_shard_degree -1), SP with TP (enable_sequence_parallel's default), local_batch_size as the
+    # micro-batch (no pipeline: one forward and backward of the local batch per accumulation step)
+    Recipe("torchtitan llama3_8b", ("torchtitan-llama3-8b",), 8192, 1, 1, 1, 1, 1, False,
+           f"{_TITAN}, llama3_8b (TP 1, FSDP, local_batch_size 1, SelectiveAC per op)", method="titan-sac",
+           stock=Stock.TORCHTITAN, fsdp=True),
+    Recipe("torchtitan llama3_70b", ("torchtitan-llama3-70b",), 8192, 8, 1, 1, 1, 8, True,
+           f"{_TITAN}, llama3_70b (TP 8, SP, FSDP, local_batch_size 8, FullAC)", method="full",
+           stock=Stock.TORCHTITAN, fsdp=True),
 )
-"""Llama 3 8B's dgxc run and Megatron-Bridge's llama3_8b give the same layout; both are kept as published."""
+"""Llama 3 8B's dgxc run and Megatron-Bridge's llama3_8b give the same layout; both are kept as published.
+torchtitan's llama3_405b (TP 8, Float8 and compile with async TP) has no lynx preset of its model to match."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +123,8 @@ def _is(model: ModelSpec, presets: tuple[str, ...]) -> bool:
 
 def applicable(space: Space) -> list[Applied]:
     """Every recipe for the space's model and sequence length, with its layout on the space's GPUs and batch."""
-    return [_apply(r, space) for r in RECIPES if space.seq_len == r.seq_len and _is(space.model, r.models)]
+    return [_apply(r, space) for r in RECIPES
+            if r.stock is space.stock and space.seq_len == r.seq_len and _is(space.model, r.models)]
 
 
 def _apply(r: Recipe, space: Space) -> Applied:
@@ -120,5 +137,5 @@ def _apply(r: Recipe, space: Space) -> Applied:
     nmb = space.global_batch // (dp * r.mb)
     if r.vpp > 1 and nmb % r.pp:
         return Applied(r, None, f"{nmb} micro-batches are not a multiple of PP {r.pp} (interleaving)")
-    lay = Layout(r.tp, r.pp, r.vpp, dp, r.sp, r.mb, True, r.cp, "p2p")
+    lay = Layout(r.tp, r.pp, r.vpp, dp, r.sp, r.mb, not r.fsdp, r.cp, "p2p", fsdp=r.fsdp)
     return Applied(r, Candidate(lay, r.method, True, r.split, r.name))

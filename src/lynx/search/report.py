@@ -14,8 +14,14 @@ from lynx.search.evaluate import Outcome
 from lynx.search.mfu import CONVENTION, causal_mfu, shows_causal
 from lynx.search.options import PRODUCTION_OVERLAPS
 from lynx.search.run import SearchResult
-from lynx.search.space import Layout
+from lynx.search.space import Layout, Stock
 from lynx.search.tree import Kind, Node, count
+
+STOCK_WHAT = {Stock.MEGATRON: "its recompute flags on any split it expresses",
+              Stock.TORCHTITAN: "its activation checkpointing: none, full or per-op selective, on any split"}
+"""What a stock configuration of each framework is, in the explanation's words."""
+STOCK_KEY = {Stock.MEGATRON: "stock_megatron", Stock.TORCHTITAN: "stock_torchtitan"}
+"""--json's key for the framework's own settings (a candidate's flag and the result's fastest stock row)."""
 
 
 def _layout_cells(o: Outcome, experts: bool = False) -> list[str]:
@@ -33,18 +39,18 @@ def _figures(o: Outcome, causal: bool, res: SearchResult) -> list[str]:
             peaks, f"{o.headroom_gib:.1f}"]
 
 
-def method_text(o: Outcome) -> str:
-    """The method and where it runs: lynx's own, or stock Megatron-Core with its split (and the recipe's name)."""
+def method_text(o: Outcome, stock: Stock = Stock.MEGATRON) -> str:
+    """The method and where it runs: lynx's own, or the stock framework's with its split (and the recipe's name)."""
     c = o.candidate
     runs = f"{o.runs_on}, " if o.runs_on else ""  # priced for a target (`lynx.search.targets`): what the row needs
     if not c.stock:
         return f"{c.method} ({o.runs_on})" if o.runs_on else c.method
     split = "" if c.split.even else f", {c.split.label()}"
-    return f"{c.method} ({runs}{c.recipe or 'stock Megatron-Core'}{split})"
+    return f"{c.method} ({runs}{c.recipe or 'stock ' + stock.value}{split})"
 
 
 def search_table(res: SearchResult, top: int) -> Table:
-    """The `top` fastest fitting candidates, then the fastest stock Megatron-Core one (if not among them), then
+    """The `top` fastest fitting candidates, then the fastest stock one (if not among them: `Space.stock`), then
     each published recipe for the job that runs (dimmed rows; # is the rank it would take)."""
     causal = shows_causal(res.space.model, res.space.seq_len)
     t = Table(title=f"{res.space.model.name} on {res.space.gpus} x {res.space.hardware.device.name}: "
@@ -57,12 +63,13 @@ def search_table(res: SearchResult, top: int) -> Table:
         t.add_column(col, justify="left" if col in ("method", "peak GiB per stage") else "right")
     rows = list(res.ranked[:top])
     for i, o in enumerate(rows, 1):
-        t.add_row(str(i), *_layout_cells(o, experts), method_text(o), *_figures(o, causal, res))
+        t.add_row(str(i), *_layout_cells(o, experts), method_text(o, res.space.stock), *_figures(o, causal, res))
     extra = [o for o in (res.best_stock,) if o is not None and o not in rows]
     extra += [o for _, o in res.recipes if o is not None and o.fits]
     for o in extra:
         rank = sum(r.iteration_s < o.iteration_s for r in res.ranked) + 1
-        t.add_row(str(rank), *_layout_cells(o, experts), method_text(o), *_figures(o, causal, res), style="dim")
+        t.add_row(str(rank), *_layout_cells(o, experts), method_text(o, res.space.stock), *_figures(o, causal, res),
+                  style="dim")
     return t
 
 
@@ -121,8 +128,10 @@ def _stopped(res: SearchResult) -> list[str]:
 
 def explain(res: SearchResult) -> list[str]:
     """A few sentences in the user's terms: what was searched, what won and by how much over the fastest stock
-    Megatron-Core configuration and over the published recipe, and what the winner's own choices buy."""
+    configuration (Megatron-Core's, or torchtitan's for its target) and over the published recipe, and what the
+    winner's own choices buy."""
     best, stock, recipe = res.best, res.best_stock, res.best_recipe
+    stock_of = res.space.stock
     out = [f"Searched {res.considered} candidates in {res.seconds:.1f} s: {res.planned} planned ({res.simulated} "
            f"simulated); skipped {res.pruned}: {res.skipped + res.count('pruned (time bound)')} by time bounds and "
            f"{res.over_memory_bound} by memory bounds (neither loses the optimum), "
@@ -135,12 +144,12 @@ def explain(res: SearchResult) -> list[str]:
                     "plans the rest."]
         return [*out, "No configuration fits the memory budget; more GPUs or a shorter sequence are needed."]
     lay = best.candidate.layout
-    out.append(f"The fastest that fits is {lay.label()} with {method_text(best)}: {best.iteration_s:.4g} s per "
-               f"iteration, {best.mfu:.1%} MFU, {best.headroom_gib:.1f} GiB headroom on its fullest stage.")
+    out.append(f"The fastest that fits is {lay.label()} with {method_text(best, stock_of)}: {best.iteration_s:.4g} s "
+               f"per iteration, {best.mfu:.1%} MFU, {best.headroom_gib:.1f} GiB headroom on its fullest stage.")
     if stock is not None and stock is not best:
-        out.append(_versus(best, stock, "The fastest stock Megatron-Core configuration"))
+        out.append(_versus(best, stock, f"The fastest stock {stock_of.value} configuration"))
     elif stock is None:
-        out.append("No stock Megatron-Core configuration (its recompute flags on any split it expresses) fits.")
+        out.append(f"No stock {stock_of.value} configuration ({STOCK_WHAT[stock_of]}) fits.")
     out += _recipe_lines(res, best, recipe)
     out += _neighbours(res, best)
     return out
@@ -194,19 +203,23 @@ def _flip(lay: Layout, field: str) -> Layout:
     return replace(lay, sp=not lay.sp) if field == "sp" else replace(lay, dist_opt=not lay.dist_opt)
 
 
-def outcome_dict(o: Outcome, res: SearchResult | None = None) -> dict[str, Any]:
+def outcome_dict(o: Outcome, res: SearchResult | None = None, stock: Stock = Stock.MEGATRON) -> dict[str, Any]:
+    """One candidate for --json: `stock_megatron` (or `stock_torchtitan`, `Space.stock`) marks the framework's own
+    settings."""
     c = o.candidate
+    if res is not None:
+        stock = res.space.stock
     lay = c.layout
     d: dict[str, Any] = {"tp": lay.tp, "cp": lay.cp, "cp_comm_type": lay.cp_comm_type,
                          **({"ep": lay.ep, "etp": lay.etp or lay.tp} if lay.ep > 1 or lay.etp else {}),
                          "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "sp": lay.sp, "micro_batch": lay.mb,
                          "distributed_optimizer": lay.dist_opt, "fsdp": lay.fsdp, "method": c.method,
-                         "stock_megatron": c.stock,
+                         STOCK_KEY[stock]: c.stock,
                          "status": o.status, "time_bound_s": None if math.isnan(o.bound_s) else o.bound_s,
                          "priced_for": o.priced_for}
     if o.runs_on:
         d["runs_on"] = o.runs_on
-    if c.stock:
+    if c.stock and stock is Stock.MEGATRON:
         d["megatron_split"] = c.split.flags()
     if c.recipe:
         d["recipe"] = c.recipe
@@ -236,11 +249,12 @@ def result_dict(res: SearchResult) -> dict[str, Any]:
         "open_bound_s": None if math.isnan(res.open_bound_s) else res.open_bound_s,
         "fastest_in_lynx_pricing_s": None if math.isnan(res.best_lynx_s) else res.best_lynx_s,
         "winner": outcome_dict(best, res) if best else None,
-        "stock_megatron": outcome_dict(stock, res) if stock else None,
+        STOCK_KEY[res.space.stock]: outcome_dict(stock, res) if stock else None,
         "recipes": [{"name": a.recipe.name, "source": a.recipe.source, "reason": a.reason,
                      "outcome": None if o is None else outcome_dict(o, res)} for a, o in res.recipes],
         "explanation": explain(res),
-        "candidates": [outcome_dict(o) for o in res.outcomes],  # the `skipped_unbuilt` ones are not listed
+        # the `skipped_unbuilt` ones are not listed
+        "candidates": [outcome_dict(o, stock=res.space.stock) for o in res.outcomes],
         "rejected": [{"what": r.what, "reason": r.reason} for r in res.rejected],
         # layouts whose static memory alone is over budget: their candidates are counted, not listed
         "refused": [{"what": core.layout.label().replace(" VPP1", " (every VPP)"), "reason": why,

@@ -93,7 +93,8 @@ class SearchResult:
 
     @property
     def best_stock(self) -> Outcome | None:
-        """The fastest stock Megatron-Core candidate the search found (the recipes' rows are their own)."""
+        """The fastest stock candidate the search found (`Space.stock`'s framework; the recipes' rows are their
+        own)."""
         return next((o for o in self.ranked if o.candidate.stock and not o.candidate.recipe), None)
 
     @property

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from enum import Enum
 
 from lynx.cost.fsdp import FSDP2, DpSharding
 from lynx.errors import SpecError
 from lynx.families import get_family
+from lynx.families.titan import NAME as TITAN_FAMILY
 from lynx.search.experts import expert_reason, expert_values, moe_sequence_parallel
 from lynx.search.splits import EVEN, Split, stock_splits
 from lynx.spec import MAX_MICROBATCHES, CpCommType, Hardware, ModelSpec, ParallelSpec, check_cp
@@ -36,6 +38,21 @@ OFFLOAD_METHODS: tuple[str, ...] = ("lynx-offload", "mc-offload")
 """With a host link (`Space.offload`): lynx with offloading as HEU's third choice on its own partition, and
 Megatron-Core's stock fine-grained activation offloading (a stock candidate, on Megatron's splits)."""
 STOCK_OFFLOAD = "mc-offload"
+TITAN_STOCK_METHODS: tuple[str, ...] = ("none", "full", "titan-sac")
+"""torchtitan's own activation checkpointing, the stock methods of a search ranked for torchtitan (`Stock`):
+``activation_checkpoint.mode`` none, full, and selective with ``selective_ac_option = "op"`` (`titan-sac`, its
+per-op policy, on torchtitan's block only: family torchtitan-llama3 in 16 bits). torchtitan's
+``module_fqns_per_model_part`` expresses any split, so its stock candidates run on the splits Megatron's knobs
+give too (`splits.stock_splits`)."""
+
+
+class Stock(Enum):
+    """Whose own settings a search's stock candidates are: the baseline its pick is compared with."""
+
+    MEGATRON = "Megatron-Core"
+    """Megatron-Core's recompute flags and its fine-grained offloading (`STOCK_METHODS`, `STOCK_OFFLOAD`)."""
+    TORCHTITAN = "torchtitan"
+    """torchtitan's activation checkpointing (`TITAN_STOCK_METHODS`): `lynx plan --gpus --target torchtitan`."""
 CP_COMM_TYPES: tuple[CpCommType, ...] = ("p2p", "all_gather", "a2a")
 """Megatron's --cp-comm-type values searched for every CP > 1 layout unless --cp-comm-type is given (a2a+p2p needs
 its hierarchical sizes, a layout of its own: give it with --tp --pp --cp)."""
@@ -73,7 +90,8 @@ class Layout:
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """A layout planned with one method. `stock`: Megatron-Core's own flags on one of its splits (`split`);
+    """A layout planned with one method. `stock`: the stock framework's own settings (`Space.stock`: Megatron-Core's
+    flags, or torchtitan's activation checkpointing) on one of Megatron's splits (`split`);
     otherwise lynx's method on lynx's own partition. `recipe`: the published recipe it prices ('' if none)."""
 
     layout: Layout
@@ -123,6 +141,9 @@ class Space:
     `lynx plan --gpus N --no-production-overlaps` turns them off (flags the user gives stay on)."""
     fsdp: DpSharding = FSDP2
     """The sharding an FSDP layout runs (`Layout.fsdp`): torch FSDP2 unless the user names Megatron-FSDP's."""
+    stock: Stock = Stock.MEGATRON
+    """Whose settings the stock candidates are (the search's baseline row): Megatron-Core's, or torchtitan's for a
+    search ranked for torchtitan."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,13 +315,25 @@ def _cores_of(space: Space, tp: int, pp: int, dp: int, rejected: list[Rejected],
 
 
 def method_sets(space: Space) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(lynx's methods, stock Megatron-Core methods) the space plans."""
-    names = space.pins.methods if space.pins.methods is not None else (
-        (LYNX_METHOD, *STOCK_METHODS) + (OFFLOAD_METHODS if space.offload else ()))
-    return tuple(n for n in names if not is_stock(n)), tuple(n for n in names if is_stock(n))
+    """(lynx's methods, the stock framework's methods) the space plans (`Space.stock`). Ranked for torchtitan,
+    Megatron's module lists, block and offloading are not planned: torchtitan cannot be told them (lynx's own
+    methods cover what they would keep), and titan-sac only where torchtitan's block is priced in 16 bits."""
+    if space.pins.methods is not None:
+        names = space.pins.methods
+    elif space.stock is Stock.TORCHTITAN:
+        sac = space.model.family == TITAN_FAMILY and space.model.fp8 is None
+        names = (LYNX_METHOD, *(n for n in TITAN_STOCK_METHODS if sac or n != "titan-sac")) + \
+            (("lynx-offload",) if space.offload else ())
+    else:
+        names = (LYNX_METHOD, *STOCK_METHODS) + (OFFLOAD_METHODS if space.offload else ())
+    return (tuple(n for n in names if not is_stock(n, space.stock)),
+            tuple(n for n in names if is_stock(n, space.stock)))
 
 
-def is_stock(method: str) -> bool:
+def is_stock(method: str, stock: Stock = Stock.MEGATRON) -> bool:
+    """Is `method` one of the framework's own settings (a stock candidate on its splits)?"""
+    if stock is Stock.TORCHTITAN:
+        return method in TITAN_STOCK_METHODS
     return method in STOCK_METHODS or method == STOCK_OFFLOAD
 
 

@@ -48,10 +48,10 @@ def _repriced(o: Outcome, target: Target, priced: Priced) -> Outcome:
 
 def rank_for_target(res: SearchResult, target: Target, top: int, pricer: Pricer = price_in_turn) -> SearchResult:
     """The search's outcomes with its finalists priced and ranked for `target` (lynx: only labelled): in lynx's
-    order, at least the `2 x top` fastest and until `top` fit on the target (at most `8 x top`), and the fastest
-    stock candidate; the rest keep lynx's price and say so. `pricer` prices the ones this order needs, the first
-    `2 x top` and the stock candidate that follows them at once (where more are needed, two at a time); an
-    outcome priced and not needed is not used: the same answer in any number of processes."""
+    order, at least the `2 x top` fastest and until `top` fit on the target (at most `8 x top`), the fastest stock
+    candidate, and the published recipes' rows; the rest keep lynx's price and say so. `pricer` prices the ones
+    this order needs, the first `2 x top` and the stock candidate that follows them at once (where more are needed,
+    two at a time); an outcome priced and not needed is not used: the same answer in any number of processes."""
     ranked = res.ranked
     prices: dict[int, Priced] = {}
 
@@ -90,4 +90,7 @@ def rank_for_target(res: SearchResult, target: Target, top: int, pricer: Pricer 
     priced = [o for o in outs if id(o) in ids]
     rest = [o for o in outs if id(o) not in ids]
     priced.sort(key=lambda o: (not o.fits, o.iteration_s if o.fits else math.inf))
-    return replace(res, outcomes=tuple(priced + rest))
+    recipes = res.recipes
+    if target is not Target.LYNX:  # the published rows on the target too: the explanation compares with them
+        recipes = tuple((a, o if o is None or o.plan is None else price(o, ())) for a, o in recipes)
+    return replace(res, outcomes=tuple(priced + rest), recipes=recipes)
