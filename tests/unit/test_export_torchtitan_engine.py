@@ -121,3 +121,20 @@ def test_what_the_plan_offloads_reaches_the_engine_and_the_ac_module_says_it_kee
 
     assert any("the AC module keeps what the plan offloads (gate, up)" in n
                for n in _notes(exp.source, exp.ac_table["layers"], engine=False))
+
+
+def test_torchtitans_price_leaves_out_megatrons_tp_comm_overlap() -> None:
+    """--tp-comm-overlap is TransformerEngine's userbuffers, which the search assumes for SP layouts; torchtitan's
+    eager TP runs its collectives exposed, so its row prices the plan without them."""
+    def export(overlap: bool) -> TorchtitanExport:
+        m = dataclasses.replace(load_model("llama3-8b"), family="torchtitan-llama3")
+        par = ParallelSpec(tp=4, pp=4, dp=2, sequence_parallel=True, micro_batch_size=1, global_batch_size=64,
+                           seq_length=4096)
+        problem = make_problem(m, load_hardware("h100-80g-nvlink"), par,
+                               PlanOptions(precision="megatron-bf16", distributed_optimizer=True,
+                                           tp_comm_overlap=overlap))
+        return build_torchtitan(source_from(problem, plan_with(problem, "full", record=False).result))
+
+    mine, plain = export(True), export(False)
+    assert mine.figures[0].iteration_time_s < plain.figures[0].iteration_time_s  # lynx's plan overlaps them
+    assert mine.figures[1].iteration_time_s == plain.figures[1].iteration_time_s  # torchtitan does not

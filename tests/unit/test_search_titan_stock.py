@@ -89,3 +89,14 @@ def test_a_stock_torchtitan_row_is_priced_as_the_export_prices_its_plan() -> Non
     exported = build_torchtitan(source_from(problem, result)).figures[1]
     assert stock.figures.iteration_time_s == pytest.approx(exported.iteration_time_s, rel=1e-9)
     assert [s.peak_bytes for s in stock.figures.stages] == pytest.approx([s.peak_bytes for s in exported.stages])
+
+
+def test_torchtitan_candidates_are_priced_without_megatrons_userbuffers() -> None:
+    from lynx.problem import PlanOptions
+    from lynx.search.options import candidate_options
+
+    titan = Space(load_model("torchtitan-llama3-8b"), H100, 8, 16, 8192, stock=Stock.TORCHTITAN)
+    sp = Layout(2, 1, 1, 4, True, 1, True)
+    assert not candidate_options(PlanOptions(), titan, sp, None).tp_comm_overlap
+    assert candidate_options(PlanOptions(), dataclasses.replace(titan, stock=Stock.MEGATRON), sp, None).tp_comm_overlap
+    assert candidate_options(PlanOptions(tp_comm_overlap=True), titan, sp, None).tp_comm_overlap  # the user's flag

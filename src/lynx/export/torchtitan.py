@@ -198,8 +198,10 @@ def price_on_torchtitan(src: ExportSource, layers: list[dict[str, Any]], engine:
     p = src.problem
     replicate, shard = dp_degrees(src)
     # torchtitan's FSDP2 with the export's degrees: its memory and its collectives' time (`lynx.cost.fsdp_time`)
+    # TransformerEngine's userbuffers (--tp-comm-overlap, which the search assumes for SP layouts) are Megatron's:
+    # torchtitan's eager TP runs its collectives exposed (its async TP needs compile, which the export leaves off)
     opts = replace(p.options, precision="megatron-bf16", bytes_per_param=None, distributed_optimizer=False,
-                   optimizer_precision=OPTIMIZER_FP32,
+                   optimizer_precision=OPTIMIZER_FP32, tp_comm_overlap=False,
                    dp_sharding=DpSharding(DpMode.TORCH_FSDP2, instances=replicate))
     try:
         tp = make_problem(replace(p.model, family=TITAN, norm_fusion=True, kv_repeat=False), p.hardware, p.parallel,

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from lynx.cost.fsdp import DDP
 from lynx.problem import PlanOptions
-from lynx.search.space import Layout, Space
+from lynx.search.space import Layout, Space, Stock
 from lynx.search.splits import Split
 
 PRODUCTION_OVERLAPS = ("--overlap-grad-reduce", "--overlap-param-gather (with --use-distributed-optimizer)",
@@ -27,7 +27,9 @@ def candidate_options(base: PlanOptions, space: Space, lay: Layout, split: Split
     if space.production_overlaps:
         o = replace(o, overlap_grad_reduce=True,
                     overlap_param_gather=base.overlap_param_gather or lay.dist_opt,
-                    tp_comm_overlap=base.tp_comm_overlap or (lay.sp and lay.tp > 1))
+                    # TransformerEngine's userbuffers are Megatron's: torchtitan's eager TP runs its collectives
+                    # exposed (`export.torchtitan.price_on_torchtitan`), so its candidates are priced without them
+                    tp_comm_overlap=base.tp_comm_overlap or (lay.sp and lay.tp > 1 and space.stock is Stock.MEGATRON))
     if split is not None:
         o = replace(o, decoder_first_pipeline_num_layers=split.first, decoder_last_pipeline_num_layers=split.last,
                     account_for_embedding_in_pipeline_split=split.embedding,

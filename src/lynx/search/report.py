@@ -90,7 +90,11 @@ def assumptions(res: SearchResult) -> list[str]:
     """What every candidate was priced with, in Megatron's flags."""
     s = res.space
     out = []
-    if s.production_overlaps:
+    if s.stock is Stock.TORCHTITAN:  # the rows priced for torchtitan run its own overlaps, not Megatron's flags
+        out.append("Priced for torchtitan: FSDP2 with its prefetch, tensor-parallel collectives exposed (no "
+                   "--tp-comm-overlap: torchtitan's eager TP has no userbuffers); lynx's own ranking before the "
+                   "finalists' torchtitan prices gives DDP layouts " + ", ".join(PRODUCTION_OVERLAPS[:2]) + ".")
+    elif s.production_overlaps:
         out.append("Every candidate assumes Megatron's production overlaps: " + ", ".join(PRODUCTION_OVERLAPS)
                    + "; p2p sends are charged exposed (not modelled). --no-production-overlaps turns them off.")
     else:
