@@ -92,6 +92,8 @@ def test_memory_bound_never_refuses_a_layout_that_fits() -> None:
     res = search(space, opts, exhaustive=True)
     refused = [o.candidate for o in res.outcomes if o.status == "over budget (bound)"]
     assert refused
+    # the stock methods' own layer policies refuse some the layer inputs alone would not (`partition_memory_reason`)
+    assert any("keeps of each layer" in o.reason for o in res.outcomes if o.status == "over budget (bound)")
     whole = _refused_candidates(res)  # layouts refused on static memory alone: every candidate of theirs
     assert whole and len(whole) == res.refused_count
     shared = Shared(space, opts)

@@ -140,23 +140,37 @@ def frugal_reason(problem: PlanProblem, partition: Partition) -> str:
     return ""
 
 
-def partition_memory_reason(problem: PlanProblem, chunks: tuple[int, ...], method: str) -> str:
-    """Why no plan of `method` on this partition fits ('' when one might): each rank holds its static memory
-    and, while chunk c has its most micro-batches in flight, at least their layer inputs (the chunk's input for
-    Megatron's uniform/block chunks)."""
+def partition_statics(problem: PlanProblem, chunks: tuple[int, ...]) -> tuple[float, ...]:
+    """Each rank's static memory on this partition (the layers its virtual stages hold), as `static_bytes` prices it
+    for the planner's stage contexts."""
     pp, o = problem.parallel.pp, problem.options
+    return tuple(static_bytes(problem.model, problem.parallel, r, sum(chunks[r::pp]), o.bytes_per_param, o.precision,
+                              o.distributed_optimizer, o.dp_sharding, _rank_kinds(problem, chunks, r),
+                              o.optimizer_precision) for r in range(pp))
+
+
+def partition_memory_reason(problem: PlanProblem, chunks: tuple[int, ...], method: str,
+                            statics: tuple[float, ...] | None = None) -> str:
+    """Why no plan of `method` on this partition fits ('' when one might): each rank holds its static memory
+    (`statics`, `partition_statics` where not given) and, while chunk c has its most micro-batches in flight, at
+    least what they keep of each of its layers: the layer inputs (the chunk's input for Megatron's uniform/block
+    chunks), and for a method with one fixed layer policy (`rules.fixed_layer_policy`: none, full, selective, the
+    module lists, titan-sac) that policy's retained bytes. `memory.held_bytes` sums those over every chunk in
+    flight at the schedule's peak, so this never exceeds the held bytes a plan of the method is refused on
+    (`evaluate._held_over_budget`): the candidates it refuses are refused unplanned."""
+    pp = problem.parallel.pp
     per_layer = method not in CHUNKED_METHODS
-    inp = problem.graph.input_bytes
+    fixed = None if problem.heterogeneous or not per_layer else fixed_layer_policy(method, problem.graph)
+    keeps = layer_memories(problem.graph, (fixed,))[0].retained if fixed is not None else problem.graph.input_bytes
+    what = f"what {method} keeps of each layer" if fixed is not None else "layer inputs"
+    statics = statics if statics is not None else partition_statics(problem, chunks)
     for r in range(pp):
         own = chunks[r::pp]
-        static = static_bytes(problem.model, problem.parallel, r, sum(own), o.bytes_per_param, o.precision,
-                              o.distributed_optimizer, o.dp_sharding, _rank_kinds(problem, chunks, r),
-                              o.optimizer_precision)
-        held = max(c.in_flight * inp * (n if per_layer else 1) for c, n in zip(problem.facts.chunks[r], own,
-                                                                              strict=True))
-        if static + held > problem.budget_bytes:
-            return (f"stage {r} needs at least {(static + held) / 2**30:.1f} GiB with its {sum(own)} layers "
-                    f"(static memory + layer inputs in flight); budget {problem.budget_bytes / 2**30:.1f} GiB")
+        held = max(c.in_flight * keeps * (n if per_layer else 1) for c, n in zip(problem.facts.chunks[r], own,
+                                                                               strict=True))
+        if statics[r] + held > problem.budget_bytes:
+            return (f"stage {r} needs at least {(statics[r] + held) / 2**30:.1f} GiB with its {sum(own)} layers "
+                    f"(static memory + {what} in flight); budget {problem.budget_bytes / 2**30:.1f} GiB")
     return ""
 
 

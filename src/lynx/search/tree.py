@@ -26,6 +26,7 @@ from lynx.search.bounds import (
     memory_bound_reason,
     method_pieces,
     partition_memory_reason,
+    partition_statics,
     partition_time_bound_s,
     pieces,
     plain_s,
@@ -110,7 +111,9 @@ class Frontier:
         self.heap: list[tuple[float, int, Node]] = []
         self.seq = itertools.count()
         self.invalid: list[tuple[Node, str]] = []
-        self.memory: dict[tuple[Kind, Layout | None, Split | None, bool], str] = {}
+        self.memory: dict[tuple[Kind, Layout | None, Split | None, object], str] = {}
+        self.statics: dict[tuple[Layout, Split | None], tuple[float, ...]] = {}
+        """Each rank's static memory on a stock node's split (`bounds.partition_statics`), for its methods' bounds."""
         self.pieces: dict[tuple[object, ...], Pieces] = {}
         self.layout_pieces: dict[Layout, Pieces] = {}
         self.steps: dict[Layout, dict[tuple[int, int, tuple[LayerKind, ...] | None], float]] = {}
@@ -342,11 +345,17 @@ class Frontier:
         assert node.layout is not None
         # the bound differs only for chunked methods; it reads the node's layout and split, not how far its time
         # bound has been tightened (a lynx node is asked again once tight, and once plain)
-        key = (node.kind, node.layout, node.split, cand.method in CHUNKED_METHODS)
+        # a stock candidate's bound reads its method's fixed layer policy (`bounds.partition_memory_reason`)
+        how: object = cand.method if node.kind == Kind.STOCK else cand.method in CHUNKED_METHODS
+        key = (node.kind, node.layout, node.split, how)
         if key not in self.memory:
             problem = self.shared.problem(node.layout, node.split if node.kind == Kind.STOCK else None)
             if node.kind == Kind.STOCK:
-                self.memory[key] = partition_memory_reason(problem, self.chunks(node), cand.method)
+                skey = (node.layout, node.split)
+                statics = self.statics.get(skey)
+                if statics is None:
+                    statics = self.statics[skey] = partition_statics(problem, self.chunks(node))
+                self.memory[key] = partition_memory_reason(problem, self.chunks(node), cand.method, statics)
             else:
                 self.memory[key] = memory_bound_reason(problem, cand.method) or self._frugal(problem, cand)
         return self.memory[key]
