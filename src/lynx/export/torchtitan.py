@@ -290,6 +290,11 @@ def engine_table(src: ExportSource) -> tuple[dict[str, Any] | None, str | None]:
     return {"family": TITAN, "method": src.result.method, "assumes": assumes, "layers": layers}, None
 
 
+TITAN_OWN_AC = {"none": "activation_checkpoint=None", "full": "activation_checkpoint=FullAC.Config()",
+                "titan-sac": "activation_checkpoint=SelectiveAC.Config() (per op, its default)"}
+"""torchtitan 0.3.0's own setting (torchtitan/distributed/activation_checkpoint.py) for each stock method of a search
+ranked for torchtitan."""
+
 TITAN_FLOAT8_RECIPES = ("rowwise", "rowwise_with_gw_hp")
 """The recipes torchtitan 0.3.0's ``Float8LinearConverter.Config.recipe_name`` takes."""
 
@@ -400,6 +405,10 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
     if shard == 1 and par.dp > 1:
         notes.append(f"the plan prices replicated optimizer state: data_parallel_replicate_degree {par.dp}, "
                      "shard 1 (torchtitan's FSDP then shards nothing)")
+    own = TITAN_OWN_AC.get(src.result.method) if src.family == TITAN else None
+    if own is not None:  # a stock torchtitan plan (`search.space.TITAN_STOCK_METHODS`): torchtitan runs it alone
+        notes.append(f"method {src.result.method} is torchtitan's own activation checkpointing: {own} in its config "
+                     "runs the same recomputation without lynx's files (the same price)")
     base = base_config_name(src)
     if base is None:
         notes.append(f"no torchtitan llama3 flavor has this model's shape: set BASE in {REGISTRY_FILE} to your "
