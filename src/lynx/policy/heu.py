@@ -584,7 +584,9 @@ def solve_stage(ctx: StageContext, graph: Graphs, opts: HeuOptions, counts: tupl
                                    stats=SolveStats("closed-form", "optimal", message="keeping every "
                                                     "activation fits the budget: nothing to recompute"))
     m, lvs, _ = build_model(graph, ctx, opts, counts)
-    sol = m.solve(opts.time_limit_s, opts.mip_gap, backend=opts.backend,
+    # rows in bytes beside rows in seconds: scaled, HiGHS's branch and bound takes about half the time (the same
+    # feasible set and optimum; decision 0271)
+    sol = m.row_scaled().solve(opts.time_limit_s, opts.mip_gap, backend=opts.backend,
                   highs_options=opts.highs_options)
     if not sol.has_solution:
         if explain:
