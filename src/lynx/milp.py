@@ -55,6 +55,10 @@ class MilpSolution:
         return self.values[var] > 0.5
 
 
+SMALL_MATRIX_VALUE = 1e-9
+"""HiGHS's default ``small_matrix_value``: a constraint coefficient of smaller magnitude is treated as zero."""
+
+
 @dataclass
 class Milp:
     """A minimization MILP under construction."""
@@ -112,7 +116,12 @@ class Milp:
         rows = []
         for lb, terms, ub in self.rows:
             s = max(abs(c) for c in terms.values())
-            rows.append((lb / s, {v: c / s for v, c in terms.items()}, ub / s))
+            scaled = {v: c / s for v, c in terms.items()}
+            tiny = [self.names[v] for v, c in scaled.items() if abs(c) < SMALL_MATRIX_VALUE]
+            if tiny:  # HiGHS would drop them: a different model, solved as if it were this one
+                raise ValueError(f"row_scaled: {', '.join(tiny)} fall below HiGHS's small_matrix_value in a row "
+                                 "scaled to its largest coefficient; give them larger units")
+            rows.append((lb / s, scaled, ub / s))
         return Milp(list(self.names), list(self.lower), list(self.upper), list(self.integer), list(self.cost), rows,
                     self.contradiction)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -193,7 +194,7 @@ def test_a_floor_lp_of_bytes_beside_seconds_is_solved_on_its_first_try(monkeypat
     HiGHS ended some in an error, at a limit, or after seconds, and the floor came back 0 (decision 0259).
     `demand_floor` solves them row-scaled (`Milp.row_scaled`): this
     stage's relaxation (405B, TP 4 CP 2 PP 8 VPP 8, lynx-offload, stage 2) ends optimal on the first try, with the
-    optimum the unscaled model reaches without presolve."""
+    optimum the unscaled model reaches by simplex and by interior point."""
     import lynx.milp as milp
     from lynx.policy.heu import build_model, demand_floor
     from lynx.search import Pins, Space
@@ -220,7 +221,23 @@ def test_a_floor_lp_of_bytes_beside_seconds_is_solved_on_its_first_try(monkeypat
     assert statuses == ["optimal"] and floor > 0
     m, _, _ = build_model(cache.graphs(ctx), ctx, cache.opts, floor=True)
     m.integer = [False] * m.num_variables
-    plain = solve(m, 10.0, 1e-6, highs_options=(("presolve", "off"),))
+    plain = solve(m, 10.0, 1e-6)
+    ipm = solve(m, 10.0, 1e-6, highs_options=(("solver", "ipm"),))  # another algorithm on the unscaled model
     scaled = solve(m.row_scaled(), 10.0, 1e-6)
-    assert plain.status == scaled.status == "optimal"
-    assert scaled.objective == pytest.approx(plain.objective, rel=1e-6)
+    assert plain.status == ipm.status == scaled.status == "optimal"
+    assert scaled.objective == pytest.approx(plain.objective, rel=1e-6) == pytest.approx(ipm.objective, rel=1e-6)
+
+
+def test_row_scaling_refuses_a_coefficient_highs_would_drop() -> None:
+    """HiGHS treats a coefficient below its small_matrix_value (1e-9) as zero. Scaled to its largest coefficient, a
+    row of bytes with a unit term would lose that term: the solve would be of another model (an offloading stage's D
+    in bytes let a policy overflow its budget by 0.3 GiB, decision 0271). `row_scaled` refuses such a row."""
+    import lynx.milp as milp
+
+    m = milp.Milp()
+    big, d = m.binary("keep"), m.var("D", lb=-math.inf)
+    m.le({big: 7e9, d: 1.0}, 3e10)
+    with pytest.raises(ValueError, match="D fall below HiGHS's small_matrix_value"):
+        m.row_scaled()
+    m.rows[0] = (-math.inf, {big: 7e9, d: 2.0**30}, 3e10)  # D in GiB: kept
+    assert m.row_scaled().rows[0][1][d] == pytest.approx(2.0**30 / 7e9)

@@ -468,6 +468,12 @@ def _build_runs(graphs: tuple[LayerGraph, ...], ctx: StageContext, opts: HeuOpti
     return m, lvs, z
 
 
+D_UNIT = float(2**30)
+"""Bytes per unit of `_all_memory_rows`' variable D. In bytes (a coefficient of 1 beside coefficients of ~1e10),
+`Milp.row_scaled` leaves it below HiGHS's `small_matrix_value` (1e-9), which drops it: the solve then ignores D,
+and a policy it returns can overflow the budget (decision 0271)."""
+
+
 def _all_memory_rows(graph: LayerGraph, groups: list[Group], ctx: StageContext, m: Milp
                      ) -> list[tuple[dict[int, float], float]]:
     """`memory_rows`, and for an interleaved stage with per-chunk offload variables its rows at every live vector
@@ -480,7 +486,7 @@ def _all_memory_rows(graph: LayerGraph, groups: list[Group], ctx: StageContext, 
     if not any(lv.chunk_O):
         return memory_rows(graph, groups, ctx)
     vectors = ctx.live_vectors or (ctx.chunk_in_flight,)
-    d = m.var("D", lb=-math.inf)
+    d = m.var("D", lb=-math.inf)  # in GiB (`D_UNIT`): its coefficient in a bytes row is not lost to scaling
     held: list[tuple[dict[int, float], float]] = []  # (held(v) less the rows' shared part, its offset) per v
     first: list[tuple[dict[int, float], float]] = []
     for vec in vectors:
@@ -494,7 +500,7 @@ def _all_memory_rows(graph: LayerGraph, groups: list[Group], ctx: StageContext, 
     for row0, off0 in held:
         diff = dict(row0)
         _acc(diff, {v: -x for v, x in held[0][0].items()})
-        _acc(diff, {d: -1.0})
+        _acc(diff, {d: -D_UNIT})
         m.le(diff, held[0][1] - off0)
     # v0's rows with its offload terms and D: row_r(v0) + extra(v0) + D <= A - offset_r(v0)
     extra0 = dict(held[0][0])
@@ -503,7 +509,7 @@ def _all_memory_rows(graph: LayerGraph, groups: list[Group], ctx: StageContext, 
     for row, off in first:
         row = dict(row)
         _acc(row, extra0)
-        _acc(row, {d: 1.0})
+        _acc(row, {d: D_UNIT})
         out.append((row, off))
     return out
 
