@@ -92,5 +92,8 @@ def rank_for_target(res: SearchResult, target: Target, top: int, pricer: Pricer 
     priced.sort(key=lambda o: (not o.fits, o.iteration_s if o.fits else math.inf))
     recipes = res.recipes
     if target is not Target.LYNX:  # the published rows on the target too: the explanation compares with them
+        planned = [o for _, o in recipes if o is not None and o.plan is not None]
+        if planned:  # priced side by side (over the search's processes)
+            price(planned[0], planned[1:])
         recipes = tuple((a, o if o is None or o.plan is None else price(o, ())) for a, o in recipes)
     return replace(res, outcomes=tuple(priced + rest), recipes=recipes)
