@@ -241,3 +241,27 @@ def test_row_scaling_refuses_a_coefficient_highs_would_drop() -> None:
         m.row_scaled()
     m.rows[0] = (-math.inf, {big: 7e9, d: 2.0**30}, 3e10)  # D in GiB: kept
     assert m.row_scaled().rows[0][1][d] == pytest.approx(2.0**30 / 7e9)
+
+
+def test_an_offloading_interleaved_stage_keeps_d_and_its_floor_stays_below_heu() -> None:
+    """An interleaved lynx-offload stage's model carries D (the held bytes beyond the first live vector), in GiB so
+    that row scaling keeps it; its HEU policy fits the budget (the solve checks it) and the LP floor the search
+    bounds with is at most the optimum, where memory binds (405B, TP 4 CP 2 PP 8 VPP 8, stages 1 and 2)."""
+    from lynx.policy.heu import build_model, demand_floor, solve_stage
+    from lynx.search import Pins, Space
+    from lynx.search.evaluate import Shared
+    from lynx.search.space import Layout
+
+    space = Space(load_model("llama3.1-405b"), load_hardware("h100-80g-nvlink"), 1024, 1024, 8192, Pins(),
+                  offload=True)
+    shared = Shared(space, PlanOptions())
+    lay = Layout(tp=4, pp=8, vpp=8, dp=16, sp=True, mb=2, dist_opt=True, cp=2)
+    p = shared.problem(lay, None)
+    cache = shared.heu_cache(p, lay, "lynx-offload")
+    for ctx in p.stage_contexts(base_partition(p))[1:3]:
+        m, _, _ = build_model(cache.graphs(ctx), ctx, cache.opts)
+        assert "D" in m.names
+        m.row_scaled()  # no coefficient lost (it raises otherwise)
+        floor = demand_floor(ctx, cache.graphs(ctx), cache.opts)
+        pol = solve_stage(ctx, cache.graphs(ctx), cache.opts, explain=False)  # asserts its peak fits
+        assert 0 < floor <= pol.stats.objective
