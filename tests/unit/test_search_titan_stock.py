@@ -102,3 +102,19 @@ def test_torchtitan_candidates_are_priced_without_megatrons_userbuffers() -> Non
     assert not candidate_options(PlanOptions(), titan, sp, None).tp_comm_overlap
     assert candidate_options(PlanOptions(), dataclasses.replace(titan, stock=Stock.MEGATRON), sp, None).tp_comm_overlap
     assert candidate_options(PlanOptions(tp_comm_overlap=True), titan, sp, None).tp_comm_overlap  # the user's flag
+
+
+def test_a_megatron_kernel_llama_is_searched_on_torchtitans_block(capsys: pytest.CaptureFixture[str],
+                                                                   tmp_path: object) -> None:
+    """torchtitan runs its own block whatever the preset's kernels: with --target torchtitan every candidate of a
+    llama-family model is priced on it (family torchtitan-llama3), so titan-sac is a stock candidate and the plan
+    written is torchtitan's, which `lynx export torchtitan` hands to lynx's engine."""
+    out = f"{tmp_path}/pick.json"
+    code, stdout, err = run_main(["plan", "--model", "llama3-8b", "--hardware", "h100-80g-nvlink", "--gpus", "8",
+                                  "--global-batch", "16", "--seq-len", "8192", "--target", "torchtitan", "--out", out],
+                                 capsys)
+    assert code == 0, err
+    assert "priced on torchtitan's own block (family torchtitan-llama3" in stdout
+    assert "stock torchtitan" in stdout
+    plan = json.loads(open(out).read())
+    assert plan["model"]["family"] == "torchtitan-llama3" and plan["model"]["name"] == "llama3-8b"

@@ -192,6 +192,17 @@ def run_search(a: SearchArgs, base: Request) -> None:
     from lynx.search.targets import rank_for_target
 
     check_target(base.model, a.target, a.cp)
+    titan_note = ""
+    if a.target is Target.TORCHTITAN and base.model.family == "llama" and base.graph is None:
+        from dataclasses import replace
+
+        from lynx.export.torchtitan import TITAN, titan_model
+
+        # torchtitan runs its own block: every candidate priced on its kernels, as its finalists' prices are, and its
+        # per-op SelectiveAC a stock candidate (`search.space.TITAN_STOCK_METHODS`)
+        base = replace(base, model=titan_model(base.model))
+        titan_note = (f"Model {base.model.name} priced on torchtitan's own block (family {TITAN}: its eager kernels), "
+                      "the block torchtitan runs for it.")
     hw = base.hardware
     if a.method is not None:
         from lynx.methods import get_method
@@ -237,6 +248,8 @@ def run_search(a: SearchArgs, base: Request) -> None:
         if base.model.compiled:
             text = text.replace("its eager kernels", "its blocks compiled (--compile)")
         console.print(f"Priced for {a.target.value} (--target): {text}.", soft_wrap=True)
+        if titan_note:
+            console.print(titan_note, soft_wrap=True)
         if whole:
             console.print(f"{base.model.fp8.describe() if base.model.fp8 else ''}: methods {' and '.join(whole)} "
                           "only (torchtitan's AC module keeps or recomputes a Float8 block whole).", soft_wrap=True)

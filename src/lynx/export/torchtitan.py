@@ -157,6 +157,14 @@ def older_code(model: ModelSpec) -> str:
     return ""
 
 
+def titan_model(model: ModelSpec) -> ModelSpec:
+    """The model as torchtitan 0.3.0 runs it: its own block (family torchtitan-llama3: eager kernels, a fused QKV, the
+    attention over the K/V heads) with torch's fused RMSNorm."""
+    from dataclasses import replace
+
+    return replace(model, family=TITAN, norm_fusion=True, kv_repeat=False)
+
+
 def titan_policies(graph: LayerGraph, family: str, layers: list[dict[str, Any]]) -> list[LayerPolicy]:
     """What the exported AC module leaves torchtitan's block (priced on `graph`, family torchtitan-llama3):
     `none` keeps everything, `full` keeps the input, `selective` keeps the outputs of the ops its policy
@@ -204,8 +212,7 @@ def price_on_torchtitan(src: ExportSource, layers: list[dict[str, Any]], engine:
                    optimizer_precision=OPTIMIZER_FP32, tp_comm_overlap=False,
                    dp_sharding=DpSharding(DpMode.TORCH_FSDP2, instances=replicate))
     try:
-        tp = make_problem(replace(p.model, family=TITAN, norm_fusion=True, kv_repeat=False), p.hardware, p.parallel,
-                          opts)
+        tp = make_problem(titan_model(p.model), p.hardware, p.parallel, opts)
     except SpecError as e:  # e.g. context parallelism, which the torchtitan family does not model
         return (replace(mine, label="lynx plan", setting=f"{src.result.method} as planned; torchtitan not "
                         f"priced: {e}"),)
