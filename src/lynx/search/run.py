@@ -39,7 +39,7 @@ from lynx.search.parallel import Ahead, Screen, Worked, fewer_collections
 from lynx.search.prices import Pricer, price_in_turn
 from lynx.search.recipes import Applied, applicable
 from lynx.search.space import Candidate, Core, Rejected, Space, cores, layout_candidates
-from lynx.search.tree import Frontier, Kind, Node, count
+from lynx.search.tree import Frontier, Kind, Node, count, screened
 from lynx.simulate import SimResult
 
 Progress = Callable[[int, int, str], None]
@@ -358,7 +358,7 @@ class _Run:
             if node.kind == Kind.STOCK:
                 self._hand_out_stock(node, bound, seq)
                 continue
-            if node.kind != Kind.LYNX or node.layout is None or not (node.layout.vpp == 1 or node.plain):
+            if node.kind != Kind.LYNX or node.layout is None or not (not screened(node.layout) or node.plain):
                 continue
             if seq in self.handed or (not self.exhaustive and self.inc.prunes_node(node, bound)):
                 continue

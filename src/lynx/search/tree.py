@@ -62,6 +62,13 @@ class Node:
     """A plain node whose bound is also its candidates' smallest `Frontier.screen_bound` (`Frontier.tighten`)."""
 
 
+def screened(lay: Layout) -> bool:
+    """Whether lynx's candidates of the layout have one partition to bound before they are planned (`Frontier.tighten`):
+    interleaved (the dp split its screen plans) or without a pipeline (every layer on the one stage). 1F1B with
+    PP > 1 searches its partitions: its bound is the any-partition one."""
+    return lay.vpp > 1 or lay.pp == 1
+
+
 def count(space: Space, node: Node) -> int:
     """Candidates under the node (without building them)."""
     lynx, stock = method_sets(space)
@@ -137,12 +144,14 @@ class Frontier:
         return len(self.heap)
 
     def tighten(self, node: Node, bound: float, prunes: Callable[[float], bool] | None = None) -> bool:
-        """A lynx interleaved node popped on its any-split bound is pushed back with the bound of the dp split
-        its screen plans (`methods.heu._interleaved_search` without refinement), and popped on that, pushed back
-        once more with the simulated time of the split keeping every activation (`plain_s`) unless the memory bounds
-        refuse all its candidates, and popped on that, a last time with its candidates' smallest `screen_bound` (with
+        """A lynx node with one partition to bound (`screened`: interleaved, or without a pipeline) popped on its
+        any-split bound is pushed back with the bound of the dp split its screen plans
+        (`methods.heu._interleaved_search` without refinement; the one stage without a pipeline), and popped on
+        that, pushed back once more with the simulated time of the split keeping every activation (`plain_s`)
+        unless the memory bounds refuse all its candidates, and popped on that, a last time with its candidates'
+        smallest `screen_bound` (with
         `floors`); True when it was."""
-        if node.kind != Kind.LYNX or node.floored or node.layout is None or node.layout.vpp == 1:
+        if node.kind != Kind.LYNX or node.floored or node.layout is None or not screened(node.layout):
             return False
         if node.plain:
             if not self.floors:
