@@ -168,7 +168,8 @@ class Frontier:
         if node.tight:
             if all(self.memory_reason(node, c) for c in self.candidates(node)):
                 return False  # refused by the memory bounds when planned: no simulation spent on it
-            tighter = max(bound, plain_s(problem, part))
+            # without a pipeline the split's bound is already the plain step's sum (no bubble to simulate)
+            tighter = bound if node.layout.pp == 1 else max(bound, plain_s(problem, part))
             heapq.heappush(self.heap, (tighter, next(self.seq), replace(node, plain=True)))
             return True
         tight = max(bound, self._partition_bound(node.layout, problem, part.chunks or part.layers_per_stage))
