@@ -39,25 +39,36 @@ def _step(model: Any, tokens: list[Any]) -> tuple[list[float], dict[str, Any]]:
     return [float(x.detach()) for x in losses], {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+def _bf16_model() -> Any:
+    """torchtitan's debug model in bf16, the same weights every call."""
+    import torch
+
+    from tests.harness.torchtitan_models import debug_model
+
+    m = debug_model(LAYERS, seed=0)
+    for p in m.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    return m
+
+
+def _tokens() -> list[Any]:
+    import torch
+
+    torch.manual_seed(1)
+    return [torch.randint(0, 2048, (BATCH, SEQ + 1)) for _ in range(MICROBATCHES)]
+
+
 def test_a_plan_file_runs_torchtitans_model_bitwise(tmp_path: Path, one_torch_thread: None) -> None:
     pytest.importorskip("torchtitan")
     import torch
 
     from lynx.integrations.torchtitan import apply_lynx_plan, plan_layer_policies
-    from tests.harness.torchtitan_models import debug_model
 
     plan = _plan_file(tmp_path, "torchtitan-llama3")
     pols = plan_layer_policies(plan)
     assert sorted(pols) == list(range(LAYERS)) and all(not lp.keep for lp in pols.values())  # full recompute
 
-    def build() -> Any:
-        m = debug_model(LAYERS, seed=0)
-        for p in m.parameters():
-            p.data = p.data.to(torch.bfloat16)
-        return m
-
-    torch.manual_seed(1)
-    tokens = [torch.randint(0, 2048, (BATCH, SEQ + 1)) for _ in range(MICROBATCHES)]
+    build, tokens = _bf16_model, _tokens()
     ref_loss, ref_grads = _step(build(), tokens)
     model = build()
     lynx = apply_lynx_plan(model, plan)
@@ -98,16 +109,8 @@ def test_an_offloading_policy_copies_to_the_host_inside_torchtitans_blocks(one_t
 
     from lynx.decisions import LayerPolicy
     from lynx.integrations.torchtitan import apply_lynx_plan
-    from tests.harness.torchtitan_models import debug_model
 
-    def build() -> Any:
-        m = debug_model(LAYERS, seed=0)
-        for p in m.parameters():
-            p.data = p.data.to(torch.bfloat16)
-        return m
-
-    torch.manual_seed(1)
-    tokens = [torch.randint(0, 2048, (BATCH, SEQ + 1)) for _ in range(MICROBATCHES)]
+    build, tokens = _bf16_model, _tokens()
     ref_loss, ref_grads = _step(build(), tokens)
     model = build()
     names = frozenset(apply_lynx_plan(build(), dict.fromkeys(range(LAYERS), LayerPolicy(frozenset()))).layers[0]

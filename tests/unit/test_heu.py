@@ -197,16 +197,7 @@ def test_a_floor_lp_of_bytes_beside_seconds_is_solved_on_its_first_try(monkeypat
     optimum the unscaled model reaches by simplex and by interior point."""
     import lynx.milp as milp
     from lynx.policy.heu import build_model, demand_floor
-    from lynx.search import Pins, Space
-    from lynx.search.evaluate import Shared
-    from lynx.search.space import Layout
-
-    space = Space(load_model("llama3.1-405b"), load_hardware("h100-80g-nvlink"), 1024, 1024, 8192, Pins(),
-                  offload=True)
-    shared = Shared(space, PlanOptions())
-    lay = Layout(tp=4, pp=8, vpp=8, dp=16, sp=True, mb=2, dist_opt=True, cp=2)
-    p = shared.problem(lay, None)
-    cache = shared.heu_cache(p, lay, "lynx-offload")
+    p, cache = _offload_405b_stages()
     ctx = p.stage_contexts(base_partition(p))[2]
     statuses: list[str] = []
     solve = milp.Milp.solve
@@ -248,6 +239,19 @@ def test_an_offloading_interleaved_stage_keeps_d_and_its_floor_stays_below_heu()
     that row scaling keeps it; its HEU policy fits the budget (the solve checks it) and the LP floor the search
     bounds with is at most the optimum, where memory binds (405B, TP 4 CP 2 PP 8 VPP 8, stages 1 and 2)."""
     from lynx.policy.heu import build_model, demand_floor, solve_stage
+    p, cache = _offload_405b_stages()
+    for ctx in p.stage_contexts(base_partition(p))[1:3]:
+        m, _, _ = build_model(cache.graphs(ctx), ctx, cache.opts)
+        assert "D" in m.names
+        m.row_scaled()  # no coefficient lost (it raises otherwise)
+        floor = demand_floor(ctx, cache.graphs(ctx), cache.opts)
+        pol = solve_stage(ctx, cache.graphs(ctx), cache.opts, explain=False)  # asserts its peak fits
+        assert 0 < floor <= pol.stats.objective
+
+
+def _offload_405b_stages() -> tuple[PlanProblem, HeuCache]:
+    """Llama-3.1-405B on 1,024 H100, TP 4 CP 2 PP 8 VPP 8 DP 16, micro-batch 2: the layout's problem and its
+    lynx-offload stage-problem cache, as the search builds them (an interleaved offloading stage model, with D)."""
     from lynx.search import Pins, Space
     from lynx.search.evaluate import Shared
     from lynx.search.space import Layout
@@ -257,11 +261,4 @@ def test_an_offloading_interleaved_stage_keeps_d_and_its_floor_stays_below_heu()
     shared = Shared(space, PlanOptions())
     lay = Layout(tp=4, pp=8, vpp=8, dp=16, sp=True, mb=2, dist_opt=True, cp=2)
     p = shared.problem(lay, None)
-    cache = shared.heu_cache(p, lay, "lynx-offload")
-    for ctx in p.stage_contexts(base_partition(p))[1:3]:
-        m, _, _ = build_model(cache.graphs(ctx), ctx, cache.opts)
-        assert "D" in m.names
-        m.row_scaled()  # no coefficient lost (it raises otherwise)
-        floor = demand_floor(ctx, cache.graphs(ctx), cache.opts)
-        pol = solve_stage(ctx, cache.graphs(ctx), cache.opts, explain=False)  # asserts its peak fits
-        assert 0 < floor <= pol.stats.objective
+    return p, shared.heu_cache(p, lay, "lynx-offload")

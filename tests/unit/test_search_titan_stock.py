@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -116,5 +117,5 @@ def test_a_megatron_kernel_llama_is_searched_on_torchtitans_block(capsys: pytest
     assert code == 0, err
     assert "priced on torchtitan's own block (family torchtitan-llama3" in stdout
     assert "stock torchtitan" in stdout
-    plan = json.loads(open(out).read())
+    plan = json.loads(Path(out).read_text())
     assert plan["model"]["family"] == "torchtitan-llama3" and plan["model"]["name"] == "llama3-8b"
