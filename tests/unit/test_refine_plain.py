@@ -58,15 +58,12 @@ def test_the_refinements_plain_test_changes_no_answer_and_spares_stage_problems(
 
 
 def test_the_offloading_models_stop_within_their_gap_of_the_optimum() -> None:
-    """The offloading models' fast path (OFFLOAD_MIP_GAP, OFFLOAD_HIGHS_OPTIONS) ends within its gap of the proven
-    optimum on every stage. Since the models are solved row-scaled (decision 0271) it reaches the optimum itself on
-    this problem's stages, where unscaled it stopped short of it on at least one."""
     from dataclasses import replace
 
     problem = _problem()
     opts = heu_options(problem, "lynx-offload")
     assert opts.mip_gap == OFFLOAD_MIP_GAP and heu_options(problem, "lynx").mip_gap == 1e-6
-    proved = 0
+    moved = 0
     for ctx in problem.stage_contexts(base_partition(problem)):
         fast = solve_stage(ctx, problem.graph, opts, explain=False)
         # the proof of the optimum: HiGHS's defaults and no node cap (OFFLOAD_HIGHS_OPTIONS are the fast path's)
@@ -76,5 +73,5 @@ def test_the_offloading_models_stop_within_their_gap_of_the_optimum() -> None:
             continue
         f, e = fast.stats.objective, exact.stats.objective
         assert e * (1 - 1e-9) <= f <= e * (1 + OFFLOAD_MIP_GAP), (ctx.stage, f, e)
-        proved += 1
-    assert proved  # the comparison ran on some stage (a slow machine may end every proof at its limit)
+        moved += f != e
+    assert moved  # at least one stage stopped short of the proof (the gap is in force)

@@ -469,9 +469,10 @@ def _build_runs(graphs: tuple[LayerGraph, ...], ctx: StageContext, opts: HeuOpti
 
 
 D_UNIT = float(2**30)
-"""Bytes per unit of `_all_memory_rows`' variable D. In bytes (a coefficient of 1 beside coefficients of ~1e10),
-`Milp.row_scaled` leaves it below HiGHS's `small_matrix_value` (1e-9), which drops it: the solve then ignores D,
-and a policy it returns can overflow the budget (decision 0271)."""
+"""Bytes per unit of `_all_memory_rows`' variable D. In bytes (a coefficient of 1 beside coefficients of ~1e10) the
+stage MILPs took HiGHS 1.6x as long (benchmarks/results/d_units_milp.json), and `Milp.row_scaled` (the LP floors)
+left it below HiGHS's `small_matrix_value` (1e-9), which dropped it: the floor was of another model (decision
+0271)."""
 
 
 def _all_memory_rows(graph: LayerGraph, groups: list[Group], ctx: StageContext, m: Milp
@@ -590,9 +591,7 @@ def solve_stage(ctx: StageContext, graph: Graphs, opts: HeuOptions, counts: tupl
                                    stats=SolveStats("closed-form", "optimal", message="keeping every "
                                                     "activation fits the budget: nothing to recompute"))
     m, lvs, _ = build_model(graph, ctx, opts, counts)
-    # rows in bytes beside rows in seconds: scaled, HiGHS's branch and bound takes about half the time (the same
-    # feasible set and optimum; decision 0271)
-    sol = m.row_scaled().solve(opts.time_limit_s, opts.mip_gap, backend=opts.backend,
+    sol = m.solve(opts.time_limit_s, opts.mip_gap, backend=opts.backend,
                   highs_options=opts.highs_options)
     if not sol.has_solution:
         if explain:
