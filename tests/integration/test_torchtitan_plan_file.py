@@ -123,3 +123,17 @@ def test_an_offloading_policy_copies_to_the_host_inside_torchtitans_blocks(one_t
     st = lynx.stats
     assert st.offloaded_bytes > 0 and st.reloaded_bytes == st.offloaded_bytes
     assert st.restored_on_demand == 0
+
+
+@pytest.mark.parametrize(("offload", "says"), [({"no_such_op"}, "names ops the block does not have: no_such_op"),
+                                               ({"gate"}, "offloads ops it does not keep: gate")])
+def test_an_offload_set_the_engine_cannot_honour_is_refused(offload: set[str], says: str) -> None:
+    """A layer table's offload set is part of its price: an op the block lacks, or one the policy does not keep
+    (which the engine would never copy out), is refused rather than run on the GPU."""
+    pytest.importorskip("torchtitan")
+    from lynx.decisions import LayerPolicy
+    from lynx.integrations.torchtitan import apply_lynx_plan
+
+    pol = LayerPolicy(keep=frozenset({"qkv", "core_attn"}), offload=frozenset(offload))
+    with pytest.raises(ValueError, match=says):
+        apply_lynx_plan(_bf16_model(), dict.fromkeys(range(LAYERS), pol))

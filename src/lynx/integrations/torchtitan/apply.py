@@ -109,10 +109,13 @@ class LynxTorchtitan:
                             "the plan after TP and before FSDP")
         pols = [policies[int(n)] for n, _ in blocks]
         for layer, pol in zip(self.layers, pols, strict=True):
-            unknown = (set(pol.keep) | {n for n, _ in pol.recompute}) - set(layer.op_names)
+            unknown = (set(pol.keep) | {n for n, _ in pol.recompute} | set(pol.offload)) - set(layer.op_names)
             if unknown:
                 raise ValueError(f"lynx.integrations.torchtitan: layer {layer.layer_index}'s policy names ops "
                                  f"the block does not have: {', '.join(sorted(unknown))}")
+            if not pol.offload <= pol.keep:  # the engine offloads only what it keeps: the rest would stay priced off
+                raise ValueError(f"lynx.integrations.torchtitan: layer {layer.layer_index}'s policy offloads ops it "
+                                 f"does not keep: {', '.join(sorted(pol.offload - pol.keep))}")
         # FSDP (now, or applied after this, as torchtitan's trainer does): the module holds sharded DTensors
         # between calls; the unsharded parameters its ops read are the engine's live parameters, layer by layer
         params: list[Any] = [p for layer in self.layers for p in layer.block_parameters() if not _fence.is_dtensor(p)]
