@@ -17,45 +17,24 @@ objective moves by more than its gap. HiGHS runs one thread; the search's own ti
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import sys
 import time
-from typing import Any
 
+import _milp_capture
 import _results
 from rich.console import Console
 from rich.table import Table
 
 import lynx.milp as milp
-from lynx.cli import main as main_cli
 from lynx.policy.heu import D_UNIT
 
 SHARE_TARGET = 0.8
 COMMAND = ["plan", "--model", "llama3.1-405b", "--hardware", "h100-80g-nvlink", "--gpus", "1024", "--global-batch",
            "2048", "--seq-len", "8192", "--precision", "megatron-bf16", "--json", "--jobs", "1"]
 
-Kept = tuple[milp.Milp, float, milp.HighsOptions]
-
-
-def capture() -> list[Kept]:
+def capture() -> list[_milp_capture.Kept]:
     """Each stage MILP with D the search solves, as built, with its gap and HiGHS options."""
-    kept: list[Kept] = []
-    solve = milp.Milp.solve
-
-    def logged(self: milp.Milp, time_limit_s: float = 30.0, mip_gap: float = 1e-6, *args: Any,
-               **kw: Any) -> milp.MilpSolution:
-        if any(self.integer) and "D" in self.names:
-            kept.append((self, mip_gap, tuple(kw.get("highs_options", ()))))
-        return solve(self, time_limit_s, mip_gap, *args, **kw)
-
-    milp.Milp.solve = logged  # type: ignore[method-assign]
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
-            main_cli(COMMAND)
-    finally:
-        milp.Milp.solve = solve  # type: ignore[method-assign]
-    return kept
+    return _milp_capture.capture(COMMAND, lambda m, gap: any(m.integer) and "D" in m.names)
 
 
 def in_bytes(m: milp.Milp) -> milp.Milp:
@@ -64,12 +43,6 @@ def in_bytes(m: milp.Milp) -> milp.Milp:
     rows = [(lb, {v: c / D_UNIT if v == d else c for v, c in terms.items()}, ub) for lb, terms, ub in m.rows]
     return milp.Milp(list(m.names), list(m.lower), list(m.upper), list(m.integer), list(m.cost), rows,
                      m.contradiction)
-
-
-def resolve(m: milp.Milp, gap: float, options: milp.HighsOptions) -> tuple[float, str, float]:
-    t0 = time.perf_counter()
-    sol = m.solve(10.0, gap, highs_options=options)
-    return time.perf_counter() - t0, sol.status, sol.objective
 
 
 def main() -> None:
@@ -88,7 +61,7 @@ def main() -> None:
         order = names[i % 3:] + names[:i % 3]
         got = {}
         for name in order:
-            t, status, obj = resolve(ways[name], gap, options)
+            t, status, obj = _milp_capture.resolve(ways[name], gap, options)
             times[name].append(t)
             got[name] = (status, obj)
         (sb, ob), (sg, og) = got["bytes"], got["GiB"]

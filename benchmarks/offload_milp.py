@@ -16,18 +16,15 @@ not the figure here (config_search.json is).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import sys
 import time
-from typing import Any
 
+import _milp_capture
 import _results
 from _markdown import Out
 from rich.table import Table
 
 import lynx.milp as milp
-from lynx.cli import main as main_cli
 from lynx.policy.heu import OFFLOAD_HIGHS_OPTIONS, OFFLOAD_MAX_NODES, OFFLOAD_MIP_GAP
 
 SHARE_TARGET = 0.8
@@ -41,29 +38,12 @@ COMMAND = ["plan", "--model", "llama3-70b", "--hardware", "h100-80g-nvlink", "--
 def capture() -> list[milp.Milp]:
     """The offloading `Milp`s `lynx plan` solves for the 70B / 64 H100 search (`COMMAND`, in this process, its JSON
     discarded)."""
-    models: list[milp.Milp] = []
-    solve = milp.Milp.solve
-
-    def logged(self: milp.Milp, time_limit_s: float = 30.0, mip_gap: float = 1e-6, *args: Any,
-               **kw: Any) -> milp.MilpSolution:
-        if mip_gap == OFFLOAD_MIP_GAP:
-            models.append(self)
-        return solve(self, time_limit_s, mip_gap, *args, **kw)
-
-    milp.Milp.solve = logged  # type: ignore[method-assign]
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
-            main_cli(COMMAND)
-    finally:
-        milp.Milp.solve = solve  # type: ignore[method-assign]
-    return models
+    return [m for m, _, _ in _milp_capture.capture(COMMAND, lambda m, gap: gap == OFFLOAD_MIP_GAP)]
 
 
 def resolve(m: milp.Milp, options: milp.HighsOptions) -> tuple[float, str, float]:
     """(seconds, status, objective) of one solve at the offloading gap and the search's 10 s limit."""
-    t0 = time.perf_counter()
-    sol = m.solve(10.0, OFFLOAD_MIP_GAP, highs_options=options)
-    return time.perf_counter() - t0, sol.status, sol.objective
+    return _milp_capture.resolve(m, OFFLOAD_MIP_GAP, options)
 
 
 def main() -> None:
