@@ -119,3 +119,23 @@ def test_a_megatron_kernel_llama_is_searched_on_torchtitans_block(capsys: pytest
     assert "stock torchtitan" in stdout
     plan = json.loads(Path(out).read_text())
     assert plan["model"]["family"] == "torchtitan-llama3" and plan["model"]["name"] == "llama3-8b"
+
+
+def test_titan_sac_pinned_on_another_block_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """--method titan-sac on a Megatron-kernel llama ranked for Megatron: every candidate would be refused, so the
+    search says why at once instead of "no configuration fits"."""
+    code, _, err = run_main(["plan", "--model", "llama3-8b", "--hardware", "h100-80g-nvlink", "--gpus", "8",
+                             "--global-batch", "16", "--seq-len", "8192", "--method", "titan-sac"], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert "--method titan-sac is priced on the torchtitan-llama3 block only" in lines[0]
+
+
+def test_a_search_pinned_to_no_stock_method_says_none_was_searched(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_main(["plan", "--model", "torchtitan-llama3-8b", "--hardware", "h100-80g-nvlink", "--gpus",
+                               "8", "--global-batch", "16", "--seq-len", "8192", "--target", "torchtitan",
+                               "--method", "lynx", "--json"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["stock_torchtitan"] is None
+    assert "No stock torchtitan configuration was searched (--method pins the methods)." in res["explanation"]

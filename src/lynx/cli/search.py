@@ -207,7 +207,10 @@ def run_search(a: SearchArgs, base: Request) -> None:
     if a.method is not None:
         from lynx.methods import get_method
 
-        get_method(a.method)  # one clear line for an unknown name
+        fam = get_method(a.method).family  # one clear line for an unknown name
+        if fam and base.model.family != fam:  # every candidate would be refused: say why, not "nothing fits"
+            raise SpecError(f"--method {a.method} is priced on the {fam} block only; model {base.model.name} is "
+                            f"family {base.model.family!r} (--target torchtitan searches a llama on that block)")
     has_link = hw.host() is not None
     if (a.offload or a.method in OFFLOAD_METHODS) and not has_link:
         what = "--offload" if a.offload else f"--method {a.method}"

@@ -14,7 +14,7 @@ from lynx.search.evaluate import Outcome
 from lynx.search.mfu import CONVENTION, causal_mfu, shows_causal
 from lynx.search.options import PRODUCTION_OVERLAPS
 from lynx.search.run import SearchResult
-from lynx.search.space import Layout, Stock
+from lynx.search.space import Layout, Stock, method_sets
 from lynx.search.tree import Kind, Node, count
 
 STOCK_WHAT = {Stock.MEGATRON: "its recompute flags on any split it expresses",
@@ -152,6 +152,8 @@ def explain(res: SearchResult) -> list[str]:
                f"per iteration, {best.mfu:.1%} MFU, {best.headroom_gib:.1f} GiB headroom on its fullest stage.")
     if stock is not None and stock is not best:
         out.append(_versus(best, stock, f"The fastest stock {stock_of.value} configuration"))
+    elif stock is None and not method_sets(res.space)[1]:  # --method pinned to non-stock methods only
+        out.append(f"No stock {stock_of.value} configuration was searched (--method pins the methods).")
     elif stock is None:
         out.append(f"No stock {stock_of.value} configuration ({STOCK_WHAT[stock_of]}) fits.")
     out += _recipe_lines(res, best, recipe)
