@@ -76,10 +76,13 @@ SLOW_CASES: dict[str, str] = {
     "integration/test_runtime_pipeline_train.py::test_pp2_dp2_reports_stages_and_writes_a_trace_beside_the_simulator":
         "test_the_runtime_executes_the_given_action_list (lynx train on a pipeline plan)",
     **{f"unit/test_search_parallel.py::{t}":
-       "test_search_parallel.py::test_workers_give_the_same_search[wait-for-every-worker] (workers give the "
-       "one-process search's answer)"
+       "test_search_parallel.py::test_workers_search_the_tree_beside_and_give_the_same_table[3] and "
+       "test_workers_planning_ahead_give_the_same_search[wait-for-every-worker] (workers give the one-process "
+       "search's answer)"
        for t in ("test_an_exhaustive_search_with_workers_is_the_one_process_one",
-                 "test_workers_give_the_same_search[take-back-queued]",
+                 "test_workers_planning_ahead_give_the_same_search[take-back-queued]",
+                 "test_workers_search_the_tree_beside_and_give_the_same_table[6]",
+                 "test_a_killed_worker_does_not_stop_the_search[planning-ahead]",
                  "test_finalists_priced_for_the_target_over_the_workers_rank_as_in_one_process")},
     "unit/test_refine_plain.py::test_the_refinements_plain_test_changes_no_answer_and_spares_stage_problems":
         "test_search.py::test_pruned_search_equals_exhaustive[gpt-tiny-tight] (no answer changed) and "

@@ -1,9 +1,11 @@
-"""The search with worker processes (`lynx plan --gpus N --jobs J`, `lynx.search.parallel`): the same answer as in
-one process (every outcome, its status, time and peaks, the counts), the workers really used, and none left
-running when the search ends or is interrupted."""
+"""The search with worker processes (`lynx plan --gpus N --jobs J`, `lynx.search.parallel`): the workers search
+the tree beside the search's process and the table is the one-process search's (its exact rows, the stock row, the
+recipes); with the workers planning ahead instead (`run.SIDE_BY_SIDE` off) every outcome and count is. The workers
+are really used, and none is left running when the search ends or is interrupted."""
 
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing
 
@@ -22,23 +24,67 @@ def _rows(res):  # noqa: ANN001, ANN202 (a SearchResult)
              o.partition, o.reason) for o in res.outcomes]
 
 
+def _table(res):  # noqa: ANN001, ANN202 (a SearchResult)
+    """What any number of processes finds: the exact rows (every candidate that could be among them planned), the
+    stock row, the recipes' rows, and how many candidates were considered."""
+    stock = res.best_stock
+    return ([(o.candidate, o.iteration_s, o.stage_peak_gib, o.partition, o.priced_for, o.runs_on)
+             for o in res.ranked[:res.rows]],
+            None if stock is None else (stock.candidate, stock.iteration_s),
+            [(a.recipe.name, o and o.iteration_s) for a, o in res.recipes], res.considered)
+
+
 @pytest.fixture
 def workers_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Start the workers with the search (a search this small ends before the default delay)."""
     monkeypatch.setattr(run, "AHEAD_AFTER_S", 0.0)
 
 
+def _space() -> Space:
+    return Space(load_model("gpt-tiny"), load_hardware("a100-40g-nvlink"), 4, 32, 512, Pins(), offload=True)
+
+
+OPTS = PlanOptions(budget_bytes=0.05 * GiB)
+"""A budget where some lynx candidates recompute, some offload and some do not fit."""
+
+
+@functools.cache
+def _one(rows: int = 3):  # noqa: ANN202 (a SearchResult)
+    """The one-process search every test compares with (searched once per test run)."""
+    return search(_space(), OPTS, top=3, rows=rows)
+
+
+@pytest.mark.usefixtures("workers_at_once")
+@pytest.mark.parametrize("rows", [3, 6])
+def test_workers_search_the_tree_beside_and_give_the_same_table(rows: int) -> None:
+    """Two workers search the cores no process has taken yet beside the search's own, with shared incumbents: the
+    `rows` fastest, the stock row and the recipes are the one-process search's (the same when the exact rows are
+    twice the table, as a target's ranking asks), every candidate is counted once, and the workers decided some."""
+    one = _one(rows)
+    two = search(_space(), OPTS, top=3, jobs=3, rows=rows)
+    assert one.rows == two.rows == rows and len(one.ranked) >= rows
+    assert _table(two) == _table(one)
+    assert len({(o.candidate, o.candidate.split) for o in two.outcomes}) == len(two.outcomes)  # none twice
+    assert two.jobs == 3 and two.beside > 0 and one.beside == 0
+    from lynx.search.report import explain
+
+    said = " ".join(explain(two))
+    assert f"2 worker processes searched the tree beside this one and decided {two.beside:,}" in said
+    assert f"the {rows} fastest rows, the stock row and the recipes are what --jobs 1 finds" in said
+    assert any(o.plan is not None and o.candidate.layout.vpp > 1 for o in two.outcomes)
+    assert not multiprocessing.active_children()
+
+
 @pytest.mark.usefixtures("workers_at_once")
 @pytest.mark.parametrize("take_back", [False, True], ids=["wait-for-every-worker", "take-back-queued"])
-def test_workers_give_the_same_search(take_back: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Interleaved lynx and lynx-offload candidates under a budget where some recompute, some offload and some do
-    not fit: every outcome is the one-process search's, whether the tree waits for each candidate it handed out
-    (then the workers plan most of lynx's candidates) or takes back the ones no worker has started."""
+def test_workers_planning_ahead_give_the_same_search(take_back: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the workers planning lynx's candidates ahead of the tree (`run.SIDE_BY_SIDE` off): every outcome is the
+    one-process search's, whether the tree waits for each candidate it handed out (then the workers plan most of
+    lynx's candidates) or takes back the ones no worker has started."""
     monkeypatch.setattr(parallel, "TAKE_BACK", take_back)
-    space = Space(load_model("gpt-tiny"), load_hardware("a100-40g-nvlink"), 4, 32, 512, Pins(), offload=True)
-    opts = PlanOptions(budget_bytes=0.05 * GiB)
-    one = search(space, opts, top=3)
-    two = search(space, opts, top=3, jobs=3)
+    monkeypatch.setattr(run, "SIDE_BY_SIDE", False)
+    one = _one()
+    two = search(_space(), OPTS, top=3, jobs=3)
     assert _rows(two) == _rows(one)
     assert [(a.recipe.name, o and o.iteration_s) for a, o in two.recipes] == \
         [(a.recipe.name, o and o.iteration_s) for a, o in one.recipes]
@@ -75,10 +121,9 @@ def test_finalists_priced_for_the_target_over_the_workers_rank_as_in_one_process
     def rank(res, pricer):  # noqa: ANN001, ANN202
         return rank_for_target(res, Target.MEGATRON, 3, pricer)
 
-    one = search(space, opts, top=3, rank=rank)
-    two = search(space, opts, top=3, jobs=2, rank=rank)
-    assert _rows(two) == _rows(one)
-    assert [(o.priced_for, o.runs_on) for o in two.outcomes] == [(o.priced_for, o.runs_on) for o in one.outcomes]
+    one = search(space, opts, top=3, rank=rank, rows=6)  # the 2 x top rows the ranking reads, exact (as the CLI)
+    two = search(space, opts, top=3, jobs=2, rank=rank, rows=6)
+    assert _table(two) == _table(one)
     assert sum(o.priced_for == "megatron" for o in one.outcomes) >= 6  # 2 x top at least
     assert handed and handed[0] >= 3, handed  # every other one of the first batch went to the worker
     assert not multiprocessing.active_children()
@@ -112,12 +157,15 @@ def test_a_short_search_starts_no_worker() -> None:
 
 
 @pytest.mark.usefixtures("workers_at_once")
-def test_a_killed_worker_does_not_stop_the_search(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Workers killed mid-search (the system's OOM killer, a user's kill): what they held is planned in the search's
-    process, and the answer is the one-process search's; the search returns and leaves no process."""
+@pytest.mark.parametrize("side_by_side", [True, False], ids=["searching-beside", "planning-ahead"])
+def test_a_killed_worker_does_not_stop_the_search(side_by_side: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers killed mid-search (the system's OOM killer, a user's kill): what they held is searched again in the
+    search's process (the cores a worker searching beside it took, or the candidates it was planning), and the
+    answer is the one-process search's; the search returns and leaves no process."""
     import os
     import signal
 
+    monkeypatch.setattr(run, "SIDE_BY_SIDE", side_by_side)
     monkeypatch.setattr(parallel, "TAKE_BACK", False)  # wait on every handed-out candidate, the killed ones' too
     space = Space(load_model("gpt-tiny"), load_hardware("a100-40g-nvlink"), 4, 32, 512, Pins(), offload=True)
     opts = PlanOptions(budget_bytes=0.05 * GiB)
@@ -131,7 +179,11 @@ def test_a_killed_worker_does_not_stop_the_search(monkeypatch: pytest.MonkeyPatc
 
     two = search(space, opts, top=3, jobs=3, progress=progress)
     assert killed
-    assert _rows(two) == _rows(search(space, opts, top=3))
+    one = _one()
+    if side_by_side:
+        assert _table(two) == _table(one) and two.beside == 0  # nothing came back from the killed workers
+    else:
+        assert _rows(two) == _rows(one)
     assert not multiprocessing.active_children()
 
 
@@ -148,7 +200,7 @@ def test_workers_the_system_refuses_leave_one_process(monkeypatch: pytest.Monkey
     opts = PlanOptions(budget_bytes=0.05 * GiB)
     res = search(space, opts, top=3, jobs=3)
     assert res.jobs == 1 and res.ahead == (0, 0)
-    assert _rows(res) == _rows(search(space, opts, top=3))
+    assert _rows(res) == _rows(_one())
 
 
 def test_a_waiting_search_plans_a_queued_candidate_itself() -> None:

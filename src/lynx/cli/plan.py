@@ -220,9 +220,9 @@ def plan_cmd(
         "--allow-idle-gpus", help="Accept a layout that leaves some of --gpus / --nodes idle.")] = False,
     top: Annotated[int, typer.Option("--top", help="With --gpus: configurations in the table.")] = 5,
     jobs: Annotated[int | None, typer.Option(
-        "--jobs", "-j", help="With --gpus: processes searching, this one and J - 1 workers that plan lynx's "
-        "candidates ahead of it, each solving a plan's independent stage problems on J threads (the same answer; "
-        "1: no workers, one thread) [default: one per CPU this process may use, at most 8].")] = None,
+        "--jobs", "-j", help="With --gpus: processes searching the tree side by side, this one and J - 1 workers, "
+        "each solving a plan's independent stage problems on J threads (the same table; 1: no workers, one "
+        "thread) [default: one per CPU this process may use, at most 8].")] = None,
     search_time_limit: Annotated[float, typer.Option(
         "--search-time-limit", help="With --gpus: seconds the search decides candidates for; then it stops, ranks "
         "what it planned and says the smallest time bound of what it left (0: no limit; every dense search of "

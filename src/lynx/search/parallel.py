@@ -1,5 +1,10 @@
-"""lynx's own candidates planned ahead on worker processes (`lynx plan --gpus N --jobs J`: J processes in all,
-the search's own and J - 1 workers).
+"""Worker processes for the search (`lynx plan --gpus N --jobs J`: J processes in all, the search's own and J - 1
+workers).
+
+By default (`run.SIDE_BY_SIDE`, decision 0272) each worker searches the tree's cores beside the search's own
+process (`Subtree`, `run.subtree`): the cores are taken in ascending order of their bounds through `SharedTree`,
+which also holds every process's incumbents, and each worker answers what it decided (`TreePart`). The rest of this
+docstring is the other mode (decision 0251), which keeps every outcome and count the one-process search's:
 
 The search's tree is sequential: the order it pops nodes in and the incumbents its bounds are compared with decide
 what is planned, and that order is what makes the answer the exhaustive search's. What costs the time is planning
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import multiprocessing
 import os
 import signal
@@ -41,7 +47,7 @@ from lynx.problem import PlanOptions, PlanProblem, PlanResult
 from lynx.request import Target
 from lynx.search.evaluate import Failed, Outcome, Shared, plan_result, presimulate
 from lynx.search.prices import Priced, price_outcome, price_plan
-from lynx.search.space import Candidate, Space
+from lynx.search.space import Candidate, Core, Space
 from lynx.search.tree import Frontier, Node
 from lynx.simulate import SimResult
 
@@ -101,6 +107,8 @@ class Worked:
     """The screen bound pruned the candidate at the threshold it was handed out with: not planned."""
     priced: Priced | None = None
     """A `Price` task's answer (no candidate planned)."""
+    part: TreePart | None = None
+    """A `Subtree` task's answer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,29 +146,141 @@ TAKE_BACK = True
 WAIT_S = 300.0
 """The longest the search waits for a started candidate; then it plans it itself and hands out nothing more."""
 DEPTH = 2
+LOCK_WAIT_S = 2.0
+"""How long a process waits for `SharedTree`'s lock before the search checks for a worker that died holding it."""
 """Candidates handed to a worker and not yet answered, at most (the one it plans and those queued behind it)."""
 SLOTS = 1 << 16
 """Candidates one search can hand out (its states array); beyond, the search plans them itself."""
 
-Task = tuple[int, Candidate | None, bool, Screen | Price | None]
-"""(slot, candidate, refine, screen): what the search sends a worker down its pipe (a `Price`: no candidate)."""
+@dataclass(frozen=True, slots=True)
+class Subtree:
+    """The tree's cores for a worker to search beside the search's own process (`run.subtree`): every core in
+    ascending order of its bound, taken one at a time through `SharedTree.claim` by whichever process's heap has
+    nothing smaller, with the incumbents `SharedTree` holds for all of them."""
+
+    order: tuple[int, ...]
+    """Indices into `space.cores`' list, by ascending bound."""
+    bounds: tuple[float, ...]
+    """Each core's bound, in `order`'s order (-inf: a core whose bound is refused, reported by who takes it)."""
+    top: int
+    rows: int
+    """`run._Incumbents.rows`: the fastest times the threshold is the slowest of."""
+    exhaustive: bool
+    time_left_s: float | None
+
+
+class SharedTree:
+    """What the processes searching one tree side by side share (`Subtree`): the next core to take, who took each,
+    the incumbents (the `rows` best times, the best stock time, the `screens` best lynx screens) and each worker's
+    decided count (the progress line's). Written under one lock; read without it: each figure a reader takes is a
+    single aligned float, either the old value or a newer smaller one, so a bound compared with it prunes nothing
+    the exact value would keep."""
+
+    def __init__(self, ctx: Any, rows: int, screens: int, cores: int, workers: int) -> None:
+        self.lock = ctx.Lock()
+        self.next = ctx.RawValue("q", 0)
+        self.owner = ctx.RawArray("h", max(cores, 1))
+        """0: the search's own process took the core; w + 1: worker w did."""
+        self.best = ctx.RawArray("d", [math.inf] * rows)
+        self.screens = ctx.RawArray("d", [math.inf] * screens)
+        self.stock = ctx.RawValue("d", math.inf)
+        self.done = ctx.RawArray("q", max(workers, 1))
+        self.cores = cores
+
+    rescue: Callable[[], bool] | None = None
+    """The search's own process only (set after the workers start): whether a worker is gone, which may have died
+    holding the lock (the lock is held for a few microseconds, so a wait of `LOCK_WAIT_S` means it did); then the
+    search releases it for it."""
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        while not self.lock.acquire(timeout=LOCK_WAIT_S):
+            if self.rescue is not None and self.rescue():
+                self.lock.release()
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    def claim(self, i: int) -> bool:
+        """Take the `i`-th core of the order: False when another process took it first."""
+        with self._locked():
+            if self.next.value != i:
+                return False
+            self.next.value = i + 1
+            return True
+
+    def claim_rest(self) -> int:
+        """Take every core not yet taken (a time limit stops the search): the first index taken."""
+        with self._locked():
+            first = self.next.value
+            self.next.value = self.cores
+            return int(first)
+
+    def add(self, seconds: float, stock: bool, screen: bool) -> None:
+        with self._locked():
+            _insert(self.best, seconds)
+            if screen:
+                _insert(self.screens, seconds)
+            if stock and seconds < self.stock.value:
+                self.stock.value = seconds
+
+    @property
+    def kth(self) -> float:
+        return float(self.best[len(self.best) - 1])
+
+    @property
+    def finalist(self) -> float:
+        return float(self.screens[len(self.screens) - 1])
+
+
+def _insert(arr: Any, value: float) -> None:
+    """`value` into the ascending fixed-length array, the largest dropped (the caller holds the lock)."""
+    i = len(arr) - 1
+    if value >= arr[i]:
+        return
+    while i > 0 and arr[i - 1] > value:
+        arr[i] = arr[i - 1]
+        i -= 1
+    arr[i] = value
+
+
+@dataclass(frozen=True, slots=True)
+class TreePart:
+    """A worker's `Subtree` answer: what its share of the tree decided (`run._Run`'s fields of the same names).
+    Plans are kept for the outcomes a ranking can need (`run.subtree`), dropped for the rest (they are large)."""
+
+    outcomes: tuple[Outcome, ...]
+    skipped: int
+    refused: tuple[tuple[Core, str], ...]
+    refused_count: int
+    unplanned: int
+    open_bound_s: float
+    solves: int
+    hits: int
+
+
+Task = tuple[int, Candidate | None, bool, Screen | Price | Subtree | None]
+"""(slot, candidate, refine, screen): what the search sends a worker down its pipe (a `Price` or a `Subtree`: no
+candidate)."""
 
 
 def _counts(shared: Shared) -> tuple[int, int]:
     return sum(h.solves for h in shared.heu.values()), sum(h.hits for h in shared.heu.values())
 
 
-def _serve(conn: Connection, space: Space, base: PlanOptions, states: Any, threads: int = 1) -> None:
+def _serve(conn: Connection, space: Space, base: PlanOptions, states: Any, threads: int = 1,
+           tree: SharedTree | None = None, me: int = 0) -> None:
     """A worker: plan each task from its pipe in order, answer (slot, `Worked`), until the pipe closes or says
     None, its independent stage problems solved on `threads` threads (`milp.concurrent_solves`). The parent stops
     the search on Ctrl-C and kills its workers; they ignore it themselves."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _raise_young_threshold()  # as the search's, for the worker's life
     with concurrent_solves(threads):
-        _answer(conn, Shared(space, base), states)
+        _answer(conn, Shared(space, base), states, tree, me)
 
 
-def _answer(conn: Connection, shared: Shared, states: Any) -> None:
+def _answer(conn: Connection, shared: Shared, states: Any, tree: SharedTree | None = None, me: int = 0) -> None:
     frontier = Frontier(shared)
     while True:
         try:
@@ -176,6 +296,11 @@ def _answer(conn: Connection, shared: Shared, states: Any) -> None:
         states[slot] = RUNNING
         if isinstance(screen, Price):
             worked = Worked(None, 0, 0, priced=price_plan(screen.problem, screen.result, screen.target, screen.stock))
+        elif isinstance(screen, Subtree):
+            assert tree is not None
+            from lynx.search.run import subtree  # run imports this module
+
+            worked = Worked(None, 0, 0, part=subtree(shared, screen, tree, me))
         else:
             assert cand is not None
             worked = work(shared, frontier, cand, refine, screen)
@@ -205,10 +330,12 @@ class Ahead:
     killed by the system closes its pipe only: what it held is planned by the search, the others go on)."""
 
     def __init__(self, space: Space, base: PlanOptions, workers: int, shared: Shared | None = None,
-                 threads: int = 1) -> None:
+                 threads: int = 1, tree: tuple[int, int, int] | None = None) -> None:
         """`shared`: the search's own caches, with which it plans a queued candidate itself while it waits for a
-        started one (`take`); None: it only waits. `threads`: each worker's solve threads (`_serve`)."""
+        started one (`take`); None: it only waits. `threads`: each worker's solve threads (`_serve`). `tree`:
+        (rows, screens, cores) to search the tree's cores side by side (`Subtree`, `SharedTree`)."""
         ctx = multiprocessing.get_context("spawn")
+        self.tree = None if tree is None else SharedTree(ctx, *tree, workers)
         self.shared = shared
         self.local: dict[tuple[Candidate, bool], Worked] = {}
         """Queued candidates the search planned itself while waiting (`_steal`), until it takes them."""
@@ -220,7 +347,8 @@ class Ahead:
         self.conns: list[Connection] = []
         for _ in range(workers):
             mine, theirs = ctx.Pipe()
-            p = ctx.Process(target=_serve, args=(theirs, space, base, self.states, threads), daemon=True)
+            p = ctx.Process(target=_serve, args=(theirs, space, base, self.states, threads, self.tree,
+                                                 len(self.procs) + 1), daemon=True)
             p.start()
             theirs.close()
             self.procs.append(p)
@@ -254,7 +382,7 @@ class Ahead:
                 cand = self.slots.get(slot)
                 if cand is not None:
                     self.on_floors(cand, worked.floors)
-            if worked.result is not None or worked.pruned or worked.priced is not None:  # else taken back
+            if worked.result is not None or worked.pruned or worked.priced is not None or worked.part is not None:
                 self.answers[slot] = worked
 
     def wants(self) -> bool:
@@ -307,6 +435,40 @@ class Ahead:
         done = [p for p in out if p is not None]
         assert len(done) == len(outcomes)  # every one priced, here or by a worker
         return done
+
+    def subtrees(self, task: Subtree) -> dict[int, int]:
+        """Send every live worker the tree's cores to search beside this process: {worker: slot}."""
+        sent = {}
+        for w in sorted(self.alive):
+            slot = self.handed + self.prices
+            try:
+                self.conns[w].send((slot, None, False, task))
+            except OSError:
+                self.alive.discard(w)
+                continue
+            self.load[w] += 1
+            self.prices += 1
+            sent[w] = slot
+        return sent
+
+    def parts(self, sent: dict[int, int], waiting: Callable[[], None],
+              wait_s: float | None) -> dict[int, TreePart | None]:
+        """Each worker's answer to `subtrees` (None: its worker is gone, or `wait_s` passed with no answer; None:
+        no limit, as a search without a time limit has none), calling `waiting` about once a second meanwhile."""
+        deadline = math.inf if wait_s is None else time.monotonic() + wait_s
+        out: dict[int, TreePart | None] = {}
+        for w, slot in sent.items():
+            while slot not in self.answers and w in self.alive and time.monotonic() < deadline:
+                self._read(min(max(deadline - time.monotonic(), 0.0), 1.0))
+                waiting()
+            got = self.answers.pop(slot, None)
+            out[w] = None if got is None else got.part
+            if got is None:
+                self.alive.discard(w)  # gone, or stalled past the limit: nothing more is sent to it
+            if got is not None and got.part is not None:
+                self.solves += got.part.solves
+                self.hits += got.part.hits
+        return out
 
     def submit(self, cand: Candidate, refine: bool = False, screen: Screen | None = None) -> None:
         key = (cand, refine)

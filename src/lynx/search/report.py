@@ -110,8 +110,17 @@ def _workers(res: SearchResult) -> str:
         return ""
     handed, used = res.ahead
     workers = res.jobs - 1
-    return (f" {workers} worker process{'es' if workers > 1 else ''} took {handed} of lynx's candidates ahead of the "
-            f"search, which used {used} of their answers (--jobs 1 gives the same answer in one process).")
+    procs = f"{workers} worker process{'es' if workers > 1 else ''}"
+    if res.beside and res.stopped:
+        return (f" {procs} searched the tree beside this one and decided {res.beside:,} of the candidates, sharing "
+                "the incumbents; what the processes reached before the time limit depends on timing.")
+    if res.beside:
+        return (f" {procs} searched the tree beside this one and decided {res.beside:,} of the candidates, sharing "
+                f"the incumbents: the {res.rows} fastest rows, the stock row and the recipes are what --jobs 1 finds; "
+                "which slower candidates were planned or pruned depends on when each process learnt the others' "
+                "times.")
+    return (f" {procs} took {handed} of lynx's candidates ahead of the search, which used {used} of their answers "
+            "(--jobs 1 gives the same answer in one process).")
 
 
 def _stopped(res: SearchResult) -> list[str]:
@@ -251,6 +260,7 @@ def result_dict(res: SearchResult) -> dict[str, Any]:
         "seconds": res.seconds,
         "stage_problems_solved": res.stage_problems, "stage_problem_cache_hits": res.stage_hits,
         "jobs": res.jobs, "planned_ahead": {"handed_out": res.ahead[0], "used": res.ahead[1]},
+        "decided_by_workers": res.beside, "exact_rows": res.rows,
         "time_limit_s": res.time_limit_s, "stopped_at_time_limit": res.stopped, "not_planned": res.unplanned,
         "open_bound_s": None if math.isnan(res.open_bound_s) else res.open_bound_s,
         "fastest_in_lynx_pricing_s": None if math.isnan(res.best_lynx_s) else res.best_lynx_s,

@@ -14,9 +14,14 @@ shallower ones, the deeper ones are skipped (`VppSweep`; a rule, not a bound). W
 planned where a method that recomputes a subset of what it recomputes already fits (`dominance`: recomputing,
 or copying to the host, only ever adds time). `exhaustive=True` plans everything (the tests compare both).
 
-With `jobs` > 1, lynx's candidates of the nodes near the top of the heap are planned ahead on `jobs - 1` workers
-(`parallel.Ahead`), and every process solves a plan's independent stage problems on `jobs` threads
-(`milp.concurrent_solves`: HiGHS releases the GIL); the tree itself and what it decides are unchanged.
+The cores enter the heap lazily, in ascending order of their bounds (`_Run._claim`: the order pushing them all at
+once gives). With `jobs` > 1 (`SIDE_BY_SIDE`), `jobs - 1` workers take cores from that order too and search them
+as trees of their own (`subtree`), every process comparing with the incumbents of all (`parallel.SharedTree`): the
+`rows` fastest, the stock row and the finalists are exact in any number of processes (a bound prunes only what
+cannot enter them), while which slower candidates were planned depends on timing. Every process solves a plan's
+independent stage problems on `jobs` threads (`milp.concurrent_solves`: HiGHS releases the GIL). Without
+`SIDE_BY_SIDE`, the tree stays in this process and the workers plan lynx's candidates of the nodes near the top of
+its heap ahead of it (`parallel.Ahead`): every outcome is the one-process search's.
 
 The published recipes that apply to the job (`recipes.applicable`) are planned always, beside the search; they do
 not feed the incumbents (the table and the stock row are the search's own)."""
@@ -30,12 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TypedDict
 
+from lynx.errors import LynxError
 from lynx.milp import concurrent_solves
 from lynx.policy.heu import CacheKey
 from lynx.problem import PlanOptions, PlanResult
 from lynx.search.dominance import cannot_fit, dominated, order
 from lynx.search.evaluate import LYNX_SEARCHED, Failed, Outcome, Shared, plan_candidate
-from lynx.search.parallel import Ahead, Screen, Worked, fewer_collections
+from lynx.search.parallel import WAIT_S, Ahead, Screen, SharedTree, Subtree, TreePart, Worked, fewer_collections
 from lynx.search.prices import Pricer, price_in_turn
 from lynx.search.recipes import Applied, applicable
 from lynx.search.space import Candidate, Core, Rejected, Space, cores, layout_candidates
@@ -82,6 +88,11 @@ class SearchResult:
     best_lynx_s: float = math.nan
     """The fastest fitting candidate's iteration time in lynx's pricing (before `targets.rank_for_target`
     re-prices the finalists): what `open_bound_s` is compared with."""
+    beside: int = 0
+    """Candidates the workers decided, searching the tree beside this process (`run.subtree`)."""
+    rows: int = 0
+    """The fastest rows the search made exact (`search`'s `rows`): every candidate that could be among them was
+    planned, in any number of processes."""
 
     @property
     def ranked(self) -> tuple[Outcome, ...]:
@@ -139,20 +150,36 @@ class SearchResult:
 class _Incumbents:
     """The `top` best iteration times overall and the best stock time: what a bound must beat."""
 
-    def __init__(self, top: int) -> None:
+    def __init__(self, top: int, rows: int | None = None) -> None:
         self.top = top
+        self.rows = top if rows is None else rows
+        """The fastest times kept: `kth` is the slowest of them (the table's rows a ranking reads, exact)."""
         self.heap: list[float] = []  # negated: the worst of the best `top` on top
-        self.stock = math.inf
+        self.own_stock = math.inf
         self.screens: list[float] = []  # negated: the `2 top` fastest lynx screens (`_refine_finalists`' set)
+        self.tree: SharedTree | None = None
+        """The incumbents of every process searching the tree side by side (`parallel.SharedTree`), once shared."""
+
+    def share(self, tree: SharedTree) -> None:
+        """From now on, compare with every process's incumbents: this one's so far go into `tree` first."""
+        for t in self.heap:
+            tree.add(-t, False, False)
+        for t in self.screens:
+            tree.add(-t, False, True)
+        if self.own_stock < math.inf:
+            tree.add(self.own_stock, True, False)
+        self.tree = tree
 
     def add(self, o: Outcome) -> None:
         if not o.fits:
             return
+        if self.tree is not None:
+            self.tree.add(o.iteration_s, o.candidate.stock, o.candidate.method in LYNX_SEARCHED)
         heapq.heappush(self.heap, -o.iteration_s)
-        if len(self.heap) > self.top:
+        if len(self.heap) > self.rows:
             heapq.heappop(self.heap)
         if o.candidate.stock:
-            self.stock = min(self.stock, o.iteration_s)
+            self.own_stock = min(self.own_stock, o.iteration_s)
         if o.candidate.method in LYNX_SEARCHED:
             heapq.heappush(self.screens, -o.iteration_s)
             if len(self.screens) > 2 * self.top:
@@ -160,12 +187,19 @@ class _Incumbents:
 
     @property
     def kth(self) -> float:
-        return -self.heap[0] if len(self.heap) >= self.top else math.inf
+        own = -self.heap[0] if len(self.heap) >= self.rows else math.inf
+        return own if self.tree is None else min(own, self.tree.kth)
+
+    @property
+    def stock(self) -> float:
+        """The best stock time."""
+        return self.own_stock if self.tree is None else min(self.own_stock, self.tree.stock.value)
 
     @property
     def finalist(self) -> float:
         """The slowest screen time of a lynx candidate the finalists' refinement would still take."""
-        return -self.screens[0] if len(self.screens) >= 2 * self.top else math.inf
+        own = -self.screens[0] if len(self.screens) >= 2 * self.top else math.inf
+        return own if self.tree is None else min(own, self.tree.finalist)
 
     def split_bound_prunes(self, bound: float) -> bool:
         """A bound that holds for lynx's screen on its dp split only (`tree.Node.tight`): refinement may move the
@@ -249,6 +283,10 @@ HANDED_STOCK = ("block",)
 for each (about 5-13 ms a candidate on the 70B search); the others' policies take a millisecond or two, about what
 handing one out costs."""
 
+SIDE_BY_SIDE = True
+"""With workers (`--jobs` > 1), they search the tree's cores beside the search's own process (`subtree`); False:
+they plan the search's lynx candidates ahead of its tree (`_hand_out`)."""
+
 AHEAD_AFTER_S = 1.0
 """Seconds of searching before the workers start: a search that ends sooner (a pinned layout, a small job) does
 not pay for starting them (about half a second of imports each)."""
@@ -261,8 +299,9 @@ class _Run:
     """Heap entries `_hand_out` looks at: the heap's top five levels, where the next nodes to pop are."""
 
     def __init__(self, space: Space, base: PlanOptions, top: int, exhaustive: bool,
-                 progress: Progress | None, jobs: int = 1, time_limit_s: float | None = None) -> None:
-        self.shared = Shared(space, base)
+                 progress: Progress | None, jobs: int = 1, time_limit_s: float | None = None,
+                 shared: Shared | None = None, rows: int | None = None) -> None:
+        self.shared = Shared(space, base) if shared is None else shared
         self.jobs, self.t0 = jobs, time.perf_counter()
         self.time_limit_s = time_limit_s
         self.unplanned, self.open_bound_s = 0, math.nan
@@ -271,25 +310,90 @@ class _Run:
         """Heap entries (their insertion numbers: a node's each push is its own) `_hand_out` has looked at. Not
         the nodes: hashing a node hashes its layouts, and `_hand_out` asks of the heap's top after every step."""
         self.frontier = Frontier(self.shared, floors=not exhaustive)
-        self.inc, self.sweep = _Incumbents(top), VppSweep()
+        self.inc, self.sweep = _Incumbents(top, rows), VppSweep()
         self.top, self.exhaustive, self.progress = top, exhaustive, progress
         self.outcomes: list[Outcome] = []
         self.skipped = self.done = self.total = self.refused_count = 0
         self.rejected: list[Rejected] = []
         self.refused: list[tuple[Core, str]] = []
+        self.nodes: list[Node] = []
+        """The cores, in `space.cores`' order."""
+        self.order: list[int] = []
+        """`nodes` indices by ascending bound: the order the cores enter the heap in (`_claim`)."""
+        self.bounds: list[float] = []
+        """Their bounds in that order (-inf: the bound was refused; the core is reported invalid when taken)."""
+        self.next = 0
+        """The first core in `order` not yet taken (with a `tree`, its `next` is)."""
+        self.tree: SharedTree | None = None
+        """Shared with the workers searching the same tree side by side (`_start_workers`, `subtree`)."""
+        self.me = 0
+        """This process in `tree`: 0 the search's own, w + 1 worker w."""
+        self.sent: dict[int, int] = {}
+        """The workers searching a `Subtree` and their answers' slots."""
+        self.beside = 0
+        """Candidates the workers decided (`SearchResult.beside`)."""
 
     def tick(self, n: int, what: str) -> None:
         self.done += n
+        if self.tree is not None and self.me:
+            self.tree.done[self.me - 1] = self.done
         if self.progress is not None:
-            self.progress(self.done, self.total, what)
+            self.progress(self.done + self._others(), self.total, what)
 
-    def run(self) -> None:
+    def _others(self) -> int:
+        """Candidates the workers searching the tree beside this process have decided so far."""
+        return 0 if self.tree is None or self.me or not self.sent else sum(self.tree.done[w] for w in self.sent)
+
+    def run(self, part: Subtree | None = None) -> None:
         cs, self.rejected = cores(self.shared.space)
-        nodes = [Node(Kind.CORE, c) for c in cs]
-        self.total = sum(count(self.shared.space, n) for n in nodes)
-        for n in nodes:
-            self.frontier.push(n)
-        while self.frontier:
+        self.nodes = [Node(Kind.CORE, c) for c in cs]
+        self.total = sum(count(self.shared.space, n) for n in self.nodes)
+        if part is None:
+            bounds = []
+            for n in self.nodes:
+                self._maybe_start_workers()  # a large space's cores take seconds: the workers start meanwhile
+                try:
+                    bounds.append(self.frontier.bound(n))
+                except LynxError:  # reported when the core is taken (`_push_core`)
+                    bounds.append(-math.inf)
+            self.order = sorted(range(len(self.nodes)), key=lambda i: (bounds[i], i))
+            self.bounds = [bounds[i] for i in self.order]
+        else:
+            self.order, self.bounds = list(part.order), list(part.bounds)
+        self._loop()
+        if self.sent:
+            self._join()
+
+    def _claim(self) -> None:
+        """Take the next cores in bound order while none in the heap has a smaller bound: the heap pops what it
+        would pop with every core pushed at once (a core's insertion number is below every node pushed after the
+        start, as it was). With a `tree`, each is taken by one process only: the processes' heaps together pop
+        the cores in that order."""
+        heap, n = self.frontier.heap, len(self.order)
+        while True:
+            i = self.tree.next.value if self.tree is not None else self.next
+            if i >= n or (heap and heap[0][0] < self.bounds[i]):
+                return
+            if self.tree is not None:
+                if not self.tree.claim(i):
+                    continue
+                self.tree.owner[self.order[i]] = self.me
+            else:
+                self.next = i + 1
+            self._push_core(i)
+
+    def _push_core(self, i: int) -> None:
+        node = self.nodes[self.order[i]]
+        if self.bounds[i] == -math.inf:
+            self.frontier.push(node)  # its refusal, into `frontier.invalid`
+        else:
+            self.frontier.push_at(node, self.bounds[i], i - len(self.order))
+
+    def _loop(self) -> None:
+        while True:
+            self._claim()
+            if not self.frontier:
+                break
             if self.time_limit_s is not None and time.perf_counter() - self.t0 > self.time_limit_s:
                 self._stop()
                 break
@@ -309,16 +413,25 @@ class _Run:
             for bad, why in self.frontier.invalid:
                 self._invalid(bad, why)
             self.frontier.invalid.clear()
-            if self.ahead is None and self.jobs > 1 and time.perf_counter() - self.t0 > AHEAD_AFTER_S:
-                self._start_workers()
-            if self.ahead is not None and self.ahead.wants():
+            self._maybe_start_workers()
+            if self.ahead is not None and self.tree is None and self.ahead.tree is not None:
+                self._side_by_side()
+            if self.ahead is not None and self.tree is None and self.ahead.wants():
                 self._hand_out()
 
     def _stop(self) -> None:
         """The time limit: the open nodes the incumbents prune are counted as pruned, the rest as unplanned, with the
-        smallest of their bounds (each a lower bound on lynx's price of its candidates: what the pick is within)."""
+        smallest of their bounds (each a lower bound on lynx's price of its candidates: what the pick is within).
+        The cores no process has taken yet are this one's to count."""
         left = [(b, n) for b, _, n in self.frontier.heap]
         self.frontier.heap.clear()
+        first = self.tree.claim_rest() if self.tree is not None else self.next
+        self.next = len(self.order)
+        for i in range(first, len(self.order)):
+            if self.bounds[i] == -math.inf:
+                self._push_core(i)
+            else:
+                left.append((self.bounds[i], self.nodes[self.order[i]]))
         live = []
         for b, n in left:
             if self.inc.prunes_node(n, b):
@@ -332,13 +445,70 @@ class _Run:
 
     def _start_workers(self) -> None:
         """Start the workers; where the system refuses processes (a limit, memory) the search goes on in this one
-        process, as `--jobs 1` (the same answer), and says so (`SearchResult.jobs`)."""
+        process, as `--jobs 1` (the same answer), and says so (`SearchResult.jobs`). With `SIDE_BY_SIDE`, each
+        worker searches the cores no process has taken yet beside this one (`subtree`), sharing the incumbents."""
         try:
-            self.ahead = Ahead(self.shared.space, self.shared.base, self.jobs - 1, self.shared, self.jobs)
+            self.ahead = Ahead(self.shared.space, self.shared.base, self.jobs - 1, self.shared, self.jobs,
+                               tree=(self.inc.rows, 2 * self.top, len(self.nodes)) if SIDE_BY_SIDE else None)
         except OSError:
             self.jobs = 1
-        else:
-            self.ahead.on_floors = self._floors_in
+            return
+        self.ahead.on_floors = self._floors_in
+
+    def _maybe_start_workers(self) -> None:
+        if self.ahead is None and self.jobs > 1 and time.perf_counter() - self.t0 > AHEAD_AFTER_S:
+            self._start_workers()
+
+    def _side_by_side(self) -> None:
+        """Hand every worker the cores no process has taken yet, to search beside this one (`subtree`), the
+        incumbents shared from now on."""
+        assert self.ahead is not None and self.ahead.tree is not None
+        self.tree = self.ahead.tree
+        procs = self.ahead.procs
+        self.tree.rescue = lambda: any(not p.is_alive() for p in procs)
+        self.tree.next.value = self.next
+        self.inc.share(self.tree)
+        left = None if self.time_limit_s is None else max(self.time_limit_s - (time.perf_counter() - self.t0), 0.0)
+        self.sent = self.ahead.subtrees(Subtree(tuple(self.order), tuple(self.bounds), self.top, self.inc.rows,
+                                                self.exhaustive,
+                                                left))
+
+    def _join(self) -> None:
+        """This process's share of the tree is done: take in each worker's (`TreePart`); the cores of a worker that
+        did not answer (gone) are searched here again, whole."""
+        assert self.ahead is not None and self.tree is not None
+        tree = self.tree
+
+        def waiting() -> None:
+            if self.progress is not None:
+                self.progress(self.done + self._others(), self.total, "waiting for the workers' share of the tree")
+
+        wait_s = None if self.time_limit_s is None else max(self.time_limit_s - (time.perf_counter() - self.t0),
+                                                             0.0) + WAIT_S
+        parts = self.ahead.parts(self.sent, waiting, wait_s)
+        lost = set()
+        for w, part in parts.items():
+            if part is None:
+                lost.add(w + 1)
+                continue
+            self.done += tree.done[w]
+            self.beside += tree.done[w]
+            self.outcomes += part.outcomes
+            self.skipped += part.skipped
+            self.refused += part.refused
+            self.refused_count += part.refused_count
+            self.unplanned += part.unplanned
+            if not math.isnan(part.open_bound_s):
+                self.open_bound_s = min(part.open_bound_s, self.open_bound_s if not math.isnan(self.open_bound_s)
+                                        else math.inf)
+            for o in part.outcomes:
+                self.inc.add(o)
+        self.sent = {}
+        if lost:
+            for i in range(min(tree.next.value, len(self.order))):
+                if tree.owner[self.order[i]] in lost:
+                    self._push_core(i)
+            self._loop()
 
     def _floors_in(self, cand: Candidate, floors: dict[CacheKey, float]) -> None:
         """A worker's LP floors for the candidate's stage problems, into the search's HEU cache of its method (the
@@ -455,12 +625,12 @@ class _Run:
             return Outcome(c, "skipped (VPP sweep)", bound, skip)
         if not self.exhaustive and self._prunes(node, c, bound):
             return Outcome(c, "pruned (time bound)", bound,
-                           f"time bound {bound:.3f} s exceeds the {self.top} best found")
+                           f"time bound {bound:.3f} s exceeds the {self.inc.rows} best found")
         if node.floored and c.method in LYNX_SEARCHED:  # HEU's least on-demand work (LPs)
             bound = max(bound, self.frontier.screen_bound(node, c.method, self.inc.split_bound_prunes))
             if self._prunes(node, c, bound):
                 return Outcome(c, "pruned (time bound)", bound, f"time bound {bound:.3f} s (its stage models' "
-                               f"least on-demand recomputation) exceeds the {self.top} best found")
+                               f"least on-demand recomputation) exceeds the {self.inc.rows} best found")
         if node.kind == Kind.STOCK and not self.exhaustive:  # its policy's bound before it is simulated
             o = plan_candidate(self.shared, c, bound, prune_above=self.inc.threshold(c),
                                policy_bound=lambda p, r: self.frontier.policy_bound(node, p, r), **self._taken(c))
@@ -469,6 +639,21 @@ class _Run:
         self.inc.add(o)
         self.sweep.add(o)
         return o
+
+
+def subtree(shared: Shared, task: Subtree, tree: SharedTree, me: int) -> TreePart:
+    """A worker's share of the tree (`parallel.Subtree`): the cores it takes, searched on its own caches with the
+    incumbents of every process. The plans it answers are those a ranking can still need (`targets.rank_for_target`
+    prices at most `8 top` of the fastest and the fastest stock ones); the rest keep their figures only."""
+    r = _Run(shared.space, shared.base, task.top, task.exhaustive, None, 1, task.time_left_s, shared, task.rows)
+    r.tree, r.me = tree, me
+    r.inc.share(tree)
+    r.run(task)
+    fits = sorted((o for o in r.outcomes if o.fits), key=lambda o: o.iteration_s)
+    keep = {id(o) for o in fits[:8 * task.top]} | {id(o) for o in [o for o in fits if o.candidate.stock][:8 * task.top]}
+    outs = tuple(o if o.plan is None or id(o) in keep else replace(o, plan=None) for o in r.outcomes)
+    solves, hits = sum(h.solves for h in shared.heu.values()), sum(h.hits for h in shared.heu.values())
+    return TreePart(outs, r.skipped, tuple(r.refused), r.refused_count, r.unplanned, r.open_bound_s, solves, hits)
 
 
 def _finish(r: _Run, space: Space, top: int) -> tuple[list[Outcome], tuple[tuple[Applied, Outcome | None], ...]]:
@@ -488,18 +673,20 @@ def _finish(r: _Run, space: Space, top: int) -> tuple[list[Outcome], tuple[tuple
 
 def search(space: Space, base: PlanOptions | None = None, top: int = 5, exhaustive: bool = False,
            progress: Progress | None = None, jobs: int = 1, time_limit_s: float | None = None,
-           rank: Rank | None = None) -> SearchResult:
-    """Plan the space's candidates, pruning by bounds unless `exhaustive`; price the published recipes. `jobs` > 1:
-    this process and `jobs - 1` workers, which plan lynx's candidates ahead of the tree, the finalists' refinements
-    and the recipes (`parallel`: the same answer). They are spawned, so a script that asks for them must guard its entry
-    point with ``if __name__ == "__main__":``, as Python's multiprocessing requires. `time_limit_s`: the tree stops
-    deciding candidates after this long (the finalists' refinement and the recipes still run) and the result says
-    what it left and the smallest bound among it (`SearchResult.open_bound_s`), as a MILP solver stopped at its
-    time limit reports its gap; an exhaustive search has none. `rank`: what the result becomes before the workers
-    stop, given a `prices.Pricer` over the search's processes (`targets.rank_for_target` for the CLI's --target;
-    `seconds` is the search's own)."""
+           rank: Rank | None = None, rows: int | None = None) -> SearchResult:
+    """Plan the space's candidates, pruning by bounds unless `exhaustive`; price the published recipes. `rows`: the
+    fastest rows made exact (every candidate that could be among them planned; default `top`). `jobs` > 1: this
+    process and `jobs - 1` workers, which search the tree beside it, then plan the finalists' refinements and the
+    recipes (the same exact rows, stock row and recipes). They are spawned, so a script that asks for them must
+    guard its entry point with ``if __name__ == "__main__":``, as Python's multiprocessing requires. `time_limit_s`:
+    the tree stops deciding candidates after this long (the finalists' refinement and the recipes still run) and the
+    result says what it left and the smallest bound among it (`SearchResult.open_bound_s`), as a MILP solver stopped
+    at its time limit reports its gap; an exhaustive search has none. `rank`: what the result becomes before the
+    workers stop, given a `prices.Pricer` over the search's processes (`targets.rank_for_target` for the CLI's
+    --target; `seconds` is the search's own)."""
     t0 = time.perf_counter()
-    r = _Run(space, base or PlanOptions(), top, exhaustive, progress, jobs, None if exhaustive else time_limit_s)
+    r = _Run(space, base or PlanOptions(), top, exhaustive, progress, jobs, None if exhaustive else time_limit_s,
+             rows=rows)
     try:
         with fewer_collections(), concurrent_solves(jobs):
             final, recipes = _finish(r, space, top)
@@ -525,4 +712,5 @@ def _result(r: _Run, space: Space, final: list[Outcome], recipes: tuple[tuple[Ap
                         solves + sum(h.solves for h in heu), hits + sum(h.hits for h in heu), recipes, r.skipped,
                         tuple(r.refused), r.refused_count, jobs if ahead is not None else 1,
                         (ahead.handed, ahead.used) if ahead is not None else (0, 0), r.time_limit_s, r.unplanned,
-                        r.open_bound_s, next((o.iteration_s for o in final if o.fits), math.nan))
+                        r.open_bound_s, next((o.iteration_s for o in final if o.fits), math.nan), r.beside,
+                        r.inc.rows)

@@ -136,6 +136,15 @@ class Frontier:
             return
         heapq.heappush(self.heap, (bound, next(self.seq), node))
 
+    def push_at(self, node: Node, bound: float, seq: int) -> None:
+        """The node with its bound known (`bound`) and its insertion number given: a core taken in bound order
+        (`run._Run._claim`) pops before every node pushed since the start at the same bound."""
+        heapq.heappush(self.heap, (bound, seq, node))
+
+    def bound(self, node: Node) -> float:
+        """The node's bound (`push`'s); raises `LynxError` for a node whose problem is refused."""
+        return self._bound(node)
+
     def pop(self) -> tuple[float, Node]:
         bound, _, node = heapq.heappop(self.heap)
         return bound, node
