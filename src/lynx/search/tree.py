@@ -127,6 +127,7 @@ class Frontier:
         self.static: dict[tuple[object, ...], str] = {}
         self.methods: dict[tuple[Node, str], float] = {}
         self.screens: dict[tuple[Layout, str], _Screen] = {}
+        self.core_bounds: dict[tuple[object, ...], float] = {}
 
     def push(self, node: Node) -> None:
         try:
@@ -253,10 +254,15 @@ class Frontier:
             problem = PlanProblem(sh.space.model, sh.space.hardware, sh.parallel(lay), sh.graph(lay), opts,
                                   sh.kinds(lay))
             self.pieces[key] = pieces(problem, fsdp=False)  # FSDP's terms depend on PP and micro-batches
-        nmb = sh.space.global_batch // (lay.dp * lay.mb)
-        p = replace(self.pieces[key], pp=lay.pp, nmb=nmb)
         deep = min((v for v in core.vpps if v > 1), default=0)
-        return min(time_bound_from(p, v) for v in ((1,) if 1 in core.vpps else ()) + ((deep,) if deep else ()))
+        bkey = (key, lay.pp, 1 in core.vpps, deep)  # the cores of one layout's optimizer shardings share it
+        got = self.core_bounds.get(bkey)
+        if got is None:
+            nmb = sh.space.global_batch // (lay.dp * lay.mb)
+            p = replace(self.pieces[key], pp=lay.pp, nmb=nmb)
+            got = self.core_bounds[bkey] = min(time_bound_from(p, v) for v in ((1,) if 1 in core.vpps else ())
+                                               + ((deep,) if deep else ()))
+        return got
 
     def method_bound(self, node: Node, cand: Candidate) -> float:
         """A stock candidate's own bound (0 where it has none beyond its node's): its split's
