@@ -287,6 +287,10 @@ SIDE_BY_SIDE = True
 """With workers (`--jobs` > 1), they search the tree's cores beside the search's own process (`subtree`); False:
 they plan the search's lynx candidates ahead of its tree (`_hand_out`)."""
 
+AT_ONCE = 100_000
+"""Candidates from which the workers start with the search rather than after `AHEAD_AFTER_S`: such a space's core
+bounds alone take most of a second, and a worker takes about a second to start (spawned, its imports)."""
+
 AHEAD_AFTER_S = 1.0
 """Seconds of searching before the workers start: a search that ends sooner (a pinned layout, a small job) does
 not pay for starting them (about half a second of imports each)."""
@@ -348,6 +352,8 @@ class _Run:
         cs, self.rejected = cores(self.shared.space)
         self.nodes = [Node(Kind.CORE, c) for c in cs]
         self.total = sum(count(self.shared.space, n) for n in self.nodes)
+        if self.jobs > 1 and self.total >= AT_ONCE:  # a search this large outlasts the workers' start
+            self._start_workers()
         if part is None:
             bounds = []
             for n in self.nodes:
