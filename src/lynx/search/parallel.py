@@ -258,6 +258,8 @@ class TreePart:
     open_bound_s: float
     solves: int
     hits: int
+    refined: tuple[Outcome, ...] = ()
+    """Its finalists refined (`run._Run.refine_own`)."""
 
 
 Task = tuple[int, Candidate | None, bool, Screen | Price | Subtree | None]

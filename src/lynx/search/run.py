@@ -252,19 +252,24 @@ class VppSweep:
             self.seen.setdefault(key, {})[o.candidate.layout.vpp] = o.iteration_s if o.fits else math.inf
 
 
-def _refine_finalists(shared: Shared, outcomes: list[Outcome], n: int, ahead: Ahead | None) -> list[Outcome]:
+def _refine_finalists(shared: Shared, outcomes: list[Outcome], n: int, ahead: Ahead | None,
+                      done: dict[Candidate, Outcome] | None = None) -> list[Outcome]:
     """lynx's simulator-judged partition refinement (up to 40 simulations each) for the `n` fastest lynx
     candidates only: it moves a plan by a fraction of a percent, and screening every candidate with it would
     multiply the search's time by ten (docs/decisions/0069-configuration-search.md). With workers, each
-    finalist's refinement runs on one."""
+    finalist's refinement runs on one. `done`: refinements the processes searching side by side already made of
+    their own finalists (`_Run.refine_own`)."""
+    done = done or {}
     lynx = sorted((o for o in outcomes if o.fits and o.candidate.method in LYNX_SEARCHED),
                   key=lambda o: o.iteration_s)[:n]
+    better = {id(o): done[o.candidate] for o in lynx if o.candidate in done}
+    lynx = [o for o in lynx if id(o) not in better]
     if ahead is not None:
         for o in lynx:
             ahead.submit(o.candidate, refine=True)
-    better = {id(o): plan_candidate(shared, o.candidate, o.bound_s, refine=True,
-                                    **_worked(None if ahead is None else ahead.take(o.candidate, refine=True)))
-              for o in lynx}
+    better |= {id(o): plan_candidate(shared, o.candidate, o.bound_s, refine=True,
+                                     **_worked(None if ahead is None else ahead.take(o.candidate, refine=True)))
+               for o in lynx}
     return [better.get(id(o), o) for o in outcomes]
 
 
@@ -336,6 +341,8 @@ class _Run:
         """The workers searching a `Subtree` and their answers' slots."""
         self.beside = 0
         """Candidates the workers decided (`SearchResult.beside`)."""
+        self.refined: dict[Candidate, Outcome] = {}
+        """Finalists refined by the process that planned them, at the end of its share of the tree (`refine_own`)."""
 
     def tick(self, n: int, what: str) -> None:
         self.done += n
@@ -479,11 +486,23 @@ class _Run:
                                                 self.exhaustive,
                                                 left))
 
+    def refine_own(self) -> None:
+        """This process's share of the tree is done: refine its own finalists (`_refine_finalists`), those among the
+        `2 top` fastest lynx screens of every process so far, while another process may still be searching. What
+        this process planned is final, and the threshold only falls, so every finalist it holds is among these."""
+        threshold = self.inc.finalist
+        for o in sorted(self.outcomes, key=lambda o: o.iteration_s if o.fits else math.inf):
+            if not o.fits or o.iteration_s > threshold:
+                break
+            if o.candidate.method in LYNX_SEARCHED and o.candidate not in self.refined:
+                self.refined[o.candidate] = plan_candidate(self.shared, o.candidate, o.bound_s, refine=True)
+
     def _join(self) -> None:
-        """This process's share of the tree is done: take in each worker's (`TreePart`); the cores of a worker that
-        did not answer (gone) are searched here again, whole."""
+        """This process's share of the tree is done: refine its finalists (`refine_own`), then take in each worker's
+        (`TreePart`); the cores of a worker that did not answer (gone) are searched here again, whole."""
         assert self.ahead is not None and self.tree is not None
         tree = self.tree
+        self.refine_own()
 
         def waiting() -> None:
             if self.progress is not None:
@@ -509,6 +528,7 @@ class _Run:
                                         else math.inf)
             for o in part.outcomes:
                 self.inc.add(o)
+            self.refined.update({o.candidate: o for o in part.refined})
         self.sent = {}
         if lost:
             for i in range(min(tree.next.value, len(self.order))):
@@ -655,17 +675,19 @@ def subtree(shared: Shared, task: Subtree, tree: SharedTree, me: int) -> TreePar
     r.tree, r.me = tree, me
     r.inc.share(tree)
     r.run(task)
+    r.refine_own()
     fits = sorted((o for o in r.outcomes if o.fits), key=lambda o: o.iteration_s)
     keep = {id(o) for o in fits[:8 * task.top]} | {id(o) for o in [o for o in fits if o.candidate.stock][:8 * task.top]}
     outs = tuple(o if o.plan is None or id(o) in keep else replace(o, plan=None) for o in r.outcomes)
     solves, hits = sum(h.solves for h in shared.heu.values()), sum(h.hits for h in shared.heu.values())
-    return TreePart(outs, r.skipped, tuple(r.refused), r.refused_count, r.unplanned, r.open_bound_s, solves, hits)
+    return TreePart(outs, r.skipped, tuple(r.refused), r.refused_count, r.unplanned, r.open_bound_s, solves, hits,
+                    tuple(r.refined.values()))
 
 
 def _finish(r: _Run, space: Space, top: int) -> tuple[list[Outcome], tuple[tuple[Applied, Outcome | None], ...]]:
     """Run the tree, refine its finalists, price the published recipes (the caller stops the workers)."""
     r.run()
-    final = _refine_finalists(r.shared, r.outcomes, 2 * top, r.ahead)
+    final = _refine_finalists(r.shared, r.outcomes, 2 * top, r.ahead, r.refined)
     applied = applicable(space)
     if r.ahead is not None:
         for a in applied:
