@@ -271,18 +271,23 @@ def _counts(shared: Shared) -> tuple[int, int]:
     return sum(h.solves for h in shared.heu.values()), sum(h.hits for h in shared.heu.values())
 
 
+SubtreeFn = Callable[[Shared, Subtree, "SharedTree", int], TreePart]
+"""`run.subtree`, handed to the workers by the search (this module does not import `run`, which imports it)."""
+
+
 def _serve(conn: Connection, space: Space, base: PlanOptions, states: Any, threads: int = 1,
-           tree: SharedTree | None = None, me: int = 0) -> None:
+           tree: SharedTree | None = None, me: int = 0, on_subtree: SubtreeFn | None = None) -> None:
     """A worker: plan each task from its pipe in order, answer (slot, `Worked`), until the pipe closes or says
     None, its independent stage problems solved on `threads` threads (`milp.concurrent_solves`). The parent stops
     the search on Ctrl-C and kills its workers; they ignore it themselves."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _raise_young_threshold()  # as the search's, for the worker's life
     with concurrent_solves(threads):
-        _answer(conn, Shared(space, base), states, tree, me)
+        _answer(conn, Shared(space, base), states, tree, me, on_subtree)
 
 
-def _answer(conn: Connection, shared: Shared, states: Any, tree: SharedTree | None = None, me: int = 0) -> None:
+def _answer(conn: Connection, shared: Shared, states: Any, tree: SharedTree | None = None, me: int = 0,
+            on_subtree: SubtreeFn | None = None) -> None:
     frontier = Frontier(shared)
     while True:
         try:
@@ -299,10 +304,8 @@ def _answer(conn: Connection, shared: Shared, states: Any, tree: SharedTree | No
         if isinstance(screen, Price):
             worked = Worked(None, 0, 0, priced=price_plan(screen.problem, screen.result, screen.target, screen.stock))
         elif isinstance(screen, Subtree):
-            assert tree is not None
-            from lynx.search.run import subtree  # run imports this module
-
-            worked = Worked(None, 0, 0, part=subtree(shared, screen, tree, me))
+            assert tree is not None and on_subtree is not None
+            worked = Worked(None, 0, 0, part=on_subtree(shared, screen, tree, me))
         else:
             assert cand is not None
             worked = work(shared, frontier, cand, refine, screen)
@@ -332,10 +335,12 @@ class Ahead:
     killed by the system closes its pipe only: what it held is planned by the search, the others go on)."""
 
     def __init__(self, space: Space, base: PlanOptions, workers: int, shared: Shared | None = None,
-                 threads: int = 1, tree: tuple[int, int, int] | None = None) -> None:
+                 threads: int = 1, tree: tuple[int, int, int] | None = None,
+                 on_subtree: SubtreeFn | None = None) -> None:
         """`shared`: the search's own caches, with which it plans a queued candidate itself while it waits for a
         started one (`take`); None: it only waits. `threads`: each worker's solve threads (`_serve`). `tree`:
-        (rows, screens, cores) to search the tree's cores side by side (`Subtree`, `SharedTree`)."""
+        (rows, screens, cores) to search the tree's cores side by side (`Subtree`, `SharedTree`), with `on_subtree`
+        (`run.subtree`)."""
         ctx = multiprocessing.get_context("spawn")
         self.tree = None if tree is None else SharedTree(ctx, *tree, workers)
         self.shared = shared
@@ -350,7 +355,7 @@ class Ahead:
         for _ in range(workers):
             mine, theirs = ctx.Pipe()
             p = ctx.Process(target=_serve, args=(theirs, space, base, self.states, threads, self.tree,
-                                                 len(self.procs) + 1), daemon=True)
+                                                 len(self.procs) + 1, on_subtree), daemon=True)
             p.start()
             theirs.close()
             self.procs.append(p)

@@ -462,7 +462,8 @@ class _Run:
         worker searches the cores no process has taken yet beside this one (`subtree`), sharing the incumbents."""
         try:
             self.ahead = Ahead(self.shared.space, self.shared.base, self.jobs - 1, self.shared, self.jobs,
-                               tree=(self.inc.rows, 2 * self.top, len(self.nodes)) if SIDE_BY_SIDE else None)
+                               tree=(self.inc.rows, 2 * self.top, len(self.nodes)) if SIDE_BY_SIDE else None,
+                               on_subtree=subtree)
         except OSError:
             self.jobs = 1
             return
