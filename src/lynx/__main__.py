@@ -1,5 +1,5 @@
 """`python -m lynx` runs the CLI."""
 
-from lynx.cli import main
+from lynx.cli import run
 
-main()
+run()

@@ -277,3 +277,22 @@ def test_an_exhaustive_search_with_workers_is_the_one_process_one() -> None:
     two = search(space, opts, top=3, exhaustive=True, jobs=3)
     assert _rows(two) == _rows(one) and two.jobs == 3
     assert not multiprocessing.active_children()
+
+
+def test_the_command_line_search_with_workers_exits_at_once_and_cleanly() -> None:
+    """`lynx plan --gpus N` in a process of its own (`lynx.cli.run`, the console script's entry): once the JSON is
+    written the process ends without the interpreter's teardown (`cli.common.FAST_EXIT`), with the exit code, the
+    whole JSON, and no warning of a leaked semaphore (the shared tree's lock) or process on stderr."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import sys; import lynx.search.run as r; r.AHEAD_AFTER_S = 0.0; sys.argv = ['lynx', *sys.argv[1:]]; "
+            "from lynx.cli import run; run()")
+    done = subprocess.run([sys.executable, "-c", code, "plan", "--model", "gpt-tiny", "--hardware", "a100-40g-nvlink",
+                           "--gpus", "4", "--global-batch", "32", "--seq-len", "512", "--jobs", "3", "--json"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["jobs"] == 3 and got["winner"] is not None  # the workers started (a search this small ends first)
+    assert not any(w in done.stderr.lower() for w in ("leaked", "traceback", "warning")), done.stderr

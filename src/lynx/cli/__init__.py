@@ -105,6 +105,36 @@ def _interrupted() -> None:
     sys.exit(EXIT_INTERRUPTED)
 
 
+def run() -> None:
+    """The `lynx` console script and `python -m lynx`: `main`, then, where the command asked for it
+    (`common.FAST_EXIT`: the configuration search), the process ends with its exit code once the output is flushed
+    and the exit handlers ran, without the interpreter's teardown (freeing a search's caches object by object, and
+    a last full garbage collection over them)."""
+    from lynx.cli.common import FAST_EXIT
+
+    try:
+        main()
+        code: object = 0
+    except SystemExit as e:
+        if not FAST_EXIT[0]:
+            raise
+        code = e.code
+    if not FAST_EXIT[0]:
+        return
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    import atexit
+    import contextlib
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+
+    atexit._run_exitfuncs()  # multiprocessing's finalizers among them
+    os._exit(code or 0)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI on `argv` (default sys.argv[1:]) and exit with the documented code."""
     args, debug_flag = _split_debug(list(sys.argv[1:] if argv is None else argv))

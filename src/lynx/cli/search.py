@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from lynx.cli.common import check_ints, console, err_console, print_json
+from lynx.cli.common import FAST_EXIT, check_ints, console, err_console, print_json
 from lynx.cost.fsdp import FSDP2, DpSharding
 from lynx.errors import SpecError
 from lynx.fp8 import Fp8Engine
@@ -280,6 +280,7 @@ def run_search(a: SearchArgs, base: Request) -> None:
 
         Plan.evaluate(best.plan.problem, best.plan.result).save(a.out)
         err_console.print(f"wrote {a.out}")
+    FAST_EXIT[0] = True  # everything is written: `lynx.cli.run` need not free the search's caches
 
 
 TARGET_TEXT = {
