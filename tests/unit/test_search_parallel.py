@@ -296,3 +296,17 @@ def test_the_command_line_search_with_workers_exits_at_once_and_cleanly() -> Non
     got = json.loads(done.stdout)
     assert got["jobs"] == 3 and got["winner"] is not None  # the workers started (a search this small ends first)
     assert not any(w in done.stderr.lower() for w in ("leaked", "traceback", "warning")), done.stderr
+
+
+@pytest.mark.usefixtures("workers_at_once")
+def test_a_time_limit_stops_every_process_and_counts_each_candidate_once() -> None:
+    """`--search-time-limit` with workers searching beside the search's process, at a limit that stops the search's
+    process before a worker has started (about a second): it takes every core no process took and counts it as left,
+    the workers answer their empty shares, every candidate is decided, pruned or left exactly once (the considered
+    count is the one-process search's), what was left has a bound, and the search returns with no worker left."""
+    one = _one()
+    res = search(_space(), OPTS, top=3, jobs=3, time_limit_s=0.3)
+    assert res.jobs == 3 and res.stopped and res.unplanned > 0 and res.open_bound_s > 0
+    assert res.considered == one.considered
+    assert len({(o.candidate, o.candidate.split) for o in res.outcomes}) == len(res.outcomes)
+    assert not multiprocessing.active_children()
