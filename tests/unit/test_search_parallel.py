@@ -310,3 +310,28 @@ def test_a_time_limit_stops_every_process_and_counts_each_candidate_once() -> No
     assert res.considered == one.considered
     assert len({(o.candidate, o.candidate.split) for o in res.outcomes}) == len(res.outcomes)
     assert not multiprocessing.active_children()
+
+
+def test_incumbents_shared_once_keep_the_exact_threshold() -> None:
+    """What one process found before the workers started goes into the shared incumbents once each: a lynx screen
+    and a stock time are already among the best times, and counted again they would stand for candidates that do not
+    exist and lower the threshold below the exact one (pruning a row that belongs in the table)."""
+    from dataclasses import replace
+
+    from lynx.search.evaluate import Outcome
+    from lynx.search.space import layout_candidates
+
+    space = _space()
+    own, stock = layout_candidates(space, run.cores(space)[0][0].at(1))
+    lynx_c = next(c for c in own if c.method == "lynx")
+    stock_c = stock[0]
+    inc = run._Incumbents(top=1, rows=3)
+    for c, t in ((lynx_c, 1.0), (stock_c, 2.0), (replace(lynx_c, method="lynx-offload"), 3.0)):
+        inc.add(Outcome(c, "planned", t, iteration_s=t))
+    assert (inc.kth, inc.stock, inc.finalist) == (3.0, 2.0, 3.0)
+    tree = parallel.SharedTree(multiprocessing.get_context("spawn"), 3, 2, 1, 1)
+    inc.share(tree)
+    assert (tree.kth, tree.stock.value, tree.finalist) == (3.0, 2.0, 3.0)
+    assert (inc.kth, inc.stock, inc.finalist) == (3.0, 2.0, 3.0)
+    inc.add(Outcome(stock_c, "planned", 1.5, iteration_s=1.5))  # a new time: once into each array it belongs to
+    assert list(tree.best) == [1.0, 1.5, 2.0] and tree.stock.value == 1.5 and list(tree.screens) == [1.0, 3.0]

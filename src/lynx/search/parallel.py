@@ -146,9 +146,9 @@ TAKE_BACK = True
 WAIT_S = 300.0
 """The longest the search waits for a started candidate; then it plans it itself and hands out nothing more."""
 DEPTH = 2
+"""Candidates handed to a worker and not yet answered, at most (the one it plans and those queued behind it)."""
 LOCK_WAIT_S = 2.0
 """How long a process waits for `SharedTree`'s lock before the search checks for a worker that died holding it."""
-"""Candidates handed to a worker and not yet answered, at most (the one it plans and those queued behind it)."""
 SLOTS = 1 << 16
 """Candidates one search can hand out (its states array); beyond, the search plans them itself."""
 
@@ -176,6 +176,11 @@ class SharedTree:
     single aligned float, either the old value or a newer smaller one, so a bound compared with it prunes nothing
     the exact value would keep."""
 
+    rescue: Callable[[], bool] | None = None
+    """The search's own process only (set after the workers start): whether a worker is gone, which may have died
+    holding the lock (the lock is held for a few microseconds, so a wait of `LOCK_WAIT_S` means it did); then the
+    search releases it for it."""
+
     def __init__(self, ctx: Any, rows: int, screens: int, cores: int, workers: int) -> None:
         self.lock = ctx.Lock()
         self.next = ctx.RawValue("q", 0)
@@ -186,11 +191,6 @@ class SharedTree:
         self.stock = ctx.RawValue("d", math.inf)
         self.done = ctx.RawArray("q", max(workers, 1))
         self.cores = cores
-
-    rescue: Callable[[], bool] | None = None
-    """The search's own process only (set after the workers start): whether a worker is gone, which may have died
-    holding the lock (the lock is held for a few microseconds, so a wait of `LOCK_WAIT_S` means it did); then the
-    search releases it for it."""
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -217,9 +217,13 @@ class SharedTree:
             self.next.value = self.cores
             return int(first)
 
-    def add(self, seconds: float, stock: bool, screen: bool) -> None:
+    def add(self, seconds: float, *, best: bool = True, screen: bool = False, stock: bool = False) -> None:
+        """One fitting candidate's time into the arrays it belongs to: every candidate's into `best`, a lynx
+        screen's into `screens`, a stock candidate's into `stock`. Each time goes in once: a copy would stand for a
+        candidate that does not exist and lower the threshold below the exact one."""
         with self._locked():
-            _insert(self.best, seconds)
+            if best:
+                _insert(self.best, seconds)
             if screen:
                 _insert(self.screens, seconds)
             if stock and seconds < self.stock.value:
@@ -371,7 +375,7 @@ class Ahead:
         self.screened: set[int] = set()
         """Slots handed out with a `Screen` (not taken back by `_steal`: the search bounds them first)."""
         self.seen: set[tuple[Candidate, bool]] = set()
-        self.solves = self.hits = self.handed = self.used = self.prices = 0
+        self.solves = self.hits = self.handed = self.used = self.prices = self.trees = 0
         self.stalled = False
 
     def _read(self, timeout: float) -> None:
@@ -425,7 +429,7 @@ class Ahead:
         away: dict[int, tuple[int, int]] = {}
         for i, o in enumerate(outcomes):
             assert o.plan is not None
-            slot = self.handed + self.prices
+            slot = self.handed + self.prices + self.trees
             if i % (len(self.alive) + 1) and (w := self._send((slot, None, False, Price(
                     o.plan.problem, o.plan.result, target, o.candidate.stock)))) is not None:
                 self.prices += 1
@@ -447,14 +451,14 @@ class Ahead:
         """Send every live worker the tree's cores to search beside this process: {worker: slot}."""
         sent = {}
         for w in sorted(self.alive):
-            slot = self.handed + self.prices
+            slot = self.handed + self.prices + self.trees
             try:
                 self.conns[w].send((slot, None, False, task))
             except OSError:
                 self.alive.discard(w)
                 continue
             self.load[w] += 1
-            self.prices += 1
+            self.trees += 1
             sent[w] = slot
         return sent
 
@@ -481,7 +485,7 @@ class Ahead:
         key = (cand, refine)
         if key in self.seen:
             return
-        slot = self.handed + self.prices
+        slot = self.handed + self.prices + self.trees
         w = self._send((slot, cand, refine, screen))
         if w is None:
             return

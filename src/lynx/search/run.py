@@ -163,18 +163,18 @@ class _Incumbents:
     def share(self, tree: SharedTree) -> None:
         """From now on, compare with every process's incumbents: this one's so far go into `tree` first."""
         for t in self.heap:
-            tree.add(-t, False, False)
+            tree.add(-t)
         for t in self.screens:
-            tree.add(-t, False, True)
+            tree.add(-t, best=False, screen=True)
         if self.own_stock < math.inf:
-            tree.add(self.own_stock, True, False)
+            tree.add(self.own_stock, best=False, stock=True)
         self.tree = tree
 
     def add(self, o: Outcome) -> None:
         if not o.fits:
             return
         if self.tree is not None:
-            self.tree.add(o.iteration_s, o.candidate.stock, o.candidate.method in LYNX_SEARCHED)
+            self.tree.add(o.iteration_s, screen=o.candidate.method in LYNX_SEARCHED, stock=o.candidate.stock)
         heapq.heappush(self.heap, -o.iteration_s)
         if len(self.heap) > self.rows:
             heapq.heappop(self.heap)
@@ -484,8 +484,7 @@ class _Run:
         self.inc.share(self.tree)
         left = None if self.time_limit_s is None else max(self.time_limit_s - (time.perf_counter() - self.t0), 0.0)
         self.sent = self.ahead.subtrees(Subtree(tuple(self.order), tuple(self.bounds), self.top, self.inc.rows,
-                                                self.exhaustive,
-                                                left))
+                                                self.exhaustive, left))
 
     def refine_own(self) -> None:
         """This process's share of the tree is done: refine its own finalists (`_refine_finalists`), those among the
@@ -524,18 +523,27 @@ class _Run:
             self.refused += part.refused
             self.refused_count += part.refused_count
             self.unplanned += part.unplanned
-            if not math.isnan(part.open_bound_s):
-                self.open_bound_s = min(part.open_bound_s, self.open_bound_s if not math.isnan(self.open_bound_s)
-                                        else math.inf)
-            for o in part.outcomes:
-                self.inc.add(o)
+            self.open_bound_s = min((b for b in (self.open_bound_s, part.open_bound_s) if not math.isnan(b)),
+                                    default=math.nan)
             self.refined.update({o.candidate: o for o in part.refined})
         self.sent = {}
         if lost:
-            for i in range(min(tree.next.value, len(self.order))):
-                if tree.owner[self.order[i]] in lost:
-                    self._push_core(i)
-            self._loop()
+            self._search_again(lost)
+
+    def _search_again(self, lost: set[int]) -> None:
+        """The cores the `lost` workers took, searched here whole. Alone now, against incumbents rebuilt from the
+        outcomes this process holds: the shared ones still count the lost workers' times, which are searched again
+        and would be counted twice."""
+        assert self.tree is not None
+        tree, self.tree = self.tree, None
+        self.inc = _Incumbents(self.top, self.inc.rows)
+        for o in self.outcomes:
+            self.inc.add(o)
+        self.next = len(self.order)  # every core was taken by some process
+        for i in range(min(tree.next.value, len(self.order))):
+            if tree.owner[self.order[i]] in lost:
+                self._push_core(i)
+        self._loop()
 
     def _floors_in(self, cand: Candidate, floors: dict[CacheKey, float]) -> None:
         """A worker's LP floors for the candidate's stage problems, into the search's HEU cache of its method (the
