@@ -48,6 +48,23 @@ def test_recipes_are_rows_of_their_own_not_the_stock_row() -> None:
                 and o.candidate.method == recipe.candidate.method and o.candidate.split == recipe.candidate.split)
     assert same.iteration_s == recipe.iteration_s
 
+    # --target megatron prices the recipes in its first batch, beside the finalists (one round over the processes,
+    # not one more after the ranking), and every recipe row is priced for the target
+    from lynx.request import Target
+    from lynx.search.prices import price_in_turn
+    from lynx.search.targets import rank_for_target
+
+    batches: list[list[object]] = []
+
+    def pricer(outs, target):  # noqa: ANN001, ANN202
+        batches.append(list(outs))
+        return price_in_turn(outs, target)
+
+    ranked = rank_for_target(res, Target.MEGATRON, 5, pricer)
+    planned = [o for _, o in res.recipes if o is not None and o.plan is not None]
+    assert planned and all(any(o is x for x in batches[0]) for o in planned)
+    assert all(o is not None and o.priced_for == "megatron" for _, o in ranked.recipes)
+
 
 def test_production_overlaps_where_megatron_allows_them() -> None:
     hw = load_hardware(H100)

@@ -50,8 +50,9 @@ def rank_for_target(res: SearchResult, target: Target, top: int, pricer: Pricer 
     """The search's outcomes with its finalists priced and ranked for `target` (lynx: only labelled): in lynx's
     order, at least the `2 x top` fastest and until `top` fit on the target (at most `8 x top`), the fastest stock
     candidate, and the published recipes' rows; the rest keep lynx's price and say so. `pricer` prices the ones
-    this order needs, the first `2 x top` and the stock candidate that follows them at once (where more are needed,
-    two at a time); an outcome priced and not needed is not used: the same answer in any number of processes."""
+    this order needs, the first `2 x top`, the stock candidate that follows them and the published recipes at once
+    (where more are needed, two at a time); an outcome priced and not needed is not used: the same answer in any
+    number of processes."""
     ranked = res.ranked
     prices: dict[int, Priced] = {}
 
@@ -69,7 +70,8 @@ def rank_for_target(res: SearchResult, target: Target, top: int, pricer: Pricer 
     else:
         new, fitting = {}, 0
         stock_after = next((o for o in ranked[2 * top:] if o.candidate.stock), None)
-        opening = [*ranked[:2 * top], *([stock_after] if stock_after is not None else [])]
+        recipes_planned = [o for _, o in res.recipes if o is not None and o.plan is not None]
+        opening = [*ranked[:2 * top], *([stock_after] if stock_after is not None else []), *recipes_planned]
         for i, o in enumerate(ranked):
             if (fitting >= top and len(new) >= 2 * top) or len(new) >= 8 * top:
                 break
@@ -91,9 +93,7 @@ def rank_for_target(res: SearchResult, target: Target, top: int, pricer: Pricer 
     rest = [o for o in outs if id(o) not in ids]
     priced.sort(key=lambda o: (not o.fits, o.iteration_s if o.fits else math.inf))
     recipes = res.recipes
-    if target is not Target.LYNX:  # the published rows on the target too: the explanation compares with them
-        planned = [o for _, o in recipes if o is not None and o.plan is not None]
-        if planned:  # priced side by side (over the search's processes)
-            price(planned[0], planned[1:])
+    if target is not Target.LYNX:  # the published rows on the target too (the opening batch priced them): the
+        # explanation compares with them
         recipes = tuple((a, o if o is None or o.plan is None else price(o, ())) for a, o in recipes)
     return replace(res, outcomes=tuple(priced + rest), recipes=recipes)
