@@ -125,3 +125,26 @@ def test_the_search_honours_the_fusion_flags(capsys: pytest.CaptureFixture[str])
     code, eager, err = run_main([*argv, "--no-rope-fusion"], capsys)
     assert code == 0, err
     assert _json(eager)["winner"]["iteration_s"] > _json(fused)["winner"]["iteration_s"]
+
+
+def test_megatron_target_makes_a_plugin_only_lynx_plan_again_for_the_engine(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With the production overlaps a lynx plan is priced with --tp-comm-overlap, which lynx's engine (Megatron-Core's
+    local layer spec, no TransformerEngine userbuffers) cannot run: --target megatron makes it again without the flag
+    where that is faster than the plugin running it with the flag. The plan file is the one priced: `lynx export
+    megatron` shows the pick's figure on its engine row, to the digit (decision 0274)."""
+    plan = tmp_path / "p.json"
+    job = ["plan", "--model", "llama3-8b", "--hardware", "h100-80g-nvlink", "--precision", "megatron-bf16", "--gpus",
+           "8", "--tp", "2", "--pp", "2", "--sp", "--vpp", "1", "--micro-batch-size", "1", "--distributed-optimizer",
+           "--method", "lynx-offload", "--global-batch", "32", "--seq-len", "8192", "--budget-gb", "30"]
+    w = _search(job, plan, capsys)["winner"]
+    assert w["runs_on"] == "Megatron-Core + lynx engine, no --tp-comm-overlap"
+    text = plan.read_text()
+    assert '"tp_comm_overlap": false' in text and '"overlap_param_gather": true' in text
+    code, out, err = run_main(["export", "megatron", str(plan), "--out", str(tmp_path / "x"), "--json"], capsys)
+    assert code == 0, err
+    engine = _json(out)["engine"]
+    assert engine["runs"] and engine["figures"]["iteration_time_s"] == w["iteration_s"]
+    # the flag given by the user holds for every candidate: the plan keeps it and runs by the plugin
+    given = _search([*job, "--tp-comm-overlap"], tmp_path / "q.json", capsys)["winner"]
+    assert given["runs_on"] == "Megatron-Core + lynx plugin" and given["iteration_s"] > w["iteration_s"]

@@ -15,6 +15,7 @@ from lynx.models import load_model
 from lynx.problem import PlanOptions
 from lynx.request import Target
 from lynx.search import Pins, Space, parallel, run, search
+from lynx.search.prices import ENGINE_WITHOUT_UB
 from lynx.search.targets import rank_for_target
 from lynx.spec import GiB, load_hardware
 
@@ -110,8 +111,8 @@ def test_finalists_priced_for_the_target_over_the_workers_rank_as_in_one_process
     handed: list[int] = []
     price = parallel.Ahead.price
 
-    def spy(self: parallel.Ahead, outcomes, target):  # noqa: ANN001, ANN202
-        got = price(self, outcomes, target)
+    def spy(self: parallel.Ahead, outcomes, target, variants=True):  # noqa: ANN001, ANN202
+        got = price(self, outcomes, target, variants)
         handed.append(self.prices)
         return got
 
@@ -126,6 +127,27 @@ def test_finalists_priced_for_the_target_over_the_workers_rank_as_in_one_process
     assert _table(two) == _table(one)
     assert sum(o.priced_for == "megatron" for o in one.outcomes) >= 6  # 2 x top at least
     assert handed and handed[0] >= 3, handed  # every other one of the first batch went to the worker
+    assert not multiprocessing.active_children()
+
+
+@pytest.mark.usefixtures("workers_at_once")
+def test_lynx_plans_made_again_for_the_engine_over_the_workers_as_in_one_process() -> None:
+    """--target megatron makes lynx's plans priced with --tp-comm-overlap again without it, for lynx's engine
+    (`prices.engine_variant`), in whichever process prices them: the rows, their plans and the flag given by the user
+    (`variants` off) are the one-process search's."""
+    space = Space(load_model("llama3-8b"), load_hardware("h100-80g-nvlink"), 8, 32, 8192,
+                  Pins(tp=2, pp=2, vpp=1, sp=True, mb=1, methods=("lynx-offload",)), offload=True)
+    opts = PlanOptions(precision="megatron-bf16", budget_bytes=30 * GiB)
+    for variants in (True, False):
+        def rank(res, pricer, variants=variants):  # noqa: ANN001, ANN202
+            return rank_for_target(res, Target.MEGATRON, 3, pricer, variants)
+
+        one = search(space, opts, top=3, rank=rank, rows=6)
+        two = search(space, opts, top=3, jobs=2, rank=rank, rows=6)
+        assert _table(two) == _table(one)
+        made = [o for o in two.ranked if o.runs_on == ENGINE_WITHOUT_UB]
+        assert bool(made) == variants
+        assert all(o.plan is not None and not o.plan.problem.options.tp_comm_overlap for o in made)
     assert not multiprocessing.active_children()
 
 

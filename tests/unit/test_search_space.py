@@ -56,9 +56,9 @@ def test_recipes_are_rows_of_their_own_not_the_stock_row() -> None:
 
     batches: list[list[object]] = []
 
-    def pricer(outs, target):  # noqa: ANN001, ANN202
+    def pricer(outs, target, variants=True):  # noqa: ANN001, ANN202
         batches.append(list(outs))
-        return price_in_turn(outs, target)
+        return price_in_turn(outs, target, variants)
 
     ranked = rank_for_target(res, Target.MEGATRON, 5, pricer)
     planned = [o for _, o in res.recipes if o is not None and o.plan is not None]

@@ -239,7 +239,8 @@ def run_search(a: SearchArgs, base: Request) -> None:
 
     jobs = a.jobs or auto_jobs()
     def rank(res: SearchResult, pricer: Pricer) -> SearchResult:
-        return rank_for_target(res, a.target, a.top, pricer)
+        # a lynx plan made again without --tp-comm-overlap for lynx's engine, unless the user gave that flag
+        return rank_for_target(res, a.target, a.top, pricer, variants=not base.options.tp_comm_overlap)
 
     # a target's ranking reads lynx's 2 x top fastest: the search plans every candidate that can be among them
     rows = a.top if a.target is Target.LYNX else 2 * a.top

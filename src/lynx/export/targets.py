@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from lynx.errors import SpecError
 from lynx.export.pricing import Figures, simulate_lynx
 from lynx.fp8 import Fp8Engine
+from lynx.plan import Plan
 from lynx.problem import PlanProblem, PlanResult
 from lynx.request import Target
 from lynx.spec import ModelSpec
@@ -26,6 +27,9 @@ class TargetPrice:
     figures: Figures
     runs_on: str
     """What the row needs, in the user's words (the search table's method column)."""
+    plan: Plan | None = None
+    """The plan these figures are of where it is not the one priced: the search's plan made again as the target runs
+    it (`lynx.search.prices.engine_variant`); None: the plan given."""
 
 
 def check_target(model: ModelSpec, target: Target, cp: int | None = None) -> None:

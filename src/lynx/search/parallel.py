@@ -134,6 +134,8 @@ class Price:
     result: PlanResult
     target: Target
     stock: bool
+    variants: bool = True
+    """`prices.price_plan`'s: lynx's plan may be made again as the target runs it."""
 
 
 QUEUED, RUNNING, DONE, TAKEN_BACK = 0, 1, 2, 3
@@ -306,7 +308,8 @@ def _answer(conn: Connection, shared: Shared, states: Any, tree: SharedTree | No
             continue
         states[slot] = RUNNING
         if isinstance(screen, Price):
-            worked = Worked(None, 0, 0, priced=price_plan(screen.problem, screen.result, screen.target, screen.stock))
+            worked = Worked(None, 0, 0, priced=price_plan(screen.problem, screen.result, screen.target, screen.stock,
+                                                                  screen.variants))
         elif isinstance(screen, Subtree):
             assert tree is not None and on_subtree is not None
             worked = Worked(None, 0, 0, part=on_subtree(shared, screen, tree, me))
@@ -417,7 +420,7 @@ class Ahead:
         self.load[w] += 1
         return w
 
-    def price(self, outcomes: Sequence[Outcome], target: Target) -> list[Priced]:
+    def price(self, outcomes: Sequence[Outcome], target: Target, variants: bool = True) -> list[Priced]:
         """A `targets.Pricer` over this process and the workers: every other outcome is handed out (one worker
         each in turn), the rest priced here meanwhile, then the workers' answers collected (an answer that does not
         come, its worker gone or `WAIT_S` past, is priced here)."""
@@ -431,18 +434,19 @@ class Ahead:
             assert o.plan is not None
             slot = self.handed + self.prices + self.trees
             if i % (len(self.alive) + 1) and (w := self._send((slot, None, False, Price(
-                    o.plan.problem, o.plan.result, target, o.candidate.stock)))) is not None:
+                    o.plan.problem, o.plan.result, target, o.candidate.stock, variants)))) is not None:
                 self.prices += 1
                 away[i] = (slot, w)
         for i, o in enumerate(outcomes):
             if i not in away:
-                out[i] = price_outcome(o, target)
+                out[i] = price_outcome(o, target, variants)
         deadline = time.monotonic() + WAIT_S
         for i, (slot, w) in away.items():
             while slot not in self.answers and w in self.alive and time.monotonic() < deadline:
                 self._read(min(max(deadline - time.monotonic(), 0.0), 1.0))
             got = self.answers.pop(slot, None)
-            out[i] = got.priced if got is not None and got.priced is not None else price_outcome(outcomes[i], target)
+            out[i] = (got.priced if got is not None and got.priced is not None
+                      else price_outcome(outcomes[i], target, variants))
         done = [p for p in out if p is not None]
         assert len(done) == len(outcomes)  # every one priced, here or by a worker
         return done

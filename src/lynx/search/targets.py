@@ -40,19 +40,25 @@ def _repriced(o: Outcome, target: Target, priced: Priced) -> Outcome:
     over = [str(s.stage) for s in f.stages if not s.fits]
     tokens = f.samples_per_s * par.seq_length / par.world_size
     scale = o.iteration_s / f.iteration_time_s  # same work per iteration: throughput and MFU scale with time
-    return replace(o, status="planned" if not over else "does not fit",
-                   reason=f"stage(s) {','.join(over)} over budget on {target.value}" if over else o.reason,
-                   iteration_s=f.iteration_time_s, tokens_per_s_per_gpu=tokens, tflops_per_gpu=o.tflops_per_gpu * scale,
-                   mfu=o.mfu * scale, stage_peak_gib=peaks, priced_for=target.value, runs_on=tp.runs_on)
+    out = replace(o, status="planned" if not over else "does not fit",
+                  reason=f"stage(s) {','.join(over)} over budget on {target.value}" if over else o.reason,
+                  iteration_s=f.iteration_time_s, tokens_per_s_per_gpu=tokens, tflops_per_gpu=o.tflops_per_gpu * scale,
+                  mfu=o.mfu * scale, stage_peak_gib=peaks, priced_for=target.value, runs_on=tp.runs_on)
+    if tp.plan is not None:  # the plan made again as the target runs it (`prices.engine_variant`): `--out` writes it
+        out = replace(out, plan=tp.plan, partition=tp.plan.result.partition.layers_per_stage,
+                      budget_gib=tp.plan.problem.budget_bytes / GiB)
+    return out
 
 
-def rank_for_target(res: SearchResult, target: Target, top: int, pricer: Pricer = price_in_turn) -> SearchResult:
+def rank_for_target(res: SearchResult, target: Target, top: int, pricer: Pricer = price_in_turn,
+                    variants: bool = True) -> SearchResult:
     """The search's outcomes with its finalists priced and ranked for `target` (lynx: only labelled): in lynx's
     order, at least the `2 x top` fastest and until `top` fit on the target (at most `8 x top`), the fastest stock
     candidate, and the published recipes' rows; the rest keep lynx's price and say so. `pricer` prices the ones
     this order needs, the first `2 x top`, the stock candidate that follows them and the published recipes at once
     (where more are needed, two at a time); an outcome priced and not needed is not used: the same answer in any
-    number of processes."""
+    number of processes. `variants`: on Megatron-Core a lynx plan may be made again as lynx's engine runs it
+    (`prices.engine_variant`; off where the user gave --tp-comm-overlap)."""
     ranked = res.ranked
     prices: dict[int, Priced] = {}
 
@@ -60,7 +66,7 @@ def rank_for_target(res: SearchResult, target: Target, top: int, pricer: Pricer 
         """`o` on the target, the outcomes `ahead` (needed soon) priced beside it where they are not yet."""
         if id(o) not in prices:
             batch = [o, *(x for x in ahead if x is not o and id(x) not in prices)]
-            for x, p in zip(batch, pricer(batch, target), strict=True):
+            for x, p in zip(batch, pricer(batch, target, variants), strict=True):
                 prices[id(x)] = p
         return _repriced(o, target, prices[id(o)])
 
