@@ -13,7 +13,7 @@ from lynx.cost.fsdp import FSDP2, DpMode, DpSharding, Sharding, sharded_static
 from lynx.cost.fsdp_time import fsdp_charge, fsdp_tail
 from lynx.cost.stage import layer_cost, stage_costs
 from lynx.cost.static_memory import recipe_for, stage_params
-from lynx.cost.titan_fsdp import fsdp_static, titan_setting
+from lynx.cost.titan_fsdp import Reshard, fsdp_static, titan_setting
 from lynx.decisions import RecomputePolicy
 from lynx.errors import SpecError
 from lynx.export.megatron_args import parse_megatron_args
@@ -127,15 +127,26 @@ def test_from_megatron_reads_the_sharding_and_export_writes_it_back() -> None:
     assert sharding_flags(cmd.run.dp_sharding) == [("--use-megatron-fsdp",), ("--data-parallel-sharding-strategy",
                                                    "optim_grads"), ("--use-distributed-optimizer",),
                                                    ("--num-distributed-optimizer-instances", "2")]
-    assert parse_megatron_args(base + "--use-torch-fsdp2").run.dp_sharding == FSDP2
-    for ds in (FSDP2, DpSharding(DpMode.TORCH_FSDP2, instances=4), DpSharding(DpMode.MEGATRON_FSDP, Sharding.OPTIM)):
-        written = " ".join(t for f in sharding_flags(ds) for t in f)
-        assert parse_megatron_args(base + written).run.dp_sharding == ds  # what export writes reads back
+    # Megatron's torch FSDP2 reshards after every forward unless told not to (its reshard_after_forward default),
+    # pipeline or not; torchtitan's default (FSDP2 here) keeps the gathered layers with a pipeline
+    torch2 = parse_megatron_args(base + "--use-torch-fsdp2").run.dp_sharding
+    assert torch2 == DpSharding(DpMode.TORCH_FSDP2, reshard=Reshard.ALWAYS) and torch2.reshards(4)
+    kept = parse_megatron_args(base + "--use-torch-fsdp2 --torch-fsdp2-no-reshard-after-forward").run.dp_sharding
+    assert kept.reshard is Reshard.NEVER and not kept.reshards(1)
+    for ds in (FSDP2, DpSharding(DpMode.TORCH_FSDP2, instances=4), DpSharding(DpMode.MEGATRON_FSDP, Sharding.OPTIM),
+               DpSharding(DpMode.TORCH_FSDP2, reshard=Reshard.NEVER)):
+        for pp in (1, 4):  # what export writes reads back as the same sharding on that pipeline
+            written = " ".join(t for f in sharding_flags(ds, pp) for t in f)
+            back = parse_megatron_args(base + written).run.dp_sharding
+            assert (back.mode, back.effective_strategy, back.instances, back.reshards(pp)) == \
+                (ds.mode, ds.effective_strategy, ds.instances, ds.reshards(pp)), (ds, pp, written)
+    assert ("--torch-fsdp2-no-reshard-after-forward",) in sharding_flags(FSDP2, 4)  # torchtitan's default, PP 4
     for bad, says in (("--use-torch-fsdp2 --use-megatron-fsdp", "pick one"),
                       ("--use-megatron-fsdp --data-parallel-sharding-strategy zero3", "valid: no_shard"),
                       ("--data-parallel-sharding-strategy optim", "needs --use-megatron-fsdp"),
                       ("--use-torch-fsdp2 --data-parallel-sharding-strategy optim", "always shards"),
-                      ("--use-megatron-fsdp --outer-dp-sharding-strategy optim", "not modelled")):
+                      ("--use-megatron-fsdp --outer-dp-sharding-strategy optim", "not modelled"),
+                      ("--torch-fsdp2-no-reshard-after-forward", "needs --use-torch-fsdp2")):
         with pytest.raises(SpecError, match=says):
             parse_megatron_args(base + bad)
 

@@ -254,7 +254,11 @@ def plan_cmd(
         "optim_grads_params.")] = None,
     use_torch_fsdp2: Annotated[bool, typer.Option(
         "--use-torch-fsdp2", help="torch FSDP2 (fully_shard): parameters, gradients and optimizer state sharded "
-        "over DP x CP, per-layer all-gathers and reduce-scatters; torchtitan's FSDP.")] = False,
+        "over DP x CP, per-layer all-gathers and reduce-scatters, each layer resharded after its forward (Megatron's "
+        "default).")] = False,
+    torch_fsdp2_no_reshard_after_forward: Annotated[bool, typer.Option(
+        "--torch-fsdp2-no-reshard-after-forward", help="With --use-torch-fsdp2: keep each layer's gathered "
+        "parameters from its forward to its backward (FSDP's ZeRO-2).")] = False,
     num_distributed_optimizer_instances: Annotated[int | None, typer.Option(
         "--num-distributed-optimizer-instances", help="HSDP: replicas of the sharded state (torchtitan's "
         "data_parallel_replicate_degree); each shards over DP x CP / this.")] = None,

@@ -54,6 +54,7 @@ class PlanFlags:
     megatron_fsdp_main_grads_dtype: str | None
     megatron_fsdp_grad_comm_dtype: str | None
     use_torch_fsdp2: bool
+    torch_fsdp2_no_reshard_after_forward: bool
     num_distributed_optimizer_instances: int | None
     busbw: float | None
     recompute_num_layers: int | None
@@ -117,6 +118,7 @@ class PlanFlags:
         return sharding_of({"--use-megatron-fsdp": self.use_megatron_fsdp,
                             "--data-parallel-sharding-strategy": self.data_parallel_sharding_strategy,
                             "--use-torch-fsdp2": self.use_torch_fsdp2,
+                            "--torch-fsdp2-no-reshard-after-forward": self.torch_fsdp2_no_reshard_after_forward,
                             "--num-distributed-optimizer-instances": 1 if n is None else n,
                             "--megatron-fsdp-main-params-dtype": self.megatron_fsdp_main_params_dtype,
                             "--megatron-fsdp-main-grads-dtype": self.megatron_fsdp_main_grads_dtype,

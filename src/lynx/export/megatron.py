@@ -252,7 +252,7 @@ def run_flags(opts: PlanOptions, par: ParallelSpec) -> list[tuple[str, ...]]:
     if opts.ddp_average_in_collective:
         out.append(("--ddp-average-in-collective",))
     out += optimizer_flags(opts.optimizer_precision)
-    return out + [f for f in sharding_flags(opts.dp_sharding) if f not in out]
+    return out + [f for f in sharding_flags(opts.dp_sharding, par.pp) if f not in out]
 
 
 def _as_flags(tokens: list[str]) -> list[tuple[str, ...]]:

@@ -1,6 +1,7 @@
 """Megatron-LM's data-parallel sharding flags, read (`--from-megatron`) and written (`lynx export megatron`):
 ``--use-megatron-fsdp`` (and its older name ``--use-custom-fsdp``), ``--data-parallel-sharding-strategy``,
-``--use-torch-fsdp2`` and ``--num-distributed-optimizer-instances`` (megatron/training/arguments.py;
+``--use-torch-fsdp2`` (with ``--torch-fsdp2-no-reshard-after-forward``) and ``--num-distributed-optimizer-instances``
+(megatron/training/arguments.py;
 `lynx.cost.fsdp.DpSharding`), and Megatron-FSDP's buffer dtypes of later Megatron-LM (d98e8a64):
 ``--megatron-fsdp-main-params-dtype``, ``--megatron-fsdp-main-grads-dtype``, ``--megatron-fsdp-grad-comm-dtype``."""
 
@@ -11,9 +12,14 @@ from dataclasses import replace
 from typing import Any, get_args
 
 from lynx.cost.fsdp import DDP, DpMode, DpSharding, FsdpDtype, Sharding
+from lynx.cost.titan_fsdp import Reshard
 from lynx.errors import SpecError
 
-BOOL_FLAGS = ("--use-megatron-fsdp", "--use-custom-fsdp", "--use-torch-fsdp2")
+BOOL_FLAGS = ("--use-megatron-fsdp", "--use-custom-fsdp", "--use-torch-fsdp2", "--torch-fsdp2-no-reshard-after-forward")
+NO_RESHARD = "--torch-fsdp2-no-reshard-after-forward"
+"""Megatron's torch FSDP2 frees each layer's gathered parameters after its forward (``reshard_after_forward``
+defaults to True: megatron/training/training.py and core/distributed/torch_fully_sharded_data_parallel.py at
+d98e8a64, with or without a pipeline); this flag keeps them gathered until the backward (FSDP's ZeRO-2)."""
 DTYPE_FLAGS = {"--megatron-fsdp-main-params-dtype": "main_params_dtype",
                "--megatron-fsdp-main-grads-dtype": "main_grads_dtype",
                "--megatron-fsdp-grad-comm-dtype": "grad_comm_dtype"}
@@ -64,11 +70,14 @@ def sharding_of(k: Mapping[str, object], where: str = "--from-megatron: ") -> Dp
             is not Sharding.NO_SHARD:
         raise SpecError(f"{where}--outer-dp-sharding-strategy {outer}: lynx models HSDP's replicas as full copies "
                         "of the shard (no_shard); sharding across them is not modelled")
+    if k.get(NO_RESHARD) and not torch2:
+        raise SpecError(f"{where}{NO_RESHARD} is torch FSDP2's: it needs --use-torch-fsdp2")
     if torch2:
         if strategy not in (None, Sharding.OPTIM_GRADS_PARAMS):
             raise SpecError(f"{where}--data-parallel-sharding-strategy {strategy.value} is Megatron-FSDP's; "
                             "--use-torch-fsdp2 always shards parameters, gradients and optimizer state")
-        return DpSharding(DpMode.TORCH_FSDP2, instances=instances)
+        return DpSharding(DpMode.TORCH_FSDP2, instances=instances,
+                          reshard=Reshard.NEVER if k.get(NO_RESHARD) else Reshard.ALWAYS)
     if megatron:
         return replace(DpSharding(DpMode.MEGATRON_FSDP, strategy or Sharding.NO_SHARD, instances), **dtypes)
     if strategy is not None and strategy is not Sharding.NO_SHARD:
@@ -76,11 +85,14 @@ def sharding_of(k: Mapping[str, object], where: str = "--from-megatron: ") -> Dp
     return DDP if instances == 1 else DpSharding(instances=instances)
 
 
-def sharding_flags(ds: DpSharding) -> list[tuple[str, ...]]:
-    """Megatron's flags for a sharding (nothing for plain DDP)."""
+def sharding_flags(ds: DpSharding, pp: int = 1) -> list[tuple[str, ...]]:
+    """Megatron's flags for a sharding (nothing for plain DDP) on `pp` pipeline stages: torch FSDP2 priced without
+    resharding after the forward (torchtitan's default with a pipeline, or never) runs with `NO_RESHARD`."""
     out: list[tuple[str, ...]] = []
     if ds.mode is DpMode.TORCH_FSDP2:
         out.append(("--use-torch-fsdp2",))
+        if not ds.reshards(pp):
+            out.append((NO_RESHARD,))
     elif ds.mode is DpMode.MEGATRON_FSDP:
         # Megatron-FSDP's documented runs pair it with Megatron's distributed optimizer over its shards
         out += [("--use-megatron-fsdp",), ("--data-parallel-sharding-strategy", ds.strategy.value),
@@ -92,4 +104,5 @@ def sharding_flags(ds: DpSharding) -> list[tuple[str, ...]]:
     return out
 
 
-__all__ = ["BOOL_FLAGS", "DTYPE_FLAGS", "INT_FLAGS", "STR_FLAGS", "parse_strategy", "sharding_flags", "sharding_of"]
+__all__ = ["BOOL_FLAGS", "DTYPE_FLAGS", "INT_FLAGS", "NO_RESHARD", "STR_FLAGS", "parse_strategy", "sharding_flags",
+           "sharding_of"]
