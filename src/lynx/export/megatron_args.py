@@ -35,7 +35,7 @@ from lynx.export.megatron_optimizer import FLOAT_FLAGS as OPT_FLOAT
 from lynx.export.megatron_optimizer import STR_FLAGS as OPT_STR
 from lynx.export.megatron_optimizer import optimizer_of
 from lynx.export.megatron_recompute import MegatronRecompute, RecomputeMethod
-from lynx.export.megatron_unpriced import flag_warnings
+from lynx.export.megatron_unpriced import UNPRICED, elsewhere, flag_warnings, no_effect
 from lynx.spec import ModelSpec, ParallelSpec
 
 _INT = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--seq-length",
@@ -69,8 +69,35 @@ _REFUSED = {
     "--quick-geglu": "the quick-GeGLU gated MLP",
     "--softmax-type": "attention with a learnable or off-by-one softmax",
     "--enable-gpt-oss": "GPT-OSS's layer",
+    # layers lynx's families do not describe (Megatron-LM d98e8a64)
+    "--is-hybrid-model": "hybrid Mamba and attention layers",
+    "--hybrid-layer-pattern": "hybrid Mamba and attention layers",
+    "--hybrid-override-pattern": "hybrid Mamba and attention layers",
+    "--mtp-hybrid-override-pattern": "hybrid multi-token-prediction layers",
+    "--experimental-attention-variant": "gated DeltaNet or DeepSeek sparse attention layers",
+    "--linear-attention-freq": "linear-attention layers among the attention layers",
+    "--enable-mhc-connections": "mHC residual connections",
+    "--heterogeneous-layers-config-path": "layers of differing configurations",
+    "--heterogeneous-layers-config-encoded-json": "layers of differing configurations",
+    "--spec": "a custom layer spec, whose layers lynx cannot see",
+    "--attention-output-gate": "a gated attention output",
+    "--perform-rl-step": "Megatron's RL step (generation, then training)",
     **FP8_REFUSED,
 }
+_REFUSED_UNLESS: dict[str, tuple[str, str]] = {
+    "--cpu-offloading-num-layers": ("0", "a positive count turns on --cpu-offloading, activation offloading to the "
+                                         "host, which lynx does not model"),
+    "--optimizer": ("adam", "lynx prices Adam's two moments and its step (Megatron's default); give it or leave it "
+                            "out"),
+}
+"""Flags lynx prices at one value only (the default), refused at any other with why."""
+_MEGATRON_REFUSES = {
+    "--batch-size": "use --micro-batch-size",
+    "--model-parallel-size": "use --tensor-model-parallel-size",
+    "--warmup": "use --lr-warmup-iters or --lr-warmup-samples",
+    "--checkpoint-activations": "use --recompute-activations, or --recompute-granularity and --recompute-method",
+}
+"""Old flags Megatron-LM's validate_args rejects (megatron/training/arguments.py, d98e8a64)."""
 _REFUSED_ABOVE_ONE: tuple[str, ...] = ()
 _REQUIRED = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size",
              "--global-batch-size")
@@ -223,6 +250,13 @@ def _scan(tokens: list[str]) -> tuple[dict[str, Value], list[str]]:
     known: dict[str, Value] = {}
     ignored: list[str] = []
     for flag, vals in groups:
+        if flag in _MEGATRON_REFUSES:
+            raise SpecError(f"--from-megatron: {flag}: Megatron-LM refuses it ({_MEGATRON_REFUSES[flag]})")
+        if flag in _REFUSED_UNLESS:
+            ok, why = _REFUSED_UNLESS[flag]
+            if vals != [ok]:
+                raise SpecError(f"--from-megatron: {flag} {' '.join(vals)}: {why}")
+            continue
         if flag in _REFUSED:
             raise SpecError(f"--from-megatron: {flag} ({_REFUSED[flag]}) is not modelled by lynx")
         if flag in _REFUSED_ABOVE_ONE:
@@ -234,6 +268,22 @@ def _scan(tokens: list[str]) -> tuple[dict[str, Value], list[str]]:
         else:
             ignored.append(flag)
     return known, ignored
+
+
+def flag_kind(flag: str) -> str:
+    """What `--from-megatron` does with a Megatron-LM flag: "read" (priced), "refused" (an error naming it, at any
+    value or at all but the default), or one of the warnings' headings for what it does not price: "not priced"
+    (changes time or memory, named with what lynx prices instead), "elsewhere" (another workload's, or only with a
+    refused feature), "no effect" (on an iteration's time or memory), "unknown"."""
+    if flag in _MEGATRON_REFUSES or flag in _REFUSED or flag in _REFUSED_UNLESS:
+        return "refused"
+    if flag in (*_INT, *_FLOAT, *_STR, *_LIST, *_BOOL):
+        return "read"
+    if no_effect(flag):
+        return "no effect"
+    if flag in UNPRICED:
+        return "not priced"
+    return "elsewhere" if elsewhere(flag) else "unknown"
 
 
 def _int(k: dict[str, Value], flag: str, default: int | None = None) -> int:

@@ -26,6 +26,7 @@ BOOL_FLAGS = ("--fp8-param-gather",)
 REFUSED = {
     "--first-last-layers-bf16": "BF16 first and last layers among FP8 ones; lynx prices every layer alike",
     "--no-fp8-wgrad": "weight gradients in BF16 under FP8",
+    "--disable-fp8-wgrad": "weight gradients in BF16 under FP8",
     "--fp8-dot-product-attention": "FP8 core attention",
     "--fp8-multi-head-attention": "FP8 multi-head attention",
     "--fp4-format": "FP4 (NVFP4) layers",
