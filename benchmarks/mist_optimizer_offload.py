@@ -5,11 +5,12 @@ For the L4 cases with measured figures where Mist offloads optimizer state (the 
 2.7B ones fit without recomputation in Mist's choice, and their searches take minutes each), lynx's search (`lynx
 plan --gpus N`, as benchmarks/mist.py's "pick": top 10, Megatron's gradient overlap, the preset's budget) runs once
 on Megatron-LM's fp16 recipe (the "pick" of benchmarks/mist.py, which cannot offload: Megatron-Core's
-`--optimizer-cpu-offload` needs `--bf16` and `--use-precision-aware-optimizer`), then on the bf16 recipe with that
-offload at each fraction of `FRACTIONS` (`--optimizer-offload-fraction`, `--overlap-cpu-optimizer-d2h-h2d`) and
-without it. Every search prices every candidate with the same offload setting (a flag the user gives holds for every
-candidate). The table prints each search's pick and its time beside Mist's measured time; no target: the figures say
-whether the missing dimension is what keeps the pick near Mist (docs/mist.md, "What stops each target").
+`--optimizer-cpu-offload` needs `--use-precision-aware-optimizer`, priced under `--bf16` only, decision 0250), then
+on the bf16 recipe with that offload at each fraction of `FRACTIONS` (`--optimizer-offload-fraction`,
+`--overlap-cpu-optimizer-d2h-h2d`) and without it. Every search prices every candidate with the same offload setting
+(a flag the user gives holds for every candidate). The table prints each search's pick and its time beside Mist's
+measured time; no target: the figures say whether the missing dimension is what keeps the pick near Mist
+(docs/mist.md, "What stops each target").
 
 Run: PYTHONPATH=src python benchmarks/mist_optimizer_offload.py
          [--results benchmarks/results/mist_optimizer_offload.json]
@@ -88,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     run.write(args.results, "mist_optimizer_offload", "prediction",
               "lynx's pick on Mist's L4 workloads with Megatron-Core's optimizer CPU offload, beside the fp16 pick",
               figures, notes=("reference: Mist's measured iteration time (s) on the same case",
-                              "Megatron-Core's optimizer CPU offload needs --bf16 and --use-precision-aware-optimizer "
-                              "(lynx.checks): the fp16 pick cannot use it"))
+                              "Megatron-Core's optimizer CPU offload needs --use-precision-aware-optimizer, which lynx "
+                              "prices under --bf16 only (lynx.checks, decision 0250): the fp16 pick cannot use it"))
     return 0
 
 
