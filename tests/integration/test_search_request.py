@@ -148,3 +148,21 @@ def test_megatron_target_makes_a_plugin_only_lynx_plan_again_for_the_engine(
     # the flag given by the user holds for every candidate: the plan keeps it and runs by the plugin
     given = _search([*job, "--tp-comm-overlap"], tmp_path / "q.json", capsys)["winner"]
     assert given["runs_on"] == "Megatron-Core + lynx plugin" and given["iteration_s"] > w["iteration_s"]
+
+
+def test_lynx_target_makes_a_userbuffers_plan_again_as_lynx_train_runs_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--target lynx: lynx's own runtime issues each tensor-parallel collective whole (no TransformerEngine
+    userbuffers), so a lynx plan priced with the production overlaps' --tp-comm-overlap is made again without it;
+    `lynx simulate` of the plan file gives the pick's figure (decision 0274)."""
+    plan = tmp_path / "p.json"
+    job = ["plan", "--model", "llama3-8b", "--hardware", "h100-80g-nvlink", "--precision", "megatron-bf16", "--gpus",
+           "8", "--tp", "2", "--pp", "2", "--sp", "--vpp", "1", "--micro-batch-size", "1", "--distributed-optimizer",
+           "--method", "lynx-offload", "--global-batch", "32", "--seq-len", "8192", "--budget-gb", "30",
+           "--target", "lynx"]
+    w = _search(job, plan, capsys)["winner"]
+    assert w["runs_on"] == "lynx runtime, no --tp-comm-overlap"
+    assert '"tp_comm_overlap": false' in plan.read_text()
+    code, out, err = run_main(["simulate", str(plan), "--json"], capsys)
+    assert code == 0, err
+    assert _json(out)["iteration_time_s"] == w["iteration_s"]

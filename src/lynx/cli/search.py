@@ -243,7 +243,7 @@ def run_search(a: SearchArgs, base: Request) -> None:
         return rank_for_target(res, a.target, a.top, pricer, variants=not base.options.tp_comm_overlap)
 
     # a target's ranking reads lynx's 2 x top fastest: the search plans every candidate that can be among them
-    rows = a.top if a.target is Target.LYNX else 2 * a.top
+    rows = 2 * a.top
     res = _with_progress(lambda cb: search(space, base.options, top=a.top, progress=cb, jobs=jobs,
                                            time_limit_s=a.time_limit_s, rank=rank, rows=rows))
     if a.as_json:

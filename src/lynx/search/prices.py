@@ -31,6 +31,8 @@ class Pricer(Protocol):
 
 ENGINE_WITHOUT_UB = "Megatron-Core + lynx engine, no --tp-comm-overlap"
 """What a row priced on its `engine_variant` needs."""
+RUNTIME_WITHOUT_UB = "lynx runtime, no --tp-comm-overlap"
+"""What a row priced on its `runtime_variant` needs."""
 
 
 def _price(problem: PlanProblem, result: PlanResult, target: Target, stock: bool) -> Priced:
@@ -45,12 +47,22 @@ def _price(problem: PlanProblem, result: PlanResult, target: Target, stock: bool
 
 
 def price_plan(problem: PlanProblem, result: PlanResult, target: Target, stock: bool, variants: bool = True) -> Priced:
-    """`lynx.export.targets.target_price` of a plan, with the reason where the target cannot run it. On Megatron-Core
-    (`variants`), a lynx plan priced with --tp-comm-overlap is also made again as lynx's engine runs it
-    (`engine_variant`), and the faster of the two that fits is its price (the variant's `TargetPrice.plan` then
-    names the plan)."""
+    """`lynx.export.targets.target_price` of a plan, with the reason where the target cannot run it. With `variants`,
+    a lynx plan priced with --tp-comm-overlap (TransformerEngine's userbuffers) is made again without it where the
+    target's lynx cannot run them: on Megatron-Core, as lynx's engine runs it (`engine_variant`), the faster of the
+    two that fits being its price; on lynx's own runtime, always (`runtime_variant`). The variant's
+    `TargetPrice.plan` then names the plan (decision 0274)."""
     priced = _price(problem, result, target, stock)
-    if target is not Target.MEGATRON or stock or not variants:
+    if stock or not variants or not _uses_userbuffers(problem, result):
+        return priced
+    if target is Target.LYNX:
+        made = runtime_variant(problem, result)
+        if made is None:
+            return None, ("lynx's runtime has no TransformerEngine userbuffers, and planned without --tp-comm-overlap "
+                          "no policy fits")
+        alt = _price(made.problem, made.result, target, False)
+        return (None, alt[1]) if alt[0] is None else (replace(alt[0], runs_on=RUNTIME_WITHOUT_UB, plan=made), "")
+    if target is not Target.MEGATRON:
         return priced
     variant = engine_variant(problem, result)
     if variant is None:
@@ -69,29 +81,49 @@ def _better(a: TargetPrice, b: TargetPrice | None) -> bool:
     return fa > fb or (fa == fb and a.figures.iteration_time_s < b.figures.iteration_time_s)
 
 
-def engine_variant(problem: PlanProblem, result: PlanResult) -> Plan | None:
-    """A lynx plan priced with Megatron's --tp-comm-overlap, made again as lynx's engine inside Megatron-Core runs
-    it: the engine builds the model from Megatron-Core's local layer spec, which has no TransformerEngine
-    userbuffers (`export.megatron_engine.engine_fit`), so with that flag the plan runs only by lynx's plugin, its
-    windows lost. The same layout and method planned without the flag (its own layer graph: the sequence-parallel
-    collectives exposed, the windows lynx hides recomputation in), where the engine runs everything else of it;
-    None where it does not, or the plan is not lynx's (decision 0274)."""
+def _uses_userbuffers(problem: PlanProblem, result: PlanResult) -> bool:
+    """A lynx plan (not a stock method's) priced with --tp-comm-overlap on sequence-parallel TP."""
+    opts, par = problem.options, problem.parallel
+    return result.method in LYNX_SEARCHED and opts.tp_comm_overlap and par.sequence_parallel and par.tp > 1
+
+
+def _remade(problem: PlanProblem, result: PlanResult) -> Plan | None:
+    """The same layout and method planned without --tp-comm-overlap: its own layer graph (the sequence-parallel
+    collectives exposed, the windows lynx hides recomputation in), Lynx-HEU and the partition search afresh; None
+    where no policy fits then."""
     from lynx.api import make_problem
-    from lynx.export.megatron_engine import engine_fit
     from lynx.methods.heu import lynx_search
 
-    opts, par = problem.options, problem.parallel
-    if result.method not in LYNX_SEARCHED or not (opts.tp_comm_overlap and par.sequence_parallel and par.tp > 1):
-        return None
-    plain = replace(opts, tp_comm_overlap=False)
-    if not engine_fit(replace(problem, options=plain), result).runs:  # reads the model, layout and options only
-        return None
     try:
-        again = make_problem(problem.model, problem.hardware, par, plain)
+        again = make_problem(problem.model, problem.hardware, problem.parallel,
+                             replace(problem.options, tp_comm_overlap=False))
         made = lynx_search(again, result.method, None, True, explain=False)[0]
         return Plan.evaluate(again, made, record=False)
     except (LynxError, ValueError):  # no policy fits without the overlap (HEU's builder raises ValueError too)
         return None
+
+
+def engine_variant(problem: PlanProblem, result: PlanResult) -> Plan | None:
+    """A lynx plan priced with Megatron's --tp-comm-overlap, made again as lynx's engine inside Megatron-Core runs
+    it: the engine builds the model from Megatron-Core's local layer spec, which has no TransformerEngine
+    userbuffers (`export.megatron_engine.engine_fit`), so with that flag the plan runs only by lynx's plugin, its
+    windows lost. The same layout and method planned without the flag (`_remade`), where the engine runs everything
+    else of it; None where it does not, or the plan is not lynx's (decision 0274)."""
+    from lynx.export.megatron_engine import engine_fit
+
+    if not _uses_userbuffers(problem, result):
+        return None
+    plain = replace(problem.options, tp_comm_overlap=False)
+    if not engine_fit(replace(problem, options=plain), result).runs:  # reads the model, layout and options only
+        return None
+    return _remade(problem, result)
+
+
+def runtime_variant(problem: PlanProblem, result: PlanResult) -> Plan | None:
+    """A lynx plan priced with --tp-comm-overlap, made again as lynx's own runtime (`lynx train`) runs it: its
+    tensor-parallel layers issue each collective whole (asynchronously, for the windows), never pipelined with the
+    GEMM as TransformerEngine's userbuffers are (`_remade`); None where the plan does not use them or nothing fits."""
+    return _remade(problem, result) if _uses_userbuffers(problem, result) else None
 
 
 def price_outcome(o: Outcome, target: Target, variants: bool = True) -> Priced:

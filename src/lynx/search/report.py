@@ -13,7 +13,7 @@ from rich.table import Table
 from lynx.search.evaluate import Outcome
 from lynx.search.mfu import CONVENTION, causal_mfu, shows_causal
 from lynx.search.options import PRODUCTION_OVERLAPS
-from lynx.search.prices import ENGINE_WITHOUT_UB
+from lynx.search.prices import ENGINE_WITHOUT_UB, RUNTIME_WITHOUT_UB
 from lynx.search.run import SearchResult
 from lynx.search.space import Layout, Stock, method_sets
 from lynx.search.tree import Kind, Node, count
@@ -103,6 +103,10 @@ def assumptions(res: SearchResult) -> list[str]:
                        "lynx's engine builds Megatron-Core's local layer spec, which has no TransformerEngine "
                        "userbuffers, and the plan with the flag would run only by lynx's plugin (slower there, or "
                        "over memory); each row is the faster of the two, and its plan file is the one it prices.")
+        if any(o.runs_on == RUNTIME_WITHOUT_UB for o in res.outcomes):
+            out.append(f"Rows marked '{RUNTIME_WITHOUT_UB}' are lynx's plans made again without --tp-comm-overlap: "
+                       "lynx's own runtime issues each tensor-parallel collective whole, never pipelined with the "
+                       "GEMM as TransformerEngine's userbuffers are; each row's plan file is the one it prices.")
     else:
         out.append("Production overlaps off (--no-production-overlaps): only the overlap flags given are priced.")
     if shows_causal(s.model, s.seq_len):

@@ -52,13 +52,13 @@ def _repriced(o: Outcome, target: Target, priced: Priced) -> Outcome:
 
 def rank_for_target(res: SearchResult, target: Target, top: int, pricer: Pricer = price_in_turn,
                     variants: bool = True) -> SearchResult:
-    """The search's outcomes with its finalists priced and ranked for `target` (lynx: only labelled): in lynx's
-    order, at least the `2 x top` fastest and until `top` fit on the target (at most `8 x top`), the fastest stock
-    candidate, and the published recipes' rows; the rest keep lynx's price and say so. `pricer` prices the ones
-    this order needs, the first `2 x top`, the stock candidate that follows them and the published recipes at once
-    (where more are needed, two at a time); an outcome priced and not needed is not used: the same answer in any
-    number of processes. `variants`: on Megatron-Core a lynx plan may be made again as lynx's engine runs it
-    (`prices.engine_variant`; off where the user gave --tp-comm-overlap)."""
+    """The search's outcomes with its finalists priced and ranked for `target`: in lynx's order, at least the `2 x top`
+    fastest and until `top` fit on the target (at most `8 x top`), the fastest stock candidate, and the published
+    recipes' rows; the rest keep lynx's price and say so. `pricer` prices the ones this order needs, the first `2 x
+    top`, the stock candidate that follows them and the published recipes at once (where more are needed, two at a
+    time); an outcome priced and not needed is not used: the same answer in any number of processes. `variants`: a
+    lynx plan priced with --tp-comm-overlap may be made again without it, as lynx's engine in Megatron-Core or lynx's
+    own runtime runs it (`prices.price_plan`; off where the user gave the flag)."""
     ranked = res.ranked
     prices: dict[int, Priced] = {}
 
@@ -70,27 +70,26 @@ def rank_for_target(res: SearchResult, target: Target, top: int, pricer: Pricer 
                 prices[id(x)] = p
         return _repriced(o, target, prices[id(o)])
 
-    if target is Target.LYNX:
-        new = {id(o): replace(o, runs_on="Megatron-Core" if o.candidate.stock else "lynx runtime")
-               for o in ranked[:2 * top]}
-    else:
-        new, fitting = {}, 0
-        stock_after = next((o for o in ranked[2 * top:] if o.candidate.stock), None)
-        recipes_planned = [o for _, o in res.recipes if o is not None and o.plan is not None]
-        opening = [*ranked[:2 * top], *([stock_after] if stock_after is not None else []), *recipes_planned]
-        for i, o in enumerate(ranked):
-            if (fitting >= top and len(new) >= 2 * top) or len(new) >= 8 * top:
-                break
-            new[id(o)] = price(o, opening if i == 0 else ranked[i + 1:i + 2])
-            fitting += new[id(o)].fits
-        if new and not fitting:  # nothing the target runs: say why rather than rank lynx's prices
-            first = next(iter(new.values()))
-            raise SpecError(f"--target {target.value}: none of the {len(new)} fastest configurations runs and fits "
-                            f"there ({first.candidate.layout.label()} {first.candidate.method}: {first.reason}); "
-                            "use another --target")
-        stock = next((o for o in ranked if o.candidate.stock and id(o) not in new), None)
-        if stock is not None and not any(o.candidate.stock and o.fits for o in new.values()):
-            new[id(stock)] = price(stock, ())
+    # every target, lynx's own runtime too (a lynx plan priced with userbuffers is made again for it)
+    new: dict[int, Outcome] = {}
+    fitting = 0
+    stock_after = next((o for o in ranked[2 * top:] if o.candidate.stock), None)
+    recipes_planned = [] if target is Target.LYNX else \
+        [o for _, o in res.recipes if o is not None and o.plan is not None]
+    opening = [*ranked[:2 * top], *([stock_after] if stock_after is not None else []), *recipes_planned]
+    for i, o in enumerate(ranked):
+        if (fitting >= top and len(new) >= 2 * top) or len(new) >= 8 * top:
+            break
+        new[id(o)] = price(o, opening if i == 0 else ranked[i + 1:i + 2])
+        fitting += new[id(o)].fits
+    if new and not fitting:  # nothing the target runs: say why rather than rank lynx's prices
+        first = next(iter(new.values()))
+        raise SpecError(f"--target {target.value}: none of the {len(new)} fastest configurations runs and fits "
+                        f"there ({first.candidate.layout.label()} {first.candidate.method}: {first.reason}); "
+                        "use another --target")
+    stock = next((o for o in ranked if o.candidate.stock and id(o) not in new), None)
+    if stock is not None and not any(o.candidate.stock and o.fits for o in new.values()):
+        new[id(stock)] = price(stock, ())
     rest_note = f"lynx's price (not priced for {target.value})"
     outs = [new.get(id(o), o if target is Target.LYNX or not o.fits else replace(o, runs_on=rest_note))
             for o in res.outcomes]
