@@ -127,6 +127,12 @@ def test_the_search_honours_the_fusion_flags(capsys: pytest.CaptureFixture[str])
     assert _json(eager)["winner"]["iteration_s"] > _json(fused)["winner"]["iteration_s"]
 
 
+USERBUFFERS_JOB = ["plan", "--model", "llama3-8b", "--hardware", "h100-80g-nvlink", "--precision", "megatron-bf16",
+                   "--gpus", "8", "--tp", "2", "--pp", "2", "--sp", "--vpp", "1", "--micro-batch-size", "1",
+                   "--distributed-optimizer", "--method", "lynx-offload", "--global-batch", "32", "--seq-len", "8192",
+                   "--budget-gb", "30"]
+"""A lynx-offload layout the production overlaps price with --tp-comm-overlap (SP, TP 2) where memory binds."""
+
 def test_megatron_target_makes_a_plugin_only_lynx_plan_again_for_the_engine(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """With the production overlaps a lynx plan is priced with --tp-comm-overlap, which lynx's engine (Megatron-Core's
@@ -134,9 +140,7 @@ def test_megatron_target_makes_a_plugin_only_lynx_plan_again_for_the_engine(
     where that is faster than the plugin running it with the flag. The plan file is the one priced: `lynx export
     megatron` shows the pick's figure on its engine row, to the digit (decision 0274)."""
     plan = tmp_path / "p.json"
-    job = ["plan", "--model", "llama3-8b", "--hardware", "h100-80g-nvlink", "--precision", "megatron-bf16", "--gpus",
-           "8", "--tp", "2", "--pp", "2", "--sp", "--vpp", "1", "--micro-batch-size", "1", "--distributed-optimizer",
-           "--method", "lynx-offload", "--global-batch", "32", "--seq-len", "8192", "--budget-gb", "30"]
+    job = USERBUFFERS_JOB
     w = _search(job, plan, capsys)["winner"]
     assert w["runs_on"] == "Megatron-Core + lynx engine, no --tp-comm-overlap"
     text = plan.read_text()
@@ -156,10 +160,7 @@ def test_lynx_target_makes_a_userbuffers_plan_again_as_lynx_train_runs_it(
     userbuffers), so a lynx plan priced with the production overlaps' --tp-comm-overlap is made again without it;
     `lynx simulate` of the plan file gives the pick's figure (decision 0274)."""
     plan = tmp_path / "p.json"
-    job = ["plan", "--model", "llama3-8b", "--hardware", "h100-80g-nvlink", "--precision", "megatron-bf16", "--gpus",
-           "8", "--tp", "2", "--pp", "2", "--sp", "--vpp", "1", "--micro-batch-size", "1", "--distributed-optimizer",
-           "--method", "lynx-offload", "--global-batch", "32", "--seq-len", "8192", "--budget-gb", "30",
-           "--target", "lynx"]
+    job = [*USERBUFFERS_JOB, "--target", "lynx"]
     w = _search(job, plan, capsys)["winner"]
     assert w["runs_on"] == "lynx runtime, no --tp-comm-overlap"
     assert '"tp_comm_overlap": false' in plan.read_text()
