@@ -152,6 +152,11 @@ def test_megatron_target_makes_a_plugin_only_lynx_plan_again_for_the_engine(
     # the flag given by the user holds for every candidate: the plan keeps it and runs by the plugin
     given = _search([*job, "--tp-comm-overlap"], tmp_path / "q.json", capsys)["winner"]
     assert given["runs_on"] == "Megatron-Core + lynx plugin" and given["iteration_s"] > w["iteration_s"]
+    # whose export says what the engine would run without the flag: the figure the search ranked without the user's
+    code, out, err = run_main(["export", "megatron", str(tmp_path / "q.json"), "--out", str(tmp_path / "y"), "--json"],
+                              capsys)
+    assert code == 0, err
+    assert _json(out)["engine_without_tp_comm_overlap_s"] == w["iteration_s"]
 
 
 def test_lynx_target_makes_a_userbuffers_plan_again_as_lynx_train_runs_it(

@@ -20,6 +20,7 @@ from lynx.spec import Hardware
 
 if TYPE_CHECKING:
     from lynx.cli.plan_flags import PlanFlags
+    from lynx.export.megatron import MegatronExport
 
 export_app = typer.Typer(
     help="Write a plan in a training framework's terms: Megatron-Core arguments and a per-rank plugin, or "
@@ -67,8 +68,10 @@ def megatron_cmd(
     out = _out_dir(out)
     exp = build_megatron(load_source(plan_file))
     paths = write_megatron(exp, out, plan_file)
+    plain = _engine_without_userbuffers(exp)
     if as_json:
-        print_json(exp.to_dict() | {"files": [str(p) for p in paths]})
+        extra = {} if plain is None else {"engine_without_tp_comm_overlap_s": plain}
+        print_json(exp.to_dict() | extra | {"files": [str(p) for p in paths]})
         return
     console.print("[bold]Megatron-Core arguments[/bold] (stock flags; the plugin refines recomputation per rank):")
     console.print(exp.args_text().rstrip(), markup=False, highlight=False)
@@ -88,10 +91,31 @@ def megatron_cmd(
                       f"{spec_line(flash)}{where}: `from {ENGINE_FILE[:-3]} import apply_plan; "
                       f"apply_plan(model, vp_stage=vp_stage)` ({ENGINE_FILE}, no --recompute-* flags)",
                       markup=False, highlight=False)
+    if plain is not None:
+        console.print(f"lynx engine without --tp-comm-overlap: this layout and method planned again without the flag "
+                      f"(the engine builds Megatron-Core's local spec, which has no TransformerEngine userbuffers) run "
+                      f"in lynx's engine at {plain:.3f} s; `lynx plan` without --tp-comm-overlap writes that plan, and "
+                      "`lynx plan --gpus` ranks it (docs/decisions/0274)", markup=False, highlight=False)
     for k, v in exp.environment:
         console.print(f"environment: export {k}={v}", markup=False, highlight=False)
     for p in paths:
         err_console.print(f"wrote {p}")
+
+
+def _engine_without_userbuffers(exp: MegatronExport) -> float | None:
+    """Where lynx's engine refuses a lynx plan only for --tp-comm-overlap, the engine's price of the same layout and
+    method planned again without it (`search.prices.engine_variant`); None otherwise."""
+    from lynx.search.prices import engine_variant
+
+    if exp.engine_fit is None or exp.engine_fit.runs:
+        return None
+    variant = engine_variant(exp.source.problem, exp.source.result)
+    if variant is None:
+        return None
+    from lynx.export.megatron_engine import engine_price
+
+    fig, _ = engine_price(variant.problem, variant.result)
+    return None if fig is None else fig.iteration_time_s
 
 
 @export_app.command("torchtitan")
