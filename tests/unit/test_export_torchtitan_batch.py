@@ -14,6 +14,8 @@ import pytest
 
 from lynx.api import make_problem
 from lynx.api import plan as plan_with
+from lynx.cost.fsdp import DpMode, DpSharding
+from lynx.cost.titan_fsdp import Reshard
 from lynx.export.source import source_from
 from lynx.export.torchtitan import build_torchtitan, local_batch_size, write_torchtitan
 from lynx.models import load_model
@@ -21,12 +23,13 @@ from lynx.problem import PlanOptions
 from lynx.spec import ParallelSpec, load_hardware
 
 
-def _export(tmp_path: Path, pp: int, tp: int, dp: int, mb: int, gb: int) -> Any:
+def _export(tmp_path: Path, pp: int, tp: int, dp: int, mb: int, gb: int, ds: DpSharding | None = None) -> Any:
     m = dataclasses.replace(load_model("llama3-8b"), family="torchtitan-llama3")
     par = ParallelSpec(tp=tp, pp=pp, dp=dp, sequence_parallel=tp > 1, micro_batch_size=mb, global_batch_size=gb,
                        seq_length=4096)
-    problem = make_problem(m, load_hardware("h100-80g-nvlink"), par,
-                           PlanOptions(precision="megatron-bf16", distributed_optimizer=True))
+    opts = PlanOptions(precision="megatron-bf16", distributed_optimizer=ds is None,
+                       **({} if ds is None else {"dp_sharding": ds}))
+    problem = make_problem(m, load_hardware("h100-80g-nvlink"), par, opts)
     exp = build_torchtitan(source_from(problem, plan_with(problem, "full", record=False).result))
     write_torchtitan(exp, tmp_path)
     return exp
@@ -40,6 +43,15 @@ def _torchtitans_forward_batch(cfg: Any) -> tuple[int, int]:
     if p.pipeline_parallel_degree == 1:
         return t.local_batch_size, steps
     return p.pipeline_parallel_microbatch_size, steps * (t.local_batch_size // p.pipeline_parallel_microbatch_size)
+
+
+@pytest.mark.parametrize(("reshard", "written"), [(Reshard.DEFAULT, "default"), (Reshard.ALWAYS, "always"),
+                                                  (Reshard.NEVER, "never")])
+def test_the_fsdp_policy_written_is_the_one_priced(tmp_path: Path, reshard: Reshard, written: str) -> None:
+    """A plan read from Megatron's --use-torch-fsdp2 reshards always (decision 0275); on a pipeline torchtitan's
+    "default" would keep the layers gathered, so the export writes the plan's own policy."""
+    exp = _export(tmp_path, 4, 2, 2, 1, 32, DpSharding(DpMode.TORCH_FSDP2, reshard=reshard))
+    assert exp.config["parallelism"]["fsdp_reshard_after_forward"] == written
 
 
 def test_local_batch_size_is_the_micro_batch_without_a_pipeline() -> None:

@@ -16,7 +16,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from lynx.cost.fsdp import DpMode, DpSharding
 from lynx.cost.static_memory import OPTIMIZER_FP32
+from lynx.cost.titan_fsdp import Reshard
 from lynx.decisions import LayerPolicy, Phase
 from lynx.export.layout import ChunkLayout
 from lynx.export.pricing import Figures
@@ -339,6 +341,16 @@ def float8_config(src: ExportSource) -> dict[str, Any] | None:
     return {"recipe_name": fp8.recipe.value, "filter_fqns": ["lm_head"]}
 
 
+def reshard_setting(ds: DpSharding) -> str:
+    """torchtitan's ``fsdp_reshard_after_forward`` for the plan's sharding: torch FSDP2's own policy; Megatron-FSDP
+    reshards after every forward (`DpSharding.reshards`); "default" without FSDP."""
+    if ds.mode is DpMode.TORCH_FSDP2:
+        return ds.reshard.value
+    if ds.mode is DpMode.MEGATRON_FSDP:
+        return Reshard.NEVER.value if ds.reshard is Reshard.NEVER else Reshard.ALWAYS.value
+    return Reshard.DEFAULT.value
+
+
 def build_torchtitan(src: ExportSource) -> TorchtitanExport:
     from lynx.errors import SpecError
     from lynx.fp8 import Fp8Engine
@@ -373,8 +385,9 @@ def build_torchtitan(src: ExportSource) -> TorchtitanExport:
             "pipeline_parallel_schedule_csv": CSV_FILE,
             "pipeline_parallel_microbatch_size": par.micro_batch_size,
             "module_fqns_per_model_part": module_fqns(lay),
-            # what the static memory is priced for (`lynx.cost.titan_fsdp`): torchtitan's default policy
-            "fsdp_reshard_after_forward": "default",
+            # the policy the plan was priced with (`lynx.cost.titan_fsdp`): torchtitan's default unless the plan
+            # names one (Megatron's --use-torch-fsdp2 reshards always, decision 0275)
+            "fsdp_reshard_after_forward": reshard_setting(src.problem.options.dp_sharding),
         },
         "training": {"local_batch_size": local_batch_size(lay.pp, par.micro_batch_size, par.num_microbatches),
                      "global_batch_size": par.global_batch_size, "seq_len": par.seq_length,
