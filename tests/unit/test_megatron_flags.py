@@ -40,7 +40,7 @@ def test_a_production_command_line_leaves_nothing_unknown() -> None:
                               "--microbatch-group-size-per-virtual-pipeline-stage 2 --use-te-rng-tracker "
                               "--moe-shared-expert-overlap --fp32-residual-connection --deterministic-mode "
                               "--inference-max-requests 4 --check-for-large-grads --rampup-batch-size 32 32 1000 "
-                              "--use-rope-scaling --optimizer adam --cpu-offloading-num-layers 0")
+                              "--use-rope-scaling --optimizer adam --cpu-offloading-num-layers 00")
     heads = {w.split(":")[0] for w in cmd.warnings}
     assert not any(w.startswith("unknown to lynx") for w in cmd.warnings), cmd.warnings
     not_priced = next(w for w in cmd.warnings if w.startswith("NOT priced"))
@@ -53,6 +53,7 @@ def test_a_production_command_line_leaves_nothing_unknown() -> None:
 
 @pytest.mark.parametrize(("extra", "says"), [
     ("--cpu-offloading-num-layers 2", "turns on --cpu-offloading"),
+    ("--cpu-offloading-num-layers", r"\(no value\): only 0 is priced"),
     ("--optimizer sgd", "lynx prices Adam's two moments"),
     ("--batch-size 4", r"Megatron-LM refuses it \(use --micro-batch-size\)"),
     ("--checkpoint-activations", "Megatron-LM refuses it"),

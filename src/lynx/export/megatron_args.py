@@ -35,7 +35,7 @@ from lynx.export.megatron_optimizer import FLOAT_FLAGS as OPT_FLOAT
 from lynx.export.megatron_optimizer import STR_FLAGS as OPT_STR
 from lynx.export.megatron_optimizer import optimizer_of
 from lynx.export.megatron_recompute import MegatronRecompute, RecomputeMethod
-from lynx.export.megatron_unpriced import UNPRICED, elsewhere, flag_warnings, no_effect
+from lynx.export.megatron_unpriced import flag_warnings, unpriced_kind
 from lynx.spec import ModelSpec, ParallelSpec
 
 _INT = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--seq-length",
@@ -87,8 +87,7 @@ _REFUSED = {
 _REFUSED_UNLESS: dict[str, tuple[str, str]] = {
     "--cpu-offloading-num-layers": ("0", "a positive count turns on --cpu-offloading, activation offloading to the "
                                          "host, which lynx does not model"),
-    "--optimizer": ("adam", "lynx prices Adam's two moments and its step (Megatron's default); give it or leave it "
-                            "out"),
+    "--optimizer": ("adam", "lynx prices Adam's two moments and its step, Megatron's default"),
 }
 """Flags lynx prices at one value only (the default), refused at any other with why."""
 _MEGATRON_REFUSES = {
@@ -254,8 +253,10 @@ def _scan(tokens: list[str]) -> tuple[dict[str, Value], list[str]]:
             raise SpecError(f"--from-megatron: {flag}: Megatron-LM refuses it ({_MEGATRON_REFUSES[flag]})")
         if flag in _REFUSED_UNLESS:
             ok, why = _REFUSED_UNLESS[flag]
-            if vals != [ok]:
-                raise SpecError(f"--from-megatron: {flag} {' '.join(vals)}: {why}")
+            same = vals == [ok] or (ok.isdigit() and len(vals) == 1 and vals[0].isdigit() and int(vals[0]) == int(ok))
+            if not same:
+                given = " ".join(vals) or "(no value)"
+                raise SpecError(f"--from-megatron: {flag} {given}: only {ok} is priced ({why})")
             continue
         if flag in _REFUSED:
             raise SpecError(f"--from-megatron: {flag} ({_REFUSED[flag]}) is not modelled by lynx")
@@ -279,11 +280,8 @@ def flag_kind(flag: str) -> str:
         return "refused"
     if flag in (*_INT, *_FLOAT, *_STR, *_LIST, *_BOOL):
         return "read"
-    if no_effect(flag):
-        return "no effect"
-    if flag in UNPRICED:
-        return "not priced"
-    return "elsewhere" if elsewhere(flag) else "unknown"
+    kind = unpriced_kind(flag)
+    return "no effect" if kind == "routing" else kind
 
 
 def _int(k: dict[str, Value], flag: str, default: int | None = None) -> int:

@@ -333,18 +333,24 @@ def no_effect(flag: str) -> bool:
     return flag in NO_EFFECT or flag in NO_EFFECT_MOE or flag.startswith(NO_EFFECT_PREFIXES)
 
 
-def elsewhere(flag: str) -> bool:
-    """A flag only another workload, script or a refused feature reads (`ELSEWHERE_PREFIXES`)."""
-    return flag.startswith(ELSEWHERE_PREFIXES) and not no_effect(flag) and flag not in UNPRICED
+def unpriced_kind(flag: str) -> str:
+    """Which warning names a flag lynx reads but does not price: "routing" (`NO_EFFECT_MOE`), "no effect",
+    "not priced" (`UNPRICED`), "elsewhere" (`ELSEWHERE_PREFIXES`: another workload's, or only with a refused
+    feature) or "unknown", in that order of precedence."""
+    if flag in NO_EFFECT_MOE:
+        return "routing"
+    if no_effect(flag):
+        return "no effect"
+    if flag in UNPRICED:
+        return "not priced"
+    return "elsewhere" if flag.startswith(ELSEWHERE_PREFIXES) else "unknown"
 
 
 def flag_warnings(ignored: list[str]) -> list[str]:
     """The warnings for the flags `parse_megatron_args` read but does not price, one heading each."""
-    router = [f for f in ignored if f in NO_EFFECT_MOE]
-    quiet = [f for f in ignored if no_effect(f) and f not in NO_EFFECT_MOE]
-    unpriced = [f for f in ignored if f in UNPRICED and not no_effect(f)]
-    other = [f for f in ignored if elsewhere(f)]
-    unknown = [f for f in ignored if f not in UNPRICED and not no_effect(f) and not elsewhere(f)]
+    kinds = {f: unpriced_kind(f) for f in ignored}
+    router, quiet, unpriced, other, unknown = ([f for f in ignored if kinds[f] == k] for k in
+                                               ("routing", "no effect", "not priced", "elsewhere", "unknown"))
     out = []
     if unpriced:
         out.append("NOT priced, they change time or memory: "
