@@ -52,18 +52,16 @@ def price_plan(problem: PlanProblem, result: PlanResult, target: Target, stock: 
     target's lynx cannot run them: on Megatron-Core, as lynx's engine runs it (`engine_variant`), the faster of the
     two that fits being its price; on lynx's own runtime, always (`runtime_variant`). The variant's
     `TargetPrice.plan` then names the plan (decision 0274)."""
-    priced = _price(problem, result, target, stock)
-    if stock or not variants or not _uses_userbuffers(problem, result):
-        return priced
-    if target is Target.LYNX:
+    if stock or not variants or not _uses_userbuffers(problem, result) or target is Target.TORCHTITAN:
+        return _price(problem, result, target, stock)
+    if target is Target.LYNX:  # the plan as searched is never what lynx's runtime runs: not priced
         made = runtime_variant(problem, result)
         if made is None:
             return None, ("lynx's runtime has no TransformerEngine userbuffers, and planned without --tp-comm-overlap "
                           "no policy fits")
         alt = _price(made.problem, made.result, target, False)
         return (None, alt[1]) if alt[0] is None else (replace(alt[0], runs_on=RUNTIME_WITHOUT_UB, plan=made), "")
-    if target is not Target.MEGATRON:
-        return priced
+    priced = _price(problem, result, target, stock)
     variant = engine_variant(problem, result)
     if variant is None:
         return priced
