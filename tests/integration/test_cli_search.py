@@ -144,3 +144,27 @@ def test_search_offloads_by_default_with_a_host_link_and_no_offload_turns_it_off
     code, text = _main(["plan", "--model", "gpt-tiny", "--hardware", "a100-40g-nvlink", "--tp", "1", "--pp", "2",
                         "--global-batch", "16", "--seq-len", "512", "--offload"], capsys)
     assert code == 2 and "--offload/--no-offload is read by the configuration search only" in text
+
+
+def test_search_prices_megatrons_bf16_recipe_unless_told(tmp_path: Path) -> None:
+    """A search ranks for a framework, so it prices the recipe the frameworks run (decision 0277): Megatron-Core's
+    --bf16 (fp32 main gradients), not the paper's 16 bytes, which `lynx export megatron` would then flag. A recipe
+    the user names is priced as given, with no note; the layout's peak under --bf16 holds more."""
+    out = tmp_path / "plan.json"
+    pinned = [*SMALL, "--tp", "2", "--pp", "2", "--micro-batch", "4", "--method", "none",
+              "--no-distributed-optimizer"]
+    r = runner.invoke(app, [*pinned, "--out", str(out)], terminal_width=250)
+    assert r.exit_code == 0, r.output
+    assert "Static memory: --precision megatron-bf16" in r.output
+    assert json.loads(out.read_text())["options"]["precision"] == "megatron-bf16"
+    exp = runner.invoke(app, ["export", "megatron", str(out), "--out", str(tmp_path / "mc")], terminal_width=250)
+    assert exp.exit_code == 0, exp.output
+    assert "--bf16" in exp.output and "precision: this plan priced the paper's" not in exp.output
+    bf16 = _json(runner.invoke(app, [*pinned, "--json"]).stdout)
+    paper = _json(runner.invoke(app, [*pinned, "--json", "--precision", "paper"]).stdout)
+    assert (bf16["precision"], bf16["precision_defaulted"]) == ("megatron-bf16", True)
+    assert (paper["precision"], paper["precision_defaulted"]) == ("paper", False)
+    # 2 bytes more per parameter (fp32 main gradients) on every stage of the same layout and policy
+    assert all(b > p for b, p in zip(bf16["winner"]["stage_peak_gib"], paper["winner"]["stage_peak_gib"], strict=True))
+    told = runner.invoke(app, [*pinned, "--precision", "paper"], terminal_width=250)
+    assert told.exit_code == 0 and "Static memory:" not in told.output

@@ -239,8 +239,9 @@ def plan_cmd(
     ] = None,
     bytes_per_param: BytesPerParamOpt = None,
     precision: Annotated[str | None, typer.Option(
-        "--precision", help="Static-memory recipe: paper (16 B/param, the default), megatron-bf16 (18), "
-        "megatron-fp16 (20), fp32 (16). With --from-megatron: the command line's --bf16 / --fp16 unless given.")
+        "--precision", help="Static-memory recipe: paper (16 B/param, a layout's default), megatron-bf16 (18, the "
+        "default with --gpus: what Megatron-Core's --bf16 runs), megatron-fp16 (20), fp32 (16). With "
+        "--from-megatron: the command line's --bf16 / --fp16 unless given.")
     ] = None,
     distributed_optimizer: Annotated[bool | None, typer.Option(
         "--distributed-optimizer/--no-distributed-optimizer", "--use-distributed-optimizer",

@@ -5,7 +5,7 @@ unless --allow-idle-gpus)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,6 +72,20 @@ class SearchArgs:
     """--jobs (None: `parallel.auto_jobs`)."""
     time_limit_s: float | None = None
     """--search-time-limit (None: no limit, 0 on the command line)."""
+    precision_defaulted: bool = False
+    """Neither --precision nor --bytes-per-param was given: the search priced `SEARCH_PRECISION` (said below the
+    table)."""
+
+
+SEARCH_PRECISION = "megatron-bf16"
+"""The static-memory recipe a search prices unless told (decision 0277): bf16 weights and gradients with fp32 main
+gradients, main weights and Adam state, what every target runs (Megatron-Core's --bf16, `lynx train --precision
+megatron-bf16`, torchtitan's FSDP mixed precision). The paper's 16-byte recipe, a single layout's default, runs on
+none of them: a search ranking for one must not price less memory than it will hold."""
+
+PRECISION_TEXT = (f"Static memory: --precision {SEARCH_PRECISION} (bf16 weights and gradients, fp32 main gradients, "
+                  "main weights and Adam state: what Megatron-Core's --bf16 runs, and lynx train's bf16); "
+                  "--precision or --bytes-per-param prices another recipe.")
 
 
 def cluster_gpus(hw: Hardware, gpus: int | None, nodes: int | None) -> int | None:
@@ -151,12 +165,15 @@ def search_cmd(f: PlanFlags) -> None:
     # the shared request: MoE with a pinned TP > 1 needs SP (Megatron's rule); the search decides SP per candidate
     sp_base = bool(sp) if sp is not None else (tp or 1) > 1 and model.is_moe
     check_ints(**{"--ep": (f.ep, POSITIVE), "--etp": (f.etp, POSITIVE)})
+    defaulted = f.precision is None and f.bytes_per_param is None
+    if defaulted:  # the search ranks for a framework: its static-memory recipe, not the paper's
+        f = replace(f, precision=SEARCH_PRECISION)
     req = search_request(f, total, hw.devices_per_node, sp_base, bool(dist_opt))
     run_search(SearchArgs(f.model, f.hardware, total, f.global_batch, f.seq_len, tp, pp, f.vpp, sp, f.micro_batch,
                           dist_opt, f.method, f.allow_cross_node_tp, f.top, f.as_json, f.out, f.search_png, cp,
                           req.parallel.cp_comm_type if "cp_comm_type" in f.typed else None, f.offload, target,
                           not f.no_production_overlaps, _fsdp_pin(f), f.ep, f.etp, f.jobs,
-                          f.search_time_limit or None), req)
+                          f.search_time_limit or None, defaulted), req)
 
 
 def _fsdp_pin(f: PlanFlags) -> DpSharding | None:
@@ -247,13 +264,16 @@ def run_search(a: SearchArgs, base: Request) -> None:
     res = _with_progress(lambda cb: search(space, base.options, top=a.top, progress=cb, jobs=jobs,
                                            time_limit_s=a.time_limit_s, rank=rank, rows=rows))
     if a.as_json:
-        print_json(result_dict(res) | {"target": a.target.value})
+        print_json(result_dict(res) | {"target": a.target.value, "precision": base.options.precision,
+                                       "precision_defaulted": a.precision_defaulted})
     else:
         console.print(search_table(res, a.top))
         text = TARGET_TEXT[a.target]
         if base.model.compiled:
             text = text.replace("its eager kernels", "its blocks compiled (--compile)")
         console.print(f"Priced for {a.target.value} (--target): {text}.", soft_wrap=True)
+        if a.precision_defaulted:
+            console.print(PRECISION_TEXT, soft_wrap=True)
         if titan_note:
             console.print(titan_note, soft_wrap=True)
         if whole:
