@@ -168,3 +168,11 @@ def test_search_prices_megatrons_bf16_recipe_unless_told(tmp_path: Path) -> None
     assert all(b > p for b, p in zip(bf16["winner"]["stage_peak_gib"], paper["winner"]["stage_peak_gib"], strict=True))
     told = runner.invoke(app, [*pinned, "--precision", "paper"], terminal_width=250)
     assert told.exit_code == 0 and "Static memory:" not in told.output
+
+
+def test_torchtitan_search_names_torchtitans_own_state() -> None:
+    r = runner.invoke(app, ["plan", "--model", "torchtitan-llama3-debug", "--hardware", "h100-80g-nvlink", "--gpus",
+                            "2", "--global-batch", "8", "--seq-len", "512", "--target", "torchtitan"],
+                      terminal_width=250)
+    assert r.exit_code == 0, r.output
+    assert "Static memory: --precision megatron-bf16" in r.output and "torchtitan's FSDP2 state" in r.output

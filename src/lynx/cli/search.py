@@ -84,8 +84,11 @@ megatron-bf16`, torchtitan's FSDP mixed precision). The paper's 16-byte recipe, 
 none of them: a search ranking for one must not price less memory than it will hold."""
 
 PRECISION_TEXT = (f"Static memory: --precision {SEARCH_PRECISION} (bf16 weights and gradients, fp32 main gradients, "
-                  "main weights and Adam state: what Megatron-Core's --bf16 runs, and lynx train's bf16); "
+                  "main weights and Adam state: what Megatron-Core's --bf16 runs, and lynx train's bf16){titan}; "
                   "--precision or --bytes-per-param prices another recipe.")
+"""The line under the table when the search chose the recipe; `{titan}` names torchtitan's own rule for its rows."""
+TITAN_PRECISION = (" for the search's own ranking; the torchtitan prices hold torchtitan's FSDP2 state (fp32 "
+                   "weights, gradients and AdamW state sharded, 16 bytes over the shard degree, decision 0102)")
 
 
 def cluster_gpus(hw: Hardware, gpus: int | None, nodes: int | None) -> int | None:
@@ -273,7 +276,8 @@ def run_search(a: SearchArgs, base: Request) -> None:
             text = text.replace("its eager kernels", "its blocks compiled (--compile)")
         console.print(f"Priced for {a.target.value} (--target): {text}.", soft_wrap=True)
         if a.precision_defaulted:
-            console.print(PRECISION_TEXT, soft_wrap=True)
+            console.print(PRECISION_TEXT.format(titan=TITAN_PRECISION if a.target is Target.TORCHTITAN else ""),
+                          soft_wrap=True)
         if titan_note:
             console.print(titan_note, soft_wrap=True)
         if whole:
