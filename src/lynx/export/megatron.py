@@ -190,6 +190,29 @@ def _offload_entries(src: ExportSource) -> tuple[list[dict[str, Any]] | None, li
     return per, [glob] * len(per)
 
 
+STOCK_PREFIX = "mc-"
+"""Megatron-Core's --recompute-modules lists and its fine-grained offloading (`methods.registry`)."""
+STOCK_NAMES = ("none", "full", "selective", "uniform", "block")
+"""The registry's methods that are Megatron's own --recompute-granularity / --recompute-method flags."""
+
+
+def stock_method(method: str) -> bool:
+    """A plan made by one of Megatron-Core's own settings (a stock configuration), not by lynx."""
+    return method in STOCK_NAMES or method.startswith(STOCK_PREFIX)
+
+
+def stock_setting(method: str, collapsed: MegatronRecompute) -> MegatronRecompute:
+    """A stock method's own Megatron setting: its --recompute-modules as the method names them (the translation of
+    its keep sets names the fewest modules that drop the same tensors, none at all for core_attn over flash
+    attention, which keeps nothing either way, though Megatron re-runs it), else what its per-stage translations
+    collapse to (full, uniform, block: their layer counts are the plan's)."""
+    if method == "selective":
+        return MegatronRecompute("selective", modules=("core_attn",))
+    if method.startswith(STOCK_PREFIX) and method != "mc-offload":
+        return MegatronRecompute("selective", modules=tuple(method[len(STOCK_PREFIX):].split("+")))
+    return collapsed
+
+
 def _fit(src: ExportSource, rounded: list[MegatronRecompute], collapsed: MegatronRecompute,
          offload: tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None] = (None, None)
          ) -> tuple[list[MegatronRecompute], MegatronRecompute, list[str]]:
@@ -197,6 +220,12 @@ def _fit(src: ExportSource, rounded: list[MegatronRecompute], collapsed: Megatro
     that the simulator says fits (the rounded translation is the fallback); stock Megatron gets the fastest
     single setting that fits every stage. `offload`: the plugin's and the global flags' offloading, priced
     with them (`_offload_entries`)."""
+    if stock_method(src.result.method):
+        # a plan of Megatron's own flags is exported as planned, on every stage the one setting its per-stage
+        # translations collapse to: a faster setting that fits is another configuration, which the search prices as
+        # its own candidate (decision 0278)
+        own = stock_setting(src.result.method, collapsed)
+        return [own] * len(rounded), own, []
     notes: list[str] = []
     word = "stage" if src.layout.vpp == 1 else "virtual stage"
     per_stage, found = fastest_fitting(src.problem, src.layout, rounded, offload[0])

@@ -24,7 +24,7 @@ import functools
 
 from lynx.decisions import LayerPolicy, RecomputePolicy, StageContext
 from lynx.graph import LayerGraph, per_graph
-from lynx.policy.rules import UniformLayers, checkpointed_drops, checkpointed_reruns, on_demand
+from lynx.policy.rules import UniformLayers, checkpointed_drops, checkpointed_reruns, on_demand, rerun_inputs
 
 MODULES: tuple[str, ...] = ("core_attn", "mlp", "layernorm", "moe", "moe_act", "shared_experts", "mla_up_proj")
 """Megatron-Core's --recompute-modules names (TransformerConfig.recompute_modules, 0.16.1). The MoE ones
@@ -62,11 +62,12 @@ def _ops(graph: LayerGraph, module: str) -> tuple[str, ...]:
 @per_graph
 def modules_layer(graph: LayerGraph, modules: tuple[str, ...]) -> LayerPolicy:
     """Keep everything backward reads except what the modules free; recompute that on demand, and re-run the
-    checkpointed ops that stay kept but lose their side state (`rules.checkpointed_reruns`)."""
+    checkpointed ops that stay kept but lose their side state (`rules.checkpointed_reruns`), with the transient
+    collectives such a re-run repeats (context parallelism's K/V exchange, `rules.rerun_inputs`)."""
     lp = on_demand(graph, graph.needed() - dropped_ops(graph, modules))
     rerun = frozenset(n for m in modules if m not in OUTPUT_DISCARDING
-                      for n in checkpointed_reruns(graph, _ops(graph, m)))
-    return LayerPolicy(keep=lp.keep, recompute=lp.recompute, rerun=rerun & lp.keep)
+                      for n in checkpointed_reruns(graph, _ops(graph, m))) & lp.keep
+    return LayerPolicy(keep=lp.keep, recompute=lp.recompute + rerun_inputs(graph, rerun, lp), rerun=rerun)
 
 
 def modules_policy(ctx: StageContext, graph: LayerGraph, modules: tuple[str, ...]) -> RecomputePolicy:

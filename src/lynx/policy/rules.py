@@ -79,10 +79,10 @@ def checkpointed_layer(graph: LayerGraph, ops: tuple[str, ...] | frozenset[str])
     re-run is kept and re-run (`checkpointed_reruns`)."""
     lp = on_demand(graph, graph.needed() - checkpointed_drops(graph, ops))
     rerun = checkpointed_reruns(graph, ops) & lp.keep
-    return LayerPolicy(keep=lp.keep, recompute=lp.recompute + _rerun_inputs(graph, rerun, lp), rerun=rerun)
+    return LayerPolicy(keep=lp.keep, recompute=lp.recompute + rerun_inputs(graph, rerun, lp), rerun=rerun)
 
 
-def _rerun_inputs(graph: LayerGraph, rerun: frozenset[str], lp: LayerPolicy) -> tuple[tuple[str, Phase], ...]:
+def rerun_inputs(graph: LayerGraph, rerun: frozenset[str], lp: LayerPolicy) -> tuple[tuple[str, Phase], ...]:
     """Inputs of re-run ops that nothing keeps or recomputes: transient collectives the re-run repeats (ring
     attention's K/V exchange with context parallelism: TransformerEngine's attention re-runs its ring when
     the checkpoint re-runs it), recomputed on demand with it."""

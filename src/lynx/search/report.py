@@ -133,6 +133,22 @@ def _workers(res: SearchResult) -> str:
             "(--jobs 1 gives the same answer in one process).")
 
 
+def _priced_floor(res: SearchResult, best: Outcome) -> list[str]:
+    """How far the target's pick can be from the target's fastest: candidates the target did not price run at least
+    `priced_floor_s` in lynx's pricing, and a target runs a candidate no faster than lynx prices it (decision 0278)."""
+    floor, target = res.priced_floor_s, best.priced_for
+    if math.isnan(floor) or not target or res.stopped:  # a stopped tree says its own gap
+        return []
+    if math.isinf(floor):
+        return [f"Every fitting candidate was priced for {target}: the pick is the fastest there."]
+    if best.iteration_s <= floor:
+        return [f"The pick is the fastest on {target}: every candidate not priced for it takes at least {floor:.4g} s "
+                "in lynx's pricing, which a target does not beat."]
+    return [f"The pick is at most {best.iteration_s / floor - 1:.1%} slower than the fastest on {target} could be: "
+            f"candidates not priced for it take at least {floor:.4g} s in lynx's pricing, which a target does not "
+            "beat (a larger --top prices more of them)."]
+
+
 def _stopped(res: SearchResult) -> list[str]:
     """Where the time limit stopped the tree: what it left, and how far the pick can be from the best of that."""
     if not res.stopped:
@@ -169,6 +185,7 @@ def explain(res: SearchResult) -> list[str]:
     lay = best.candidate.layout
     out.append(f"The fastest that fits is {lay.label()} with {method_text(best, stock_of)}: {best.iteration_s:.4g} s "
                f"per iteration, {best.mfu:.1%} MFU, {best.headroom_gib:.1f} GiB headroom on its fullest stage.")
+    out += _priced_floor(res, best)
     if stock is not None and stock is not best:
         out.append(_versus(best, stock, f"The fastest stock {stock_of.value} configuration"))
     elif stock is None and not method_sets(res.space)[1]:  # --method pinned to non-stock methods only
@@ -274,6 +291,9 @@ def result_dict(res: SearchResult) -> dict[str, Any]:
         "time_limit_s": res.time_limit_s, "stopped_at_time_limit": res.stopped, "not_planned": res.unplanned,
         "open_bound_s": None if math.isnan(res.open_bound_s) else res.open_bound_s,
         "fastest_in_lynx_pricing_s": None if math.isnan(res.best_lynx_s) else res.best_lynx_s,
+        "unpriced_at_least_s": res.priced_floor_s if math.isfinite(res.priced_floor_s) else None,
+        "pick_within": None if best is None or math.isnan(res.priced_floor_s) or res.stopped else
+        max(0.0, best.iteration_s / res.priced_floor_s - 1),
         "winner": outcome_dict(best, res) if best else None,
         STOCK_KEY[res.space.stock]: outcome_dict(stock, res) if stock else None,
         "recipes": [{"name": a.recipe.name, "source": a.recipe.source, "reason": a.reason,

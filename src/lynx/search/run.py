@@ -93,6 +93,10 @@ class SearchResult:
     rows: int = 0
     """The fastest rows the search made exact (`search`'s `rows`): every candidate that could be among them was
     planned, in any number of processes."""
+    priced_floor_s: float = math.nan
+    """After `targets.rank_for_target`: lynx's price of the slowest of the exact rows, all of which the target
+    priced; every candidate the target did not price runs at least this in lynx's pricing, and so on the target
+    (inf: every fitting candidate was priced; nan: not ranked for a target)."""
 
     @property
     def ranked(self) -> tuple[Outcome, ...]:

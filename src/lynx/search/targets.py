@@ -61,6 +61,9 @@ def rank_for_target(res: SearchResult, target: Target, top: int, pricer: Pricer 
     own runtime runs it (`prices.price_plan`; off where the user gave the flag)."""
     ranked = res.ranked
     prices: dict[int, Priced] = {}
+    # every candidate lynx prices under its `rows`-th fastest was planned (the tree pruned only bounds above it)
+    planned_below = math.nan if res.rows <= 0 else ranked[res.rows - 1].iteration_s if res.rows <= len(ranked) \
+        else math.inf
 
     def price(o: Outcome, ahead: Sequence[Outcome]) -> Outcome:
         """`o` on the target, the outcomes `ahead` (needed soon) priced beside it where they are not yet."""
@@ -77,8 +80,10 @@ def rank_for_target(res: SearchResult, target: Target, top: int, pricer: Pricer 
     recipes_planned = [] if target is Target.LYNX else \
         [o for _, o in res.recipes if o is not None and o.plan is not None]
     opening = [*ranked[:2 * top], *([stock_after] if stock_after is not None else []), *recipes_planned]
+    unpriced = math.inf  # lynx's price of the fastest candidate of lynx's order left unpriced
     for i, o in enumerate(ranked):
         if (fitting >= top and len(new) >= 2 * top) or len(new) >= 8 * top:
+            unpriced = o.iteration_s
             break
         new[id(o)] = price(o, opening if i == 0 else ranked[i + 1:i + 2])
         fitting += new[id(o)].fits
@@ -101,4 +106,5 @@ def rank_for_target(res: SearchResult, target: Target, top: int, pricer: Pricer 
     if target is not Target.LYNX:  # the published rows on the target too (the opening batch priced them): the
         # explanation compares with them
         recipes = tuple((a, o if o is None or o.plan is None else price(o, ())) for a, o in recipes)
-    return replace(res, outcomes=tuple(priced + rest), recipes=recipes)
+    return replace(res, outcomes=tuple(priced + rest), recipes=recipes,
+                   priced_floor_s=min(planned_below, unpriced))
