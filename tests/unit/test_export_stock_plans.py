@@ -40,3 +40,19 @@ def test_module_lists_with_core_attention_rerun_the_context_parallel_exchange() 
     p = plan_with(prob, "mc-core_attn+mlp", record=False)  # refused by the policy check before
     layer = p.result.policies[0].layers[0]
     assert "core_attn" in layer.rerun and any(n == "cp_kv_exchange" for n, _ in layer.recompute)
+
+
+def test_stock_offloading_over_context_parallel_a2a_exports_what_it_planned() -> None:
+    """With --cp-comm-type a2a the attention's inputs are inside core attention: Megatron's core_attn entry moves
+    nothing more, but attn_proj (the exchanged attention output) needs it listed. The export kept attn_proj out and
+    priced less offloading than mc-offload planned."""
+    par = ParallelSpec(tp=1, pp=2, dp=1, cp=2, cp_comm_type="a2a", micro_batch_size=16, global_batch_size=16,
+                       seq_length=512)
+    prob = make_problem(load_model("llama-tiny"), load_hardware("h100-80g-nvlink"), par,
+                        PlanOptions(precision="megatron-bf16", distributed_optimizer=True))
+    p = plan_with(prob, "mc-offload", record=False)
+    src = source_from(p.problem, p.result)
+    text = build_megatron(src).args_text()
+    assert "--offload-modules qkv_linear core_attn attn_proj mlp_norm" in text.replace("\n", " ")
+    fig, _ = megatron_run(src)
+    assert fig.iteration_time_s == pytest.approx(p.sim.iteration_time_s, rel=1e-9)

@@ -65,8 +65,11 @@ def ops_to_modules(graph: LayerGraph, ops: frozenset[str]) -> tuple[tuple[str, .
             mods.append(m)
             covered |= mo
     if "attn_proj" in mods and "core_attn" not in mods:  # Megatron refuses attn_proj alone (config check)
-        mods.remove("attn_proj")
-        covered -= set(module_offload_ops(graph, "attn_proj")) - set(module_offload_ops(graph, "core_attn"))
+        if not module_offload_ops(graph, "core_attn"):  # its inputs are inside it here (CP a2a): listing it moves
+            mods.insert(mods.index("attn_proj"), "core_attn")  # nothing more, as mc-offload's own policy has it
+        else:
+            mods.remove("attn_proj")
+            covered -= set(module_offload_ops(graph, "attn_proj")) - set(module_offload_ops(graph, "core_attn"))
     return tuple(mods), frozenset(ops - covered)
 
 
