@@ -103,6 +103,15 @@ def _offload_policy(graph: LayerGraph, num_layers: int, modules: tuple[str, ...]
     return RecomputePolicy("mc-offload", layers)
 
 
+@per_graph
+def stock_offload_layer(graph: LayerGraph) -> LayerPolicy:
+    """A layer of `mc-offload` below the margin: everything kept, every stock module's inputs offloaded (fraction 1);
+    no layer of a `megatron_offload_policy` stage offloads more (the search's memory bound reads it)."""
+    base = keep_all(graph)
+    ops = frozenset(n for m in STOCK_MODULES for n in module_offload_ops(graph, m))
+    return LayerPolicy(base.keep, base.recompute, offload=ops & base.keep)
+
+
 def offload_all_policy(ctx: StageContext, graph: LayerGraph) -> RecomputePolicy:
     """Keep every activation and offload all of it (no margin, no recomputation): the bound that maximises the
     memory saved and the copy volume."""

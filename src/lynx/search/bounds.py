@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import accumulate
+from operator import mul
 
 from lynx.cost.edges import device_hardware, stage_edge_times
 from lynx.cost.fsdp_time import fsdp_step_time
@@ -43,6 +44,7 @@ from lynx.graph import LayerGraph
 from lynx.methods.common import plain_time, stage_policy
 from lynx.methods.rules import fixed_layer_policy
 from lynx.partition.base import Partition
+from lynx.policy.megatron_offload import stock_offload_layer
 from lynx.policy.rules import full_policy
 from lynx.problem import PlanProblem, PlanResult
 from lynx.simulate import _p2p as p2p_seconds
@@ -50,8 +52,10 @@ from lynx.stack import LayerKind, kinds_present, stage_kinds
 
 SAFETY = 1.0 - 1e-9
 """The time bound multiplies by this: summing per-action times in another order may round differently."""
-CHUNKED_METHODS = frozenset({"uniform", "block"})
-"""Methods whose layers may drop their input checkpoint (Megatron's recompute chunks)."""
+CHUNKED_METHODS = frozenset({"uniform"})
+"""Methods whose layers may drop their input checkpoint (Megatron's uniform recompute chunks: one input per chunk).
+`block` is not one: its first N layers are checkpointed one by one (each keeps its input) and the rest keep
+everything (`policy.rules.block_policy`), so every layer holds at least its input, as lynx's do."""
 
 
 def _largest_fitting(fits: Callable[[int], bool], hi: int) -> int:
@@ -163,11 +167,18 @@ def partition_memory_reason(problem: PlanProblem, chunks: tuple[int, ...], metho
     fixed = None if problem.heterogeneous or not per_layer else fixed_layer_policy(method, problem.graph)
     keeps = layer_memories(problem.graph, (fixed,))[0].retained if fixed is not None else problem.graph.input_bytes
     what = f"what {method} keeps of each layer" if fixed is not None else "layer inputs"
+    if method == "mc-offload" and not problem.heterogeneous:
+        # every layer keeps everything, and at most its stock modules' inputs leave for the host: what stays per
+        # micro-batch in flight (the offloaded bytes count once, `memory.held_bytes`, left out here)
+        m = layer_memories(problem.graph, (stock_offload_layer(problem.graph),))[0]
+        keeps, what = m.retained - m.offloaded, "what mc-offload keeps on the device of each layer"
     statics = statics if statics is not None else partition_statics(problem, chunks)
     for r in range(pp):
         own = chunks[r::pp]
-        held = max(c.in_flight * keeps * (n if per_layer else 1) for c, n in zip(problem.facts.chunks[r], own,
-                                                                               strict=True))
+        per = tuple(keeps * (n if per_layer else 1) for n in own)
+        held = max(c.in_flight * b for c, b in zip(problem.facts.chunks[r], per, strict=True))
+        if len(own) > 1:  # interleaved: every chunk's micro-batches alive at once at the schedule's peak
+            held = max(held, max((sum(map(mul, vec, per)) for vec in problem.facts.live[r]), default=0.0))
         if statics[r] + held > problem.budget_bytes:
             return (f"stage {r} needs at least {(statics[r] + held) / 2**30:.1f} GiB with its {sum(own)} layers "
                     f"(static memory + {what} in flight); budget {problem.budget_bytes / 2**30:.1f} GiB")
