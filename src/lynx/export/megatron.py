@@ -38,6 +38,7 @@ from lynx.export.pricing import (
     stock_on_even_split,
 )
 from lynx.export.source import ExportSource
+from lynx.methods.rules import megatron_stock, recompute_modules
 from lynx.problem import PlanOptions
 from lynx.spec import ParallelSpec
 
@@ -190,27 +191,13 @@ def _offload_entries(src: ExportSource) -> tuple[list[dict[str, Any]] | None, li
     return per, [glob] * len(per)
 
 
-STOCK_PREFIX = "mc-"
-"""Megatron-Core's --recompute-modules lists and its fine-grained offloading (`methods.registry`)."""
-STOCK_NAMES = ("none", "full", "selective", "uniform", "block")
-"""The registry's methods that are Megatron's own --recompute-granularity / --recompute-method flags."""
-
-
-def stock_method(method: str) -> bool:
-    """A plan made by one of Megatron-Core's own settings (a stock configuration), not by lynx."""
-    return method in STOCK_NAMES or method.startswith(STOCK_PREFIX)
-
-
 def stock_setting(method: str, collapsed: MegatronRecompute) -> MegatronRecompute:
     """A stock method's own Megatron setting: its --recompute-modules as the method names them (the translation of
     its keep sets names the fewest modules that drop the same tensors, none at all for core_attn over flash
     attention, which keeps nothing either way, though Megatron re-runs it), else what its per-stage translations
     collapse to (full, uniform, block: their layer counts are the plan's)."""
-    if method == "selective":
-        return MegatronRecompute("selective", modules=("core_attn",))
-    if method.startswith(STOCK_PREFIX) and method != "mc-offload":
-        return MegatronRecompute("selective", modules=tuple(method[len(STOCK_PREFIX):].split("+")))
-    return collapsed
+    mods = ("core_attn",) if method == "selective" else recompute_modules(method)
+    return collapsed if mods is None else MegatronRecompute("selective", modules=mods)
 
 
 def _fit(src: ExportSource, rounded: list[MegatronRecompute], collapsed: MegatronRecompute,
@@ -220,7 +207,7 @@ def _fit(src: ExportSource, rounded: list[MegatronRecompute], collapsed: Megatro
     that the simulator says fits (the rounded translation is the fallback); stock Megatron gets the fastest
     single setting that fits every stage. `offload`: the plugin's and the global flags' offloading, priced
     with them (`_offload_entries`)."""
-    if stock_method(src.result.method):
+    if megatron_stock(src.result.method):
         # a plan of Megatron's own flags is exported as planned, on every stage the one setting its per-stage
         # translations collapse to: a faster setting that fits is another configuration, which the search prices as
         # its own candidate (decision 0278)

@@ -118,10 +118,26 @@ def fixed_layer_policy(method: str, graph: LayerGraph) -> LayerPolicy | None:
         return selective_layer(graph)
     if method == "titan-sac":
         return titan_sac_layer(graph)
-    mods = tuple(method.removeprefix("mc-").split("+"))
-    if method.startswith("mc-") and mods in MEGATRON_MODULE_LISTS:
+    mods = recompute_modules(method)
+    if mods in MEGATRON_MODULE_LISTS:
         return modules_layer(graph, mods)
     return None
+
+
+def recompute_modules(method: str) -> tuple[str, ...] | None:
+    """The --recompute-modules list an `mc-*` baseline method sets (dense or MoE), None for any other method."""
+    mods = tuple(method.removeprefix("mc-").split("+"))
+    return mods if method.startswith("mc-") and mods in MEGATRON_MODULE_LISTS + MOE_MODULE_LISTS else None
+
+
+MEGATRON_FLAG_METHODS = ("none", "full", "selective", "uniform", "block", "mc-offload")
+"""The registry's methods that are Megatron-Core's own --recompute-granularity / --recompute-method flags, or its
+stock fine-grained offloading; with the `mc-*` module lists (`recompute_modules`), its stock settings."""
+
+
+def megatron_stock(method: str) -> bool:
+    """A plan made by one of Megatron-Core's own settings (a stock configuration), not by lynx."""
+    return method in MEGATRON_FLAG_METHODS or recompute_modules(method) is not None
 
 
 MEGATRON_MODULE_LISTS: tuple[tuple[str, ...], ...] = (
