@@ -156,12 +156,12 @@ def partition_statics(problem: PlanProblem, chunks: tuple[int, ...]) -> tuple[fl
 def partition_memory_reason(problem: PlanProblem, chunks: tuple[int, ...], method: str,
                             statics: tuple[float, ...] | None = None) -> str:
     """Why no plan of `method` on this partition fits ('' when one might): each rank holds its static memory
-    (`statics`, `partition_statics` where not given) and, while chunk c has its most micro-batches in flight, at
-    least what they keep of each of its layers: the layer inputs (the chunk's input for Megatron's uniform/block
-    chunks), and for a method with one fixed layer policy (`rules.fixed_layer_policy`: none, full, selective, the
-    module lists, titan-sac) that policy's retained bytes. `memory.held_bytes` sums those over every chunk in
-    flight at the schedule's peak, so this never exceeds the held bytes a plan of the method is refused on
-    (`evaluate._held_over_budget`): the candidates it refuses are refused unplanned."""
+    (`statics`, `partition_statics` where not given) and, at the schedule's peak of micro-batches alive per chunk
+    (`ScheduleFacts.live`), at least what they keep of each of its layers: the layer inputs (one per chunk of
+    Megatron's uniform method), what a method with one fixed layer policy keeps (`rules.fixed_layer_policy`: none,
+    full, selective, the module lists, titan-sac), and for mc-offload what stays on the device. `memory.held_bytes`
+    sums those over every chunk in flight at the schedule's peak, so this never exceeds the held bytes a plan of the
+    method is refused on (`evaluate._held_over_budget`): the candidates it refuses are refused unplanned."""
     pp = problem.parallel.pp
     per_layer = method not in CHUNKED_METHODS
     fixed = None if problem.heterogeneous or not per_layer else fixed_layer_policy(method, problem.graph)
@@ -176,9 +176,8 @@ def partition_memory_reason(problem: PlanProblem, chunks: tuple[int, ...], metho
     for r in range(pp):
         own = chunks[r::pp]
         per = tuple(keeps * (n if per_layer else 1) for n in own)
-        held = max(c.in_flight * b for c, b in zip(problem.facts.chunks[r], per, strict=True))
-        if len(own) > 1:  # interleaved: every chunk's micro-batches alive at once at the schedule's peak
-            held = max(held, max((sum(map(mul, vec, per)) for vec in problem.facts.live[r]), default=0.0))
+        # the schedule's peak of what is alive: every chunk's micro-batches in flight at once, interleaved
+        held = max(sum(map(mul, vec, per)) for vec in problem.facts.live[r])
         if statics[r] + held > problem.budget_bytes:
             return (f"stage {r} needs at least {(statics[r] + held) / 2**30:.1f} GiB with its {sum(own)} layers "
                     f"(static memory + {what} in flight); budget {problem.budget_bytes / 2**30:.1f} GiB")
