@@ -133,20 +133,29 @@ def _workers(res: SearchResult) -> str:
             "(--jobs 1 gives the same answer in one process).")
 
 
+def pick_within(res: SearchResult, best: Outcome) -> float | None:
+    """How much slower than the target's fastest the pick can be at most: candidates the target did not price run at
+    least `priced_floor_s` in lynx's pricing, and a target runs a candidate no faster than lynx prices it (decision
+    0278). 0: the pick is the fastest there; None: not ranked for a target, or a stopped tree (it says its own gap)."""
+    floor = res.priced_floor_s
+    if math.isnan(floor) or not best.priced_for or res.stopped:
+        return None
+    return max(0.0, best.iteration_s / floor - 1)
+
+
 def _priced_floor(res: SearchResult, best: Outcome) -> list[str]:
-    """How far the target's pick can be from the target's fastest: candidates the target did not price run at least
-    `priced_floor_s` in lynx's pricing, and a target runs a candidate no faster than lynx prices it (decision 0278)."""
-    floor, target = res.priced_floor_s, best.priced_for
-    if math.isnan(floor) or not target or res.stopped:  # a stopped tree says its own gap
+    """`pick_within` in words."""
+    gap, floor, target = pick_within(res, best), res.priced_floor_s, best.priced_for
+    if gap is None:
         return []
     if math.isinf(floor):
         return [f"Every fitting candidate was priced for {target}: the pick is the fastest there."]
-    if best.iteration_s <= floor:
+    if gap == 0:
         return [f"The pick is the fastest on {target}: every candidate not priced for it takes at least {floor:.4g} s "
                 "in lynx's pricing, which a target does not beat."]
-    return [f"The pick is at most {best.iteration_s / floor - 1:.1%} slower than the fastest on {target} could be: "
-            f"candidates not priced for it take at least {floor:.4g} s in lynx's pricing, which a target does not "
-            "beat (a larger --top prices more of them)."]
+    return [f"The pick is at most {gap:.1%} slower than the fastest on {target} could be: candidates not priced for "
+            f"it take at least {floor:.4g} s in lynx's pricing, which a target does not beat (a larger --top prices "
+            "more of them)."]
 
 
 def _stopped(res: SearchResult) -> list[str]:
@@ -292,8 +301,7 @@ def result_dict(res: SearchResult) -> dict[str, Any]:
         "open_bound_s": None if math.isnan(res.open_bound_s) else res.open_bound_s,
         "fastest_in_lynx_pricing_s": None if math.isnan(res.best_lynx_s) else res.best_lynx_s,
         "unpriced_at_least_s": res.priced_floor_s if math.isfinite(res.priced_floor_s) else None,
-        "pick_within": None if best is None or math.isnan(res.priced_floor_s) or res.stopped else
-        max(0.0, best.iteration_s / res.priced_floor_s - 1),
+        "pick_within": None if best is None else pick_within(res, best),
         "winner": outcome_dict(best, res) if best else None,
         STOCK_KEY[res.space.stock]: outcome_dict(stock, res) if stock else None,
         "recipes": [{"name": a.recipe.name, "source": a.recipe.source, "reason": a.reason,
