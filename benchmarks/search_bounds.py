@@ -88,11 +88,11 @@ def main() -> int:
                 _results.Figure(f"{name}: candidates planned (this tree)", mine["planned"]),  # type: ignore[arg-type]
                 _results.Figure(f"{name}: wall s, --jobs 2 (this tree; shared machine)", round(wall, 1), "s"),
                 _results.Figure(f"{name}: pick (this tree)", _pick(mine),
-                                f"the same as {a.against}'s" if theirs is not None else "", same),
+                                target=f"the same as {a.against}'s" if theirs is not None else "", holds=same),
             ]
             if within is not None:
                 figures.append(_results.Figure(f"{name}: the pick is at most this much slower than the target's "
-                                               "fastest (pick_within)", round(100 * float(within), 2), "%"))
+                                               "fastest (pick_within)", round(100 * float(str(within)), 2), "%"))
             if theirs is not None:
                 table.add_row("", a.against, f"{theirs[0]['planned']:,}", _pick(theirs[0]), "-", f"{theirs[1]:.1f}",
                               "")
