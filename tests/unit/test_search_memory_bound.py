@@ -1,8 +1,7 @@
 """The stock candidates' memory bound (`search.bounds.partition_memory_reason`): never more than what a plan of the
 method holds (sound), and, interleaved, every chunk's micro-batches alive at the schedule's peak counted together
 (the Pareto vectors of `ScheduleFacts.live`), `block` with every layer's input and `mc-offload` with what it keeps on
-the device: a pinned `--use-torch-fsdp2` search of Llama-3.1-405B on 1,024 GPUs planned 18,783 candidates to find
-17,600 over budget, 1,190 with these."""
+the device (what that saves a search: benchmarks/search_bounds.py)."""
 
 from __future__ import annotations
 
