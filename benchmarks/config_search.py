@@ -234,7 +234,9 @@ def _checkout_src(ref: str, into: Path) -> Path:
     root = Path(__file__).resolve().parent.parent
     data = subprocess.run(["git", "-C", str(root), "archive", ref, "src"], capture_output=True, check=False)
     if data.returncode != 0:
-        raise SystemExit(f"config_search.py: --against {ref}: {data.stderr.decode().strip() or 'git archive failed'}")
+        print(f"{Path(sys.argv[0]).name}: error: --against {ref}: "
+              f"{data.stderr.decode().strip() or 'git archive failed'}", file=sys.stderr)
+        raise SystemExit(2)
     with tarfile.open(fileobj=io.BytesIO(data.stdout)) as t:
         t.extractall(into, filter="data")
     return into / "src"
